@@ -1,0 +1,250 @@
+// Codec figures on one checkpoint pair (DESIGN.md §6):
+//   codec_bench sizes --base B --target T    sizes vs the entropy floor and
+//                                            vs dense XOR through zstd -1
+//   codec_bench speed --base B --target T [--benchmark_* flags]
+//                                            encode and decode+apply
+//                                            throughput, 1 and 2 threads
+// bench/codec_figures.py runs both on traingen pairs and prints the table.
+#include <benchmark/benchmark.h>
+#include <zstd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dcr/checkpoint.h"
+#include "dcr/codec.h"
+#include "dcr/entropy.h"
+#include "dcr/thread_pool.h"
+
+namespace dcr {
+namespace {
+
+struct Span {
+  ChunkId id;
+  size_t w;
+  std::span<const std::byte> base, target;
+  std::span<std::byte> work;
+};
+
+struct Pair {
+  std::vector<std::vector<std::byte>> base, target, work;
+  std::vector<Span> spans;
+  uint64_t bytes = 0;
+};
+
+Pair* g_pair = nullptr;
+EncodeOptions g_encode;
+
+// Copies both checkpoints into memory so timings exclude page faults.
+Pair* LoadPair(const std::string& base_path, const std::string& target_path,
+               uint64_t span_elems) {
+  auto b = Checkpoint::Open(base_path, Checkpoint::Mode::kReadOnly);
+  auto t = Checkpoint::Open(target_path, Checkpoint::Mode::kReadOnly);
+  if (!b.ok() || !t.ok()) {
+    std::fprintf(stderr, "codec_bench: %s\n",
+                 (!b.ok() ? b.status() : t.status()).ToString().c_str());
+    std::exit(2);
+  }
+  if (!Manifest::Difference((*b)->manifest(), (*t)->manifest()).empty()) {
+    std::fprintf(stderr, "codec_bench: checkpoints hold different tensors\n");
+    std::exit(2);
+  }
+  auto* p = new Pair();
+  const Manifest& m = (*b)->manifest();
+  for (size_t i = 0; i < m.size(); ++i) {
+    auto bd = (*b)->TensorData(i);
+    auto td = (*t)->TensorData(i);
+    p->base.emplace_back(bd.begin(), bd.end());
+    p->target.emplace_back(td.begin(), td.end());
+    p->work.emplace_back(bd.begin(), bd.end());
+    p->bytes += bd.size();
+  }
+  for (size_t i = 0; i < m.size(); ++i) {
+    size_t w = DTypeSize(m[i].dtype);
+    uint64_t n = m[i].NumElements();
+    for (uint64_t s = 0; s < SpanCount(n, span_elems); ++s) {
+      uint64_t off = s * span_elems * w;
+      uint64_t len = std::min(span_elems, n - s * span_elems) * w;
+      p->spans.push_back(
+          Span{ChunkId{static_cast<uint32_t>(i), static_cast<uint32_t>(s)}, w,
+               std::span<const std::byte>(p->base[i]).subspan(off, len),
+               std::span<const std::byte>(p->target[i]).subspan(off, len),
+               std::span<std::byte>(p->work[i]).subspan(off, len)});
+    }
+  }
+  return p;
+}
+
+uint64_t DenseXorZstd1(const Pair& p) {
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 1);
+  std::vector<std::byte> x(1 << 20);
+  std::vector<char> out(ZSTD_CStreamOutSize());
+  uint64_t total = 0;
+  auto feed = [&](const void* data, size_t n, ZSTD_EndDirective end) {
+    ZSTD_inBuffer in{data, n, 0};
+    bool done = false;
+    while (!done) {
+      ZSTD_outBuffer o{out.data(), out.size(), 0};
+      size_t r = ZSTD_compressStream2(c, &o, &in, end);
+      total += o.pos;
+      done = end == ZSTD_e_end ? r == 0 : in.pos == in.size;
+    }
+  };
+  for (size_t t = 0; t < p.base.size(); ++t) {
+    for (size_t off = 0; off < p.base[t].size(); off += x.size()) {
+      size_t n = std::min(x.size(), p.base[t].size() - off);
+      for (size_t i = 0; i < n; ++i)
+        x[i] = p.base[t][off + i] ^ p.target[t][off + i];
+      feed(x.data(), n, ZSTD_e_continue);
+    }
+  }
+  feed(nullptr, 0, ZSTD_e_end);
+  ZSTD_freeCCtx(c);
+  return total;
+}
+
+int RunSizes(const Pair& p) {
+  EntropyFloor floor;
+  for (const auto& s : p.spans) floor.Add(s.w, s.base, s.target);
+  auto enc = ChunkEncoder::Create(g_encode);
+  ChunkSizes xs, os;
+  uint64_t chunks = 0;
+  std::vector<std::byte> out;
+  for (const auto& s : p.spans) {
+    out.clear();
+    auto r = (*enc)->EncodeDiff(ChunkKind::kXor, s.id, s.w, s.base, s.target,
+                                &out, &xs);
+    if (r.ok() && *r) ++chunks;
+    out.clear();
+    (void)(*enc)->EncodeDiff(ChunkKind::kOverwrite, s.id, s.w, s.base, s.target,
+                             &out, &os);
+  }
+  nlohmann::ordered_json j{{"checkpoint_bytes", p.bytes},
+                           {"elements", floor.elements()},
+                           {"changed", floor.changed()},
+                           {"change_rate", floor.change_rate()},
+                           {"floor_bytes", floor.floor_bytes()},
+                           {"floor_position_bytes", floor.position_bytes()},
+                           {"floor_value_bytes", floor.value_bytes()},
+                           {"chunks", chunks},
+                           {"payload_bytes", xs.total()},
+                           {"payload_position_bytes", xs.positions},
+                           {"payload_value_bytes", xs.values},
+                           {"payload_header_bytes", xs.header},
+                           {"overwrite_payload_bytes", os.total()},
+                           {"dense_xor_zstd1_bytes", DenseXorZstd1(p)},
+                           {"zstd_level", g_encode.zstd_level}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
+
+void BM_Encode(benchmark::State& state) {
+  const Pair& p = *g_pair;
+  ThreadPool pool(static_cast<size_t>(state.range(0)));
+  std::vector<std::unique_ptr<ChunkEncoder>> enc;
+  std::vector<std::vector<std::byte>> out(pool.size());
+  for (size_t i = 0; i < pool.size(); ++i) {
+    enc.push_back(std::move(*ChunkEncoder::Create(g_encode)));
+  }
+  uint64_t payload = 0;
+  for (auto _ : state) {
+    std::atomic<uint64_t> bytes{0};
+    pool.ParallelFor(p.spans.size(), [&](size_t i, size_t w) {
+      const Span& s = p.spans[i];
+      out[w].clear();
+      (void)enc[w]->EncodeDiff(ChunkKind::kXor, s.id, s.w, s.base, s.target,
+                               &out[w]);
+      bytes += out[w].size();
+    });
+    payload = bytes;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.bytes));
+  state.counters["payload_bytes"] = static_cast<double>(payload);
+}
+
+void BM_DecodeApply(benchmark::State& state) {
+  Pair& p = *g_pair;
+  ThreadPool pool(static_cast<size_t>(state.range(0)));
+  auto enc = std::move(*ChunkEncoder::Create(g_encode));
+  std::vector<std::vector<std::byte>> chunks;
+  std::vector<size_t> span_of;
+  for (size_t i = 0; i < p.spans.size(); ++i) {
+    std::vector<std::byte> c;
+    auto r = enc->EncodeDiff(ChunkKind::kXor, p.spans[i].id, p.spans[i].w,
+                             p.spans[i].base, p.spans[i].target, &c);
+    if (r.ok() && *r) {
+      chunks.push_back(std::move(c));
+      span_of.push_back(i);
+    }
+  }
+  std::vector<std::unique_ptr<ChunkDecoder>> dec;
+  std::vector<DecodedChunk> scratch(pool.size());
+  for (size_t i = 0; i < pool.size(); ++i) {
+    dec.push_back(std::move(*ChunkDecoder::Create()));
+  }
+  for (auto _ : state) {
+    // XOR toggles the work copy between base and target: same work each
+    // iteration.
+    pool.ParallelFor(chunks.size(), [&](size_t i, size_t w) {
+      if (dec[w]->Decode(chunks[i], &scratch[w]).ok()) {
+        (void)ApplyChunk(scratch[w], p.spans[span_of[i]].work);
+      }
+    });
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.bytes));
+}
+
+BENCHMARK(BM_Encode)->Arg(1)->Arg(2)->UseRealTime()->Unit(
+    benchmark::kMillisecond);
+BENCHMARK(BM_DecodeApply)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace dcr
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "";
+  std::string base, target;
+  uint64_t span = dcr::kDefaultSpanElems;
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* flag) -> const char* {
+      if (a == flag && i + 1 < argc) return argv[++i];
+      return nullptr;
+    };
+    if (const char* v = value("--base")) {
+      base = v;
+    } else if (const char* v2 = value("--target")) {
+      target = v2;
+    } else if (const char* v3 = value("--span-elems")) {
+      span = std::stoull(v3);
+    } else if (const char* v4 = value("--level")) {
+      dcr::g_encode.zstd_level = std::stoi(v4);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  if ((mode != "sizes" && mode != "speed") || base.empty() || target.empty()) {
+    std::fprintf(stderr,
+                 "usage: codec_bench sizes|speed --base B --target T "
+                 "[--span-elems N] [--level L] [--benchmark_* flags]\n"
+                 "see bench/README.md; bench/codec_figures.py runs it on "
+                 "traingen pairs\n");
+    return 2;
+  }
+  dcr::g_pair = dcr::LoadPair(base, target, span);
+  if (mode == "sizes") return dcr::RunSizes(*dcr::g_pair);
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,48 @@
+# Every dependency comes from a Debian 12 package (tools/setup installs
+# them). Nothing is downloaded at build time.
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd>=1.5)
+find_package(ZLIB REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash>=0.8)
+if(DCR_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(DCR_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()
+
+# Optional backends: ON with the dependency missing fails here; AUTO says
+# what it skipped.
+set(DCR_HAVE_UCX OFF)
+if(NOT DCR_UCX STREQUAL "OFF")
+  pkg_check_modules(UCX IMPORTED_TARGET ucx)
+  if(UCX_FOUND)
+    set(DCR_HAVE_UCX ON)
+    message(STATUS "dcr: UCX ${UCX_VERSION} found")
+  elseif(DCR_UCX STREQUAL "ON")
+    message(FATAL_ERROR "dcr: DCR_UCX=ON but UCX was not found; install "
+                        "libucx-dev (tools/setup) or configure with -DDCR_UCX=AUTO")
+  else()
+    message(STATUS "dcr: UCX not found (libucx-dev); UCX transport skipped")
+  endif()
+endif()
+
+set(DCR_HAVE_CUDA OFF)
+if(NOT DCR_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(DCR_HAVE_CUDA ON)
+    message(STATUS "dcr: CUDA compiler ${CMAKE_CUDA_COMPILER} found")
+  elseif(DCR_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "dcr: DCR_CUDA=ON but no CUDA compiler (nvcc) was "
+                        "found; put nvcc on PATH or configure with -DDCR_CUDA=AUTO")
+  else()
+    message(STATUS "dcr: no CUDA compiler found; CUDA kernels and store skipped")
+  endif()
+endif()

@@ -1,0 +1,22 @@
+# Compiler flags shared by every dcr target (through the dcr_flags
+# interface library), sanitizer and warning switches.
+add_library(dcr_flags INTERFACE)
+target_compile_options(dcr_flags INTERFACE
+  -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wimplicit-fallthrough)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  # GCC 12 reports false -Wrestrict positives inside std::string
+  # (GCC bug 105329).
+  target_compile_options(dcr_flags INTERFACE -Wno-restrict)
+endif()
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  target_compile_options(dcr_flags INTERFACE -Wthread-safety)
+endif()
+if(DCR_WERROR)
+  target_compile_options(dcr_flags INTERFACE -Werror)
+endif()
+if(DCR_SANITIZE)
+  target_compile_options(dcr_flags INTERFACE
+    -fsanitize=address,undefined -fno-sanitize-recover=undefined
+    -fno-omit-frame-pointer)
+  target_link_options(dcr_flags INTERFACE -fsanitize=address,undefined)
+endif()

@@ -1,0 +1,184 @@
+// The delta codec: diff two versions of one span of a tensor, encode the
+// changes as a self-checking chunk, decode it, and apply it in place.
+//
+// A span is a fixed range of one tensor's elements (span index s covers
+// elements [s * span_elems, min((s + 1) * span_elems, tensor elements))).
+// A chunk carries the changes of one span, either
+//   - XOR: changed positions and old ^ new (applying it twice undoes it), or
+//   - overwrite: changed positions and new values (idempotent).
+// Byte layout and the adaptive choice between encodings: docs/FORMAT.md.
+//
+// Decoding validates everything (checksum, sizes, positions in bounds and
+// ascending) before anything is written, so a chunk that decodes can be
+// applied without further checks and one that does not decode changes
+// nothing.
+//
+// Thread safety: ChunkEncoder and ChunkDecoder hold a compression context
+// and scratch buffers; use one per thread. The free functions are
+// thread-safe on distinct spans.
+#ifndef DCR_CODEC_H_
+#define DCR_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "dcr/status.h"
+
+namespace dcr {
+
+// Values are part of the chunk format: append only.
+enum class ChunkKind : uint8_t { kXor = 1, kOverwrite = 2 };
+// How positions are represented inside a chunk.
+enum class ChunkEncoding : uint8_t {
+  kSparse = 1,  // Rice-coded position gaps + value byte planes
+  kDense = 2,   // every element of the span, as byte planes
+};
+
+inline constexpr uint64_t kDefaultSpanElems = 1ull << 20;
+// Spans are at most this many elements, so positions fit in 32 bits and a
+// decoded chunk's buffers are bounded.
+inline constexpr uint64_t kMaxSpanElems = 1ull << 26;
+inline constexpr int kDefaultZstdLevel = 1;
+
+struct ChunkId {
+  uint32_t tensor = 0;  // index in the canonical manifest
+  uint32_t span = 0;    // span index within the tensor
+  friend bool operator==(const ChunkId&, const ChunkId&) = default;
+  friend auto operator<=>(const ChunkId&, const ChunkId&) = default;
+};
+
+// The fixed part of a chunk, as read from its header.
+struct ChunkHeader {
+  ChunkKind kind = ChunkKind::kXor;
+  ChunkEncoding encoding = ChunkEncoding::kSparse;
+  uint8_t elem_size = 0;  // bytes per element: 1, 2, 4 or 8
+  ChunkId id;
+  uint32_t span_elems = 0;   // elements in this span
+  uint32_t changed = 0;      // changed elements (sparse) or span_elems
+  uint32_t total_bytes = 0;  // the whole chunk, header and checksum included
+};
+
+// Bytes per section of an encoded chunk (for inspect and benchmarks).
+struct ChunkSizes {
+  uint64_t header = 0;     // fixed header + section table + checksum
+  uint64_t positions = 0;  // Rice-coded gaps (0 for dense)
+  uint64_t values = 0;     // value planes
+  // Elements whose bits the chunk changes. Exact when encoding; when
+  // decoding, the chunk's changed count (all elements for dense chunks).
+  uint64_t changed = 0;
+  uint64_t total() const { return header + positions + values; }
+  ChunkSizes& operator+=(const ChunkSizes& o) {
+    header += o.header;
+    positions += o.positions;
+    values += o.values;
+    changed += o.changed;
+    return *this;
+  }
+};
+
+struct EncodeOptions {
+  int zstd_level = kDefaultZstdLevel;
+  // Try the dense encoding when at least this fraction of the span changed
+  // and keep whichever is smaller. 1.0 never tries it; 0 always does.
+  double dense_threshold = 0.15;
+};
+
+// Encodes chunks. Reuses one zstd context and its scratch buffers.
+class ChunkEncoder {
+ public:
+  static Result<std::unique_ptr<ChunkEncoder>> Create(EncodeOptions options);
+  ~ChunkEncoder();
+  ChunkEncoder(const ChunkEncoder&) = delete;
+  ChunkEncoder& operator=(const ChunkEncoder&) = delete;
+
+  // Diffs `base` against `target` (the same span of one tensor, each
+  // span_elems * elem_size bytes) and appends a chunk of `kind` to `out`.
+  // Returns false and appends nothing when no element changed.
+  Result<bool> EncodeDiff(ChunkKind kind, ChunkId id, size_t elem_size,
+                          std::span<const std::byte> base,
+                          std::span<const std::byte> target,
+                          std::vector<std::byte>* out,
+                          ChunkSizes* sizes = nullptr);
+
+  // Appends a dense overwrite chunk carrying every element of `target`
+  // (seeding a node, full-checkpoint reference).
+  Status EncodeFull(ChunkId id, size_t elem_size,
+                    std::span<const std::byte> target,
+                    std::vector<std::byte>* out, ChunkSizes* sizes = nullptr);
+
+  // Appends an overwrite chunk that sets the elements at `positions`
+  // (ascending, < span_elems) to `values` (positions.size() * elem_size
+  // bytes, element-major). Used to resend uncertain chunks.
+  Status EncodeOverwrite(ChunkId id, size_t elem_size, uint32_t span_elems,
+                         std::span<const uint32_t> positions,
+                         std::span<const std::byte> values,
+                         std::vector<std::byte>* out,
+                         ChunkSizes* sizes = nullptr);
+
+ private:
+  struct Impl;
+  explicit ChunkEncoder(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A fully validated chunk. For sparse chunks `positions` lists the changed
+// elements (strictly ascending, < span_elems) and `values` holds
+// positions.size() * elem_size bytes; for dense chunks `positions` is empty
+// and `values` holds span_elems * elem_size bytes.
+struct DecodedChunk {
+  ChunkHeader header;
+  std::vector<uint32_t> positions;
+  std::vector<std::byte> values;
+};
+
+// Reads the header of the chunk at the start of `bytes` without checking
+// the payload. Corruption if the header is malformed, Incomplete input
+// (fewer than the header's bytes) is Corruption too.
+Result<ChunkHeader> PeekChunkHeader(std::span<const std::byte> bytes);
+// The number of bytes a chunk header needs before PeekChunkHeader can
+// return its total size.
+inline constexpr size_t kChunkPrefixBytes = 32;
+
+class ChunkDecoder {
+ public:
+  static Result<std::unique_ptr<ChunkDecoder>> Create();
+  ~ChunkDecoder();
+  ChunkDecoder(const ChunkDecoder&) = delete;
+  ChunkDecoder& operator=(const ChunkDecoder&) = delete;
+
+  // Decodes and validates the chunk that is exactly `bytes` into `out`
+  // (whose buffers are reused). Any inconsistency is Corruption naming the
+  // chunk and the field. `sizes`, if given, receives the section sizes.
+  Status Decode(std::span<const std::byte> bytes, DecodedChunk* out,
+                ChunkSizes* sizes = nullptr);
+
+ private:
+  struct Impl;
+  explicit ChunkDecoder(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Applies a decoded chunk to `span` (exactly span_elems * elem_size bytes
+// of the tensor's storage), in place. If `undo` is given, the span's
+// previous values at the chunk's positions are appended to it first (what
+// UndoChunk needs to restore an overwrite). Fails without writing if
+// `span` has the wrong size.
+Status ApplyChunk(const DecodedChunk& chunk, std::span<std::byte> span,
+                  std::vector<std::byte>* undo = nullptr);
+
+// Reverses ApplyChunk: XOR chunks are applied again; overwrite chunks
+// write back the values ApplyChunk saved in `undo`.
+Status UndoChunk(const DecodedChunk& chunk, std::span<const std::byte> undo,
+                 std::span<std::byte> span);
+
+// Number of spans of a tensor of `elements` elements (0 for an empty one).
+inline uint64_t SpanCount(uint64_t elements, uint64_t span_elems) {
+  return (elements + span_elems - 1) / span_elems;
+}
+
+}  // namespace dcr
+
+#endif  // DCR_CODEC_H_

@@ -1,0 +1,68 @@
+// Shared plumbing of the dcr command line: exit codes, output format,
+// global options.
+#ifndef DCR_CLI_CLI_COMMON_H_
+#define DCR_CLI_CLI_COMMON_H_
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "dcr/status.h"
+#include "dcr/thread_pool.h"
+
+namespace dcr::cli {
+
+// Exit codes; the table is printed by `dcr --help`.
+enum ExitCode : int {
+  kExitOk = 0,                // success; verify: identical
+  kExitFailed = 1,            // verify: different; runtime failure (I/O, ...)
+  kExitUsage = 2,             // bad command line, missing file, bad config
+  kExitCommittedPartial = 3,  // refit: committed, some nodes excluded
+  kExitBadData = 4,           // corrupt or malformed delta or checkpoint
+  kExitBaseMismatch = 5,      // delta does not apply to this target's version
+};
+
+inline constexpr const char* kExitCodeHelp =
+    "Exit codes:\n"
+    "  0  success (verify: identical)\n"
+    "  1  failure: checkpoints differ (verify), I/O or other runtime error\n"
+    "  2  usage error: bad arguments, missing file, invalid configuration\n"
+    "  3  refit committed with some nodes excluded\n"
+    "  4  bad input data: a corrupt or malformed delta or checkpoint\n"
+    "  5  base mismatch: the delta does not apply to the target's version\n";
+
+int ExitCodeFor(const Status& s);
+
+enum class OutputFormat { kText, kJson };
+
+struct GlobalOptions {
+  std::string output = "text";  // text | json
+  int threads = 0;              // 0: all cores
+  std::string progress = "auto";
+  bool verbose = false;
+  bool quiet = false;
+  std::string log_format = "text";
+
+  OutputFormat format() const {
+    return output == "json" ? OutputFormat::kJson : OutputFormat::kText;
+  }
+  // Whether to draw progress on stderr.
+  bool ShowProgress() const;
+};
+
+// Adds --threads, --progress to a subcommand.
+void AddWorkOptions(CLI::App* cmd, GlobalOptions* g);
+// Adds -o/--output text|json to a subcommand.
+void AddOutputOption(CLI::App* cmd, GlobalOptions* g, bool short_flag = true);
+
+// Prints "dcr: error: <message>" to stderr and returns the exit code.
+int ReportError(const Status& s);
+
+std::unique_ptr<ThreadPool> MakePool(const GlobalOptions& g);
+
+// Registers the offline subcommands: diff, apply, verify, inspect.
+void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
+
+}  // namespace dcr::cli
+
+#endif  // DCR_CLI_CLI_COMMON_H_

@@ -1,0 +1,656 @@
+// Chunk encoding, decoding and apply. The byte layout is documented in
+// docs/FORMAT.md §chunk; in short (little-endian):
+//
+//   0  u32 magic "DCRC"      4 u8 version   5 u8 kind   6 u8 encoding
+//   7  u8  elem_size          8 u32 total_bytes (whole chunk)
+//   12 u32 tensor            16 u32 span     20 u32 span_elems
+//   24 u32 changed           28 u8 rice_k   29 u8 planes   30 u16 reserved
+//   32 u32 positions_bytes   36 planes x {u8 plane encoding, u32 bytes}
+//   ... positions (Rice)  ... planes  ... u64 XXH3-64 of all bytes before it
+#include <zlib.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "codec/bit_io.h"
+#include "codec/diff.h"
+#include "common/bytes.h"
+#include "dcr/codec.h"
+#include "dcr/digest.h"
+
+namespace dcr {
+namespace {
+
+constexpr uint32_t kChunkMagic = 0x43524344;  // "DCRC"
+constexpr uint8_t kChunkVersion = 1;
+constexpr size_t kFixedHeaderBytes = 36;
+constexpr size_t kPlaneEntryBytes = 5;
+constexpr size_t kChecksumBytes = 8;
+
+// How one value plane is stored. zstd suits planes with long runs (high
+// bytes, mostly zero); Huffman alone (deflate's Huffman-only mode) suits
+// the low bytes, whose symbols are skewed but unrepetitive, where zstd's
+// match finder costs ~15% over the order-0 entropy. The encoder tries both.
+enum class PlaneEncoding : uint8_t {
+  kRaw = 0,
+  kZstd = 1,
+  kConstant = 2,
+  kHuffman = 3,  // raw deflate stream (no zlib header), Huffman-only blocks
+};
+
+size_t HeaderBytes(size_t planes) {
+  return kFixedHeaderBytes + planes * kPlaneEntryBytes;
+}
+
+bool ValidElemSize(size_t w) { return w == 1 || w == 2 || w == 4 || w == 8; }
+
+std::string ChunkName(const ChunkId& id) {
+  return "chunk (tensor " + std::to_string(id.tensor) + ", span " +
+         std::to_string(id.span) + ")";
+}
+
+struct ZstdCCtxDeleter {
+  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+};
+struct ZstdDCtxDeleter {
+  void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
+};
+
+// Grows `v` to at least n elements without shrinking (scratch reuse).
+template <typename T>
+T* Reserve(std::vector<T>* v, size_t n) {
+  if (v->size() < n) v->resize(n);
+  return v->data();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- encoder
+
+struct ChunkEncoder::Impl {
+  ~Impl() {
+    if (zs_live) deflateEnd(&zs);
+  }
+  EncodeOptions options;
+  std::unique_ptr<ZSTD_CCtx, ZstdCCtxDeleter> cctx;
+  z_stream zs{};
+  bool zs_live = false;
+  std::vector<uint8_t> huffman;
+  std::vector<uint32_t> positions;
+  std::array<std::vector<uint8_t>, 8> planes;
+  std::vector<uint8_t> compressed;
+  std::vector<std::byte> alt;  // the other candidate encoding
+
+  // The order-0 entropy of n bytes, in bytes.
+  size_t Order0Bytes(const uint8_t* data, size_t n) {
+    uint32_t hist[256] = {};
+    for (size_t i = 0; i < n; ++i) ++hist[data[i]];
+    double bits = 0;
+    for (uint32_t c : hist) {
+      if (c != 0) bits -= c * std::log2(static_cast<double>(c) / n);
+    }
+    return static_cast<size_t>(bits / 8);
+  }
+
+  // Huffman-codes n bytes into `huffman`; returns the size, or SIZE_MAX if
+  // it does not fit in n bytes.
+  size_t Huffman(const uint8_t* data, size_t n) {
+    uint8_t* dst = Reserve(&huffman, n);
+    deflateReset(&zs);
+    zs.next_in = const_cast<uint8_t*>(data);
+    zs.avail_in = static_cast<uInt>(n);
+    zs.next_out = dst;
+    zs.avail_out = static_cast<uInt>(n);
+    if (deflate(&zs, Z_FINISH) != Z_STREAM_END) return SIZE_MAX;
+    return zs.total_out;
+  }
+
+  // Appends one plane (n bytes) to the payload and its entry to the table.
+  Status PutPlane(const uint8_t* data, size_t n, std::vector<std::byte>* out,
+                  size_t table_entry_at) {
+    PlaneEncoding enc = PlaneEncoding::kRaw;
+    const uint8_t* src = data;
+    size_t len = n;
+    if (n > 0 &&
+        std::all_of(data, data + n, [&](uint8_t b) { return b == data[0]; })) {
+      enc = PlaneEncoding::kConstant;
+      len = 1;
+    } else if (n >= 16) {
+      size_t bound = ZSTD_compressBound(n);
+      uint8_t* dst = Reserve(&compressed, bound);
+      size_t r = ZSTD_compress2(cctx.get(), dst, bound, data, n);
+      if (ZSTD_isError(r)) {
+        return Status::Internal(std::string("zstd compression failed: ") +
+                                ZSTD_getErrorName(r));
+      }
+      if (r < n) {
+        enc = PlaneEncoding::kZstd;
+        src = dst;
+        len = r;
+      }
+      // Huffman cannot beat the order-0 entropy by more than its table;
+      // skip it when zstd is already there (long runs, e.g. high bytes).
+      size_t h = len > Order0Bytes(data, n) + 64 ? Huffman(data, n) : SIZE_MAX;
+      if (h < len) {
+        enc = PlaneEncoding::kHuffman;
+        src = huffman.data();
+        len = h;
+      }
+    }
+    std::byte* entry = out->data() + table_entry_at;
+    entry[0] = static_cast<std::byte>(enc);
+    StoreLE<uint32_t>(entry + 1, static_cast<uint32_t>(len));
+    const std::byte* s = reinterpret_cast<const std::byte*>(src);
+    out->insert(out->end(), s, s + len);
+    return Status::OK();
+  }
+
+  // Writes a whole chunk: header, positions (sparse only), planes of
+  // `count` bytes each, checksum. Appends to `out`.
+  Status Write(ChunkKind kind, ChunkEncoding encoding, const ChunkId& id,
+               size_t w, uint32_t span_elems, std::span<const uint32_t> pos,
+               size_t count, std::vector<std::byte>* out, ChunkSizes* sizes) {
+    size_t start = out->size();
+    size_t header = HeaderBytes(w);
+    out->resize(start + header, std::byte{0});
+    uint32_t k = encoding == ChunkEncoding::kSparse ? ChooseRiceK(pos) : 0;
+    size_t pos_bytes =
+        encoding == ChunkEncoding::kSparse ? RiceEncode(pos, k, out) : 0;
+    size_t values_start = out->size();
+    for (size_t j = 0; j < w; ++j) {
+      DCR_RETURN_IF_ERROR(
+          PutPlane(planes[j].data(), count, out,
+                   start + kFixedHeaderBytes + j * kPlaneEntryBytes));
+    }
+    size_t values_bytes = out->size() - values_start;
+    size_t total = out->size() - start + kChecksumBytes;
+    if (total > UINT32_MAX) {
+      return Status::ResourceExhausted(
+          ChunkName(id) + " would exceed 4 GiB; use smaller spans");
+    }
+    std::byte* h = out->data() + start;
+    StoreLE<uint32_t>(h + 0, kChunkMagic);
+    h[4] = std::byte{kChunkVersion};
+    h[5] = static_cast<std::byte>(kind);
+    h[6] = static_cast<std::byte>(encoding);
+    h[7] = static_cast<std::byte>(w);
+    StoreLE<uint32_t>(h + 8, static_cast<uint32_t>(total));
+    StoreLE<uint32_t>(h + 12, id.tensor);
+    StoreLE<uint32_t>(h + 16, id.span);
+    StoreLE<uint32_t>(h + 20, span_elems);
+    StoreLE<uint32_t>(h + 24, encoding == ChunkEncoding::kSparse
+                                  ? static_cast<uint32_t>(pos.size())
+                                  : span_elems);
+    h[28] = static_cast<std::byte>(k);
+    h[29] = static_cast<std::byte>(w);
+    StoreLE<uint32_t>(h + 32, static_cast<uint32_t>(pos_bytes));
+    uint64_t sum =
+        Hash64(std::span<const std::byte>(h, total - kChecksumBytes));
+    ByteWriter(out).Put<uint64_t>(sum);
+    if (sizes != nullptr) {
+      ChunkSizes s;
+      s.header = header + kChecksumBytes;
+      s.positions = pos_bytes;
+      s.values = values_bytes;
+      s.changed = encoding == ChunkEncoding::kSparse ? pos.size() : count;
+      *sizes += s;
+    }
+    return Status::OK();
+  }
+
+  Status WriteDense(ChunkKind kind, const ChunkId& id, size_t w,
+                    std::span<const std::byte> a, const std::byte* b,
+                    std::vector<std::byte>* out, ChunkSizes* sizes) {
+    size_t n = a.size() / w;
+    uint8_t* ptrs[8];
+    for (size_t j = 0; j < w; ++j) ptrs[j] = Reserve(&planes[j], n);
+    SplitPlanes(w, a.data(), b, n, ptrs);
+    return Write(kind, ChunkEncoding::kDense, id, w, static_cast<uint32_t>(n),
+                 {}, n, out, sizes);
+  }
+};
+
+ChunkEncoder::ChunkEncoder(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+ChunkEncoder::~ChunkEncoder() = default;
+
+Result<std::unique_ptr<ChunkEncoder>> ChunkEncoder::Create(
+    EncodeOptions options) {
+  if (options.zstd_level < 1 || options.zstd_level > ZSTD_maxCLevel()) {
+    return Status::InvalidArgument("zstd level must be between 1 and " +
+                                   std::to_string(ZSTD_maxCLevel()) + ", got " +
+                                   std::to_string(options.zstd_level));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->cctx.reset(ZSTD_createCCtx());
+  if (!impl->cctx)
+    return Status::ResourceExhausted("cannot create zstd context");
+  ZSTD_CCtx_setParameter(impl->cctx.get(), ZSTD_c_compressionLevel,
+                         options.zstd_level);
+  if (deflateInit2(&impl->zs, Z_BEST_SPEED, Z_DEFLATED, -15, 9,
+                   Z_HUFFMAN_ONLY) != Z_OK) {
+    return Status::ResourceExhausted("cannot create zlib context");
+  }
+  impl->zs_live = true;
+  ZSTD_CCtx_setParameter(impl->cctx.get(), ZSTD_c_checksumFlag, 0);
+  return std::unique_ptr<ChunkEncoder>(new ChunkEncoder(std::move(impl)));
+}
+
+static Status CheckSpanArgs(const ChunkId& id, size_t w, size_t bytes) {
+  if (!ValidElemSize(w)) {
+    return Status::InvalidArgument("element size must be 1, 2, 4 or 8, got " +
+                                   std::to_string(w));
+  }
+  if (bytes % w != 0 || bytes / w > kMaxSpanElems || bytes == 0) {
+    return Status::InvalidArgument(ChunkName(id) + ": span of " +
+                                   std::to_string(bytes) +
+                                   " bytes is empty, ragged or too long");
+  }
+  return Status::OK();
+}
+
+Result<bool> ChunkEncoder::EncodeDiff(ChunkKind kind, ChunkId id,
+                                      size_t elem_size,
+                                      std::span<const std::byte> base,
+                                      std::span<const std::byte> target,
+                                      std::vector<std::byte>* out,
+                                      ChunkSizes* sizes) {
+  DCR_RETURN_IF_ERROR(CheckSpanArgs(id, elem_size, target.size()));
+  if (base.size() != target.size()) {
+    return Status::InvalidArgument(ChunkName(id) +
+                                   ": base and target spans differ in size");
+  }
+  Impl& m = *impl_;
+  size_t n = target.size() / elem_size;
+  uint32_t* pos = Reserve(&m.positions, n);
+  uint8_t* ptrs[8];
+  for (size_t j = 0; j < elem_size; ++j) ptrs[j] = Reserve(&m.planes[j], n);
+  bool xor_values = kind == ChunkKind::kXor;
+  size_t changed = FindChanges(elem_size, base.data(), target.data(), n,
+                               xor_values, pos, ptrs);
+  if (changed == 0) return false;
+  std::span<const uint32_t> positions(pos, changed);
+  if (static_cast<double>(changed) < m.options.dense_threshold * n) {
+    DCR_RETURN_IF_ERROR(m.Write(kind, ChunkEncoding::kSparse, id, elem_size,
+                                static_cast<uint32_t>(n), positions, changed,
+                                out, sizes));
+    return true;
+  }
+  // Dense enough that a dense chunk may be smaller: build both, keep the
+  // smaller. The sparse one goes to `alt` first since the dense encoding
+  // reuses the plane buffers.
+  m.alt.clear();
+  ChunkSizes sparse_sizes;
+  DCR_RETURN_IF_ERROR(m.Write(kind, ChunkEncoding::kSparse, id, elem_size,
+                              static_cast<uint32_t>(n), positions, changed,
+                              &m.alt, &sparse_sizes));
+  size_t before = out->size();
+  ChunkSizes dense_sizes;
+  DCR_RETURN_IF_ERROR(m.WriteDense(kind, id, elem_size, target,
+                                   xor_values ? base.data() : nullptr, out,
+                                   &dense_sizes));
+  if (out->size() - before > m.alt.size()) {
+    out->resize(before);
+    out->insert(out->end(), m.alt.begin(), m.alt.end());
+    if (sizes != nullptr) *sizes += sparse_sizes;
+  } else if (sizes != nullptr) {
+    dense_sizes.changed = changed;
+    *sizes += dense_sizes;
+  }
+  return true;
+}
+
+Status ChunkEncoder::EncodeFull(ChunkId id, size_t elem_size,
+                                std::span<const std::byte> target,
+                                std::vector<std::byte>* out,
+                                ChunkSizes* sizes) {
+  DCR_RETURN_IF_ERROR(CheckSpanArgs(id, elem_size, target.size()));
+  return impl_->WriteDense(ChunkKind::kOverwrite, id, elem_size, target,
+                           nullptr, out, sizes);
+}
+
+Status ChunkEncoder::EncodeOverwrite(ChunkId id, size_t elem_size,
+                                     uint32_t span_elems,
+                                     std::span<const uint32_t> positions,
+                                     std::span<const std::byte> values,
+                                     std::vector<std::byte>* out,
+                                     ChunkSizes* sizes) {
+  DCR_RETURN_IF_ERROR(CheckSpanArgs(
+      id, elem_size, static_cast<size_t>(span_elems) * elem_size));
+  if (values.size() != positions.size() * elem_size) {
+    return Status::InvalidArgument(ChunkName(id) +
+                                   ": values do not match positions");
+  }
+  for (size_t i = 0; i < positions.size(); ++i) {
+    if (positions[i] >= span_elems ||
+        (i > 0 && positions[i] <= positions[i - 1])) {
+      return Status::InvalidArgument(
+          ChunkName(id) + ": positions must be ascending and inside the span");
+    }
+  }
+  if (positions.empty()) {
+    return Status::InvalidArgument(ChunkName(id) + ": no positions");
+  }
+  Impl& m = *impl_;
+  size_t k = positions.size();
+  for (size_t j = 0; j < elem_size; ++j) {
+    uint8_t* p = Reserve(&m.planes[j], k);
+    for (size_t i = 0; i < k; ++i) {
+      p[i] = static_cast<uint8_t>(values[i * elem_size + j]);
+    }
+  }
+  return m.Write(ChunkKind::kOverwrite, ChunkEncoding::kSparse, id, elem_size,
+                 span_elems, positions, k, out, sizes);
+}
+
+// ---------------------------------------------------------------- decoder
+
+Result<ChunkHeader> PeekChunkHeader(std::span<const std::byte> bytes) {
+  if (bytes.size() < kChunkPrefixBytes) {
+    return Status::Corruption(
+        "chunk header truncated: " + std::to_string(bytes.size()) + " bytes");
+  }
+  const std::byte* h = bytes.data();
+  if (LoadLE<uint32_t>(h) != kChunkMagic) {
+    return Status::Corruption("bad chunk magic");
+  }
+  if (static_cast<uint8_t>(h[4]) != kChunkVersion) {
+    return Status::Unsupported("chunk format version " +
+                               std::to_string(static_cast<int>(h[4])) +
+                               " (this build reads version 1)");
+  }
+  ChunkHeader c;
+  uint8_t kind = static_cast<uint8_t>(h[5]);
+  uint8_t enc = static_cast<uint8_t>(h[6]);
+  c.elem_size = static_cast<uint8_t>(h[7]);
+  c.total_bytes = LoadLE<uint32_t>(h + 8);
+  c.id.tensor = LoadLE<uint32_t>(h + 12);
+  c.id.span = LoadLE<uint32_t>(h + 16);
+  c.span_elems = LoadLE<uint32_t>(h + 20);
+  c.changed = LoadLE<uint32_t>(h + 24);
+  std::string name = ChunkName(c.id);
+  if (kind != 1 && kind != 2) return Status::Corruption(name + ": bad kind");
+  if (enc != 1 && enc != 2) return Status::Corruption(name + ": bad encoding");
+  c.kind = static_cast<ChunkKind>(kind);
+  c.encoding = static_cast<ChunkEncoding>(enc);
+  if (!ValidElemSize(c.elem_size)) {
+    return Status::Corruption(name + ": bad element size");
+  }
+  if (c.span_elems == 0 || c.span_elems > kMaxSpanElems) {
+    return Status::Corruption(name + ": span length out of range");
+  }
+  if (c.changed == 0 || c.changed > c.span_elems ||
+      (c.encoding == ChunkEncoding::kDense && c.changed != c.span_elems)) {
+    return Status::Corruption(name + ": changed count out of range");
+  }
+  if (c.total_bytes < HeaderBytes(c.elem_size) + kChecksumBytes) {
+    return Status::Corruption(name + ": length shorter than its header");
+  }
+  return c;
+}
+
+struct ChunkDecoder::Impl {
+  ~Impl() {
+    if (zs_live) inflateEnd(&zs);
+  }
+  std::unique_ptr<ZSTD_DCtx, ZstdDCtxDeleter> dctx;
+  z_stream zs{};
+  bool zs_live = false;
+  std::array<std::vector<uint8_t>, 8> planes;
+};
+
+ChunkDecoder::ChunkDecoder(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+ChunkDecoder::~ChunkDecoder() = default;
+
+Result<std::unique_ptr<ChunkDecoder>> ChunkDecoder::Create() {
+  auto impl = std::make_unique<Impl>();
+  impl->dctx.reset(ZSTD_createDCtx());
+  if (!impl->dctx)
+    return Status::ResourceExhausted("cannot create zstd context");
+  if (inflateInit2(&impl->zs, -15) != Z_OK) {
+    return Status::ResourceExhausted("cannot create zlib context");
+  }
+  impl->zs_live = true;
+  return std::unique_ptr<ChunkDecoder>(new ChunkDecoder(std::move(impl)));
+}
+
+Status ChunkDecoder::Decode(std::span<const std::byte> bytes, DecodedChunk* out,
+                            ChunkSizes* sizes) {
+  DCR_ASSIGN_OR_RETURN(ChunkHeader c, PeekChunkHeader(bytes));
+  std::string name = ChunkName(c.id);
+  if (bytes.size() != c.total_bytes) {
+    return Status::Corruption(name + ": " + std::to_string(bytes.size()) +
+                              " bytes where the header says " +
+                              std::to_string(c.total_bytes));
+  }
+  const std::byte* h = bytes.data();
+  size_t body = c.total_bytes - kChecksumBytes;
+  if (Hash64(bytes.first(body)) != LoadLE<uint64_t>(h + body)) {
+    return Status::Corruption(name + ": checksum mismatch");
+  }
+  size_t w = c.elem_size;
+  uint32_t rice_k = static_cast<uint8_t>(h[28]);
+  if (static_cast<uint8_t>(h[29]) != w || LoadLE<uint16_t>(h + 30) != 0) {
+    return Status::Corruption(name + ": bad plane count or reserved field");
+  }
+  uint32_t pos_bytes = LoadLE<uint32_t>(h + 32);
+  size_t header = HeaderBytes(w);
+  bool sparse = c.encoding == ChunkEncoding::kSparse;
+  if (!sparse && (pos_bytes != 0 || rice_k != 0)) {
+    return Status::Corruption(name + ": dense chunk with positions");
+  }
+  uint64_t payload = static_cast<uint64_t>(pos_bytes);
+  for (size_t j = 0; j < w; ++j) {
+    payload +=
+        LoadLE<uint32_t>(h + kFixedHeaderBytes + j * kPlaneEntryBytes + 1);
+  }
+  if (header + payload != body) {
+    return Status::Corruption(name + ": section sizes do not add up");
+  }
+  Impl& m = *impl_;
+  out->header = c;
+  size_t count = c.changed;
+  if (sparse) {
+    // The checksum trailer guarantees 8 readable bytes after the section.
+    DCR_RETURN_IF_ERROR(RiceDecode(bytes.subspan(header, pos_bytes), rice_k,
+                                   c.changed, c.span_elems, &out->positions)
+                            .WithContext(name));
+  } else {
+    out->positions.clear();
+  }
+  const std::byte* p = h + header + pos_bytes;
+  const uint8_t* ptrs[8];
+  for (size_t j = 0; j < w; ++j) {
+    const std::byte* entry = h + kFixedHeaderBytes + j * kPlaneEntryBytes;
+    auto enc = static_cast<PlaneEncoding>(entry[0]);
+    uint32_t len = LoadLE<uint32_t>(entry + 1);
+    switch (enc) {
+      case PlaneEncoding::kRaw:
+        if (len != count) {
+          return Status::Corruption(name + ": raw plane of wrong length");
+        }
+        ptrs[j] = reinterpret_cast<const uint8_t*>(p);
+        break;
+      case PlaneEncoding::kConstant: {
+        if (len != 1) {
+          return Status::Corruption(name + ": constant plane of wrong length");
+        }
+        uint8_t* dst = Reserve(&m.planes[j], count);
+        std::memset(dst, static_cast<uint8_t>(*p), count);
+        ptrs[j] = dst;
+        break;
+      }
+      case PlaneEncoding::kZstd: {
+        uint8_t* dst = Reserve(&m.planes[j], count);
+        // The destination is exactly `count` bytes: a frame that would
+        // expand further (a zstd bomb) fails here instead of allocating.
+        size_t r = ZSTD_decompressDCtx(m.dctx.get(), dst, count, p, len);
+        if (ZSTD_isError(r) || r != count) {
+          return Status::Corruption(
+              name + ": value plane " + std::to_string(j) + " does not " +
+              "decompress to " + std::to_string(count) + " bytes" +
+              (ZSTD_isError(r) ? std::string(" (") + ZSTD_getErrorName(r) + ")"
+                               : std::string()));
+        }
+        ptrs[j] = dst;
+        break;
+      }
+      case PlaneEncoding::kHuffman: {
+        uint8_t* dst = Reserve(&m.planes[j], count);
+        z_stream& zs = m.zs;
+        inflateReset(&zs);
+        zs.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(p));
+        zs.avail_in = len;
+        zs.next_out = dst;
+        zs.avail_out = static_cast<uInt>(count);
+        // Output is capped at `count` bytes; the stream must end exactly
+        // there and consume all its input.
+        int r = inflate(&zs, Z_FINISH);
+        if (r != Z_STREAM_END || zs.total_out != count || zs.avail_in != 0) {
+          return Status::Corruption(
+              name + ": value plane " + std::to_string(j) +
+              " does not decompress to " + std::to_string(count) + " bytes");
+        }
+        ptrs[j] = dst;
+        break;
+      }
+      default:
+        return Status::Corruption(name + ": bad plane encoding");
+    }
+    p += len;
+  }
+  out->values.resize(count * w);
+  JoinPlanes(w, ptrs, count, out->values.data());
+  if (sizes != nullptr) {
+    ChunkSizes s;
+    s.header = header + kChecksumBytes;
+    s.positions = pos_bytes;
+    s.values = payload - pos_bytes;
+    s.changed = count;
+    *sizes += s;
+  }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------- apply
+
+namespace {
+
+template <typename U>
+void ApplySparse(const DecodedChunk& c, std::byte* span, bool xor_values) {
+  const uint32_t* pos = c.positions.data();
+  const std::byte* vals = c.values.data();
+  size_t n = c.positions.size();
+  for (size_t i = 0; i < n; ++i) {
+    std::byte* dst = span + static_cast<size_t>(pos[i]) * sizeof(U);
+    U v = LoadLE<U>(vals + i * sizeof(U));
+    if (xor_values) v ^= LoadLE<U>(dst);
+    StoreLE<U>(dst, v);
+  }
+}
+
+void ApplyDenseXor(std::byte* dst, const std::byte* src, size_t bytes) {
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    StoreLE<uint64_t>(dst + i,
+                      LoadLE<uint64_t>(dst + i) ^ LoadLE<uint64_t>(src + i));
+  }
+  for (; i < bytes; ++i) dst[i] ^= src[i];
+}
+
+void SaveOld(const DecodedChunk& c, std::span<const std::byte> span,
+             std::vector<std::byte>* undo) {
+  size_t w = c.header.elem_size;
+  if (c.header.encoding == ChunkEncoding::kDense) {
+    undo->insert(undo->end(), span.begin(), span.end());
+    return;
+  }
+  size_t at = undo->size();
+  undo->resize(at + c.positions.size() * w);
+  std::byte* dst = undo->data() + at;
+  for (size_t i = 0; i < c.positions.size(); ++i) {
+    std::memcpy(dst + i * w,
+                span.data() + static_cast<size_t>(c.positions[i]) * w, w);
+  }
+}
+
+Status CheckSpan(const DecodedChunk& c, size_t bytes) {
+  if (bytes != static_cast<size_t>(c.header.span_elems) * c.header.elem_size) {
+    return Status::InvalidArgument(
+        ChunkName(c.header.id) + ": span of " + std::to_string(bytes) +
+        " bytes where the chunk expects " +
+        std::to_string(static_cast<size_t>(c.header.span_elems) *
+                       c.header.elem_size));
+  }
+  return Status::OK();
+}
+
+void Write(const DecodedChunk& c, std::byte* span, bool xor_values) {
+  size_t w = c.header.elem_size;
+  if (c.header.encoding == ChunkEncoding::kDense) {
+    size_t bytes = c.values.size();
+    if (xor_values) {
+      ApplyDenseXor(span, c.values.data(), bytes);
+    } else {
+      std::memcpy(span, c.values.data(), bytes);
+    }
+    return;
+  }
+  switch (w) {
+    case 1:
+      ApplySparse<uint8_t>(c, span, xor_values);
+      break;
+    case 2:
+      ApplySparse<uint16_t>(c, span, xor_values);
+      break;
+    case 4:
+      ApplySparse<uint32_t>(c, span, xor_values);
+      break;
+    default:
+      ApplySparse<uint64_t>(c, span, xor_values);
+      break;
+  }
+}
+
+}  // namespace
+
+Status ApplyChunk(const DecodedChunk& chunk, std::span<std::byte> span,
+                  std::vector<std::byte>* undo) {
+  DCR_RETURN_IF_ERROR(CheckSpan(chunk, span.size()));
+  if (undo != nullptr) SaveOld(chunk, span, undo);
+  Write(chunk, span.data(), chunk.header.kind == ChunkKind::kXor);
+  return Status::OK();
+}
+
+Status UndoChunk(const DecodedChunk& chunk, std::span<const std::byte> undo,
+                 std::span<std::byte> span) {
+  DCR_RETURN_IF_ERROR(CheckSpan(chunk, span.size()));
+  if (chunk.header.kind == ChunkKind::kXor) {
+    Write(chunk, span.data(), /*xor_values=*/true);
+    return Status::OK();
+  }
+  size_t w = chunk.header.elem_size;
+  if (chunk.header.encoding == ChunkEncoding::kDense) {
+    if (undo.size() != span.size()) {
+      return Status::InvalidArgument("undo record does not match the chunk");
+    }
+    std::memcpy(span.data(), undo.data(), span.size());
+    return Status::OK();
+  }
+  if (undo.size() != chunk.positions.size() * w) {
+    return Status::InvalidArgument("undo record does not match the chunk");
+  }
+  for (size_t i = 0; i < chunk.positions.size(); ++i) {
+    std::memcpy(span.data() + static_cast<size_t>(chunk.positions[i]) * w,
+                undo.data() + i * w, w);
+  }
+  return Status::OK();
+}
+
+}  // namespace dcr

@@ -1,0 +1,433 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <optional>
+
+#include "common/bytes.h"
+#include "dcr/delta.h"
+#include "dcr/thread_pool.h"
+
+namespace dcr {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Location of one span inside a checkpoint.
+struct SpanRef {
+  ChunkId id;
+  uint64_t offset;  // byte offset inside the tensor
+  uint64_t bytes;
+  size_t elem_size;
+};
+
+std::vector<SpanRef> EnumerateSpans(const Manifest& m, uint64_t span_elems) {
+  std::vector<SpanRef> spans;
+  for (size_t t = 0; t < m.size(); ++t) {
+    size_t w = DTypeSize(m[t].dtype);
+    uint64_t n = m[t].NumElements();
+    for (uint64_t s = 0; s < SpanCount(n, span_elems); ++s) {
+      uint64_t first = s * span_elems;
+      uint64_t len = std::min(span_elems, n - first);
+      spans.push_back(
+          SpanRef{ChunkId{static_cast<uint32_t>(t), static_cast<uint32_t>(s)},
+                  first * w, len * w, w});
+    }
+  }
+  return spans;
+}
+
+// Collects the first error reported by parallel workers.
+class FirstError {
+ public:
+  void Set(Status s) {
+    if (s.ok()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = std::move(s);
+    failed_.store(true, std::memory_order_relaxed);
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  Status Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(status_);
+  }
+
+ private:
+  std::mutex mu_;
+  Status status_;
+  std::atomic<bool> failed_{false};
+};
+
+template <typename T>
+Result<std::vector<std::unique_ptr<T>>> MakePerWorker(size_t n,
+                                                      const auto& make) {
+  std::vector<std::unique_ptr<T>> v;
+  for (size_t i = 0; i < n; ++i) {
+    DCR_ASSIGN_OR_RETURN(auto x, make());
+    v.push_back(std::move(x));
+  }
+  return v;
+}
+
+std::string ElementHex(std::span<const std::byte> data, uint64_t i, size_t w) {
+  uint64_t v = 0;
+  std::memcpy(&v, data.data() + i * w, w);
+  return fmt::format("0x{:0{}x}", v, 2 * w);
+}
+
+}  // namespace
+
+Result<DeltaStats> WriteDelta(const Checkpoint& base, const Checkpoint& target,
+                              const std::string& path,
+                              const DiffOptions& options, ThreadPool* pool) {
+  auto start = Clock::now();
+  std::string diff = Manifest::Difference(base.manifest(), target.manifest());
+  if (!diff.empty()) {
+    return Status::InvalidArgument("'" + base.path() + "' and '" +
+                                   target.path() +
+                                   "' hold different tensors: " + diff);
+  }
+  if (options.span_elems == 0 || options.span_elems > kMaxSpanElems) {
+    return Status::InvalidArgument(
+        fmt::format("span length must be between 1 and {} elements, got {}",
+                    kMaxSpanElems, options.span_elems));
+  }
+  std::optional<ThreadPool> local;
+  if (pool == nullptr) pool = &local.emplace(1);
+
+  const Manifest& m = target.manifest();
+  CheckpointDigests bd = base.ComputeDigests(pool);
+  CheckpointDigests td = target.ComputeDigests(pool);
+
+  DCR_ASSIGN_OR_RETURN(auto encoders,
+                       MakePerWorker<ChunkEncoder>(pool->size(), [&] {
+                         return ChunkEncoder::Create(options.encode);
+                       }));
+  DCR_ASSIGN_OR_RETURN(auto writer, DeltaWriter::Create(path));
+
+  std::vector<SpanRef> spans = EnumerateSpans(m, options.span_elems);
+  DeltaStats stats;
+  stats.checkpoint_bytes = m.TotalBytes();
+  // Spans are encoded in parallel batches and written in order, so memory
+  // stays bounded by the batch.
+  const size_t batch = pool->size() * 8;
+  std::vector<std::vector<std::byte>> out(batch);
+  std::vector<ChunkSizes> sizes(batch);
+  std::vector<uint8_t> wrote(batch);
+  FirstError error;
+  for (size_t first = 0; first < spans.size(); first += batch) {
+    size_t count = std::min(batch, spans.size() - first);
+    pool->ParallelFor(count, [&](size_t i, size_t worker) {
+      if (error.failed()) return;
+      const SpanRef& s = spans[first + i];
+      out[i].clear();
+      sizes[i] = ChunkSizes();
+      auto b = base.TensorData(s.id.tensor).subspan(s.offset, s.bytes);
+      auto t = target.TensorData(s.id.tensor).subspan(s.offset, s.bytes);
+      auto r = encoders[worker]->EncodeDiff(options.kind, s.id, s.elem_size, b,
+                                            t, &out[i], &sizes[i]);
+      if (!r.ok()) {
+        error.Set(r.status());
+        return;
+      }
+      wrote[i] = *r ? 1 : 0;
+      if (options.progress) options.progress(s.bytes);
+    });
+    if (error.failed()) return error.Take();
+    for (size_t i = 0; i < count; ++i) {
+      if (!wrote[i]) continue;
+      DCR_RETURN_IF_ERROR(writer->Append(out[i]));
+      ++stats.chunks;
+      stats.sizes += sizes[i];
+      auto h = PeekChunkHeader(out[i]);
+      if (h.ok() && h->encoding == ChunkEncoding::kDense) {
+        ++stats.dense_chunks;
+      } else {
+        ++stats.sparse_chunks;
+      }
+    }
+  }
+  DeltaHeader& h = stats.header;
+  h.base = Version{options.base_step, bd.version};
+  h.target = Version{options.target_step, td.version};
+  h.manifest = m.digest();
+  h.span_elems = options.span_elems;
+  h.chunk_count = stats.chunks;
+  h.tensor_count = m.size();
+  h.total_elements = m.TotalElements();
+  h.total_bytes = m.TotalBytes();
+  h.changed_elements = stats.sizes.changed;
+  h.all_overwrite = options.kind == ChunkKind::kOverwrite;
+  DCR_RETURN_IF_ERROR(writer->Finish(h));
+  stats.file_bytes = writer->bytes_written();
+  stats.seconds = SecondsSince(start);
+  return stats;
+}
+
+namespace {
+
+// Reads every chunk's framing and checks it against the manifest: ids
+// strictly ascending, spans inside their tensors, widths matching dtypes.
+Result<std::vector<std::span<const std::byte>>> IndexChunks(DeltaReader* reader,
+                                                            const Manifest* m) {
+  const DeltaHeader& h = reader->header();
+  std::vector<std::span<const std::byte>> chunks;
+  chunks.reserve(h.chunk_count);
+  std::optional<ChunkId> prev;
+  while (true) {
+    std::span<const std::byte> c;
+    DCR_ASSIGN_OR_RETURN(bool more, reader->Next(&c));
+    if (!more) break;
+    DCR_ASSIGN_OR_RETURN(ChunkHeader ch, PeekChunkHeader(c));
+    std::string where =
+        fmt::format("{}: chunk {} (tensor {}, span {})", reader->path(),
+                    chunks.size(), ch.id.tensor, ch.id.span);
+    if (prev && !(*prev < ch.id)) {
+      return Status::Corruption(where + " is out of order or repeated");
+    }
+    prev = ch.id;
+    if (ch.id.tensor >= h.tensor_count) {
+      return Status::Corruption(where + " names a tensor past the manifest");
+    }
+    if (m != nullptr) {
+      const TensorInfo& t = (*m)[ch.id.tensor];
+      uint64_t n = t.NumElements();
+      uint64_t spans = SpanCount(n, h.span_elems);
+      if (ch.id.span >= spans ||
+          ch.span_elems !=
+              std::min<uint64_t>(h.span_elems, n - ch.id.span * h.span_elems) ||
+          ch.elem_size != DTypeSize(t.dtype)) {
+        return Status::Corruption(where + " does not fit tensor '" + t.name +
+                                  "'");
+      }
+    }
+    if (h.all_overwrite && ch.kind != ChunkKind::kOverwrite) {
+      return Status::Corruption(where + " is XOR in an overwrite-only delta");
+    }
+    chunks.push_back(c);
+  }
+  return chunks;
+}
+
+Status DecodeAll(const std::vector<std::span<const std::byte>>& chunks,
+                 ThreadPool* pool, const std::string& path,
+                 std::vector<ChunkSizes>* sizes) {
+  DCR_ASSIGN_OR_RETURN(
+      auto decoders, MakePerWorker<ChunkDecoder>(
+                         pool->size(), [] { return ChunkDecoder::Create(); }));
+  std::vector<DecodedChunk> scratch(pool->size());
+  std::vector<ChunkSizes> per_worker(pool->size());
+  FirstError error;
+  pool->ParallelFor(chunks.size(), [&](size_t i, size_t w) {
+    if (error.failed()) return;
+    Status s = decoders[w]->Decode(chunks[i], &scratch[w], &per_worker[w]);
+    if (!s.ok())
+      error.Set(s.WithContext(path + ": chunk " + std::to_string(i)));
+  });
+  if (sizes != nullptr) *sizes = std::move(per_worker);
+  return error.Take();
+}
+
+}  // namespace
+
+Result<DeltaStats> InspectDelta(const std::string& delta_path,
+                                ThreadPool* pool) {
+  auto start = Clock::now();
+  std::optional<ThreadPool> local;
+  if (pool == nullptr) pool = &local.emplace(1);
+  DCR_ASSIGN_OR_RETURN(auto reader, DeltaReader::Open(delta_path));
+  DCR_ASSIGN_OR_RETURN(auto chunks, IndexChunks(reader.get(), nullptr));
+  std::vector<ChunkSizes> sizes;
+  DCR_RETURN_IF_ERROR(DecodeAll(chunks, pool, delta_path, &sizes));
+  DeltaStats stats;
+  stats.header = reader->header();
+  stats.checkpoint_bytes = stats.header.total_bytes;
+  stats.chunks = chunks.size();
+  for (const auto& s : sizes) stats.sizes += s;
+  stats.sizes.changed = stats.header.changed_elements;
+  for (const auto& c : chunks) {
+    auto h = PeekChunkHeader(c);
+    if (h.ok() && h->encoding == ChunkEncoding::kDense) {
+      ++stats.dense_chunks;
+    } else {
+      ++stats.sparse_chunks;
+    }
+  }
+  stats.file_bytes = reader->file_bytes();
+  stats.seconds = SecondsSince(start);
+  return stats;
+}
+
+Result<DeltaStats> ApplyDelta(const std::string& delta_path, Checkpoint* target,
+                              ThreadPool* pool,
+                              std::function<void(uint64_t)> progress) {
+  auto start = Clock::now();
+  if (target->mode() != Checkpoint::Mode::kReadWrite) {
+    return Status::InvalidArgument("apply needs the target opened read-write");
+  }
+  std::optional<ThreadPool> local;
+  if (pool == nullptr) pool = &local.emplace(1);
+  DCR_ASSIGN_OR_RETURN(auto reader, DeltaReader::Open(delta_path));
+  const DeltaHeader& h = reader->header();
+  const Manifest& m = target->manifest();
+  if (h.manifest != m.digest() || h.tensor_count != m.size()) {
+    return Status::BaseMismatch(fmt::format(
+        "'{}' was made for a checkpoint with other tensors (manifest {}); "
+        "'{}' has manifest {}",
+        delta_path, h.manifest.ShortHex(), target->path(),
+        m.digest().ShortHex()));
+  }
+  CheckpointDigests digests = target->ComputeDigests(pool);
+  if (digests.version != h.base.digest) {
+    if (digests.version == h.target.digest) {
+      return Status::BaseMismatch(fmt::format(
+          "'{}' already holds the delta's target version (step {}, {}); "
+          "the delta was applied already",
+          target->path(), h.target.step, h.target.digest.ShortHex()));
+    }
+    return Status::BaseMismatch(fmt::format(
+        "'{}' applies to base step {} ({}) but '{}' holds version {}",
+        delta_path, h.base.step, h.base.digest.ShortHex(), target->path(),
+        digests.version.ShortHex()));
+  }
+  // Validate everything before the first write.
+  DCR_ASSIGN_OR_RETURN(auto chunks, IndexChunks(reader.get(), &m));
+  DCR_RETURN_IF_ERROR(DecodeAll(chunks, pool, delta_path, nullptr));
+
+  DCR_ASSIGN_OR_RETURN(
+      auto decoders, MakePerWorker<ChunkDecoder>(
+                         pool->size(), [] { return ChunkDecoder::Create(); }));
+  std::vector<DecodedChunk> scratch(pool->size());
+  // Overwrite chunks keep the values they replace until the result is
+  // verified; XOR chunks undo by being applied again.
+  std::vector<std::vector<std::byte>> undo(chunks.size());
+  std::vector<uint8_t> applied(chunks.size(), 0);
+  auto span_of = [&](const ChunkHeader& ch) {
+    uint64_t w = ch.elem_size;
+    return target->MutableTensorData(ch.id.tensor)
+        .subspan(static_cast<uint64_t>(ch.id.span) * h.span_elems * w,
+                 static_cast<uint64_t>(ch.span_elems) * w);
+  };
+  auto rollback = [&]() -> Status {
+    FirstError err;
+    pool->ParallelFor(chunks.size(), [&](size_t i, size_t w) {
+      if (!applied[i]) return;
+      Status s = decoders[w]->Decode(chunks[i], &scratch[w]);
+      if (s.ok())
+        s = UndoChunk(scratch[w], undo[i], span_of(scratch[w].header));
+      err.Set(s);
+    });
+    return err.Take();
+  };
+  FirstError error;
+  pool->ParallelFor(chunks.size(), [&](size_t i, size_t w) {
+    if (error.failed()) return;
+    DecodedChunk& c = scratch[w];
+    Status s = decoders[w]->Decode(chunks[i], &c);
+    if (s.ok()) {
+      bool keep = c.header.kind == ChunkKind::kOverwrite;
+      s = ApplyChunk(c, span_of(c.header), keep ? &undo[i] : nullptr);
+    }
+    if (!s.ok()) {
+      error.Set(s.WithContext(delta_path + ": chunk " + std::to_string(i)));
+      return;
+    }
+    applied[i] = 1;
+    if (progress)
+      progress(static_cast<uint64_t>(c.header.span_elems) * c.header.elem_size);
+  });
+  if (error.failed()) {
+    Status undo_status = rollback();
+    Status s = error.Take();
+    if (!undo_status.ok()) {
+      return Status::Internal(s.ToString() + "; restoring the base failed: " +
+                              undo_status.ToString());
+    }
+    return s.WithContext("nothing changed");
+  }
+  // Verify: only tensors that chunks touched need rehashing.
+  std::vector<uint8_t> touched(m.size(), 0);
+  for (const auto& c : chunks) {
+    auto ch = PeekChunkHeader(c);
+    if (ch.ok()) touched[ch->id.tensor] = 1;
+  }
+  std::vector<size_t> rehash;
+  for (size_t t = 0; t < m.size(); ++t) {
+    if (touched[t]) rehash.push_back(t);
+  }
+  pool->ParallelFor(rehash.size(), [&](size_t i, size_t) {
+    digests.tensors[rehash[i]] = Hash128(target->TensorData(rehash[i]));
+  });
+  Digest128 result = VersionDigest(m.digest(), digests.tensors);
+  if (result != h.target.digest) {
+    Status undo_status = rollback();
+    std::string what =
+        fmt::format("after applying '{}' the target digest is {}, expected {}",
+                    delta_path, result.ShortHex(), h.target.digest.ShortHex());
+    if (!undo_status.ok()) {
+      return Status::Internal(
+          what + "; restoring the base failed: " + undo_status.ToString());
+    }
+    return Status::Corruption(what + "; the base bits were restored");
+  }
+  DCR_RETURN_IF_ERROR(target->Flush());
+  DeltaStats stats;
+  stats.header = h;
+  stats.checkpoint_bytes = m.TotalBytes();
+  stats.chunks = chunks.size();
+  stats.file_bytes = reader->file_bytes();
+  stats.sizes.changed = h.changed_elements;
+  stats.seconds = SecondsSince(start);
+  return stats;
+}
+
+std::vector<Mismatch> CompareCheckpoints(const Checkpoint& a,
+                                         const Checkpoint& b,
+                                         ThreadPool* pool) {
+  std::vector<Mismatch> out;
+  std::string diff = Manifest::Difference(a.manifest(), b.manifest());
+  if (!diff.empty()) {
+    Mismatch mm;
+    mm.manifest_difference = diff;
+    out.push_back(mm);
+    return out;
+  }
+  std::optional<ThreadPool> local;
+  if (pool == nullptr) pool = &local.emplace(1);
+  const Manifest& m = a.manifest();
+  std::vector<std::optional<Mismatch>> per(m.size());
+  pool->ParallelFor(m.size(), [&](size_t t, size_t) {
+    auto da = a.TensorData(t);
+    auto db = b.TensorData(t);
+    if (std::memcmp(da.data(), db.data(), da.size()) == 0) return;
+    size_t w = DTypeSize(m[t].dtype);
+    uint64_t n = m[t].NumElements();
+    Mismatch mm;
+    mm.tensor = m[t].name;
+    bool first = true;
+    for (uint64_t i = 0; i < n; ++i) {
+      if (std::memcmp(da.data() + i * w, db.data() + i * w, w) == 0) continue;
+      if (first) {
+        mm.element = i;
+        mm.a_hex = ElementHex(da, i, w);
+        mm.b_hex = ElementHex(db, i, w);
+        first = false;
+      }
+      ++mm.differing_elements;
+    }
+    per[t] = mm;
+  });
+  for (auto& p : per) {
+    if (p) out.push_back(std::move(*p));
+  }
+  return out;
+}
+
+}  // namespace dcr
