@@ -406,7 +406,9 @@ std::vector<Mismatch> CompareCheckpoints(const Checkpoint& a,
   pool->ParallelFor(m.size(), [&](size_t t, size_t) {
     auto da = a.TensorData(t);
     auto db = b.TensorData(t);
-    if (std::memcmp(da.data(), db.data(), da.size()) == 0) return;
+    if (da.empty() || std::memcmp(da.data(), db.data(), da.size()) == 0) {
+      return;
+    }
     size_t w = DTypeSize(m[t].dtype);
     uint64_t n = m[t].NumElements();
     Mismatch mm;
