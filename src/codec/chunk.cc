@@ -85,6 +85,18 @@ struct ChunkEncoder::Impl {
   std::vector<uint8_t> compressed;
   std::vector<std::byte> alt;  // the other candidate encoding
 
+  // zstd-compresses n bytes into `compressed`; returns the size.
+  Result<size_t> Zstd(const uint8_t* data, size_t n) {
+    size_t bound = ZSTD_compressBound(n);
+    uint8_t* dst = Reserve(&compressed, bound);
+    size_t r = ZSTD_compress2(cctx.get(), dst, bound, data, n);
+    if (ZSTD_isError(r)) {
+      return Status::Internal(std::string("zstd compression failed: ") +
+                              ZSTD_getErrorName(r));
+    }
+    return r;
+  }
+
   // The order-0 entropy of n bytes, in bytes.
   size_t Order0Bytes(const uint8_t* data, size_t n) {
     uint32_t hist[256] = {};
@@ -120,25 +132,28 @@ struct ChunkEncoder::Impl {
       enc = PlaneEncoding::kConstant;
       len = 1;
     } else if (n >= 16) {
-      size_t bound = ZSTD_compressBound(n);
-      uint8_t* dst = Reserve(&compressed, bound);
-      size_t r = ZSTD_compress2(cctx.get(), dst, bound, data, n);
-      if (ZSTD_isError(r)) {
-        return Status::Internal(std::string("zstd compression failed: ") +
-                                ZSTD_getErrorName(r));
+      // Order of trials, from the order-0 entropy H of the plane: Huffman
+      // costs at least one bit per byte and lands within a few percent of
+      // H, so where H >= 1 bit it goes first and zstd is tried only if
+      // Huffman leaves room (runs that H cannot see); where H < 1 bit
+      // (long runs, e.g. the mostly-zero high bytes of XOR masks) only
+      // zstd can get close.
+      size_t order0 = Order0Bytes(data, n);
+      if (order0 >= n / 8) {
+        size_t h = Huffman(data, n);
+        if (h < len) {
+          enc = PlaneEncoding::kHuffman;
+          src = huffman.data();
+          len = h;
+        }
       }
-      if (r < n) {
-        enc = PlaneEncoding::kZstd;
-        src = dst;
-        len = r;
-      }
-      // Huffman cannot beat the order-0 entropy by more than its table;
-      // skip it when zstd is already there (long runs, e.g. high bytes).
-      size_t h = len > Order0Bytes(data, n) + 64 ? Huffman(data, n) : SIZE_MAX;
-      if (h < len) {
-        enc = PlaneEncoding::kHuffman;
-        src = huffman.data();
-        len = h;
+      if (len > order0 + order0 / 16 + 64) {
+        DCR_ASSIGN_OR_RETURN(size_t z, Zstd(data, n));
+        if (z < len) {
+          enc = PlaneEncoding::kZstd;
+          src = compressed.data();
+          len = z;
+        }
       }
     }
     std::byte* entry = out->data() + table_entry_at;
