@@ -20,3 +20,12 @@ if(DCR_SANITIZE)
     -fno-omit-frame-pointer)
   target_link_options(dcr_flags INTERFACE -fsanitize=address,undefined)
 endif()
+if(DCR_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "dcr: DCR_FUZZ=ON needs clang (CXX=clang++)")
+  endif()
+  # Instrument every library for coverage; the fuzz targets link libFuzzer.
+  target_compile_options(dcr_flags INTERFACE
+    -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  target_link_options(dcr_flags INTERFACE -fsanitize=address,undefined)
+endif()
