@@ -25,32 +25,19 @@ double SymbolEntropyBits(const Counts& counts, uint64_t total) {
   return bits;
 }
 
-template <typename T>
-void CountSmall(std::span<const std::byte> base,
-                std::span<const std::byte> target, uint64_t* changed,
-                std::vector<uint64_t>* hist) {
+// Counts the changed elements of width T and feeds each XOR value to
+// `count`.
+template <typename T, typename Count>
+void CountChanges(std::span<const std::byte> base,
+                  std::span<const std::byte> target, uint64_t* changed,
+                  Count count) {
   size_t n = base.size() / sizeof(T);
   for (size_t i = 0; i < n; ++i) {
     T x = LoadLE<T>(base.data() + i * sizeof(T)) ^
           LoadLE<T>(target.data() + i * sizeof(T));
     if (x != 0) {
       ++*changed;
-      ++(*hist)[x];
-    }
-  }
-}
-
-template <typename T>
-void CountLarge(std::span<const std::byte> base,
-                std::span<const std::byte> target, uint64_t* changed,
-                std::unordered_map<uint64_t, uint64_t>* hist) {
-  size_t n = base.size() / sizeof(T);
-  for (size_t i = 0; i < n; ++i) {
-    T x = LoadLE<T>(base.data() + i * sizeof(T)) ^
-          LoadLE<T>(target.data() + i * sizeof(T));
-    if (x != 0) {
-      ++*changed;
-      ++(*hist)[x];
+      count(x);
     }
   }
 }
@@ -67,18 +54,20 @@ void EntropyFloor::Add(size_t elem_size, std::span<const std::byte> base,
   int w = std::countr_zero(elem_size) & 3;
   Width& width = widths_[w];
   width.elements += base.size() / elem_size;
+  auto small = [&](uint64_t x) { ++width.small[x]; };
+  auto large = [&](uint64_t x) { ++width.large[x]; };
   switch (elem_size) {
     case 1:
-      CountSmall<uint8_t>(base, target, &width.changed, &width.small);
+      CountChanges<uint8_t>(base, target, &width.changed, small);
       break;
     case 2:
-      CountSmall<uint16_t>(base, target, &width.changed, &width.small);
+      CountChanges<uint16_t>(base, target, &width.changed, small);
       break;
     case 4:
-      CountLarge<uint32_t>(base, target, &width.changed, &width.large);
+      CountChanges<uint32_t>(base, target, &width.changed, large);
       break;
     default:
-      CountLarge<uint64_t>(base, target, &width.changed, &width.large);
+      CountChanges<uint64_t>(base, target, &width.changed, large);
       break;
   }
 }
