@@ -22,18 +22,11 @@
 #include "dcr/codec.h"
 #include "dcr/digest.h"
 #include "dcr/status.h"
+#include "dcr/version.h"
 
 namespace dcr {
 
 class ThreadPool;
-
-// A version: the step number the trainer assigned plus the content digest
-// of the canonical bits.
-struct Version {
-  uint64_t step = 0;
-  Digest128 digest;
-  friend bool operator==(const Version&, const Version&) = default;
-};
 
 struct DeltaHeader {
   Version base;

@@ -73,13 +73,17 @@ class ByteReader {
     pos_ += n;
     return true;
   }
+  // Accepts only the minimal encoding of a value that fits in 64 bits, so
+  // every value has exactly one encoding.
   bool GetVarint(uint64_t* v) {
     uint64_t r = 0;
     for (int shift = 0; shift < 64; shift += 7) {
       uint8_t b;
       if (!Get(&b)) return false;
+      if (shift == 63 && b > 1) break;  // overflows 64 bits
       r |= static_cast<uint64_t>(b & 0x7f) << shift;
       if ((b & 0x80) == 0) {
+        if (b == 0 && shift > 0) break;  // a redundant trailing zero group
         *v = r;
         return true;
       }

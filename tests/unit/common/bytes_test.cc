@@ -37,6 +37,18 @@ TEST(BytesTest, TruncatedVarintFails) {
   EXPECT_FALSE(r.GetVarint(&v));
 }
 
+TEST(BytesTest, NonMinimalOrOverflowingVarintFails) {
+  uint64_t v;
+  std::vector<std::byte> redundant = {std::byte{0x84}, std::byte{0x00}};
+  EXPECT_FALSE(ByteReader(redundant).GetVarint(&v));
+  std::vector<std::byte> big(9, std::byte{0xff});
+  big.push_back(std::byte{0x02});
+  EXPECT_FALSE(ByteReader(big).GetVarint(&v));
+  big.back() = std::byte{0x01};
+  ASSERT_TRUE(ByteReader(big).GetVarint(&v));
+  EXPECT_EQ(v, ~0ull);
+}
+
 TEST(BytesTest, HumanBytes) {
   EXPECT_EQ(HumanBytes(312), "312 B");
   EXPECT_EQ(HumanBytes(1536), "1.50 KiB");

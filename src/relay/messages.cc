@@ -1,0 +1,325 @@
+#include "relay/messages.h"
+
+#include <set>
+
+#include "common/bytes.h"
+#include "dcr/codec.h"
+
+namespace dcr {
+namespace {
+
+constexpr uint8_t kMessageVersion = 1;
+
+void PutString(ByteWriter* w, std::string_view s) {
+  w->PutVarint(s.size());
+  w->PutBytes(std::as_bytes(std::span<const char>(s.data(), s.size())));
+}
+void PutDigest(ByteWriter* w, const Digest128& d) {
+  w->Put<uint64_t>(d.high);
+  w->Put<uint64_t>(d.low);
+}
+void PutVersion(ByteWriter* w, const Version& v) {
+  w->Put<uint64_t>(v.step);
+  PutDigest(w, v.digest);
+}
+
+// Reads fields in order; the first failure is remembered with the name of
+// the field that failed, and later reads are no-ops.
+class Reader {
+ public:
+  Reader(std::span<const std::byte> b, const char* message)
+      : r_(b), message_(message) {
+    uint8_t version = 0;
+    if (!r_.Get(&version)) {
+      Fail("version", "empty payload");
+    } else if (version != kMessageVersion) {
+      Fail("version", "unknown message version " + std::to_string(version));
+    }
+  }
+  template <typename T>
+  T Get(const char* field) {
+    T v{};
+    if (ok() && !r_.Get(&v)) Fail(field, "truncated");
+    return v;
+  }
+  uint64_t Varint(const char* field, uint64_t max) {
+    uint64_t v = 0;
+    if (!ok()) return 0;
+    if (!r_.GetVarint(&v)) {
+      Fail(field, "truncated");
+    } else if (v > max) {
+      Fail(field, std::to_string(v) + " exceeds " + std::to_string(max));
+    }
+    return ok() ? v : 0;
+  }
+  std::string String(const char* field) {
+    uint64_t n = Varint(field, kMaxMessageString);
+    std::span<const std::byte> b;
+    if (ok() && !r_.GetBytes(n, &b)) Fail(field, "truncated");
+    if (!ok()) return {};
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+  Digest128 Digest(const char* field) {
+    Digest128 d;
+    d.high = Get<uint64_t>(field);
+    d.low = Get<uint64_t>(field);
+    return d;
+  }
+  Version Ver(const char* field) {
+    Version v;
+    v.step = Get<uint64_t>(field);
+    v.digest = Digest(field);
+    return v;
+  }
+  void Fail(const std::string& field, const std::string& why) {
+    if (status_.ok()) {
+      status_ =
+          Status::Corruption(std::string(message_) + "." + field + ": " + why);
+    }
+  }
+  bool ok() const { return status_.ok(); }
+  // The final status: also fails on trailing bytes.
+  Status Finish() {
+    if (ok() && r_.remaining() != 0) {
+      Fail("end", std::to_string(r_.remaining()) + " trailing bytes");
+    }
+    return status_;
+  }
+
+ private:
+  ByteReader r_;
+  const char* message_;
+  Status status_;
+};
+
+}  // namespace
+
+std::string_view NodeCodeName(NodeCode code) {
+  switch (code) {
+    case NodeCode::kOk:
+      return "ok";
+    case NodeCode::kNeedsCatchUp:
+      return "needs catch-up";
+    case NodeCode::kManifestMismatch:
+      return "manifest mismatch";
+    case NodeCode::kBusy:
+      return "busy";
+    case NodeCode::kUnreachable:
+      return "unreachable";
+    case NodeCode::kStoreError:
+      return "store error";
+    case NodeCode::kDigestMismatch:
+      return "digest mismatch";
+    case NodeCode::kIncomplete:
+      return "incomplete";
+    case NodeCode::kTimeout:
+      return "timeout";
+    case NodeCode::kRejected:
+      return "rejected";
+  }
+  return "unknown";
+}
+
+std::vector<std::byte> EncodeHello(const HelloMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  PutString(&w, m.node);
+  w.Put<uint8_t>(m.role);
+  w.Put<uint64_t>(m.epoch);
+  return out;
+}
+
+Result<HelloMsg> DecodeHello(std::span<const std::byte> b) {
+  Reader r(b, "HELLO");
+  HelloMsg m;
+  m.node = r.String("node");
+  m.role = r.Get<uint8_t>("role");
+  m.epoch = r.Get<uint64_t>("epoch");
+  if (r.ok() && (m.role < kRoleRoot || m.role > kRoleClient)) {
+    r.Fail("role", "unknown role " + std::to_string(m.role));
+  }
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
+std::vector<std::byte> EncodePlan(const PlanMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  w.Put<uint8_t>(static_cast<uint8_t>(m.mode));
+  PutVersion(&w, m.base);
+  PutVersion(&w, m.target);
+  PutDigest(&w, m.manifest);
+  w.Put<uint64_t>(m.span_elems);
+  w.Put<uint64_t>(m.chunk_window_bytes);
+  w.Put<uint32_t>(m.phase_timeout_ms);
+  w.PutVarint(m.nodes.size());
+  for (const PlanNode& n : m.nodes) {
+    PutString(&w, n.name);
+    PutString(&w, n.host);
+    w.Put<uint16_t>(n.port);
+    PutString(&w, n.transport);
+    w.Put<int32_t>(n.parent);
+  }
+  return out;
+}
+
+Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
+  Reader r(b, "PLAN");
+  PlanMsg m;
+  uint8_t mode = r.Get<uint8_t>("mode");
+  m.base = r.Ver("base");
+  m.target = r.Ver("target");
+  m.manifest = r.Digest("manifest");
+  m.span_elems = r.Get<uint64_t>("span_elems");
+  m.chunk_window_bytes = r.Get<uint64_t>("chunk_window_bytes");
+  m.phase_timeout_ms = r.Get<uint32_t>("phase_timeout_ms");
+  uint64_t count = r.Varint("nodes", kMaxPlanNodes);
+  if (r.ok() && mode != 1 && mode != 2) {
+    r.Fail("mode", "unknown mode " + std::to_string(mode));
+  }
+  m.mode = static_cast<RefitMode>(mode);
+  if (r.ok() && (m.span_elems == 0 || m.span_elems > kMaxSpanElems)) {
+    r.Fail("span_elems", "out of range");
+  }
+  if (r.ok() && count == 0) r.Fail("nodes", "empty subtree");
+  std::set<std::string> names;
+  for (uint64_t i = 0; r.ok() && i < count; ++i) {
+    PlanNode n;
+    n.name = r.String("nodes.name");
+    n.host = r.String("nodes.host");
+    n.port = r.Get<uint16_t>("nodes.port");
+    n.transport = r.String("nodes.transport");
+    n.parent = r.Get<int32_t>("nodes.parent");
+    if (!r.ok()) break;
+    bool parent_ok = i == 0
+                         ? n.parent == -1
+                         : n.parent >= 0 && static_cast<uint64_t>(n.parent) < i;
+    if (!parent_ok) {
+      r.Fail("nodes[" + std::to_string(i) + "].parent",
+             "must name an earlier node (" + std::to_string(n.parent) + ")");
+    } else if (n.name.empty() || !names.insert(n.name).second) {
+      r.Fail("nodes[" + std::to_string(i) + "].name",
+             "empty or repeated '" + n.name + "'");
+    }
+    m.nodes.push_back(std::move(n));
+  }
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
+std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  w.PutVarint(m.nodes.size());
+  for (const NodeResult& n : m.nodes) {
+    PutString(&w, n.node);
+    w.Put<uint8_t>(static_cast<uint8_t>(n.code));
+    PutVersion(&w, n.version);
+    w.Put<uint64_t>(n.chunks_applied);
+    PutString(&w, n.detail);
+  }
+  return out;
+}
+
+Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
+  Reader r(b, "RESULTS");
+  ResultsMsg m;
+  uint64_t count = r.Varint("nodes", kMaxPlanNodes);
+  for (uint64_t i = 0; r.ok() && i < count; ++i) {
+    NodeResult n;
+    n.node = r.String("nodes.node");
+    uint8_t code = r.Get<uint8_t>("nodes.code");
+    n.version = r.Ver("nodes.version");
+    n.chunks_applied = r.Get<uint64_t>("nodes.chunks_applied");
+    n.detail = r.String("nodes.detail");
+    if (r.ok() && code > static_cast<uint8_t>(NodeCode::kRejected)) {
+      r.Fail("nodes.code", "unknown code " + std::to_string(code));
+    }
+    n.code = static_cast<NodeCode>(code);
+    m.nodes.push_back(std::move(n));
+  }
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
+std::vector<std::byte> EncodeEnd(const EndMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  w.Put<uint64_t>(m.chunk_count);
+  PutDigest(&w, m.chunk_ids_digest);
+  return out;
+}
+
+Result<EndMsg> DecodeEnd(std::span<const std::byte> b) {
+  Reader r(b, "END");
+  EndMsg m;
+  m.chunk_count = r.Get<uint64_t>("chunk_count");
+  m.chunk_ids_digest = r.Digest("chunk_ids_digest");
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
+std::vector<std::byte> EncodeCommit(const CommitMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  PutVersion(&w, m.target);
+  w.PutVarint(m.commit_set.size());
+  for (const auto& n : m.commit_set) PutString(&w, n);
+  return out;
+}
+
+Result<CommitMsg> DecodeCommit(std::span<const std::byte> b) {
+  Reader r(b, "COMMIT");
+  CommitMsg m;
+  m.target = r.Ver("target");
+  uint64_t count = r.Varint("commit_set", kMaxPlanNodes);
+  for (uint64_t i = 0; r.ok() && i < count; ++i) {
+    m.commit_set.push_back(r.String("commit_set"));
+  }
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
+std::vector<std::byte> EncodeAbort(const AbortMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  PutString(&w, m.reason);
+  return out;
+}
+
+Result<AbortMsg> DecodeAbort(std::span<const std::byte> b) {
+  Reader r(b, "ABORT");
+  AbortMsg m;
+  m.reason = r.String("reason");
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
+PlanMsg SubPlan(const PlanMsg& plan, size_t index) {
+  PlanMsg sub = plan;
+  sub.nodes.clear();
+  // Nodes come after their parents, so one pass in order collects the
+  // subtree of `index` and maps old indices to new ones.
+  std::vector<int32_t> remap(plan.nodes.size(), -1);
+  for (size_t i = index; i < plan.nodes.size(); ++i) {
+    const PlanNode& n = plan.nodes[i];
+    int32_t parent = -1;
+    if (i != index) {
+      if (n.parent < 0 || remap[static_cast<size_t>(n.parent)] < 0) continue;
+      parent = remap[static_cast<size_t>(n.parent)];
+    }
+    remap[i] = static_cast<int32_t>(sub.nodes.size());
+    PlanNode copy = n;
+    copy.parent = parent;
+    sub.nodes.push_back(std::move(copy));
+  }
+  return sub;
+}
+
+}  // namespace dcr

@@ -1,0 +1,144 @@
+// Payloads of the refit frames (docs/PROTOCOL.md §"Refit messages"). The
+// wire layer frames bytes; these functions give the bytes meaning.
+//
+// Every payload starts with a u8 message version (1). Integers are
+// little-endian fixed width unless marked varint (LEB128); a string is a
+// varint length then UTF-8 bytes; a version is u64 step then the digest as
+// u64 high, u64 low. Decoders check every length against the bytes left
+// and against the limits below before allocating, and refuse trailing
+// bytes: a payload decodes completely or not at all.
+//
+// Thread safety: values and pure functions.
+#ifndef DCR_RELAY_MESSAGES_H_
+#define DCR_RELAY_MESSAGES_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dcr/digest.h"
+#include "dcr/status.h"
+#include "dcr/version.h"
+
+namespace dcr {
+
+inline constexpr size_t kMaxMessageString = 4096;
+inline constexpr size_t kMaxPlanNodes = 1u << 16;
+
+// Sent first on every link, by both ends.
+struct HelloMsg {
+  std::string node;  // the sender's name in the topology ("" for a CLI)
+  uint8_t role = 0;  // kRoleRoot, kRoleRelay, kRoleClient
+  uint64_t epoch = 0;
+  friend bool operator==(const HelloMsg&, const HelloMsg&) = default;
+};
+inline constexpr uint8_t kRoleRoot = 1;
+inline constexpr uint8_t kRoleRelay = 2;
+inline constexpr uint8_t kRoleClient = 3;
+
+// A node of the subtree a PLAN hands to its receiver.
+struct PlanNode {
+  std::string name;
+  std::string host;
+  uint16_t port = 0;
+  std::string transport;  // "tcp", "ucx"
+  int32_t parent = -1;    // index in PlanMsg::nodes; -1 only for nodes[0]
+  friend bool operator==(const PlanNode&, const PlanNode&) = default;
+};
+
+enum class RefitMode : uint8_t {
+  kDelta = 1,  // XOR chunks (overwrites on retry) against the base version
+  kFull = 2,   // dense overwrite chunks of every span; the base is ignored
+};
+
+// Starts a refit. nodes[0] is the receiver itself; the rest is its subtree,
+// each node after its parent.
+struct PlanMsg {
+  RefitMode mode = RefitMode::kDelta;
+  Version base;
+  Version target;
+  Digest128 manifest;
+  uint64_t span_elems = 0;
+  uint64_t chunk_window_bytes = 0;  // forward queue bound per child
+  uint32_t phase_timeout_ms = 0;    // deadline for a subtree to answer
+  std::vector<PlanNode> nodes;
+  friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
+};
+
+// How one node fared in a phase. Replies aggregate their subtree: a relay
+// answers with its own result followed by its children's.
+enum class NodeCode : uint8_t {
+  kOk = 0,
+  kNeedsCatchUp = 1,      // committed version is not the plan's base
+  kManifestMismatch = 2,  // the store holds other tensors
+  kBusy = 3,              // another refit is in progress
+  kUnreachable = 4,       // its parent could not reach it
+  kStoreError = 5,        // applying or persisting failed
+  kDigestMismatch = 6,    // after END the bits are not the target's
+  kIncomplete = 7,        // END arrived but chunks are missing
+  kTimeout = 8,           // it did not answer within the phase deadline
+  kRejected = 9,          // the frame or plan was refused (reason in detail)
+};
+std::string_view NodeCodeName(NodeCode code);
+
+struct NodeResult {
+  std::string node;
+  NodeCode code = NodeCode::kOk;
+  Version version;  // committed (PLAN, COMMIT) or computed (VOTE)
+  uint64_t chunks_applied = 0;
+  std::string detail;
+  friend bool operator==(const NodeResult&, const NodeResult&) = default;
+};
+
+// PLAN_REPLY, VOTE, COMMIT_REPLY, ABORT_REPLY and STATUS_REPLY carry this.
+struct ResultsMsg {
+  std::vector<NodeResult> nodes;
+  friend bool operator==(const ResultsMsg&, const ResultsMsg&) = default;
+};
+
+// After the last CHUNK: how many chunks the root sent and a digest over
+// their ids in send order (XXH3-128 of u32 tensor, u32 span per chunk), so
+// a relay can tell a complete stream from one with losses.
+struct EndMsg {
+  uint64_t chunk_count = 0;
+  Digest128 chunk_ids_digest;
+  friend bool operator==(const EndMsg&, const EndMsg&) = default;
+};
+
+// COMMIT names the nodes that commit; the others in the receiver's
+// subtree abort (restore the base) and are stale.
+struct CommitMsg {
+  Version target;
+  std::vector<std::string> commit_set;
+  friend bool operator==(const CommitMsg&, const CommitMsg&) = default;
+};
+
+struct AbortMsg {
+  std::string reason;
+  friend bool operator==(const AbortMsg&, const AbortMsg&) = default;
+};
+
+std::vector<std::byte> EncodeHello(const HelloMsg& m);
+std::vector<std::byte> EncodePlan(const PlanMsg& m);
+std::vector<std::byte> EncodeResults(const ResultsMsg& m);
+std::vector<std::byte> EncodeEnd(const EndMsg& m);
+std::vector<std::byte> EncodeCommit(const CommitMsg& m);
+std::vector<std::byte> EncodeAbort(const AbortMsg& m);
+
+// Each returns Corruption naming the message and the field on any
+// malformed, truncated, oversized or trailing input.
+Result<HelloMsg> DecodeHello(std::span<const std::byte> b);
+Result<PlanMsg> DecodePlan(std::span<const std::byte> b);
+Result<ResultsMsg> DecodeResults(std::span<const std::byte> b);
+Result<EndMsg> DecodeEnd(std::span<const std::byte> b);
+Result<CommitMsg> DecodeCommit(std::span<const std::byte> b);
+Result<AbortMsg> DecodeAbort(std::span<const std::byte> b);
+
+// The subtree of plan node `index` as a plan for that node: the same
+// fields, nodes re-indexed with `index` first. Requires a valid plan.
+PlanMsg SubPlan(const PlanMsg& plan, size_t index);
+
+}  // namespace dcr
+
+#endif  // DCR_RELAY_MESSAGES_H_

@@ -1,0 +1,307 @@
+// WeightStore's version-record logic, store specs, the backend factory and
+// the memory store.
+#include "dcr/store.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "dcr/thread_pool.h"
+#include "store/store_internal.h"
+
+namespace dcr {
+namespace {
+
+namespace fs = std::filesystem;
+using store_internal::NowIso8601;
+
+constexpr std::string_view kRecordSuffix = ".dcr-version";
+constexpr std::string_view kDirRecordName = "store.dcr-version";
+constexpr std::string_view kShmDir = "/dev/shm/";
+// Memory stores align every tensor to a cache line.
+constexpr uint64_t kMemoryAlign = 64;
+
+std::string VersionString(const Version& v) {
+  return "step " + std::to_string(v.step) + " (" + v.digest.ShortHex() + ")";
+}
+
+// Heap memory for tests: all tensors in one zero-initialized buffer.
+class MemoryStore final : public WeightStore {
+ public:
+  explicit MemoryStore(Manifest manifest)
+      : WeightStore("memory:", "", VersionRecord{manifest.digest(), {}, {}}),
+        manifest_(std::move(manifest)) {
+    offsets_.reserve(manifest_.size());
+    uint64_t total = 0;
+    for (const TensorInfo& t : manifest_.tensors()) {
+      offsets_.push_back(total);
+      total += (t.NumBytes() + kMemoryAlign - 1) / kMemoryAlign * kMemoryAlign;
+    }
+    // make_unique value-initializes, so the store starts as zeros.
+    buffer_ = std::make_unique<std::byte[]>(total + kMemoryAlign);
+    const uintptr_t p = reinterpret_cast<uintptr_t>(buffer_.get());
+    base_ = buffer_.get() + (kMemoryAlign - p % kMemoryAlign) % kMemoryAlign;
+  }
+
+  const Manifest& manifest() const override { return manifest_; }
+  std::span<const std::byte> Tensor(size_t i) const override {
+    return {base_ + offsets_[i], manifest_[i].NumBytes()};
+  }
+  std::span<std::byte> MutableTensor(size_t i) override {
+    return {base_ + offsets_[i], manifest_[i].NumBytes()};
+  }
+
+ protected:
+  Status SyncData() override { return Status::OK(); }
+
+ private:
+  Manifest manifest_;
+  std::vector<uint64_t> offsets_;
+  std::unique_ptr<std::byte[]> buffer_;
+  std::byte* base_ = nullptr;
+};
+
+std::string ResolvedRecordPath(const StoreSpec& spec) {
+  return spec.record_path.empty() ? DefaultRecordPath(spec) : spec.record_path;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- WeightStore
+
+WeightStore::WeightStore(std::string describe, std::string record_path,
+                         VersionRecord record)
+    : describe_(std::move(describe)),
+      record_path_(std::move(record_path)),
+      record_(std::move(record)) {}
+
+WeightStore::~WeightStore() = default;
+
+CheckpointDigests WeightStore::Digests(ThreadPool* pool) const {
+  const Manifest& m = manifest();
+  CheckpointDigests d;
+  d.tensors.resize(m.size());
+  auto body = [this, &d](size_t i, size_t /*worker*/) {
+    d.tensors[i] = Hash128(Tensor(i));
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(m.size(), body);
+  } else {
+    for (size_t i = 0; i < m.size(); ++i) body(i, 0);
+  }
+  d.manifest = m.digest();
+  d.version = VersionDigest(d.manifest, d.tensors);
+  return d;
+}
+
+std::optional<Version> WeightStore::committed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!record_.committed) return std::nullopt;
+  return record_.committed->version;
+}
+
+std::optional<RefitInProgress> WeightStore::InProgress() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return record_.in_progress;
+}
+
+VersionRecord WeightStore::record() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return record_;
+}
+
+Status WeightStore::Persist(const VersionRecord& next) {
+  if (!record_path_.empty()) {
+    DCR_RETURN_IF_ERROR(
+        WriteVersionRecord(record_path_, next).WithContext(describe_));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  record_ = next;
+  return Status::OK();
+}
+
+Status WeightStore::Commit(const Version& version, const RefitId& refit) {
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  VersionRecord next = record();
+  if (next.in_progress) {
+    const RefitInProgress& p = *next.in_progress;
+    if (p.refit != refit || p.target != version) {
+      return Status::InvalidArgument(
+          describe_ + ": commit of refit " + refit.ToHex() + " to " +
+          VersionString(version) + " while refit " + p.refit.ToHex() + " to " +
+          VersionString(p.target) + " is in progress");
+    }
+  }
+  DCR_RETURN_IF_ERROR(SyncData().WithContext(describe_ + ": commit"));
+  next.committed = CommitInfo{version, refit, NowIso8601()};
+  next.in_progress.reset();
+  return Persist(next);
+}
+
+Status WeightStore::BeginRefit(const RefitId& refit, const Version& base,
+                               const Version& target) {
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  VersionRecord next = record();
+  next.in_progress = RefitInProgress{refit, base, target, NowIso8601()};
+  return Persist(next);
+}
+
+Status WeightStore::EndRefit() {
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  VersionRecord next = record();
+  if (!next.in_progress) return Status::OK();
+  DCR_RETURN_IF_ERROR(SyncData().WithContext(describe_ + ": end refit"));
+  next.in_progress.reset();
+  return Persist(next);
+}
+
+// ------------------------------------------------------------------- specs
+
+std::string StoreSpec::ToString() const {
+  switch (kind) {
+    case Kind::kMemory:
+      return "memory:";
+    case Kind::kFile:
+      return "file:" + path;
+    case Kind::kShm:
+      return "shm:" + path;
+  }
+  return "?";
+}
+
+Result<StoreSpec> ParseStoreSpec(std::string_view text) {
+  const size_t colon = text.find(':');
+  const std::string_view kind = text.substr(0, colon);
+  const std::string_view rest =
+      colon == std::string_view::npos ? "" : text.substr(colon + 1);
+  StoreSpec spec;
+  if (kind == "memory") {
+    if (!rest.empty()) {
+      return Status::InvalidArgument("store '" + std::string(text) +
+                                     "': a memory store takes no path");
+    }
+    spec.kind = StoreSpec::Kind::kMemory;
+    return spec;
+  }
+  if (colon == std::string_view::npos || (kind != "file" && kind != "shm")) {
+    return Status::InvalidArgument(
+        "store '" + std::string(text) +
+        "' is not one of memory:, file:PATH, shm:NAME");
+  }
+  if (rest.empty()) {
+    return Status::InvalidArgument("store '" + std::string(text) +
+                                   "' names no path");
+  }
+  if (kind == "file") {
+    spec.kind = StoreSpec::Kind::kFile;
+    spec.path = std::string(rest);
+    return spec;
+  }
+  spec.kind = StoreSpec::Kind::kShm;
+  spec.path = rest.front() == '/' ? std::string(rest) : "/" + std::string(rest);
+  DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
+  return spec;
+}
+
+std::string DefaultRecordPath(const StoreSpec& spec) {
+  switch (spec.kind) {
+    case StoreSpec::Kind::kMemory:
+      return "";
+    case StoreSpec::Kind::kFile: {
+      std::error_code ec;
+      if (fs::is_directory(spec.path, ec)) {
+        return (fs::path(spec.path) / kDirRecordName).string();
+      }
+      return spec.path + std::string(kRecordSuffix);
+    }
+    case StoreSpec::Kind::kShm:
+      // spec.path is "/name"; the record sits beside the object.
+      return std::string(kShmDir) + spec.path.substr(1) +
+             std::string(kRecordSuffix);
+  }
+  return "";
+}
+
+// ----------------------------------------------------------------- factory
+
+Result<std::unique_ptr<WeightStore>> OpenStore(const StoreSpec& spec) {
+  switch (spec.kind) {
+    case StoreSpec::Kind::kMemory:
+      return Status::InvalidArgument(
+          "a memory store cannot be reopened; create it with CreateStore");
+    case StoreSpec::Kind::kFile:
+      if (spec.path.empty()) {
+        return Status::InvalidArgument("file store spec names no path");
+      }
+      return store_internal::OpenFileStore(spec.path, ResolvedRecordPath(spec));
+    case StoreSpec::Kind::kShm:
+      DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
+      return store_internal::OpenShmStore(spec.path, ResolvedRecordPath(spec));
+  }
+  return Status::Internal("unknown store kind");
+}
+
+Result<std::unique_ptr<WeightStore>> CreateStore(
+    const StoreSpec& spec, const Manifest& manifest,
+    const std::map<std::string, std::string>& metadata) {
+  switch (spec.kind) {
+    case StoreSpec::Kind::kMemory:
+      return std::unique_ptr<WeightStore>(new MemoryStore(manifest));
+    case StoreSpec::Kind::kFile:
+      if (spec.path.empty()) {
+        return Status::InvalidArgument("file store spec names no path");
+      }
+      return store_internal::CreateFileStore(
+          spec.path, ResolvedRecordPath(spec), manifest, metadata);
+    case StoreSpec::Kind::kShm:
+      DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
+      return store_internal::CreateShmStore(spec.path, ResolvedRecordPath(spec),
+                                            manifest, metadata);
+  }
+  return Status::Internal("unknown store kind");
+}
+
+Result<std::unique_ptr<WeightStore>> CreateMemoryStoreFrom(
+    const Checkpoint& checkpoint) {
+  auto store = std::make_unique<MemoryStore>(checkpoint.manifest());
+  for (size_t i = 0; i < checkpoint.manifest().size(); ++i) {
+    const std::span<const std::byte> src = checkpoint.TensorData(i);
+    if (!src.empty()) {
+      std::memcpy(store->MutableTensor(i).data(), src.data(), src.size());
+    }
+  }
+  return std::unique_ptr<WeightStore>(std::move(store));
+}
+
+Status RemoveStore(const StoreSpec& spec) {
+  switch (spec.kind) {
+    case StoreSpec::Kind::kMemory:
+      return Status::OK();
+    case StoreSpec::Kind::kFile: {
+      const std::string record_path = ResolvedRecordPath(spec);
+      std::error_code ec;
+      if (fs::is_directory(spec.path, ec)) {
+        return Status::InvalidArgument("RemoveStore refuses directory '" +
+                                       spec.path + "'");
+      }
+      DCR_RETURN_IF_ERROR(store_internal::RemoveRecord(record_path));
+      if (::unlink(spec.path.c_str()) != 0 && errno != ENOENT) {
+        return Status::FromErrno("cannot remove '" + spec.path + "'", errno);
+      }
+      return Status::OK();
+    }
+    case StoreSpec::Kind::kShm:
+      DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
+      DCR_RETURN_IF_ERROR(
+          store_internal::RemoveRecord(ResolvedRecordPath(spec)));
+      return store_internal::UnlinkShm(spec.path);
+  }
+  return Status::Internal("unknown store kind");
+}
+
+}  // namespace dcr

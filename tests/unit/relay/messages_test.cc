@@ -1,0 +1,122 @@
+#include "relay/messages.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace dcr {
+namespace {
+
+PlanMsg SamplePlan() {
+  PlanMsg p;
+  p.mode = RefitMode::kDelta;
+  p.base = {4, Digest128{1, 2}};
+  p.target = {5, Digest128{3, 4}};
+  p.manifest = Digest128{5, 6};
+  p.span_elems = 1 << 20;
+  p.chunk_window_bytes = 64 << 20;
+  p.phase_timeout_ms = 30000;
+  // a0 -> {a1 -> {a3}, a2}
+  p.nodes = {{"a0", "127.0.0.1", 17001, "tcp", -1},
+             {"a1", "127.0.0.1", 17002, "tcp", 0},
+             {"a2", "127.0.0.1", 17003, "ucx", 0},
+             {"a3", "127.0.0.1", 17004, "tcp", 1}};
+  return p;
+}
+
+TEST(MessagesTest, RoundTripEveryMessage) {
+  HelloMsg h{"a0", kRoleRelay, 7};
+  EXPECT_EQ(*DecodeHello(EncodeHello(h)), h);
+  PlanMsg p = SamplePlan();
+  EXPECT_EQ(*DecodePlan(EncodePlan(p)), p);
+  ResultsMsg r;
+  r.nodes = {{"a0", NodeCode::kOk, {5, Digest128{3, 4}}, 12, ""},
+             {"a1",
+              NodeCode::kNeedsCatchUp,
+              {3, Digest128{9, 9}},
+              0,
+              "committed step 3"}};
+  EXPECT_EQ(*DecodeResults(EncodeResults(r)), r);
+  EndMsg e{42, Digest128{7, 8}};
+  EXPECT_EQ(*DecodeEnd(EncodeEnd(e)), e);
+  CommitMsg c{{5, Digest128{3, 4}}, {"a0", "a2"}};
+  EXPECT_EQ(*DecodeCommit(EncodeCommit(c)), c);
+  AbortMsg a{"a1 voted no"};
+  EXPECT_EQ(*DecodeAbort(EncodeAbort(a)), a);
+}
+
+TEST(MessagesTest, SubPlanKeepsTheSubtree) {
+  PlanMsg p = SamplePlan();
+  PlanMsg s = SubPlan(p, 1);
+  ASSERT_EQ(s.nodes.size(), 2u);
+  EXPECT_EQ(s.nodes[0].name, "a1");
+  EXPECT_EQ(s.nodes[0].parent, -1);
+  EXPECT_EQ(s.nodes[1].name, "a3");
+  EXPECT_EQ(s.nodes[1].parent, 0);
+  EXPECT_EQ(s.target, p.target);
+  EXPECT_TRUE(DecodePlan(EncodePlan(s)).ok());
+  EXPECT_EQ(SubPlan(p, 2).nodes.size(), 1u);
+  EXPECT_EQ(SubPlan(p, 0), p);
+}
+
+TEST(MessagesTest, RejectsMalformedPlans) {
+  PlanMsg p = SamplePlan();
+  p.nodes[2].parent = 3;  // a parent after its child
+  EXPECT_TRUE(DecodePlan(EncodePlan(p)).status().IsCorruption());
+  p = SamplePlan();
+  p.nodes[3].name = "a1";
+  auto dup = DecodePlan(EncodePlan(p));
+  EXPECT_TRUE(dup.status().IsCorruption());
+  EXPECT_NE(dup.status().message().find("repeated"), std::string::npos);
+  p = SamplePlan();
+  p.span_elems = 0;
+  EXPECT_TRUE(DecodePlan(EncodePlan(p)).status().IsCorruption());
+  p = SamplePlan();
+  p.nodes.clear();
+  EXPECT_TRUE(DecodePlan(EncodePlan(p)).status().IsCorruption());
+}
+
+TEST(MessagesTest, TruncationTrailingBytesAndVersion) {
+  auto bytes = EncodePlan(SamplePlan());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(DecodePlan(std::span(bytes).first(n)).ok()) << n;
+  }
+  auto longer = bytes;
+  longer.push_back(std::byte{0});
+  auto s = DecodePlan(longer);
+  EXPECT_NE(s.status().message().find("trailing"), std::string::npos);
+  auto v2 = bytes;
+  v2[0] = std::byte{2};
+  EXPECT_NE(DecodePlan(v2).status().message().find("version"),
+            std::string::npos);
+}
+
+TEST(MessagesTest, OversizedCountsAreRefusedBeforeAllocation) {
+  // A results message claiming 2^40 nodes, and a 1 MiB string.
+  std::vector<std::byte> b = {std::byte{1},    std::byte{0x80}, std::byte{0x80},
+                              std::byte{0x80}, std::byte{0x80}, std::byte{0x80},
+                              std::byte{0x20}};
+  EXPECT_TRUE(DecodeResults(b).status().IsCorruption());
+  std::vector<std::byte> s = {std::byte{1}, std::byte{0x80}, std::byte{0x80},
+                              std::byte{0x40}};
+  EXPECT_TRUE(DecodeAbort(s).status().IsCorruption());
+}
+
+TEST(MessagesTest, RandomBytesNeverCrash) {
+  std::mt19937 rng(3);
+  auto plan = EncodePlan(SamplePlan());
+  for (int i = 0; i < 20000; ++i) {
+    auto b = plan;
+    for (int f = 0; f < 3; ++f) b[rng() % b.size()] = std::byte(rng());
+    auto p = DecodePlan(b);
+    if (p.ok()) {
+      EXPECT_EQ(EncodePlan(*p), b);
+    }
+    (void)DecodeResults(b);
+    (void)DecodeCommit(b);
+    (void)DecodeHello(b);
+  }
+}
+
+}  // namespace
+}  // namespace dcr

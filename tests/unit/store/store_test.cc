@@ -1,0 +1,765 @@
+// WeightStore backends: create, open, write, commit, restart (destroy and
+// reopen), refit-in-progress records, digests, and failure paths.
+#include "dcr/store.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/file.h"
+#include "dcr/checkpoint.h"
+#include "dcr/thread_pool.h"
+#include "format/safetensors_header.h"
+#include "testing/temp_dir.h"
+
+namespace dcr {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> out(n);
+  for (std::byte& b : out) b = static_cast<std::byte>(rng());
+  return out;
+}
+
+// Tensors of several dtypes, including a scalar and a zero-size tensor.
+struct Fixture {
+  std::vector<TensorInfo> infos = {
+      {"model.layers.0.weight", DType::kBF16, {8, 16}},
+      {"model.embed", DType::kF32, {10, 4}},
+      {"scalar", DType::kF64, {}},
+      {"empty", DType::kF16, {0, 7}},
+      {"ids", DType::kI64, {6}},
+  };
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorToWrite> tensors;
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+
+  explicit Fixture(uint32_t seed = 1) {
+    for (size_t i = 0; i < infos.size(); ++i) {
+      data.push_back(RandomBytes(infos[i].NumBytes(), seed * 1000 + i));
+    }
+    for (size_t i = 0; i < infos.size(); ++i) {
+      tensors.push_back({infos[i], data[i]});
+    }
+  }
+  Manifest manifest() const { return *Manifest::Create(infos); }
+};
+
+RefitId IdOf(uint8_t seed) {
+  RefitId id;
+  for (size_t i = 0; i < id.bytes.size(); ++i) {
+    id.bytes[i] = static_cast<uint8_t>(seed + i);
+  }
+  return id;
+}
+
+std::string ReadAll(const std::string& path) {
+  auto s = ReadFileToString(path);
+  return s.ok() ? *s : "<" + s.status().ToString() + ">";
+}
+
+// Copies every tensor of `from` into `to` (same manifest).
+void CopyBits(const Checkpoint& from, WeightStore* to) {
+  for (size_t i = 0; i < from.manifest().size(); ++i) {
+    const auto src = from.TensorData(i);
+    if (!src.empty())
+      std::memcpy(to->MutableTensor(i).data(), src.data(), src.size());
+  }
+}
+
+bool AllZero(std::span<const std::byte> bytes) {
+  for (std::byte b : bytes) {
+    if (b != std::byte{0}) return false;
+  }
+  return true;
+}
+
+// Runs `body` in a child process that dropped root privileges (root ignores
+// permissions); returns the child's exit code, or -1.
+template <typename F>
+int RunAsNobody(F body) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+      ::_exit(10);
+    }
+    ::_exit(body());
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// A shm name unique to this process and test; the object and its record
+// are removed on destruction.
+class ShmName {
+ public:
+  explicit ShmName(std::string record_path = "") {
+    static std::atomic<int> counter{0};
+    spec_.kind = StoreSpec::Kind::kShm;
+    spec_.path = "/dcr_store_test_" + std::to_string(::getpid()) + "_" +
+                 std::to_string(counter++);
+    spec_.record_path = std::move(record_path);
+    (void)RemoveStore(spec_);
+  }
+  ~ShmName() { (void)RemoveStore(spec_); }
+  const StoreSpec& spec() const { return spec_; }
+
+ private:
+  StoreSpec spec_;
+};
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    std::error_code ec;
+    fs::permissions(dir_.path(), fs::perms::owner_all, fs::perm_options::add,
+                    ec);
+  }
+  std::string Path(const std::string& name) const { return dir_.Path(name); }
+  StoreSpec FileSpec(const std::string& name) const {
+    StoreSpec s;
+    s.kind = StoreSpec::Kind::kFile;
+    s.path = Path(name);
+    return s;
+  }
+  // Writes the fixture as a single safetensors file and returns its spec.
+  StoreSpec WriteFixture(const Fixture& f, const std::string& name) {
+    EXPECT_TRUE(WriteSafetensors(Path(name), f.tensors, f.metadata).ok());
+    return FileSpec(name);
+  }
+
+  testing::TempDir dir_;
+};
+
+// ------------------------------------------------------------------- specs
+
+TEST(StoreSpecTest, ParsesEachKind) {
+  auto m = ParseStoreSpec("memory:");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->kind, StoreSpec::Kind::kMemory);
+  EXPECT_EQ(m->ToString(), "memory:");
+  ASSERT_TRUE(ParseStoreSpec("memory").ok());
+
+  auto f = ParseStoreSpec("file:/models/p.safetensors");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->kind, StoreSpec::Kind::kFile);
+  EXPECT_EQ(f->path, "/models/p.safetensors");
+  EXPECT_EQ(f->ToString(), "file:/models/p.safetensors");
+  EXPECT_EQ(DefaultRecordPath(*f), "/models/p.safetensors.dcr-version");
+
+  for (const char* text : {"shm:policy", "shm:/policy"}) {
+    auto s = ParseStoreSpec(text);
+    ASSERT_TRUE(s.ok()) << text;
+    EXPECT_EQ(s->kind, StoreSpec::Kind::kShm);
+    EXPECT_EQ(s->path, "/policy");
+    EXPECT_EQ(s->ToString(), "shm:/policy");
+    EXPECT_TRUE(s->record_path.empty());
+    EXPECT_EQ(DefaultRecordPath(*s), "/dev/shm/policy.dcr-version");
+  }
+}
+
+TEST(StoreSpecTest, RejectsMalformedSpecs) {
+  for (const std::string& text : std::vector<std::string>{
+           "", "file", "file:", "shm:", "shm:/", "shm:a/b", "shm://a", "shm:..",
+           "nfs:/x", "memory:x", "/models/p.safetensors",
+           "shm:" + std::string(NAME_MAX + 1, 'a')}) {
+    auto s = ParseStoreSpec(text);
+    EXPECT_FALSE(s.ok()) << text;
+    EXPECT_TRUE(s.status().IsInvalidArgument()) << text;
+  }
+  EXPECT_TRUE(ParseStoreSpec("shm:" + std::string(NAME_MAX, 'a')).ok());
+}
+
+TEST_F(StoreTest, DirectoryRecordPathIsInside) {
+  StoreSpec s = FileSpec("sharded");
+  fs::create_directory(s.path);
+  EXPECT_EQ(DefaultRecordPath(s), Path("sharded/store.dcr-version"));
+}
+
+// ------------------------------------------------------------------ memory
+
+TEST_F(StoreTest, MemoryStoreFromCheckpoint) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "m.safetensors");
+  auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly);
+  ASSERT_TRUE(cp.ok());
+  auto store = CreateMemoryStoreFrom(**cp);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  WeightStore& s = **store;
+  EXPECT_EQ(s.describe(), "memory:");
+  EXPECT_TRUE(s.record_path().empty());
+  EXPECT_EQ(s.manifest().digest(), (*cp)->manifest().digest());
+  for (size_t i = 0; i < s.manifest().size(); ++i) {
+    const auto a = s.Tensor(i);
+    const auto b = (*cp)->TensorData(i);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin()));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u);
+  }
+  ThreadPool pool(3);
+  const CheckpointDigests want = (*cp)->ComputeDigests();
+  const CheckpointDigests got = s.Digests(&pool);
+  EXPECT_EQ(got.tensors, want.tensors);
+  EXPECT_EQ(got.manifest, want.manifest);
+  EXPECT_EQ(got.version, want.version);
+  EXPECT_EQ(s.Digests().version, want.version);
+
+  EXPECT_FALSE(s.committed().has_value());
+  const Version v{7, want.version};
+  ASSERT_TRUE(s.Commit(v, IdOf(1)).ok());
+  EXPECT_EQ(s.committed(), v);
+  EXPECT_EQ(s.record().committed->refit, IdOf(1));
+  EXPECT_FALSE(s.record().committed->committed_at.empty());
+
+  const Version next{8, Digest128{5, 6}};
+  ASSERT_TRUE(s.BeginRefit(IdOf(2), v, next).ok());
+  ASSERT_TRUE(s.InProgress().has_value());
+  EXPECT_EQ(s.InProgress()->target, next);
+  EXPECT_EQ(s.committed(), v);
+  ASSERT_TRUE(s.EndRefit().ok());
+  EXPECT_FALSE(s.InProgress().has_value());
+  EXPECT_EQ(s.committed(), v);
+}
+
+TEST_F(StoreTest, MemoryStoreCreatedZeroAndNotReopenable) {
+  Fixture f;
+  auto store = CreateStore(*ParseStoreSpec("memory:"), f.manifest());
+  ASSERT_TRUE(store.ok());
+  for (size_t i = 0; i < (*store)->manifest().size(); ++i) {
+    EXPECT_TRUE(AllZero((*store)->Tensor(i)));
+    EXPECT_EQ((*store)->Tensor(i).size(), (*store)->manifest()[i].NumBytes());
+  }
+  auto reopened = OpenStore(*ParseStoreSpec("memory:"));
+  ASSERT_FALSE(reopened.ok());
+  EXPECT_TRUE(reopened.status().IsInvalidArgument());
+  EXPECT_TRUE(RemoveStore(*ParseStoreSpec("memory:")).ok());
+}
+
+// -------------------------------------------------------------------- file
+
+TEST_F(StoreTest, FileStoreCommitSurvivesReopen) {
+  Fixture f;
+  Fixture target(2);
+  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  const std::string record_path = spec.path + ".dcr-version";
+  Version target_version;
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    WeightStore& s = **store;
+    EXPECT_EQ(s.describe(), "file:" + spec.path);
+    EXPECT_EQ(s.record_path(), record_path);
+    EXPECT_FALSE(s.committed().has_value());
+    EXPECT_FALSE(s.InProgress().has_value());
+    EXPECT_FALSE(fs::exists(record_path));
+
+    // Apply the "refit": overwrite every tensor with the target's bits.
+    ASSERT_TRUE(
+        WriteSafetensors(Path("t.safetensors"), target.tensors, target.metadata)
+            .ok());
+    auto t =
+        Checkpoint::Open(Path("t.safetensors"), Checkpoint::Mode::kReadOnly);
+    ASSERT_TRUE(t.ok());
+    CopyBits(**t, &s);
+    target_version = Version{1, (*t)->ComputeDigests().version};
+    EXPECT_EQ(s.Digests().version, target_version.digest);
+    ASSERT_TRUE(s.Commit(target_version, IdOf(9)).ok());
+    EXPECT_EQ(s.committed(), target_version);
+    EXPECT_TRUE(fs::exists(record_path));
+    EXPECT_FALSE(fs::exists(record_path + ".tmp"));
+  }
+  // The data reached the file.
+  auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly);
+  ASSERT_TRUE(cp.ok());
+  EXPECT_EQ((*cp)->ComputeDigests().version, target_version.digest);
+  EXPECT_EQ((*cp)->metadata(), f.metadata);
+  // A restart reads the record back.
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->committed(), target_version);
+  const VersionRecord rec = (*store)->record();
+  ASSERT_TRUE(rec.committed.has_value());
+  EXPECT_EQ(rec.committed->refit, IdOf(9));
+  EXPECT_THAT(rec.committed->committed_at,
+              ::testing::MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}T"
+                                      "[0-9]{2}:[0-9]{2}:[0-9]{2}Z"));
+  EXPECT_EQ(rec.manifest, (*store)->manifest().digest());
+  EXPECT_FALSE(rec.in_progress.has_value());
+}
+
+TEST_F(StoreTest, RefitInProgressSurvivesRestartAndCommitClearsIt) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  const Version base{3, Digest128{1, 1}};
+  const Version target{4, Digest128{2, 2}};
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Commit(base, IdOf(1)).ok());
+    ASSERT_TRUE((*store)->BeginRefit(IdOf(2), base, target).ok());
+    const int64_t ids = (*store)->manifest().Find("ids");
+    ASSERT_GE(ids, 0);
+    (*store)->MutableTensor(ids)[0] ^= std::byte{1};  // a partial apply
+  }  // "crash": the store goes away with the refit in progress
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  WeightStore& s = **store;
+  EXPECT_EQ(s.committed(), base);
+  ASSERT_TRUE(s.InProgress().has_value());
+  EXPECT_EQ(s.InProgress()->refit, IdOf(2));
+  EXPECT_EQ(s.InProgress()->base, base);
+  EXPECT_EQ(s.InProgress()->target, target);
+  EXPECT_FALSE(s.InProgress()->started_at.empty());
+
+  // A commit of another refit or version is refused and changes nothing.
+  const std::string before = ReadAll(s.record_path());
+  Status wrong_id = s.Commit(target, IdOf(3));
+  EXPECT_TRUE(wrong_id.IsInvalidArgument()) << wrong_id.ToString();
+  Status wrong_version = s.Commit(Version{5, target.digest}, IdOf(2));
+  EXPECT_TRUE(wrong_version.IsInvalidArgument()) << wrong_version.ToString();
+  EXPECT_EQ(ReadAll(s.record_path()), before);
+  EXPECT_TRUE(s.InProgress().has_value());
+
+  ASSERT_TRUE(s.Commit(target, IdOf(2)).ok());
+  EXPECT_FALSE(s.InProgress().has_value());
+  EXPECT_EQ(s.committed(), target);
+  store->reset();
+  auto again = OpenStore(spec);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE((*again)->InProgress().has_value());
+  EXPECT_EQ((*again)->committed(), target);
+}
+
+TEST_F(StoreTest, EndRefitClearsDurably) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  const Version base{3, Digest128{1, 1}};
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->EndRefit().ok());  // nothing in progress: a no-op
+    EXPECT_FALSE(fs::exists((*store)->record_path()));
+    ASSERT_TRUE(
+        (*store)->BeginRefit(IdOf(2), base, Version{4, Digest128{2, 2}}).ok());
+    // A refit that starts on a never-committed store (seeding) is recorded
+    // too.
+    EXPECT_FALSE((*store)->committed().has_value());
+    ASSERT_TRUE((*store)->EndRefit().ok());
+  }
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  EXPECT_FALSE((*store)->InProgress().has_value());
+  EXPECT_FALSE((*store)->committed().has_value());
+}
+
+TEST_F(StoreTest, CreateFileStoreIsAValidZeroCheckpoint) {
+  Fixture f;
+  const StoreSpec spec = FileSpec("new.safetensors");
+  // A stale record of an earlier store at the same path must not survive.
+  VersionRecord stale;
+  stale.manifest = f.manifest().digest();
+  stale.committed = CommitInfo{Version{9, Digest128{9, 9}}, IdOf(9), "then"};
+  ASSERT_TRUE(WriteVersionRecord(spec.path + ".dcr-version", stale).ok());
+  {
+    auto store = CreateStore(spec, f.manifest(), f.metadata);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_FALSE((*store)->committed().has_value());
+    EXPECT_FALSE(fs::exists(spec.path + ".dcr-version"));
+    EXPECT_EQ((*store)->manifest().digest(), f.manifest().digest());
+    // Seed it (as a --full refit would) and commit.
+    auto src = Checkpoint::Open(WriteFixture(f, "src.safetensors").path,
+                                Checkpoint::Mode::kReadOnly);
+    ASSERT_TRUE(src.ok());
+    auto zeros = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly);
+    ASSERT_TRUE(zeros.ok()) << zeros.status().ToString();
+    EXPECT_EQ((*zeros)->manifest().digest(), f.manifest().digest());
+    EXPECT_EQ((*zeros)->metadata(), f.metadata);
+    for (size_t i = 0; i < (*zeros)->manifest().size(); ++i) {
+      EXPECT_TRUE(AllZero((*zeros)->TensorData(i))) << i;
+    }
+    EXPECT_EQ((*store)->Digests().version, (*zeros)->ComputeDigests().version);
+    CopyBits(**src, store->get());
+    const Version v{0, (*src)->ComputeDigests().version};
+    ASSERT_TRUE((*store)->Commit(v, IdOf(4)).ok());
+  }
+  auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly);
+  ASSERT_TRUE(cp.ok());
+  auto reopened = OpenStore(spec);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->committed()->digest, (*cp)->ComputeDigests().version);
+  reopened->reset();
+
+  auto again = CreateStore(spec, f.manifest(), f.metadata);
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(again.status().IsInvalidArgument());
+  EXPECT_THAT(std::string(again.status().message()),
+              HasSubstr("already exists"));
+
+  ASSERT_TRUE(RemoveStore(spec).ok());
+  EXPECT_FALSE(fs::exists(spec.path));
+  EXPECT_FALSE(fs::exists(spec.path + ".dcr-version"));
+  EXPECT_TRUE(RemoveStore(spec).ok());  // idempotent
+  auto gone = OpenStore(spec);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_TRUE(gone.status().IsNotFound());
+}
+
+TEST_F(StoreTest, ShardedDirectoryStore) {
+  Fixture f;
+  const StoreSpec spec = FileSpec("sharded");
+  ASSERT_TRUE(
+      WriteShardedSafetensors(spec.path, f.tensors, f.metadata, 300).ok());
+  const Version v{5, Digest128{5, 5}};
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_EQ((*store)->record_path(), Path("sharded/store.dcr-version"));
+    auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly);
+    ASSERT_TRUE(cp.ok());
+    EXPECT_EQ((*store)->Digests().version, (*cp)->ComputeDigests().version);
+    ASSERT_TRUE((*store)->Commit(v, IdOf(5)).ok());
+  }
+  // The record does not confuse the checkpoint reader.
+  ASSERT_TRUE(Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly).ok());
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->committed(), v);
+  EXPECT_TRUE(RemoveStore(spec).IsInvalidArgument());
+}
+
+TEST_F(StoreTest, RecordPathOverride) {
+  Fixture f;
+  StoreSpec spec = WriteFixture(f, "p.safetensors");
+  fs::create_directory(Path("state"));
+  spec.record_path = Path("state/p.dcr-version");
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Commit(Version{1, Digest128{1, 1}}, IdOf(1)).ok());
+  EXPECT_TRUE(fs::exists(spec.record_path));
+  EXPECT_FALSE(fs::exists(spec.path + ".dcr-version"));
+
+  spec.record_path = Path("missing_dir/p.dcr-version");
+  store->reset();
+  auto bad = OpenStore(spec);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kIOError);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("missing_dir"));
+}
+
+TEST_F(StoreTest, CorruptOrForeignRecordFailsOpen) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  const std::string record_path = spec.path + ".dcr-version";
+  std::ofstream(record_path) << "{\"format\":1,\"manifest\":";
+  auto corrupt = OpenStore(spec);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_TRUE(corrupt.status().IsCorruption());
+  EXPECT_THAT(std::string(corrupt.status().message()), HasSubstr(record_path));
+
+  // A well-formed record of another manifest: the data was replaced.
+  VersionRecord foreign;
+  foreign.manifest = Digest128{1, 2};
+  ASSERT_TRUE(WriteVersionRecord(record_path, foreign).ok());
+  auto mismatch = OpenStore(spec);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_TRUE(mismatch.status().IsCorruption());
+  EXPECT_THAT(std::string(mismatch.status().message()), HasSubstr("manifest"));
+
+  // Removing the record is the remedy: the store is "never committed".
+  fs::remove(record_path);
+  auto fine = OpenStore(spec);
+  ASSERT_TRUE(fine.ok());
+  EXPECT_FALSE((*fine)->committed().has_value());
+}
+
+TEST_F(StoreTest, RecordIsReplacedAtomically) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  WeightStore& s = **store;
+  const Version v1{1, Digest128{1, 1}};
+  const Version v2{2, Digest128{2, 2}};
+  ASSERT_TRUE(s.Commit(v1, IdOf(1)).ok());
+  const std::string first = ReadAll(s.record_path());
+  // A reader holding the old record keeps seeing all of it: the new one
+  // arrives by rename, never by rewriting the file in place.
+  UniqueFd old_fd(::open(s.record_path().c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(old_fd.valid());
+  struct stat before;
+  ASSERT_EQ(::fstat(old_fd.get(), &before), 0);
+  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  struct stat after;
+  ASSERT_EQ(::stat(s.record_path().c_str(), &after), 0);
+  EXPECT_NE(before.st_ino, after.st_ino);
+  std::string old_text(first.size() + 16, '\0');
+  const ssize_t n = ::pread(old_fd.get(), old_text.data(), old_text.size(), 0);
+  ASSERT_GE(n, 0);
+  old_text.resize(static_cast<size_t>(n));
+  EXPECT_EQ(old_text, first);
+  auto now = ReadVersionRecord(s.record_path());
+  ASSERT_TRUE(now.ok() && now->has_value());
+  EXPECT_EQ((*now)->committed->version, v2);
+  EXPECT_FALSE(fs::exists(s.record_path() + ".tmp"));
+}
+
+TEST_F(StoreTest, FailedRecordWriteKeepsPreviousRecord) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  WeightStore& s = **store;
+  const Version v1{1, Digest128{1, 1}};
+  ASSERT_TRUE(s.Commit(v1, IdOf(1)).ok());
+  const std::string first = ReadAll(s.record_path());
+
+  // The temporary file cannot be created (as on a full disk), so neither
+  // the commit nor a BeginRefit may take effect, on disk or in memory.
+  fs::create_directory(s.record_path() + ".tmp");
+  Status commit = s.Commit(Version{2, Digest128{2, 2}}, IdOf(2));
+  EXPECT_EQ(commit.code(), StatusCode::kIOError) << commit.ToString();
+  EXPECT_THAT(std::string(commit.message()), HasSubstr(s.record_path()));
+  Status begin = s.BeginRefit(IdOf(3), v1, Version{3, Digest128{3, 3}});
+  EXPECT_EQ(begin.code(), StatusCode::kIOError);
+  EXPECT_EQ(ReadAll(s.record_path()), first);
+  EXPECT_EQ(s.committed(), v1);
+  EXPECT_FALSE(s.InProgress().has_value());
+
+  fs::remove(s.record_path() + ".tmp");
+  const Version v2{2, Digest128{2, 2}};
+  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  EXPECT_EQ(s.committed(), v2);
+  store->reset();
+  auto reopened = OpenStore(spec);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->committed(), v2);
+}
+
+TEST_F(StoreTest, SecondOpenIsLockedOut) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  auto first = OpenStore(spec);
+  ASSERT_TRUE(first.ok());
+  auto second = OpenStore(spec);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kIOError);
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("already open"));
+  first->reset();
+  EXPECT_TRUE(OpenStore(spec).ok());
+}
+
+TEST_F(StoreTest, UnwritableFileFailsAtOpen) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "ro.safetensors");
+  fs::permissions(spec.path, fs::perms::owner_read | fs::perms::group_read |
+                                 fs::perms::others_read);
+  fs::permissions(dir_.path(), fs::perms::all);
+  const int rc = RunAsNobody([&spec] {
+    auto store = OpenStore(spec);
+    if (store.ok()) return 11;
+    if (store.status().code() != StatusCode::kIOError) return 12;
+    if (std::string(store.status().message()).find(spec.path) ==
+        std::string::npos) {
+      return 13;
+    }
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "10: cannot drop privileges, 11: opened, 12: wrong "
+                      "code, 13: message lacks the path";
+}
+
+TEST_F(StoreTest, UnwritableRecordDirectoryFailsAtOpen) {
+  Fixture f;
+  StoreSpec spec = WriteFixture(f, "p.safetensors");
+  fs::create_directory(Path("state"));
+  spec.record_path = Path("state/p.dcr-version");
+  fs::permissions(spec.path, fs::perms::all);
+  fs::permissions(dir_.path(), fs::perms::all);
+  fs::permissions(Path("state"), fs::perms::owner_all | fs::perms::group_read |
+                                     fs::perms::group_exec |
+                                     fs::perms::others_read |
+                                     fs::perms::others_exec);
+  const int rc = RunAsNobody([&spec] {
+    auto store = OpenStore(spec);
+    if (store.ok()) return 11;
+    if (store.status().code() != StatusCode::kIOError) return 12;
+    if (std::string(store.status().message()).find("state") ==
+        std::string::npos) {
+      return 13;
+    }
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "10: cannot drop privileges, 11: opened, 12: wrong "
+                      "code, 13: message lacks the directory";
+}
+
+TEST_F(StoreTest, ConcurrentDisjointWrites) {
+  Fixture f;
+  auto store = CreateStore(FileSpec("c.safetensors"), f.manifest());
+  ASSERT_TRUE(store.ok());
+  WeightStore& s = **store;
+  ThreadPool pool(4);
+  pool.ParallelFor(s.manifest().size(), [&s](size_t i, size_t) {
+    for (std::byte& b : s.MutableTensor(i)) b = static_cast<std::byte>(i + 1);
+  });
+  for (size_t i = 0; i < s.manifest().size(); ++i) {
+    for (std::byte b : s.Tensor(i)) {
+      ASSERT_EQ(b, static_cast<std::byte>(i + 1));
+    }
+  }
+}
+
+// --------------------------------------------------------------------- shm
+
+TEST_F(StoreTest, ShmStoreCreateCommitReopen) {
+  Fixture f;
+  ShmName shm(Path("shm.dcr-version"));
+  auto src = Checkpoint::Open(WriteFixture(f, "src.safetensors").path,
+                              Checkpoint::Mode::kReadOnly);
+  ASSERT_TRUE(src.ok());
+  const Version v{1, (*src)->ComputeDigests().version};
+  {
+    auto store = CreateStore(shm.spec(), f.manifest(), f.metadata);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    WeightStore& s = **store;
+    EXPECT_EQ(s.describe(), "shm:" + shm.spec().path);
+    EXPECT_EQ(s.record_path(), shm.spec().record_path);
+    EXPECT_FALSE(s.committed().has_value());
+    for (size_t i = 0; i < s.manifest().size(); ++i) {
+      EXPECT_TRUE(AllZero(s.Tensor(i)));
+    }
+    CopyBits(**src, &s);
+    ThreadPool pool(2);
+    EXPECT_EQ(s.Digests(&pool).tensors, (*src)->ComputeDigests().tensors);
+    EXPECT_EQ(s.Digests(&pool).version, v.digest);
+    ASSERT_TRUE(s.BeginRefit(IdOf(1), Version{}, v).ok());
+    // The lock keeps a second relay out while this one holds the store.
+    auto second = OpenStore(shm.spec());
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), StatusCode::kIOError);
+  }
+  {
+    // Restart mid-refit: the bits and the in-progress record are still
+    // there.
+    auto store = OpenStore(shm.spec());
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ASSERT_TRUE((*store)->InProgress().has_value());
+    EXPECT_EQ((*store)->InProgress()->target, v);
+    EXPECT_EQ((*store)->Digests().version, v.digest);
+    ASSERT_TRUE((*store)->Commit(v, IdOf(1)).ok());
+  }
+  auto store = OpenStore(shm.spec());
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->committed(), v);
+  EXPECT_FALSE((*store)->InProgress().has_value());
+  EXPECT_EQ((*store)->manifest().digest(), f.manifest().digest());
+
+  auto again = CreateStore(shm.spec(), f.manifest());
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(again.status().IsInvalidArgument());
+}
+
+TEST_F(StoreTest, ShmImageIsASafetensorsFileForAServingProcess) {
+  Fixture f;
+  ShmName shm(Path("shm.dcr-version"));
+  auto store = CreateStore(shm.spec(), f.manifest(), f.metadata);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto src = Checkpoint::Open(WriteFixture(f, "src.safetensors").path,
+                              Checkpoint::Mode::kReadOnly);
+  ASSERT_TRUE(src.ok());
+  CopyBits(**src, store->get());
+
+  // What a serving process does: shm_open read-only, mmap, parse.
+  UniqueFd fd(::shm_open(shm.spec().path.c_str(), O_RDONLY | O_CLOEXEC, 0));
+  ASSERT_TRUE(fd.valid());
+  struct stat st;
+  ASSERT_EQ(::fstat(fd.get(), &st), 0);
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  ASSERT_NE(p, MAP_FAILED);
+  const std::span<const std::byte> image(static_cast<const std::byte*>(p),
+                                         size);
+  auto header = ParseSafetensorsHeader(image, size, "reader");
+  ASSERT_TRUE(header.ok()) << header.status().ToString();
+  EXPECT_EQ(header->metadata, f.metadata);
+  ASSERT_EQ(header->tensors.size(), f.infos.size());
+  for (const SafetensorsEntry& e : header->tensors) {
+    const int64_t idx = (*src)->manifest().Find(e.info.name);
+    ASSERT_GE(idx, 0);
+    EXPECT_EQ(e.info, (*src)->manifest()[idx]);
+    const auto want = (*src)->TensorData(idx);
+    const auto got =
+        image.subspan(header->data_offset + e.begin, e.end - e.begin);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end()))
+        << e.info.name;
+  }
+  // Byte for byte the file WriteSafetensors writes for the same bits.
+  const std::string file = ReadAll(Path("src.safetensors"));
+  ASSERT_EQ(file.size(), size);
+  EXPECT_EQ(std::memcmp(file.data(), p, size), 0);
+  ::munmap(p, size);
+}
+
+TEST_F(StoreTest, ShmDefaultRecordAndRemove) {
+  Fixture f;
+  ShmName shm;  // default record path under /dev/shm
+  const std::string record_path = DefaultRecordPath(shm.spec());
+  {
+    auto store = CreateStore(shm.spec(), f.manifest());
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_EQ((*store)->record_path(), record_path);
+    ASSERT_TRUE((*store)->Commit(Version{1, Digest128{1, 1}}, IdOf(1)).ok());
+    EXPECT_TRUE(fs::exists(record_path));
+  }
+  ASSERT_TRUE(RemoveStore(shm.spec()).ok());
+  EXPECT_FALSE(fs::exists(record_path));
+  auto gone = OpenStore(shm.spec());
+  ASSERT_FALSE(gone.ok());
+  EXPECT_TRUE(gone.status().IsNotFound()) << gone.status().ToString();
+  EXPECT_TRUE(RemoveStore(shm.spec()).ok());
+}
+
+TEST_F(StoreTest, ShmWithCorruptImageFailsOpen) {
+  ShmName shm(Path("shm.dcr-version"));
+  UniqueFd fd(::shm_open(shm.spec().path.c_str(),
+                         O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  ASSERT_TRUE(fd.valid());
+  ASSERT_EQ(::ftruncate(fd.get(), 64), 0);  // zeros: header length 0
+  fd.Reset();
+  auto store = OpenStore(shm.spec());
+  ASSERT_FALSE(store.ok());
+  EXPECT_TRUE(store.status().IsCorruption()) << store.status().ToString();
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr(shm.spec().path));
+}
+
+TEST_F(StoreTest, ShmStoreWithNoTensors) {
+  ShmName shm(Path("shm.dcr-version"));
+  const Manifest empty = *Manifest::Create({});
+  auto store = CreateStore(shm.spec(), empty);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->manifest().size(), 0u);
+  EXPECT_EQ((*store)->Digests().manifest, empty.digest());
+}
+
+}  // namespace
+}  // namespace dcr

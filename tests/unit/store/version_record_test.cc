@@ -1,0 +1,172 @@
+// The version record: encoding, strict decoding, and atomic file I/O.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "dcr/store.h"
+#include "testing/temp_dir.h"
+
+namespace dcr {
+namespace {
+
+using ::testing::HasSubstr;
+
+RefitId IdOf(uint8_t seed) {
+  RefitId id;
+  for (size_t i = 0; i < id.bytes.size(); ++i) {
+    id.bytes[i] = static_cast<uint8_t>(seed + i);
+  }
+  return id;
+}
+
+VersionRecord FullRecord() {
+  VersionRecord r;
+  r.manifest = Digest128{0x0123456789abcdefull, 0xfedcba9876543210ull};
+  r.committed = CommitInfo{Version{41, Digest128{1, 2}}, IdOf(0x10),
+                           "2025-01-31T12:00:00Z"};
+  r.in_progress =
+      RefitInProgress{IdOf(0xa0), Version{41, Digest128{1, 2}},
+                      Version{42, Digest128{3, 4}}, "2025-01-31T12:05:00Z"};
+  return r;
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+TEST(RefitIdTest, HexRoundTrip) {
+  const RefitId id = IdOf(0xf0);
+  EXPECT_EQ(id.ToHex(), "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff");
+  auto back = RefitId::FromHex(id.ToHex());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, id);
+  EXPECT_TRUE(RefitId{}.IsZero());
+  EXPECT_FALSE(id.IsZero());
+  EXPECT_FALSE(RefitId::FromHex("abc").ok());
+  EXPECT_FALSE(RefitId::FromHex(std::string(31, '0') + "g").ok());
+}
+
+TEST(VersionRecordTest, EncodingIsPinned) {
+  // The example in docs/FORMAT.md §version record.
+  EXPECT_EQ(EncodeVersionRecord(FullRecord()),
+            "{\"format\":1,\"manifest\":\"0123456789abcdeffedcba9876543210\","
+            "\"committed\":{\"step\":41,\"digest\":"
+            "\"00000000000000010000000000000002\",\"refit\":"
+            "\"101112131415161718191a1b1c1d1e1f\",\"committed_at\":"
+            "\"2025-01-31T12:00:00Z\"},\"in_progress\":{\"refit\":"
+            "\"a0a1a2a3a4a5a6a7a8a9aaabacadaeaf\",\"base\":{\"step\":41,"
+            "\"digest\":\"00000000000000010000000000000002\"},\"target\":{"
+            "\"step\":42,\"digest\":\"00000000000000030000000000000004\"},"
+            "\"started_at\":\"2025-01-31T12:05:00Z\"}}\n");
+}
+
+TEST(VersionRecordTest, RoundTrips) {
+  VersionRecord full = FullRecord();
+  full.committed->version.step = ~uint64_t{0};  // the whole u64 range
+  VersionRecord bare;
+  bare.manifest = Digest128{7, 8};
+  VersionRecord committed_only = FullRecord();
+  committed_only.in_progress.reset();
+  VersionRecord in_progress_only = FullRecord();
+  in_progress_only.committed.reset();
+  for (const VersionRecord& r :
+       {full, bare, committed_only, in_progress_only}) {
+    auto back = DecodeVersionRecord(EncodeVersionRecord(r), "test");
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, r);
+  }
+}
+
+TEST(VersionRecordTest, RejectsMalformedRecords) {
+  const std::string good = EncodeVersionRecord(FullRecord());
+  auto replaced = [&good](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  struct Case {
+    std::string text;
+    std::string expect;  // in the message
+  };
+  const Case cases[] = {
+      {"", "malformed JSON"},
+      {"{\"format\":1", "malformed JSON"},
+      {good + "x", "malformed JSON"},
+      {"[1]", "not an object"},
+      {"{}", "lacks key 'format'"},
+      {replaced("\"format\":1", "\"format\":\"1\""), "not a non-negative"},
+      {replaced("\"format\":1,", "\"format\":1,\"extra\":0,"),
+       "unexpected key 'extra'"},
+      {replaced("\"format\":1,", "\"format\":1,\"format\":1,"),
+       "appears twice"},
+      {replaced("\"manifest\":\"0123", "\"manifest\":\"x123"), "manifest"},
+      {replaced("\"step\":41", "\"step\":-1"), "committed.step"},
+      {replaced("\"step\":42", "\"step\":4.5"), "in_progress.target.step"},
+      {replaced("\"refit\":\"1011", "\"refit\":\"10"), "committed.refit"},
+      {replaced("\"committed_at\":\"2025-01-31T12:00:00Z\"",
+                "\"committed_at\":7"),
+       "committed.committed_at"},
+      {replaced(",\"started_at\":\"2025-01-31T12:05:00Z\"", ""),
+       "lacks key 'started_at'"},
+      {replaced("\"in_progress\":{", "\"in_progress\":[{") + "]",
+       "malformed JSON"},
+      {replaced("\"committed\":{", "\"committed\":{\"x\":[[[[1]]]],"),
+       "nests deeper"},
+      {std::string(kMaxVersionRecordBytes + 1, ' '), "more than the limit"},
+  };
+  for (const Case& c : cases) {
+    auto r = DecodeVersionRecord(c.text, "rec.dcr-version");
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.expect))
+        << c.text;
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("rec.dcr-version"));
+  }
+}
+
+TEST(VersionRecordTest, NewerFormatIsUnsupported) {
+  auto r = DecodeVersionRecord("{\"format\":2,\"whatever\":true}", "rec");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("format 2"));
+}
+
+TEST(VersionRecordTest, FileMissingWrittenCorrupt) {
+  testing::TempDir dir;
+  const std::string path = dir.Path("x.dcr-version");
+  auto missing = ReadVersionRecord(path);
+  ASSERT_TRUE(missing.ok()) << missing.status().ToString();
+  EXPECT_FALSE(missing->has_value());
+
+  ASSERT_TRUE(WriteVersionRecord(path, FullRecord()).ok());
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  auto read = ReadVersionRecord(path);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_TRUE(read->has_value());
+  EXPECT_EQ(**read, FullRecord());
+
+  WriteText(path, "{\"format\":1,");
+  auto corrupt = ReadVersionRecord(path);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_TRUE(corrupt.status().IsCorruption());
+  EXPECT_THAT(std::string(corrupt.status().message()), HasSubstr(path));
+
+  WriteText(path, std::string(kMaxVersionRecordBytes + 1, ' '));
+  auto big = ReadVersionRecord(path);
+  ASSERT_FALSE(big.ok());
+  EXPECT_TRUE(big.status().IsCorruption());
+
+  std::filesystem::remove(path);
+  std::filesystem::create_directory(path);
+  auto dir_record = ReadVersionRecord(path);
+  ASSERT_FALSE(dir_record.ok());
+  EXPECT_TRUE(dir_record.status().IsCorruption());
+}
+
+}  // namespace
+}  // namespace dcr
