@@ -62,6 +62,8 @@ std::unique_ptr<ThreadPool> MakePool(const GlobalOptions& g);
 
 // Registers the offline subcommands: diff, apply, verify, inspect.
 void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
+// Registers `tree` and `topo` (validate, show, add-node, remove-node, set).
+void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 
 }  // namespace dcr::cli
 

@@ -19,7 +19,9 @@ int main(int argc, char** argv) {
                   "  dcr diff v0.safetensors v1.safetensors -o v1.dcr\n"
                   "  dcr apply v1.dcr /models/policy.safetensors\n"
                   "  dcr verify /models/policy.safetensors v1.safetensors\n"
-                  "  dcr inspect v1.dcr -o json\n\n") +
+                  "  dcr inspect v1.dcr -o json\n"
+                  "  dcr tree --topology topology/local.yaml --format dot\n"
+                  "  dcr topo validate topology/two-region.yaml\n\n") +
       kExitCodeHelp);
   GlobalOptions g;
   app.add_flag("-v,--verbose", g.verbose, "Log debug detail to stderr");
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "json"}));
   int exit_code = kExitOk;
   AddOfflineCommands(&app, &g, &exit_code);
+  AddTopologyCommands(&app, &g, &exit_code);
   app.parse_complete_callback([&] {
     auto fmt = dcr::ParseLogFormat(g.log_format);
     dcr::InitLogging(fmt.ok() ? *fmt : dcr::LogFormat::kText,

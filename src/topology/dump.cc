@@ -1,0 +1,177 @@
+// Topology -> normalized YAML and JSON.
+#include <yaml-cpp/yaml.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "dcr/topology.h"
+#include "topology/internal.h"
+
+namespace dcr {
+namespace {
+
+using topology_internal::EscapeEnv;
+
+// Strings are escaped so that ${...} in a value survives a reload as text.
+std::string Esc(const std::string& s) { return EscapeEnv(s); }
+
+void EmitStore(YAML::Emitter& e, const StoreSpec& s) {
+  e << YAML::Key << "store" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  e << YAML::Key << "kind" << YAML::Value << std::string(StoreKindName(s.kind));
+  if (!s.path.empty()) e << YAML::Key << "path" << YAML::Value << Esc(s.path);
+  e << YAML::EndMap;
+}
+
+void EmitNode(YAML::Emitter& e, const NodeSpec& n) {
+  e << YAML::Flow << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << n.name;
+  e << YAML::Key << "host" << YAML::Value << Esc(n.host);
+  e << YAML::Key << "port" << YAML::Value << n.port;
+  EmitStore(e, n.store);
+  if (n.transport) {
+    e << YAML::Key << "transport" << YAML::Value
+      << std::string(TransportKindName(*n.transport));
+  }
+  if (n.metrics_port) {
+    e << YAML::Key << "metrics_port" << YAML::Value << *n.metrics_port;
+  }
+  if (n.head) e << YAML::Key << "head" << YAML::Value << true;
+  e << YAML::EndMap;
+}
+
+}  // namespace
+
+std::string DumpTopology(const Topology& t) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  e << YAML::Key << "version" << YAML::Value << t.version;
+
+  const TopologyDefaults& d = t.defaults;
+  e << YAML::Key << "defaults" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "transport" << YAML::Value
+    << std::string(TransportKindName(d.transport));
+  e << YAML::Key << "span_elems" << YAML::Value << d.span_elems;
+  e << YAML::Key << "fanout" << YAML::Value << d.fanout;
+  e << YAML::Key << "window_bytes" << YAML::Value << FormatSize(d.window_bytes);
+  e << YAML::Key << "min_commit" << YAML::Value
+    << (d.min_commit == 0 ? std::string("all") : std::to_string(d.min_commit));
+  e << YAML::EndMap;
+
+  const RootSpec& r = t.root;
+  e << YAML::Key << "root" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << r.name;
+  e << YAML::Key << "host" << YAML::Value << Esc(r.host);
+  e << YAML::Key << "port" << YAML::Value << r.port;
+  e << YAML::Key << "cluster" << YAML::Value << r.cluster;
+  if (!r.state_dir.empty()) {
+    e << YAML::Key << "state_dir" << YAML::Value << Esc(r.state_dir);
+  }
+  if (!r.baseline.empty()) {
+    e << YAML::Key << "baseline" << YAML::Value << Esc(r.baseline);
+  }
+  e << YAML::EndMap;
+
+  e << YAML::Key << "clusters" << YAML::Value << YAML::BeginSeq;
+  for (const ClusterSpec& c : t.clusters) {
+    e << YAML::BeginMap;
+    e << YAML::Key << "name" << YAML::Value << c.name;
+    if (!c.region.empty()) {
+      e << YAML::Key << "region" << YAML::Value << Esc(c.region);
+    }
+    if (c.fanout) e << YAML::Key << "fanout" << YAML::Value << *c.fanout;
+    if (c.bandwidth_bps) {
+      e << YAML::Key << "bandwidth" << YAML::Value
+        << FormatBandwidth(*c.bandwidth_bps);
+    }
+    if (c.transport) {
+      e << YAML::Key << "transport" << YAML::Value
+        << std::string(TransportKindName(*c.transport));
+    }
+    if (!c.nodes.empty()) {
+      e << YAML::Key << "nodes" << YAML::Value << YAML::BeginSeq;
+      for (const NodeSpec& n : c.nodes) EmitNode(e, n);
+      e << YAML::EndSeq;
+    }
+    e << YAML::EndMap;
+  }
+  e << YAML::EndSeq;
+
+  if (!t.links.empty()) {
+    e << YAML::Key << "links" << YAML::Value << YAML::BeginSeq;
+    for (const LinkSpec& l : t.links) {
+      e << YAML::Flow << YAML::BeginMap;
+      e << YAML::Key << "from" << YAML::Value << l.from;
+      e << YAML::Key << "to" << YAML::Value << l.to;
+      e << YAML::Key << "bandwidth" << YAML::Value
+        << FormatBandwidth(l.bandwidth_bps);
+      e << YAML::Key << "latency" << YAML::Value
+        << FormatDuration(l.latency_ns);
+      if (l.transport) {
+        e << YAML::Key << "transport" << YAML::Value
+          << std::string(TransportKindName(*l.transport));
+      }
+      e << YAML::EndMap;
+    }
+    e << YAML::EndSeq;
+  }
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+std::string TopologyToJson(const Topology& t) {
+  using json = nlohmann::ordered_json;
+  auto transport = [](const std::optional<TransportKind>& k) -> json {
+    if (!k) return nullptr;
+    return std::string(TransportKindName(*k));
+  };
+  const TopologyDefaults& d = t.defaults;
+  json j;
+  j["version"] = t.version;
+  j["defaults"] = json{
+      {"transport", std::string(TransportKindName(d.transport))},
+      {"span_elems", d.span_elems},
+      {"fanout", d.fanout},
+      {"window_bytes", d.window_bytes},
+      {"min_commit", d.min_commit == 0 ? json("all") : json(d.min_commit)}};
+  const RootSpec& r = t.root;
+  j["root"] = json{{"name", r.name},           {"host", r.host},
+                   {"port", r.port},           {"cluster", r.cluster},
+                   {"state_dir", r.state_dir}, {"baseline", r.baseline}};
+  json clusters = json::array();
+  for (const ClusterSpec& c : t.clusters) {
+    json nodes = json::array();
+    for (const NodeSpec& n : c.nodes) {
+      nodes.push_back(json{
+          {"name", n.name},
+          {"host", n.host},
+          {"port", n.port},
+          {"store", json{{"kind", std::string(StoreKindName(n.store.kind))},
+                         {"path", n.store.path}}},
+          {"transport", transport(n.transport)},
+          {"metrics_port",
+           n.metrics_port ? json(*n.metrics_port) : json(nullptr)},
+          {"head", n.head}});
+    }
+    clusters.push_back(
+        json{{"name", c.name},
+             {"region", c.region},
+             {"fanout", c.fanout ? json(*c.fanout) : json(nullptr)},
+             {"bandwidth_bps",
+              c.bandwidth_bps ? json(*c.bandwidth_bps) : json(nullptr)},
+             {"transport", transport(c.transport)},
+             {"nodes", nodes}});
+  }
+  j["clusters"] = clusters;
+  json links = json::array();
+  for (const LinkSpec& l : t.links) {
+    links.push_back(json{{"from", l.from},
+                         {"to", l.to},
+                         {"bandwidth_bps", l.bandwidth_bps},
+                         {"latency_ns", l.latency_ns},
+                         {"transport", transport(l.transport)}});
+  }
+  j["links"] = links;
+  return j.dump(2);
+}
+
+}  // namespace dcr

@@ -1,0 +1,49 @@
+// Helpers shared by the topology sources; not part of the public API.
+#ifndef DCR_TOPOLOGY_INTERNAL_H_
+#define DCR_TOPOLOGY_INTERNAL_H_
+
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "dcr/status.h"
+#include "dcr/topology.h"
+
+namespace dcr::topology_internal {
+
+// "<source>:<line>: <path>: <msg>", leaving out what is unknown (line 0,
+// empty path).
+Status Error(std::string_view source, int line, std::string_view path,
+             std::string_view msg);
+
+// Names of clusters and nodes: 1-64 characters of [A-Za-z0-9_-], starting
+// with a letter or digit, so they can appear in SetValue keys and DOT ids.
+// Returns an error message, or "" when `name` is valid.
+std::string CheckName(std::string_view name);
+// Hosts: a host name, IPv4 or IPv6 address (no spaces or brackets).
+std::string CheckHost(std::string_view host);
+
+Result<TransportKind> ParseTransport(std::string_view s);
+Result<StoreKind> ParseStoreKind(std::string_view s);
+// "memory", "file:/path", "shm:name".
+Result<StoreSpec> ParseStoreSpec(std::string_view s);
+// An integer in [lo, hi] written in decimal.
+Result<uint64_t> ParseUint(std::string_view s, uint64_t lo, uint64_t hi);
+Result<uint16_t> ParsePort(std::string_view s);
+Result<bool> ParseBool(std::string_view s);
+// "all" (0) or an integer >= 1.
+Result<uint32_t> ParseMinCommit(std::string_view s);
+
+// The closest of `known` to `key` by edit distance, if close enough to be a
+// likely typo; else "".
+std::string ClosestKey(std::string_view key,
+                       std::span<const std::string_view> known);
+// ", "-joined list.
+std::string JoinKeys(std::span<const std::string_view> known);
+
+// Escapes "$" so that ExpandEnv returns `s` unchanged.
+std::string EscapeEnv(std::string_view s);
+
+}  // namespace dcr::topology_internal
+
+#endif  // DCR_TOPOLOGY_INTERNAL_H_

@@ -1,0 +1,463 @@
+// YAML -> Topology. Every yaml-cpp exception stops here and becomes an
+// InvalidArgument status naming the file, line and key path.
+#include <yaml-cpp/yaml.h>
+
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/file.h"
+#include "dcr/topology.h"
+#include "topology/internal.h"
+
+namespace dcr {
+namespace {
+
+using topology_internal::ClosestKey;
+using topology_internal::Error;
+using topology_internal::JoinKeys;
+
+using Keys = std::span<const std::string_view>;
+
+constexpr std::string_view kTopKeys[] = {"version", "defaults", "root",
+                                         "clusters", "links"};
+constexpr std::string_view kDefaultsKeys[] = {
+    "transport", "span_elems", "fanout", "window_bytes", "min_commit"};
+constexpr std::string_view kRootKeys[] = {"name",    "host",      "port",
+                                          "cluster", "state_dir", "baseline"};
+constexpr std::string_view kClusterKeys[] = {"name",      "region",    "fanout",
+                                             "bandwidth", "transport", "nodes"};
+constexpr std::string_view kNodeKeys[] = {
+    "name", "host", "port", "store", "transport", "metrics_port", "head"};
+constexpr std::string_view kStoreKeys[] = {"kind", "path"};
+constexpr std::string_view kLinkKeys[] = {"from", "to", "bandwidth", "latency",
+                                          "transport"};
+
+// Largest topology file read, a guard against feeding it the wrong file.
+constexpr size_t kMaxTopologyBytes = 16u << 20;
+
+const char* TypeName(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Null:
+      return "nothing";
+    case YAML::NodeType::Scalar:
+      return "a scalar";
+    default:
+      return "an undefined value";
+  }
+}
+
+struct Field {
+  std::string key;
+  int line;
+  YAML::Node value;
+};
+
+// The checked entries of one YAML map.
+class Fields {
+ public:
+  const Field* Get(std::string_view key) const {
+    for (const Field& f : fields_) {
+      if (f.key == key) return &f;
+    }
+    return nullptr;
+  }
+  std::vector<Field>& all() { return fields_; }
+  int line = 0;
+
+ private:
+  std::vector<Field> fields_;
+};
+
+class Parser {
+ public:
+  explicit Parser(std::string_view source) : source_(source) {}
+
+  Result<Topology> Parse(std::string_view text);
+
+ private:
+  int LineOf(const YAML::Node& n, int fallback) const {
+    int line = n.Mark().line;
+    return line >= 0 ? line + 1 : fallback;
+  }
+  Status Err(int line, std::string_view path, std::string_view msg) const {
+    return Error(source_, line, path, msg);
+  }
+
+  // Checks that `n` is a map whose keys are distinct known scalars.
+  Result<Fields> Map(const YAML::Node& n, int line, const std::string& path,
+                     Keys known) const;
+  Status Required(const Fields& f, const std::string& path,
+                  std::string_view key) const {
+    if (f.Get(key) != nullptr) return Status::OK();
+    return Err(f.line, path, "missing required key '" + std::string(key) + "'");
+  }
+  // A scalar value, ${VAR}-expanded.
+  Result<std::string> Str(const Field& f, const std::string& path) const;
+  // A scalar parsed by `parse`; its error message is located.
+  template <typename Fn>
+  auto Value(const Field& f, const std::string& path, Fn parse) const
+      -> decltype(parse(std::string_view())) {
+    auto s = Str(f, path);
+    if (!s.ok()) return s.status();
+    auto v = parse(std::string_view(*s));
+    if (!v.ok()) return Err(f.line, path, v.status().message());
+    return v;
+  }
+  Status Name(const Field& f, const std::string& path, std::string* out) const;
+  Status Host(const Field& f, const std::string& path, std::string* out) const;
+  // A list (null counts as empty).
+  Result<std::vector<YAML::Node>> List(const Field& f,
+                                       const std::string& path) const;
+
+  Status ParseDefaults(const Field& f, TopologyDefaults* d) const;
+  Status ParseRoot(const Field& f, RootSpec* r) const;
+  Status ParseCluster(const YAML::Node& n, int line, const std::string& path,
+                      ClusterSpec* c) const;
+  Status ParseNode(const YAML::Node& n, int line, const std::string& path,
+                   NodeSpec* node) const;
+  Status ParseLink(const YAML::Node& n, int line, const std::string& path,
+                   LinkSpec* l) const;
+
+  std::string source_;
+};
+
+Result<Fields> Parser::Map(const YAML::Node& n, int line,
+                           const std::string& path, Keys known) const {
+  Fields out;
+  out.line = LineOf(n, line);
+  if (!n.IsMap()) {
+    return Err(out.line, path,
+               std::string("expected a map, got ") + TypeName(n));
+  }
+  for (const auto& kv : n) {
+    const YAML::Node k = kv.first;
+    const YAML::Node v = kv.second;
+    int kline = LineOf(k, out.line);
+    if (!k.IsScalar()) {
+      return Err(kline, path,
+                 std::string("expected a key name, got ") + TypeName(k));
+    }
+    const std::string& key = k.Scalar();
+    std::string key_path = path.empty() ? key : path + "." + key;
+    bool ok = false;
+    for (std::string_view kn : known) ok = ok || kn == key;
+    if (!ok) {
+      std::string msg = "unknown key";
+      std::string near = ClosestKey(key, known);
+      if (!near.empty()) {
+        msg += " (did you mean '" + near + "'?)";
+      } else {
+        msg += " (known keys: " + JoinKeys(known) + ")";
+      }
+      return Err(kline, key_path, msg);
+    }
+    if (const Field* prev = out.Get(key)) {
+      return Err(kline, key_path,
+                 "duplicate key (first given at line " +
+                     std::to_string(prev->line) + ")");
+    }
+    out.all().push_back(Field{key, LineOf(v, kline), v});
+  }
+  return out;
+}
+
+Result<std::string> Parser::Str(const Field& f, const std::string& path) const {
+  if (!f.value.IsScalar()) {
+    return Err(f.line, path,
+               std::string("expected a value, got ") + TypeName(f.value));
+  }
+  auto s = ExpandEnv(f.value.Scalar());
+  if (!s.ok()) return Err(f.line, path, s.status().message());
+  return s;
+}
+
+Status Parser::Name(const Field& f, const std::string& path,
+                    std::string* out) const {
+  DCR_ASSIGN_OR_RETURN(*out, Str(f, path));
+  std::string why = topology_internal::CheckName(*out);
+  if (!why.empty()) return Err(f.line, path, "name " + why);
+  return Status::OK();
+}
+
+Status Parser::Host(const Field& f, const std::string& path,
+                    std::string* out) const {
+  DCR_ASSIGN_OR_RETURN(*out, Str(f, path));
+  std::string why = topology_internal::CheckHost(*out);
+  if (!why.empty()) return Err(f.line, path, "host " + why);
+  return Status::OK();
+}
+
+Result<std::vector<YAML::Node>> Parser::List(const Field& f,
+                                             const std::string& path) const {
+  std::vector<YAML::Node> out;
+  if (f.value.IsNull()) return out;
+  if (!f.value.IsSequence()) {
+    return Err(f.line, path,
+               std::string("expected a list, got ") + TypeName(f.value));
+  }
+  for (const auto& item : f.value) out.push_back(item);
+  return out;
+}
+
+Status Parser::ParseDefaults(const Field& df, TopologyDefaults* d) const {
+  const std::string path = "defaults";
+  if (df.value.IsNull()) return Status::OK();
+  DCR_ASSIGN_OR_RETURN(Fields f, Map(df.value, df.line, path, kDefaultsKeys));
+  for (const Field& x : f.all()) {
+    std::string p = path + "." + x.key;
+    if (x.key == "transport") {
+      DCR_ASSIGN_OR_RETURN(d->transport,
+                           Value(x, p, topology_internal::ParseTransport));
+    } else if (x.key == "span_elems") {
+      DCR_ASSIGN_OR_RETURN(d->span_elems, Value(x, p, [](std::string_view s) {
+                             return topology_internal::ParseUint(s, 1,
+                                                                 1ull << 32);
+                           }));
+    } else if (x.key == "fanout") {
+      DCR_ASSIGN_OR_RETURN(uint64_t k, Value(x, p, [](std::string_view s) {
+                             return topology_internal::ParseUint(s, 1, 64);
+                           }));
+      d->fanout = static_cast<uint32_t>(k);
+    } else if (x.key == "window_bytes") {
+      DCR_ASSIGN_OR_RETURN(d->window_bytes, Value(x, p, ParseSize));
+      if (d->window_bytes == 0) {
+        return Err(x.line, p, "window must be at least 1 byte");
+      }
+    } else if (x.key == "min_commit") {
+      DCR_ASSIGN_OR_RETURN(d->min_commit,
+                           Value(x, p, topology_internal::ParseMinCommit));
+    }
+  }
+  return Status::OK();
+}
+
+Status Parser::ParseRoot(const Field& rf, RootSpec* r) const {
+  const std::string path = "root";
+  DCR_ASSIGN_OR_RETURN(Fields f, Map(rf.value, rf.line, path, kRootKeys));
+  r->loc.line = f.line;
+  for (std::string_view k : {"name", "host", "port", "cluster"}) {
+    DCR_RETURN_IF_ERROR(Required(f, path, k));
+  }
+  for (const Field& x : f.all()) {
+    std::string p = path + "." + x.key;
+    if (x.key == "name") {
+      DCR_RETURN_IF_ERROR(Name(x, p, &r->name));
+    } else if (x.key == "host") {
+      DCR_RETURN_IF_ERROR(Host(x, p, &r->host));
+    } else if (x.key == "port") {
+      DCR_ASSIGN_OR_RETURN(r->port, Value(x, p, topology_internal::ParsePort));
+    } else if (x.key == "cluster") {
+      DCR_RETURN_IF_ERROR(Name(x, p, &r->cluster));
+    } else if (x.key == "state_dir") {
+      DCR_ASSIGN_OR_RETURN(r->state_dir, Str(x, p));
+    } else if (x.key == "baseline") {
+      DCR_ASSIGN_OR_RETURN(r->baseline, Str(x, p));
+    }
+  }
+  return Status::OK();
+}
+
+Status Parser::ParseNode(const YAML::Node& n, int line, const std::string& path,
+                         NodeSpec* node) const {
+  DCR_ASSIGN_OR_RETURN(Fields f, Map(n, line, path, kNodeKeys));
+  node->loc.line = f.line;
+  for (std::string_view k : {"name", "host", "port"}) {
+    DCR_RETURN_IF_ERROR(Required(f, path, k));
+  }
+  for (const Field& x : f.all()) {
+    std::string p = path + "." + x.key;
+    if (x.key == "name") {
+      DCR_RETURN_IF_ERROR(Name(x, p, &node->name));
+    } else if (x.key == "host") {
+      DCR_RETURN_IF_ERROR(Host(x, p, &node->host));
+    } else if (x.key == "port") {
+      DCR_ASSIGN_OR_RETURN(node->port,
+                           Value(x, p, topology_internal::ParsePort));
+    } else if (x.key == "metrics_port") {
+      DCR_ASSIGN_OR_RETURN(node->metrics_port,
+                           Value(x, p, topology_internal::ParsePort));
+    } else if (x.key == "transport") {
+      DCR_ASSIGN_OR_RETURN(node->transport,
+                           Value(x, p, topology_internal::ParseTransport));
+    } else if (x.key == "head") {
+      DCR_ASSIGN_OR_RETURN(node->head,
+                           Value(x, p, topology_internal::ParseBool));
+    } else if (x.key == "store") {
+      DCR_ASSIGN_OR_RETURN(Fields sf, Map(x.value, x.line, p, kStoreKeys));
+      DCR_RETURN_IF_ERROR(Required(sf, p, "kind"));
+      for (const Field& s : sf.all()) {
+        std::string sp = p + "." + s.key;
+        if (s.key == "kind") {
+          DCR_ASSIGN_OR_RETURN(node->store.kind,
+                               Value(s, sp, topology_internal::ParseStoreKind));
+        } else {
+          DCR_ASSIGN_OR_RETURN(node->store.path, Str(s, sp));
+        }
+      }
+      // Location-specific store checks; ValidateTopology repeats them
+      // without a line for edited topologies.
+      const Field* pf = sf.Get("path");
+      int pline = pf ? pf->line : sf.line;
+      if (node->store.kind == StoreKind::kMemory && pf != nullptr) {
+        return Err(pline, p + ".path", "a memory store takes no path");
+      }
+      if (node->store.kind != StoreKind::kMemory && node->store.path.empty()) {
+        return Err(pline, p + ".path",
+                   "a " + std::string(StoreKindName(node->store.kind)) +
+                       " store needs a path");
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status Parser::ParseCluster(const YAML::Node& n, int line,
+                            const std::string& path, ClusterSpec* c) const {
+  DCR_ASSIGN_OR_RETURN(Fields f, Map(n, line, path, kClusterKeys));
+  c->loc.line = f.line;
+  DCR_RETURN_IF_ERROR(Required(f, path, "name"));
+  for (const Field& x : f.all()) {
+    std::string p = path + "." + x.key;
+    if (x.key == "name") {
+      DCR_RETURN_IF_ERROR(Name(x, p, &c->name));
+    } else if (x.key == "region") {
+      DCR_ASSIGN_OR_RETURN(c->region, Str(x, p));
+    } else if (x.key == "fanout") {
+      DCR_ASSIGN_OR_RETURN(uint64_t k, Value(x, p, [](std::string_view s) {
+                             return topology_internal::ParseUint(s, 1, 64);
+                           }));
+      c->fanout = static_cast<uint32_t>(k);
+    } else if (x.key == "bandwidth") {
+      DCR_ASSIGN_OR_RETURN(c->bandwidth_bps, Value(x, p, ParseBandwidth));
+    } else if (x.key == "transport") {
+      DCR_ASSIGN_OR_RETURN(c->transport,
+                           Value(x, p, topology_internal::ParseTransport));
+    } else if (x.key == "nodes") {
+      DCR_ASSIGN_OR_RETURN(std::vector<YAML::Node> list, List(x, p));
+      for (size_t i = 0; i < list.size(); ++i) {
+        NodeSpec node;
+        DCR_RETURN_IF_ERROR(ParseNode(
+            list[i], x.line, p + "[" + std::to_string(i) + "]", &node));
+        c->nodes.push_back(std::move(node));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status Parser::ParseLink(const YAML::Node& n, int line, const std::string& path,
+                         LinkSpec* l) const {
+  DCR_ASSIGN_OR_RETURN(Fields f, Map(n, line, path, kLinkKeys));
+  l->loc.line = f.line;
+  for (std::string_view k : {"from", "to", "bandwidth"}) {
+    DCR_RETURN_IF_ERROR(Required(f, path, k));
+  }
+  for (const Field& x : f.all()) {
+    std::string p = path + "." + x.key;
+    if (x.key == "from") {
+      DCR_RETURN_IF_ERROR(Name(x, p, &l->from));
+    } else if (x.key == "to") {
+      DCR_RETURN_IF_ERROR(Name(x, p, &l->to));
+    } else if (x.key == "bandwidth") {
+      DCR_ASSIGN_OR_RETURN(l->bandwidth_bps, Value(x, p, ParseBandwidth));
+    } else if (x.key == "latency") {
+      DCR_ASSIGN_OR_RETURN(l->latency_ns, Value(x, p, ParseDurationNs));
+    } else if (x.key == "transport") {
+      DCR_ASSIGN_OR_RETURN(l->transport,
+                           Value(x, p, topology_internal::ParseTransport));
+    }
+  }
+  return Status::OK();
+}
+
+Result<Topology> Parser::Parse(std::string_view text) {
+  std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
+  if (docs.size() != 1) {
+    return Err(0, "",
+               docs.empty() ? "the file is empty"
+                            : "expected one YAML document, got " +
+                                  std::to_string(docs.size()));
+  }
+  Topology t;
+  t.source = source_;
+  DCR_ASSIGN_OR_RETURN(Fields f, Map(docs[0], 1, "", kTopKeys));
+  for (std::string_view k : {"version", "root", "clusters"}) {
+    DCR_RETURN_IF_ERROR(Required(f, "", k));
+  }
+  // The version first: a newer schema fails on it, not on a new key.
+  const Field* vf = f.Get("version");
+  DCR_ASSIGN_OR_RETURN(uint64_t version,
+                       Value(*vf, "version", [](std::string_view s) {
+                         return topology_internal::ParseUint(s, 0, 1000000);
+                       }));
+  if (version != static_cast<uint64_t>(kTopologyVersion)) {
+    return Err(vf->line, "version",
+               "unsupported topology version " + std::to_string(version) +
+                   " (this dcr reads version " +
+                   std::to_string(kTopologyVersion) + ")");
+  }
+  if (const Field* d = f.Get("defaults")) {
+    DCR_RETURN_IF_ERROR(ParseDefaults(*d, &t.defaults));
+  }
+  DCR_RETURN_IF_ERROR(ParseRoot(*f.Get("root"), &t.root));
+  const Field* cf = f.Get("clusters");
+  DCR_ASSIGN_OR_RETURN(std::vector<YAML::Node> clusters, List(*cf, "clusters"));
+  if (clusters.empty()) {
+    return Err(cf->line, "clusters", "expected at least one cluster");
+  }
+  for (size_t i = 0; i < clusters.size(); ++i) {
+    ClusterSpec c;
+    DCR_RETURN_IF_ERROR(ParseCluster(
+        clusters[i], cf->line, "clusters[" + std::to_string(i) + "]", &c));
+    t.clusters.push_back(std::move(c));
+  }
+  if (const Field* lf = f.Get("links")) {
+    DCR_ASSIGN_OR_RETURN(std::vector<YAML::Node> links, List(*lf, "links"));
+    for (size_t i = 0; i < links.size(); ++i) {
+      LinkSpec l;
+      DCR_RETURN_IF_ERROR(ParseLink(links[i], lf->line,
+                                    "links[" + std::to_string(i) + "]", &l));
+      t.links.push_back(std::move(l));
+    }
+  }
+  DCR_RETURN_IF_ERROR(ValidateTopology(t));
+  return t;
+}
+
+}  // namespace
+
+Result<Topology> ParseTopology(std::string_view text,
+                               std::string_view source_name) {
+  try {
+    return Parser(source_name).Parse(text);
+  } catch (const YAML::Exception& e) {
+    int line = e.mark.line >= 0 ? e.mark.line + 1 : 0;
+    return Error(source_name, line, "",
+                 "YAML syntax error: " + std::string(e.msg));
+  } catch (const std::exception& e) {
+    return Error(source_name, 0, "", std::string("cannot parse: ") + e.what());
+  }
+}
+
+Result<Topology> LoadTopology(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return Status::NotFound("topology file '" + path + "' does not exist");
+  }
+  if (std::filesystem::file_size(path, ec) > kMaxTopologyBytes && !ec) {
+    return Status::InvalidArgument("topology file '" + path +
+                                   "' is larger than 16 MiB");
+  }
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return Status::InvalidArgument(text.status().message());
+  return ParseTopology(*text, path);
+}
+
+}  // namespace dcr

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# `dcr tree` and `dcr topo` as a user runs them: every shipped topology
+# validates, renders as text, DOT and JSON; edits rewrite the file only
+# when the result is valid, and an invalid edit leaves it byte-identical.
+# Usage: topo_cli_test.sh DCR_BINARY TOPOLOGY_DIR
+set -euo pipefail
+DCR=$1
+TOPO=$2
+T=$(mktemp -d /tmp/dcr-topo-test.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+expect() {  # expect CODE CMD...: runs CMD, checks its exit code
+  local want=$1
+  shift
+  set +e
+  "$@" >"$T/out" 2>"$T/err"
+  local got=$?
+  set -e
+  [[ $got -eq $want ]] || { cat "$T/err" >&2; fail "exit $got, want $want: $*"; }
+}
+expect_err() {  # the error is one line and mentions $1
+  [[ $(wc -l <"$T/err") -eq 1 ]] || { cat "$T/err" >&2; fail "error is not one line"; }
+  grep -qF -- "$1" "$T/err" || { cat "$T/err" >&2; fail "error lacks '$1'"; }
+}
+json() { python3 -c "import json,sys; d=json.load(open('$T/out')); assert $1, d"; }
+
+# Help: every subcommand has an example.
+for sub in "tree" "topo" "topo validate" "topo show" "topo add-node" \
+           "topo remove-node" "topo set"; do
+  # shellcheck disable=SC2086
+  expect 0 "$DCR" $sub --help
+  grep -q "Example" "$T/out" || fail "$sub --help lacks an example"
+done
+expect 0 "$DCR" topo set --help
+grep -q "Comments" "$T/out" || fail "topo set --help does not say comments are lost"
+expect 2 "$DCR" topo
+expect 2 "$DCR" tree
+expect 2 "$DCR" tree --topology "$TOPO/local.yaml" --format svg
+
+# Every shipped topology validates and renders.
+for f in "$TOPO"/*.yaml; do
+  expect 0 "$DCR" topo validate "$f"
+  grep -q "valid" "$T/out" || fail "validate $f"
+  expect 0 "$DCR" topo validate "$f" -o json
+  json 'd["valid"] and d["summary"]["relays"] > 0'
+  expect 0 "$DCR" tree --topology "$f"
+  expect 0 "$DCR" tree --topology "$f" -o json
+  json 'd["nodes"][0]["parent"] == -1 and all(n["parent"] >= 0 for n in d["nodes"][1:])'
+  expect 0 "$DCR" tree --topology "$f" --format dot
+  grep -q "subgraph \"cluster_" "$T/out" || fail "dot output of $f"
+  if command -v dot >/dev/null; then dot -Tsvg "$T/out" -o "$T/tree.svg" || fail "graphviz rejects $f"; fi
+  expect 0 "$DCR" topo show "$f"
+  cp "$T/out" "$T/shown.yaml"
+  expect 0 "$DCR" topo validate "$T/shown.yaml"   # show's output reloads
+  expect 0 "$DCR" topo show "$f" -o json
+  json '"topology" in d and "summary" in d'
+done
+
+# local.yaml: 8 relays under ${DCR_LOCAL_DIR}, root feeds 2 heads.
+DCR_LOCAL_DIR=$T/local expect 0 "$DCR" tree --topology "$TOPO/local.yaml" -o json
+json 'len(d["nodes"]) == 9 and len(d["nodes"][0]["children"]) == 2'
+json 'all(n["store"]["path"].startswith("'"$T"'/local/") for n in d["nodes"][1:])'
+
+# Edits on a copy.
+F=$T/t.yaml
+cp "$TOPO/two-region.yaml" "$F"
+expect 0 "$DCR" topo set "$F" clusters.rollout-a.fanout=1 'links[0].bandwidth=1Gbps'
+expect 0 "$DCR" tree --topology "$F" -o json
+json '[n["name"] for n in d["nodes"] if n["cluster"]=="rollout-a" and n["fanout"]==1]'
+expect 0 "$DCR" topo add-node "$F" --cluster rollout-b --name b4 --host 10.2.0.14 \
+  --port 17001 --store shm:/dcr-policy --metrics-port 9101
+expect 0 "$DCR" topo show "$F" -o json
+json 'any(n["name"]=="b4" for c in d["topology"]["clusters"] for n in c["nodes"])'
+expect 0 "$DCR" topo remove-node "$F" --name b4
+expect 0 "$DCR" topo validate "$F"
+
+# Invalid edits: exit 2, one-line error, file byte-identical.
+cp "$F" "$T/before.yaml"
+same() { cmp -s "$F" "$T/before.yaml" || fail "file changed by a refused edit: $1"; }
+expect 2 "$DCR" topo set "$F" nodes.a0.port=abc
+expect_err "nodes.a0.port: expected an integer 1-65535, got 'abc'"; same port
+expect 2 "$DCR" topo set "$F" nodes.a1.host=10.1.0.10
+expect_err "already used by node 'a0'"; same dup
+expect 2 "$DCR" topo set "$F" 'links[0].to=nowhere'
+expect_err "unknown cluster 'nowhere'"; same link
+expect 2 "$DCR" topo set "$F" clusters.rollout-a.fanout=2 nodes.a0.prot=1
+expect_err "did you mean 'port'"; same partial
+expect 2 "$DCR" topo set "$F" novalue
+expect_err "expected KEY=VALUE"; same novalue
+expect 2 "$DCR" topo add-node "$F" --cluster rollout-a --name a0 --host 10.9.9.9 --port 1
+expect_err "duplicate node name 'a0'"; same add
+expect 2 "$DCR" topo add-node "$F" --cluster nope --name z --host h --port 1
+expect_err "no cluster named 'nope'"; same add-cluster
+expect 2 "$DCR" topo add-node "$F" --cluster rollout-a --name z --host h --port 1 --store tape:/x
+expect_err "--store"; same store
+expect 2 "$DCR" topo remove-node "$F" --name nope
+expect_err "no node named 'nope'"; same remove
+[[ ! -e "$F.tmp" ]] || fail "temp file left behind"
+
+# Broken files: file:line: key, exit 2.
+sed 's/port: 17000/port: seventeen/' "$TOPO/two-region.yaml" >"$T/bad.yaml"
+expect 2 "$DCR" topo validate "$T/bad.yaml"
+expect_err "bad.yaml:18: root.port: expected an integer 1-65535, got 'seventeen'"
+expect 2 "$DCR" tree --topology "$T/bad.yaml"
+expect_err "bad.yaml:18: root.port"
+expect 2 "$DCR" topo validate "$T/bad.yaml" -o json
+json 'not d["valid"] and "root.port" in d["error"]'
+expect 2 "$DCR" topo validate "$T/missing.yaml"
+expect_err "missing.yaml"
+cp "$T/bad.yaml" "$T/bad-before.yaml"
+expect 2 "$DCR" topo set "$T/bad.yaml" root.port=17000
+cmp -s "$T/bad.yaml" "$T/bad-before.yaml" || fail "an invalid file was rewritten"
+echo "topo CLI: ok"

@@ -1,0 +1,363 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "dcr/topology.h"
+#include "testing/temp_dir.h"
+#include "unit/topology/topology_testing.h"
+
+namespace dcr {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::kSampleYaml;
+using ::testing::StartsWith;
+
+// kSampleYaml with the first occurrence of `from` replaced by `to`.
+std::string Edited(const std::string& from, const std::string& to) {
+  std::string s = kSampleYaml;
+  size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+std::string ErrorOf(const std::string& text) {
+  auto t = ParseTopology(text, "t.yaml");
+  if (t.ok()) return "<parsed>";
+  EXPECT_TRUE(t.status().IsInvalidArgument()) << t.status().ToString();
+  return std::string(t.status().message());
+}
+
+TEST(ParseTest, Sample) {
+  auto t = ParseTopology(kSampleYaml, "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->version, 1);
+  EXPECT_EQ(t->defaults.transport, TransportKind::kTcp);
+  EXPECT_EQ(t->defaults.span_elems, 1048576u);
+  EXPECT_EQ(t->defaults.fanout, 2u);
+  EXPECT_EQ(t->defaults.window_bytes, 64u << 20);
+  EXPECT_EQ(t->defaults.min_commit, 0u);
+  EXPECT_EQ(t->root.name, "trainer");
+  EXPECT_EQ(t->root.port, 17000);
+  EXPECT_EQ(t->root.cluster, "train");
+  EXPECT_EQ(t->root.state_dir, "/var/lib/dcr");
+  EXPECT_EQ(t->root.baseline, "/path/base.safetensors");
+  ASSERT_EQ(t->clusters.size(), 2u);
+  const ClusterSpec& a = t->clusters[1];
+  EXPECT_EQ(a.name, "rollout-a");
+  EXPECT_EQ(a.region, "us-west");
+  EXPECT_EQ(a.fanout, 4u);
+  EXPECT_EQ(a.bandwidth_bps, 25000000000ull);
+  EXPECT_EQ(a.transport, TransportKind::kTcp);
+  ASSERT_EQ(a.nodes.size(), 2u);
+  EXPECT_EQ(a.nodes[0].name, "a0");
+  EXPECT_EQ(a.nodes[0].host, "10.1.0.10");
+  EXPECT_EQ(a.nodes[0].port, 17001);
+  EXPECT_EQ(a.nodes[0].store.kind, StoreKind::kFile);
+  EXPECT_EQ(a.nodes[0].store.path, "/models/policy.safetensors");
+  EXPECT_EQ(a.nodes[0].metrics_port, 9101);
+  EXPECT_EQ(a.nodes[0].loc.line, 13);
+  EXPECT_EQ(a.nodes[1].store.kind, StoreKind::kMemory);
+  EXPECT_FALSE(a.nodes[1].metrics_port.has_value());
+  ASSERT_EQ(t->links.size(), 1u);
+  EXPECT_EQ(t->links[0].bandwidth_bps, 3000000000ull);
+  EXPECT_EQ(t->links[0].latency_ns, 70000000ull);
+  EXPECT_EQ(t->FindNode("a1"), &a.nodes[1]);
+  EXPECT_EQ(t->FindCluster("train"), &t->clusters[0]);
+  EXPECT_EQ(t->NodeCount(), 2u);
+}
+
+TEST(ParseTest, OptionalKeysAndOverrides) {
+  auto t = ParseTopology(
+      "version: 1\n"
+      "root: {name: r, host: h, port: 1, cluster: c}\n"
+      "clusters:\n"
+      "  - name: c\n"
+      "    nodes:\n"
+      "      - {name: n0, host: h, port: 2, transport: ucx, head: true}\n"
+      "      - {name: n1, host: h, port: 3, store: {kind: shm, path: /w}}\n"
+      "      - name: n2\n"
+      "        host: h\n"
+      "        port: \"4\"\n"
+      "        head: false\n",
+      "o.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->defaults, TopologyDefaults{});
+  EXPECT_TRUE(t->links.empty());
+  const auto& n = t->clusters[0].nodes;
+  EXPECT_EQ(n[0].transport, TransportKind::kUcx);
+  EXPECT_TRUE(n[0].head);
+  EXPECT_EQ(n[1].store, (StoreSpec{StoreKind::kShm, "/w"}));
+  EXPECT_EQ(n[2].port, 4);
+  EXPECT_FALSE(n[2].head);
+}
+
+TEST(ParseTest, MinCommitInteger) {
+  auto t = ParseTopology(Edited("min_commit: all", "min_commit: 2"), "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->defaults.min_commit, 2u);
+}
+
+TEST(ParseTest, EnvironmentExpansion) {
+  ::setenv("DCR_TOPO_TEST_MODELS", "/srv/models", 1);
+  ::unsetenv("DCR_TOPO_TEST_NOPE");
+  auto t =
+      ParseTopology(Edited("path: /models/policy.safetensors",
+                           "path: \"${DCR_TOPO_TEST_MODELS}/p.safetensors\""),
+                    "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->clusters[1].nodes[0].store.path, "/srv/models/p.safetensors");
+  t = ParseTopology(
+      Edited("port: 17000", "port: \"${DCR_TOPO_TEST_NOPE:-17010}\""),
+      "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->root.port, 17010);
+  EXPECT_EQ(ErrorOf(Edited("state_dir: /var/lib/dcr",
+                           "state_dir: \"${DCR_TOPO_TEST_NOPE}\"")),
+            "t.yaml:3: root.state_dir: environment variable "
+            "DCR_TOPO_TEST_NOPE is not set (write ${DCR_TOPO_TEST_NOPE:-"
+            "default} to give a default)");
+}
+
+TEST(ParseTest, ErrorsNameFileLineAndKey) {
+  struct Case {
+    std::string text;
+    std::string want;
+  } cases[] = {
+      {Edited("port: 17001}", "port: abc}"),
+       "t.yaml:14: clusters[1].nodes[1].port: expected an integer 1-65535, "
+       "got 'abc'"},
+      {Edited("port: 17001}", "port: 70000}"),
+       "t.yaml:14: clusters[1].nodes[1].port: expected an integer 1-65535, "
+       "got '70000'"},
+      {Edited("    fanout: 4", "    fanot: 4"),
+       "t.yaml:9: clusters[1].fanot: unknown key (did you mean 'fanout'?)"},
+      {Edited("    fanout: 4", "    colour: 4"),
+       "t.yaml:9: clusters[1].colour: unknown key (known keys: name, region, "
+       "fanout, bandwidth, transport, nodes)"},
+      {Edited("version: 1", "version: 2"),
+       "t.yaml:1: version: unsupported topology version 2 (this dcr reads "
+       "version 1)"},
+      {Edited("bandwidth: 25Gbps", "bandwidth: 25Gbpz"),
+       "t.yaml:10: clusters[1].bandwidth: expected a bandwidth like 25Gbps, "
+       "200Mbit/s or 100MB/s, got '25Gbpz'"},
+      {Edited("latency: 70ms", "latency: 70"),
+       "t.yaml:16: links[0].latency: expected a duration like 70ms, 1s or "
+       "250us, got '70'"},
+      {Edited("window_bytes: 64MiB", "window_bytes: lots"),
+       "t.yaml:2: defaults.window_bytes: expected a size like 64MiB, 1GB or "
+       "4096 (bytes), got 'lots'"},
+      {Edited("transport: tcp\n    nodes", "transport: udp\n    nodes"),
+       "t.yaml:11: clusters[1].transport: expected tcp or ucx, got 'udp'"},
+      {Edited("kind: file", "kind: disk"),
+       "t.yaml:13: clusters[1].nodes[0].store.kind: expected memory, file or "
+       "shm, got 'disk'"},
+      {Edited("min_commit: all", "min_commit: 0"),
+       "t.yaml:2: defaults.min_commit: expected \"all\" or an integer >= 1, "
+       "got '0'"},
+      {Edited("min_commit: all", "min_commit: 3"),
+       "t.yaml: defaults.min_commit: min_commit 3 exceeds the number of "
+       "relays (2)"},
+      {Edited("{name: a1, host: 10.1.0.11, port: 17001}",
+              "{name: a1, port: 17001}"),
+       "t.yaml:14: clusters[1].nodes[1]: missing required key 'host'"},
+      {Edited("name: a1", "name: a0"),
+       "t.yaml:14: clusters[1].nodes[1].name: duplicate node name 'a0' "
+       "(first defined at line 13)"},
+      {Edited("name: a1", "name: trainer"),
+       "t.yaml:14: clusters[1].nodes[1].name: duplicate node name 'trainer' "
+       "(the root's name)"},
+      {Edited("name: rollout-a", "name: train"),
+       "t.yaml:7: clusters[1].name: duplicate cluster name 'train' (first "
+       "defined at line 5)"},
+      {Edited("host: 10.1.0.11", "host: 10.1.0.10"),
+       "t.yaml:14: clusters[1].nodes[1].port: address 10.1.0.10:17001 is "
+       "already used by node 'a0' (line 13)"},
+      {Edited("host: 10.1.0.11, port: 17001", "host: 127.0.0.1, port: 17000"),
+       "t.yaml:14: clusters[1].nodes[1].port: address 127.0.0.1:17000 is "
+       "already used by root 'trainer' (line 3)"},
+      {Edited("port: 17001}", "port: 17001, metrics_port: 17001}"),
+       "t.yaml:14: clusters[1].nodes[1].metrics_port: address "
+       "10.1.0.11:17001 is already used by node 'a1' (line 14)"},
+      {Edited("to: rollout-a", "to: rollout-z"),
+       "t.yaml:16: links[0].to: unknown cluster 'rollout-z' (clusters: "
+       "train, rollout-a)"},
+      {Edited("links:\n  - {from: train, to: rollout-a, bandwidth: 3Gbps, "
+              "latency: 70ms}\n",
+              "links: []\n"),
+       "t.yaml:7: clusters[1]: cluster 'rollout-a' is unreachable from the "
+       "root's cluster 'train' (add a link)"},
+      {Edited("cluster: train", "cluster: gpu"),
+       "t.yaml:3: root.cluster: unknown cluster 'gpu' (clusters: train, "
+       "rollout-a)"},
+      {Edited("to: rollout-a", "to: train"),
+       "t.yaml:16: links[0]: a link joins two different clusters, got "
+       "'train' twice"},
+      {Edited("path: /models/policy.safetensors", "path: \"\""),
+       "t.yaml:13: clusters[1].nodes[0].store.path: a file store needs a "
+       "path"},
+      {Edited("name: a1", "name: a/1"),
+       "t.yaml:14: clusters[1].nodes[1].name: name may hold only letters, "
+       "digits, '-' and '_', got 'a/1'"},
+      {Edited("region: us-west", "region: [us, west]"),
+       "t.yaml:8: clusters[1].region: expected a value, got a list"},
+      {Edited("    fanout: 4", "    fanout: 4\n    fanout: 5"),
+       "t.yaml:10: clusters[1].fanout: duplicate key (first given at line "
+       "9)"},
+      {Edited("    fanout: 4", "    fanout: 0"),
+       "t.yaml:9: clusters[1].fanout: expected an integer 1-64, got '0'"},
+      {Edited("version: 1\n", ""), "t.yaml:1: missing required key 'version'"},
+      {"- just\n- a list\n", "t.yaml:1: expected a map, got a list"},
+      {"", "t.yaml: the file is empty"},
+      {Edited("bandwidth: 3Gbps", "bandwidth: 0Gbps"),
+       "t.yaml:16: links[0].bandwidth: bandwidth must be positive, got "
+       "'0Gbps'"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(ErrorOf(c.text), c.want) << c.text;
+  }
+}
+
+TEST(ParseTest, MoreErrors) {
+  // Syntax errors carry yaml-cpp's line.
+  EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: [train\n")),
+              StartsWith("t.yaml:"));
+  EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: [train\n")),
+              HasSubstr("YAML syntax error"));
+  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) + "---\nversion: 1\n"),
+              HasSubstr("expected one YAML document, got 2"));
+  // Two heads in one cluster.
+  std::string two_heads =
+      Edited("{name: a1, host: 10.1.0.11, port: 17001}",
+             "{name: a1, host: 10.1.0.11, port: 17001, head: true}");
+  two_heads.replace(two_heads.find("port: 17001, store"),
+                    std::string("port: 17001, store").size(),
+                    "port: 17001, head: true, store");
+  EXPECT_EQ(ErrorOf(two_heads),
+            "t.yaml:14: clusters[1].nodes[1].head: cluster 'rollout-a' has "
+            "more than one head");
+  // A non-root cluster without nodes.
+  EXPECT_EQ(ErrorOf(Edited("  - name: train\n",
+                           "  - name: train\n  - name: empty\n")),
+            "t.yaml:6: clusters[1].nodes: cluster 'empty' has no nodes");
+  // Duplicate store file on one host.
+  EXPECT_EQ(ErrorOf(Edited("{name: a1, host: 10.1.0.11, port: 17001}",
+                           "{name: a1, host: 10.1.0.10, port: 17002, store: "
+                           "{kind: file, path: /models/policy.safetensors}}")),
+            "t.yaml:14: clusters[1].nodes[1].store.path: store "
+            "file:/models/policy.safetensors on 10.1.0.10 is already used by "
+            "node 'a0' (line 13)");
+}
+
+TEST(ParseTest, LoadFileAndMissingFile) {
+  testing::TempDir dir;
+  std::string path = dir.Path("t.yaml");
+  std::ofstream(path) << kSampleYaml;
+  auto t = LoadTopology(path);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->source, path);
+  auto missing = LoadTopology(dir.Path("missing.yaml"));
+  EXPECT_TRUE(missing.status().IsNotFound());
+  std::ofstream(path) << Edited("port: 17000", "port: x");
+  auto bad = LoadTopology(path);
+  EXPECT_THAT(std::string(bad.status().message()),
+              StartsWith(path + ":3: root.port: expected an integer"));
+}
+
+TEST(ParseTest, DumpReloadsEqual) {
+  auto t = ParseTopology(kSampleYaml, "t.yaml");
+  ASSERT_TRUE(t.ok());
+  std::string dumped = DumpTopology(*t);
+  auto again = ParseTopology(dumped, "dump.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << dumped;
+  EXPECT_EQ(*again, *t);
+  EXPECT_EQ(DumpTopology(*again), dumped);
+}
+
+TEST(ParseTest, DumpKeepsAwkwardStrings) {
+  auto t = ParseTopology(kSampleYaml, "t.yaml");
+  ASSERT_TRUE(t.ok());
+  for (const char* s : {"null",      "~",         "true",
+                        "${HOME}",   "$$",        "a: b",
+                        "#x",        "- y",       "'q'",
+                        "\"dq\"",    "1e3",       "[x]",
+                        "{y}",       " lead",     "trail ",
+                        "tab\there", "new\nline", "\xc3\xa9t\xc3\xa9",
+                        "*alias",    "&anchor",   "!tag",
+                        "%",         "@",         "`",
+                        "|",         ">",         "?",
+                        "$"}) {
+    Topology copy = *t;
+    copy.clusters[1].region = s;
+    copy.root.baseline = std::string("/p/") + s;
+    auto again = ParseTopology(DumpTopology(copy), "dump.yaml");
+    ASSERT_TRUE(again.ok()) << s << ": " << again.status().ToString() << "\n"
+                            << DumpTopology(copy);
+    EXPECT_EQ(again->clusters[1].region, s);
+    EXPECT_EQ(again->root.baseline, std::string("/p/") + s);
+  }
+}
+
+TEST(ParseTest, RandomTopologiesRoundTrip) {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 300; ++i) {
+    Topology t = testing::RandomTopology(rng);
+    ASSERT_TRUE(ValidateTopology(t).ok()) << ValidateTopology(t).ToString();
+    std::string dumped = DumpTopology(t);
+    auto again = ParseTopology(dumped, "dump.yaml");
+    ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << dumped;
+    EXPECT_EQ(*again, t) << dumped;
+  }
+}
+
+TEST(ParseTest, JsonHasEveryCluster) {
+  auto t = ParseTopology(kSampleYaml, "t.yaml");
+  ASSERT_TRUE(t.ok());
+  std::string j = TopologyToJson(*t);
+  EXPECT_THAT(j, HasSubstr("\"rollout-a\""));
+  EXPECT_THAT(j, HasSubstr("\"bandwidth_bps\": 3000000000"));
+}
+
+// Every example in topology/ loads, validates and builds a tree.
+TEST(ParseTest, ShippedExamplesValidate) {
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(DCR_TOPOLOGY_DIR)) {
+    if (e.path().extension() != ".yaml") continue;
+    ++files;
+    auto t = LoadTopology(e.path().string());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    auto tree = BuildTree(*t);
+    ASSERT_TRUE(tree.ok()) << tree.status().ToString();
+    EXPECT_EQ(tree->nodes.size(), t->NodeCount() + 1) << e.path();
+  }
+  EXPECT_GE(files, 2);
+}
+
+TEST(ParseTest, LocalExample) {
+  ::unsetenv("DCR_LOCAL_DIR");
+  auto t = LoadTopology(std::string(DCR_TOPOLOGY_DIR) + "/local.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->NodeCount(), 8u);
+  EXPECT_EQ(t->root.port, 17000);
+  EXPECT_EQ(t->FindNode("a0")->store.path, "/tmp/dcr-local/a0.safetensors");
+  for (const ClusterSpec& c : t->clusters) {
+    for (const NodeSpec& n : c.nodes) {
+      EXPECT_EQ(n.host, "127.0.0.1");
+      EXPECT_GE(n.port, 17001);
+      EXPECT_LE(n.port, 17008);
+    }
+  }
+  ::setenv("DCR_LOCAL_DIR", "/scratch/x", 1);
+  t = LoadTopology(std::string(DCR_TOPOLOGY_DIR) + "/local.yaml");
+  ::unsetenv("DCR_LOCAL_DIR");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->FindNode("b3")->store.path, "/scratch/x/b3.safetensors");
+}
+
+}  // namespace
+}  // namespace dcr
