@@ -151,13 +151,18 @@ class ChunkDecoder {
 
   // Decodes and validates the chunk that is exactly `bytes` into `out`
   // (whose buffers are reused). Any inconsistency is Corruption naming the
-  // chunk and the field. `sizes`, if given, receives the section sizes.
+  // chunk and the field, and leaves `out` empty. `sizes`, if given,
+  // receives the section sizes. Buffers grow to the chunk's span_elems:
+  // callers that know the span length they expect check PeekChunkHeader
+  // against it first.
   Status Decode(std::span<const std::byte> bytes, DecodedChunk* out,
                 ChunkSizes* sizes = nullptr);
 
  private:
   struct Impl;
   explicit ChunkDecoder(std::unique_ptr<Impl> impl);
+  Status DecodeInto(std::span<const std::byte> bytes, DecodedChunk* out,
+                    ChunkSizes* sizes);
   std::unique_ptr<Impl> impl_;
 };
 

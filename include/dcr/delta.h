@@ -90,6 +90,7 @@ class DeltaWriter {
   uint64_t bytes_ = kDeltaHeaderBytes;
   uint64_t chunks_ = 0;
   std::vector<std::byte> buffer_;
+  Status error_;  // sticky: the first write error
   Status FlushBuffer();
 };
 
@@ -131,7 +132,19 @@ Result<DeltaStats> WriteDelta(const Checkpoint& base, const Checkpoint& target,
 // target holds exactly the delta's base version (a target already at the
 // delta's target version is refused, so applying twice is harmless), and
 // that every chunk decodes and fits its tensor. After writing it verifies
-// the target version digest; on any failure it restores the base bits.
+// the target version digest; on any failure it restores the bits the
+// target had.
+//
+// An overwrite-only delta is also accepted by a target that is neither at
+// its base nor at its target, as a repair: overwrites are idempotent, so
+// re-applying one after an apply that crashed midway finishes the job, and
+// the digest check refuses (and undoes) anything else.
+//
+// Not crash-safe on its own: a process killed mid-apply leaves a mix of
+// base and target bits (an overwrite delta repairs it, see above; for an
+// XOR delta restore the file). Memory: the overwritten values of overwrite
+// chunks are kept until verification (for a dense overwrite delta, a
+// second copy of what it covers).
 Result<DeltaStats> ApplyDelta(const std::string& delta_path, Checkpoint* target,
                               ThreadPool* pool,
                               std::function<void(uint64_t)> progress = {});

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -31,7 +32,9 @@ class ThreadPool {
   // Calls body(i, worker) for every i in [0, n), each exactly once, in no
   // particular order, with worker in [0, size()); returns when all calls
   // have returned. Items are handed out one at a time, so uneven items
-  // balance themselves.
+  // balance themselves. If a call throws, items not yet started are
+  // skipped and the first exception is rethrown here once every running
+  // call has returned. Not re-entrant: `body` must not call ParallelFor.
   void ParallelFor(size_t n, const std::function<void(size_t, size_t)>& body);
 
  private:
@@ -49,6 +52,7 @@ class ThreadPool {
   size_t next_ = 0;
   size_t running_ = 0;
   uint64_t generation_ = 0;
+  std::exception_ptr error_;
   bool stop_ = false;
 };
 

@@ -103,6 +103,11 @@ size_t RiceEncode(std::span<const uint32_t> positions, uint32_t k,
 Status RiceDecode(std::span<const std::byte> in, uint32_t k, uint32_t count,
                   uint32_t span_elems, std::vector<uint32_t>* out) {
   if (k > kMaxRiceK) return Status::Corruption("Rice parameter out of range");
+  // Every code takes at least k + 1 bits: refuse counts the section cannot
+  // hold before allocating for them.
+  if (static_cast<uint64_t>(count) * (k + 1) > uint64_t{8} * in.size()) {
+    return Status::Corruption("more positions than the section can hold");
+  }
   out->resize(count);
   uint32_t* dst = out->data();
   const std::byte* base = in.data();
@@ -125,6 +130,10 @@ Status RiceDecode(std::span<const std::byte> in, uint32_t k, uint32_t count,
     } else {
       gap = (word >> kRiceEscape) & 0xffffffffu;
       bitpos += kRiceEscape + 32;
+      // Only gaps that need it are escaped: one encoding per chunk.
+      if ((gap >> k) < kRiceEscape) {
+        return Status::Corruption("escaped a gap that has a Rice code");
+      }
     }
     next += gap;
     if (next >= span_elems) {
@@ -138,6 +147,12 @@ Status RiceDecode(std::span<const std::byte> in, uint32_t k, uint32_t count,
   }
   if (limit_bits - bitpos >= 8) {
     return Status::Corruption("position section has trailing bytes");
+  }
+  if (bitpos < limit_bits) {
+    uint8_t last = static_cast<uint8_t>(base[(limit_bits >> 3) - 1]);
+    if ((last >> (bitpos & 7)) != 0) {
+      return Status::Corruption("position section padding is not zero");
+    }
   }
   return Status::OK();
 }

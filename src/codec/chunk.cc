@@ -166,9 +166,21 @@ struct ChunkEncoder::Impl {
 
   // Writes a whole chunk: header, positions (sparse only), planes of
   // `count` bytes each, checksum. Appends to `out`.
+  // Appends a whole chunk or, on error, nothing.
   Status Write(ChunkKind kind, ChunkEncoding encoding, const ChunkId& id,
                size_t w, uint32_t span_elems, std::span<const uint32_t> pos,
                size_t count, std::vector<std::byte>* out, ChunkSizes* sizes) {
+    size_t start = out->size();
+    Status s =
+        WriteBody(kind, encoding, id, w, span_elems, pos, count, out, sizes);
+    if (!s.ok()) out->resize(start);
+    return s;
+  }
+
+  Status WriteBody(ChunkKind kind, ChunkEncoding encoding, const ChunkId& id,
+                   size_t w, uint32_t span_elems, std::span<const uint32_t> pos,
+                   size_t count, std::vector<std::byte>* out,
+                   ChunkSizes* sizes) {
     size_t start = out->size();
     size_t header = HeaderBytes(w);
     out->resize(start + header, std::byte{0});
@@ -276,6 +288,9 @@ Result<bool> ChunkEncoder::EncodeDiff(ChunkKind kind, ChunkId id,
                                       std::vector<std::byte>* out,
                                       ChunkSizes* sizes) {
   DCR_RETURN_IF_ERROR(CheckSpanArgs(id, elem_size, target.size()));
+  if (kind != ChunkKind::kXor && kind != ChunkKind::kOverwrite) {
+    return Status::InvalidArgument(ChunkName(id) + ": unknown chunk kind");
+  }
   if (base.size() != target.size()) {
     return Status::InvalidArgument(ChunkName(id) +
                                    ": base and target spans differ in size");
@@ -437,6 +452,18 @@ Result<std::unique_ptr<ChunkDecoder>> ChunkDecoder::Create() {
 
 Status ChunkDecoder::Decode(std::span<const std::byte> bytes, DecodedChunk* out,
                             ChunkSizes* sizes) {
+  Status s = DecodeInto(bytes, out, sizes);
+  if (!s.ok()) {
+    // Leave nothing that looks like a chunk behind.
+    out->header = ChunkHeader();
+    out->positions.clear();
+    out->values.clear();
+  }
+  return s;
+}
+
+Status ChunkDecoder::DecodeInto(std::span<const std::byte> bytes,
+                                DecodedChunk* out, ChunkSizes* sizes) {
   DCR_ASSIGN_OR_RETURN(ChunkHeader c, PeekChunkHeader(bytes));
   std::string name = ChunkName(c.id);
   if (bytes.size() != c.total_bytes) {
@@ -505,6 +532,12 @@ Status ChunkDecoder::Decode(std::span<const std::byte> bytes, DecodedChunk* out,
         uint8_t* dst = Reserve(&m.planes[j], count);
         // The destination is exactly `count` bytes: a frame that would
         // expand further (a zstd bomb) fails here instead of allocating.
+        // Exactly one frame, spanning the whole plane.
+        if (ZSTD_findFrameCompressedSize(p, len) != len) {
+          return Status::Corruption(name + ": value plane " +
+                                    std::to_string(j) +
+                                    " is not exactly one zstd frame");
+        }
         size_t r = ZSTD_decompressDCtx(m.dctx.get(), dst, count, p, len);
         if (ZSTD_isError(r) || r != count) {
           return Status::Corruption(
@@ -596,6 +629,17 @@ void SaveOld(const DecodedChunk& c, std::span<const std::byte> span,
 }
 
 Status CheckSpan(const DecodedChunk& c, size_t bytes) {
+  // A DecodedChunk is trusted only as Decode leaves it; check the sizes
+  // the writes below rely on anyway, so a misuse cannot overflow.
+  size_t w = c.header.elem_size;
+  bool dense = c.header.encoding == ChunkEncoding::kDense;
+  size_t count = dense ? c.header.span_elems : c.positions.size();
+  if (!ValidElemSize(w) || c.values.size() != count * w ||
+      (!dense && c.positions.size() != c.header.changed) ||
+      (!c.positions.empty() && c.positions.back() >= c.header.span_elems)) {
+    return Status::Internal(ChunkName(c.header.id) +
+                            ": decoded chunk is inconsistent");
+  }
   if (bytes != static_cast<size_t>(c.header.span_elems) * c.header.elem_size) {
     return Status::InvalidArgument(
         ChunkName(c.header.id) + ": span of " + std::to_string(bytes) +

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "common/bytes.h"
 #include "common/file.h"
@@ -73,6 +74,8 @@ Result<DeltaHeader> DecodeDeltaHeader(std::span<const std::byte> b) {
                                std::to_string(version) +
                                " (this build reads version 1)");
   }
+  // The version decides the layout, so it is read first; a version 1
+  // header ends with its checksum at 128, checked before any other field.
   if (LoadLE<uint64_t>(p + 128) != Hash64(b.first(128))) {
     return Status::Corruption("delta header checksum mismatch");
   }
@@ -199,12 +202,16 @@ DeltaWriter::~DeltaWriter() {
 }
 
 Status DeltaWriter::FlushBuffer() {
+  // A failed write leaves the file in an unknown state: every later call
+  // reports the same error instead of writing more.
+  if (!error_.ok()) return error_;
   size_t done = 0;
   while (done < buffer_.size()) {
     ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Status::FromErrno("cannot write '" + tmp_path_ + "'", errno);
+      error_ = Status::FromErrno("cannot write '" + tmp_path_ + "'", errno);
+      return error_;
     }
     done += static_cast<size_t>(n);
   }
@@ -213,6 +220,7 @@ Status DeltaWriter::FlushBuffer() {
 }
 
 Status DeltaWriter::Append(std::span<const std::byte> chunk) {
+  if (!error_.ok()) return error_;
   buffer_.insert(buffer_.end(), chunk.begin(), chunk.end());
   bytes_ += chunk.size();
   ++chunks_;
@@ -225,9 +233,10 @@ Status DeltaWriter::Finish(DeltaHeader header) {
   DCR_RETURN_IF_ERROR(FlushBuffer());
   header.chunk_count = chunks_;
   std::vector<std::byte> h = EncodeDeltaHeader(header);
-  if (::pwrite(fd_, h.data(), h.size(), 0) != static_cast<ssize_t>(h.size())) {
+  ssize_t n = ::pwrite(fd_, h.data(), h.size(), 0);
+  if (n != static_cast<ssize_t>(h.size())) {
     return Status::FromErrno("cannot write header of '" + tmp_path_ + "'",
-                             errno);
+                             n < 0 ? errno : EIO);
   }
   if (::fsync(fd_) != 0) {
     return Status::FromErrno("cannot fsync '" + tmp_path_ + "'", errno);
@@ -240,6 +249,11 @@ Status DeltaWriter::Finish(DeltaHeader header) {
     ::unlink(tmp_path_.c_str());
     return s;
   }
+  // Make the rename itself durable.
+  std::string dir = std::filesystem::path(path_).parent_path().string();
+  UniqueFd dfd(::open(dir.empty() ? "." : dir.c_str(),
+                      O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.valid()) ::fsync(dfd.get());
   return Status::OK();
 }
 

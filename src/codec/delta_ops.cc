@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
@@ -112,6 +113,17 @@ Result<DeltaStats> WriteDelta(const Checkpoint& base, const Checkpoint& target,
                        }));
   DCR_ASSIGN_OR_RETURN(auto writer, DeltaWriter::Create(path));
 
+  if (m.size() > UINT32_MAX) {
+    return Status::InvalidArgument("too many tensors for 32-bit chunk ids");
+  }
+  for (const TensorInfo& t : m.tensors()) {
+    if (SpanCount(t.NumElements(), options.span_elems) > UINT32_MAX) {
+      return Status::InvalidArgument(fmt::format(
+          "tensor '{}' would have more than 2^32 spans; use a larger "
+          "--span-elems",
+          t.name));
+    }
+  }
   std::vector<SpanRef> spans = EnumerateSpans(m, options.span_elems);
   DeltaStats stats;
   stats.checkpoint_bytes = m.TotalBytes();
@@ -173,12 +185,34 @@ Result<DeltaStats> WriteDelta(const Checkpoint& base, const Checkpoint& target,
 
 namespace {
 
-// Reads every chunk's framing and checks it against the manifest: ids
-// strictly ascending, spans inside their tensors, widths matching dtypes.
-Result<std::vector<std::span<const std::byte>>> IndexChunks(DeltaReader* reader,
-                                                            const Manifest* m) {
+// A chunk's bytes in the mapped delta, with the header and checksum seen
+// when it was validated. The apply pass uses these, not a second reading
+// of the file, to decide where to write: a file changed during the apply
+// cannot steer a write outside the checked span.
+struct IndexedChunk {
+  std::span<const std::byte> bytes;
+  ChunkHeader header;
+  uint64_t checksum = 0;  // the chunk's XXH3-64 trailer
+};
+
+// True iff `bytes` still read as the chunk that was validated.
+bool Unchanged(const IndexedChunk& c, const ChunkHeader& decoded) {
+  return decoded.id == c.header.id && decoded.kind == c.header.kind &&
+         decoded.encoding == c.header.encoding &&
+         decoded.elem_size == c.header.elem_size &&
+         decoded.span_elems == c.header.span_elems &&
+         decoded.changed == c.header.changed &&
+         decoded.total_bytes == c.header.total_bytes &&
+         LoadLE<uint64_t>(c.bytes.data() + c.bytes.size() - 8) == c.checksum;
+}
+
+// Reads every chunk's framing and checks it: ids strictly ascending, spans
+// no longer than the header's span length and, with a manifest, inside
+// their tensors with widths matching dtypes.
+Result<std::vector<IndexedChunk>> IndexChunks(DeltaReader* reader,
+                                              const Manifest* m) {
   const DeltaHeader& h = reader->header();
-  std::vector<std::span<const std::byte>> chunks;
+  std::vector<IndexedChunk> chunks;
   chunks.reserve(h.chunk_count);
   std::optional<ChunkId> prev;
   while (true) {
@@ -196,6 +230,9 @@ Result<std::vector<std::span<const std::byte>>> IndexChunks(DeltaReader* reader,
     if (ch.id.tensor >= h.tensor_count) {
       return Status::Corruption(where + " names a tensor past the manifest");
     }
+    if (ch.span_elems > h.span_elems) {
+      return Status::Corruption(where + " is longer than the delta's spans");
+    }
     if (m != nullptr) {
       const TensorInfo& t = (*m)[ch.id.tensor];
       uint64_t n = t.NumElements();
@@ -211,14 +248,14 @@ Result<std::vector<std::span<const std::byte>>> IndexChunks(DeltaReader* reader,
     if (h.all_overwrite && ch.kind != ChunkKind::kOverwrite) {
       return Status::Corruption(where + " is XOR in an overwrite-only delta");
     }
-    chunks.push_back(c);
+    chunks.push_back(
+        IndexedChunk{c, ch, LoadLE<uint64_t>(c.data() + c.size() - 8)});
   }
   return chunks;
 }
 
-Status DecodeAll(const std::vector<std::span<const std::byte>>& chunks,
-                 ThreadPool* pool, const std::string& path,
-                 std::vector<ChunkSizes>* sizes) {
+Status DecodeAll(const std::vector<IndexedChunk>& chunks, ThreadPool* pool,
+                 const std::string& path, std::vector<ChunkSizes>* sizes) {
   DCR_ASSIGN_OR_RETURN(
       auto decoders, MakePerWorker<ChunkDecoder>(
                          pool->size(), [] { return ChunkDecoder::Create(); }));
@@ -227,7 +264,8 @@ Status DecodeAll(const std::vector<std::span<const std::byte>>& chunks,
   FirstError error;
   pool->ParallelFor(chunks.size(), [&](size_t i, size_t w) {
     if (error.failed()) return;
-    Status s = decoders[w]->Decode(chunks[i], &scratch[w], &per_worker[w]);
+    Status s =
+        decoders[w]->Decode(chunks[i].bytes, &scratch[w], &per_worker[w]);
     if (!s.ok())
       error.Set(s.WithContext(path + ": chunk " + std::to_string(i)));
   });
@@ -253,8 +291,7 @@ Result<DeltaStats> InspectDelta(const std::string& delta_path,
   for (const auto& s : sizes) stats.sizes += s;
   stats.sizes.changed = stats.header.changed_elements;
   for (const auto& c : chunks) {
-    auto h = PeekChunkHeader(c);
-    if (h.ok() && h->encoding == ChunkEncoding::kDense) {
+    if (c.header.encoding == ChunkEncoding::kDense) {
       ++stats.dense_chunks;
     } else {
       ++stats.sparse_chunks;
@@ -285,6 +322,7 @@ Result<DeltaStats> ApplyDelta(const std::string& delta_path, Checkpoint* target,
         m.digest().ShortHex()));
   }
   CheckpointDigests digests = target->ComputeDigests(pool);
+  bool repair = false;
   if (digests.version != h.base.digest) {
     if (digests.version == h.target.digest) {
       return Status::BaseMismatch(fmt::format(
@@ -292,10 +330,20 @@ Result<DeltaStats> ApplyDelta(const std::string& delta_path, Checkpoint* target,
           "the delta was applied already",
           target->path(), h.target.step, h.target.digest.ShortHex()));
     }
-    return Status::BaseMismatch(fmt::format(
-        "'{}' applies to base step {} ({}) but '{}' holds version {}",
-        delta_path, h.base.step, h.base.digest.ShortHex(), target->path(),
-        digests.version.ShortHex()));
+    if (!h.all_overwrite) {
+      return Status::BaseMismatch(fmt::format(
+          "'{}' applies to base step {} ({}) but '{}' holds version {}",
+          delta_path, h.base.step, h.base.digest.ShortHex(), target->path(),
+          digests.version.ShortHex()));
+    }
+    // Overwrites are idempotent: applying them to a target left between
+    // base and target (an apply that crashed) repairs it. The digest check
+    // below decides; on a mismatch the target's bits are restored.
+    repair = true;
+    spdlog::warn(
+        "'{}' is not at the delta's base; applying the overwrite delta as a "
+        "repair and verifying the result",
+        target->path());
   }
   // Validate everything before the first write.
   DCR_ASSIGN_OR_RETURN(auto chunks, IndexChunks(reader.get(), &m));
@@ -309,19 +357,29 @@ Result<DeltaStats> ApplyDelta(const std::string& delta_path, Checkpoint* target,
   // verified; XOR chunks undo by being applied again.
   std::vector<std::vector<std::byte>> undo(chunks.size());
   std::vector<uint8_t> applied(chunks.size(), 0);
-  auto span_of = [&](const ChunkHeader& ch) {
+  // Where chunk i writes: from its validated header only.
+  auto span_of = [&](size_t i) {
+    const ChunkHeader& ch = chunks[i].header;
     uint64_t w = ch.elem_size;
     return target->MutableTensorData(ch.id.tensor)
         .subspan(static_cast<uint64_t>(ch.id.span) * h.span_elems * w,
                  static_cast<uint64_t>(ch.span_elems) * w);
   };
+  // Decodes chunk i again and checks it is still the chunk validated
+  // before the first write (the file could have changed under the map).
+  auto redecode = [&](size_t i, size_t w) -> Status {
+    DCR_RETURN_IF_ERROR(decoders[w]->Decode(chunks[i].bytes, &scratch[w]));
+    if (!Unchanged(chunks[i], scratch[w].header)) {
+      return Status::Aborted(delta_path + " changed while it was applied");
+    }
+    return Status::OK();
+  };
   auto rollback = [&]() -> Status {
     FirstError err;
     pool->ParallelFor(chunks.size(), [&](size_t i, size_t w) {
       if (!applied[i]) return;
-      Status s = decoders[w]->Decode(chunks[i], &scratch[w]);
-      if (s.ok())
-        s = UndoChunk(scratch[w], undo[i], span_of(scratch[w].header));
+      Status s = redecode(i, w);
+      if (s.ok()) s = UndoChunk(scratch[w], undo[i], span_of(i));
       err.Set(s);
     });
     return err.Take();
@@ -329,19 +387,20 @@ Result<DeltaStats> ApplyDelta(const std::string& delta_path, Checkpoint* target,
   FirstError error;
   pool->ParallelFor(chunks.size(), [&](size_t i, size_t w) {
     if (error.failed()) return;
-    DecodedChunk& c = scratch[w];
-    Status s = decoders[w]->Decode(chunks[i], &c);
+    Status s = redecode(i, w);
+    const DecodedChunk& c = scratch[w];
     if (s.ok()) {
       bool keep = c.header.kind == ChunkKind::kOverwrite;
-      s = ApplyChunk(c, span_of(c.header), keep ? &undo[i] : nullptr);
+      s = ApplyChunk(c, span_of(i), keep ? &undo[i] : nullptr);
     }
     if (!s.ok()) {
       error.Set(s.WithContext(delta_path + ": chunk " + std::to_string(i)));
       return;
     }
     applied[i] = 1;
-    if (progress)
+    if (progress) {
       progress(static_cast<uint64_t>(c.header.span_elems) * c.header.elem_size);
+    }
   });
   if (error.failed()) {
     Status undo_status = rollback();
@@ -354,10 +413,7 @@ Result<DeltaStats> ApplyDelta(const std::string& delta_path, Checkpoint* target,
   }
   // Verify: only tensors that chunks touched need rehashing.
   std::vector<uint8_t> touched(m.size(), 0);
-  for (const auto& c : chunks) {
-    auto ch = PeekChunkHeader(c);
-    if (ch.ok()) touched[ch->id.tensor] = 1;
-  }
+  for (const auto& c : chunks) touched[c.header.id.tensor] = 1;
   std::vector<size_t> rehash;
   for (size_t t = 0; t < m.size(); ++t) {
     if (touched[t]) rehash.push_back(t);
@@ -375,7 +431,9 @@ Result<DeltaStats> ApplyDelta(const std::string& delta_path, Checkpoint* target,
       return Status::Internal(
           what + "; restoring the base failed: " + undo_status.ToString());
     }
-    return Status::Corruption(what + "; the base bits were restored");
+    return Status::Corruption(what + (repair
+                                          ? "; the target's bits were restored"
+                                          : "; the base bits were restored"));
   }
   DCR_RETURN_IF_ERROR(target->Flush());
   DeltaStats stats;

@@ -1,6 +1,8 @@
 #include "dcr/thread_pool.h"
 
 #include <algorithm>
+#include <exception>
+#include <utility>
 
 namespace dcr {
 
@@ -28,7 +30,16 @@ void ThreadPool::RunItems(size_t worker) {
     size_t i = next_++;
     const auto* body = body_;
     lock.unlock();
-    (*body)(i, worker);
+    try {
+      (*body)(i, worker);
+    } catch (...) {
+      // Hand the first exception to ParallelFor's caller, after every
+      // worker has left the body; skip the items not started yet.
+      lock.lock();
+      if (!error_) error_ = std::current_exception();
+      next_ = n_;
+      continue;
+    }
     lock.lock();
   }
 }
@@ -55,6 +66,7 @@ void ThreadPool::ParallelFor(size_t n,
     for (size_t i = 0; i < n; ++i) body(i, 0);
     return;
   }
+  std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(mu_);
     body_ = &body;
@@ -69,6 +81,9 @@ void ThreadPool::ParallelFor(size_t n,
   done_cv_.wait(lock, [&] { return running_ == 0; });
   body_ = nullptr;
   n_ = 0;
+  std::swap(error, error_);
+  lock.unlock();
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace dcr

@@ -158,6 +158,24 @@ TEST_F(ChunkTest, SpecialFloatBitPatterns) {
   RoundTrip(b16, t16, 2, ChunkKind::kXor);
 }
 
+// The SIMD scan compares whole elements: a change confined to the high
+// bytes of a 4- or 8-byte element must be found (n >= 64 takes the vector
+// path).
+TEST_F(ChunkTest, ChangesInHighBytesOnlyAreFound) {
+  for (size_t w : {2, 4, 8}) {
+    const size_t n = 256;
+    Bytes base = RandomBytes(n * w, 9);
+    for (size_t byte = 1; byte < w; ++byte) {
+      Bytes target = base;
+      for (size_t i = 3; i < n; i += 5) {
+        target[i * w + byte] ^= std::byte{0x40};
+      }
+      SCOPED_TRACE(testing::Message() << "w=" << w << " byte=" << byte);
+      RoundTrip(base, target, w, ChunkKind::kXor);
+    }
+  }
+}
+
 TEST_F(ChunkTest, DenseChosenWhenEverythingChanges) {
   const size_t n = 1 << 16;
   Bytes base = RandomBytes(n * 2, 1);

@@ -186,6 +186,43 @@ TEST_F(DeltaTest, ApplyingTwiceIsRefusedAndHarmless) {
   EXPECT_EQ(Snapshot(work), after);
 }
 
+// An overwrite delta repairs a target left between base and target (an
+// apply that died midway); an XOR delta refuses such a target.
+TEST_F(DeltaTest, OverwriteDeltaRepairsAMixedTarget) {
+  MakePair(ChunkKind::kOverwrite, false);
+  Model mixed = v0_;
+  mixed.data[0] = v1_.data[0];  // one tensor already at the target
+  mixed.data[2] = v1_.data[2];
+  std::string work = dir_.Path("mixed.safetensors");
+  ASSERT_TRUE(mixed.Write(work).ok());
+  auto r = Apply(delta_, work);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ExpectIdentical(work, target_);
+}
+
+TEST_F(DeltaTest, OverwriteRepairOfAnUnrelatedTargetRestoresIt) {
+  MakePair(ChunkKind::kOverwrite, false);
+  std::string other = dir_.Path("other.safetensors");
+  ASSERT_TRUE(Model(77).Write(other).ok());
+  std::string before = Snapshot(other);
+  auto r = Apply(delta_, other);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("restored"), std::string::npos);
+  EXPECT_EQ(Snapshot(other), before);
+}
+
+TEST_F(DeltaTest, XorDeltaRefusesAMixedTarget) {
+  MakePair(ChunkKind::kXor, false);
+  Model mixed = v0_;
+  mixed.data[0] = v1_.data[0];
+  std::string work = dir_.Path("mixed.safetensors");
+  ASSERT_TRUE(mixed.Write(work).ok());
+  std::string before = Snapshot(work);
+  EXPECT_TRUE(Apply(delta_, work).status().IsBaseMismatch());
+  EXPECT_EQ(Snapshot(work), before);
+}
+
 TEST_F(DeltaTest, WrongBaseIsRefused) {
   MakePair(ChunkKind::kXor, false);
   std::string other = dir_.Path("other.safetensors");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <vector>
 
 namespace dcr {
@@ -31,6 +32,26 @@ TEST(ThreadPoolTest, ReusableManyTimes) {
     pool.ParallelFor(10, [&](size_t i, size_t) { sum += i; });
   }
   EXPECT_EQ(sum.load(), 200u * 45u);
+}
+
+TEST(ThreadPoolTest, ExceptionIsRethrownAfterEveryWorkerLeft) {
+  ThreadPool pool(3);
+  std::atomic<int> running{0};
+  std::atomic<int> max_after{0};
+  EXPECT_THROW(pool.ParallelFor(1000,
+                                [&](size_t i, size_t) {
+                                  ++running;
+                                  if (i == 10) throw std::runtime_error("x");
+                                  --running;
+                                }),
+               std::runtime_error);
+  // Only the throwing call is unaccounted for: no body is still running.
+  EXPECT_EQ(running.load(), 1);
+  // The pool is usable afterwards.
+  std::atomic<int> count{0};
+  pool.ParallelFor(50, [&](size_t, size_t) { ++count; });
+  EXPECT_EQ(count.load(), 50);
+  (void)max_after;
 }
 
 }  // namespace
