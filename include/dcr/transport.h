@@ -1,0 +1,196 @@
+// Transports: message links that carry frames (dcr/wire.h) between nodes.
+//
+// The relay and the coordinator reach the network only through this
+// interface. Backends: "tcp" (Asio), "fake" (in-process, deterministic, with
+// fault hooks: src/transport/fake_transport.h), and later "ucx". Create one
+// with CreateTransport().
+//
+// Threading. A Transport owns one event thread. Every LinkHandler callback
+// and every function given to Post() runs on it, one at a time, so a
+// handler needs no locking against other callbacks of the same transport.
+// Callbacks must not block: hand long work to a worker pool and come back
+// with Post().
+//
+// Thread safety: Link::Send, Link::Close, Link::CloseAfterFlush,
+// Link::PauseReading, Link::ResumeReading, Link::QueuedBytes, Link::stats
+// and Link::peer may be called from any thread; the actions are posted to
+// the event thread. Transport::Post, Connect, AsyncConnect and Stop may be
+// called from any thread, except that Connect and Stop must not be called
+// from the event thread (Connect would wait on itself; use AsyncConnect).
+// Listen is called from one thread before links are expected.
+//
+// Ownership. Links are reference counted: a link lives while the
+// application or an operation in flight holds it. Handlers are shared with
+// every link they serve and released when the link is closed.
+#ifndef DCR_TRANSPORT_H_
+#define DCR_TRANSPORT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "dcr/status.h"
+#include "dcr/wire.h"
+
+namespace dcr {
+
+class FakeNetwork;  // src/transport/fake_transport.h
+
+// Counters of one link, updated as bytes move.
+struct LinkStats {
+  uint64_t frames_sent = 0;  // frames fully handed to the OS / peer
+  uint64_t bytes_sent = 0;
+  uint64_t frames_received = 0;  // frames delivered to OnFrame
+  uint64_t bytes_received = 0;   // raw bytes read, partial frames included
+};
+
+// One bidirectional frame link to one peer.
+class Link : public std::enable_shared_from_this<Link> {
+ public:
+  virtual ~Link() = default;
+
+  // Queues `frame` (an encoded frame, see EncodeFrame) behind the frames
+  // sent before it and returns at once; it never blocks. Frames sent from
+  // one thread are written in that order; the buffer is shared, not copied.
+  // After the link closed, frames are discarded (OnClosed says why).
+  virtual void Send(FrameBuffer frame) = 0;
+
+  // Bytes accepted by Send and not yet written (the write in flight
+  // included). Callers bound their forward windows with it; OnDrained
+  // tells when it falls again.
+  virtual size_t QueuedBytes() const = 0;
+
+  // Closes the link now; queued frames are discarded. OnClosed follows with
+  // an OK status. Idempotent.
+  virtual void Close() = 0;
+  // Stops accepting Send, writes what is queued, then closes (OnClosed with
+  // an OK status). Frames arriving meanwhile are still delivered.
+  virtual void CloseAfterFlush() = 0;
+
+  // Stops delivering frames (and reading from the peer, which then sees
+  // backpressure) until ResumeReading. A frame already decoded waits. A
+  // paused TCP link notices the peer closing only once it reads again.
+  virtual void PauseReading() = 0;
+  virtual void ResumeReading() = 0;
+
+  // The peer for messages: "host:port" for a connected link, the remote
+  // address (or the fake endpoint name) for an accepted one.
+  virtual const std::string& peer() const = 0;
+  // Unique among the links of one transport; for logs and maps.
+  virtual uint64_t id() const = 0;
+  virtual LinkStats stats() const = 0;
+};
+
+// Callbacks of one listener or one connection. All run on the transport's
+// event thread.
+class LinkHandler {
+ public:
+  virtual ~LinkHandler() = default;
+
+  // Once per link, before its first OnFrame. Keep
+  // link.shared_from_this() to send on it later.
+  virtual void OnOpen(Link& link) { (void)link; }
+
+  // A validated frame (checksum, bounds and, with a key, its tag). `frame`
+  // views into `buffer`; keep `buffer` (not `frame`) beyond the call, and
+  // pass it to other links' Send to forward the frame verbatim.
+  virtual void OnFrame(Link& link, const Frame& frame,
+                       const FrameBuffer& buffer) = 0;
+
+  // Exactly once per link that was opened; no callback for the link
+  // follows. `why`:
+  //   OK          closed by this side (Close, CloseAfterFlush, Stop);
+  //   IOError     the peer closed, the connection failed, or (fake) the link
+  //               was cut; the message names the peer;
+  //   Corruption  the peer sent bytes that failed frame validation;
+  //   ResourceExhausted  the send queue passed max_queued_bytes.
+  virtual void OnClosed(Link& link, const Status& why) = 0;
+
+  // QueuedBytes() fell to low_watermark or below after it had reached
+  // high_watermark.
+  virtual void OnDrained(Link& link) { (void)link; }
+};
+
+struct TransportOptions {
+  // Names this endpoint in logs and, for the fake backend, in its network.
+  std::string name = "dcr";
+  // Frame bounds and authentication for every link of the transport.
+  FrameOptions frames;
+  // Backpressure hysteresis for LinkHandler::OnDrained.
+  size_t high_watermark = 16u << 20;
+  size_t low_watermark = 4u << 20;
+  // 0: unbounded. Otherwise a Send that would queue more closes the link
+  // with ResourceExhausted: a last guard; callers bound their windows.
+  size_t max_queued_bytes = 0;
+  // TCP: the reused read buffer, and SO_SNDBUF/SO_RCVBUF (the kernel may
+  // clamp them).
+  size_t read_buffer_bytes = 256u << 10;
+  int socket_buffer_bytes = 4 << 20;
+  // Most buffers gathered into one write.
+  size_t max_write_gather = 64;
+  // The network the "fake" backend joins; required for that kind.
+  std::shared_ptr<FakeNetwork> fake_network;
+};
+
+struct TransportCapabilities {
+  bool network = false;          // reaches other processes and hosts
+  bool fault_injection = false;  // has test hooks (the fake backend)
+  bool rdma = false;             // zero-copy remote memory (UCX)
+};
+
+using ConnectCallback = std::function<void(Result<std::shared_ptr<Link>>)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // "tcp", "fake", ...
+  virtual std::string_view kind() const = 0;
+  virtual TransportCapabilities capabilities() const = 0;
+
+  // Accepts links on host:port (port 0: an ephemeral port, see BoundPort);
+  // each accepted link is served by `handler`. One listener per transport.
+  [[nodiscard]] virtual Status Listen(std::string_view host, uint16_t port,
+                                      std::shared_ptr<LinkHandler> handler) = 0;
+  // The port Listen bound; 0 before Listen.
+  virtual uint16_t BoundPort() const = 0;
+
+  // Opens a link to host:port served by `handler`, waiting up to `timeout`.
+  // The error names host:port. Not from the event thread.
+  virtual Result<std::shared_ptr<Link>> Connect(
+      std::string_view host, uint16_t port,
+      std::shared_ptr<LinkHandler> handler,
+      std::chrono::milliseconds timeout) = 0;
+  // As Connect, but returns at once; `done` runs exactly once, on the event
+  // thread (with Aborted if the transport stops first), or at once on the
+  // calling thread if the transport has already stopped.
+  virtual void AsyncConnect(std::string_view host, uint16_t port,
+                            std::shared_ptr<LinkHandler> handler,
+                            std::chrono::milliseconds timeout,
+                            ConnectCallback done) = 0;
+
+  // Runs `fn` on the event thread. Returns false (and drops `fn`) once
+  // Stop has begun.
+  virtual bool Post(std::function<void()> fn) = 0;
+  // True iff called from this transport's event thread.
+  virtual bool InEventThread() const = 0;
+
+  // Closes the listener and every link (OnClosed with OK), cancels pending
+  // connects, and waits for the event thread to finish. Idempotent; the
+  // destructor calls it.
+  virtual void Stop() = 0;
+};
+
+// Creates a transport of `kind`: "tcp", or "fake" (needs
+// options.fake_network). "ucx" is reserved; a build without it answers
+// Unsupported. InvalidArgument for an unknown kind.
+Result<std::unique_ptr<Transport>> CreateTransport(
+    std::string_view kind, const TransportOptions& options);
+
+}  // namespace dcr
+
+#endif  // DCR_TRANSPORT_H_

@@ -1,0 +1,619 @@
+// The in-process fake transport (contract in transport/fake_transport.h).
+//
+// Each link end keeps the frames its side sent in a queue; a "pump" step on
+// the network's event thread takes one frame, applies the direction's
+// faults and feeds the bytes to the other end's FrameDecoder, which calls
+// that end's handler. Everything below runs on the event thread unless a
+// comment says otherwise.
+#include "transport/fake_transport.h"
+
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <atomic>
+#include <deque>
+#include <future>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "transport/event_loop.h"
+
+namespace dcr {
+namespace fake_internal {
+
+using Clock = std::chrono::steady_clock;
+using transport_internal::EventLoop;
+
+class FakeLink;
+
+struct Direction {
+  FakeFaults faults;
+  bool paused = false;
+  // Counts since SetFaults, for the Nth-frame and N-byte faults.
+  uint64_t frames_taken = 0;
+  uint64_t frames_delivered = 0;
+  uint64_t bytes_delivered = 0;
+  FakeDirectionStats stats;
+};
+
+// One transport's endpoint.
+struct Endpoint {
+  Endpoint(std::string n, const TransportOptions& o)
+      : name(std::move(n)), options(o) {}
+
+  const std::string name;
+  const TransportOptions options;
+  std::atomic<bool> stopped{false};
+  std::atomic<uint16_t> bound_port{0};
+  uint64_t next_link_id = 1;
+  std::string listen_address;
+  std::shared_ptr<LinkHandler> listen_handler;
+  std::set<std::shared_ptr<FakeLink>> links;
+};
+
+// The network: the loop is declared first so it outlives the rest.
+struct Core {
+  Core() : loop("dcr-fake") {}
+
+  Direction& Dir(const std::string& from, const std::string& to) {
+    return directions[{from, to}];
+  }
+
+  EventLoop loop;
+  std::map<std::pair<std::string, std::string>, Direction> directions;
+  std::map<std::string, std::weak_ptr<Endpoint>> endpoints;  // by name
+  std::map<std::string, std::weak_ptr<Endpoint>> listeners;  // by address
+  std::vector<std::weak_ptr<FakeLink>> links;
+  uint16_t next_port = 40000;
+};
+
+class FakeLink final : public Link {
+ public:
+  FakeLink(std::shared_ptr<Core> core, std::shared_ptr<Endpoint> endpoint,
+           std::string remote_name, std::string peer,
+           std::shared_ptr<LinkHandler> handler)
+      : core_(std::move(core)),
+        endpoint_(std::move(endpoint)),
+        remote_name_(std::move(remote_name)),
+        peer_(std::move(peer)),
+        id_(endpoint_->next_link_id++),
+        handler_(std::move(handler)),
+        decoder_(endpoint_->options.frames),
+        timer_(core_->loop.io()) {}
+
+  void Pair(const std::shared_ptr<FakeLink>& remote) { remote_ = remote; }
+
+  void Open() {
+    auto self = Self();
+    endpoint_->links.insert(self);
+    std::erase_if(core_->links, [](const auto& w) { return w.expired(); });
+    core_->links.push_back(self);
+    handler_->OnOpen(*this);
+  }
+
+  const std::string& local_name() const { return endpoint_->name; }
+  const std::string& remote_name() const { return remote_name_; }
+
+  // Any thread.
+  void Send(FrameBuffer frame) override {
+    if (!frame || frame->empty()) return;
+    const size_t size = frame->size();
+    queued_ += size;
+    if (core_->loop.InThread()) {
+      DoSend(std::move(frame));
+      return;
+    }
+    auto self = Self();
+    if (!core_->loop.Post([self, f = std::move(frame)]() mutable {
+          self->DoSend(std::move(f));
+        })) {
+      queued_ -= size;
+    }
+  }
+
+  size_t QueuedBytes() const override { return queued_.load(); }
+
+  void Close() override {
+    if (core_->loop.InThread()) closing_ = true;
+    auto self = Self();
+    core_->loop.Post([self] { self->DoClose(Status::OK()); });
+  }
+
+  void CloseAfterFlush() override {
+    auto self = Self();
+    core_->loop.Post([self] {
+      if (self->closed_) return;
+      self->flush_close_ = true;
+      if (self->out_.empty()) self->DoClose(Status::OK());
+    });
+  }
+
+  void PauseReading() override {
+    if (core_->loop.InThread()) {
+      read_paused_ = true;
+      return;
+    }
+    auto self = Self();
+    core_->loop.Post([self] { self->read_paused_ = true; });
+  }
+
+  void ResumeReading() override {
+    auto self = Self();
+    core_->loop.Post([self] {
+      if (!self->read_paused_) return;
+      self->read_paused_ = false;
+      self->Deliver();
+      if (auto remote = self->remote_.lock()) remote->SchedulePump();
+    });
+  }
+
+  const std::string& peer() const override { return peer_; }
+  uint64_t id() const override { return id_; }
+  LinkStats stats() const override {
+    return LinkStats{frames_sent_.load(), bytes_sent_.load(),
+                     frames_received_.load(), bytes_received_.load()};
+  }
+
+  void DoClose(Status why) {
+    if (closed_) return;
+    closed_ = closing_ = true;
+    auto self = Self();
+    timer_.cancel();
+    size_t dropped = 0;
+    for (const Pending& p : out_) dropped += p.frame->size();
+    queued_ -= dropped;
+    out_.clear();
+    endpoint_->links.erase(self);
+    std::shared_ptr<FakeLink> remote = remote_.lock();
+    remote_.reset();
+    std::shared_ptr<LinkHandler> handler = std::move(handler_);
+    handler->OnClosed(*this, why);
+    if (remote && !remote->closed_) {
+      // The peer learns of it a turn later, as over a network.
+      std::string msg = "peer " + local_name() + " closed the link";
+      asio::post(core_->loop.io(),
+                 [remote, msg] { remote->DoClose(Status::IOError(msg)); });
+    }
+  }
+
+  void SchedulePump() {
+    if (pump_posted_ || closed_) return;
+    pump_posted_ = true;
+    asio::post(core_->loop.io(), [self = Self()] {
+      self->pump_posted_ = false;
+      self->PumpOne();
+    });
+  }
+
+ private:
+  struct Pending {
+    FrameBuffer frame;
+    Clock::time_point due;
+  };
+
+  std::shared_ptr<FakeLink> Self() {
+    return std::static_pointer_cast<FakeLink>(shared_from_this());
+  }
+
+  void DoSend(FrameBuffer frame) {
+    const size_t size = frame->size();
+    if (closing_ || flush_close_) {
+      queued_ -= size;
+      return;
+    }
+    const TransportOptions& o = endpoint_->options;
+    if (o.max_queued_bytes != 0 && queued_.load() > o.max_queued_bytes) {
+      queued_ -= size;
+      DoClose(Status::ResourceExhausted(
+          "send queue to " + peer_ + " exceeded " +
+          std::to_string(o.max_queued_bytes) + " bytes"));
+      return;
+    }
+    const Direction& dir = core_->Dir(local_name(), remote_name_);
+    out_.push_back(Pending{std::move(frame), Clock::now() + dir.faults.delay});
+    if (queued_.load() >= o.high_watermark) above_high_ = true;
+    SchedulePump();
+  }
+
+  // Delivers bytes that arrived from the peer.
+  void Receive(std::span<const std::byte> bytes) {
+    if (closing_) return;
+    bytes_received_ += bytes.size();
+    decoder_.Feed(bytes);
+    Deliver();
+  }
+
+  void Deliver() {
+    while (!closing_ && !read_paused_) {
+      Result<std::optional<DecodedFrame>> next = decoder_.Next();
+      if (!next.ok()) {
+        DoClose(next.status().WithContext("frame from " + peer_));
+        return;
+      }
+      if (!next->has_value()) return;
+      ++frames_received_;
+      const DecodedFrame& f = **next;
+      handler_->OnFrame(*this, f.frame, f.buffer);
+    }
+  }
+
+  // Cuts the link: both ends close with `why`.
+  void Cut(Direction& dir, const Status& why) {
+    ++dir.stats.cuts;
+    if (std::shared_ptr<FakeLink> remote = remote_.lock()) {
+      remote->DoClose(why);
+    }
+    DoClose(why);
+  }
+
+  bool CutByFrames(Direction& dir) {
+    FakeFaults& f = dir.faults;
+    if (!f.cut_after_frames || dir.frames_delivered < *f.cut_after_frames) {
+      return false;
+    }
+    Status why = Status::IOError(
+        "fake link " + local_name() + " -> " + remote_name_ + " cut after " +
+        std::to_string(*f.cut_after_frames) + " frames");
+    f.cut_after_frames.reset();
+    Cut(dir, why);
+    return true;
+  }
+
+  // One delivery step: takes the next frame the peer can take, applies the
+  // faults, and hands the bytes over.
+  void PumpOne() {
+    if (closed_ || out_.empty()) return;
+    std::shared_ptr<FakeLink> remote = remote_.lock();
+    if (!remote || remote->closing_) return;
+    Direction& dir = core_->Dir(local_name(), remote_name_);
+    if (dir.paused || remote->read_paused_) return;  // Resume pumps again
+    if (out_.front().due > Clock::now()) {
+      ArmTimer(out_.front().due);
+      return;
+    }
+    if (CutByFrames(dir)) return;
+    FrameBuffer frame = std::move(out_.front().frame);
+    out_.pop_front();
+    const size_t size = frame->size();
+    queued_ -= size;
+    ++frames_sent_;
+    bytes_sent_ += size;
+    ++dir.stats.frames_sent;
+    const uint64_t n = ++dir.frames_taken;
+    FakeFaults& f = dir.faults;
+    if (f.drop_frame && *f.drop_frame == n) {
+      f.drop_frame.reset();
+      ++dir.stats.frames_dropped;
+      AfterSend();
+      return;
+    }
+    std::span<const std::byte> bytes(*frame);
+    std::vector<std::byte> corrupted;
+    if (f.corrupt_frame && *f.corrupt_frame == n) {
+      f.corrupt_frame.reset();
+      corrupted.assign(frame->begin(), frame->end());
+      corrupted[f.corrupt_offset % size] ^= std::byte{f.corrupt_mask};
+      bytes = corrupted;
+      ++dir.stats.frames_corrupted;
+    }
+    std::optional<Status> cut;
+    if (f.cut_after_bytes) {
+      const uint64_t left = *f.cut_after_bytes -
+                            std::min(dir.bytes_delivered, *f.cut_after_bytes);
+      if (bytes.size() >= left) {
+        bytes = bytes.first(left);
+        cut = Status::IOError("fake link " + local_name() + " -> " +
+                              remote_name_ + " cut after " +
+                              std::to_string(*f.cut_after_bytes) + " bytes");
+        f.cut_after_bytes.reset();
+      }
+    }
+    dir.bytes_delivered += bytes.size();
+    dir.stats.bytes_delivered += bytes.size();
+    if (bytes.size() == size) {
+      ++dir.frames_delivered;
+      ++dir.stats.frames_delivered;
+    }
+    if (!bytes.empty()) remote->Receive(bytes);  // runs the peer's handler
+    if (cut) {
+      Cut(dir, *cut);
+      return;
+    }
+    if (closed_ || CutByFrames(dir)) return;
+    AfterSend();
+  }
+
+  void AfterSend() {
+    if (closed_) return;
+    if (above_high_ && queued_.load() <= endpoint_->options.low_watermark) {
+      above_high_ = false;
+      handler_->OnDrained(*this);
+      if (closed_) return;
+    }
+    if (flush_close_ && out_.empty()) {
+      DoClose(Status::OK());
+      return;
+    }
+    SchedulePump();
+  }
+
+  void ArmTimer(Clock::time_point due) {
+    if (timer_armed_) return;
+    timer_armed_ = true;
+    timer_.expires_at(due);
+    timer_.async_wait([self = Self()](const asio::error_code& ec) {
+      self->timer_armed_ = false;
+      if (!ec) self->SchedulePump();
+    });
+  }
+
+  const std::shared_ptr<Core> core_;
+  const std::shared_ptr<Endpoint> endpoint_;
+  const std::string remote_name_;
+  const std::string peer_;
+  const uint64_t id_;
+  std::weak_ptr<FakeLink> remote_;
+  std::shared_ptr<LinkHandler> handler_;  // reset once closed
+  FrameDecoder decoder_;
+  asio::steady_timer timer_;
+  std::deque<Pending> out_;
+  bool pump_posted_ = false;
+  bool timer_armed_ = false;
+  bool read_paused_ = false;
+  bool closing_ = false;
+  bool closed_ = false;
+  bool flush_close_ = false;
+  bool above_high_ = false;
+
+  std::atomic<size_t> queued_{0};
+  std::atomic<uint64_t> frames_sent_{0}, bytes_sent_{0};
+  std::atomic<uint64_t> frames_received_{0}, bytes_received_{0};
+};
+
+// Closes `endpoint`'s listener and links.
+void CloseEndpoint(Core& core, Endpoint& endpoint) {
+  if (!endpoint.listen_address.empty()) {
+    core.listeners.erase(endpoint.listen_address);
+  }
+  endpoint.listen_handler.reset();
+  auto links = endpoint.links;
+  for (const auto& link : links) link->DoClose(Status::OK());
+}
+
+class FakeTransport final : public Transport {
+ public:
+  FakeTransport(std::shared_ptr<Core> core, std::shared_ptr<Endpoint> ep)
+      : core_(std::move(core)), ep_(std::move(ep)) {}
+  ~FakeTransport() override { Stop(); }
+
+  std::string_view kind() const override { return "fake"; }
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities c;
+    c.fault_injection = true;
+    return c;
+  }
+
+  Status Listen(std::string_view host, uint16_t port,
+                std::shared_ptr<LinkHandler> handler) override {
+    if (!handler) return Status::InvalidArgument("listen: no LinkHandler");
+    Status result = Status::Aborted("listen: transport stopped");
+    std::string h(host);
+    core_->loop.RunSync([&] {
+      if (ep_->stopped) return;
+      if (ep_->listen_handler) {
+        result = Status::InvalidArgument("listen on " + h +
+                                         ": already "
+                                         "listening on " +
+                                         ep_->listen_address);
+        return;
+      }
+      uint16_t p = port;
+      if (p == 0) {
+        do {
+          p = core_->next_port++;
+        } while (!core_->listeners[h + ":" + std::to_string(p)].expired());
+      }
+      const std::string address = h + ":" + std::to_string(p);
+      if (!core_->listeners[address].expired()) {
+        result = Status::IOError("listen on " + address +
+                                 ": address already in use");
+        return;
+      }
+      core_->listeners[address] = ep_;
+      ep_->listen_address = address;
+      ep_->listen_handler = std::move(handler);
+      ep_->bound_port = p;
+      result = Status::OK();
+    });
+    return result;
+  }
+
+  uint16_t BoundPort() const override { return ep_->bound_port.load(); }
+
+  Result<std::shared_ptr<Link>> Connect(
+      std::string_view host, uint16_t port,
+      std::shared_ptr<LinkHandler> handler,
+      std::chrono::milliseconds timeout) override {
+    if (InEventThread()) {
+      return Status::InvalidArgument(
+          "Transport::Connect called on the event thread; use AsyncConnect");
+    }
+    auto promise =
+        std::make_shared<std::promise<Result<std::shared_ptr<Link>>>>();
+    auto future = promise->get_future();
+    AsyncConnect(host, port, std::move(handler), timeout,
+                 [promise](Result<std::shared_ptr<Link>> r) {
+                   promise->set_value(std::move(r));
+                 });
+    return future.get();
+  }
+
+  // The fake connects at once or is refused; `timeout` is not needed.
+  void AsyncConnect(std::string_view host, uint16_t port,
+                    std::shared_ptr<LinkHandler> handler,
+                    std::chrono::milliseconds /*timeout*/,
+                    ConnectCallback done) override {
+    if (!handler) {
+      done(Status::InvalidArgument("connect: no LinkHandler"));
+      return;
+    }
+    const std::string address = std::string(host) + ":" + std::to_string(port);
+    auto core = core_;
+    auto ep = ep_;
+    auto shared_done = std::make_shared<ConnectCallback>(std::move(done));
+    bool posted = core_->loop.Post([core, ep, address, handler, shared_done] {
+      ConnectCallback cb = std::move(*shared_done);
+      if (ep->stopped) {
+        cb(Status::Aborted("connect to " + address + ": transport stopped"));
+        return;
+      }
+      auto it = core->listeners.find(address);
+      std::shared_ptr<Endpoint> server =
+          it == core->listeners.end() ? nullptr : it->second.lock();
+      if (!server || server->stopped || !server->listen_handler) {
+        cb(Status::IOError("connect to " + address +
+                           ": connection refused (no fake listener)"));
+        return;
+      }
+      auto client_link =
+          std::make_shared<FakeLink>(core, ep, server->name, address, handler);
+      auto server_link = std::make_shared<FakeLink>(
+          core, server, ep->name, ep->name, server->listen_handler);
+      client_link->Pair(server_link);
+      server_link->Pair(client_link);
+      server_link->Open();
+      client_link->Open();
+      cb(std::shared_ptr<Link>(std::move(client_link)));
+    });
+    if (!posted) {
+      ConnectCallback cb = std::move(*shared_done);
+      cb(Status::Aborted("connect to " + address + ": transport stopped"));
+    }
+  }
+
+  bool Post(std::function<void()> fn) override {
+    if (ep_->stopped) return false;
+    auto ep = ep_;
+    return core_->loop.Post([ep, f = std::move(fn)] {
+      if (!ep->stopped) f();
+    });
+  }
+
+  bool InEventThread() const override { return core_->loop.InThread(); }
+
+  void Stop() override {
+    if (ep_->stopped.exchange(true)) return;
+    auto core = core_;
+    auto ep = ep_;
+    // Refused once the network is shutting down; its closer does this.
+    core_->loop.RunSync([core, ep] {
+      CloseEndpoint(*core, *ep);
+      auto it = core->endpoints.find(ep->name);
+      if (it != core->endpoints.end() && it->second.lock() == ep) {
+        core->endpoints.erase(it);
+      }
+    });
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::shared_ptr<Endpoint> ep_;
+};
+
+}  // namespace fake_internal
+
+using fake_internal::Core;
+using fake_internal::Endpoint;
+
+FakeNetwork::FakeNetwork() : core_(std::make_shared<Core>()) {}
+
+std::shared_ptr<FakeNetwork> FakeNetwork::Create() {
+  return std::shared_ptr<FakeNetwork>(new FakeNetwork());
+}
+
+FakeNetwork::~FakeNetwork() {
+  auto core = core_;
+  core_->loop.Shutdown([core] {
+    for (auto& [name, weak] : core->endpoints) {
+      if (auto ep = weak.lock()) {
+        ep->stopped = true;
+        fake_internal::CloseEndpoint(*core, *ep);
+      }
+    }
+    core->endpoints.clear();
+    core->listeners.clear();
+  });
+}
+
+Result<std::unique_ptr<Transport>> FakeNetwork::CreateTransport(
+    const TransportOptions& options) {
+  if (options.name.empty()) {
+    return Status::InvalidArgument("a fake transport needs options.name");
+  }
+  if (options.low_watermark > options.high_watermark) {
+    return Status::InvalidArgument(
+        "transport low_watermark is above high_watermark");
+  }
+  // The endpoint must not keep the network alive (it is destroyed from the
+  // network's own thread otherwise).
+  TransportOptions own = options;
+  own.fake_network.reset();
+  auto ep = std::make_shared<Endpoint>(options.name, own);
+  Status result = Status::Aborted("fake network is shut down");
+  core_->loop.RunSync([&] {
+    std::weak_ptr<Endpoint>& slot = core_->endpoints[options.name];
+    if (!slot.expired()) {
+      result = Status::InvalidArgument("fake endpoint name '" + options.name +
+                                       "' is in use");
+      return;
+    }
+    slot = ep;
+    result = Status::OK();
+  });
+  DCR_RETURN_IF_ERROR(result);
+  return std::unique_ptr<Transport>(
+      std::make_unique<fake_internal::FakeTransport>(core_, ep));
+}
+
+void FakeNetwork::SetFaults(std::string_view from, std::string_view to,
+                            const FakeFaults& faults) {
+  core_->loop.RunSync([&] {
+    fake_internal::Direction& dir =
+        core_->Dir(std::string(from), std::string(to));
+    dir.faults = faults;
+    dir.frames_taken = dir.frames_delivered = dir.bytes_delivered = 0;
+  });
+}
+
+void FakeNetwork::Pause(std::string_view from, std::string_view to) {
+  core_->loop.RunSync(
+      [&] { core_->Dir(std::string(from), std::string(to)).paused = true; });
+}
+
+void FakeNetwork::Resume(std::string_view from, std::string_view to) {
+  core_->loop.RunSync([&] {
+    core_->Dir(std::string(from), std::string(to)).paused = false;
+    for (const auto& weak : core_->links) {
+      auto link = weak.lock();
+      if (link && link->local_name() == from && link->remote_name() == to) {
+        link->SchedulePump();
+      }
+    }
+  });
+}
+
+FakeDirectionStats FakeNetwork::Stats(std::string_view from,
+                                      std::string_view to) const {
+  FakeDirectionStats stats;
+  core_->loop.RunSync(
+      [&] { stats = core_->Dir(std::string(from), std::string(to)).stats; });
+  return stats;
+}
+
+void FakeNetwork::Sync() const {
+  core_->loop.RunSync([] {});
+}
+
+}  // namespace dcr

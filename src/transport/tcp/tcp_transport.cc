@@ -1,0 +1,596 @@
+// TCP links on Asio: one io_context thread, a session object per socket
+// that holds itself alive through the handlers in flight (as in the Asio
+// chat and http server examples), one gathered write in flight per socket.
+#include "transport/tcp/tcp_transport.h"
+
+#include <spdlog/spdlog.h>
+
+#include <asio/connect.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/write.hpp>
+#include <atomic>
+#include <deque>
+#include <future>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "transport/event_loop.h"
+
+namespace dcr {
+namespace {
+
+using asio::ip::tcp;
+using transport_internal::EventLoop;
+
+std::string HostPort(std::string_view host, uint16_t port) {
+  if (host.find(':') != std::string_view::npos) {  // IPv6 literal
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+std::string EndpointName(const tcp::endpoint& ep) {
+  return HostPort(ep.address().to_string(), ep.port());
+}
+
+class TcpLink;
+struct PendingConnect;
+
+// State shared by the transport and its links. The loop is declared first
+// so the io_context outlives every socket below it. Fields after `loop`
+// are touched only on the event thread.
+struct TcpShared {
+  explicit TcpShared(const TransportOptions& o)
+      : options(WithoutFakeNetwork(o)), loop("dcr-tcp-" + o.name) {}
+
+  static TransportOptions WithoutFakeNetwork(TransportOptions o) {
+    o.fake_network.reset();
+    return o;
+  }
+
+  const TransportOptions options;
+  EventLoop loop;
+  std::atomic<uint64_t> next_link_id{1};
+  std::atomic<uint16_t> bound_port{0};
+
+  bool stopping = false;
+  std::unique_ptr<tcp::acceptor> acceptor;
+  std::unique_ptr<asio::steady_timer> accept_retry;
+  std::string listen_address;
+  std::shared_ptr<LinkHandler> listen_handler;
+  std::unordered_set<std::shared_ptr<TcpLink>> links;
+  std::unordered_set<std::shared_ptr<PendingConnect>> connects;
+};
+
+void ConfigureSocket(tcp::socket& s, const TransportOptions& o) {
+  asio::error_code ignored;  // the kernel may clamp or refuse; not fatal
+  s.set_option(tcp::no_delay(true), ignored);
+  s.set_option(asio::socket_base::keep_alive(true), ignored);
+  if (o.socket_buffer_bytes > 0) {
+    s.set_option(asio::socket_base::send_buffer_size(o.socket_buffer_bytes),
+                 ignored);
+    s.set_option(asio::socket_base::receive_buffer_size(o.socket_buffer_bytes),
+                 ignored);
+  }
+}
+
+class TcpLink final : public Link {
+ public:
+  TcpLink(std::shared_ptr<TcpShared> shared, tcp::socket socket,
+          std::string peer, std::shared_ptr<LinkHandler> handler)
+      : shared_(std::move(shared)),
+        socket_(std::move(socket)),
+        peer_(std::move(peer)),
+        id_(shared_->next_link_id++),
+        handler_(std::move(handler)),
+        decoder_(shared_->options.frames),
+        read_buf_(std::max<size_t>(shared_->options.read_buffer_bytes, 4096)) {}
+
+  // Event thread: registers the link, announces it and starts reading.
+  void Start() {
+    shared_->links.insert(Self());
+    handler_->OnOpen(*this);
+    Deliver();
+  }
+
+  void Send(FrameBuffer frame) override {
+    if (!frame || frame->empty()) return;
+    const size_t size = frame->size();
+    queued_ += size;
+    if (shared_->loop.InThread()) {
+      DoSend(std::move(frame));
+      return;
+    }
+    auto self = Self();
+    if (!shared_->loop.Post([self, f = std::move(frame)]() mutable {
+          self->DoSend(std::move(f));
+        })) {
+      queued_ -= size;
+    }
+  }
+
+  size_t QueuedBytes() const override { return queued_.load(); }
+
+  void Close() override {
+    if (shared_->loop.InThread()) closing_ = true;  // no OnFrame after this
+    auto self = Self();
+    shared_->loop.Post([self] { self->DoClose(Status::OK()); });
+  }
+
+  void CloseAfterFlush() override {
+    auto self = Self();
+    shared_->loop.Post([self] {
+      if (self->closed_) return;
+      self->flush_close_ = true;
+      if (self->queue_.empty()) self->DoClose(Status::OK());
+    });
+  }
+
+  void PauseReading() override {
+    if (shared_->loop.InThread()) {
+      read_paused_ = true;
+      return;
+    }
+    auto self = Self();
+    shared_->loop.Post([self] { self->read_paused_ = true; });
+  }
+
+  void ResumeReading() override {
+    auto self = Self();
+    shared_->loop.Post([self] {
+      if (!self->read_paused_) return;
+      self->read_paused_ = false;
+      self->Deliver();
+    });
+  }
+
+  const std::string& peer() const override { return peer_; }
+  uint64_t id() const override { return id_; }
+  LinkStats stats() const override {
+    return LinkStats{frames_sent_.load(), bytes_sent_.load(),
+                     frames_received_.load(), bytes_received_.load()};
+  }
+
+  // Event thread. Closes the socket, drops the queue, reports `why` once.
+  void DoClose(Status why) {
+    if (closed_) return;
+    closed_ = closing_ = true;
+    auto self = Self();
+    asio::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    size_t dropped = 0;
+    for (const FrameBuffer& f : queue_) dropped += f->size();
+    queued_ -= dropped;
+    // The buffers of the write in flight stay until its handler runs.
+    queue_.resize(in_flight_);
+    shared_->links.erase(self);
+    if (!why.ok()) {
+      spdlog::debug("dcr: link {} to {} closed: {}", id_, peer_,
+                    why.ToString());
+    }
+    std::shared_ptr<LinkHandler> handler = std::move(handler_);
+    handler->OnClosed(*this, why);
+  }
+
+ private:
+  std::shared_ptr<TcpLink> Self() {
+    return std::static_pointer_cast<TcpLink>(shared_from_this());
+  }
+
+  void DoSend(FrameBuffer frame) {
+    const size_t size = frame->size();
+    if (closing_ || flush_close_) {
+      queued_ -= size;
+      return;
+    }
+    const TransportOptions& o = shared_->options;
+    if (o.max_queued_bytes != 0 && queued_.load() > o.max_queued_bytes) {
+      queued_ -= size;
+      DoClose(Status::ResourceExhausted(
+          "send queue to " + peer_ + " exceeded " +
+          std::to_string(o.max_queued_bytes) + " bytes"));
+      return;
+    }
+    queue_.push_back(std::move(frame));
+    if (queued_.load() >= o.high_watermark) above_high_ = true;
+    if (in_flight_ == 0) DoWrite();
+  }
+
+  void DoWrite() {
+    const size_t n = std::min(
+        queue_.size(), std::max<size_t>(shared_->options.max_write_gather, 1));
+    gather_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      gather_.emplace_back(queue_[i]->data(), queue_[i]->size());
+    }
+    in_flight_ = n;
+    asio::async_write(
+        socket_, gather_,
+        [self = Self()](const asio::error_code& ec, size_t bytes) {
+          self->OnWrite(ec, bytes);
+        });
+  }
+
+  void OnWrite(const asio::error_code& ec, size_t bytes) {
+    if (closed_) {
+      queue_.clear();
+      in_flight_ = 0;
+      return;
+    }
+    if (ec) {
+      DoClose(Status::IOError("write to " + peer_ + ": " + ec.message()));
+      return;
+    }
+    queue_.erase(queue_.begin(), queue_.begin() + in_flight_);
+    frames_sent_ += in_flight_;
+    bytes_sent_ += bytes;
+    queued_ -= bytes;
+    in_flight_ = 0;
+    if (above_high_ && queued_.load() <= shared_->options.low_watermark) {
+      above_high_ = false;
+      handler_->OnDrained(*this);
+      if (closed_) return;
+    }
+    if (!queue_.empty() && !closing_) {
+      DoWrite();
+    } else if (flush_close_ && queue_.empty()) {
+      DoClose(Status::OK());
+    }
+  }
+
+  void DoRead() {
+    if (closing_ || read_paused_ || reading_) return;
+    reading_ = true;
+    socket_.async_read_some(asio::buffer(read_buf_),
+                            [self = Self()](const asio::error_code& ec,
+                                            size_t n) { self->OnRead(ec, n); });
+  }
+
+  void OnRead(const asio::error_code& ec, size_t n) {
+    reading_ = false;
+    if (closed_) return;
+    if (n > 0) {
+      bytes_received_ += n;
+      decoder_.Feed(std::span<const std::byte>(read_buf_.data(), n));
+    }
+    if (ec) {
+      // Frames that arrived before the end are still delivered first.
+      if (ec == asio::error::eof) {
+        pending_close_ = Status::IOError(
+            decoder_.mid_frame()
+                ? "peer " + peer_ + " closed the connection mid-frame (" +
+                      std::to_string(decoder_.partial_bytes()) +
+                      " bytes of a frame received)"
+                : "peer " + peer_ + " closed the connection");
+      } else if (ec == asio::error::operation_aborted) {
+        return;  // Close or Stop is under way
+      } else {
+        pending_close_ =
+            Status::IOError("read from " + peer_ + ": " + ec.message());
+      }
+    }
+    Deliver();
+  }
+
+  // Hands decoded frames to the handler until paused or out of frames,
+  // then reads more (or closes if the peer is gone).
+  void Deliver() {
+    while (!closing_ && !read_paused_) {
+      Result<std::optional<DecodedFrame>> next = decoder_.Next();
+      if (!next.ok()) {
+        DoClose(next.status().WithContext("frame from " + peer_));
+        return;
+      }
+      if (!next->has_value()) break;
+      ++frames_received_;
+      const DecodedFrame& f = **next;
+      handler_->OnFrame(*this, f.frame, f.buffer);
+    }
+    if (closing_ || read_paused_) return;
+    if (pending_close_) {
+      Status why = std::move(*pending_close_);
+      pending_close_.reset();
+      DoClose(std::move(why));
+      return;
+    }
+    DoRead();
+  }
+
+  const std::shared_ptr<TcpShared> shared_;
+  tcp::socket socket_;
+  const std::string peer_;
+  const uint64_t id_;
+  std::shared_ptr<LinkHandler> handler_;  // reset once closed
+  FrameDecoder decoder_;
+  std::vector<std::byte> read_buf_;
+  // Frames to write; the first in_flight_ are being written.
+  std::deque<FrameBuffer> queue_;
+  size_t in_flight_ = 0;
+  std::vector<asio::const_buffer> gather_;
+  std::optional<Status> pending_close_;  // the peer is gone; deliver first
+  bool reading_ = false;
+  bool read_paused_ = false;
+  bool closing_ = false;  // Close was called or closed_
+  bool closed_ = false;   // OnClosed has been (is being) called
+  bool flush_close_ = false;
+  bool above_high_ = false;
+
+  std::atomic<size_t> queued_{0};
+  std::atomic<uint64_t> frames_sent_{0}, bytes_sent_{0};
+  std::atomic<uint64_t> frames_received_{0}, bytes_received_{0};
+};
+
+// One connect attempt, alive while its handlers are in flight.
+struct PendingConnect {
+  explicit PendingConnect(asio::io_context& io)
+      : resolver(io), socket(io), timer(io) {}
+
+  std::string host;
+  uint16_t port = 0;
+  std::shared_ptr<LinkHandler> handler;
+  ConnectCallback done;
+  tcp::resolver resolver;
+  tcp::socket socket;
+  asio::steady_timer timer;
+  bool finished = false;
+
+  std::string address() const { return HostPort(host, port); }
+};
+
+void FinishConnect(const std::shared_ptr<TcpShared>& shared,
+                   const std::shared_ptr<PendingConnect>& pc,
+                   Result<std::shared_ptr<Link>> result) {
+  if (pc->finished) return;
+  pc->finished = true;
+  pc->timer.cancel();
+  pc->resolver.cancel();
+  if (!result.ok()) {
+    asio::error_code ignored;
+    pc->socket.close(ignored);
+  }
+  shared->connects.erase(pc);
+  ConnectCallback done = std::move(pc->done);
+  done(std::move(result));
+}
+
+void OnConnected(const std::shared_ptr<TcpShared>& shared,
+                 const std::shared_ptr<PendingConnect>& pc,
+                 const asio::error_code& ec) {
+  if (pc->finished) return;
+  if (ec) {
+    FinishConnect(
+        shared, pc,
+        Status::IOError("connect to " + pc->address() + ": " + ec.message()));
+    return;
+  }
+  ConfigureSocket(pc->socket, shared->options);
+  auto link = std::make_shared<TcpLink>(shared, std::move(pc->socket),
+                                        pc->address(), pc->handler);
+  link->Start();
+  FinishConnect(shared, pc, std::shared_ptr<Link>(std::move(link)));
+}
+
+void StartConnect(const std::shared_ptr<TcpShared>& shared,
+                  std::shared_ptr<PendingConnect> pc,
+                  std::chrono::milliseconds timeout) {
+  if (shared->stopping) {
+    ConnectCallback done = std::move(pc->done);
+    done(
+        Status::Aborted("connect to " + pc->address() + ": transport stopped"));
+    return;
+  }
+  shared->connects.insert(pc);
+  pc->timer.expires_after(timeout);
+  pc->timer.async_wait([shared, pc, timeout](const asio::error_code& ec) {
+    if (ec || pc->finished) return;
+    FinishConnect(
+        shared, pc,
+        Status::IOError("connect to " + pc->address() + " timed out after " +
+                        std::to_string(timeout.count()) + " ms"));
+  });
+  asio::error_code ec;
+  asio::ip::address addr = asio::ip::make_address(pc->host, ec);
+  if (!ec) {
+    pc->socket.async_connect(tcp::endpoint(addr, pc->port),
+                             [shared, pc](const asio::error_code& e) {
+                               OnConnected(shared, pc, e);
+                             });
+    return;
+  }
+  pc->resolver.async_resolve(
+      pc->host, std::to_string(pc->port),
+      [shared, pc](const asio::error_code& e,
+                   const tcp::resolver::results_type& results) {
+        if (pc->finished) return;
+        if (e) {
+          FinishConnect(
+              shared, pc,
+              Status::IOError("connect to " + pc->address() +
+                              ": cannot resolve host: " + e.message()));
+          return;
+        }
+        asio::async_connect(
+            pc->socket, results,
+            [shared, pc](const asio::error_code& e2, const tcp::endpoint&) {
+              OnConnected(shared, pc, e2);
+            });
+      });
+}
+
+void DoAccept(const std::shared_ptr<TcpShared>& shared) {
+  shared->acceptor->async_accept(
+      [shared](const asio::error_code& ec, tcp::socket socket) {
+        if (shared->stopping || !shared->acceptor) return;
+        if (ec) {
+          if (ec == asio::error::operation_aborted) return;
+          // Out of descriptors and the like: back off instead of spinning.
+          spdlog::warn("dcr: accept on {}: {}", shared->listen_address,
+                       ec.message());
+          shared->accept_retry->expires_after(std::chrono::milliseconds(100));
+          shared->accept_retry->async_wait([shared](const asio::error_code& e) {
+            if (!e && !shared->stopping) DoAccept(shared);
+          });
+          return;
+        }
+        asio::error_code remote_ec;
+        tcp::endpoint remote = socket.remote_endpoint(remote_ec);
+        std::string peer = remote_ec ? "unknown peer" : EndpointName(remote);
+        ConfigureSocket(socket, shared->options);
+        auto link = std::make_shared<TcpLink>(
+            shared, std::move(socket), std::move(peer), shared->listen_handler);
+        link->Start();
+        DoAccept(shared);
+      });
+}
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(const TransportOptions& options)
+      : shared_(std::make_shared<TcpShared>(options)) {}
+  ~TcpTransport() override { Stop(); }
+
+  std::string_view kind() const override { return "tcp"; }
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities c;
+    c.network = true;
+    return c;
+  }
+
+  Status Listen(std::string_view host, uint16_t port,
+                std::shared_ptr<LinkHandler> handler) override {
+    if (!handler) return Status::InvalidArgument("listen: no LinkHandler");
+    Status result;
+    std::string h(host);
+    bool ran = shared_->loop.RunSync(
+        [&] { result = DoListen(h, port, std::move(handler)); });
+    if (!ran) return Status::Aborted("listen: transport stopped");
+    return result;
+  }
+
+  uint16_t BoundPort() const override { return shared_->bound_port.load(); }
+
+  Result<std::shared_ptr<Link>> Connect(
+      std::string_view host, uint16_t port,
+      std::shared_ptr<LinkHandler> handler,
+      std::chrono::milliseconds timeout) override {
+    if (InEventThread()) {
+      return Status::InvalidArgument(
+          "Transport::Connect called on the event thread; use AsyncConnect");
+    }
+    auto promise =
+        std::make_shared<std::promise<Result<std::shared_ptr<Link>>>>();
+    auto future = promise->get_future();
+    AsyncConnect(host, port, std::move(handler), timeout,
+                 [promise](Result<std::shared_ptr<Link>> r) {
+                   promise->set_value(std::move(r));
+                 });
+    return future.get();
+  }
+
+  void AsyncConnect(std::string_view host, uint16_t port,
+                    std::shared_ptr<LinkHandler> handler,
+                    std::chrono::milliseconds timeout,
+                    ConnectCallback done) override {
+    if (!handler) {
+      done(Status::InvalidArgument("connect: no LinkHandler"));
+      return;
+    }
+    auto pc = std::make_shared<PendingConnect>(shared_->loop.io());
+    pc->host = std::string(host);
+    pc->port = port;
+    pc->handler = std::move(handler);
+    pc->done = std::move(done);
+    auto shared = shared_;
+    if (!shared_->loop.Post(
+            [shared, pc, timeout] { StartConnect(shared, pc, timeout); })) {
+      ConnectCallback cb = std::move(pc->done);
+      cb(Status::Aborted("connect to " + pc->address() +
+                         ": transport stopped"));
+    }
+  }
+
+  bool Post(std::function<void()> fn) override {
+    return shared_->loop.Post(std::move(fn));
+  }
+  bool InEventThread() const override { return shared_->loop.InThread(); }
+
+  void Stop() override {
+    auto shared = shared_;
+    shared_->loop.Shutdown([shared] {
+      shared->stopping = true;
+      asio::error_code ignored;
+      if (shared->acceptor) shared->acceptor->close(ignored);
+      if (shared->accept_retry) shared->accept_retry->cancel();
+      auto connects = shared->connects;
+      for (const auto& pc : connects) {
+        FinishConnect(shared, pc,
+                      Status::Aborted("connect to " + pc->address() +
+                                      ": transport stopped"));
+      }
+      auto links = shared->links;
+      for (const auto& link : links) link->DoClose(Status::OK());
+      shared->listen_handler.reset();
+    });
+  }
+
+ private:
+  Status DoListen(const std::string& host, uint16_t port,
+                  std::shared_ptr<LinkHandler> handler) {
+    const std::string where = HostPort(host, port);
+    if (shared_->acceptor) {
+      return Status::InvalidArgument("listen on " + where +
+                                     ": already listening on " +
+                                     shared_->listen_address);
+    }
+    asio::error_code ec;
+    tcp::endpoint endpoint;
+    asio::ip::address addr = asio::ip::make_address(host, ec);
+    if (!ec) {
+      endpoint = tcp::endpoint(addr, port);
+    } else {
+      tcp::resolver resolver(shared_->loop.io());
+      auto results = resolver.resolve(host, std::to_string(port),
+                                      tcp::resolver::passive, ec);
+      if (ec || results.empty()) {
+        return Status::IOError("listen on " + where + ": cannot resolve host" +
+                               (ec ? ": " + ec.message() : ""));
+      }
+      endpoint = results.begin()->endpoint();
+    }
+    auto acceptor = std::make_unique<tcp::acceptor>(shared_->loop.io());
+    acceptor->open(endpoint.protocol(), ec);
+    if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor->bind(endpoint, ec);
+    if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return Status::IOError("listen on " + where + ": " + ec.message());
+    tcp::endpoint local = acceptor->local_endpoint(ec);
+    if (ec) return Status::IOError("listen on " + where + ": " + ec.message());
+    shared_->acceptor = std::move(acceptor);
+    shared_->accept_retry =
+        std::make_unique<asio::steady_timer>(shared_->loop.io());
+    shared_->listen_address = HostPort(host, local.port());
+    shared_->listen_handler = std::move(handler);
+    shared_->bound_port = local.port();
+    DoAccept(shared_);
+    return Status::OK();
+  }
+
+  std::shared_ptr<TcpShared> shared_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> CreateTcpTransport(
+    const TransportOptions& options) {
+  if (options.low_watermark > options.high_watermark) {
+    return Status::InvalidArgument(
+        "transport low_watermark is above high_watermark");
+  }
+  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options));
+}
+
+}  // namespace dcr

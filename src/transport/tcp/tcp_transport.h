@@ -1,0 +1,25 @@
+// The TCP backend of dcr/transport.h, on Asio. Reached through
+// CreateTransport("tcp", ...).
+#ifndef DCR_TRANSPORT_TCP_TCP_TRANSPORT_H_
+#define DCR_TRANSPORT_TCP_TCP_TRANSPORT_H_
+
+#include <memory>
+
+#include "dcr/status.h"
+#include "dcr/transport.h"
+
+namespace dcr {
+
+// Starts the event thread; one listener and any number of links.
+//
+// Links set TCP_NODELAY, SO_KEEPALIVE and options.socket_buffer_bytes for
+// both socket buffers; each reads into a reused buffer of
+// options.read_buffer_bytes that feeds a FrameDecoder, and writes its queue
+// with one gathered async_write at a time (up to options.max_write_gather
+// frames). The listener sets SO_REUSEADDR.
+Result<std::unique_ptr<Transport>> CreateTcpTransport(
+    const TransportOptions& options);
+
+}  // namespace dcr
+
+#endif  // DCR_TRANSPORT_TCP_TCP_TRANSPORT_H_
