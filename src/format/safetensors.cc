@@ -13,6 +13,7 @@
 
 #include "common/bytes.h"
 #include "common/file.h"
+#include "common/strict_json.h"
 #include "dcr/checkpoint.h"
 #include "dcr/thread_pool.h"
 #include "format/safetensors_header.h"
@@ -29,56 +30,14 @@ constexpr std::string_view kIndexFileName = "model.safetensors.index.json";
 // deeper is rejected before it costs memory or stack.
 constexpr int kMaxJsonDepth = 16;
 
-// Thrown by the parser callback and caught in ParseJson: never escapes this
-// file.
-struct JsonRejected {
-  std::string message;
-};
-
-// Parses `text` as strict JSON (no comments, no trailing garbage). Unlike a
-// plain nlohmann parse, a key repeated within one object is an error rather
-// than "last one wins". `what` names the input in messages; keys at
-// `tensor_depth` are tensor names and are reported as such.
+// Strict JSON (common/strict_json.h); keys at `tensor_depth` are tensor
+// names and are reported as such.
 Result<Json> ParseJson(std::string_view text, const std::string& what,
                        int tensor_depth) {
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  auto callback = [&keys, tensor_depth](int depth, Json::parse_event_t event,
-                                        Json& parsed) -> bool {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (depth >= kMaxJsonDepth) {
-          throw JsonRejected{"JSON nests deeper than " +
-                             std::to_string(kMaxJsonDepth) + " levels"};
-        }
-        if (event == Json::parse_event_t::object_start) keys.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        const std::string& key = parsed.get_ref<const std::string&>();
-        if (!keys.empty() && !keys.back().insert(key).second) {
-          throw JsonRejected{depth == tensor_depth
-                                 ? "tensor '" + key + "' appears twice"
-                                 : "key '" + key +
-                                       "' appears twice in one object"};
-        }
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    return Json::parse(text.begin(), text.end(), callback,
-                       /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const JsonRejected& e) {
-    return Status::Corruption(what + ": " + e.message);
-  } catch (const Json::exception& e) {
-    return Status::Corruption(what + ": malformed JSON: " + e.what());
-  }
+  StrictJsonOptions options;
+  options.max_depth = kMaxJsonDepth;
+  options.named_depth = tensor_depth;
+  return ParseStrictJson(text, what, options);
 }
 
 std::string ShapeString(std::span<const uint64_t> shape) {

@@ -9,11 +9,11 @@
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "common/file.h"
+#include "common/strict_json.h"
 #include "dcr/store.h"
 #include "store/store_internal.h"
 
@@ -27,47 +27,11 @@ constexpr int kRecordFormat = 1;
 // A record nests three levels deep; anything deeper is rejected early.
 constexpr int kMaxRecordDepth = 4;
 
-struct JsonRejected {
-  std::string message;
-};
-
 // Strict parse: no comments, no trailing bytes, no key twice in one object.
 Result<Json> ParseStrict(std::string_view text, const std::string& what) {
-  std::vector<std::set<std::string>> keys;
-  auto callback = [&keys](int depth, Json::parse_event_t event,
-                          Json& parsed) -> bool {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (depth >= kMaxRecordDepth) {
-          throw JsonRejected{"JSON nests deeper than " +
-                             std::to_string(kMaxRecordDepth) + " levels"};
-        }
-        if (event == Json::parse_event_t::object_start) keys.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        const std::string& key = parsed.get_ref<const std::string&>();
-        if (!keys.empty() && !keys.back().insert(key).second) {
-          throw JsonRejected{"key '" + key + "' appears twice in one object"};
-        }
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    return Json::parse(text.begin(), text.end(), callback,
-                       /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const JsonRejected& e) {
-    return Status::Corruption(what + ": " + e.message);
-  } catch (const Json::exception& e) {
-    return Status::Corruption(what + ": malformed JSON: " + e.what());
-  }
+  StrictJsonOptions options;
+  options.max_depth = kMaxRecordDepth;
+  return ParseStrictJson(text, what, options);
 }
 
 // Validates one JSON object against an exact key set; `where` is a path
