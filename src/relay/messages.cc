@@ -1,5 +1,6 @@
 #include "relay/messages.h"
 
+#include <algorithm>
 #include <set>
 
 #include "common/bytes.h"
@@ -299,6 +300,18 @@ Result<AbortMsg> DecodeAbort(std::span<const std::byte> b) {
   m.reason = r.String("reason");
   DCR_RETURN_IF_ERROR(r.Finish());
   return m;
+}
+
+Digest128 ChunkIdsDigest(std::vector<std::pair<uint32_t, uint32_t>> ids) {
+  std::sort(ids.begin(), ids.end());
+  Hasher128 h;
+  for (const auto& [tensor, span] : ids) {
+    std::byte b[8];
+    StoreLE<uint32_t>(b, tensor);
+    StoreLE<uint32_t>(b + 4, span);
+    h.Update(std::span<const std::byte>(b, 8));
+  }
+  return h.Finish();
 }
 
 PlanMsg SubPlan(const PlanMsg& plan, size_t index) {

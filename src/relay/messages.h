@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dcr/digest.h"
@@ -97,9 +98,10 @@ struct ResultsMsg {
   friend bool operator==(const ResultsMsg&, const ResultsMsg&) = default;
 };
 
-// After the last CHUNK: how many chunks the root sent and a digest over
-// their ids in send order (XXH3-128 of u32 tensor, u32 span per chunk), so
-// a relay can tell a complete stream from one with losses.
+// After the last CHUNK: how many distinct chunk ids the root sent and a
+// digest over them in ascending (tensor, span) order (XXH3-128 of u32
+// tensor, u32 span per id), so a relay can tell a complete stream from one
+// with losses. ChunkIdsDigest computes it.
 struct EndMsg {
   uint64_t chunk_count = 0;
   Digest128 chunk_ids_digest;
@@ -134,6 +136,9 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b);
 Result<EndMsg> DecodeEnd(std::span<const std::byte> b);
 Result<CommitMsg> DecodeCommit(std::span<const std::byte> b);
 Result<AbortMsg> DecodeAbort(std::span<const std::byte> b);
+
+// The END digest of a set of chunk ids (any order; sorted here).
+Digest128 ChunkIdsDigest(std::vector<std::pair<uint32_t, uint32_t>> ids);
 
 // The subtree of plan node `index` as a plan for that node: the same
 // fields, nodes re-indexed with `index` first. Requires a valid plan.

@@ -1,0 +1,178 @@
+#include "relay/refit_session.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace dcr {
+
+std::unique_ptr<RefitSession> RefitSession::Begin(WeightStore* store,
+                                                  const std::string& node,
+                                                  const RefitId& refit,
+                                                  const PlanMsg& plan,
+                                                  NodeResult* refusal) {
+  *refusal = NodeResult();
+  refusal->node = node;
+  auto refuse = [&](NodeCode code, std::string detail) {
+    refusal->code = code;
+    refusal->detail = std::move(detail);
+    return nullptr;
+  };
+  if (store->manifest().digest() != plan.manifest) {
+    return refuse(
+        NodeCode::kManifestMismatch,
+        fmt::format("{} holds other tensors (manifest {}, plan {})",
+                    store->describe(), store->manifest().digest().ShortHex(),
+                    plan.manifest.ShortHex()));
+  }
+  if (auto busy = store->InProgress(); busy && busy->refit != refit) {
+    return refuse(NodeCode::kBusy,
+                  fmt::format("refit {} is in progress on {}",
+                              busy->refit.ToHex(), store->describe()));
+  }
+  std::optional<Version> committed = store->committed();
+  if (committed) refusal->version = *committed;
+  if (plan.mode == RefitMode::kDelta) {
+    bool bound = false;
+    if (committed) {
+      bound = *committed == plan.base;
+    } else {
+      // A store without a record (seeded offline) is adopted iff its bits
+      // are the base.
+      Digest128 digest = store->Digests().version;
+      refusal->version = Version{0, digest};
+      bound = digest == plan.base.digest;
+    }
+    if (!bound) {
+      return refuse(
+          NodeCode::kNeedsCatchUp,
+          fmt::format("holds step {} ({}), the refit's base is step {} ({})",
+                      refusal->version.step, refusal->version.digest.ShortHex(),
+                      plan.base.step, plan.base.digest.ShortHex()));
+    }
+  }
+  Status s = store->BeginRefit(refit, plan.base, plan.target);
+  if (!s.ok()) return refuse(NodeCode::kStoreError, s.ToString());
+  return std::unique_ptr<RefitSession>(
+      new RefitSession(store, node, refit, plan));
+}
+
+Status RefitSession::Check(const ChunkHeader& h) const {
+  const Manifest& m = store_->manifest();
+  std::string where =
+      fmt::format("chunk (tensor {}, span {})", h.id.tensor, h.id.span);
+  if (h.id.tensor >= m.size()) {
+    return Status::Corruption(where + " names a tensor past the manifest");
+  }
+  const TensorInfo& t = m[h.id.tensor];
+  uint64_t n = t.NumElements();
+  if (h.id.span >= SpanCount(n, plan_.span_elems) ||
+      h.span_elems !=
+          std::min<uint64_t>(plan_.span_elems,
+                             n - uint64_t{h.id.span} * plan_.span_elems) ||
+      h.elem_size != DTypeSize(t.dtype)) {
+    return Status::Corruption(where + " does not fit tensor '" + t.name + "'");
+  }
+  if (plan_.mode == RefitMode::kFull && h.kind != ChunkKind::kOverwrite) {
+    return Status::Corruption(where + " is XOR in a full refit");
+  }
+  return Status::OK();
+}
+
+std::span<std::byte> RefitSession::SpanOf(const ChunkHeader& h) {
+  uint64_t w = h.elem_size;
+  return store_->MutableTensor(h.id.tensor)
+      .subspan(uint64_t{h.id.span} * plan_.span_elems * w,
+               uint64_t{h.span_elems} * w);
+}
+
+Result<RefitSession::ApplyOutcome> RefitSession::Apply(
+    std::span<const std::byte> chunk, ChunkDecoder* decoder) {
+  DCR_ASSIGN_OR_RETURN(ChunkHeader h, PeekChunkHeader(chunk));
+  // Bound the decoder's buffers by the plan before decoding.
+  DCR_RETURN_IF_ERROR(Check(h));
+  DecodedChunk c;
+  DCR_RETURN_IF_ERROR(decoder->Decode(chunk, &c));
+  bool is_xor = c.header.kind == ChunkKind::kXor;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    SpanState& st = spans_[c.header.id];
+    // One application per span at a time. An XOR chunk applies only to a
+    // span nothing was applied to yet: after an earlier XOR it would
+    // revert the span, after an overwrite (a retry that overtook it) it
+    // would corrupt it; every chunk of a span carries the same target.
+    if (st.in_flight || (is_xor && !st.stack.empty())) {
+      return ApplyOutcome::kDuplicate;
+    }
+    st.in_flight = true;
+  }
+  Applied a;
+  a.chunk.assign(chunk.begin(), chunk.end());
+  Status s = ApplyChunk(c, SpanOf(c.header), is_xor ? nullptr : &a.undo);
+  std::lock_guard<std::mutex> lock(mu_);
+  SpanState& st = spans_[c.header.id];
+  st.in_flight = false;
+  if (!s.ok()) return s;
+  st.stack.push_back(std::move(a));
+  return ApplyOutcome::kApplied;
+}
+
+uint64_t RefitSession::chunks_applied() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = 0;
+  for (const auto& [id, st] : spans_) n += st.stack.empty() ? 0 : 1;
+  return n;
+}
+
+NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
+  NodeResult r;
+  r.node = node_;
+  std::vector<std::pair<uint32_t, uint32_t>> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, st] : spans_) {
+      if (!st.stack.empty()) ids.emplace_back(id.tensor, id.span);
+    }
+  }
+  r.chunks_applied = ids.size();
+  if (ids.size() != end.chunk_count ||
+      ChunkIdsDigest(ids) != end.chunk_ids_digest) {
+    r.code = NodeCode::kIncomplete;
+    r.detail = fmt::format("applied {} distinct chunks, the root sent {}",
+                           ids.size(), end.chunk_count);
+    return r;
+  }
+  r.version = Version{plan_.target.step, store_->Digests(pool).version};
+  if (r.version.digest != plan_.target.digest) {
+    r.code = NodeCode::kDigestMismatch;
+    r.detail = fmt::format("store digest {} is not the target's {}",
+                           r.version.digest.ShortHex(),
+                           plan_.target.digest.ShortHex());
+    return r;
+  }
+  r.code = NodeCode::kOk;
+  return r;
+}
+
+Status RefitSession::Commit() {
+  DCR_RETURN_IF_ERROR(store_->Commit(plan_.target, refit_));
+  std::lock_guard<std::mutex> lock(mu_);
+  spans_.clear();
+  return Status::OK();
+}
+
+Status RefitSession::Abort(ChunkDecoder* decoder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DecodedChunk c;
+  for (auto& [id, st] : spans_) {
+    // Reverse the applications of this span, last first.
+    for (auto it = st.stack.rbegin(); it != st.stack.rend(); ++it) {
+      DCR_RETURN_IF_ERROR(decoder->Decode(it->chunk, &c));
+      DCR_RETURN_IF_ERROR(UndoChunk(c, it->undo, SpanOf(c.header)));
+    }
+  }
+  spans_.clear();
+  return store_->EndRefit();
+}
+
+}  // namespace dcr

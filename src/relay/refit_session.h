@@ -1,0 +1,100 @@
+// The local half of a relay's part in one refit: binds the plan to the
+// store's committed version, applies chunks in place, votes, and commits
+// or restores the base bits. Forwarding to children is the relay's job;
+// this class never touches a link.
+//
+// Invariants it keeps (DESIGN.md §4): a chunk is applied only if the store
+// holds the plan's base (2); an XOR chunk is applied at most once and
+// duplicates are dropped (3); the vote is yes only if the store's digest is
+// the target's (1); Abort returns the store to the base bits without a
+// reload (5).
+//
+// Thread safety: Apply may be called concurrently from worker threads
+// (chunks of distinct spans, or duplicates of one); Vote, Commit and Abort
+// require that no Apply is running.
+#ifndef DCR_RELAY_REFIT_SESSION_H_
+#define DCR_RELAY_REFIT_SESSION_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "dcr/codec.h"
+#include "dcr/status.h"
+#include "dcr/store.h"
+#include "dcr/thread_pool.h"
+#include "dcr/version.h"
+#include "relay/messages.h"
+
+namespace dcr {
+
+class RefitSession {
+ public:
+  // Checks the plan against the store (manifest digest; for a delta plan
+  // the committed version must be the plan's base, or, for a store without
+  // a record, its digest must be the base digest) and records the refit as
+  // in progress, durably, before any byte changes. On refusal returns the
+  // NodeResult to report (code kNeedsCatchUp, kManifestMismatch, kBusy or
+  // kStoreError) through `refusal` and a null session.
+  static std::unique_ptr<RefitSession> Begin(WeightStore* store,
+                                             const std::string& node,
+                                             const RefitId& refit,
+                                             const PlanMsg& plan,
+                                             NodeResult* refusal);
+
+  enum class ApplyOutcome { kApplied, kDuplicate };
+  // Validates `chunk` (checksum, and that it fits a tensor of the store
+  // with the plan's span length) and applies it. An XOR chunk for a span
+  // that already got a chunk is dropped as a duplicate; an overwrite chunk
+  // is applied again (idempotent). `decoder` belongs to the calling
+  // thread.
+  Result<ApplyOutcome> Apply(std::span<const std::byte> chunk,
+                             ChunkDecoder* decoder);
+
+  // After END: yes (kOk, version = target) iff every chunk the root sent
+  // was applied and the store's digest is the target digest.
+  NodeResult Vote(const EndMsg& end, ThreadPool* pool);
+
+  // Persists the target version (data, then the version record).
+  Status Commit();
+  // Restores the base bits: XOR chunks are applied again, overwrite
+  // chunks write back the values they replaced. Then clears the
+  // in-progress record.
+  Status Abort(ChunkDecoder* decoder);
+
+  uint64_t chunks_applied() const;
+  const PlanMsg& plan() const { return plan_; }
+
+ private:
+  RefitSession(WeightStore* store, std::string node, const RefitId& refit,
+               PlanMsg plan)
+      : store_(store),
+        node_(std::move(node)),
+        refit_(refit),
+        plan_(std::move(plan)) {}
+  Status Check(const ChunkHeader& h) const;
+  std::span<std::byte> SpanOf(const ChunkHeader& h);
+
+  // One application of a chunk to a span, enough to reverse it.
+  struct Applied {
+    std::vector<std::byte> chunk;  // the encoded chunk (XOR: reapply it)
+    std::vector<std::byte> undo;   // overwrite: the values it replaced
+  };
+  struct SpanState {
+    bool in_flight = false;
+    std::vector<Applied> stack;  // in order of application
+  };
+
+  WeightStore* store_;
+  std::string node_;
+  RefitId refit_;
+  PlanMsg plan_;
+  mutable std::mutex mu_;
+  std::map<ChunkId, SpanState> spans_;  // guarded by mu_
+};
+
+}  // namespace dcr
+
+#endif  // DCR_RELAY_REFIT_SESSION_H_

@@ -1,0 +1,261 @@
+// The local half of a relay's refit against a real file store: baseline
+// binding, apply, duplicates, votes, commit and abort-restore.
+#include "relay/refit_session.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "dcr/checkpoint.h"
+#include "testing/temp_dir.h"
+
+namespace dcr {
+namespace {
+
+constexpr uint64_t kSpan = 1024;
+using Bytes = std::vector<std::byte>;
+
+class RefitSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    infos_ = {{"a", DType::kBF16, {3000}}, {"b", DType::kF32, {500}}};
+    std::mt19937 rng(1);
+    for (const auto& t : infos_) {
+      Bytes b(t.NumBytes());
+      for (auto& x : b) x = static_cast<std::byte>(rng());
+      base_.push_back(b);
+      for (size_t i = 0; i < b.size(); i += 7) b[i] ^= std::byte{1};
+      target_.push_back(b);
+    }
+    path_ = dir_.Path("node.safetensors");
+    Write(path_, base_);
+    Reopen();
+    base_v_ = Version{1, store_->Digests().version};
+    std::string tpath = dir_.Path("target.safetensors");
+    Write(tpath, target_);
+    auto t = Checkpoint::Open(tpath, Checkpoint::Mode::kReadOnly);
+    ASSERT_TRUE(t.ok());
+    target_v_ = Version{2, (*t)->ComputeDigests().version};
+    plan_.mode = RefitMode::kDelta;
+    plan_.base = base_v_;
+    plan_.target = target_v_;
+    plan_.manifest = store_->manifest().digest();
+    plan_.span_elems = kSpan;
+    plan_.nodes = {{"n0", "127.0.0.1", 1, "tcp", -1}};
+    refit_.bytes[0] = 7;
+    decoder_ = std::move(*ChunkDecoder::Create());
+    MakeChunks(ChunkKind::kXor, &xor_chunks_);
+    MakeChunks(ChunkKind::kOverwrite, &overwrite_chunks_);
+  }
+
+  void Write(const std::string& path, const std::vector<Bytes>& data) {
+    std::vector<TensorToWrite> tw;
+    for (size_t i = 0; i < infos_.size(); ++i)
+      tw.push_back({infos_[i], data[i]});
+    ASSERT_TRUE(WriteSafetensors(path, tw, {}).ok());
+  }
+  void Reopen() {
+    store_.reset();
+    auto s = OpenStore(*ParseStoreSpec("file:" + path_));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(*s);
+  }
+  void MakeChunks(ChunkKind kind, std::vector<Bytes>* out) {
+    auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
+    for (uint32_t t = 0; t < infos_.size(); ++t) {
+      size_t w = DTypeSize(infos_[t].dtype);
+      uint64_t n = infos_[t].NumElements();
+      for (uint32_t s = 0; s < SpanCount(n, kSpan); ++s) {
+        uint64_t off = s * kSpan * w, len = std::min(kSpan, n - s * kSpan) * w;
+        Bytes c;
+        auto r = enc->EncodeDiff(kind, {t, s}, w,
+                                 std::span(base_[t]).subspan(off, len),
+                                 std::span(target_[t]).subspan(off, len), &c);
+        ASSERT_TRUE(r.ok());
+        if (*r) out->push_back(std::move(c));
+      }
+    }
+  }
+  EndMsg End(const std::vector<Bytes>& chunks) {
+    std::vector<std::pair<uint32_t, uint32_t>> ids;
+    for (const auto& c : chunks) {
+      auto h = PeekChunkHeader(c);
+      ids.emplace_back(h->id.tensor, h->id.span);
+    }
+    return EndMsg{ids.size(), ChunkIdsDigest(ids)};
+  }
+  std::unique_ptr<RefitSession> Begin() {
+    NodeResult refusal;
+    auto s = RefitSession::Begin(store_.get(), "n0", refit_, plan_, &refusal);
+    EXPECT_TRUE(s) << refusal.detail;
+    return s;
+  }
+  bool StoreHolds(const std::vector<Bytes>& data) {
+    for (size_t i = 0; i < data.size(); ++i) {
+      auto t = store_->Tensor(i);
+      if (!std::equal(t.begin(), t.end(), data[i].begin(), data[i].end())) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  testing::TempDir dir_;
+  std::vector<TensorInfo> infos_;
+  std::vector<Bytes> base_, target_;
+  std::string path_;
+  std::unique_ptr<WeightStore> store_;
+  Version base_v_, target_v_;
+  PlanMsg plan_;
+  RefitId refit_;
+  std::unique_ptr<ChunkDecoder> decoder_;
+  std::vector<Bytes> xor_chunks_, overwrite_chunks_;
+};
+
+TEST_F(RefitSessionTest, DeltaRefitCommitsTheTarget) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(store_->InProgress().has_value());
+  for (const auto& c : xor_chunks_) {
+    auto r = s->Apply(c, decoder_.get());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(*r, RefitSession::ApplyOutcome::kApplied);
+  }
+  NodeResult vote = s->Vote(End(xor_chunks_), nullptr);
+  EXPECT_EQ(vote.code, NodeCode::kOk) << vote.detail;
+  EXPECT_EQ(vote.version, target_v_);
+  ASSERT_TRUE(s->Commit().ok());
+  EXPECT_TRUE(StoreHolds(target_));
+  EXPECT_EQ(store_->committed(), target_v_);
+  EXPECT_FALSE(store_->InProgress().has_value());
+  // The commit survives a restart.
+  s.reset();
+  Reopen();
+  EXPECT_EQ(store_->committed(), target_v_);
+}
+
+TEST_F(RefitSessionTest, DuplicateXorIsDroppedAndOrderDoesNotMatter) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  for (auto it = xor_chunks_.rbegin(); it != xor_chunks_.rend(); ++it) {
+    ASSERT_EQ(*s->Apply(*it, decoder_.get()),
+              RefitSession::ApplyOutcome::kApplied);
+    // A replayed XOR would silently revert the span: it is dropped.
+    ASSERT_EQ(*s->Apply(*it, decoder_.get()),
+              RefitSession::ApplyOutcome::kDuplicate);
+  }
+  EXPECT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
+TEST_F(RefitSessionTest, WrongBaselineIsRefusedUntouched) {
+  plan_.base = Version{1, Digest128{1, 2}};
+  NodeResult refusal;
+  auto s = RefitSession::Begin(store_.get(), "n0", refit_, plan_, &refusal);
+  EXPECT_FALSE(s);
+  EXPECT_EQ(refusal.code, NodeCode::kNeedsCatchUp);
+  EXPECT_EQ(refusal.version.digest, base_v_.digest);
+  EXPECT_FALSE(store_->InProgress().has_value());
+  EXPECT_TRUE(StoreHolds(base_));
+  // A committed record is what binds once there is one.
+  ASSERT_TRUE(store_->Commit(Version{9, base_v_.digest}, refit_).ok());
+  plan_.base = base_v_;  // step 1, but the store committed step 9
+  s = RefitSession::Begin(store_.get(), "n0", refit_, plan_, &refusal);
+  EXPECT_FALSE(s);
+  EXPECT_EQ(refusal.code, NodeCode::kNeedsCatchUp);
+  EXPECT_EQ(refusal.version.step, 9u);
+}
+
+TEST_F(RefitSessionTest, ManifestMismatchAndBusyAreRefused) {
+  NodeResult refusal;
+  PlanMsg other = plan_;
+  other.manifest = Digest128{3, 3};
+  EXPECT_FALSE(
+      RefitSession::Begin(store_.get(), "n0", refit_, other, &refusal));
+  EXPECT_EQ(refusal.code, NodeCode::kManifestMismatch);
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  RefitId another;
+  another.bytes[0] = 8;
+  EXPECT_FALSE(
+      RefitSession::Begin(store_.get(), "n0", another, plan_, &refusal));
+  EXPECT_EQ(refusal.code, NodeCode::kBusy);
+}
+
+TEST_F(RefitSessionTest, AbortRestoresTheBaseAfterAnyMix) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  // Half the spans by XOR; one of them then retried as an overwrite (as
+  // after an uncertain delivery); another span only by overwrite.
+  for (size_t i = 0; i < xor_chunks_.size() / 2; ++i) {
+    ASSERT_TRUE(s->Apply(xor_chunks_[i], decoder_.get()).ok());
+  }
+  ASSERT_TRUE(s->Apply(overwrite_chunks_[0], decoder_.get()).ok());
+  ASSERT_TRUE(s->Apply(overwrite_chunks_.back(), decoder_.get()).ok());
+  ASSERT_TRUE(s->Abort(decoder_.get()).ok());
+  EXPECT_TRUE(StoreHolds(base_));
+  EXPECT_FALSE(store_->InProgress().has_value());
+}
+
+// A retry (overwrite) that overtakes the original XOR chunk: the late XOR
+// must not be applied on top of it.
+TEST_F(RefitSessionTest, LateXorAfterOverwriteIsDropped) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  for (const auto& c : overwrite_chunks_) {
+    ASSERT_TRUE(s->Apply(c, decoder_.get()).ok());
+  }
+  for (const auto& c : xor_chunks_) {
+    EXPECT_EQ(*s->Apply(c, decoder_.get()),
+              RefitSession::ApplyOutcome::kDuplicate);
+  }
+  EXPECT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
+TEST_F(RefitSessionTest, MissingChunkOrFlippedBitVotesNo) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  for (size_t i = 1; i < xor_chunks_.size(); ++i) {
+    ASSERT_TRUE(s->Apply(xor_chunks_[i], decoder_.get()).ok());
+  }
+  EXPECT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kIncomplete);
+  ASSERT_TRUE(s->Apply(xor_chunks_[0], decoder_.get()).ok());
+  store_->MutableTensor(0)[5] ^= std::byte{0x10};  // a bit flipped after apply
+  NodeResult v = s->Vote(End(xor_chunks_), nullptr);
+  EXPECT_EQ(v.code, NodeCode::kDigestMismatch);
+  store_->MutableTensor(0)[5] ^= std::byte{0x10};
+  EXPECT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
+}
+
+TEST_F(RefitSessionTest, ChunksThatDoNotFitAreRefused) {
+  plan_.span_elems = 512;  // the chunks were cut at 1024
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  auto r = s->Apply(xor_chunks_[0], decoder_.get());
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_TRUE(StoreHolds(base_));
+  Bytes bad = xor_chunks_[0];
+  bad[bad.size() / 2] ^= std::byte{1};
+  EXPECT_FALSE(s->Apply(bad, decoder_.get()).ok());
+}
+
+TEST_F(RefitSessionTest, ConcurrentAppliesWithDuplicates) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&] {
+      auto dec = std::move(*ChunkDecoder::Create());
+      for (const auto& c : xor_chunks_)
+        ASSERT_TRUE(s->Apply(c, dec.get()).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
+}  // namespace
+}  // namespace dcr
