@@ -43,10 +43,10 @@ struct SourceLine {
 
 // Where a relay keeps its weights. `path` is the file for kFile, the POSIX
 // shared-memory object name for kShm, and empty for kMemory.
-struct StoreSpec {
+struct StoreLocation {
   StoreKind kind = StoreKind::kMemory;
   std::string path;
-  bool operator==(const StoreSpec&) const = default;
+  bool operator==(const StoreLocation&) const = default;
 };
 
 // One relay (a `dcr-relay` process).
@@ -54,7 +54,7 @@ struct NodeSpec {
   std::string name;
   std::string host;
   uint16_t port = 0;
-  StoreSpec store;
+  StoreLocation store;
   std::optional<TransportKind> transport;
   std::optional<uint16_t> metrics_port;
   bool head = false;  // receives for its cluster (default: first listed)
@@ -194,7 +194,7 @@ struct TreeNode {
   std::string host;
   uint16_t port = 0;
   TransportKind transport = TransportKind::kTcp;  // of the link into it
-  std::optional<StoreSpec> store;                 // nullopt for the root
+  std::optional<StoreLocation> store;                 // nullopt for the root
   int parent = -1;                                // -1 for the root
   std::vector<int> children;
   int depth = 0;

@@ -15,7 +15,7 @@ using topology_internal::EscapeEnv;
 // Strings are escaped so that ${...} in a value survives a reload as text.
 std::string Esc(const std::string& s) { return EscapeEnv(s); }
 
-void EmitStore(YAML::Emitter& e, const StoreSpec& s) {
+void EmitStore(YAML::Emitter& e, const StoreLocation& s) {
   e << YAML::Key << "store" << YAML::Value << YAML::Flow << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << std::string(StoreKindName(s.kind));
   if (!s.path.empty()) e << YAML::Key << "path" << YAML::Value << Esc(s.path);

@@ -26,7 +26,7 @@ std::string CheckHost(std::string_view host);
 Result<TransportKind> ParseTransport(std::string_view s);
 Result<StoreKind> ParseStoreKind(std::string_view s);
 // "memory", "file:/path", "shm:name".
-Result<StoreSpec> ParseStoreSpec(std::string_view s);
+Result<StoreLocation> ParseStoreSpec(std::string_view s);
 // An integer in [lo, hi] written in decimal.
 Result<uint64_t> ParseUint(std::string_view s, uint64_t lo, uint64_t hi);
 Result<uint16_t> ParsePort(std::string_view s);

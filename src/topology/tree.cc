@@ -251,7 +251,7 @@ std::string LinkLabel(const TreeNode& n) {
   return s;
 }
 
-std::string StoreLabel(const std::optional<StoreSpec>& s) {
+std::string StoreLabel(const std::optional<StoreLocation>& s) {
   if (!s) return "";
   std::string out(StoreKindName(s->kind));
   if (!s->path.empty()) out += ":" + s->path;

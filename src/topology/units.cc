@@ -368,9 +368,9 @@ Result<StoreKind> ParseStoreKind(std::string_view s) {
                                  Quote(s));
 }
 
-Result<StoreSpec> ParseStoreSpec(std::string_view s) {
+Result<StoreLocation> ParseStoreSpec(std::string_view s) {
   size_t colon = s.find(':');
-  StoreSpec spec;
+  StoreLocation spec;
   DCR_ASSIGN_OR_RETURN(spec.kind, ParseStoreKind(s.substr(0, colon)));
   if (colon != std::string_view::npos) spec.path = s.substr(colon + 1);
   return spec;

@@ -174,7 +174,7 @@ class Validator {
       DCR_RETURN_IF_ERROR(Endpoint(n.host, *n.metrics_port, who + " (metrics)",
                                    line, np + ".metrics_port"));
     }
-    const StoreSpec& s = n.store;
+    const StoreLocation& s = n.store;
     if (s.kind == StoreKind::kMemory) {
       if (!s.path.empty()) {
         return Err(line, np + ".store.path", "a memory store takes no path");

@@ -118,7 +118,7 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
   EXPECT_EQ(topo_.clusters[0].region, "ap-south");
   const NodeSpec& a0 = topo_.clusters[1].nodes[0];
   EXPECT_EQ(a0.port, 17100);
-  EXPECT_EQ(a0.store, (StoreSpec{StoreKind::kShm, "/dcr-a0"}));
+  EXPECT_EQ(a0.store, (StoreLocation{StoreKind::kShm, "/dcr-a0"}));
   EXPECT_EQ(a0.metrics_port, 9200);
   EXPECT_TRUE(topo_.clusters[1].nodes[1].head);
   EXPECT_EQ(topo_.links[0].bandwidth_bps, 10000000000ull);

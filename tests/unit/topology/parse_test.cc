@@ -92,7 +92,7 @@ TEST(ParseTest, OptionalKeysAndOverrides) {
   const auto& n = t->clusters[0].nodes;
   EXPECT_EQ(n[0].transport, TransportKind::kUcx);
   EXPECT_TRUE(n[0].head);
-  EXPECT_EQ(n[1].store, (StoreSpec{StoreKind::kShm, "/w"}));
+  EXPECT_EQ(n[1].store, (StoreLocation{StoreKind::kShm, "/w"}));
   EXPECT_EQ(n[2].port, 4);
   EXPECT_FALSE(n[2].head);
 }

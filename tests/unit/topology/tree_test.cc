@@ -139,7 +139,7 @@ TEST(TreeTest, SampleTreeFields) {
   EXPECT_EQ(a0.fanout, 4u);
   EXPECT_EQ(a0.depth, 1);
   EXPECT_EQ(a0.store,
-            (StoreSpec{StoreKind::kFile, "/models/policy.safetensors"}));
+            (StoreLocation{StoreKind::kFile, "/models/policy.safetensors"}));
   const TreeNode& a1 = tree->nodes[2];
   EXPECT_EQ(a1.parent, 1);
   EXPECT_EQ(a1.link, LinkClass::kLan);
