@@ -132,6 +132,10 @@ struct TransportOptions {
   int socket_buffer_bytes = 4 << 20;
   // Most buffers gathered into one write.
   size_t max_write_gather = 64;
+  // TCP: bits per second per link; 0: unlimited. A token bucket paces
+  // writes (bench: bandwidth-bound trees without tc), with a burst of
+  // max(64 KiB, 20 ms at this rate).
+  uint64_t max_send_bps = 0;
   // The network the "fake" backend joins; required for that kind.
   std::shared_ptr<FakeNetwork> fake_network;
 };

@@ -5,12 +5,16 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <asio/connect.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/write.hpp>
 #include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <deque>
 #include <future>
 #include <string>
@@ -77,6 +81,53 @@ void ConfigureSocket(tcp::socket& s, const TransportOptions& o) {
   }
 }
 
+// A token bucket in bytes that paces a link's writes to
+// TransportOptions::max_send_bps. Event thread only.
+class SendPacer {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `bits_per_second` 0: unlimited (enabled() is false).
+  explicit SendPacer(uint64_t bits_per_second)
+      : rate_(static_cast<double>(bits_per_second) / 8),
+        burst_(std::max(64.0 * 1024, rate_ / 50)),
+        tokens_(burst_),
+        last_(Clock::now()) {}
+
+  bool enabled() const { return rate_ > 0; }
+
+  // Bytes worth waiting for before a write: enough to keep timer wakeups
+  // and small writes rare, small enough to keep the pace smooth.
+  size_t quantum() const {
+    return static_cast<size_t>(std::min(burst_ / 4, 64.0 * 1024));
+  }
+
+  // Whole bytes that may be written now.
+  size_t Available() {
+    const Clock::time_point now = Clock::now();
+    const double elapsed = std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    tokens_ = std::min(burst_, tokens_ + elapsed * rate_);
+    return static_cast<size_t>(tokens_);
+  }
+
+  void Spend(size_t bytes) { tokens_ -= static_cast<double>(bytes); }
+
+  // How long until `bytes` (at most the burst) may be written.
+  std::chrono::microseconds TimeUntil(size_t bytes) const {
+    const double missing = static_cast<double>(bytes) - tokens_;
+    if (missing <= 0) return std::chrono::microseconds(0);
+    return std::chrono::microseconds(
+        static_cast<int64_t>(std::ceil(missing / rate_ * 1e6)));
+  }
+
+ private:
+  const double rate_;   // bytes per second
+  const double burst_;  // the most tokens saved up
+  double tokens_;
+  Clock::time_point last_;
+};
+
 class TcpLink final : public Link {
  public:
   TcpLink(std::shared_ptr<TcpShared> shared, tcp::socket socket,
@@ -87,7 +138,9 @@ class TcpLink final : public Link {
         id_(shared_->next_link_id++),
         handler_(std::move(handler)),
         decoder_(shared_->options.frames),
-        read_buf_(std::max<size_t>(shared_->options.read_buffer_bytes, 4096)) {}
+        read_buf_(std::max<size_t>(shared_->options.read_buffer_bytes, 4096)),
+        pacer_(shared_->options.max_send_bps),
+        pace_timer_(shared_->loop.io()) {}
 
   // Event thread: registers the link, announces it and starts reading.
   void Start() {
@@ -162,9 +215,11 @@ class TcpLink final : public Link {
     asio::error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
+    pace_timer_.cancel();
     size_t dropped = 0;
     for (const FrameBuffer& f : queue_) dropped += f->size();
-    queued_ -= dropped;
+    queued_ -= dropped - head_offset_;  // the written prefix was counted
+    head_offset_ = 0;
     // The buffers of the write in flight stay until its handler runs.
     queue_.resize(in_flight_);
     shared_->links.erase(self);
@@ -197,22 +252,51 @@ class TcpLink final : public Link {
     }
     queue_.push_back(std::move(frame));
     if (queued_.load() >= o.high_watermark) above_high_ = true;
-    if (in_flight_ == 0) DoWrite();
+    if (in_flight_ == 0 && !pace_waiting_) DoWrite();
   }
 
+  // Writes the front of the queue: up to max_write_gather frames and, with
+  // a send limit, no more bytes than the pacer allows (possibly a prefix of
+  // a frame, continued by the next write). Out of tokens it waits for them.
   void DoWrite() {
-    const size_t n = std::min(
-        queue_.size(), std::max<size_t>(shared_->options.max_write_gather, 1));
-    gather_.clear();
-    for (size_t i = 0; i < n; ++i) {
-      gather_.emplace_back(queue_[i]->data(), queue_[i]->size());
+    size_t budget = SIZE_MAX;
+    if (pacer_.enabled()) {
+      const size_t want =
+          std::min(pacer_.quantum(), queue_.front()->size() - head_offset_);
+      budget = pacer_.Available();
+      if (budget < want) {
+        WaitForTokens(pacer_.TimeUntil(want));
+        return;
+      }
     }
+    const size_t max_n = std::max<size_t>(shared_->options.max_write_gather, 1);
+    gather_.clear();
+    size_t total = 0;
+    size_t n = 0;
+    for (; n < queue_.size() && n < max_n && total < budget; ++n) {
+      const size_t offset = n == 0 ? head_offset_ : 0;
+      const size_t len = std::min(queue_[n]->size() - offset, budget - total);
+      gather_.emplace_back(queue_[n]->data() + offset, len);
+      total += len;
+    }
+    if (pacer_.enabled()) pacer_.Spend(total);
     in_flight_ = n;
     asio::async_write(
         socket_, gather_,
         [self = Self()](const asio::error_code& ec, size_t bytes) {
           self->OnWrite(ec, bytes);
         });
+  }
+
+  void WaitForTokens(std::chrono::microseconds delay) {
+    pace_waiting_ = true;
+    pace_timer_.expires_after(delay);
+    pace_timer_.async_wait([self = Self()](const asio::error_code& ec) {
+      self->pace_waiting_ = false;
+      // Cancelled, or expired just before the close cancelled it.
+      if (ec || self->closing_) return;
+      if (!self->queue_.empty() && self->in_flight_ == 0) self->DoWrite();
+    });
   }
 
   void OnWrite(const asio::error_code& ec, size_t bytes) {
@@ -225,8 +309,19 @@ class TcpLink final : public Link {
       DoClose(Status::IOError("write to " + peer_ + ": " + ec.message()));
       return;
     }
-    queue_.erase(queue_.begin(), queue_.begin() + in_flight_);
-    frames_sent_ += in_flight_;
+    // Drops the frames this write finished; one it wrote a prefix of stays
+    // in front, the prefix skipped by head_offset_.
+    for (size_t left = bytes; left > 0;) {
+      const size_t rest = queue_.front()->size() - head_offset_;
+      if (left < rest) {
+        head_offset_ += left;
+        break;
+      }
+      left -= rest;
+      queue_.pop_front();
+      head_offset_ = 0;
+      ++frames_sent_;
+    }
     bytes_sent_ += bytes;
     queued_ -= bytes;
     in_flight_ = 0;
@@ -307,10 +402,16 @@ class TcpLink final : public Link {
   std::shared_ptr<LinkHandler> handler_;  // reset once closed
   FrameDecoder decoder_;
   std::vector<std::byte> read_buf_;
-  // Frames to write; the first in_flight_ are being written.
+  // Frames to write; the first in_flight_ are being written. The first
+  // head_offset_ bytes of the front frame are already written (a paced
+  // write may end mid-frame).
   std::deque<FrameBuffer> queue_;
   size_t in_flight_ = 0;
+  size_t head_offset_ = 0;
   std::vector<asio::const_buffer> gather_;
+  SendPacer pacer_;
+  asio::steady_timer pace_timer_;  // armed while pace_waiting_
+  bool pace_waiting_ = false;
   std::optional<Status> pending_close_;  // the peer is gone; deliver first
   bool reading_ = false;
   bool read_paused_ = false;

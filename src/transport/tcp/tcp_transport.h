@@ -16,7 +16,10 @@ namespace dcr {
 // both socket buffers; each reads into a reused buffer of
 // options.read_buffer_bytes that feeds a FrameDecoder, and writes its queue
 // with one gathered async_write at a time (up to options.max_write_gather
-// frames). The listener sets SO_REUSEADDR.
+// frames). With options.max_send_bps, a token bucket per link caps each
+// write to the bytes it allows (a write may end mid-frame; the next one
+// continues it) and a steady_timer waits for more; Close and Stop cancel
+// it. The listener sets SO_REUSEADDR.
 Result<std::unique_ptr<Transport>> CreateTcpTransport(
     const TransportOptions& options);
 
