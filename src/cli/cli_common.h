@@ -65,6 +65,9 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 // Registers `tree` and `topo` (validate, show, add-node, remove-node, set).
 void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 
+// Registers `refit` and `status` (the coordinator).
+void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
+
 }  // namespace dcr::cli
 
 #endif  // DCR_CLI_CLI_COMMON_H_

@@ -21,7 +21,10 @@ int main(int argc, char** argv) {
                   "  dcr verify /models/policy.safetensors v1.safetensors\n"
                   "  dcr inspect v1.dcr -o json\n"
                   "  dcr tree --topology topology/local.yaml --format dot\n"
-                  "  dcr topo validate topology/two-region.yaml\n\n") +
+                  "  dcr topo validate topology/two-region.yaml\n"
+                  "  dcr refit --topology topology/local.yaml --target "
+                  "v1.safetensors\n"
+                  "  dcr status --topology topology/local.yaml\n\n") +
       kExitCodeHelp);
   GlobalOptions g;
   app.add_flag("-v,--verbose", g.verbose, "Log debug detail to stderr");
@@ -31,6 +34,7 @@ int main(int argc, char** argv) {
   int exit_code = kExitOk;
   AddOfflineCommands(&app, &g, &exit_code);
   AddTopologyCommands(&app, &g, &exit_code);
+  AddRefitCommands(&app, &g, &exit_code);
   app.parse_complete_callback([&] {
     auto fmt = dcr::ParseLogFormat(g.log_format);
     dcr::InitLogging(fmt.ok() ? *fmt : dcr::LogFormat::kText,

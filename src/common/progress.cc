@@ -32,6 +32,11 @@ void Progress::Add(uint64_t bytes) {
   Print(false);
 }
 
+void Progress::SetDetail(std::string detail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  detail_ = std::move(detail);
+}
+
 void Progress::Finish() {
   std::lock_guard<std::mutex> lock(mu_);
   if (finished_) return;
@@ -54,6 +59,7 @@ void Progress::Print(bool final_line) {
   std::string line = fmt::format("{}: {:5.1f}% {} / {}  {}/s  ETA {}", what_,
                                  pct, HumanBytes(done), HumanBytes(total_),
                                  HumanBytes(static_cast<uint64_t>(rate)), eta);
+  if (!detail_.empty()) line += "  " + detail_;
   if (tty_) {
     std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), final_line ? "\n" : "");
   } else {

@@ -24,6 +24,9 @@ class Progress {
   // Records `bytes` more of work done; redraws at most every 100 ms on a
   // terminal, prints a line at most every 5 s otherwise.
   void Add(uint64_t bytes);
+  // Text shown after the figures ("payload 12 MiB, slowest a3"); replaces
+  // the previous detail.
+  void SetDetail(std::string detail);
   // Prints the final state and ends the line.
   void Finish();
 
@@ -39,6 +42,7 @@ class Progress {
   std::mutex mu_;
   std::chrono::steady_clock::time_point last_print_;  // guarded by mu_
   bool finished_ = false;                             // guarded by mu_
+  std::string detail_;                                // guarded by mu_
 };
 
 }  // namespace dcr

@@ -5,6 +5,7 @@
 
 #include "common/bytes.h"
 #include "dcr/codec.h"
+#include "dcr/dtype.h"
 
 namespace dcr {
 namespace {
@@ -163,6 +164,13 @@ std::vector<std::byte> EncodePlan(const PlanMsg& m) {
     PutString(&w, n.transport);
     w.Put<int32_t>(n.parent);
   }
+  w.PutVarint(m.tensors.size());
+  for (const TensorInfo& t : m.tensors) {
+    PutString(&w, t.name);
+    w.Put<uint8_t>(static_cast<uint8_t>(t.dtype));
+    w.PutVarint(t.shape.size());
+    for (uint64_t d : t.shape) w.PutVarint(d);
+  }
   return out;
 }
 
@@ -205,6 +213,24 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
              "empty or repeated '" + n.name + "'");
     }
     m.nodes.push_back(std::move(n));
+  }
+  uint64_t tensors = r.Varint("tensors", kMaxPlanTensors);
+  if (r.ok() && tensors != 0 && m.mode != RefitMode::kFull) {
+    r.Fail("tensors", "only a full refit carries the manifest");
+  }
+  for (uint64_t i = 0; r.ok() && i < tensors; ++i) {
+    TensorInfo t;
+    t.name = r.String("tensors.name");
+    uint8_t dtype = r.Get<uint8_t>("tensors.dtype");
+    if (r.ok() && !IsValidDType(dtype)) {
+      r.Fail("tensors.dtype", "unknown dtype " + std::to_string(dtype));
+    }
+    t.dtype = static_cast<DType>(dtype);
+    uint64_t rank = r.Varint("tensors.rank", kMaxTensorRank);
+    for (uint64_t d = 0; r.ok() && d < rank; ++d) {
+      t.shape.push_back(r.Varint("tensors.shape", uint64_t{1} << 48));
+    }
+    m.tensors.push_back(std::move(t));
   }
   DCR_RETURN_IF_ERROR(r.Finish());
   return m;

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcr/checkpoint.h"
 #include "dcr/digest.h"
 #include "dcr/status.h"
 #include "dcr/version.h"
@@ -26,6 +27,7 @@ namespace dcr {
 
 inline constexpr size_t kMaxMessageString = 4096;
 inline constexpr size_t kMaxPlanNodes = 1u << 16;
+inline constexpr size_t kMaxPlanTensors = 1u << 20;
 
 // Sent first on every link, by both ends.
 struct HelloMsg {
@@ -64,6 +66,10 @@ struct PlanMsg {
   uint64_t chunk_window_bytes = 0;  // forward queue bound per child
   uint32_t phase_timeout_ms = 0;    // deadline for a subtree to answer
   std::vector<PlanNode> nodes;
+  // Full refits only (empty otherwise): the target's manifest, so that a
+  // node without a store (a new node being seeded) can create one. Its
+  // digest must equal `manifest`.
+  std::vector<TensorInfo> tensors;
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
 };
 

@@ -76,6 +76,26 @@ TEST(MessagesTest, RejectsMalformedPlans) {
   EXPECT_TRUE(DecodePlan(EncodePlan(p)).status().IsCorruption());
 }
 
+TEST(MessagesTest, FullPlansCarryTheManifest) {
+  PlanMsg p = SamplePlan();
+  p.mode = RefitMode::kFull;
+  p.tensors = {{"a", DType::kBF16, {3, 4}}, {"s", DType::kF32, {}}};
+  auto back = DecodePlan(EncodePlan(p));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, p);
+  // Only a full refit carries tensors; a dtype must be known.
+  p.mode = RefitMode::kDelta;
+  auto delta = DecodePlan(EncodePlan(p));
+  EXPECT_TRUE(delta.status().IsCorruption());
+  EXPECT_NE(delta.status().message().find("tensors"), std::string::npos);
+  p.mode = RefitMode::kFull;
+  p.tensors[0].dtype = static_cast<DType>(99);
+  EXPECT_TRUE(DecodePlan(EncodePlan(p)).status().IsCorruption());
+  p.tensors[0].dtype = DType::kBF16;
+  p.tensors[0].shape.assign(kMaxTensorRank + 1, 1);
+  EXPECT_TRUE(DecodePlan(EncodePlan(p)).status().IsCorruption());
+}
+
 TEST(MessagesTest, TruncationTrailingBytesAndVersion) {
   auto bytes = EncodePlan(SamplePlan());
   for (size_t n = 0; n < bytes.size(); ++n) {

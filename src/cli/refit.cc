@@ -1,0 +1,300 @@
+// `dcr refit` and `dcr status`: the coordinator's commands (src/coord).
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_common.h"
+#include "common/bytes.h"
+#include "common/file.h"
+#include "common/progress.h"
+#include "coord/coordinator.h"
+#include "dcr/store.h"
+#include "dcr/topology.h"
+
+namespace dcr::cli {
+namespace {
+
+using json = nlohmann::json;
+
+struct RefitArgs {
+  std::string topology;
+  std::string target;
+  bool full = false;
+  std::string timeout = "60s";
+  std::string link_rate;
+};
+
+Result<std::chrono::milliseconds> ParseTimeout(const std::string& s) {
+  auto ns = ParseDurationNs(s);
+  if (!ns.ok() || *ns < 1000000) {
+    return Status::InvalidArgument(
+        fmt::format("--timeout '{}': give a duration of at least 1ms, e.g. "
+                    "30s or 500ms",
+                    s));
+  }
+  return std::chrono::milliseconds(*ns / 1000000);
+}
+
+std::string Pct(uint64_t part, uint64_t whole) {
+  return whole ? fmt::format("{:.2f}%", 100.0 * part / whole) : "-";
+}
+
+void PrintReport(const RefitReport& r) {
+  std::printf("refit %s %s: step %llu -> %llu (%s) in %.3f s\n",
+              r.refit.ToHex().c_str(),
+              std::string(RefitOutcomeName(r.outcome)).c_str(),
+              static_cast<unsigned long long>(r.base.step),
+              static_cast<unsigned long long>(r.target.step),
+              r.target.digest.ShortHex().c_str(), r.total_seconds);
+  if (!r.reason.empty()) std::printf("  %s\n", r.reason.c_str());
+  bool streamed = r.stream_seconds > 0;
+  if (!streamed) {
+    std::printf("  nothing was sent: the refit stopped after the plan\n");
+  } else if (r.mode == RefitMode::kDelta) {
+    std::printf("  changed %s of %llu elements\n",
+                Pct(r.changed_elements, r.total_elements).c_str(),
+                static_cast<unsigned long long>(r.total_elements));
+  } else {
+    std::printf("  full refit: every span sent as a dense overwrite\n");
+  }
+  if (streamed) {
+    std::printf(
+        "  payload %s in %llu chunks; checkpoint %s (%.1fx the payload)\n",
+        HumanBytes(r.payload_bytes).c_str(),
+        static_cast<unsigned long long>(r.chunks),
+        HumanBytes(r.checkpoint_bytes).c_str(),
+        r.payload_bytes ? double(r.checkpoint_bytes) / r.payload_bytes : 0.0);
+  }
+  std::string classes;
+  for (auto& [cls, bytes] : r.link_class_bytes) {
+    classes += fmt::format("{}{} {}", classes.empty() ? "" : ", ", cls,
+                           HumanBytes(bytes));
+  }
+  std::printf("  bytes per link class: %s\n",
+              classes.empty() ? "none" : classes.c_str());
+  std::printf(
+      "  phases: plan %.3f s, stream %.3f s, vote %.3f s, commit %.3f s\n",
+      r.plan_seconds, r.stream_seconds, r.vote_seconds, r.commit_seconds);
+  size_t w = 4;
+  for (const NodeOutcome& n : r.nodes) w = std::max(w, n.node.size());
+  for (const NodeOutcome& n : r.nodes) {
+    std::string result =
+        n.committed
+            ? fmt::format("committed ({} chunks applied)", n.chunks_applied)
+        : n.phase.empty()
+            ? std::string(r.outcome == RefitOutcome::kAborted ? "base restored"
+                                                              : "not committed")
+            : fmt::format("{} at {}: {}", NodeCodeName(n.code), n.phase,
+                          n.detail);
+    std::printf("  %-*s %-12s %s\n", static_cast<int>(w), n.node.c_str(),
+                n.cluster.c_str(), result.c_str());
+  }
+}
+
+int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
+  auto topo = LoadTopology(a.topology);
+  if (!topo.ok()) return ReportError(topo.status());
+  auto timeout = ParseTimeout(a.timeout);
+  if (!timeout.ok()) return ReportError(timeout.status());
+  RefitOptions o;
+  o.topology = *std::move(topo);
+  o.target = a.target;
+  o.mode = a.full ? RefitMode::kFull : RefitMode::kDelta;
+  o.phase_timeout = *timeout;
+  o.threads = static_cast<size_t>(g.threads);
+  if (!a.link_rate.empty()) {
+    auto bps = ParseBandwidth(a.link_rate);
+    if (!bps.ok()) return ReportError(bps.status());
+    o.transport_options.max_send_bps = *bps;
+  }
+  std::unique_ptr<Progress> progress;
+  if (g.ShowProgress()) {
+    o.on_progress = [&](const RefitOptions::Progress& p) {
+      if (!progress) {
+        progress = std::make_unique<Progress>(a.full ? "refit --full" : "refit",
+                                              p.total_bytes, true);
+      }
+      progress->SetDetail(fmt::format(
+          "payload {}  {} chunks{}", HumanBytes(p.payload_bytes), p.chunks,
+          p.slowest.empty() || p.slowest_queue_bytes == 0
+              ? ""
+              : fmt::format("  slowest {} ({} queued)", p.slowest,
+                            HumanBytes(p.slowest_queue_bytes))));
+      static thread_local uint64_t shown = 0;
+      if (p.scanned_bytes > shown) {
+        progress->Add(p.scanned_bytes - shown);
+        shown = p.scanned_bytes;
+      }
+    };
+  }
+  auto report = RunRefit(o);
+  if (progress) progress->Finish();
+  if (!report.ok()) return ReportError(report.status());
+  if (g.format() == OutputFormat::kJson) {
+    std::printf("%s\n", report->ToJson().c_str());
+  } else {
+    PrintReport(*report);
+  }
+  switch (report->outcome) {
+    case RefitOutcome::kCommitted:
+      return kExitOk;
+    case RefitOutcome::kPartial:
+      return kExitCommittedPartial;
+    case RefitOutcome::kAborted:
+      return kExitFailed;
+  }
+  return kExitFailed;
+}
+
+int RunStatusCommand(const std::string& path, const std::string& timeout_text,
+                     const GlobalOptions& g) {
+  auto topo = LoadTopology(path);
+  if (!topo.ok()) return ReportError(topo.status());
+  auto timeout = ParseTimeout(timeout_text);
+  if (!timeout.ok()) return ReportError(timeout.status());
+  std::vector<NodeStatus> nodes = QueryStatus(*topo, *timeout);
+  // The root's side: its baseline's version and the last refit's report.
+  json root = {{"name", topo->root.name}};
+  if (!topo->root.baseline.empty()) {
+    StoreSpec spec;
+    spec.kind = StoreSpec::Kind::kFile;
+    spec.path = topo->root.baseline;
+    auto rec = ReadVersionRecord(DefaultRecordPath(spec));
+    root["baseline"] = topo->root.baseline;
+    if (rec.ok() && *rec && (*rec)->committed) {
+      const Version& v = (*rec)->committed->version;
+      root["baseline_version"] = {{"step", v.step},
+                                  {"digest", v.digest.ToHex()}};
+    }
+  }
+  json last;
+  if (!topo->root.state_dir.empty()) {
+    auto text = ReadFileToString(topo->root.state_dir + "/last-refit.json");
+    if (text.ok()) last = json::parse(*text, nullptr, false);
+    if (last.is_discarded()) last = json();
+  }
+  bool all_reachable = true;
+  for (const NodeStatus& n : nodes) all_reachable &= n.reachable;
+  auto last_for = [&](const std::string& node) -> std::string {
+    if (!last.is_object() || !last.contains("nodes")) return "";
+    for (const json& n : last["nodes"]) {
+      if (n.value("node", "") != node) continue;
+      return n.value("committed", false)
+                 ? "committed"
+                 : n.value("code", "") + (n.value("phase", "").empty()
+                                              ? ""
+                                              : " at " + n.value("phase", ""));
+    }
+    return "";
+  };
+  if (g.format() == OutputFormat::kJson) {
+    json out = {{"root", root}, {"nodes", json::array()}};
+    if (!last.is_null()) out["last_refit"] = last;
+    for (const NodeStatus& n : nodes) {
+      json j = {
+          {"node", n.node},       {"cluster", n.cluster},
+          {"address", n.address}, {"reachable", n.reachable},
+          {"error", n.error},     {"code", std::string(NodeCodeName(n.code))},
+          {"detail", n.detail},   {"last_refit_result", last_for(n.node)}};
+      if (n.committed) {
+        j["committed"] = {{"step", n.committed->step},
+                          {"digest", n.committed->digest.ToHex()}};
+      } else {
+        j["committed"] = nullptr;
+      }
+      out["nodes"].push_back(std::move(j));
+    }
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    if (root.contains("baseline_version")) {
+      const json& v = root["baseline_version"];
+      std::printf("root %s: baseline step %llu (%s)\n", topo->root.name.c_str(),
+                  static_cast<unsigned long long>(v.value("step", uint64_t{0})),
+                  v.value("digest", "").substr(0, 12).c_str());
+    }
+    if (last.is_object()) {
+      std::printf("last refit %s: %s, step %llu -> %llu\n",
+                  last.value("refit", "?").c_str(),
+                  last.value("outcome", "?").c_str(),
+                  static_cast<unsigned long long>(
+                      last["base"].value("step", uint64_t{0})),
+                  static_cast<unsigned long long>(
+                      last["target"].value("step", uint64_t{0})));
+    }
+    std::printf("%-10s %-12s %-21s %-6s %-14s %s\n", "NODE", "CLUSTER",
+                "ADDRESS", "STEP", "DIGEST", "STATE");
+    for (const NodeStatus& n : nodes) {
+      std::string step = n.committed ? std::to_string(n.committed->step) : "-";
+      std::string digest = n.committed ? n.committed->digest.ShortHex() : "-";
+      std::string state =
+          n.reachable
+              ? (n.code == NodeCode::kOk
+                     ? n.detail
+                     : fmt::format("{} ({})", NodeCodeName(n.code), n.detail))
+              : "unreachable: " + n.error;
+      std::printf("%-10s %-12s %-21s %-6s %-14s %s\n", n.node.c_str(),
+                  n.cluster.c_str(), n.address.c_str(), step.c_str(),
+                  digest.c_str(), state.c_str());
+    }
+  }
+  return all_reachable ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
+  {
+    auto a = std::make_shared<RefitArgs>();
+    auto* cmd = app->add_subcommand(
+        "refit", "Send the target checkpoint's changes through the relay tree");
+    cmd->add_option("-t,--topology", a->topology, "Topology YAML file")
+        ->required();
+    cmd->add_option("--target", a->target,
+                    "The new checkpoint (.safetensors file, index or "
+                    "directory)")
+        ->required();
+    cmd->add_flag("--full", a->full,
+                  "Send every span as a dense overwrite (seeds new nodes; the "
+                  "transport-only reference)");
+    cmd->add_option("--timeout", a->timeout,
+                    "Deadline for each phase's replies (default 60s)");
+    cmd->add_option("--link-rate", a->link_rate,
+                    "Pace each of the root's links to this bandwidth, e.g. "
+                    "200Mbps (testing without tc)");
+    AddOutputOption(cmd, g);
+    AddWorkOptions(cmd, g);
+    cmd->footer(
+        "\nThe baseline is root.baseline of the topology; every relay must "
+        "hold it (or take\na --full refit). The refit commits on every "
+        "receiver that verified the target\ndigest, if they are at least "
+        "min_commit; then the baseline becomes the target.\n\nExamples:\n"
+        "  dcr refit --topology topology/local.yaml --target "
+        "step42.safetensors\n"
+        "  dcr refit --topology topology/local.yaml --target "
+        "step42.safetensors "
+        "--full -o json\n\n"
+        "Exit codes: 0 committed everywhere, 3 committed with nodes excluded, "
+        "1 aborted\n(every relay restored its base), 2 usage or configuration "
+        "error.\n");
+    cmd->callback([=] { *exit_code = RunRefitCommand(*a, *g); });
+  }
+  {
+    auto path = std::make_shared<std::string>();
+    auto timeout = std::make_shared<std::string>("3s");
+    auto* cmd = app->add_subcommand(
+        "status", "Ask every relay of a topology for its committed version");
+    cmd->add_option("-t,--topology", *path, "Topology YAML file")->required();
+    cmd->add_option("--timeout", *timeout,
+                    "How long to wait for each relay (default 3s)");
+    AddOutputOption(cmd, g);
+    cmd->footer(
+        "\nExamples:\n  dcr status --topology topology/local.yaml\n"
+        "  dcr status --topology topology/local.yaml -o json\n\n"
+        "Exit codes: 0 every relay answered, 1 some relay is unreachable, 2 "
+        "usage.\n");
+    cmd->callback([=] { *exit_code = RunStatusCommand(*path, *timeout, *g); });
+  }
+}
+
+}  // namespace dcr::cli

@@ -1,0 +1,294 @@
+// dcr-relay: the daemon on each rollout node. Receives a refit's chunks
+// from its parent, forwards them to its children and applies them to its
+// store in place (src/relay/relay.h).
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+
+#include "cli/cli_common.h"
+#include "common/file.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "dcr/topology.h"
+#include "relay/relay.h"
+
+namespace {
+
+using namespace dcr;
+
+struct Args {
+  std::string topology;
+  std::string node;
+  std::string name;
+  std::string listen;
+  std::string store;
+  int metrics_port = -1;
+  std::string metrics_host = "0.0.0.0";
+  std::string ready_file;
+  std::string log_format = "text";
+  bool verbose = false;
+  size_t apply_threads = 2;
+  std::string apply_window = "64MiB";
+  std::string link_rate;
+  std::string connect_timeout = "5s";
+};
+
+Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s) {
+  size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return Status::InvalidArgument(fmt::format(
+        "--listen '{}': expected HOST:PORT, e.g. 0.0.0.0:17001", s));
+  }
+  std::string host = s.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  int port = -1;
+  try {
+    size_t used = 0;
+    port = std::stoi(s.substr(colon + 1), &used);
+    if (used != s.size() - colon - 1) port = -1;
+  } catch (...) {
+  }
+  if (port < 0 || port > 65535) {
+    return Status::InvalidArgument(
+        fmt::format("--listen '{}': the port must be 0-65535", s));
+  }
+  return std::make_pair(host, static_cast<uint16_t>(port));
+}
+
+StoreSpec FromTopology(const StoreLocation& s) {
+  StoreSpec spec;
+  spec.kind = s.kind == StoreKind::kFile  ? StoreSpec::Kind::kFile
+              : s.kind == StoreKind::kShm ? StoreSpec::Kind::kShm
+                                          : StoreSpec::Kind::kMemory;
+  spec.path = s.path;
+  if (spec.kind == StoreSpec::Kind::kShm && !spec.path.starts_with('/')) {
+    spec.path = "/" + spec.path;
+  }
+  return spec;
+}
+
+std::string RenderMetrics(const RelayStats& s, const std::string& node) {
+  MetricsText m;
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    m.Family(name, "counter", help);
+    m.Sample(name, v, {{"node", node}});
+  };
+  counter("dcr_relay_bytes_in_total", "Bytes of refit frames from the parent",
+          s.bytes_in);
+  counter("dcr_relay_bytes_out_total", "Bytes written to children",
+          s.bytes_out);
+  counter("dcr_relay_chunks_received_total", "Chunks received",
+          s.chunks_received);
+  counter("dcr_relay_chunks_applied_total", "Chunks applied to the store",
+          s.chunks_applied);
+  counter("dcr_relay_chunks_forwarded_total",
+          "Chunk sends to children (one per child)", s.chunks_forwarded);
+  counter("dcr_relay_chunks_dropped_total",
+          "Duplicate chunks and chunks outside a refit", s.chunks_dropped);
+  m.Family("dcr_relay_refits_total", "counter", "Refits by result");
+  m.Sample("dcr_relay_refits_total", s.refits_committed,
+           {{"node", node}, {"result", "committed"}});
+  m.Sample("dcr_relay_refits_total", s.refits_aborted,
+           {{"node", node}, {"result", "aborted"}});
+  m.Family("dcr_relay_last_refit_duration_seconds", "gauge",
+           "Duration of the last refit, PLAN to final reply");
+  m.Sample("dcr_relay_last_refit_duration_seconds", s.last_refit_seconds,
+           {{"node", node}});
+  m.Family("dcr_relay_committed_step", "gauge",
+           "Step of the committed version (-1: none)");
+  m.Sample("dcr_relay_committed_step",
+           s.committed ? static_cast<int64_t>(s.committed->step) : -1,
+           {{"node", node}});
+  m.Family("dcr_relay_committed_version_info", "gauge",
+           "The committed version's digest as a label");
+  std::string digest = s.committed ? s.committed->digest.ToHex() : "";
+  m.Sample("dcr_relay_committed_version_info", uint64_t{1},
+           {{"node", node}, {"digest", digest}});
+  m.Family("dcr_relay_state", "gauge", "1 for the relay's current state");
+  m.Sample("dcr_relay_state", uint64_t{1},
+           {{"node", node}, {"state", s.state}});
+  m.Family("dcr_relay_apply_backlog_bytes", "gauge",
+           "Chunk bytes received and not yet applied");
+  m.Sample("dcr_relay_apply_backlog_bytes", s.apply_backlog_bytes,
+           {{"node", node}});
+  m.Family("dcr_relay_child_queue_bytes", "gauge",
+           "Bytes queued for each child during a refit");
+  for (const auto& [child, bytes] : s.child_queue_bytes) {
+    m.Sample("dcr_relay_child_queue_bytes", bytes,
+             {{"node", node}, {"child", child}});
+  }
+  return m.str();
+}
+
+int Run(const Args& a) {
+  using namespace dcr::cli;
+  RelayOptions o;
+  int metrics_port = a.metrics_port;
+  if (!a.topology.empty()) {
+    if (a.node.empty()) {
+      return ReportError(Status::InvalidArgument(
+          "--topology needs --node NAME: which node of the topology this is"));
+    }
+    auto topo = LoadTopology(a.topology);
+    if (!topo.ok()) return ReportError(topo.status());
+    const NodeSpec* n = topo->FindNode(a.node);
+    if (!n) {
+      return ReportError(Status::NotFound(
+          fmt::format("{}: no relay named '{}' (dcr topo show {} lists them)",
+                      a.topology, a.node, a.topology)));
+    }
+    o.name = n->name;
+    o.listen_host = n->host;
+    o.listen_port = n->port;
+    o.store = FromTopology(n->store);
+    if (metrics_port < 0 && n->metrics_port) metrics_port = *n->metrics_port;
+  } else {
+    if (a.name.empty() || a.listen.empty() || a.store.empty()) {
+      return ReportError(Status::InvalidArgument(
+          "give --topology F --node NAME, or all of --name, --listen and "
+          "--store"));
+    }
+    o.name = a.name;
+  }
+  if (!a.listen.empty()) {
+    auto hp = ParseHostPort(a.listen);
+    if (!hp.ok()) return ReportError(hp.status());
+    o.listen_host = hp->first;
+    o.listen_port = hp->second;
+  }
+  if (!a.store.empty()) {
+    auto spec = ParseStoreSpec(a.store);
+    if (!spec.ok()) return ReportError(spec.status());
+    o.store = *spec;
+  }
+  o.apply_threads = std::max<size_t>(1, a.apply_threads);
+  auto window = ParseSize(a.apply_window);
+  if (!window.ok()) return ReportError(window.status());
+  o.apply_window_bytes = std::max<uint64_t>(*window, 1u << 20);
+  if (!a.link_rate.empty()) {
+    auto bps = ParseBandwidth(a.link_rate);
+    if (!bps.ok()) return ReportError(bps.status());
+    o.transport_options.max_send_bps = *bps;
+  }
+  auto ct = ParseDurationNs(a.connect_timeout);
+  if (!ct.ok()) return ReportError(ct.status());
+  o.connect_timeout = std::chrono::milliseconds(*ct / 1000000);
+
+  // Signals are taken by sigwait in this thread only: block them before
+  // any thread starts so every thread inherits the mask.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto relay = Relay::Start(o);
+  if (!relay.ok()) {
+    std::fprintf(stderr, "dcr-relay: error: %s\n",
+                 std::string(relay.status().message()).c_str());
+    return ExitCodeFor(relay.status()) == kExitUsage ? kExitUsage : kExitFailed;
+  }
+  std::unique_ptr<MetricsServer> metrics;
+  if (metrics_port >= 0) {
+    Relay* r = relay->get();
+    std::string node = o.name;
+    auto server = MetricsServer::Start(
+        a.metrics_host, static_cast<uint16_t>(metrics_port),
+        [r, node] { return RenderMetrics(r->Stats(), node); });
+    if (!server.ok()) {
+      std::fprintf(stderr, "dcr-relay: error: %s\n",
+                   std::string(server.status().message()).c_str());
+      return kExitFailed;
+    }
+    metrics = *std::move(server);
+    spdlog::info("{}: metrics on http://{}:{}/metrics", o.name, a.metrics_host,
+                 metrics->port());
+  }
+  if (!a.ready_file.empty()) {
+    std::string text = fmt::format(
+        "{{\"node\":\"{}\",\"port\":{},\"metrics_port\":{},\"pid\":{}}}\n",
+        o.name, (*relay)->port(), metrics ? int(metrics->port()) : -1,
+        static_cast<long>(getpid()));
+    Status s = WriteFileAtomic(
+        a.ready_file,
+        std::as_bytes(std::span<const char>(text.data(), text.size())));
+    if (!s.ok()) {
+      std::fprintf(stderr, "dcr-relay: error: --ready-file: %s\n",
+                   std::string(s.message()).c_str());
+      return kExitFailed;
+    }
+  }
+  int sig = 0;
+  sigwait(&set, &sig);
+  spdlog::info("{}: {} received, stopping", o.name, strsignal(sig));
+  if (metrics) metrics->Stop();
+  (*relay)->Stop();
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app(
+      "dcr-relay: receive refits from the parent relay, forward them to the "
+      "children and\napply them in place to this node's weight store.",
+      "dcr-relay");
+  app.set_version_flag("--version", "dcr-relay 0.1.0");
+  app.add_option("-t,--topology", a.topology, "Topology YAML file");
+  app.add_option("-n,--node", a.node, "This node's name in the topology");
+  app.add_option("--name", a.name, "Node name (without --topology)");
+  app.add_option("--listen", a.listen,
+                 "HOST:PORT to listen on (default: the node's in the "
+                 "topology)");
+  app.add_option("--store", a.store,
+                 "Weight store: file:PATH, shm:NAME or memory: (default: the "
+                 "node's in the topology)");
+  app.add_option("--metrics-port", a.metrics_port,
+                 "Serve Prometheus metrics on this port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-host", a.metrics_host,
+                 "Address for the metrics endpoint (default 0.0.0.0)");
+  app.add_option("--ready-file", a.ready_file,
+                 "Write {node, port, metrics_port, pid} as JSON here once "
+                 "listening");
+  app.add_option("--log-format", a.log_format, "Log format: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+  app.add_flag("-v,--verbose", a.verbose, "Log debug detail");
+  app.add_option("--apply-threads", a.apply_threads,
+                 "Threads applying chunks and hashing (default 2)");
+  app.add_option("--apply-window", a.apply_window,
+                 "Received-but-unapplied bytes before reading pauses "
+                 "(default 64MiB)");
+  app.add_option("--link-rate", a.link_rate,
+                 "Pace each link to children to this bandwidth, e.g. "
+                 "500Mbps (testing without tc)");
+  app.add_option("--connect-timeout", a.connect_timeout,
+                 "Timeout connecting to a child (default 5s)");
+  app.footer(
+      "\nRuns in the foreground until SIGTERM or SIGINT; a refit in progress "
+      "is then\naborted and the store restored to its base bits.\n\n"
+      "Examples:\n"
+      "  dcr-relay --topology topology/local.yaml --node a0 --metrics-port "
+      "9101\n"
+      "  dcr-relay --name a0 --listen 0.0.0.0:17001 --store "
+      "file:/models/policy.safetensors\n\n"
+      "Exit codes: 0 stopped by a signal, 1 runtime failure, 2 usage or "
+      "configuration error.\n");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : dcr::cli::kExitUsage;
+  }
+  auto fmt = dcr::ParseLogFormat(a.log_format);
+  dcr::InitLogging(fmt.ok() ? *fmt : dcr::LogFormat::kText,
+                   a.verbose ? spdlog::level::debug : spdlog::level::info);
+  return Run(a);
+}

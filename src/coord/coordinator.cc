@@ -1,0 +1,876 @@
+#include "coord/coordinator.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "common/file.h"
+#include "dcr/checkpoint.h"
+#include "dcr/codec.h"
+#include "dcr/store.h"
+#include "dcr/thread_pool.h"
+#include "relay/fanout.h"
+#include "relay/mailbox.h"
+
+namespace dcr {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+RefitId NewRefitId() {
+  std::random_device rd;
+  RefitId id;
+  for (size_t i = 0; i < id.bytes.size(); i += 4) {
+    uint32_t v = rd();
+    for (size_t k = 0; k < 4; ++k) id.bytes[i + k] = uint8_t(v >> (8 * k));
+  }
+  return id;
+}
+
+std::string NowIso8601() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+Status WriteText(const std::string& path, const std::string& text) {
+  return WriteFileAtomic(
+      path, std::as_bytes(std::span<const char>(text.data(), text.size())));
+}
+
+// The coordinator run's epoch: one more than the last one persisted in
+// state_dir, written durably before any frame carries it.
+Result<uint64_t> NextEpoch(const std::string& state_dir) {
+  std::string path = state_dir + "/epoch";
+  uint64_t last = 0;
+  std::error_code ec;
+  bool exists = std::filesystem::exists(path, ec);
+  auto text = exists ? ReadFileToString(path)
+                     : Result<std::string>(Status::NotFound(path));
+  if (text.ok()) {
+    try {
+      last = std::stoull(*text);
+    } catch (...) {
+      return Status::Corruption(path + ": not an epoch number");
+    }
+  } else if (!text.status().IsNotFound()) {
+    return text.status();
+  }
+  DCR_RETURN_IF_ERROR(WriteText(path, std::to_string(last + 1) + "\n"));
+  return last + 1;
+}
+
+nlohmann::json VersionJson(const Version& v) {
+  return {{"step", v.step}, {"digest", v.digest.ToHex()}};
+}
+
+// One encoded chunk framed and waiting to be sent.
+struct Outgoing {
+  FrameBuffer frame;
+  uint64_t payload = 0;
+};
+
+// Encoded chunks between the encoder thread and the sender; Push blocks
+// while more than `capacity` bytes wait (construction runs at most one
+// window ahead of transfer).
+class ChunkQueue {
+ public:
+  explicit ChunkQueue(uint64_t capacity) : capacity_(capacity) {}
+  // False when cancelled.
+  bool Push(Outgoing o) {
+    std::unique_lock lock(mu_);
+    space_.wait(lock, [&] { return cancelled_ || bytes_ < capacity_; });
+    if (cancelled_) return false;
+    bytes_ += o.frame->size();
+    items_.push_back(std::move(o));
+    return true;
+  }
+  std::optional<Outgoing> Pop() {
+    std::lock_guard lock(mu_);
+    if (items_.empty()) return std::nullopt;
+    Outgoing o = std::move(items_.front());
+    items_.pop_front();
+    bytes_ -= o.frame->size();
+    space_.notify_one();
+    return o;
+  }
+  void Cancel() {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+    space_.notify_all();
+  }
+
+ private:
+  uint64_t capacity_;
+  std::mutex mu_;
+  std::condition_variable space_;
+  std::deque<Outgoing> items_;  // guarded by mu_
+  uint64_t bytes_ = 0;          // guarded by mu_
+  bool cancelled_ = false;      // guarded by mu_
+};
+
+class RefitRun {
+ public:
+  explicit RefitRun(const RefitOptions& options) : options_(options) {}
+  Result<RefitReport> Run();
+
+ private:
+  Status Prepare();
+  // Runs the mailbox until `done` or the fanout's deadline.
+  void WaitPhase(const std::function<bool()>& done);
+  Status SendDown(FrameType type, const std::vector<std::byte>& payload);
+  void Stream();
+  void Produce();
+  void Finish(FrameType type, const std::vector<std::byte>& payload,
+              FrameType reply);
+  Status AdvanceBaseline();
+  void Summarize(const std::vector<NodeResult>& plan,
+                 const std::vector<NodeResult>& votes,
+                 const std::vector<NodeResult>& final_replies,
+                 const std::set<std::string>& commit_set);
+  std::map<std::string, NodeResult> ByNode(const std::vector<NodeResult>& v);
+
+  const RefitOptions& options_;
+  Tree tree_;
+  std::string state_dir_;
+  std::unique_ptr<Checkpoint> target_;
+  std::unique_ptr<WeightStore> baseline_;
+  StoreSpec baseline_spec_;
+  RefitReport report_;
+  PlanMsg plan_;
+  uint64_t window_ = 0;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Transport> transport_;
+  Mailbox mailbox_;
+  std::shared_ptr<Fanout> fanout_;
+  uint64_t sequence_ = 0;
+  // Filled by the encoder thread; read after it joined.
+  std::vector<std::pair<uint32_t, uint32_t>> ids_;
+  std::atomic<uint64_t> scanned_{0};
+  Status produce_error_;
+  ChunkSizes sizes_;
+  std::unique_ptr<ChunkQueue> queue_;
+  std::atomic<bool> produce_done_{false};
+};
+
+Status RefitRun::Prepare() {
+  const Topology& topo = options_.topology;
+  DCR_ASSIGN_OR_RETURN(tree_, BuildTree(topo));
+  if (tree_.nodes.size() < 2) {
+    return Status::InvalidArgument(topo.source +
+                                   ": the topology has no relays to refit");
+  }
+  state_dir_ = topo.root.state_dir;
+  if (state_dir_.empty()) {
+    return Status::InvalidArgument(
+        topo.source +
+        ": root.state_dir is required for a refit (the coordinator keeps its "
+        "epoch and commit decisions there)");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(state_dir_ + "/decisions", ec);
+  if (ec) {
+    return Status::IOError(fmt::format("cannot create state_dir {}: {}",
+                                       state_dir_, ec.message()));
+  }
+  DCR_ASSIGN_OR_RETURN(
+      target_, Checkpoint::Open(options_.target, Checkpoint::Mode::kReadOnly));
+  if (topo.root.baseline.empty()) {
+    if (options_.mode == RefitMode::kDelta) {
+      return Status::InvalidArgument(
+          topo.source +
+          ": root.baseline is required for a delta refit (the checkpoint "
+          "every relay holds now)");
+    }
+  } else {
+    baseline_spec_.kind = StoreSpec::Kind::kFile;
+    baseline_spec_.path = topo.root.baseline;
+    auto store = OpenStore(baseline_spec_);
+    if (store.ok()) {
+      baseline_ = *std::move(store);
+    } else if (!store.status().IsNotFound() ||
+               options_.mode == RefitMode::kDelta) {
+      const Status& e = store.status();
+      std::string msg = fmt::format(
+          "root.baseline: {}{}", e.message(),
+          e.IsNotFound() ? " (copy the checkpoint the relays hold there, or "
+                           "seed the tree with dcr refit --full)"
+                         : "");
+      return e.IsNotFound()     ? Status::NotFound(msg)
+             : e.IsCorruption() ? Status::Corruption(msg)
+                                : Status::IOError(msg);
+    }
+  }
+  if (baseline_ &&
+      baseline_->manifest().digest() != target_->manifest().digest()) {
+    return Status::InvalidArgument(fmt::format(
+        "the target {} does not have the baseline's tensors: {}",
+        options_.target,
+        Manifest::Difference(baseline_->manifest(), target_->manifest())));
+  }
+  if (baseline_ && baseline_->InProgress()) {
+    return Status::InvalidArgument(fmt::format(
+        "root.baseline {} holds an unfinished update (refit {}); restore it "
+        "from the last committed checkpoint",
+        baseline_->describe(), baseline_->InProgress()->refit.ToHex()));
+  }
+  pool_ = std::make_unique<ThreadPool>(options_.threads);
+  report_.mode = options_.mode;
+  report_.refit = NewRefitId();
+  report_.checkpoint_bytes = target_->manifest().TotalBytes();
+  report_.total_elements = target_->manifest().TotalElements();
+  if (baseline_) {
+    if (auto c = baseline_->committed()) {
+      report_.base = *c;
+    } else {
+      report_.base = Version{0, baseline_->Digests(pool_.get()).version};
+    }
+  }
+  report_.target = Version{report_.base.step + 1,
+                           target_->ComputeDigests(pool_.get()).version};
+  DCR_ASSIGN_OR_RETURN(report_.epoch, NextEpoch(state_dir_));
+
+  window_ = std::max<uint64_t>(topo.defaults.window_bytes, 1u << 20);
+  plan_.mode = options_.mode;
+  plan_.base = report_.base;
+  plan_.target = report_.target;
+  plan_.manifest = target_->manifest().digest();
+  plan_.span_elems = topo.defaults.span_elems;
+  plan_.chunk_window_bytes = window_;
+  plan_.phase_timeout_ms =
+      static_cast<uint32_t>(options_.phase_timeout.count());
+  if (options_.mode == RefitMode::kFull) {
+    plan_.tensors = target_->manifest().tensors();
+  }
+  for (const TreeNode& n : tree_.nodes) {
+    PlanNode p;
+    p.name = n.name;
+    p.host = n.host;
+    p.port = n.port;
+    p.transport = std::string(TransportKindName(n.transport));
+    p.parent = n.parent;
+    plan_.nodes.push_back(std::move(p));
+  }
+  TransportOptions to = options_.transport_options;
+  to.name = topo.root.name;
+  DCR_ASSIGN_OR_RETURN(transport_, CreateTransport(options_.transport, to));
+  return Status::OK();
+}
+
+void RefitRun::WaitPhase(const std::function<bool()>& done) {
+  while (!done()) {
+    Clock::time_point next = std::min(
+        fanout_->deadline(), Clock::now() + std::chrono::milliseconds(50));
+    mailbox_.RunUntil(next);
+    fanout_->ExpireIfDue(Clock::now());
+  }
+}
+
+Status RefitRun::SendDown(FrameType type,
+                          const std::vector<std::byte>& payload) {
+  FrameHeader h;
+  h.type = type;
+  h.epoch = report_.epoch;
+  h.refit_id = report_.refit;
+  h.sequence = sequence_++;
+  DCR_ASSIGN_OR_RETURN(
+      FrameBuffer frame,
+      EncodeFrame(h, payload, options_.transport_options.frames));
+  report_.stream_bytes += frame->size();
+  fanout_->Forward(frame);
+  return Status::OK();
+}
+
+// The encoder thread: spans in canonical order, a batch at a time in
+// parallel, queued in order.
+void RefitRun::Produce() {
+  const Manifest& m = target_->manifest();
+  uint64_t span_elems = plan_.span_elems;
+  struct Item {
+    uint32_t tensor, span;
+  };
+  std::vector<Item> items;
+  for (size_t t = 0; t < m.size(); ++t) {
+    uint64_t spans = SpanCount(m[t].NumElements(), span_elems);
+    for (uint64_t s = 0; s < spans; ++s) {
+      items.push_back({static_cast<uint32_t>(t), static_cast<uint32_t>(s)});
+    }
+  }
+  std::vector<std::unique_ptr<ChunkEncoder>> encoders(pool_->size());
+  for (auto& e : encoders) {
+    auto enc = ChunkEncoder::Create(EncodeOptions{});
+    if (!enc.ok()) {
+      produce_error_ = enc.status();
+      produce_done_ = true;
+      mailbox_.Wake();
+      return;
+    }
+    e = *std::move(enc);
+  }
+  const size_t batch = std::max<size_t>(4, pool_->size() * 4);
+  std::vector<std::vector<std::byte>> out(batch);
+  std::vector<ChunkSizes> sizes(batch);
+  std::vector<Status> errors(batch);
+  for (size_t begin = 0; begin < items.size(); begin += batch) {
+    size_t n = std::min(batch, items.size() - begin);
+    pool_->ParallelFor(n, [&](size_t i, size_t worker) {
+      const Item& it = items[begin + i];
+      const TensorInfo& info = m[it.tensor];
+      size_t es = DTypeSize(info.dtype);
+      uint64_t first = uint64_t{it.span} * span_elems;
+      uint64_t count = std::min(span_elems, info.NumElements() - first);
+      auto target =
+          target_->TensorData(it.tensor).subspan(first * es, count * es);
+      out[i].clear();
+      sizes[i] = ChunkSizes();
+      ChunkId id{it.tensor, it.span};
+      if (options_.mode == RefitMode::kFull) {
+        errors[i] =
+            encoders[worker]->EncodeFull(id, es, target, &out[i], &sizes[i]);
+      } else {
+        auto base =
+            baseline_->Tensor(it.tensor).subspan(first * es, count * es);
+        auto changed = encoders[worker]->EncodeDiff(
+            ChunkKind::kXor, id, es, base, target, &out[i], &sizes[i]);
+        errors[i] = changed.ok() ? Status::OK() : changed.status();
+      }
+      scanned_ += count * es;
+    });
+    for (size_t i = 0; i < n; ++i) {
+      if (!errors[i].ok()) {
+        produce_error_ = errors[i];
+        produce_done_ = true;
+        mailbox_.Wake();
+        return;
+      }
+      if (out[i].empty()) continue;
+      FrameHeader h;
+      h.type = FrameType::kChunk;
+      h.epoch = report_.epoch;
+      h.refit_id = report_.refit;
+      h.sequence = 1 + ids_.size();  // PLAN is 0; chunks follow in order
+      auto frame = EncodeFrame(h, out[i], options_.transport_options.frames);
+      if (!frame.ok()) {
+        produce_error_ = frame.status();
+        produce_done_ = true;
+        mailbox_.Wake();
+        return;
+      }
+      ids_.emplace_back(items[begin + i].tensor, items[begin + i].span);
+      sizes_ += sizes[i];
+      if (!queue_->Push(Outgoing{*std::move(frame), out[i].size()})) {
+        produce_done_ = true;
+        return;
+      }
+      mailbox_.Wake();
+    }
+  }
+  produce_done_ = true;
+  mailbox_.Wake();
+}
+
+void RefitRun::Stream() {
+  queue_ = std::make_unique<ChunkQueue>(window_);
+  sequence_ = 1;  // chunks take 1..n in the encoder thread
+  std::thread producer([this] { Produce(); });
+  auto last_progress = Clock::now();
+  uint64_t payload = 0, chunks = 0;
+  for (;;) {
+    bool idle = true;
+    while (fanout_->MaxQueuedBytes() <= window_) {
+      auto o = queue_->Pop();
+      if (!o) break;
+      idle = false;
+      report_.stream_bytes += o->frame->size();
+      payload += o->payload;
+      ++chunks;
+      fanout_->Forward(o->frame);
+    }
+    mailbox_.RunUntil(Clock::now() + std::chrono::milliseconds(idle ? 20 : 0));
+    if (fanout_->live_children() == 0) {
+      queue_->Cancel();
+      spdlog::error("every cluster head left the refit; stopping the stream");
+      break;
+    }
+    if (produce_done_) {
+      // Drain what the encoder queued after its last wake-up.
+      bool empty = false;
+      while (fanout_->MaxQueuedBytes() <= window_) {
+        auto o = queue_->Pop();
+        if (!o) {
+          empty = true;
+          break;
+        }
+        report_.stream_bytes += o->frame->size();
+        payload += o->payload;
+        ++chunks;
+        fanout_->Forward(o->frame);
+      }
+      if (empty) break;
+    }
+    if (options_.on_progress &&
+        Clock::now() - last_progress > std::chrono::milliseconds(100)) {
+      last_progress = Clock::now();
+      RefitOptions::Progress p;
+      p.scanned_bytes = scanned_;
+      p.total_bytes = report_.checkpoint_bytes;
+      p.payload_bytes = payload;
+      p.chunks = chunks;
+      for (auto& [name, bytes] : fanout_->QueueDepths()) {
+        if (bytes >= p.slowest_queue_bytes) {
+          p.slowest = name;
+          p.slowest_queue_bytes = bytes;
+        }
+      }
+      options_.on_progress(p);
+    }
+  }
+  producer.join();
+  sequence_ = 1 + ids_.size();
+  report_.chunks = chunks;
+  report_.payload_bytes = payload;
+  report_.changed_elements = sizes_.changed;
+  if (options_.on_progress) {
+    RefitOptions::Progress p;
+    p.scanned_bytes = scanned_;
+    p.total_bytes = report_.checkpoint_bytes;
+    p.payload_bytes = payload;
+    p.chunks = chunks;
+    options_.on_progress(p);
+  }
+}
+
+std::map<std::string, NodeResult> RefitRun::ByNode(
+    const std::vector<NodeResult>& v) {
+  std::map<std::string, NodeResult> out;
+  for (const NodeResult& r : v) out.emplace(r.node, r);
+  return out;
+}
+
+Status RefitRun::AdvanceBaseline() {
+  if (baseline_spec_.path.empty()) {
+    spdlog::warn("no root.baseline configured; the next delta refit needs one");
+    return Status::OK();
+  }
+  if (!baseline_) {
+    DCR_ASSIGN_OR_RETURN(
+        baseline_,
+        CreateStore(baseline_spec_, target_->manifest(), target_->metadata()));
+  }
+  DCR_RETURN_IF_ERROR(
+      baseline_->BeginRefit(report_.refit, report_.base, report_.target));
+  const Manifest& m = target_->manifest();
+  auto copy_span = [&](uint32_t t, uint64_t first, uint64_t count) {
+    size_t es = DTypeSize(m[t].dtype);
+    auto src = target_->TensorData(t).subspan(first * es, count * es);
+    auto dst = baseline_->MutableTensor(t).subspan(first * es, count * es);
+    std::memcpy(dst.data(), src.data(), src.size());
+  };
+  if (options_.mode == RefitMode::kFull) {
+    pool_->ParallelFor(m.size(), [&](size_t t, size_t) {
+      copy_span(static_cast<uint32_t>(t), 0, m[t].NumElements());
+    });
+  } else {
+    pool_->ParallelFor(ids_.size(), [&](size_t i, size_t) {
+      auto [t, s] = ids_[i];
+      uint64_t first = uint64_t{s} * plan_.span_elems;
+      copy_span(
+          t, first,
+          std::min<uint64_t>(plan_.span_elems, m[t].NumElements() - first));
+    });
+  }
+  Digest128 digest = baseline_->Digests(pool_.get()).version;
+  if (digest != report_.target.digest) {
+    return Status::Internal(fmt::format(
+        "the baseline does not have the target digest after the update ({} "
+        "vs {})",
+        digest.ShortHex(), report_.target.digest.ShortHex()));
+  }
+  return baseline_->Commit(report_.target, report_.refit);
+}
+
+void RefitRun::Summarize(const std::vector<NodeResult>& plan,
+                         const std::vector<NodeResult>& votes,
+                         const std::vector<NodeResult>& final_replies,
+                         const std::set<std::string>& commit_set) {
+  auto p = ByNode(plan), v = ByNode(votes), f = ByNode(final_replies);
+  uint64_t per_edge = report_.stream_bytes;
+  for (size_t i = 1; i < tree_.nodes.size(); ++i) {
+    const TreeNode& n = tree_.nodes[i];
+    NodeOutcome o;
+    o.node = n.name;
+    o.cluster = n.cluster;
+    o.committed = commit_set.count(n.name) && f.count(n.name) &&
+                  f[n.name].code == NodeCode::kOk &&
+                  f[n.name].version == report_.target;
+    auto first_failure = [&](std::map<std::string, NodeResult>& m,
+                             const char* phase) {
+      if (!o.phase.empty()) return;
+      auto it = m.find(n.name);
+      if (it == m.end()) return;
+      if (it->second.code != NodeCode::kOk) {
+        o.code = it->second.code;
+        o.phase = phase;
+        o.detail = it->second.detail;
+      }
+    };
+    first_failure(p, "plan");
+    first_failure(v, "vote");
+    first_failure(f, "commit");
+    if (f.count(n.name)) o.chunks_applied = f[n.name].chunks_applied;
+    if (!o.committed && o.phase.empty() &&
+        report_.outcome != RefitOutcome::kAborted) {
+      o.phase = "commit";
+      o.detail = commit_set.count(n.name) ? "no commit reply"
+                                          : "not in the commit set";
+    }
+    report_.nodes.push_back(std::move(o));
+    // The stream crossed this node's link if the node took the plan.
+    if (p.count(n.name) && p[n.name].code != NodeCode::kUnreachable &&
+        p[n.name].code != NodeCode::kTimeout) {
+      report_.link_class_bytes[std::string(LinkClassName(n.link))] += per_edge;
+    }
+  }
+}
+
+Result<RefitReport> RefitRun::Run() {
+  auto t0 = Clock::now();
+  DCR_RETURN_IF_ERROR(Prepare());
+  spdlog::info("refit {} (epoch {}): {} step {} -> {} ({}), {} receivers",
+               report_.refit.ToHex(), report_.epoch,
+               options_.mode == RefitMode::kFull ? "full" : "delta",
+               report_.base.step, report_.target.step,
+               report_.target.digest.ShortHex(), tree_.nodes.size() - 1);
+
+  Fanout::Options fo;
+  fo.transport = transport_.get();
+  fo.mailbox = &mailbox_;
+  fo.connect_timeout = options_.connect_timeout;
+  fo.hello = HelloMsg{options_.topology.root.name, kRoleRoot, report_.epoch};
+  fo.frames = options_.transport_options.frames;
+  fo.header.epoch = report_.epoch;
+  fo.header.refit_id = report_.refit;
+  fo.header.sequence = 0;
+  fanout_ = Fanout::Create(fo, plan_);
+  auto deadline = [&] { return Clock::now() + options_.phase_timeout; };
+
+  // 1. Plan.
+  fanout_->Start(deadline());
+  WaitPhase([&] { return fanout_->Complete(); });
+  std::vector<NodeResult> plan_results = fanout_->Results();
+  auto t_plan = Clock::now();
+  report_.plan_seconds = Seconds(t0, t_plan);
+  size_t receivers = tree_.nodes.size() - 1;
+  size_t required = options_.topology.defaults.min_commit == 0
+                        ? receivers
+                        : options_.topology.defaults.min_commit;
+  size_t planned = std::count_if(
+      plan_results.begin(), plan_results.end(),
+      [](const NodeResult& r) { return r.code == NodeCode::kOk; });
+  std::vector<NodeResult> votes;
+  std::set<std::string> commit_set;
+  std::vector<NodeResult> final_replies;
+  bool commit = false;
+  if (planned < required) {
+    report_.reason =
+        fmt::format("{} of {} receivers took the plan; min_commit needs {}",
+                    planned, receivers, required);
+  } else {
+    // 2. Stream.
+    Stream();
+    auto t_stream = Clock::now();
+    report_.stream_seconds = Seconds(t_plan, t_stream);
+    if (!produce_error_.ok()) {
+      report_.reason = "encoding failed: " + produce_error_.ToString();
+    } else {
+      // 3. Vote.
+      EndMsg end{ids_.size(), ChunkIdsDigest(ids_)};
+      fanout_->Expect(FrameType::kVote, deadline());
+      Status s = SendDown(FrameType::kEnd, EncodeEnd(end));
+      if (!s.ok()) report_.reason = s.ToString();
+      WaitPhase([&] { return fanout_->Complete(); });
+      votes = fanout_->Results();
+      report_.vote_seconds = Seconds(t_stream, Clock::now());
+      for (const NodeResult& r : votes) {
+        if (r.code == NodeCode::kOk && r.version == report_.target) {
+          commit_set.insert(r.node);
+        }
+      }
+      commit = s.ok() && !commit_set.empty() && commit_set.size() >= required;
+      if (!commit && report_.reason.empty()) {
+        report_.reason = fmt::format(
+            "{} of {} receivers verified the target; min_commit needs {}",
+            commit_set.size(), receivers, required);
+      }
+    }
+  }
+
+  // 4. Decide, durably, then tell the tree.
+  auto t_decide = Clock::now();
+  if (commit) {
+    nlohmann::json d = {
+        {"refit", report_.refit.ToHex()},
+        {"epoch", report_.epoch},
+        {"decision", "commit"},
+        {"base", VersionJson(report_.base)},
+        {"target", VersionJson(report_.target)},
+        {"commit_set",
+         std::vector<std::string>(commit_set.begin(), commit_set.end())},
+        {"decided_at", NowIso8601()}};
+    Status s =
+        WriteText(state_dir_ + "/decisions/" + report_.refit.ToHex() + ".json",
+                  d.dump(2) + "\n");
+    if (!s.ok()) {
+      commit = false;
+      report_.reason = "cannot record the commit decision: " + s.ToString();
+    }
+  }
+  if (commit) {
+    CommitMsg msg{report_.target, std::vector<std::string>(commit_set.begin(),
+                                                           commit_set.end())};
+    fanout_->Expect(FrameType::kCommitReply, deadline());
+    Status s = SendDown(FrameType::kCommit, EncodeCommit(msg));
+    if (s.ok()) WaitPhase([&] { return fanout_->Complete(); });
+    final_replies = fanout_->Results();
+    report_.outcome = commit_set.size() == receivers ? RefitOutcome::kCommitted
+                                                     : RefitOutcome::kPartial;
+    Status b = AdvanceBaseline();
+    if (!b.ok()) {
+      spdlog::error("the refit committed but the baseline was not advanced: {}",
+                    b.ToString());
+      report_.reason = "baseline not advanced: " + b.ToString();
+    }
+  } else {
+    fanout_->Expect(FrameType::kAbortReply, deadline());
+    Status s =
+        SendDown(FrameType::kAbort, EncodeAbort(AbortMsg{report_.reason}));
+    if (s.ok()) WaitPhase([&] { return fanout_->Complete(); });
+    final_replies = fanout_->Results();
+    report_.outcome = RefitOutcome::kAborted;
+    commit_set.clear();
+  }
+  report_.commit_seconds = Seconds(t_decide, Clock::now());
+  fanout_->Close();
+  Summarize(plan_results, votes, final_replies, commit_set);
+  if (report_.outcome == RefitOutcome::kPartial && report_.reason.empty()) {
+    std::vector<std::string> excluded;
+    for (const NodeOutcome& n : report_.nodes) {
+      if (!n.committed) excluded.push_back(n.node);
+    }
+    report_.reason =
+        fmt::format("excluded (stale): {}", fmt::join(excluded, ", "));
+  }
+  report_.total_seconds = Seconds(t0, Clock::now());
+  // Let the last frames leave before the links go.
+  auto flush_until = Clock::now() + std::chrono::seconds(2);
+  while (fanout_->MaxQueuedBytes() > 0 && Clock::now() < flush_until) {
+    mailbox_.RunUntil(Clock::now() + std::chrono::milliseconds(5));
+  }
+  transport_->Stop();
+  mailbox_.Close();
+  Status w =
+      WriteText(state_dir_ + "/last-refit.json", report_.ToJson() + "\n");
+  if (!w.ok()) spdlog::warn("cannot write last-refit.json: {}", w.ToString());
+  return report_;
+}
+
+}  // namespace
+
+std::string_view RefitOutcomeName(RefitOutcome o) {
+  switch (o) {
+    case RefitOutcome::kCommitted:
+      return "committed";
+    case RefitOutcome::kPartial:
+      return "committed-partial";
+    case RefitOutcome::kAborted:
+      return "aborted";
+  }
+  return "?";
+}
+
+std::string RefitReport::ToJson() const {
+  nlohmann::json nodes_json = nlohmann::json::array();
+  for (const NodeOutcome& n : nodes) {
+    nodes_json.push_back({{"node", n.node},
+                          {"cluster", n.cluster},
+                          {"committed", n.committed},
+                          {"code", std::string(NodeCodeName(n.code))},
+                          {"phase", n.phase},
+                          {"detail", n.detail},
+                          {"chunks_applied", n.chunks_applied}});
+  }
+  nlohmann::json j = {
+      {"refit", refit.ToHex()},
+      {"epoch", epoch},
+      {"mode", mode == RefitMode::kFull ? "full" : "delta"},
+      {"outcome", std::string(RefitOutcomeName(outcome))},
+      {"reason", reason},
+      {"base", VersionJson(base)},
+      {"target", VersionJson(target)},
+      {"checkpoint_bytes", checkpoint_bytes},
+      {"total_elements", total_elements},
+      {"changed_elements", changed_elements},
+      {"change_rate",
+       total_elements ? double(changed_elements) / total_elements : 0.0},
+      {"chunks", chunks},
+      {"payload_bytes", payload_bytes},
+      {"stream_bytes", stream_bytes},
+      {"link_class_bytes", link_class_bytes},
+      {"seconds",
+       {{"plan", plan_seconds},
+        {"stream", stream_seconds},
+        {"vote", vote_seconds},
+        {"commit", commit_seconds},
+        {"total", total_seconds}}},
+      {"nodes", nodes_json}};
+  return j.dump();
+}
+
+Result<RefitReport> RunRefit(const RefitOptions& options) {
+  RefitRun run(options);
+  return run.Run();
+}
+
+// ------------------------------------------------------------------ status
+
+namespace {
+
+class StatusHandler : public LinkHandler {
+ public:
+  StatusHandler(Mailbox* mailbox, NodeStatus* out, bool* done)
+      : mailbox_(mailbox), out_(out), done_(done) {}
+  void OnFrame(Link&, const Frame& frame, const FrameBuffer& buffer) override {
+    if (frame.type() != FrameType::kStatusReply &&
+        frame.type() != FrameType::kError) {
+      return;
+    }
+    mailbox_->Post([out_ = out_, done_ = done_, frame, buffer] {
+      if (*done_) return;
+      *done_ = true;
+      if (frame.type() == FrameType::kError) {
+        out_->error =
+            std::string(reinterpret_cast<const char*>(frame.payload.data()),
+                        frame.payload.size());
+        return;
+      }
+      auto r = DecodeResults(frame.payload);
+      if (!r.ok() || r->nodes.empty()) {
+        out_->error = r.ok() ? "empty STATUS_REPLY" : r.status().ToString();
+        return;
+      }
+      const NodeResult& n = r->nodes[0];
+      out_->reachable = true;
+      out_->code = n.code;
+      if (n.version.step != 0 || n.version.digest != Digest128()) {
+        out_->committed = n.version;
+      }
+      out_->detail = n.detail;
+      if (n.node != out_->node) {
+        out_->error = fmt::format("answered as '{}'", n.node);
+      }
+    });
+  }
+  void OnClosed(Link&, const Status& why) override {
+    mailbox_->Post([out_ = out_, done_ = done_, why] {
+      if (*done_) return;
+      *done_ = true;
+      out_->error = why.ok() ? "closed" : std::string(why.message());
+    });
+  }
+
+ private:
+  Mailbox* mailbox_;
+  NodeStatus* out_;
+  bool* done_;
+};
+
+}  // namespace
+
+std::vector<NodeStatus> QueryStatus(const Topology& topology,
+                                    std::chrono::milliseconds timeout,
+                                    const std::string& transport_kind,
+                                    const TransportOptions& options) {
+  std::vector<NodeStatus> out;
+  for (const ClusterSpec& c : topology.clusters) {
+    for (const NodeSpec& n : c.nodes) {
+      NodeStatus s;
+      s.node = n.name;
+      s.cluster = c.name;
+      s.address = fmt::format("{}:{}", n.host, n.port);
+      out.push_back(std::move(s));
+    }
+  }
+  auto transport = CreateTransport(transport_kind, options);
+  if (!transport.ok()) {
+    for (NodeStatus& s : out) s.error = transport.status().ToString();
+    return out;
+  }
+  Mailbox mailbox;
+  // deque: stable addresses for the handlers.
+  std::deque<bool> done(out.size(), false);
+  std::vector<std::shared_ptr<Link>> links(out.size());
+  auto deadline = Clock::now() + timeout;
+  size_t i = 0;
+  for (const ClusterSpec& c : topology.clusters) {
+    for (const NodeSpec& n : c.nodes) {
+      auto handler =
+          std::make_shared<StatusHandler>(&mailbox, &out[i], &done[i]);
+      (*transport)
+          ->AsyncConnect(n.host, n.port, handler, timeout,
+                         [&mailbox, &out, &done, &links,
+                          i](Result<std::shared_ptr<Link>> l) {
+                           mailbox.Post([&, i, l = std::move(l)] {
+                             if (!l.ok()) {
+                               done[i] = true;
+                               out[i].error = std::string(l.status().message());
+                               return;
+                             }
+                             links[i] = *l;
+                             FrameHeader h;
+                             h.type = FrameType::kHello;
+                             auto hello = EncodeFrame(
+                                 h, EncodeHello(HelloMsg{"", kRoleClient, 0}));
+                             h.type = FrameType::kStatusRequest;
+                             h.sequence = 1;
+                             auto req = EncodeFrame(h, {});
+                             if (hello.ok() && req.ok()) {
+                               links[i]->Send(*hello);
+                               links[i]->Send(*req);
+                             }
+                           });
+                         });
+      ++i;
+    }
+  }
+  while (Clock::now() < deadline &&
+         !std::all_of(done.begin(), done.end(), [](bool d) { return d; })) {
+    mailbox.RunUntil(
+        std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
+  }
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (!done[k]) out[k].error = "no answer within the timeout";
+  }
+  (*transport)->Stop();
+  mailbox.Close();
+  return out;
+}
+
+}  // namespace dcr

@@ -1,0 +1,140 @@
+// The coordinator: the root of the relay tree, beside the trainer. It runs
+// one refit from its baseline to a target checkpoint through the tree of a
+// topology (what `dcr refit` does), and asks relays for their state (what
+// `dcr status` does).
+//
+// One refit (docs/PROTOCOL.md):
+//  1. Plan. Loads the baseline (root.baseline, a file store whose version
+//     record names its step) and the target; the target version is
+//     (base step + 1, target digest). Persists a new epoch in state_dir,
+//     connects to the heads of the clusters and sends each its sub-plan;
+//     waits for the PLAN_REPLY of every node (or the phase deadline).
+//  2. Stream. Encoder threads diff base and target span by span (XOR
+//     chunks; dense overwrites for --full) while the coordinator thread
+//     sends the chunks down: construction overlaps transfer, and both the
+//     encoded-but-unsent queue and each child's send queue are bounded by
+//     the window. END carries the chunk count and the digest of the ids.
+//  3. Vote. Every node reports whether its store now has the target digest.
+//  4. Decide. If at least min_commit receivers (topology defaults; 0 =
+//     all) voted yes, the decision and its commit set are written durably to
+//     state_dir/decisions/<refit>.json before COMMIT is sent; otherwise
+//     ABORT, and every relay restores its base bits.
+//  5. Commit. COMMIT_REPLY from every node; then the baseline store takes the
+//     target bits and records the target version: the base of the next
+//     refit. state_dir/last-refit.json keeps the report.
+//
+// Thread safety: RunRefit and QueryStatus are blocking calls that own their
+// threads; concurrent calls need distinct state_dirs and baselines.
+#ifndef DCR_COORD_COORDINATOR_H_
+#define DCR_COORD_COORDINATOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dcr/status.h"
+#include "dcr/topology.h"
+#include "dcr/transport.h"
+#include "dcr/version.h"
+#include "relay/messages.h"
+
+namespace dcr {
+
+struct RefitOptions {
+  Topology topology;
+  std::string target;  // safetensors file, sharded directory or index
+  RefitMode mode = RefitMode::kDelta;
+  std::chrono::milliseconds phase_timeout{60000};
+  std::chrono::milliseconds connect_timeout{5000};
+  size_t threads = 0;  // encoder threads; 0: hardware count
+  // Transport options for the root's links (frames, send rate limit);
+  // tests set fake_network with transport "fake".
+  std::string transport = "tcp";
+  TransportOptions transport_options;
+  // Called on the coordinator thread about every 100 ms while chunks flow.
+  struct Progress {
+    uint64_t scanned_bytes = 0;  // target bytes diffed so far
+    uint64_t total_bytes = 0;    // checkpoint bytes
+    uint64_t payload_bytes = 0;  // chunk bytes sent so far
+    uint64_t chunks = 0;
+    std::string slowest;  // the child with the longest send queue
+    uint64_t slowest_queue_bytes = 0;
+  };
+  std::function<void(const Progress&)> on_progress;
+};
+
+enum class RefitOutcome {
+  kCommitted,  // every receiver committed
+  kPartial,    // committed; some receivers were excluded (stale)
+  kAborted,    // nothing committed; every reachable relay restored its base
+};
+std::string_view RefitOutcomeName(RefitOutcome o);
+
+struct NodeOutcome {
+  std::string node;
+  std::string cluster;
+  bool committed = false;
+  NodeCode code = NodeCode::kOk;  // the first phase that failed, else kOk
+  std::string phase;              // "plan", "vote", "commit" or ""
+  std::string detail;
+  uint64_t chunks_applied = 0;
+};
+
+struct RefitReport {
+  RefitId refit;
+  uint64_t epoch = 0;
+  RefitMode mode = RefitMode::kDelta;
+  RefitOutcome outcome = RefitOutcome::kAborted;
+  std::string reason;  // why it aborted, or who was excluded
+  Version base;
+  Version target;
+  uint64_t checkpoint_bytes = 0;
+  uint64_t total_elements = 0;
+  uint64_t changed_elements = 0;
+  uint64_t chunks = 0;
+  uint64_t payload_bytes = 0;  // encoded chunk bytes
+  uint64_t stream_bytes = 0;   // all frames the root sent down one edge
+  // Bytes carried per link class ("wan", "lan") by the tree's edges that
+  // reached a node in the refit: each edge carries the stream once.
+  std::map<std::string, uint64_t> link_class_bytes;
+  double plan_seconds = 0;
+  double stream_seconds = 0;  // first chunk to END sent
+  double vote_seconds = 0;    // END sent to the last vote
+  double commit_seconds = 0;  // decision to the last COMMIT_REPLY
+  double total_seconds = 0;
+  std::vector<NodeOutcome> nodes;  // every receiver in tree order
+
+  std::string ToJson() const;  // one object, keys documented in README
+};
+
+// Runs one refit. Errors (not a report) for what stops it before any relay
+// is asked: a bad topology, a missing state_dir or baseline, a target whose
+// tensors differ from the baseline (InvalidArgument, FailedPrecondition,
+// NotFound). Everything after that ends in a report, aborted or not.
+Result<RefitReport> RunRefit(const RefitOptions& options);
+
+struct NodeStatus {
+  std::string node;
+  std::string cluster;
+  std::string address;  // host:port
+  bool reachable = false;
+  std::string error;  // why not reachable
+  NodeCode code = NodeCode::kOk;
+  std::optional<Version> committed;
+  std::string detail;  // relay state and last refit result
+};
+
+// Asks every relay of the topology for its state, in parallel, waiting at
+// most `timeout` for each.
+std::vector<NodeStatus> QueryStatus(const Topology& topology,
+                                    std::chrono::milliseconds timeout,
+                                    const std::string& transport = "tcp",
+                                    const TransportOptions& options = {});
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_COORDINATOR_H_

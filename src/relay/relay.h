@@ -1,0 +1,108 @@
+// The relay daemon's engine (what `dcr-relay` runs): listens for its
+// parent, takes part in one refit at a time, and forwards every frame of the
+// refit to its children while applying chunks to its store in place.
+//
+// One refit, as seen by a relay (docs/PROTOCOL.md §"Relay states"):
+//   PLAN     bind the plan to the store (RefitSession::Begin), or refuse for
+//            itself (needs catch-up, manifest mismatch, busy) while still
+//            serving its subtree; connect to its children and pass each its
+//            sub-plan; answer PLAN_REPLY for its subtree.
+//   CHUNK    forward the same buffer to every child first (cut-through),
+//            then hand it to the apply workers. When a child's send queue
+//            passes the plan's window, or the local apply backlog passes
+//            apply_window_bytes, the relay stops reading from its parent
+//            until both fall below half, so backpressure travels up the
+//            tree and memory stays bounded by the windows.
+//   END      forward; when every apply finished, vote (digests of the
+//            store); answer VOTE for its subtree once the children voted or
+//            their deadline passed.
+//   COMMIT   forward; commit if named in the commit set, else restore the
+//            base; answer COMMIT_REPLY.
+//   ABORT    forward; restore the base; answer ABORT_REPLY.
+// If its parent's link closes before COMMIT, the relay restores the base and
+// closes its children's links (they do the same). A node without a store
+// (its file does not exist yet) joins full refits, whose plan carries the
+// manifest, by creating the store; it refuses delta refits.
+//
+// Clients (dcr status) may connect at any time: HELLO then STATUS_REQUEST
+// gets a STATUS_REPLY with the node's committed version and last result.
+//
+// Thread safety: Stats() and Stop() may be called from any thread.
+#ifndef DCR_RELAY_RELAY_H_
+#define DCR_RELAY_RELAY_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcr/status.h"
+#include "dcr/store.h"
+#include "dcr/transport.h"
+#include "dcr/version.h"
+
+namespace dcr {
+
+struct RelayOptions {
+  std::string name;  // the node's name in the topology
+  StoreSpec store;
+  std::string listen_host = "0.0.0.0";
+  uint16_t listen_port = 0;  // 0: ephemeral (see Relay::port)
+  std::string transport = "tcp";
+  // Frame bounds, watermarks, fake network, send rate limit.
+  TransportOptions transport_options;
+  // Threads applying chunks (and hashing for the vote).
+  size_t apply_threads = 2;
+  // Chunk bytes received and not yet applied before the relay stops reading
+  // from its parent.
+  uint64_t apply_window_bytes = 64ull << 20;
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+// A snapshot for metrics and tests.
+struct RelayStats {
+  uint64_t bytes_in = 0;   // from the parent, all frames
+  uint64_t bytes_out = 0;  // to children, all frames
+  uint64_t chunks_received = 0;
+  uint64_t chunks_applied = 0;
+  uint64_t chunks_forwarded = 0;  // chunk sends, one per child
+  uint64_t chunks_dropped = 0;    // duplicates and refused chunks
+  uint64_t refits_committed = 0;
+  uint64_t refits_aborted = 0;
+  double last_refit_seconds = 0;  // PLAN to the final reply
+  std::optional<Version> committed;
+  std::string state;  // "idle", "planned", "receiving", "voted", "no store"
+  std::string last_result;  // e.g. "committed step 3 (refit 1a2b...)"
+  uint64_t apply_backlog_bytes = 0;
+  std::vector<std::pair<std::string, uint64_t>> child_queue_bytes;
+};
+
+class Relay {
+ public:
+  // Opens the store (a missing file or shm object leaves the relay without
+  // one until a full refit creates it), starts the transport and listens.
+  // Errors name what failed: the store, the address.
+  static Result<std::unique_ptr<Relay>> Start(RelayOptions options);
+  ~Relay();  // Stop()
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  uint16_t port() const;
+  RelayStats Stats() const;
+
+  // Restores the base bits of a refit in progress, closes every link and
+  // joins the threads. Idempotent.
+  void Stop();
+
+ private:
+  class Impl;
+  explicit Relay(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dcr
+
+#endif  // DCR_RELAY_RELAY_H_

@@ -1,0 +1,404 @@
+// The relay state machine and the coordinator together, over the fake
+// transport: real Relay engines with file stores in a temp dir, a real
+// RunRefit, and faults injected on the simulated links.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "coord/coordinator.h"
+#include "dcr/checkpoint.h"
+#include "dcr/store.h"
+#include "dcr/topology.h"
+#include "relay/relay.h"
+#include "testing/temp_dir.h"
+#include "transport/fake_transport.h"
+
+namespace dcr {
+namespace {
+
+using Bytes = std::vector<std::byte>;
+using namespace std::chrono_literals;
+
+const std::vector<std::string> kRelays = {"a0", "a1", "a2", "b0", "b1"};
+
+class RelayTreeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    infos_ = {{"layer.0.w", DType::kBF16, {40000}},
+              {"layer.1.w", DType::kBF16, {25000}},
+              {"norm", DType::kF32, {3000}}};
+    std::mt19937 rng(7);
+    std::vector<Bytes> data;
+    for (const auto& t : infos_) {
+      Bytes b(t.NumBytes());
+      for (auto& x : b) x = static_cast<std::byte>(rng());
+      data.push_back(std::move(b));
+    }
+    for (int v = 0; v < 3; ++v) {
+      versions_.push_back(data);
+      Write(Ckpt(v), data);
+      // About 3% of the elements change per step.
+      for (auto& b : data) {
+        for (size_t i = rng() % 64; i < b.size(); i += 1 + rng() % 64) {
+          b[i] ^= std::byte{1};
+        }
+      }
+    }
+    network_ = FakeNetwork::Create();
+  }
+  void TearDown() override {
+    relays_.clear();
+    network_.reset();
+  }
+
+  std::string Ckpt(int v) const {
+    return dir_.Path("v" + std::to_string(v) + ".safetensors");
+  }
+  std::string StorePath(const std::string& node) const {
+    return dir_.Path(node + ".safetensors");
+  }
+  void Write(const std::string& path, const std::vector<Bytes>& data) {
+    std::vector<TensorToWrite> tw;
+    for (size_t i = 0; i < infos_.size(); ++i) {
+      tw.push_back({infos_[i], data[i]});
+    }
+    ASSERT_TRUE(WriteSafetensors(path, tw, {}).ok());
+  }
+  void Seed(const std::string& node, int v) {
+    std::filesystem::remove(StorePath(node) + ".dcr-version");
+    std::filesystem::copy_file(
+        Ckpt(v), StorePath(node),
+        std::filesystem::copy_options::overwrite_existing);
+  }
+  void SeedAll(int v) {
+    for (const auto& n : kRelays) Seed(n, v);
+    std::filesystem::copy_file(
+        Ckpt(v), dir_.Path("base.safetensors"),
+        std::filesystem::copy_options::overwrite_existing);
+  }
+
+  Topology MakeTopology(uint32_t min_commit = 0) {
+    std::string yaml = fmt::format(
+        R"(version: 1
+defaults: {{span_elems: 4096, fanout: 2, window_bytes: 1MiB, min_commit: {}}}
+root: {{name: root, host: root, port: 1, cluster: train,
+       state_dir: "{}", baseline: "{}"}}
+clusters:
+  - name: train
+  - name: ca
+    bandwidth: 10Gbps
+    nodes:
+)",
+        min_commit == 0 ? std::string("all") : std::to_string(min_commit),
+        dir_.Path("state"), dir_.Path("base.safetensors"));
+    for (const char* n : {"a0", "a1", "a2"}) {
+      yaml += fmt::format(
+          "      - {{name: {0}, host: {0}, port: 2, store: {{kind: file, "
+          "path: \"{1}\"}}}}\n",
+          n, StorePath(n));
+    }
+    yaml += "  - name: cb\n    bandwidth: 10Gbps\n    nodes:\n";
+    for (const char* n : {"b0", "b1"}) {
+      yaml += fmt::format(
+          "      - {{name: {0}, host: {0}, port: 2, store: {{kind: file, "
+          "path: \"{1}\"}}}}\n",
+          n, StorePath(n));
+    }
+    yaml +=
+        "links:\n  - {from: train, to: ca, bandwidth: 1Gbps, latency: 1ms}\n"
+        "  - {from: train, to: cb, bandwidth: 1Gbps, latency: 1ms}\n";
+    auto topo = ParseTopology(yaml, "test.yaml");
+    EXPECT_TRUE(topo.ok()) << topo.status().ToString() << "\n" << yaml;
+    return *topo;
+  }
+
+  void StartRelay(const std::string& node) {
+    RelayOptions o;
+    o.name = node;
+    o.store = *ParseStoreSpec("file:" + StorePath(node));
+    o.listen_host = node;
+    o.listen_port = 2;
+    o.transport = "fake";
+    o.transport_options.fake_network = network_;
+    o.apply_threads = 2;
+    o.apply_window_bytes = 256 << 10;
+    auto r = Relay::Start(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    relays_[node] = *std::move(r);
+  }
+  void StartAll() {
+    for (const auto& n : kRelays) StartRelay(n);
+  }
+
+  RefitReport Refit(int target, RefitMode mode = RefitMode::kDelta,
+                    uint32_t min_commit = 0) {
+    RefitOptions o;
+    o.topology = MakeTopology(min_commit);
+    o.target = Ckpt(target);
+    o.mode = mode;
+    o.phase_timeout = 10s;
+    o.threads = 2;
+    o.transport = "fake";
+    o.transport_options.fake_network = network_;
+    auto report = RunRefit(o);
+    EXPECT_TRUE(report.ok()) << report.status().ToString();
+    return report.ok() ? *report : RefitReport();
+  }
+
+  // The digest of the bits of `path` (a store or checkpoint file).
+  Digest128 DigestOf(const std::string& path) {
+    auto c = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? (*c)->ComputeDigests().version : Digest128();
+  }
+  // Waits until `node`'s relay is idle (a refit it was part of ended).
+  void WaitIdle(const std::string& node) {
+    for (int i = 0; i < 500; ++i) {
+      auto s = relays_[node]->Stats();
+      if (s.state == "idle" || s.state == "no store") return;
+      std::this_thread::sleep_for(10ms);
+    }
+    FAIL() << node << " did not become idle";
+  }
+  const NodeOutcome* Node(const RefitReport& r, const std::string& name) {
+    for (const auto& n : r.nodes) {
+      if (n.node == name) return &n;
+    }
+    return nullptr;
+  }
+
+  testing::TempDir dir_;
+  std::vector<TensorInfo> infos_;
+  std::vector<std::vector<Bytes>> versions_;
+  std::shared_ptr<FakeNetwork> network_;
+  std::map<std::string, std::unique_ptr<Relay>> relays_;
+};
+
+TEST_F(RelayTreeTest, ConsecutiveDeltaRefitsCommitEverywhere) {
+  SeedAll(0);
+  StartAll();
+  for (int v = 1; v <= 2; ++v) {
+    RefitReport r = Refit(v);
+    ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.reason;
+    EXPECT_EQ(r.base.step, uint64_t(v - 1));
+    EXPECT_EQ(r.target.step, uint64_t(v));
+    EXPECT_GT(r.chunks, 0u);
+    EXPECT_LT(r.payload_bytes, r.checkpoint_bytes / 4);
+    EXPECT_GT(r.link_class_bytes["wan"], 0u);
+    EXPECT_GT(r.link_class_bytes["lan"], 0u);
+    Digest128 want = DigestOf(Ckpt(v));
+    EXPECT_EQ(r.target.digest, want);
+    for (const auto& n : kRelays) {
+      WaitIdle(n);
+      EXPECT_EQ(DigestOf(StorePath(n)), want) << n;
+      EXPECT_TRUE(Node(r, n)->committed) << n;
+      auto s = relays_[n]->Stats();
+      ASSERT_TRUE(s.committed) << n;
+      EXPECT_EQ(*s.committed, r.target) << n;
+    }
+    EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), want);
+  }
+  // A relay forwards each chunk once per child: a0 has children, a2 none.
+  EXPECT_GT(relays_["a0"]->Stats().chunks_forwarded, 0u);
+  EXPECT_EQ(relays_["a2"]->Stats().chunks_forwarded, 0u);
+  // The decision was written before COMMIT.
+  EXPECT_FALSE(std::filesystem::is_empty(dir_.Path("state/decisions")));
+
+  TransportOptions to;
+  to.name = "status-client";
+  to.fake_network = network_;
+  auto status = QueryStatus(MakeTopology(), 5s, "fake", to);
+  ASSERT_EQ(status.size(), kRelays.size());
+  for (const auto& s : status) {
+    EXPECT_TRUE(s.reachable) << s.node << ": " << s.error;
+    ASSERT_TRUE(s.committed) << s.node;
+    EXPECT_EQ(s.committed->step, 2u);
+  }
+}
+
+TEST_F(RelayTreeTest, BaseMismatchAbortsAndLeavesEveryStoreAtItsBase) {
+  SeedAll(0);
+  Seed("a1", 1);  // holds other bits than the baseline
+  StartAll();
+  RefitReport r = Refit(1);
+  EXPECT_EQ(r.outcome, RefitOutcome::kAborted);
+  EXPECT_EQ(Node(r, "a1")->code, NodeCode::kNeedsCatchUp);
+  EXPECT_EQ(Node(r, "a1")->phase, "plan");
+  EXPECT_EQ(r.chunks, 0u);  // nothing sent before min_commit could be met
+  Digest128 v0 = DigestOf(Ckpt(0));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    if (n != "a1") {
+      EXPECT_EQ(DigestOf(StorePath(n)), v0) << n;
+    }
+  }
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v0);
+}
+
+TEST_F(RelayTreeTest, MinCommitLetsTheRestCommitAndReportsTheStaleNode) {
+  SeedAll(0);
+  Seed("a1", 1);
+  StartAll();
+  RefitReport r = Refit(1, RefitMode::kDelta, /*min_commit=*/4);
+  ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.reason;
+  EXPECT_FALSE(Node(r, "a1")->committed);
+  EXPECT_EQ(Node(r, "a1")->code, NodeCode::kNeedsCatchUp);
+  // a1 forwards to its subtree although it does not apply.
+  Digest128 v1 = DigestOf(Ckpt(1));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;  // a1 was already at v1 bits
+    if (n != "a1") {
+      EXPECT_TRUE(Node(r, n)->committed) << n;
+    }
+  }
+  EXPECT_FALSE(relays_["a1"]->Stats().committed);  // no record: not bound
+}
+
+TEST_F(RelayTreeTest, UnreachableRelayAndItsSubtreeAreReported) {
+  SeedAll(0);
+  for (const auto& n : kRelays) {
+    if (n != "b0") StartRelay(n);  // b0 heads cluster cb; b1 is behind it
+  }
+  RefitReport r = Refit(1, RefitMode::kDelta, /*min_commit=*/3);
+  ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.reason;
+  EXPECT_EQ(Node(r, "b0")->code, NodeCode::kUnreachable);
+  EXPECT_EQ(Node(r, "b1")->code, NodeCode::kUnreachable);
+  EXPECT_EQ(Node(r, "b1")->phase, "plan");
+  Digest128 v1 = DigestOf(Ckpt(1));
+  for (const char* n : {"a0", "a1", "a2"}) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+  }
+  EXPECT_EQ(DigestOf(StorePath("b1")), DigestOf(Ckpt(0)));
+}
+
+TEST_F(RelayTreeTest, FullRefitSeedsAMissingStore) {
+  SeedAll(0);
+  std::filesystem::remove(StorePath("b1"));
+  StartAll();
+  EXPECT_EQ(relays_["b1"]->Stats().state, "no store");
+  RefitReport delta = Refit(1);
+  EXPECT_EQ(delta.outcome, RefitOutcome::kAborted);
+  EXPECT_EQ(Node(delta, "b1")->code, NodeCode::kNeedsCatchUp);
+  for (const auto& n : kRelays) WaitIdle(n);
+
+  RefitReport full = Refit(1, RefitMode::kFull);
+  ASSERT_EQ(full.outcome, RefitOutcome::kCommitted) << full.reason;
+  Digest128 v1 = DigestOf(Ckpt(1));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+  }
+  // The tree continues with deltas from there.
+  RefitReport next = Refit(2);
+  ASSERT_EQ(next.outcome, RefitOutcome::kCommitted) << next.reason;
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), DigestOf(Ckpt(2))) << n;
+  }
+}
+
+TEST_F(RelayTreeTest, CorruptChunkOnOneLinkAbortsAndRestoresEveryBase) {
+  SeedAll(0);
+  StartAll();
+  // The 5th frame from a0 to its first child is corrupted: the child's
+  // decoder refuses it and closes the link; a0 reports the child (and its
+  // subtree) unreachable; the child, orphaned, restores its base.
+  FakeFaults f;
+  f.corrupt_frame = 5;
+  network_->SetFaults("a0", "a1", f);
+  RefitReport r = Refit(1);
+  EXPECT_EQ(r.outcome, RefitOutcome::kAborted);
+  EXPECT_EQ(Node(r, "a1")->code, NodeCode::kUnreachable);
+  Digest128 v0 = DigestOf(Ckpt(0));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v0) << n;
+    auto s = relays_[n]->Stats();
+    EXPECT_FALSE(s.committed) << n;
+  }
+  // Nothing half-done is left: the next refit commits everywhere.
+  network_->SetFaults("a0", "a1", FakeFaults{});
+  RefitReport again = Refit(1);
+  EXPECT_EQ(again.outcome, RefitOutcome::kCommitted) << again.reason;
+}
+
+TEST_F(RelayTreeTest, SlowChildBackpressureStillDelivers) {
+  SeedAll(0);
+  StartAll();
+  // Every frame towards b1 is delayed: b0's queue to it grows past the
+  // window, b0 stops reading from the root, and the root's own window
+  // throttles the encoder. Everything still arrives, in order.
+  FakeFaults f;
+  f.delay = 2ms;
+  network_->SetFaults("b0", "b1", f);
+  RefitReport r = Refit(1);
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.reason;
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), DigestOf(Ckpt(1))) << n;
+  }
+}
+
+TEST_F(RelayTreeTest, StoppingARelayMidRefitRestoresItsSubtree) {
+  SeedAll(0);
+  StartAll();
+  // Frames from a0 to its children arrive late, so the refit is still
+  // streaming into a0's subtree when a0 stops.
+  FakeFaults slow;
+  slow.delay = 100ms;
+  network_->SetFaults("a0", "a1", slow);
+  network_->SetFaults("a0", "a2", slow);
+  auto refit = std::async(std::launch::async, [&] { return Refit(1); });
+  for (int i = 0; i < 1000 && relays_["a0"]->Stats().chunks_received == 0;
+       ++i) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_GT(relays_["a0"]->Stats().chunks_received, 0u);
+  relays_["a0"]->Stop();
+  RefitReport r = refit.get();
+  EXPECT_EQ(r.outcome, RefitOutcome::kAborted);
+  EXPECT_EQ(Node(r, "a0")->code, NodeCode::kUnreachable);
+  Digest128 v0 = DigestOf(Ckpt(0));
+  relays_.erase("a0");  // release its store lock
+  EXPECT_EQ(DigestOf(StorePath("a0")), v0);
+  for (const char* n : {"a1", "a2", "b0", "b1"}) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v0) << n;
+  }
+}
+
+TEST_F(RelayTreeTest, PlanForAnotherNodeIsRefused) {
+  SeedAll(0);
+  StartAll();
+  // Swap a1 and a2's names in the topology: a1's address now gets a2's
+  // plan, which names a2.
+  Topology topo = MakeTopology(/*min_commit=*/1);
+  for (auto& c : topo.clusters) {
+    for (auto& n : c.nodes) {
+      if (n.name == "a1")
+        n.host = "a2";
+      else if (n.name == "a2")
+        n.host = "a1";
+    }
+  }
+  RefitOptions o;
+  o.topology = topo;
+  o.target = Ckpt(1);
+  o.phase_timeout = 10s;
+  o.transport = "fake";
+  o.transport_options.fake_network = network_;
+  auto r = RunRefit(o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->outcome, RefitOutcome::kPartial);
+  EXPECT_EQ(Node(*r, "a1")->code, NodeCode::kRejected);
+  EXPECT_EQ(Node(*r, "a2")->code, NodeCode::kRejected);
+}
+
+}  // namespace
+}  // namespace dcr
