@@ -44,9 +44,23 @@ void AddOutputOption(CLI::App* cmd, GlobalOptions* g, bool short_flag) {
       ->check(CLI::IsMember({"text", "json"}));
 }
 
+namespace {
+const char* program_name = "dcr";
+}
+
+void SetProgramName(const char* name) { program_name = name; }
+
 int ReportError(const Status& s) {
-  std::fprintf(stderr, "dcr: error: %s\n", std::string(s.message()).c_str());
+  std::fprintf(stderr, "%s: error: %s\n", program_name,
+               std::string(s.message()).c_str());
   return ExitCodeFor(s);
+}
+
+void UseOneLineUsageErrors(CLI::App* app) {
+  app->failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string(program_name) + ": error: " + e.what() +
+           " (see --help)\n";
+  });
 }
 
 std::unique_ptr<ThreadPool> MakePool(const GlobalOptions& g) {

@@ -55,8 +55,13 @@ void AddWorkOptions(CLI::App* cmd, GlobalOptions* g);
 // Adds -o/--output text|json to a subcommand.
 void AddOutputOption(CLI::App* cmd, GlobalOptions* g, bool short_flag = true);
 
-// Prints "dcr: error: <message>" to stderr and returns the exit code.
+// The name errors start with: "dcr" (default) or "dcr-relay".
+void SetProgramName(const char* name);
+// Prints "<program>: error: <message>" to stderr and returns the exit code.
 int ReportError(const Status& s);
+// Makes CLI11 report a usage error as one line, "<program>: error: <what>
+// (see --help)"; the caller maps it to kExitUsage.
+void UseOneLineUsageErrors(CLI::App* app);
 
 std::unique_ptr<ThreadPool> MakePool(const GlobalOptions& g);
 

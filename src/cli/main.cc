@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
       "dcr");
   app.set_version_flag("--version", "dcr 0.1.0");
   app.require_subcommand(1);
+  UseOneLineUsageErrors(&app);
   app.footer(
       std::string("\nExamples:\n"
                   "  dcr diff v0.safetensors v1.safetensors -o v1.dcr\n"

@@ -49,7 +49,10 @@ void PrintReport(const RefitReport& r) {
               r.target.digest.ShortHex().c_str(), r.total_seconds);
   if (!r.reason.empty()) std::printf("  %s\n", r.reason.c_str());
   bool streamed = r.stream_seconds > 0;
-  if (!streamed) {
+  if (streamed && r.chunks == 0) {
+    std::printf("  no element changed: nothing was sent\n");
+    streamed = false;
+  } else if (!streamed) {
     std::printf("  nothing was sent: the refit stopped after the plan\n");
   } else if (r.mode == RefitMode::kDelta) {
     std::printf("  changed %s of %llu elements\n",
@@ -109,6 +112,7 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
     o.transport_options.max_send_bps = *bps;
   }
   std::unique_ptr<Progress> progress;
+  uint64_t shown = 0;  // scanned bytes already reported to `progress`
   if (g.ShowProgress()) {
     o.on_progress = [&](const RefitOptions::Progress& p) {
       if (!progress) {
@@ -121,7 +125,6 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
               ? ""
               : fmt::format("  slowest {} ({} queued)", p.slowest,
                             HumanBytes(p.slowest_queue_bytes))));
-      static thread_local uint64_t shown = 0;
       if (p.scanned_bytes > shown) {
         progress->Add(p.scanned_bytes - shown);
         shown = p.scanned_bytes;
@@ -174,6 +177,19 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
     if (text.ok()) last = json::parse(*text, nullptr, false);
     if (last.is_discarded()) last = json();
   }
+  // A relay is stale when it holds another version than the baseline.
+  std::optional<Version> baseline_version;
+  if (root.contains("baseline_version")) {
+    auto d = Digest128::FromHex(root["baseline_version"].value("digest", ""));
+    if (d.ok()) {
+      baseline_version =
+          Version{root["baseline_version"].value("step", uint64_t{0}), *d};
+    }
+  }
+  auto stale = [&](const NodeStatus& n) {
+    return n.reachable && baseline_version &&
+           (!n.committed || *n.committed != *baseline_version);
+  };
   bool all_reachable = true;
   for (const NodeStatus& n : nodes) all_reachable &= n.reachable;
   auto last_for = [&](const std::string& node) -> std::string {
@@ -196,7 +212,8 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
           {"node", n.node},       {"cluster", n.cluster},
           {"address", n.address}, {"reachable", n.reachable},
           {"error", n.error},     {"code", std::string(NodeCodeName(n.code))},
-          {"detail", n.detail},   {"last_refit_result", last_for(n.node)}};
+          {"detail", n.detail},   {"last_refit_result", last_for(n.node)},
+          {"stale", stale(n)}};
       if (n.committed) {
         j["committed"] = {{"step", n.committed->step},
                           {"digest", n.committed->digest.ToHex()}};
@@ -233,6 +250,10 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
                      ? n.detail
                      : fmt::format("{} ({})", NodeCodeName(n.code), n.detail))
               : "unreachable: " + n.error;
+      if (stale(n)) {
+        state = fmt::format("STALE (baseline is step {}) {}",
+                            baseline_version->step, state);
+      }
       std::printf("%-10s %-12s %-21s %-6s %-14s %s\n", n.node.c_str(),
                   n.cluster.c_str(), n.address.c_str(), step.c_str(),
                   digest.c_str(), state.c_str());

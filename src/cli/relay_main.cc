@@ -190,9 +190,8 @@ int Run(const Args& a) {
 
   auto relay = Relay::Start(o);
   if (!relay.ok()) {
-    std::fprintf(stderr, "dcr-relay: error: %s\n",
-                 std::string(relay.status().message()).c_str());
-    return ExitCodeFor(relay.status()) == kExitUsage ? kExitUsage : kExitFailed;
+    int rc = ReportError(relay.status());
+    return rc == kExitUsage ? kExitUsage : kExitFailed;
   }
   std::unique_ptr<MetricsServer> metrics;
   if (metrics_port >= 0) {
@@ -241,6 +240,8 @@ int main(int argc, char** argv) {
       "children and\napply them in place to this node's weight store.",
       "dcr-relay");
   app.set_version_flag("--version", "dcr-relay 0.1.0");
+  dcr::cli::SetProgramName("dcr-relay");
+  dcr::cli::UseOneLineUsageErrors(&app);
   app.add_option("-t,--topology", a.topology, "Topology YAML file");
   app.add_option("-n,--node", a.node, "This node's name in the topology");
   app.add_option("--name", a.name, "Node name (without --topology)");

@@ -246,6 +246,13 @@ Status RefitRun::Prepare() {
   }
   report_.target = Version{report_.base.step + 1,
                            target_->ComputeDigests(pool_.get()).version};
+  if (options_.mode == RefitMode::kDelta && baseline_ &&
+      report_.target.digest == report_.base.digest) {
+    return Status::InvalidArgument(fmt::format(
+        "the target {} holds the same bits as the baseline (step {}): "
+        "nothing to refit",
+        options_.target, report_.base.step));
+  }
   DCR_ASSIGN_OR_RETURN(report_.epoch, NextEpoch(state_dir_));
 
   window_ = std::max<uint64_t>(topo.defaults.window_bytes, 1u << 20);
@@ -402,7 +409,7 @@ void RefitRun::Stream() {
       report_.stream_bytes += o->frame->size();
       payload += o->payload;
       ++chunks;
-      fanout_->Forward(o->frame);
+      fanout_->Forward(o->frame, /*chunk=*/true);
     }
     mailbox_.RunUntil(Clock::now() + std::chrono::milliseconds(idle ? 20 : 0));
     if (fanout_->live_children() == 0) {
@@ -422,7 +429,7 @@ void RefitRun::Stream() {
         report_.stream_bytes += o->frame->size();
         payload += o->payload;
         ++chunks;
-        fanout_->Forward(o->frame);
+        fanout_->Forward(o->frame, /*chunk=*/true);
       }
       if (empty) break;
     }
@@ -543,9 +550,14 @@ void RefitRun::Summarize(const std::vector<NodeResult>& plan,
                                           : "not in the commit set";
     }
     report_.nodes.push_back(std::move(o));
-    // The stream crossed this node's link if the node took the plan.
-    if (p.count(n.name) && p[n.name].code != NodeCode::kUnreachable &&
-        p[n.name].code != NodeCode::kTimeout) {
+    // The stream crossed this node's link if a node of its subtree took
+    // the plan (a parent sends chunks only towards such subtrees).
+    bool carried = false;
+    for (int k : tree_.Subtree(static_cast<int>(i))) {
+      auto it = p.find(tree_.nodes[k].name);
+      carried |= it != p.end() && it->second.code == NodeCode::kOk;
+    }
+    if (carried) {
       report_.link_class_bytes[std::string(LinkClassName(n.link))] += per_edge;
     }
   }
@@ -673,10 +685,14 @@ Result<RefitReport> RefitRun::Run() {
   if (report_.outcome == RefitOutcome::kPartial && report_.reason.empty()) {
     std::vector<std::string> excluded;
     for (const NodeOutcome& n : report_.nodes) {
-      if (!n.committed) excluded.push_back(n.node);
+      if (n.committed) continue;
+      excluded.push_back(n.phase.empty()
+                             ? n.node
+                             : fmt::format("{} ({} at {})", n.node,
+                                           NodeCodeName(n.code), n.phase));
     }
     report_.reason =
-        fmt::format("excluded (stale): {}", fmt::join(excluded, ", "));
+        fmt::format("excluded, now stale: {}", fmt::join(excluded, ", "));
   }
   report_.total_seconds = Seconds(t0, Clock::now());
   // Let the last frames leave before the links go.

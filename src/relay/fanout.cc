@@ -135,6 +135,11 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
                      results.status().message()));
     return;
   }
+  if (expected_ == FrameType::kPlanReply) {
+    c.takes_chunks = std::any_of(
+        results->nodes.begin(), results->nodes.end(),
+        [](const NodeResult& r) { return r.code == NodeCode::kOk; });
+  }
   c.reply = *std::move(results);
 }
 
@@ -159,10 +164,10 @@ void Fanout::Fail(size_t i, NodeCode code, std::string why) {
   if (c.link) c.link->Close();
 }
 
-size_t Fanout::Forward(const FrameBuffer& frame) {
+size_t Fanout::Forward(const FrameBuffer& frame, bool chunk) {
   size_t n = 0;
   for (Child& c : children_) {
-    if (c.failed || !c.link) continue;
+    if (c.failed || !c.link || (chunk && !c.takes_chunks)) continue;
     c.link->Send(frame);
     ++n;
   }

@@ -59,7 +59,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   void Start(Clock::time_point deadline);
 
   // Sends `frame` to every child still in the refit; returns how many.
-  size_t Forward(const FrameBuffer& frame);
+  // A CHUNK (`chunk` true) skips children whose whole subtree refused the
+  // plan: nobody there would apply it. Control frames go to every child.
+  size_t Forward(const FrameBuffer& frame, bool chunk = false);
 
   // The largest send queue among live children (backpressure).
   size_t MaxQueuedBytes() const;
@@ -100,6 +102,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     NodeCode failure = NodeCode::kOk;
     std::string why;
     std::optional<ResultsMsg> reply;  // of the current phase
+    bool takes_chunks = true;         // some node of its subtree took the plan
   };
   class ChildHandler;
 

@@ -529,7 +529,7 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
         chunks_dropped_ += 1;
         return;
       }
-      chunks_forwarded_ += r.fanout->Forward(buffer);
+      chunks_forwarded_ += r.fanout->Forward(buffer, /*chunk=*/true);
       if (r.session) {
         workers_->Submit({buffer, frame.payload, r.session.get(), r.tracker});
       }
