@@ -22,6 +22,9 @@ Status Error(std::string_view source, int line, std::string_view path,
 std::string CheckName(std::string_view name);
 // Hosts: a host name, IPv4 or IPv6 address (no spaces or brackets).
 std::string CheckHost(std::string_view host);
+// "" when `s` is valid UTF-8 without control characters (tab and newline
+// allowed: they survive a dump), else why not.
+std::string CheckText(std::string_view s);
 
 Result<TransportKind> ParseTransport(std::string_view s);
 Result<StoreKind> ParseStoreKind(std::string_view s);

@@ -175,6 +175,9 @@ Result<std::string> Parser::Str(const Field& f, const std::string& path) const {
   }
   auto s = ExpandEnv(f.value.Scalar());
   if (!s.ok()) return Err(f.line, path, s.status().message());
+  if (std::string why = topology_internal::CheckText(*s); !why.empty()) {
+    return Err(f.line, path, "the value " + why);
+  }
   return s;
 }
 
@@ -378,16 +381,41 @@ Status Parser::ParseLink(const YAML::Node& n, int line, const std::string& path,
 }
 
 Result<Topology> Parser::Parse(std::string_view text) {
-  std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
-  if (docs.size() != 1) {
+  // One document. yaml-cpp 0.7's LoadAll can loop forever on malformed
+  // input (jbeder/yaml-cpp#1040, fixed upstream after 0.7), so count the
+  // documents by their markers and load only the first.
+  int markers = 0;             // "---" lines
+  bool content_first = false;  // content before the first marker
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view l = text.substr(start, end - start);
+    start = end + 1;
+    if (l.starts_with("---") &&
+        (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r')) {
+      ++markers;
+      continue;
+    }
+    size_t first = l.find_first_not_of(" \t\r");
+    if (markers == 0 && first != std::string_view::npos && l[first] != '#') {
+      content_first = true;
+    }
+  }
+  int docs = markers + (content_first ? 1 : 0);
+  if (docs > 1) {
     return Err(0, "",
-               docs.empty() ? "the file is empty"
-                            : "expected one YAML document, got " +
-                                  std::to_string(docs.size()));
+               "expected one YAML document, got " + std::to_string(docs));
+  }
+  YAML::Node doc = YAML::Load(std::string(text));
+  if (!doc.IsDefined() || doc.IsNull()) {
+    return Err(0, "",
+               docs == 0 ? "the file is empty"
+                         : "expected a map of topology keys (version, root, "
+                           "clusters, ...), got no value");
   }
   Topology t;
   t.source = source_;
-  DCR_ASSIGN_OR_RETURN(Fields f, Map(docs[0], 1, "", kTopKeys));
+  DCR_ASSIGN_OR_RETURN(Fields f, Map(doc, 1, "", kTopKeys));
   for (std::string_view k : {"version", "root", "clusters"}) {
     DCR_RETURN_IF_ERROR(Required(f, "", k));
   }
@@ -433,8 +461,100 @@ Result<Topology> Parser::Parse(std::string_view text) {
 
 }  // namespace
 
+namespace {
+
+// yaml-cpp parses nested collections recursively: a hostile file of
+// "[[[[..." would exhaust the stack, and aliases can make a small file
+// expand exponentially. A topology nests a few levels and needs no
+// aliases, so both are refused before yaml-cpp sees the text.
+Status CheckNesting(std::string_view text, std::string_view source_name) {
+  // YAML is text: refuse NUL, other control characters and invalid UTF-8
+  // up front (yaml-cpp 0.7 loops forever on some such inputs).
+  int text_line = 1;
+  for (size_t start = 0; start <= text.size(); ++text_line) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view l = text.substr(start, end - start);
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    if (std::string why = topology_internal::CheckText(l); !why.empty()) {
+      return Error(source_name, text_line, "", "the line " + why);
+    }
+    start = end + 1;
+  }
+  constexpr int kMaxFlowDepth = 32;
+  constexpr size_t kMaxIndent = 256;
+  int depth = 0, line = 1;
+  size_t indent = 0;
+  bool at_line_start = true;
+  char quote = 0;
+  bool comment = false;
+  char prev = '\n';
+  int first_open_line = 0;  // of the outermost open collection
+  for (char c : text) {
+    char before = prev;
+    prev = c;
+    if (c == '\n') {
+      ++line;
+      indent = 0;
+      at_line_start = true;
+      comment = false;
+      continue;
+    }
+    if (at_line_start && (c == ' ' || c == '-')) {
+      if (++indent > kMaxIndent) {
+        return Error(source_name, line, "",
+                     "indented more than 256 columns; a topology nests a few "
+                     "levels");
+      }
+      continue;
+    }
+    at_line_start = false;
+    if (comment) continue;
+    if (quote) {
+      if (c == quote) quote = 0;
+      continue;
+    }
+    bool token_start = before == ' ' || before == '\t' || before == '\n' ||
+                       before == '[' || before == '{' || before == ',' ||
+                       before == '-' || before == ':';
+    if ((c == '&' || c == '*') && token_start) {
+      // Aliases make the document a graph whose walk can be exponential
+      // in its size ("billion laughs"); a topology never needs them.
+      return Error(source_name, line, "",
+                   "YAML anchors and aliases (&name, *name) are not allowed "
+                   "in a topology; quote a value that starts with & or *");
+    }
+    if ((c == '"' || c == '\'') && token_start) {
+      quote = c;
+    } else if (c == '#' && token_start) {
+      comment = true;
+    } else if (c == '[' || c == '{') {
+      if (depth == 0) first_open_line = line;
+      if (++depth > kMaxFlowDepth) {
+        return Error(source_name, line, "",
+                     "collections nested more than 32 deep");
+      }
+    } else if (c == ']' || c == '}') {
+      if (depth == 0) {
+        return Error(source_name, line, "",
+                     std::string("'") + c + "' closes nothing");
+      }
+      --depth;
+    }
+  }
+  if (depth != 0) {
+    // yaml-cpp 0.7 can loop forever on an unclosed flow collection.
+    return Error(source_name, first_open_line, "",
+                 "this line opens a '[' or '{' that is never closed");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<Topology> ParseTopology(std::string_view text,
                                std::string_view source_name) {
+  DCR_RETURN_IF_ERROR(CheckNesting(text, source_name));
   try {
     return Parser(source_name).Parse(text);
   } catch (const YAML::Exception& e) {

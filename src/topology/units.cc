@@ -341,6 +341,37 @@ std::string CheckName(std::string_view name) {
   return "";
 }
 
+std::string CheckText(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if ((c < 0x20 && c != '\t' && c != '\n') || c == 0x7f) {
+      return "contains a control character (byte " + std::to_string(c) +
+             " at offset " + std::to_string(i) + ")";
+    }
+    size_t n = c < 0x80           ? 1
+               : (c >> 5) == 0x6  ? 2
+               : (c >> 4) == 0xe  ? 3
+               : (c >> 3) == 0x1e ? 4
+                                  : 0;
+    bool ok = n != 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) {
+      ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    }
+    if (ok && n > 1) {  // no overlong forms, surrogates or values > U+10FFFF
+      uint32_t cp = c & (0x7f >> n);
+      for (size_t k = 1; k < n; ++k) {
+        cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+      }
+      ok = !(n == 2 && cp < 0x80) && !(n == 3 && cp < 0x800) &&
+           !(n == 4 && cp < 0x10000) && !(cp >= 0xd800 && cp <= 0xdfff) &&
+           cp <= 0x10ffff;
+    }
+    if (!ok) return "is not valid UTF-8 (at offset " + std::to_string(i) + ")";
+    i += n;
+  }
+  return "";
+}
+
 std::string CheckHost(std::string_view host) {
   if (host.empty()) return "must not be empty";
   if (host.size() > 253) return "is longer than 253 characters";

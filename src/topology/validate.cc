@@ -81,6 +81,13 @@ class Validator {
       return Err(line, "root.host", "host " + why);
     }
     if (r.port == 0) return Err(line, "root.port", "port must be 1-65535");
+    for (auto [key, value] : {std::pair{"root.state_dir", &r.state_dir},
+                              std::pair{"root.baseline", &r.baseline}}) {
+      if (std::string why = topology_internal::CheckText(*value);
+          !why.empty()) {
+        return Err(line, key, "the value " + why);
+      }
+    }
     if (t_.FindCluster(r.cluster) == nullptr) {
       return Err(line, "root.cluster",
                  "unknown cluster '" + r.cluster + "'" + KnownClusters());
@@ -110,6 +117,10 @@ class Validator {
       const ClusterSpec& c = t_.clusters[ci];
       std::string cp = "clusters[" + std::to_string(ci) + "]";
       int cline = c.loc.line;
+      if (std::string why = topology_internal::CheckText(c.region);
+          !why.empty()) {
+        return Err(cline, cp + ".region", "the value " + why);
+      }
       if (std::string why = CheckName(c.name); !why.empty()) {
         return Err(cline, cp + ".name", "name " + why);
       }
@@ -158,6 +169,10 @@ class Validator {
       return Err(line, np + ".host", "host " + why);
     }
     if (n.port == 0) return Err(line, np + ".port", "port must be 1-65535");
+    if (std::string why = topology_internal::CheckText(n.store.path);
+        !why.empty()) {
+      return Err(line, np + ".store.path", "the value " + why);
+    }
     std::string who = "node '" + n.name + "'" + AtLine(line);
     auto [it, fresh] = names_.emplace(
         n.name, line > 0 ? "first defined at line " + std::to_string(line)

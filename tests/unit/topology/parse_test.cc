@@ -228,6 +228,10 @@ TEST(ParseTest, MoreErrors) {
   EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: [train\n")),
               StartsWith("t.yaml:"));
   EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: [train\n")),
+              HasSubstr("opens a '[' or '{' that is never closed"));
+  EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: [train]]\n")),
+              HasSubstr("']' closes nothing"));
+  EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: {a: b: c}\n")),
               HasSubstr("YAML syntax error"));
   EXPECT_THAT(ErrorOf(std::string(kSampleYaml) + "---\nversion: 1\n"),
               HasSubstr("expected one YAML document, got 2"));
@@ -357,6 +361,84 @@ TEST(ParseTest, LocalExample) {
   ::unsetenv("DCR_LOCAL_DIR");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->FindNode("b3")->store.path, "/scratch/x/b3.safetensors");
+}
+
+TEST(ParseTest, DeepNestingIsRefusedBeforeYamlCppRecursesIntoIt) {
+  // A hostile file of nested flow collections would exhaust yaml-cpp's
+  // stack; it is refused with a line number instead.
+  std::string deep = "version: 1\nroot: " + std::string(100000, '[');
+  auto r = ParseTopology(deep, "deep.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("deep.yaml:2"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("nested"), std::string::npos);
+  std::string indented = "version: 1\n" + std::string(5000, ' ') + "x: 1\n";
+  EXPECT_FALSE(ParseTopology(indented, "indent.yaml").ok());
+  // NUL and invalid UTF-8 never reach yaml-cpp (it looped forever on a
+  // 19-byte input found by fuzz_topology).
+  std::string hang(",# #\0\0\0\0\0\x01\x8d\x81rootoon", 19);
+  auto h = ParseTopology(hang, "hang.yaml");
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("hang.yaml:1"), std::string::npos)
+      << h.status().message();
+  // Nor does an unclosed flow collection (another yaml-cpp loop).
+  auto u = ParseTopology("version: 1\n  , {froays on this mm: train, tol\n",
+                         "unclosed.yaml");
+  ASSERT_FALSE(u.ok());
+  EXPECT_NE(u.status().message().find("unclosed.yaml:2: this line opens"),
+            std::string::npos)
+      << u.status().message();
+  // Aliases could expand exponentially: refused, naming the line.
+  std::string laughs =
+      "version: 1\na: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a]\n";
+  auto l = ParseTopology(laughs, "laughs.yaml");
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("laughs.yaml:2"), std::string::npos)
+      << l.status().message();
+  EXPECT_NE(l.status().message().find("aliases"), std::string::npos);
+  // A quoted value may start with & or *, and a path may contain them.
+  std::string yaml = kSampleYaml;
+  size_t at = yaml.find("region: ");
+  ASSERT_NE(at, std::string::npos);
+  yaml.insert(at + 8, "\"*star&\" #");
+  auto ok = ParseTopology(yaml, "quoted-star.yaml");
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+  // Brackets inside quotes and comments do not count.
+  std::string quoted = "# " + std::string(100, '[') + "\nversion: '" +
+                       std::string(100, '[') + "'\n";
+  auto q = ParseTopology(quoted, "quoted.yaml");
+  ASSERT_FALSE(q.ok());  // not a valid topology, but not for nesting
+  EXPECT_EQ(q.status().message().find("nested"), std::string::npos);
+}
+
+TEST(ParseTest, TextValuesMustBeUtf8WithoutControlCharacters) {
+  // Invalid UTF-8 in a path did not survive a dump and reload (found by
+  // fuzz_topology), and JSON output cannot carry it; nor do control
+  // characters other than tab and newline belong in a topology.
+  std::ifstream in(std::string(DCR_TOPOLOGY_DIR) + "/local.yaml");
+  std::string base((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  for (std::string bad :
+       {std::string("\"/tmp/a\\x01b\""), std::string("/tmp/\xff\xfe"),
+        std::string("/tmp/\xc0\xaf")}) {
+    std::string yaml = base;
+    size_t at = yaml.find("state_dir: ");
+    ASSERT_NE(at, std::string::npos);
+    size_t end = yaml.find('\n', at);
+    yaml.replace(at, end - at, "state_dir: " + bad);
+    auto r = ParseTopology(yaml, "bad.yaml");
+    ASSERT_FALSE(r.ok()) << bad;
+    // Raw bytes are refused as a line, a YAML escape as the value.
+    EXPECT_NE(r.status().message().find("bad.yaml:17"), std::string::npos)
+        << r.status().message();
+  }
+  Topology t = *ParseTopology(base, "local.yaml");
+  EXPECT_FALSE(SetValue(&t, "root.baseline", "/tmp/\x01x").ok());
+  // UTF-8 text is fine.
+  std::string yaml = base;
+  size_t at = yaml.find("region: local");
+  yaml.replace(at, 13, "region: \"Z\xc3\xbcrich \xe6\x9d\xb1\xe4\xba\xac\"");
+  EXPECT_TRUE(ParseTopology(yaml, "utf8.yaml").ok());
 }
 
 }  // namespace
