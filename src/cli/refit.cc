@@ -222,7 +222,9 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
       }
       out["nodes"].push_back(std::move(j));
     }
-    std::printf("%s\n", out.dump().c_str());
+    std::printf(
+        "%s\n",
+        out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   } else {
     if (root.contains("baseline_version")) {
       const json& v = root["baseline_version"];

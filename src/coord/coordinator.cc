@@ -647,9 +647,9 @@ Result<RefitReport> RefitRun::Run() {
         {"commit_set",
          std::vector<std::string>(commit_set.begin(), commit_set.end())},
         {"decided_at", NowIso8601()}};
-    Status s =
-        WriteText(state_dir_ + "/decisions/" + report_.refit.ToHex() + ".json",
-                  d.dump(2) + "\n");
+    Status s = WriteText(
+        state_dir_ + "/decisions/" + report_.refit.ToHex() + ".json",
+        d.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     if (!s.ok()) {
       commit = false;
       report_.reason = "cannot record the commit decision: " + s.ToString();
@@ -757,7 +757,7 @@ std::string RefitReport::ToJson() const {
         {"commit", commit_seconds},
         {"total", total_seconds}}},
       {"nodes", nodes_json}};
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Result<RefitReport> RunRefit(const RefitOptions& options) {

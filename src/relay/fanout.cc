@@ -91,7 +91,7 @@ void Fanout::OnConnected(size_t i, Result<std::shared_ptr<Link>> link) {
     return;
   }
   c.link = *std::move(link);
-  if (c.failed) {  // timed out while connecting
+  if (c.failed || closing_) {  // timed out while connecting, or refit over
     c.link->Close();
     return;
   }

@@ -172,6 +172,7 @@ class Relay::Impl {
     std::optional<EndMsg> end;
     std::optional<NodeResult> local;  // this phase's own result, once done
     std::optional<CommitMsg> commit;
+    bool voted_yes = false;  // commit only what this node verified
     bool paused = false;
     Clock::time_point started = Clock::now();
   };
@@ -708,6 +709,7 @@ void Relay::Impl::Step() {
           vote.detail = "no session";
         }
         r.local = vote;
+        r.voted_yes = vote.code == NodeCode::kOk;
         spdlog::info("{}: vote {} ({})", options_.name,
                      vote.code == NodeCode::kOk ? "yes" : "no",
                      vote.code == NodeCode::kOk ? "digest matches the target"
@@ -723,7 +725,7 @@ void Relay::Impl::Step() {
     case Phase::kCommitting:
       if (!r.local && drained) {
         bool in_set =
-            r.commit && r.session &&
+            r.commit && r.session && r.voted_yes &&
             std::find(r.commit->commit_set.begin(), r.commit->commit_set.end(),
                       options_.name) != r.commit->commit_set.end();
         NodeResult done = LocalFinish(in_set);
