@@ -77,8 +77,10 @@ void PrintReport(const RefitReport& r) {
   std::printf("  bytes per link class: %s\n",
               classes.empty() ? "none" : classes.c_str());
   std::printf(
-      "  phases: plan %.3f s, stream %.3f s, vote %.3f s, commit %.3f s\n",
-      r.plan_seconds, r.stream_seconds, r.vote_seconds, r.commit_seconds);
+      "  phases: prepare %.3f s, plan %.3f s, stream %.3f s, vote %.3f s, "
+      "commit %.3f s\n",
+      r.prepare_seconds, r.plan_seconds, r.stream_seconds, r.vote_seconds,
+      r.commit_seconds);
   size_t w = 4;
   for (const NodeOutcome& n : r.nodes) w = std::max(w, n.node.size());
   for (const NodeOutcome& n : r.nodes) {

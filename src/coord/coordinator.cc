@@ -566,6 +566,8 @@ void RefitRun::Summarize(const std::vector<NodeResult>& plan,
 Result<RefitReport> RefitRun::Run() {
   auto t0 = Clock::now();
   DCR_RETURN_IF_ERROR(Prepare());
+  auto t_prepared = Clock::now();
+  report_.prepare_seconds = Seconds(t0, t_prepared);
   spdlog::info("refit {} (epoch {}): {} step {} -> {} ({}), {} receivers",
                report_.refit.ToHex(), report_.epoch,
                options_.mode == RefitMode::kFull ? "full" : "delta",
@@ -589,7 +591,7 @@ Result<RefitReport> RefitRun::Run() {
   WaitPhase([&] { return fanout_->Complete(); });
   std::vector<NodeResult> plan_results = fanout_->Results();
   auto t_plan = Clock::now();
-  report_.plan_seconds = Seconds(t0, t_plan);
+  report_.plan_seconds = Seconds(t_prepared, t_plan);
   size_t receivers = tree_.nodes.size() - 1;
   size_t required = options_.topology.defaults.min_commit == 0
                         ? receivers
@@ -660,11 +662,15 @@ Result<RefitReport> RefitRun::Run() {
                                                            commit_set.end())};
     fanout_->Expect(FrameType::kCommitReply, deadline());
     Status s = SendDown(FrameType::kCommit, EncodeCommit(msg));
+    // The decision is durable: the baseline takes the target's bits while
+    // the relays commit.
+    Status b;
+    std::thread baseline([&] { b = AdvanceBaseline(); });
     if (s.ok()) WaitPhase([&] { return fanout_->Complete(); });
+    baseline.join();
     final_replies = fanout_->Results();
     report_.outcome = commit_set.size() == receivers ? RefitOutcome::kCommitted
                                                      : RefitOutcome::kPartial;
-    Status b = AdvanceBaseline();
     if (!b.ok()) {
       spdlog::error("the refit committed but the baseline was not advanced: {}",
                     b.ToString());
@@ -751,7 +757,8 @@ std::string RefitReport::ToJson() const {
       {"stream_bytes", stream_bytes},
       {"link_class_bytes", link_class_bytes},
       {"seconds",
-       {{"plan", plan_seconds},
+       {{"prepare", prepare_seconds},
+        {"plan", plan_seconds},
         {"stream", stream_seconds},
         {"vote", vote_seconds},
         {"commit", commit_seconds},

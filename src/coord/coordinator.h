@@ -101,10 +101,12 @@ struct RefitReport {
   // Bytes carried per link class ("wan", "lan") by the tree's edges that
   // reached a node in the refit: each edge carries the stream once.
   std::map<std::string, uint64_t> link_class_bytes;
-  double plan_seconds = 0;
-  double stream_seconds = 0;  // first chunk to END sent
-  double vote_seconds = 0;    // END sent to the last vote
-  double commit_seconds = 0;  // decision to the last COMMIT_REPLY
+  double prepare_seconds = 0;  // load and hash target (and baseline)
+  double plan_seconds = 0;     // PLAN sent to the last PLAN_REPLY
+  double stream_seconds = 0;   // first chunk to END sent
+  double vote_seconds = 0;     // END sent to the last vote
+  double commit_seconds = 0;   // decision to the last COMMIT_REPLY (and the
+                               // baseline updated, in parallel)
   double total_seconds = 0;
   std::vector<NodeOutcome> nodes;  // every receiver in tree order
 

@@ -3,14 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 
 namespace dcr {
 
-std::unique_ptr<RefitSession> RefitSession::Begin(WeightStore* store,
-                                                  const std::string& node,
-                                                  const RefitId& refit,
-                                                  const PlanMsg& plan,
-                                                  NodeResult* refusal) {
+std::unique_ptr<RefitSession> RefitSession::Begin(
+    WeightStore* store, const std::string& node, const RefitId& refit,
+    const PlanMsg& plan, NodeResult* refusal, const Options& options) {
   *refusal = NodeResult();
   refusal->node = node;
   auto refuse = [&](NodeCode code, std::string detail) {
@@ -39,7 +38,7 @@ std::unique_ptr<RefitSession> RefitSession::Begin(WeightStore* store,
     } else {
       // A store without a record (seeded offline) is adopted iff its bits
       // are the base.
-      Digest128 digest = store->Digests().version;
+      Digest128 digest = store->Digests(options.pool).version;
       refusal->version = Version{0, digest};
       bound = digest == plan.base.digest;
     }
@@ -51,10 +50,22 @@ std::unique_ptr<RefitSession> RefitSession::Begin(WeightStore* store,
                       plan.base.step, plan.base.digest.ShortHex()));
     }
   }
+  std::unique_ptr<UndoLog> undo;
+  if (!options.fresh_store) {
+    std::string dir = options.undo_dir.value_or(
+        std::filesystem::path(store->record_path()).parent_path().string());
+    auto log = UndoLog::Create(dir);
+    if (!log.ok())
+      return refuse(NodeCode::kStoreError, log.status().ToString());
+    undo = *std::move(log);
+  }
   Status s = store->BeginRefit(refit, plan.base, plan.target);
   if (!s.ok()) return refuse(NodeCode::kStoreError, s.ToString());
-  return std::unique_ptr<RefitSession>(
+  std::unique_ptr<RefitSession> session(
       new RefitSession(store, node, refit, plan));
+  session->keep_undo_ = !options.fresh_store;
+  session->undo_ = std::move(undo);
+  return session;
 }
 
 Status RefitSession::Check(const ChunkHeader& h) const {
@@ -107,13 +118,25 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
     st.in_flight = true;
   }
   Applied a;
-  a.chunk.assign(chunk.begin(), chunk.end());
-  Status s = ApplyChunk(c, SpanOf(c.header), is_xor ? nullptr : &a.undo);
+  std::vector<std::byte> replaced;
+  Status s = ApplyChunk(c, SpanOf(c.header),
+                        is_xor || !keep_undo_ ? nullptr : &replaced);
+  if (s.ok() && keep_undo_) {
+    auto record = undo_->Append(chunk, replaced);
+    if (record.ok()) {
+      a.record = *record;
+      a.chunk_size = chunk.size();
+    } else {
+      // The span is changed and cannot be undone: put it back first.
+      Status back = UndoChunk(c, replaced, SpanOf(c.header));
+      s = back.ok() ? record.status() : back;
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   SpanState& st = spans_[c.header.id];
   st.in_flight = false;
   if (!s.ok()) return s;
-  st.stack.push_back(std::move(a));
+  st.stack.push_back(a);
   return ApplyOutcome::kApplied;
 }
 
@@ -164,11 +187,18 @@ Status RefitSession::Commit() {
 Status RefitSession::Abort(ChunkDecoder* decoder) {
   std::lock_guard<std::mutex> lock(mu_);
   DecodedChunk c;
+  std::vector<std::byte> record;
+  // A fresh store has no base bits to go back to: its record says it holds
+  // no committed version, which is all a later refit checks.
   for (auto& [id, st] : spans_) {
+    if (!keep_undo_) break;
     // Reverse the applications of this span, last first.
     for (auto it = st.stack.rbegin(); it != st.stack.rend(); ++it) {
-      DCR_RETURN_IF_ERROR(decoder->Decode(it->chunk, &c));
-      DCR_RETURN_IF_ERROR(UndoChunk(c, it->undo, SpanOf(c.header)));
+      DCR_RETURN_IF_ERROR(undo_->Read(it->record, &record));
+      std::span<const std::byte> bytes(record);
+      DCR_RETURN_IF_ERROR(decoder->Decode(bytes.first(it->chunk_size), &c));
+      DCR_RETURN_IF_ERROR(
+          UndoChunk(c, bytes.subspan(it->chunk_size), SpanOf(c.header)));
     }
   }
   spans_.clear();

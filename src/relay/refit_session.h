@@ -7,7 +7,8 @@
 // holds the plan's base (2); an XOR chunk is applied at most once and
 // duplicates are dropped (3); the vote is yes only if the store's digest is
 // the target's (1); Abort returns the store to the base bits without a
-// reload (5).
+// reload (5). What Abort needs is kept in an undo log on disk beside the
+// store, not on the heap.
 //
 // Thread safety: Apply may be called concurrently from worker threads
 // (chunks of distinct spans, or duplicates of one); Vote, Commit and Abort
@@ -18,7 +19,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dcr/codec.h"
@@ -27,6 +30,7 @@
 #include "dcr/thread_pool.h"
 #include "dcr/version.h"
 #include "relay/messages.h"
+#include "relay/undo_log.h"
 
 namespace dcr {
 
@@ -38,11 +42,26 @@ class RefitSession {
   // in progress, durably, before any byte changes. On refusal returns the
   // NodeResult to report (code kNeedsCatchUp, kManifestMismatch, kBusy or
   // kStoreError) through `refusal` and a null session.
+  struct Options {
+    // Hashes a store without a record (to bind it by digest).
+    ThreadPool* pool = nullptr;
+    // The store was created for this (full) refit: there are no base bits
+    // to restore, so nothing is kept for Abort.
+    bool fresh_store = false;
+    // Where the undo log lives (an unlinked file); empty: on the heap.
+    // Default: the directory of the store's version record.
+    std::optional<std::string> undo_dir;
+  };
+  static std::unique_ptr<RefitSession> Begin(
+      WeightStore* store, const std::string& node, const RefitId& refit,
+      const PlanMsg& plan, NodeResult* refusal, const Options& options);
   static std::unique_ptr<RefitSession> Begin(WeightStore* store,
                                              const std::string& node,
                                              const RefitId& refit,
                                              const PlanMsg& plan,
-                                             NodeResult* refusal);
+                                             NodeResult* refusal) {
+    return Begin(store, node, refit, plan, refusal, Options());
+  }
 
   enum class ApplyOutcome { kApplied, kDuplicate };
   // Validates `chunk` (checksum, and that it fits a tensor of the store
@@ -77,10 +96,12 @@ class RefitSession {
   Status Check(const ChunkHeader& h) const;
   std::span<std::byte> SpanOf(const ChunkHeader& h);
 
-  // One application of a chunk to a span, enough to reverse it.
+  // One application of a chunk to a span, enough to reverse it: a record
+  // of the undo log holding the encoded chunk (XOR: reapply it) followed,
+  // for an overwrite, by the values it replaced.
   struct Applied {
-    std::vector<std::byte> chunk;  // the encoded chunk (XOR: reapply it)
-    std::vector<std::byte> undo;   // overwrite: the values it replaced
+    UndoLog::Ref record;
+    uint64_t chunk_size = 0;
   };
   struct SpanState {
     bool in_flight = false;
@@ -88,6 +109,8 @@ class RefitSession {
   };
 
   WeightStore* store_;
+  bool keep_undo_ = true;
+  std::unique_ptr<UndoLog> undo_;
   std::string node_;
   RefitId refit_;
   PlanMsg plan_;

@@ -1,6 +1,7 @@
 #include "relay/relay.h"
 
 #include <fmt/format.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -470,6 +471,7 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
   r.plan = *std::move(plan);
   r.up = link;
   r.own.node = options_.name;
+  bool fresh = false;  // the store is created for this refit
   if (!store_ && r.plan.mode == RefitMode::kFull && !r.plan.tensors.empty()) {
     auto manifest = Manifest::Create(r.plan.tensors);
     if (!manifest.ok() || manifest->digest() != r.plan.manifest) {
@@ -479,6 +481,7 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
       auto created = CreateStore(options_.store, *manifest);
       if (created.ok()) {
         store_ = *std::move(created);
+        fresh = true;
         spdlog::info("{}: created {} for the full refit", options_.name,
                      store_->describe());
       } else {
@@ -494,7 +497,10 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
   }
   if (store_ && r.own.code == NodeCode::kOk) {
     r.session =
-        RefitSession::Begin(store_.get(), options_.name, r.id, r.plan, &r.own);
+        RefitSession::Begin(store_.get(), options_.name, r.id, r.plan, &r.own,
+                            {.pool = hash_pool_.get(),
+                             .fresh_store = fresh,
+                             .undo_dir = std::nullopt});
   }
   if (!r.session) {
     spdlog::warn("{}: not applying refit {} ({}: {}); forwarding only",
@@ -668,6 +674,9 @@ void Relay::Impl::EndRefit(const std::string& result, bool committed) {
     published_.last_result = fmt::format("{} {}", r.id.ToHex(), result);
   }
   refit_.reset();
+  // Give the refit's buffers back to the system: a relay idles between
+  // refits, and glibc keeps freed arenas otherwise.
+  ::malloc_trim(0);
 }
 
 void Relay::Impl::Step() {

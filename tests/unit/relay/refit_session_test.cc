@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <random>
 #include <thread>
 
 #include "dcr/checkpoint.h"
+#include "relay/undo_log.h"
 #include "testing/temp_dir.h"
 
 namespace dcr {
@@ -74,6 +76,21 @@ class RefitSessionTest : public ::testing::Test {
                                  std::span(target_[t]).subspan(off, len), &c);
         ASSERT_TRUE(r.ok());
         if (*r) out->push_back(std::move(c));
+      }
+    }
+  }
+  void MakeFullChunks(std::vector<Bytes>* out) {
+    auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
+    for (uint32_t t = 0; t < infos_.size(); ++t) {
+      size_t w = DTypeSize(infos_[t].dtype);
+      uint64_t n = infos_[t].NumElements();
+      for (uint32_t s = 0; s < SpanCount(n, kSpan); ++s) {
+        uint64_t off = s * kSpan * w, len = std::min(kSpan, n - s * kSpan) * w;
+        Bytes c;
+        ASSERT_TRUE(enc->EncodeFull({t, s}, w,
+                                    std::span(target_[t]).subspan(off, len), &c)
+                        .ok());
+        out->push_back(std::move(c));
       }
     }
   }
@@ -198,6 +215,33 @@ TEST_F(RefitSessionTest, AbortRestoresTheBaseAfterAnyMix) {
   EXPECT_FALSE(store_->InProgress().has_value());
 }
 
+TEST_F(RefitSessionTest, UndoDataLivesOnDiskNotOnTheHeap) {
+  // A full refit of an existing store: every span overwritten. What Abort
+  // needs (the replaced values) goes to an undo file beside the store, so
+  // heap use does not grow with the store.
+  plan_.mode = RefitMode::kFull;
+  NodeResult refusal;
+  auto s = RefitSession::Begin(store_.get(), "n0", refit_, plan_, &refusal);
+  ASSERT_TRUE(s) << refusal.detail;
+  std::vector<Bytes> full;
+  MakeFullChunks(&full);
+  for (const Bytes& c : full) ASSERT_TRUE(s->Apply(c, decoder_.get()).ok());
+  EXPECT_TRUE(StoreHolds(target_));
+  ASSERT_TRUE(s->Abort(decoder_.get()).ok());
+  EXPECT_TRUE(StoreHolds(base_));
+
+  // A store created for the refit keeps nothing and aborts cleanly.
+  auto fresh = RefitSession::Begin(
+      store_.get(), "n0", refit_, plan_, &refusal,
+      {.pool = nullptr, .fresh_store = true, .undo_dir = std::nullopt});
+  ASSERT_TRUE(fresh);
+  for (const Bytes& c : full) {
+    ASSERT_TRUE(fresh->Apply(c, decoder_.get()).ok());
+  }
+  ASSERT_TRUE(fresh->Abort(decoder_.get()).ok());
+  EXPECT_FALSE(store_->InProgress().has_value());
+}
+
 // A retry (overwrite) that overtakes the original XOR chunk: the late XOR
 // must not be applied on top of it.
 TEST_F(RefitSessionTest, LateXorAfterOverwriteIsDropped) {
@@ -255,6 +299,56 @@ TEST_F(RefitSessionTest, ConcurrentAppliesWithDuplicates) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
   EXPECT_TRUE(StoreHolds(target_));
+}
+
+}  // namespace
+}  // namespace dcr
+
+namespace dcr {
+namespace {
+
+TEST(UndoLogTest, FileBackedRecordsReadBackAndLeaveNoFile) {
+  testing::TempDir dir;
+  auto log = UndoLog::Create(dir.path().string());
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  // The file is unlinked at once: nothing to clean up after a crash.
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  std::vector<std::thread> threads;
+  std::vector<UndoLog::Ref> refs(64);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < 64; i += 4) {
+        std::vector<std::byte> a(100 + i, std::byte(i)), b(i, std::byte(~i));
+        auto r = (*log)->Append(a, b);
+        ASSERT_TRUE(r.ok());
+        refs[i] = *r;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 64; ++i) {
+    std::vector<std::byte> out;
+    ASSERT_TRUE((*log)->Read(refs[i], &out).ok());
+    ASSERT_EQ(out.size(), size_t(100 + 2 * i));
+    EXPECT_EQ(out[0], std::byte(i));
+    if (i > 0) {
+      EXPECT_EQ(out.back(), std::byte(~i));
+    }
+  }
+  auto missing = UndoLog::Create(dir.Path("no/such/dir"));
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no/such/dir"), std::string::npos);
+}
+
+TEST(UndoLogTest, HeapBacked) {
+  auto log = UndoLog::Create("");
+  ASSERT_TRUE(log.ok());
+  std::vector<std::byte> a(10, std::byte{1}), out;
+  auto r = (*log)->Append(a, {});
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*log)->Read(*r, &out).ok());
+  EXPECT_EQ(out, a);
+  EXPECT_EQ((*log)->bytes(), 10u);
 }
 
 }  // namespace
