@@ -115,7 +115,9 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
   }
   std::unique_ptr<Progress> progress;
   uint64_t shown = 0;  // scanned bytes already reported to `progress`
-  if (g.ShowProgress()) {
+  // A refit is a long transfer: a bar on a terminal, otherwise a line
+  // every 5 s (logs of a training job), unless asked for silence.
+  if (!g.quiet && g.progress != "never") {
     o.on_progress = [&](const RefitOptions::Progress& p) {
       if (!progress) {
         progress = std::make_unique<Progress>(a.full ? "refit --full" : "refit",
@@ -299,6 +301,8 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "  dcr refit --topology topology/local.yaml --target "
         "step42.safetensors "
         "--full -o json\n\n"
+        "Progress goes to stderr: a bar on a terminal, a line every 5 s "
+        "otherwise\n(--progress never or -q to silence it).\n\n"
         "Exit codes: 0 committed everywhere, 3 committed with nodes excluded, "
         "1 aborted\n(every relay restored its base), 2 usage or configuration "
         "error.\n");
