@@ -7,22 +7,9 @@ DCR=$1
 TRAINGEN=$2
 T=$(mktemp -d /tmp/dcr-cli-test.XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/integration/lib.sh
+source "$(dirname "$0")/lib.sh"
 
-# expect CODE CMD...: runs CMD, checks its exit code, keeps stderr in $T/err.
-expect() {
-  local want=$1
-  shift
-  set +e
-  "$@" >"$T/out" 2>"$T/err"
-  local got=$?
-  set -e
-  [[ $got -eq $want ]] || { cat "$T/err" >&2; fail "exit $got, want $want: $*"; }
-}
-expect_err() {  # the error is one line and mentions $1
-  [[ $(wc -l <"$T/err") -eq 1 ]] || { cat "$T/err" >&2; fail "error is not one line"; }
-  grep -q -- "$1" "$T/err" || { cat "$T/err" >&2; fail "error lacks '$1'"; }
-}
 
 "$TRAINGEN" --out "$T/ck" --hidden 64 --layers 2 --vocab 512 --steps 2 \
   --lr 5e-6 >/dev/null 2>&1

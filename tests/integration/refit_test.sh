@@ -33,26 +33,9 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/integration/lib.sh
+source "$(dirname "$0")/lib.sh"
 
-# expect CODE CMD...: runs CMD, checks its exit code; stdout in $T/out,
-# stderr in $T/err.
-expect() {
-  local want=$1
-  shift
-  set +e
-  "$@" >"$T/out" 2>"$T/err"
-  local got=$?
-  set -e
-  [[ $got -eq $want ]] || {
-    cat "$T/out" "$T/err" >&2
-    fail "exit $got, want $want: $*"
-  }
-}
-expect_err() {  # the error is one line and mentions $1
-  [[ $(wc -l <"$T/err") -eq 1 ]] || { cat "$T/err" >&2; fail "error is not one line"; }
-  grep -qF -- "$1" "$T/err" || { cat "$T/err" >&2; fail "error lacks '$1'"; }
-}
 json() {  # json EXPR...: each EXPR holds for d = the JSON on stdout of the last command
   python3 -S - "$T/out" "$@" <<'PY' || fail "JSON check failed (the output is above)"
 import json, sys

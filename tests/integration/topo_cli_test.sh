@@ -8,21 +8,9 @@ DCR=$1
 TOPO=$2
 T=$(mktemp -d /tmp/dcr-topo-test.XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/integration/lib.sh
+source "$(dirname "$0")/lib.sh"
 
-expect() {  # expect CODE CMD...: runs CMD, checks its exit code
-  local want=$1
-  shift
-  set +e
-  "$@" >"$T/out" 2>"$T/err"
-  local got=$?
-  set -e
-  [[ $got -eq $want ]] || { cat "$T/err" >&2; fail "exit $got, want $want: $*"; }
-}
-expect_err() {  # the error is one line and mentions $1
-  [[ $(wc -l <"$T/err") -eq 1 ]] || { cat "$T/err" >&2; fail "error is not one line"; }
-  grep -qF -- "$1" "$T/err" || { cat "$T/err" >&2; fail "error lacks '$1'"; }
-}
 json() { python3 -c "import json,sys; d=json.load(open('$T/out')); assert $1, d"; }
 
 # Help: every subcommand has an example.
