@@ -194,7 +194,7 @@ struct TreeNode {
   std::string host;
   uint16_t port = 0;
   TransportKind transport = TransportKind::kTcp;  // of the link into it
-  std::optional<StoreLocation> store;                 // nullopt for the root
+  std::optional<StoreLocation> store;             // nullopt for the root
   int parent = -1;                                // -1 for the root
   std::vector<int> children;
   int depth = 0;
