@@ -103,6 +103,10 @@ struct TopologyDefaults {
   uint32_t fanout = 2;
   uint64_t window_bytes = 64ull << 20;
   uint32_t min_commit = 0;  // 0: "all" relays must vote yes
+  // The key file of HMAC-SHA256 frame authentication, read by the root and
+  // every relay (format: src/wire/hmac_authenticator.h); empty: frames are
+  // not authenticated.
+  std::string auth_key_file;
   bool operator==(const TopologyDefaults&) const = default;
 };
 
@@ -153,7 +157,8 @@ Status AddNode(Topology* topo, std::string_view cluster, const NodeSpec& node);
 // Removes the relay named `name` (NotFound if there is none).
 Status RemoveNode(Topology* topo, std::string_view name);
 // Sets one key to `value`, written as in the YAML. Accepted keys:
-//   defaults.{transport,span_elems,fanout,window_bytes,min_commit}
+//   defaults.{transport,span_elems,fanout,window_bytes,min_commit,
+//             auth_key_file}
 //   root.{name,host,port,cluster,state_dir,baseline}
 //   clusters.<name>.{name,region,fanout,bandwidth,transport}
 //   clusters[<i>].<same keys>
@@ -161,8 +166,8 @@ Status RemoveNode(Topology* topo, std::string_view name);
 //                 store.kind,store.path}        (store as KIND or KIND:PATH)
 //   links[<i>].{from,to,bandwidth,latency,transport}
 // An empty value removes an optional key (fanout, bandwidth, transport,
-// region, metrics_port, state_dir, baseline). Renaming a cluster renames
-// its references (root.cluster, links).
+// region, metrics_port, state_dir, baseline, auth_key_file). Renaming a
+// cluster renames its references (root.cluster, links).
 Status SetValue(Topology* topo, std::string_view key, std::string_view value);
 
 // Units. Bandwidth: bits/s ("25Gbps", "200Mbps", "3Gbit/s", "1.5Gb/s") or

@@ -108,9 +108,10 @@ struct FrameHeader {
 // every queue that sends it. Never copied per receiver.
 using FrameBuffer = std::shared_ptr<const std::vector<std::byte>>;
 
-// Computes and checks the optional trailing tag. dcr's HMAC-SHA256
-// implementation arrives with signed refits; wire only fixes the layout and
-// calls this interface. Implementations must be thread-safe.
+// Computes and checks the optional trailing tag. dcr's implementation is
+// HMAC-SHA256 with the topology's shared key (src/wire/hmac_authenticator.h);
+// wire only fixes the layout and calls this interface. Implementations must be
+// thread-safe.
 class FrameAuthenticator {
  public:
   virtual ~FrameAuthenticator() = default;

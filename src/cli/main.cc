@@ -3,10 +3,12 @@
 #include <cstdio>
 
 #include "cli/cli_common.h"
+#include "common/failpoint.h"
 #include "common/log.h"
 
 int main(int argc, char** argv) {
   using namespace dcr::cli;
+  if (auto s = dcr::InitFailpointsFromEnv(); !s.ok()) return ReportError(s);
   CLI::App app(
       "dcr: refit RL rollout nodes with only the bits that changed.\n"
       "Offline commands work on safetensors checkpoints and .dcr delta "

@@ -11,6 +11,7 @@
 #include "coord/coordinator.h"
 #include "dcr/store.h"
 #include "dcr/topology.h"
+#include "wire/hmac_authenticator.h"
 
 namespace dcr::cli {
 namespace {
@@ -34,6 +35,21 @@ Result<std::chrono::milliseconds> ParseTimeout(const std::string& s) {
                     s));
   }
   return std::chrono::milliseconds(*ns / 1000000);
+}
+
+// Keys the frames of `options` from the topology's defaults.auth_key_file
+// when it names one. Returns kExitOk, or kExitUsage after printing a
+// one-line error that names the topology and the key file.
+int UseTopologyKey(const Topology& topo, TransportOptions* options) {
+  if (topo.defaults.auth_key_file.empty()) return kExitOk;
+  auto key = LoadFrameKey(topo.defaults.auth_key_file);
+  if (!key.ok()) {
+    ReportError(
+        key.status().WithContext(topo.source + ": defaults.auth_key_file"));
+    return kExitUsage;
+  }
+  options->frames.authenticator = *std::move(key);
+  return kExitOk;
 }
 
 std::string Pct(uint64_t part, uint64_t whole) {
@@ -103,6 +119,9 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
   auto timeout = ParseTimeout(a.timeout);
   if (!timeout.ok()) return ReportError(timeout.status());
   RefitOptions o;
+  if (int rc = UseTopologyKey(*topo, &o.transport_options); rc != kExitOk) {
+    return rc;
+  }
   o.topology = *std::move(topo);
   o.target = a.target;
   o.mode = a.full ? RefitMode::kFull : RefitMode::kDelta;
@@ -160,7 +179,12 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
   if (!topo.ok()) return ReportError(topo.status());
   auto timeout = ParseTimeout(timeout_text);
   if (!timeout.ok()) return ReportError(timeout.status());
-  std::vector<NodeStatus> nodes = QueryStatus(*topo, *timeout);
+  TransportOptions transport_options;
+  if (int rc = UseTopologyKey(*topo, &transport_options); rc != kExitOk) {
+    return rc;
+  }
+  std::vector<NodeStatus> nodes =
+      QueryStatus(*topo, *timeout, "tcp", transport_options);
   // The root's side: its baseline's version and the last refit's report.
   json root = {{"name", topo->root.name}};
   if (!topo->root.baseline.empty()) {
@@ -295,7 +319,9 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "\nThe baseline is root.baseline of the topology; every relay must "
         "hold it (or take\na --full refit). The refit commits on every "
         "receiver that verified the target\ndigest, if they are at least "
-        "min_commit; then the baseline becomes the target.\n\nExamples:\n"
+        "min_commit; then the baseline becomes the target. With\n"
+        "defaults.auth_key_file set, every frame is signed and checked with "
+        "HMAC-SHA256\n(dcr status uses the key too).\n\nExamples:\n"
         "  dcr refit --topology topology/local.yaml --target "
         "step42.safetensors\n"
         "  dcr refit --topology topology/local.yaml --target "

@@ -9,11 +9,13 @@
 #include <cstdio>
 
 #include "cli/cli_common.h"
+#include "common/failpoint.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "dcr/topology.h"
 #include "relay/relay.h"
+#include "wire/hmac_authenticator.h"
 
 namespace {
 
@@ -34,6 +36,7 @@ struct Args {
   std::string apply_window = "64MiB";
   std::string link_rate;
   std::string connect_timeout = "5s";
+  std::string auth_key_file;
 };
 
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s) {
@@ -129,6 +132,9 @@ int Run(const Args& a) {
   using namespace dcr::cli;
   RelayOptions o;
   int metrics_port = a.metrics_port;
+  // Where the frame key comes from, for error messages.
+  std::string key_file = a.auth_key_file;
+  std::string key_origin = "--auth-key-file";
   if (!a.topology.empty()) {
     if (a.node.empty()) {
       return ReportError(Status::InvalidArgument(
@@ -147,6 +153,10 @@ int Run(const Args& a) {
     o.listen_port = n->port;
     o.store = FromTopology(n->store);
     if (metrics_port < 0 && n->metrics_port) metrics_port = *n->metrics_port;
+    if (key_file.empty() && !topo->defaults.auth_key_file.empty()) {
+      key_file = topo->defaults.auth_key_file;
+      key_origin = a.topology + ": defaults.auth_key_file";
+    }
   } else {
     if (a.name.empty() || a.listen.empty() || a.store.empty()) {
       return ReportError(Status::InvalidArgument(
@@ -178,6 +188,16 @@ int Run(const Args& a) {
   auto ct = ParseDurationNs(a.connect_timeout);
   if (!ct.ok()) return ReportError(ct.status());
   o.connect_timeout = std::chrono::milliseconds(*ct / 1000000);
+  if (!key_file.empty()) {
+    auto key = LoadFrameKey(key_file);
+    if (!key.ok()) {
+      ReportError(key.status().WithContext(key_origin));
+      return kExitUsage;  // whatever went wrong, the configuration is bad
+    }
+    o.transport_options.frames.authenticator = *std::move(key);
+    spdlog::info("{}: frames are authenticated (HMAC-SHA256, key file {})",
+                 o.name, key_file);
+  }
 
   // Signals are taken by sigwait in this thread only: block them before
   // any thread starts so every thread inherits the mask.
@@ -241,6 +261,9 @@ int main(int argc, char** argv) {
       "dcr-relay");
   app.set_version_flag("--version", "dcr-relay 0.1.0");
   dcr::cli::SetProgramName("dcr-relay");
+  if (auto s = dcr::InitFailpointsFromEnv(); !s.ok()) {
+    return dcr::cli::ReportError(s);
+  }
   dcr::cli::UseOneLineUsageErrors(&app);
   app.add_option("-t,--topology", a.topology, "Topology YAML file");
   app.add_option("-n,--node", a.node, "This node's name in the topology");
@@ -272,9 +295,17 @@ int main(int argc, char** argv) {
                  "500Mbps (testing without tc)");
   app.add_option("--connect-timeout", a.connect_timeout,
                  "Timeout connecting to a child (default 5s)");
+  app.add_option("--auth-key-file", a.auth_key_file,
+                 "Authenticate every frame with HMAC-SHA256 keyed from this "
+                 "file (mode 600, 32+ random bytes; default: the topology's "
+                 "defaults.auth_key_file)");
   app.footer(
       "\nRuns in the foreground until SIGTERM or SIGINT; a refit in progress "
       "is then\naborted and the store restored to its base bits.\n\n"
+      "With a key file (--auth-key-file, or defaults.auth_key_file of the "
+      "topology), every\nframe is signed and checked with HMAC-SHA256; the "
+      "root and every relay need the\nsame key (head -c 32 /dev/urandom > "
+      "key && chmod 600 key).\n\n"
       "Examples:\n"
       "  dcr-relay --topology topology/local.yaml --node a0 --metrics-port "
       "9101\n"

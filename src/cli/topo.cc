@@ -312,7 +312,7 @@ void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         std::string(
             "\nKeys:\n"
             "  defaults.{transport,span_elems,fanout,window_bytes,"
-            "min_commit}\n"
+            "min_commit,auth_key_file}\n"
             "  root.{name,host,port,cluster,state_dir,baseline}\n"
             "  clusters.NAME.{name,region,fanout,bandwidth,transport}  (or "
             "clusters[I].KEY)\n"

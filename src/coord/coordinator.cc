@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "common/failpoint.h"
 #include "common/file.h"
 #include "dcr/checkpoint.h"
 #include "dcr/codec.h"
@@ -541,7 +542,8 @@ void RefitRun::Summarize(const std::vector<NodeResult>& plan,
     };
     first_failure(p, "plan");
     first_failure(v, "vote");
-    first_failure(f, "commit");
+    first_failure(
+        f, report_.outcome == RefitOutcome::kAborted ? "abort" : "commit");
     if (f.count(n.name)) o.chunks_applied = f[n.name].chunks_applied;
     if (!o.committed && o.phase.empty() &&
         report_.outcome != RefitOutcome::kAborted) {
@@ -587,6 +589,7 @@ Result<RefitReport> RefitRun::Run() {
   auto deadline = [&] { return Clock::now() + options_.phase_timeout; };
 
   // 1. Plan.
+  DCR_FAILPOINT("coord.before_plan");
   fanout_->Start(deadline());
   WaitPhase([&] { return fanout_->Complete(); });
   std::vector<NodeResult> plan_results = fanout_->Results();
@@ -610,6 +613,7 @@ Result<RefitReport> RefitRun::Run() {
   } else {
     // 2. Stream.
     Stream();
+    DCR_FAILPOINT("coord.after_stream");
     auto t_stream = Clock::now();
     report_.stream_seconds = Seconds(t_plan, t_stream);
     if (!produce_error_.ok()) {
@@ -660,6 +664,7 @@ Result<RefitReport> RefitRun::Run() {
   if (commit) {
     CommitMsg msg{report_.target, std::vector<std::string>(commit_set.begin(),
                                                            commit_set.end())};
+    DCR_FAILPOINT("coord.before_commit");
     fanout_->Expect(FrameType::kCommitReply, deadline());
     Status s = SendDown(FrameType::kCommit, EncodeCommit(msg));
     // The decision is durable: the baseline takes the target's bits while
@@ -668,9 +673,17 @@ Result<RefitReport> RefitRun::Run() {
     std::thread baseline([&] { b = AdvanceBaseline(); });
     if (s.ok()) WaitPhase([&] { return fanout_->Complete(); });
     baseline.join();
+    DCR_FAILPOINT("coord.after_commit");
     final_replies = fanout_->Results();
-    report_.outcome = commit_set.size() == receivers ? RefitOutcome::kCommitted
-                                                     : RefitOutcome::kPartial;
+    // Committed everywhere only if every receiver confirmed it: a node that
+    // voted yes and then vanished before its COMMIT_REPLY is stale.
+    size_t confirmed = std::count_if(
+        final_replies.begin(), final_replies.end(), [&](const NodeResult& r) {
+          return commit_set.count(r.node) && r.code == NodeCode::kOk &&
+                 r.version == report_.target;
+        });
+    report_.outcome = confirmed == receivers ? RefitOutcome::kCommitted
+                                             : RefitOutcome::kPartial;
     if (!b.ok()) {
       spdlog::error("the refit committed but the baseline was not advanced: {}",
                     b.ToString());
@@ -858,7 +871,7 @@ std::vector<NodeStatus> QueryStatus(const Topology& topology,
           std::make_shared<StatusHandler>(&mailbox, &out[i], &done[i]);
       (*transport)
           ->AsyncConnect(n.host, n.port, handler, timeout,
-                         [&mailbox, &out, &done, &links,
+                         [&mailbox, &out, &done, &links, &options,
                           i](Result<std::shared_ptr<Link>> l) {
                            mailbox.Post([&, i, l = std::move(l)] {
                              if (!l.ok()) {
@@ -870,10 +883,11 @@ std::vector<NodeStatus> QueryStatus(const Topology& topology,
                              FrameHeader h;
                              h.type = FrameType::kHello;
                              auto hello = EncodeFrame(
-                                 h, EncodeHello(HelloMsg{"", kRoleClient, 0}));
+                                 h, EncodeHello(HelloMsg{"", kRoleClient, 0}),
+                                 options.frames);
                              h.type = FrameType::kStatusRequest;
                              h.sequence = 1;
-                             auto req = EncodeFrame(h, {});
+                             auto req = EncodeFrame(h, {}, options.frames);
                              if (hello.ok() && req.ok()) {
                                links[i]->Send(*hello);
                                links[i]->Send(*req);

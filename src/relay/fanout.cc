@@ -78,6 +78,7 @@ Status Fanout::SendTo(Child& c, FrameType type,
                       const std::vector<std::byte>& body) {
   FrameHeader h = options_.header;
   h.type = type;
+  h.flags &= kFrameFlagsMessageMask;  // wire bits (the tag) are the encoder's
   DCR_ASSIGN_OR_RETURN(FrameBuffer frame,
                        EncodeFrame(h, body, options_.frames));
   c.link->Send(std::move(frame));
@@ -224,7 +225,7 @@ void Fanout::ExpireIfDue(Clock::time_point now) {
 std::vector<NodeResult> Fanout::Results() const {
   std::vector<NodeResult> out;
   for (const Child& c : children_) {
-    if (!c.failed && c.reply) {
+    if (c.reply) {  // it answered this phase, even if its link went after
       out.insert(out.end(), c.reply->nodes.begin(), c.reply->nodes.end());
       continue;
     }

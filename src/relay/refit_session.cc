@@ -24,10 +24,17 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
                     store->describe(), store->manifest().digest().ShortHex(),
                     plan.manifest.ShortHex()));
   }
-  if (auto busy = store->InProgress(); busy && busy->refit != refit) {
-    return refuse(NodeCode::kBusy,
-                  fmt::format("refit {} is in progress on {}",
-                              busy->refit.ToHex(), store->describe()));
+  // A refit left unfinished (the relay died mid-refit): the bits are a mix
+  // of its base and target. A full refit repairs that (it overwrites every
+  // span); a delta cannot apply to a mix.
+  if (auto busy = store->InProgress();
+      busy && busy->refit != refit && plan.mode != RefitMode::kFull) {
+    return refuse(
+        NodeCode::kNeedsCatchUp,
+        fmt::format("{} holds the unfinished refit {} (a mix of step {} and "
+                    "{}); repair it with dcr refit --full",
+                    store->describe(), busy->refit.ToHex(), busy->base.step,
+                    busy->target.step));
   }
   std::optional<Version> committed = store->committed();
   if (committed) refusal->version = *committed;

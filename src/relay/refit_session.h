@@ -40,8 +40,10 @@ class RefitSession {
   // the committed version must be the plan's base, or, for a store without
   // a record, its digest must be the base digest) and records the refit as
   // in progress, durably, before any byte changes. On refusal returns the
-  // NodeResult to report (code kNeedsCatchUp, kManifestMismatch, kBusy or
-  // kStoreError) through `refusal` and a null session.
+  // NodeResult to report (code kNeedsCatchUp, also for a store left with
+  // another refit unfinished unless this plan is a full refit, which
+  // repairs it; kManifestMismatch or kStoreError) through `refusal` and a
+  // null session.
   struct Options {
     // Hashes a store without a record (to bind it by digest).
     ThreadPool* pool = nullptr;

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/failpoint.h"
 #include "dcr/codec.h"
 #include "dcr/thread_pool.h"
 #include "relay/fanout.h"
@@ -139,6 +140,34 @@ const char* PhaseName(Phase p) {
       return "aborting";
   }
   return "?";
+}
+
+// A damaged copy of `bytes` for a corrupt failpoint: the original buffer is
+// shared with the other children's queues and is never written.
+FrameBuffer CorruptedCopy(std::span<const std::byte> bytes,
+                          const FailpointHit& fp) {
+  auto copy =
+      std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());
+  fp.Corrupt(*copy);
+  return copy;
+}
+
+// Forwards a CHUNK to the children as the relay.forward failpoint says: as
+// is, not at all (drop), a damaged copy (corrupt), or its first bytes and
+// then every child link closed (cut). Returns the chunk sends.
+size_t ForwardChunk(Fanout& fanout, const FrameBuffer& frame,
+                    const FailpointHit& fp) {
+  if (fp.drop()) return 0;
+  if (fp.corrupt()) {
+    return fanout.Forward(CorruptedCopy(*frame, fp), /*chunk=*/true);
+  }
+  if (!fp.cut()) return fanout.Forward(frame, /*chunk=*/true);
+  size_t keep = static_cast<size_t>(std::min<uint64_t>(fp.arg, frame->size()));
+  size_t n = fanout.Forward(std::make_shared<std::vector<std::byte>>(
+                                frame->begin(), frame->begin() + keep),
+                            /*chunk=*/true);
+  fanout.Close();
+  return n;
 }
 
 }  // namespace
@@ -442,6 +471,7 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
     link->CloseAfterFlush();
     return;
   }
+  if (DCR_FAILPOINT("relay.plan").drop()) return;
   auto refuse = [&](NodeCode code, const std::string& detail) {
     spdlog::warn("{}: refusing the plan of refit {}: {}", options_.name,
                  frame.header.refit_id.ToHex(), detail);
@@ -536,9 +566,16 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
         chunks_dropped_ += 1;
         return;
       }
-      chunks_forwarded_ += r.fanout->Forward(buffer, /*chunk=*/true);
+      chunks_forwarded_ +=
+          ForwardChunk(*r.fanout, buffer, DCR_FAILPOINT("relay.forward"));
       if (r.session) {
-        workers_->Submit({buffer, frame.payload, r.session.get(), r.tracker});
+        FailpointHit fp = DCR_FAILPOINT("relay.apply_chunk");
+        if (fp.corrupt()) {
+          FrameBuffer copy = CorruptedCopy(frame.payload, fp);
+          workers_->Submit({copy, *copy, r.session.get(), r.tracker});
+        } else if (!fp.drop()) {
+          workers_->Submit({buffer, frame.payload, r.session.get(), r.tracker});
+        }
       }
       MaybePause();
       return;
@@ -564,6 +601,7 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
                      commit.status().ToString());
         return;
       }
+      if (DCR_FAILPOINT("relay.commit").drop()) return;
       r.fanout->Forward(buffer);
       r.fanout->Expect(FrameType::kCommitReply, deadline());
       r.commit = *commit;
@@ -572,6 +610,7 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
       return;
     }
     case FrameType::kAbort: {
+      if (DCR_FAILPOINT("relay.abort").drop()) return;
       r.fanout->Forward(buffer);
       r.fanout->Expect(FrameType::kAbortReply, deadline());
       r.phase = Phase::kAborting;
@@ -725,7 +764,9 @@ void Relay::Impl::Step() {
                                                 : vote.detail);
       }
       if (r.local && r.fanout->Complete()) {
-        ReplyResults(FrameType::kVote, {*r.local});
+        if (!DCR_FAILPOINT("relay.vote").drop()) {
+          ReplyResults(FrameType::kVote, {*r.local});
+        }
         r.phase = Phase::kVoted;
       }
       break;

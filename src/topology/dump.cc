@@ -55,6 +55,9 @@ std::string DumpTopology(const Topology& t) {
   e << YAML::Key << "window_bytes" << YAML::Value << FormatSize(d.window_bytes);
   e << YAML::Key << "min_commit" << YAML::Value
     << (d.min_commit == 0 ? std::string("all") : std::to_string(d.min_commit));
+  if (!d.auth_key_file.empty()) {
+    e << YAML::Key << "auth_key_file" << YAML::Value << Esc(d.auth_key_file);
+  }
   e << YAML::EndMap;
 
   const RootSpec& r = t.root;
@@ -127,12 +130,13 @@ std::string TopologyToJson(const Topology& t) {
   const TopologyDefaults& d = t.defaults;
   json j;
   j["version"] = t.version;
-  j["defaults"] = json{
-      {"transport", std::string(TransportKindName(d.transport))},
-      {"span_elems", d.span_elems},
-      {"fanout", d.fanout},
-      {"window_bytes", d.window_bytes},
-      {"min_commit", d.min_commit == 0 ? json("all") : json(d.min_commit)}};
+  j["defaults"] =
+      json{{"transport", std::string(TransportKindName(d.transport))},
+           {"span_elems", d.span_elems},
+           {"fanout", d.fanout},
+           {"window_bytes", d.window_bytes},
+           {"min_commit", d.min_commit == 0 ? json("all") : json(d.min_commit)},
+           {"auth_key_file", d.auth_key_file}};
   const RootSpec& r = t.root;
   j["root"] = json{{"name", r.name},           {"host", r.host},
                    {"port", r.port},           {"cluster", r.cluster},

@@ -14,8 +14,9 @@ using topology_internal::JoinKeys;
 
 using Keys = std::span<const std::string_view>;
 
-constexpr std::string_view kDefaultsKeys[] = {
-    "transport", "span_elems", "fanout", "window_bytes", "min_commit"};
+constexpr std::string_view kDefaultsKeys[] = {"transport",  "span_elems",
+                                              "fanout",     "window_bytes",
+                                              "min_commit", "auth_key_file"};
 constexpr std::string_view kRootKeys[] = {"name",    "host",      "port",
                                           "cluster", "state_dir", "baseline"};
 constexpr std::string_view kClusterKeys[] = {"name", "region", "fanout",
@@ -117,6 +118,9 @@ Status SetDefaults(Topology* t, std::string_view key, std::string_view field,
   }
   if (field == "min_commit") {
     return Assign(*t, key, v, topology_internal::ParseMinCommit, &d.min_commit);
+  }
+  if (field == "auth_key_file") {
+    return Assign(*t, key, v, Text, &d.auth_key_file);
   }
   return UnknownField(*t, key, field, kDefaultsKeys);
 }

@@ -23,8 +23,9 @@ using Keys = std::span<const std::string_view>;
 
 constexpr std::string_view kTopKeys[] = {"version", "defaults", "root",
                                          "clusters", "links"};
-constexpr std::string_view kDefaultsKeys[] = {
-    "transport", "span_elems", "fanout", "window_bytes", "min_commit"};
+constexpr std::string_view kDefaultsKeys[] = {"transport",  "span_elems",
+                                              "fanout",     "window_bytes",
+                                              "min_commit", "auth_key_file"};
 constexpr std::string_view kRootKeys[] = {"name",    "host",      "port",
                                           "cluster", "state_dir", "baseline"};
 constexpr std::string_view kClusterKeys[] = {"name",      "region",    "fanout",
@@ -236,6 +237,9 @@ Status Parser::ParseDefaults(const Field& df, TopologyDefaults* d) const {
     } else if (x.key == "min_commit") {
       DCR_ASSIGN_OR_RETURN(d->min_commit,
                            Value(x, p, topology_internal::ParseMinCommit));
+    } else if (x.key == "auth_key_file") {
+      // Empty (e.g. "${DCR_KEY:-}" with DCR_KEY unset): no authentication.
+      DCR_ASSIGN_OR_RETURN(d->auth_key_file, Str(x, p));
     }
   }
   return Status::OK();

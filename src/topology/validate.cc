@@ -290,6 +290,10 @@ class Validator {
     if (d.window_bytes == 0) {
       return Err(0, "defaults.window_bytes", "window must be positive");
     }
+    if (std::string why = topology_internal::CheckText(d.auth_key_file);
+        !why.empty()) {
+      return Err(0, "defaults.auth_key_file", "the value " + why);
+    }
     if (d.min_commit > t_.NodeCount()) {
       return Err(0, "defaults.min_commit",
                  "min_commit " + std::to_string(d.min_commit) +

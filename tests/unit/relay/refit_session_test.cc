@@ -184,7 +184,7 @@ TEST_F(RefitSessionTest, WrongBaselineIsRefusedUntouched) {
   EXPECT_EQ(refusal.version.step, 9u);
 }
 
-TEST_F(RefitSessionTest, ManifestMismatchAndBusyAreRefused) {
+TEST_F(RefitSessionTest, ManifestMismatchAndUnfinishedRefitAreRefused) {
   NodeResult refusal;
   PlanMsg other = plan_;
   other.manifest = Digest128{3, 3};
@@ -195,9 +195,18 @@ TEST_F(RefitSessionTest, ManifestMismatchAndBusyAreRefused) {
   ASSERT_TRUE(s);
   RefitId another;
   another.bytes[0] = 8;
+  // Another refit left unfinished (as after a crash): a delta cannot
+  // apply to the mixed bits; the refusal says how to repair it.
   EXPECT_FALSE(
       RefitSession::Begin(store_.get(), "n0", another, plan_, &refusal));
-  EXPECT_EQ(refusal.code, NodeCode::kBusy);
+  EXPECT_EQ(refusal.code, NodeCode::kNeedsCatchUp);
+  EXPECT_NE(refusal.detail.find("--full"), std::string::npos) << refusal.detail;
+  // A full refit overwrites every span, so it may take over.
+  PlanMsg full = plan_;
+  full.mode = RefitMode::kFull;
+  auto repair =
+      RefitSession::Begin(store_.get(), "n0", another, full, &refusal);
+  EXPECT_TRUE(repair) << refusal.detail;
 }
 
 TEST_F(RefitSessionTest, AbortRestoresTheBaseAfterAnyMix) {

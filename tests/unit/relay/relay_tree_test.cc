@@ -3,6 +3,7 @@
 // RunRefit, and faults injected on the simulated links.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <future>
@@ -116,10 +117,11 @@ clusters:
     return *topo;
   }
 
-  void StartRelay(const std::string& node) {
+  void StartRelay(const std::string& node, const std::string& store = "") {
     RelayOptions o;
     o.name = node;
-    o.store = *ParseStoreSpec("file:" + StorePath(node));
+    o.store =
+        *ParseStoreSpec(store.empty() ? "file:" + StorePath(node) : store);
     o.listen_host = node;
     o.listen_port = 2;
     o.transport = "fake";
@@ -328,6 +330,25 @@ TEST_F(RelayTreeTest, CorruptChunkOnOneLinkAbortsAndRestoresEveryBase) {
   EXPECT_EQ(again.outcome, RefitOutcome::kCommitted) << again.reason;
 }
 
+TEST_F(RelayTreeTest, ALostCommitReplyIsNotReportedAsCommitted) {
+  SeedAll(0);
+  StartAll();
+  // a0's fourth frame to the root (HELLO, PLAN_REPLY, VOTE, COMMIT_REPLY)
+  // never arrives: the link is cut after three. a0's subtree may well have
+  // committed, but the root cannot know: committed-partial, not committed.
+  FakeFaults f;
+  f.cut_after_frames = 3;
+  network_->SetFaults("a0", "root", f);
+  RefitReport r = Refit(1);
+  EXPECT_EQ(r.outcome, RefitOutcome::kPartial) << r.ToJson();
+  for (const char* n : {"a0", "a1", "a2"}) {
+    EXPECT_FALSE(Node(r, n)->committed) << n;
+    EXPECT_EQ(Node(r, n)->phase, "commit") << n;
+  }
+  EXPECT_TRUE(Node(r, "b0")->committed);
+  EXPECT_NE(r.reason.find("a0"), std::string::npos) << r.reason;
+}
+
 TEST_F(RelayTreeTest, SlowChildBackpressureStillDelivers) {
   SeedAll(0);
   StartAll();
@@ -371,6 +392,30 @@ TEST_F(RelayTreeTest, StoppingARelayMidRefitRestoresItsSubtree) {
     WaitIdle(n);
     EXPECT_EQ(DigestOf(StorePath(n)), v0) << n;
   }
+}
+
+TEST_F(RelayTreeTest, ShmStoreIsSeededAndRefitLikeAFileStore) {
+  // b1 keeps its weights in POSIX shared memory, as a serving process on
+  // the node would map them: created by a full refit, then refit in place.
+  std::string name = "/dcr-tree-test-" + std::to_string(::getpid());
+  StoreSpec spec = *ParseStoreSpec("shm:" + name);
+  ASSERT_TRUE(RemoveStore(spec).ok());
+  SeedAll(0);
+  for (const auto& n : kRelays) {
+    if (n != "b1") StartRelay(n);
+  }
+  StartRelay("b1", "shm:" + name);
+  EXPECT_EQ(relays_["b1"]->Stats().state, "no store");
+  RefitReport seed = Refit(0, RefitMode::kFull);
+  ASSERT_EQ(seed.outcome, RefitOutcome::kCommitted) << seed.reason;
+  WaitIdle("b1");
+  EXPECT_EQ(DigestOf("/dev/shm" + name), DigestOf(Ckpt(0)));
+  RefitReport delta = Refit(1);
+  ASSERT_EQ(delta.outcome, RefitOutcome::kCommitted) << delta.reason;
+  WaitIdle("b1");
+  EXPECT_EQ(DigestOf("/dev/shm" + name), DigestOf(Ckpt(1)));
+  relays_.clear();
+  EXPECT_TRUE(RemoveStore(spec).ok());
 }
 
 TEST_F(RelayTreeTest, PlanForAnotherNodeIsRefused) {

@@ -1,5 +1,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include "dcr/topology.h"
 #include "unit/topology/topology_testing.h"
@@ -84,6 +85,7 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
       {"defaults.fanout", "3"},
       {"defaults.window_bytes", "128MiB"},
       {"defaults.min_commit", "1"},
+      {"defaults.auth_key_file", "/etc/dcr/frame.key"},
       {"root.host", "10.0.0.1"},
       {"root.port", "18000"},
       {"root.state_dir", "/srv/dcr"},
@@ -112,6 +114,7 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
   }
   EXPECT_EQ(topo_.defaults.transport, TransportKind::kUcx);
   EXPECT_EQ(topo_.defaults.window_bytes, 128u << 20);
+  EXPECT_EQ(topo_.defaults.auth_key_file, "/etc/dcr/frame.key");
   EXPECT_EQ(topo_.root.name, "coord");
   EXPECT_EQ(topo_.clusters[1].fanout, 8u);
   EXPECT_EQ(topo_.clusters[1].region, "eu-west");
@@ -132,6 +135,25 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
   auto reloaded = ParseTopology(DumpTopology(topo_), "d.yaml");
   ASSERT_TRUE(reloaded.ok()) << reloaded.status().ToString();
   EXPECT_EQ(*reloaded, topo_);
+  // An empty value turns frame authentication off.
+  ASSERT_TRUE(SetValue(&topo_, "defaults.auth_key_file", "").ok());
+  EXPECT_EQ(topo_.defaults.auth_key_file, "");
+}
+
+TEST_F(EditTest, AuthKeyFileExpandsTheEnvironment) {
+  ::unsetenv("DCR_EDIT_TEST_KEYS");
+  ExpectRefused(
+      SetValue(&topo_, "defaults.auth_key_file", "${DCR_EDIT_TEST_KEYS}"),
+      "DCR_EDIT_TEST_KEYS is not set");
+  // Control characters are refused as in every other value.
+  ExpectRefused(SetValue(&topo_, "defaults.auth_key_file", "/k\x01"),
+                "defaults.auth_key_file: the value");
+  ::setenv("DCR_EDIT_TEST_KEYS", "/run/keys", 1);
+  ASSERT_TRUE(SetValue(&topo_, "defaults.auth_key_file",
+                       "${DCR_EDIT_TEST_KEYS}/dcr.key")
+                  .ok());
+  ::unsetenv("DCR_EDIT_TEST_KEYS");
+  EXPECT_EQ(topo_.defaults.auth_key_file, "/run/keys/dcr.key");
 }
 
 TEST_F(EditTest, RenamingAClusterCarriesReferences) {
@@ -159,6 +181,7 @@ TEST_F(EditTest, SetValueRefusals) {
       {"defaults.window_bytes", "-1", "expected a size"},
       {"defaults.min_commit", "3", "exceeds the number of relays"},
       {"defaults.colour", "red", "unknown key 'colour'"},
+      {"defaults.auth_keyfile", "/k", "did you mean 'auth_key_file'?"},
       {"links[0].to", "nowhere", "unknown cluster 'nowhere'"},
       {"links[1].bandwidth", "1Gbps", "out of range"},
       {"links[0].latency", "soon", "expected a duration"},

@@ -103,6 +103,55 @@ TEST(ParseTest, MinCommitInteger) {
   EXPECT_EQ(t->defaults.min_commit, 2u);
 }
 
+TEST(ParseTest, AuthKeyFile) {
+  auto t = ParseTopology(kSampleYaml, "t.yaml");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->defaults.auth_key_file, "");  // not given: no authentication
+  EXPECT_THAT(DumpTopology(*t), ::testing::Not(HasSubstr("auth_key_file")));
+  EXPECT_THAT(TopologyToJson(*t), HasSubstr("\"auth_key_file\": \"\""));
+
+  ::setenv("DCR_TOPO_TEST_KEYS", "/etc/dcr", 1);
+  ::unsetenv("DCR_TOPO_TEST_NOPE");
+  t = ParseTopology(
+      Edited("min_commit: all}",
+             "min_commit: all, auth_key_file: \"${DCR_TOPO_TEST_KEYS}/k\"}"),
+      "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->defaults.auth_key_file, "/etc/dcr/k");
+  std::string dumped = DumpTopology(*t);
+  EXPECT_THAT(dumped, HasSubstr("auth_key_file: /etc/dcr/k"));
+  auto again = ParseTopology(dumped, "dump.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << dumped;
+  EXPECT_EQ(*again, *t);
+  EXPECT_THAT(TopologyToJson(*t),
+              HasSubstr("\"auth_key_file\": \"/etc/dcr/k\""));
+  // Keys differ: two topologies with different key files are not equal.
+  Topology other = *t;
+  other.defaults.auth_key_file = "/etc/dcr/other";
+  EXPECT_NE(other, *t);
+
+  // An unset variable with an empty default turns authentication off.
+  t = ParseTopology(
+      Edited("min_commit: all}",
+             "min_commit: all, auth_key_file: \"${DCR_TOPO_TEST_NOPE:-}\"}"),
+      "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->defaults.auth_key_file, "");
+  EXPECT_EQ(ErrorOf(Edited("min_commit: all}",
+                           "min_commit: all, auth_key_file: "
+                           "\"${DCR_TOPO_TEST_NOPE}\"}")),
+            "t.yaml:2: defaults.auth_key_file: environment variable "
+            "DCR_TOPO_TEST_NOPE is not set (write ${DCR_TOPO_TEST_NOPE:-"
+            "default} to give a default)");
+  EXPECT_EQ(ErrorOf(Edited("min_commit: all}",
+                           "min_commit: all, auth_key_file: [a, b]}")),
+            "t.yaml:2: defaults.auth_key_file: expected a value, got a list");
+  EXPECT_EQ(
+      ErrorOf(Edited("min_commit: all}", "min_commit: all, auth_keyfile: /k}")),
+      "t.yaml:2: defaults.auth_keyfile: unknown key (did you mean "
+      "'auth_key_file'?)");
+}
+
 TEST(ParseTest, EnvironmentExpansion) {
   ::setenv("DCR_TOPO_TEST_MODELS", "/srv/models", 1);
   ::unsetenv("DCR_TOPO_TEST_NOPE");

@@ -34,7 +34,7 @@ inline constexpr const char* kSampleYaml =
 
 // A random valid topology: 1-7 clusters joined by a random connected set of
 // links, 0-3 nodes in the root's cluster, 1-12 in the others, random
-// fanouts, bandwidths, heads and transports.
+// fanouts, bandwidths, heads and transports, and sometimes a key file.
 inline Topology RandomTopology(std::mt19937_64& rng) {
   auto pick = [&](int lo, int hi) {
     return std::uniform_int_distribution<int>(lo, hi)(rng);
@@ -106,6 +106,7 @@ inline Topology RandomTopology(std::mt19937_64& rng) {
     if (pick(0, 3) == 0) l.transport = TransportKind::kUcx;
     t.links.push_back(l);
   }
+  if (pick(0, 2) == 0) t.defaults.auth_key_file = "/etc/dcr/frame.key";
   return t;
 }
 
