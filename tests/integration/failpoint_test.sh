@@ -22,39 +22,11 @@ TRAINGEN=$3
 T=$(mktemp -d /tmp/dcr-failpoint-test.XXXXXX)
 declare -A PID=()  # relay name -> pid of the running dcr-relay
 
-cleanup() {
-  local n p
-  for n in "${!PID[@]}"; do kill -TERM "${PID[$n]}" 2>/dev/null || true; done
-  for _ in $(seq 50); do  # at most 5 s, then SIGKILL what is left
-    local alive=0
-    for p in "${PID[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [[ $alive -eq 0 ]] && break
-    sleep 0.1
-  done
-  for p in "${PID[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$T"
-}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
 unset DCR_FAILPOINTS  # only where a step sets it
-
-json() {  # json EXPR...: each EXPR holds for d = the JSON on stdout of the last command
-  python3 -S - "$T/out" "$@" <<'PY' || fail "JSON check failed (the output is above)"
-import json, sys
-d = json.load(open(sys.argv[1]))
-for e in sys.argv[2:]:
-    if not eval(e):
-        print(json.dumps(d, indent=1), file=sys.stderr)
-        print(f"not true: {e}", file=sys.stderr)
-        sys.exit(1)
-PY
-}
-node_json() {  # node_json NAME EXPR: EXPR holds for n = node NAME of d["nodes"]
-  json "[n for n in d['nodes'] if n['node']=='$1'] and all($2 for n in d['nodes'] if n['node']=='$1')"
-}
 
 # --- Model, ports, topology ------------------------------------------------
 "$TRAINGEN" --out "$T/ck" --hidden 64 --layers 2 --vocab 512 --steps 1 \
@@ -157,13 +129,6 @@ PY
   done
   cat "$T/out" "$T/err" >&2
   fail "not idle within 10 s: $*"
-}
-verify_all() {  # verify_all CHECKPOINT NAME...: those stores hold it bit for bit
-  local want=$1 n
-  shift
-  for n in "$@"; do
-    expect 0 "$DCR" verify "$T/$n.safetensors" "$want"
-  done
 }
 refit() {  # refit CODE: dcr refit v0 -> v1 -o json, exit CODE
   expect "$1" "$DCR" refit --topology "$TOPO" --target "$V/v1.safetensors" \

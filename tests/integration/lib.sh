@@ -23,3 +23,46 @@ expect_err() {
   [[ $(wc -l <"$T/err") -eq 1 ]] || { cat "$T/err" >&2; fail "error is not one line"; }
   grep -qF -- "$1" "$T/err" || { cat "$T/err" >&2; fail "error lacks '$1'"; }
 }
+
+# For tests that run dcr-relay processes: they keep their pids in the
+# associative array PID (relay name -> pid) and set DCR, and their stores in
+# $T/NAME.safetensors.
+
+# cleanup: SIGTERM every relay, SIGKILL what is left after 5 s, remove $T.
+cleanup() {
+  local n p
+  for n in "${!PID[@]}"; do kill -TERM "${PID[$n]}" 2>/dev/null || true; done
+  for _ in $(seq 50); do  # at most 5 s, then SIGKILL what is left
+    local alive=0
+    for p in "${PID[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [[ $alive -eq 0 ]] && break
+    sleep 0.1
+  done
+  for p in "${PID[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$T"
+}
+
+json() {  # json EXPR...: each EXPR holds for d = the JSON on stdout of the last command
+  python3 -S - "$T/out" "$@" <<'PY' || fail "JSON check failed (the output is above)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+for e in sys.argv[2:]:
+    if not eval(e):
+        print(json.dumps(d, indent=1), file=sys.stderr)
+        print(f"not true: {e}", file=sys.stderr)
+        sys.exit(1)
+PY
+}
+
+node_json() {  # node_json NAME EXPR: EXPR holds for n = node NAME of d["nodes"]
+  json "[n for n in d['nodes'] if n['node']=='$1'] and all($2 for n in d['nodes'] if n['node']=='$1')"
+}
+
+verify_all() {  # verify_all CHECKPOINT NAME...: those stores hold it bit for bit
+  local want=$1 n
+  shift
+  for n in "$@"; do
+    expect 0 "$DCR" verify "$T/$n.safetensors" "$want"
+  done
+}

@@ -18,38 +18,10 @@ TRAINGEN=$3
 T=$(mktemp -d /tmp/dcr-refit-test.XXXXXX)
 declare -A PID=()  # relay name -> pid of the running dcr-relay
 
-cleanup() {
-  local n p
-  for n in "${!PID[@]}"; do kill -TERM "${PID[$n]}" 2>/dev/null || true; done
-  for _ in $(seq 50); do  # at most 5 s, then SIGKILL what is left
-    local alive=0
-    for p in "${PID[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [[ $alive -eq 0 ]] && break
-    sleep 0.1
-  done
-  for p in "${PID[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$T"
-}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
-
-json() {  # json EXPR...: each EXPR holds for d = the JSON on stdout of the last command
-  python3 -S - "$T/out" "$@" <<'PY' || fail "JSON check failed (the output is above)"
-import json, sys
-d = json.load(open(sys.argv[1]))
-for e in sys.argv[2:]:
-    if not eval(e):
-        print(json.dumps(d, indent=1), file=sys.stderr)
-        print(f"not true: {e}", file=sys.stderr)
-        sys.exit(1)
-PY
-}
-node_json() {  # node_json NAME EXPR: EXPR holds for n = node NAME of d["nodes"]
-  json "[n for n in d['nodes'] if n['node']=='$1'] and all($2 for n in d['nodes'] if n['node']=='$1')"
-}
 
 # --- Models, ports, topologies -------------------------------------------
 "$TRAINGEN" --out "$T/ck" --hidden 256 --layers 2 --vocab 8000 --lr 2e-6 \
@@ -140,13 +112,6 @@ stop_relay() {  # stop_relay NAME: SIGTERM, exit 0 within 5 s
   unset "PID[$n]"
   [[ $rc -eq 0 ]] || { cat "$T/$n.log" >&2; fail "relay $n exited $rc after SIGTERM, want 0"; }
 }
-verify_all() {  # verify_all CHECKPOINT NAME...: those stores hold it bit for bit
-  local want=$1 n
-  shift
-  for n in "$@"; do
-    expect 0 "$DCR" verify "$T/$n.safetensors" "$want"
-  done
-}
 refit_json() {  # refit_json CODE TOPOLOGY ARGS...: dcr refit -o json, exit CODE
   local want=$1 topo=$2
   shift 2
@@ -205,7 +170,6 @@ for step in 1 2; do
 done
 V2_DIGEST=$(python3 -S -c "import json; print(json.load(open('$T/last-refit.json'))['target']['digest'])")
 [[ $V2_DIGEST =~ ^[0-9a-f]{16,}$ ]] || fail "target digest '$V2_DIGEST'"
-
 
 # --- c. dcr status --------------------------------------------------------
 expect 0 "$DCR" status --topology "$TOPO" -o json
