@@ -93,6 +93,9 @@ struct RootSpec {
   std::string cluster;
   std::string state_dir;  // empty: not given
   std::string baseline;   // empty: not given
+  // The root's Ed25519 private key (PEM), read by `dcr refit` only; it goes
+  // with defaults.signing_public_key_file.
+  std::string signing_key_file;
   SourceLine loc;
   bool operator==(const RootSpec&) const = default;
 };
@@ -107,6 +110,15 @@ struct TopologyDefaults {
   // every relay (format: src/wire/hmac_authenticator.h); empty: frames are
   // not authenticated.
   std::string auth_key_file;
+  // TLS on TCP links (all three, or none): the CA that signs every node's
+  // certificate, and this host's certificate chain and private key (PEM).
+  // Both ends present a certificate and verify the other's.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The root's Ed25519 public key (PEM): relays check the signed refit
+  // manifest against it before voting. Empty: refits are not signed.
+  std::string signing_public_key_file;
   bool operator==(const TopologyDefaults&) const = default;
 };
 
@@ -158,15 +170,17 @@ Status AddNode(Topology* topo, std::string_view cluster, const NodeSpec& node);
 Status RemoveNode(Topology* topo, std::string_view name);
 // Sets one key to `value`, written as in the YAML. Accepted keys:
 //   defaults.{transport,span_elems,fanout,window_bytes,min_commit,
-//             auth_key_file}
-//   root.{name,host,port,cluster,state_dir,baseline}
+//             auth_key_file,tls_ca_file,tls_cert_file,tls_key_file,
+//             signing_public_key_file}
+//   root.{name,host,port,cluster,state_dir,baseline,signing_key_file}
 //   clusters.<name>.{name,region,fanout,bandwidth,transport}
 //   clusters[<i>].<same keys>
 //   nodes.<name>.{name,host,port,transport,metrics_port,head,store,
 //                 store.kind,store.path}        (store as KIND or KIND:PATH)
 //   links[<i>].{from,to,bandwidth,latency,transport}
 // An empty value removes an optional key (fanout, bandwidth, transport,
-// region, metrics_port, state_dir, baseline, auth_key_file). Renaming a
+// region, metrics_port, state_dir, baseline and the key and certificate
+// files). Renaming a
 // cluster renames its references (root.cluster, links).
 Status SetValue(Topology* topo, std::string_view key, std::string_view value);
 

@@ -312,8 +312,11 @@ void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         std::string(
             "\nKeys:\n"
             "  defaults.{transport,span_elems,fanout,window_bytes,"
-            "min_commit,auth_key_file}\n"
-            "  root.{name,host,port,cluster,state_dir,baseline}\n"
+            "min_commit,auth_key_file,\n"
+            "            tls_ca_file,tls_cert_file,tls_key_file,"
+            "signing_public_key_file}\n"
+            "  root.{name,host,port,cluster,state_dir,baseline,"
+            "signing_key_file}\n"
             "  clusters.NAME.{name,region,fanout,bandwidth,transport}  (or "
             "clusters[I].KEY)\n"
             "  nodes.NAME.{name,host,port,transport,metrics_port,head,store,"

@@ -58,6 +58,14 @@ std::string DumpTopology(const Topology& t) {
   if (!d.auth_key_file.empty()) {
     e << YAML::Key << "auth_key_file" << YAML::Value << Esc(d.auth_key_file);
   }
+  for (auto [key, value] :
+       {std::pair<const char*, const std::string*>{"tls_ca_file",
+                                                   &d.tls_ca_file},
+        {"tls_cert_file", &d.tls_cert_file},
+        {"tls_key_file", &d.tls_key_file},
+        {"signing_public_key_file", &d.signing_public_key_file}}) {
+    if (!value->empty()) e << YAML::Key << key << YAML::Value << Esc(*value);
+  }
   e << YAML::EndMap;
 
   const RootSpec& r = t.root;
@@ -71,6 +79,10 @@ std::string DumpTopology(const Topology& t) {
   }
   if (!r.baseline.empty()) {
     e << YAML::Key << "baseline" << YAML::Value << Esc(r.baseline);
+  }
+  if (!r.signing_key_file.empty()) {
+    e << YAML::Key << "signing_key_file" << YAML::Value
+      << Esc(r.signing_key_file);
   }
   e << YAML::EndMap;
 
@@ -136,11 +148,19 @@ std::string TopologyToJson(const Topology& t) {
            {"fanout", d.fanout},
            {"window_bytes", d.window_bytes},
            {"min_commit", d.min_commit == 0 ? json("all") : json(d.min_commit)},
-           {"auth_key_file", d.auth_key_file}};
+           {"auth_key_file", d.auth_key_file},
+           {"tls_ca_file", d.tls_ca_file},
+           {"tls_cert_file", d.tls_cert_file},
+           {"tls_key_file", d.tls_key_file},
+           {"signing_public_key_file", d.signing_public_key_file}};
   const RootSpec& r = t.root;
-  j["root"] = json{{"name", r.name},           {"host", r.host},
-                   {"port", r.port},           {"cluster", r.cluster},
-                   {"state_dir", r.state_dir}, {"baseline", r.baseline}};
+  j["root"] = json{{"name", r.name},
+                   {"host", r.host},
+                   {"port", r.port},
+                   {"cluster", r.cluster},
+                   {"state_dir", r.state_dir},
+                   {"baseline", r.baseline},
+                   {"signing_key_file", r.signing_key_file}};
   json clusters = json::array();
   for (const ClusterSpec& c : t.clusters) {
     json nodes = json::array();

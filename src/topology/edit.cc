@@ -14,11 +14,19 @@ using topology_internal::JoinKeys;
 
 using Keys = std::span<const std::string_view>;
 
-constexpr std::string_view kDefaultsKeys[] = {"transport",  "span_elems",
-                                              "fanout",     "window_bytes",
-                                              "min_commit", "auth_key_file"};
-constexpr std::string_view kRootKeys[] = {"name",    "host",      "port",
-                                          "cluster", "state_dir", "baseline"};
+constexpr std::string_view kDefaultsKeys[] = {
+    "transport",    "span_elems",
+    "fanout",       "window_bytes",
+    "min_commit",   "auth_key_file",
+    "tls_ca_file",  "tls_cert_file",
+    "tls_key_file", "signing_public_key_file"};
+constexpr std::string_view kRootKeys[] = {"name",
+                                          "host",
+                                          "port",
+                                          "cluster",
+                                          "state_dir",
+                                          "baseline",
+                                          "signing_key_file"};
 constexpr std::string_view kClusterKeys[] = {"name", "region", "fanout",
                                              "bandwidth", "transport"};
 constexpr std::string_view kNodeKeys[] = {
@@ -122,6 +130,16 @@ Status SetDefaults(Topology* t, std::string_view key, std::string_view field,
   if (field == "auth_key_file") {
     return Assign(*t, key, v, Text, &d.auth_key_file);
   }
+  if (field == "tls_ca_file") return Assign(*t, key, v, Text, &d.tls_ca_file);
+  if (field == "tls_cert_file") {
+    return Assign(*t, key, v, Text, &d.tls_cert_file);
+  }
+  if (field == "tls_key_file") {
+    return Assign(*t, key, v, Text, &d.tls_key_file);
+  }
+  if (field == "signing_public_key_file") {
+    return Assign(*t, key, v, Text, &d.signing_public_key_file);
+  }
   return UnknownField(*t, key, field, kDefaultsKeys);
 }
 
@@ -136,6 +154,9 @@ Status SetRoot(Topology* t, std::string_view key, std::string_view field,
   if (field == "cluster") return Assign(*t, key, v, Text, &r.cluster);
   if (field == "state_dir") return Assign(*t, key, v, Text, &r.state_dir);
   if (field == "baseline") return Assign(*t, key, v, Text, &r.baseline);
+  if (field == "signing_key_file") {
+    return Assign(*t, key, v, Text, &r.signing_key_file);
+  }
   return UnknownField(*t, key, field, kRootKeys);
 }
 

@@ -23,11 +23,19 @@ using Keys = std::span<const std::string_view>;
 
 constexpr std::string_view kTopKeys[] = {"version", "defaults", "root",
                                          "clusters", "links"};
-constexpr std::string_view kDefaultsKeys[] = {"transport",  "span_elems",
-                                              "fanout",     "window_bytes",
-                                              "min_commit", "auth_key_file"};
-constexpr std::string_view kRootKeys[] = {"name",    "host",      "port",
-                                          "cluster", "state_dir", "baseline"};
+constexpr std::string_view kDefaultsKeys[] = {
+    "transport",    "span_elems",
+    "fanout",       "window_bytes",
+    "min_commit",   "auth_key_file",
+    "tls_ca_file",  "tls_cert_file",
+    "tls_key_file", "signing_public_key_file"};
+constexpr std::string_view kRootKeys[] = {"name",
+                                          "host",
+                                          "port",
+                                          "cluster",
+                                          "state_dir",
+                                          "baseline",
+                                          "signing_key_file"};
 constexpr std::string_view kClusterKeys[] = {"name",      "region",    "fanout",
                                              "bandwidth", "transport", "nodes"};
 constexpr std::string_view kNodeKeys[] = {
@@ -240,6 +248,14 @@ Status Parser::ParseDefaults(const Field& df, TopologyDefaults* d) const {
     } else if (x.key == "auth_key_file") {
       // Empty (e.g. "${DCR_KEY:-}" with DCR_KEY unset): no authentication.
       DCR_ASSIGN_OR_RETURN(d->auth_key_file, Str(x, p));
+    } else if (x.key == "tls_ca_file") {
+      DCR_ASSIGN_OR_RETURN(d->tls_ca_file, Str(x, p));
+    } else if (x.key == "tls_cert_file") {
+      DCR_ASSIGN_OR_RETURN(d->tls_cert_file, Str(x, p));
+    } else if (x.key == "tls_key_file") {
+      DCR_ASSIGN_OR_RETURN(d->tls_key_file, Str(x, p));
+    } else if (x.key == "signing_public_key_file") {
+      DCR_ASSIGN_OR_RETURN(d->signing_public_key_file, Str(x, p));
     }
   }
   return Status::OK();
@@ -266,6 +282,8 @@ Status Parser::ParseRoot(const Field& rf, RootSpec* r) const {
       DCR_ASSIGN_OR_RETURN(r->state_dir, Str(x, p));
     } else if (x.key == "baseline") {
       DCR_ASSIGN_OR_RETURN(r->baseline, Str(x, p));
+    } else if (x.key == "signing_key_file") {
+      DCR_ASSIGN_OR_RETURN(r->signing_key_file, Str(x, p));
     }
   }
   return Status::OK();

@@ -290,10 +290,20 @@ class Validator {
     if (d.window_bytes == 0) {
       return Err(0, "defaults.window_bytes", "window must be positive");
     }
-    if (std::string why = topology_internal::CheckText(d.auth_key_file);
-        !why.empty()) {
-      return Err(0, "defaults.auth_key_file", "the value " + why);
+    for (auto [key, value] :
+         {std::pair<const char*, const std::string*>{"defaults.auth_key_file",
+                                                     &d.auth_key_file},
+          {"defaults.tls_ca_file", &d.tls_ca_file},
+          {"defaults.tls_cert_file", &d.tls_cert_file},
+          {"defaults.tls_key_file", &d.tls_key_file},
+          {"defaults.signing_public_key_file", &d.signing_public_key_file},
+          {"root.signing_key_file", &t_.root.signing_key_file}}) {
+      if (std::string why = topology_internal::CheckText(*value);
+          !why.empty()) {
+        return Err(0, key, "the value " + why);
+      }
     }
+
     if (d.min_commit > t_.NodeCount()) {
       return Err(0, "defaults.min_commit",
                  "min_commit " + std::to_string(d.min_commit) +

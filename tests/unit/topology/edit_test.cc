@@ -86,6 +86,11 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
       {"defaults.window_bytes", "128MiB"},
       {"defaults.min_commit", "1"},
       {"defaults.auth_key_file", "/etc/dcr/frame.key"},
+      {"defaults.tls_ca_file", "/etc/dcr/ca.pem"},
+      {"defaults.tls_cert_file", "/etc/dcr/node.pem"},
+      {"defaults.tls_key_file", "/etc/dcr/node.key"},
+      {"defaults.signing_public_key_file", "/etc/dcr/root.pub"},
+      {"root.signing_key_file", "/srv/dcr/root.key"},
       {"root.host", "10.0.0.1"},
       {"root.port", "18000"},
       {"root.state_dir", "/srv/dcr"},
@@ -115,6 +120,9 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
   EXPECT_EQ(topo_.defaults.transport, TransportKind::kUcx);
   EXPECT_EQ(topo_.defaults.window_bytes, 128u << 20);
   EXPECT_EQ(topo_.defaults.auth_key_file, "/etc/dcr/frame.key");
+  EXPECT_EQ(topo_.defaults.tls_cert_file, "/etc/dcr/node.pem");
+  EXPECT_EQ(topo_.defaults.signing_public_key_file, "/etc/dcr/root.pub");
+  EXPECT_EQ(topo_.root.signing_key_file, "/srv/dcr/root.key");
   EXPECT_EQ(topo_.root.name, "coord");
   EXPECT_EQ(topo_.clusters[1].fanout, 8u);
   EXPECT_EQ(topo_.clusters[1].region, "eu-west");
