@@ -40,7 +40,8 @@ namespace dcr {
 
 class FakeNetwork;  // src/transport/fake_transport.h
 
-// Counters of one link, updated as bytes move.
+// Counters of one link, updated as bytes move. With TLS they count the
+// frames' bytes, not the encrypted records.
 struct LinkStats {
   uint64_t frames_sent = 0;  // frames fully handed to the OS / peer
   uint64_t bytes_sent = 0;
@@ -104,8 +105,9 @@ class LinkHandler {
   // Exactly once per link that was opened; no callback for the link
   // follows. `why`:
   //   OK          closed by this side (Close, CloseAfterFlush, Stop);
-  //   IOError     the peer closed, the connection failed, or (fake) the link
-  //               was cut; the message names the peer;
+  //   IOError     the peer closed, the connection failed, the TLS handshake
+  //               failed (the message says why), or (fake) the link was
+  //               cut; the message names the peer;
   //   Corruption  the peer sent bytes that failed frame validation;
   //   ResourceExhausted  the send queue passed max_queued_bytes.
   virtual void OnClosed(Link& link, const Status& why) = 0;
@@ -113,6 +115,23 @@ class LinkHandler {
   // QueuedBytes() fell to low_watermark or below after it had reached
   // high_watermark.
   virtual void OnDrained(Link& link) { (void)link; }
+};
+
+// TLS on the links of the "tcp" backend: every link, accepted or connected,
+// runs TLS 1.2 or later (1.3 preferred) with mutual authentication. Each
+// end presents its certificate and accepts the other's only if it chains
+// to `ca_file`; host names and IP addresses are not checked, so every
+// holder of a certificate from that CA is trusted (use a CA of its own for
+// the cluster). Frame authentication (FrameOptions) still runs on top.
+struct TlsOptions {
+  std::string ca_file;    // PEM: the CA (or CAs) that signs every node's
+  std::string cert_file;  // PEM: this node's certificate, then its chain
+  std::string key_file;   // PEM: this node's private key, unencrypted
+
+  // True iff any file is set; CreateTransport then requires all three.
+  bool enabled() const {
+    return !ca_file.empty() || !cert_file.empty() || !key_file.empty();
+  }
 };
 
 struct TransportOptions {
@@ -136,6 +155,9 @@ struct TransportOptions {
   // writes (bench: bandwidth-bound trees without tc), with a burst of
   // max(64 KiB, 20 ms at this rate).
   uint64_t max_send_bps = 0;
+  // TCP: TLS on every link when tls.enabled(); plain TCP otherwise. The
+  // fake backend refuses it (Unsupported).
+  TlsOptions tls;
   // The network the "fake" backend joins; required for that kind.
   std::shared_ptr<FakeNetwork> fake_network;
 };
@@ -191,9 +213,17 @@ class Transport {
 
 // Creates a transport of `kind`: "tcp", or "fake" (needs
 // options.fake_network). "ucx" is reserved; a build without it answers
-// Unsupported. InvalidArgument for an unknown kind.
+// Unsupported. InvalidArgument for an unknown kind. With options.tls, the
+// certificate, key and CA files are loaded here: an error names the file
+// and what is wrong with it (NotFound, or InvalidArgument: not PEM, the key
+// does not match the certificate, a file missing from the three).
 Result<std::unique_ptr<Transport>> CreateTransport(
     std::string_view kind, const TransportOptions& options);
+
+// Loads `tls`'s three files as CreateTransport("tcp", ...) would and returns
+// the same error: for commands that check their configuration up front.
+// OK when TLS is not enabled.
+[[nodiscard]] Status CheckTlsOptions(const TlsOptions& tls);
 
 }  // namespace dcr
 

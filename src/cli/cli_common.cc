@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "dcr/topology.h"
+
 namespace dcr::cli {
 
 int ExitCodeFor(const Status& s) {
@@ -65,6 +67,54 @@ void UseOneLineUsageErrors(CLI::App* app) {
 
 std::unique_ptr<ThreadPool> MakePool(const GlobalOptions& g) {
   return std::make_unique<ThreadPool>(static_cast<size_t>(g.threads));
+}
+
+Status UseTlsOptions(const Topology* topo, const TlsOptions* flags,
+                     TransportOptions* options) {
+  struct Key {
+    const char* name;  // in the topology's defaults
+    const char* flag;
+    std::string TlsOptions::*field;
+    const std::string* in_topology;
+  };
+  const Key keys[] = {
+      {"tls_ca_file", "--tls-ca-file", &TlsOptions::ca_file,
+       topo ? &topo->defaults.tls_ca_file : nullptr},
+      {"tls_cert_file", "--tls-cert-file", &TlsOptions::cert_file,
+       topo ? &topo->defaults.tls_cert_file : nullptr},
+      {"tls_key_file", "--tls-key-file", &TlsOptions::key_file,
+       topo ? &topo->defaults.tls_key_file : nullptr}};
+  const std::string where = topo ? topo->source + ": " : "";
+  TlsOptions tls;
+  std::string origin;  // where the files were named, for errors
+  for (const Key& k : keys) {
+    const bool by_flag = flags && !(flags->*k.field).empty();
+    tls.*k.field = by_flag         ? flags->*k.field
+                   : k.in_topology ? *k.in_topology
+                                   : std::string();
+    if (!(tls.*k.field).empty() && origin.empty()) {
+      origin = by_flag ? std::string(k.flag) : where + "defaults." + k.name;
+    }
+  }
+  options->tls = TlsOptions{};
+  if (!tls.enabled()) return Status::OK();
+  for (const Key& k : keys) {
+    if (!(tls.*k.field).empty()) continue;
+    std::string missing = topo ? where + "defaults." + k.name : "";
+    if (flags) {
+      missing += missing.empty() ? k.flag : std::string(" (or ") + k.flag + ")";
+    }
+    return Status::InvalidArgument(
+        missing + " is not set: TLS needs tls_ca_file, tls_cert_file and " +
+        "tls_key_file together (" + origin + " is set)");
+  }
+  // The message names the file; the topology, when it named all three.
+  const bool any_flag = flags && flags->enabled();
+  Status loaded = CheckTlsOptions(tls);
+  if (!loaded.ok())
+    return topo && !any_flag ? loaded.WithContext(topo->source) : loaded;
+  options->tls = std::move(tls);
+  return Status::OK();
 }
 
 }  // namespace dcr::cli

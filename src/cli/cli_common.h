@@ -9,6 +9,11 @@
 
 #include "dcr/status.h"
 #include "dcr/thread_pool.h"
+#include "dcr/transport.h"
+
+namespace dcr {
+struct Topology;
+}  // namespace dcr
 
 namespace dcr::cli {
 
@@ -65,6 +70,16 @@ void UseOneLineUsageErrors(CLI::App* app);
 
 std::unique_ptr<ThreadPool> MakePool(const GlobalOptions& g);
 
+// Sets options->tls from `topo`'s defaults.tls_ca_file, tls_cert_file and
+// tls_key_file (topo may be null), each replaced by the matching field of
+// `flags` when that is set (dcr-relay's --tls-* flags; null: none), then
+// loads the files (CheckTlsOptions). All three or none: an error names the
+// key (and flag) that is missing, or the file that is wrong and where it
+// was named.
+[[nodiscard]] Status UseTlsOptions(const Topology* topo,
+                                   const TlsOptions* flags,
+                                   TransportOptions* options);
+
 // Registers the offline subcommands: diff, apply, verify, inspect.
 void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 // Registers `tree` and `topo` (validate, show, add-node, remove-node, set).
@@ -72,6 +87,8 @@ void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 
 // Registers `refit` and `status` (the coordinator).
 void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
+// Registers `keygen` (the root's signing key pair).
+void AddKeygenCommand(CLI::App* app, int* exit_code);
 
 }  // namespace dcr::cli
 

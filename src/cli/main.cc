@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   AddOfflineCommands(&app, &g, &exit_code);
   AddTopologyCommands(&app, &g, &exit_code);
   AddRefitCommands(&app, &g, &exit_code);
+  AddKeygenCommand(&app, &exit_code);
   app.parse_complete_callback([&] {
     auto fmt = dcr::ParseLogFormat(g.log_format);
     dcr::InitLogging(fmt.ok() ? *fmt : dcr::LogFormat::kText,

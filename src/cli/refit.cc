@@ -24,6 +24,8 @@ struct RefitArgs {
   bool full = false;
   std::string timeout = "60s";
   std::string link_rate;
+  std::string heartbeat = "1s";
+  int repair_rounds = 2;
 };
 
 Result<std::chrono::milliseconds> ParseTimeout(const std::string& s) {
@@ -122,10 +124,28 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
   if (int rc = UseTopologyKey(*topo, &o.transport_options); rc != kExitOk) {
     return rc;
   }
+  if (Status s = UseTlsOptions(&*topo, nullptr, &o.transport_options);
+      !s.ok()) {
+    return ReportError(s);
+  }
+  o.signing_key_file = topo->root.signing_key_file;
   o.topology = *std::move(topo);
   o.target = a.target;
   o.mode = a.full ? RefitMode::kFull : RefitMode::kDelta;
   o.phase_timeout = *timeout;
+  if (a.heartbeat != "0") {
+    auto hb = ParseDurationNs(a.heartbeat);
+    if (!hb.ok() || *hb < 10000000 || *hb > 3600000000000ull) {
+      return ReportError(Status::InvalidArgument(fmt::format(
+          "--heartbeat '{}': give a duration from 10ms to 1h, e.g. 1s, or 0 "
+          "to turn heartbeats off",
+          a.heartbeat)));
+    }
+    o.heartbeat = std::chrono::milliseconds(*hb / 1000000);
+  } else {
+    o.heartbeat = std::chrono::milliseconds(0);
+  }
+  o.repair_rounds = a.repair_rounds;
   o.threads = static_cast<size_t>(g.threads);
   if (!a.link_rate.empty()) {
     auto bps = ParseBandwidth(a.link_rate);
@@ -182,6 +202,9 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
   TransportOptions transport_options;
   if (int rc = UseTopologyKey(*topo, &transport_options); rc != kExitOk) {
     return rc;
+  }
+  if (Status s = UseTlsOptions(&*topo, nullptr, &transport_options); !s.ok()) {
+    return ReportError(s);
   }
   std::vector<NodeStatus> nodes =
       QueryStatus(*topo, *timeout, "tcp", transport_options);
@@ -310,6 +333,15 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                   "transport-only reference)");
     cmd->add_option("--timeout", a->timeout,
                     "Deadline for each phase's replies (default 60s)");
+    cmd->add_option("--heartbeat", a->heartbeat,
+                    "Heartbeat interval on every tree link; a link silent "
+                    "for 4 intervals is dropped and its subtree re-parented "
+                    "(default 1s; 0: off)");
+    cmd->add_option("--repair-rounds", a->repair_rounds,
+                    "Times the root resends, as overwrites, the tensors that "
+                    "receivers report as differing after the vote (default "
+                    "2; 0: exclude them at once)")
+        ->check(CLI::Range(0, 100));
     cmd->add_option("--link-rate", a->link_rate,
                     "Pace each of the root's links to this bandwidth, e.g. "
                     "200Mbps (testing without tc)");
@@ -321,7 +353,10 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "receiver that verified the target\ndigest, if they are at least "
         "min_commit; then the baseline becomes the target. With\n"
         "defaults.auth_key_file set, every frame is signed and checked with "
-        "HMAC-SHA256\n(dcr status uses the key too).\n\nExamples:\n"
+        "HMAC-SHA256\n(dcr status uses the key too). With "
+        "root.signing_key_file "
+        "set, END carries a\nmanifest of every chunk's SHA-256 signed with "
+        "that Ed25519 key (dcr keygen).\n\nExamples:\n"
         "  dcr refit --topology topology/local.yaml --target "
         "step42.safetensors\n"
         "  dcr refit --topology topology/local.yaml --target "

@@ -16,6 +16,7 @@
 #include "dcr/topology.h"
 #include "relay/relay.h"
 #include "wire/hmac_authenticator.h"
+#include "wire/signature.h"
 
 namespace {
 
@@ -36,7 +37,10 @@ struct Args {
   std::string apply_window = "64MiB";
   std::string link_rate;
   std::string connect_timeout = "5s";
+  std::string prepared_wait = "10min";
   std::string auth_key_file;
+  std::string signing_public_key_file;
+  TlsOptions tls;  // --tls-ca-file, --tls-cert-file, --tls-key-file
 };
 
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s) {
@@ -135,6 +139,9 @@ int Run(const Args& a) {
   // Where the frame key comes from, for error messages.
   std::string key_file = a.auth_key_file;
   std::string key_origin = "--auth-key-file";
+  // The root's signing public key, and where it came from.
+  std::string public_key_file = a.signing_public_key_file;
+  std::string public_key_origin = "--signing-public-key-file";
   if (!a.topology.empty()) {
     if (a.node.empty()) {
       return ReportError(Status::InvalidArgument(
@@ -157,6 +164,15 @@ int Run(const Args& a) {
       key_file = topo->defaults.auth_key_file;
       key_origin = a.topology + ": defaults.auth_key_file";
     }
+    if (public_key_file.empty() &&
+        !topo->defaults.signing_public_key_file.empty()) {
+      public_key_file = topo->defaults.signing_public_key_file;
+      public_key_origin = a.topology + ": defaults.signing_public_key_file";
+    }
+    if (Status s = UseTlsOptions(&*topo, &a.tls, &o.transport_options);
+        !s.ok()) {
+      return ReportError(s);
+    }
   } else {
     if (a.name.empty() || a.listen.empty() || a.store.empty()) {
       return ReportError(Status::InvalidArgument(
@@ -164,6 +180,10 @@ int Run(const Args& a) {
           "--store"));
     }
     o.name = a.name;
+    if (Status s = UseTlsOptions(nullptr, &a.tls, &o.transport_options);
+        !s.ok()) {
+      return ReportError(s);
+    }
   }
   if (!a.listen.empty()) {
     auto hp = ParseHostPort(a.listen);
@@ -188,6 +208,23 @@ int Run(const Args& a) {
   auto ct = ParseDurationNs(a.connect_timeout);
   if (!ct.ok()) return ReportError(ct.status());
   o.connect_timeout = std::chrono::milliseconds(*ct / 1000000);
+  auto pw = ParseDurationNs(a.prepared_wait);
+  if (!pw.ok() || *pw < 1000000) {
+    return ReportError(Status::InvalidArgument(
+        fmt::format("--prepared-wait '{}': give a duration of at least 1ms, "
+                    "e.g. 10min",
+                    a.prepared_wait)));
+  }
+  o.prepared_wait = std::chrono::milliseconds(*pw / 1000000);
+  // Loaded before anything is logged, so that its error stays one line.
+  if (!public_key_file.empty()) {
+    auto key = Ed25519PublicKey::Load(public_key_file);
+    if (!key.ok()) {
+      ReportError(key.status().WithContext(public_key_origin));
+      return kExitUsage;
+    }
+    o.signing_public_key = *std::move(key);
+  }
   if (!key_file.empty()) {
     auto key = LoadFrameKey(key_file);
     if (!key.ok()) {
@@ -197,6 +234,16 @@ int Run(const Args& a) {
     o.transport_options.frames.authenticator = *std::move(key);
     spdlog::info("{}: frames are authenticated (HMAC-SHA256, key file {})",
                  o.name, key_file);
+  }
+  if (o.signing_public_key) {
+    spdlog::info(
+        "{}: refits must be signed by the root (Ed25519, public key file {})",
+        o.name, public_key_file);
+  }
+  if (o.transport_options.tls.enabled()) {
+    spdlog::info("{}: links use TLS, mutual certificates (CA {}, cert {})",
+                 o.name, o.transport_options.tls.ca_file,
+                 o.transport_options.tls.cert_file);
   }
 
   // Signals are taken by sigwait in this thread only: block them before
@@ -295,10 +342,27 @@ int main(int argc, char** argv) {
                  "500Mbps (testing without tc)");
   app.add_option("--connect-timeout", a.connect_timeout,
                  "Timeout connecting to a child (default 5s)");
+  app.add_option("--prepared-wait", a.prepared_wait,
+                 "After voting, how long to wait for the decision when the "
+                 "parent is gone (a new parent, or dcr refit --resume) "
+                 "before restoring the base (default 10min)");
   app.add_option("--auth-key-file", a.auth_key_file,
                  "Authenticate every frame with HMAC-SHA256 keyed from this "
                  "file (mode 600, 32+ random bytes; default: the topology's "
                  "defaults.auth_key_file)");
+  app.add_option("--tls-ca-file", a.tls.ca_file,
+                 "TLS on every link: the CA (PEM) that signs every node's "
+                 "certificate (default: the topology's defaults.tls_ca_file)");
+  app.add_option("--tls-cert-file", a.tls.cert_file,
+                 "TLS: this node's certificate chain (PEM; default: "
+                 "defaults.tls_cert_file)");
+  app.add_option("--tls-key-file", a.tls.key_file,
+                 "TLS: this node's private key (PEM, unencrypted; default: "
+                 "defaults.tls_key_file)");
+  app.add_option("--signing-public-key-file", a.signing_public_key_file,
+                 "Vote yes only on refits whose chunks the root signed: its "
+                 "Ed25519 public key (PEM, from dcr keygen; default: the "
+                 "topology's defaults.signing_public_key_file)");
   app.footer(
       "\nRuns in the foreground until SIGTERM or SIGINT; a refit in progress "
       "is then\naborted and the store restored to its base bits.\n\n"

@@ -17,7 +17,7 @@ namespace dcr {
 namespace {
 
 constexpr std::string_view kActionList =
-    "exit, hang, drop, delay(MS), corrupt, cut(BYTES)";
+    "exit, hang, drop, delay(MS), corrupt, cut(BYTES), forge";
 // A delay is a pause, not a hang: longer ones are refused.
 constexpr uint64_t kMaxDelayMs = 3600 * 1000;
 
@@ -96,9 +96,9 @@ std::optional<uint64_t> ParseNumber(std::string_view s) {
 
 std::string ActionsOf(uint8_t mask) {
   std::string out;
-  for (FailAction a :
-       {FailAction::kExit, FailAction::kHang, FailAction::kDrop,
-        FailAction::kDelay, FailAction::kCorrupt, FailAction::kCut}) {
+  for (FailAction a : {FailAction::kExit, FailAction::kHang, FailAction::kDrop,
+                       FailAction::kDelay, FailAction::kCorrupt,
+                       FailAction::kCut, FailAction::kForge}) {
     if (!(mask & FailActionBit(a))) continue;
     if (!out.empty()) out += ", ";
     out += FailActionName(a);
@@ -166,7 +166,8 @@ Status ParseRule(std::string_view part, Rules* rules) {
   static constexpr std::pair<std::string_view, FailAction> kNames[] = {
       {"exit", FailAction::kExit},       {"hang", FailAction::kHang},
       {"drop", FailAction::kDrop},       {"delay", FailAction::kDelay},
-      {"corrupt", FailAction::kCorrupt}, {"cut", FailAction::kCut}};
+      {"corrupt", FailAction::kCorrupt}, {"cut", FailAction::kCut},
+      {"forge", FailAction::kForge}};
   for (const auto& [n, a] : kNames) {
     if (n == action) rule.action = a;
   }
@@ -266,6 +267,8 @@ std::string_view FailActionName(FailAction action) {
       return "corrupt";
     case FailAction::kCut:
       return "cut";
+    case FailAction::kForge:
+      return "forge";
   }
   return "?";
 }

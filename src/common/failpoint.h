@@ -15,7 +15,7 @@
 //                                  ignored
 //   RULE   := POINT '=' ACTION ['@' N]
 //   ACTION := 'exit' | 'hang' | 'drop' | 'delay(' MS ')' | 'corrupt'
-//           | 'corrupt(' OFFSET ')' | 'cut(' BYTES ')'
+//           | 'corrupt(' OFFSET ')' | 'cut(' BYTES ')' | 'forge'
 //
 // e.g. DCR_FAILPOINTS="relay.apply_chunk=exit@5;relay.forward=drop@3".
 // POINT must be a known point (kFailpoints) that takes ACTION. `@N` fires
@@ -37,8 +37,11 @@
 //               the end takes the last byte).
 //   cut(BYTES)  the caller sends the first BYTES bytes of the frame it was
 //               about to send, then closes the link.
+//   forge       the caller sends a well-formed forgery instead of what it
+//               was about to send: valid checksums and frame tag, altered
+//               content (what a node holding the frame key could make).
 // exit, hang and delay are carried out inside Failpoint(); the caller sees
-// only drop, corrupt and cut (FailpointHit).
+// only drop, corrupt, cut and forge (FailpointHit).
 //
 // Thread safety: Failpoint() may be called from any thread. Hits of one point
 // are counted exactly: with `@N` exactly one hit fires, whichever thread
@@ -70,6 +73,7 @@ enum class FailAction : uint8_t {
   kDelay,
   kCorrupt,
   kCut,
+  kForge,
 };
 
 // "exit", "hang", ...; "none" for kNone.
@@ -94,6 +98,7 @@ inline constexpr uint8_t kControl = FailActionBit(FailAction::kExit) |
 inline constexpr uint8_t kDrop = FailActionBit(FailAction::kDrop);
 inline constexpr uint8_t kCorrupt = FailActionBit(FailAction::kCorrupt);
 inline constexpr uint8_t kCut = FailActionBit(FailAction::kCut);
+inline constexpr uint8_t kForge = FailActionBit(FailAction::kForge);
 }  // namespace failpoint_internal
 
 // The registry of failpoints. Appending one: add it here, hook it with
@@ -108,9 +113,11 @@ inline constexpr std::array<FailpointInfo, 10> kFailpoints = {{
      "corrupt: apply a damaged copy)"},
     {"relay.forward",
      failpoint_internal::kControl | failpoint_internal::kDrop |
-         failpoint_internal::kCorrupt | failpoint_internal::kCut,
+         failpoint_internal::kCorrupt | failpoint_internal::kCut |
+         failpoint_internal::kForge,
      "a relay forwards a CHUNK to its children (drop: not this chunk; "
-     "corrupt: a damaged copy; cut: part of it, then close the child links)"},
+     "corrupt: a damaged copy; cut: part of it, then close the child links; "
+     "forge: a well-formed chunk with one value changed)"},
     {"relay.vote", failpoint_internal::kControl | failpoint_internal::kDrop,
      "a relay sends its subtree's VOTE up (drop: never send it)"},
     {"relay.commit", failpoint_internal::kControl | failpoint_internal::kDrop,
@@ -145,7 +152,8 @@ consteval FailpointId FailpointIdOf(std::string_view name) {
 
 // What the caller of a failpoint must do. kNone: carry on.
 struct FailpointHit {
-  FailAction action = FailAction::kNone;  // kNone, kDrop, kCorrupt or kCut
+  // kNone, kDrop, kCorrupt, kCut or kForge
+  FailAction action = FailAction::kNone;
   // kCorrupt: the offset of the byte to flip (kCorruptMiddle: the middle);
   // kCut: how many bytes of the frame to send before closing.
   uint64_t arg = 0;
@@ -155,6 +163,7 @@ struct FailpointHit {
   bool drop() const { return action == FailAction::kDrop; }
   bool corrupt() const { return action == FailAction::kCorrupt; }
   bool cut() const { return action == FailAction::kCut; }
+  bool forge() const { return action == FailAction::kForge; }
   // For kCorrupt: flips (XOR 0xff) the byte of `bytes` the rule names.
   // Does nothing for other actions or an empty span.
   void Corrupt(std::span<std::byte> bytes) const;
@@ -188,7 +197,7 @@ inline FailpointHit Failpoint(FailpointId id) {
 // rule and what is wrong with it:
 //   DCR_FAILPOINTS="relay.vote=explode": unknown action 'explode' in
 //   'relay.vote=explode' (actions: exit, hang, drop, delay(MS), corrupt,
-//   cut(BYTES))
+//   cut(BYTES), forge)
 Status InitFailpointsFromEnv();
 
 // Replaces every armed rule with those of `spec` and resets the hit counts

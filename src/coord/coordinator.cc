@@ -23,6 +23,8 @@
 #include "dcr/thread_pool.h"
 #include "relay/fanout.h"
 #include "relay/mailbox.h"
+#include "relay/refit_manifest.h"
+#include "wire/signature.h"
 
 namespace dcr {
 namespace {
@@ -138,8 +140,19 @@ class RefitRun {
   // Runs the mailbox until `done` or the fanout's deadline.
   void WaitPhase(const std::function<bool()>& done);
   Status SendDown(FrameType type, const std::vector<std::byte>& payload);
-  void Stream();
-  void Produce();
+  // Streams chunks down the tree: the delta (or every span for --full),
+  // or, with `repair` set, overwrite chunks of every span of
+  // repair_tensors_.
+  void Stream(bool repair = false);
+  void Produce(bool repair);
+  // END, then the votes of every receiver; repair rounds while some
+  // receivers name tensors that differ and the budget lasts. Returns
+  // whether END went out.
+  bool Vote(std::vector<NodeResult>* votes);
+  // With a signing key: puts the signed manifest of every chunk sent into
+  // `end`. ResourceExhausted if it would not fit in one frame.
+  Status SignEnd(EndMsg* end);
+  Status CheckManifestFits(uint64_t chunks) const;
   void Finish(FrameType type, const std::vector<std::byte>& payload,
               FrameType reply);
   Status AdvanceBaseline();
@@ -162,14 +175,23 @@ class RefitRun {
   std::unique_ptr<Transport> transport_;
   Mailbox mailbox_;
   std::shared_ptr<Fanout> fanout_;
-  uint64_t sequence_ = 0;
+  uint64_t sequence_ = 1;  // the next frame the root sends (PLAN is 0)
   // Filled by the encoder thread; read after it joined.
   std::vector<std::pair<uint32_t, uint32_t>> ids_;
+  // Chunks of repair rounds (overwrites), and what they repair.
+  std::vector<std::pair<uint32_t, uint32_t>> repair_ids_;
+  std::vector<uint32_t> repair_tensors_;
+  uint64_t chunk_sequence_ = 1;  // the next CHUNK's frame sequence
+  // With a signing key: every chunk sent and its SHA-256, for the signed
+  // manifest in END.
+  std::vector<ManifestEntry> sent_;
   std::atomic<uint64_t> scanned_{0};
   Status produce_error_;
   ChunkSizes sizes_;
   std::unique_ptr<ChunkQueue> queue_;
   std::atomic<bool> produce_done_{false};
+  // root.signing_key_file, loaded once in Prepare; null: END is unsigned.
+  std::unique_ptr<Ed25519PrivateKey> signing_key_;
 };
 
 Status RefitRun::Prepare() {
@@ -191,6 +213,13 @@ Status RefitRun::Prepare() {
   if (ec) {
     return Status::IOError(fmt::format("cannot create state_dir {}: {}",
                                        state_dir_, ec.message()));
+  }
+  if (!options_.signing_key_file.empty()) {
+    auto key = Ed25519PrivateKey::Load(options_.signing_key_file);
+    if (!key.ok()) {
+      return key.status().WithContext(topo.source + ": root.signing_key_file");
+    }
+    signing_key_ = *std::move(key);
   }
   DCR_ASSIGN_OR_RETURN(
       target_, Checkpoint::Open(options_.target, Checkpoint::Mode::kReadOnly));
@@ -245,14 +274,26 @@ Status RefitRun::Prepare() {
       report_.base = Version{0, baseline_->Digests(pool_.get()).version};
     }
   }
-  report_.target = Version{report_.base.step + 1,
-                           target_->ComputeDigests(pool_.get()).version};
+  CheckpointDigests target_digests = target_->ComputeDigests(pool_.get());
+  report_.target = Version{report_.base.step + 1, target_digests.version};
   if (options_.mode == RefitMode::kDelta && baseline_ &&
       report_.target.digest == report_.base.digest) {
     return Status::InvalidArgument(fmt::format(
         "the target {} holds the same bits as the baseline (step {}): "
         "nothing to refit",
         options_.target, report_.base.step));
+  }
+  if (signing_key_) {
+    // END carries a manifest entry per chunk: refuse now, before any relay
+    // is asked, a refit whose manifest could not fit in one frame.
+    uint64_t spans = 0;
+    for (const TensorInfo& t : target_->manifest().tensors()) {
+      spans += SpanCount(t.NumElements(), topo.defaults.span_elems);
+    }
+    if (Status s = CheckManifestFits(spans); !s.ok()) {
+      return Status::InvalidArgument(topo.source + ": " +
+                                     std::string(s.message()));
+    }
   }
   DCR_ASSIGN_OR_RETURN(report_.epoch, NextEpoch(state_dir_));
 
@@ -268,6 +309,8 @@ Status RefitRun::Prepare() {
   if (options_.mode == RefitMode::kFull) {
     plan_.tensors = target_->manifest().tensors();
   }
+  plan_.target_tensor_digests = std::move(target_digests.tensors);
+  plan_.heartbeat_ms = static_cast<uint32_t>(options_.heartbeat.count());
   for (const TreeNode& n : tree_.nodes) {
     PlanNode p;
     p.name = n.name;
@@ -275,6 +318,7 @@ Status RefitRun::Prepare() {
     p.port = n.port;
     p.transport = std::string(TransportKindName(n.transport));
     p.parent = n.parent;
+    p.link_bps = n.link_bandwidth_bps;
     plan_.nodes.push_back(std::move(p));
   }
   TransportOptions to = options_.transport_options;
@@ -289,6 +333,7 @@ void RefitRun::WaitPhase(const std::function<bool()>& done) {
         fanout_->deadline(), Clock::now() + std::chrono::milliseconds(50));
     mailbox_.RunUntil(next);
     fanout_->ExpireIfDue(Clock::now());
+    fanout_->Tick(Clock::now());
   }
 }
 
@@ -307,19 +352,62 @@ Status RefitRun::SendDown(FrameType type,
   return Status::OK();
 }
 
+Status RefitRun::CheckManifestFits(uint64_t chunks) const {
+  // END: version, chunk count, ids digest, manifest length (varint), the
+  // manifest, the signature.
+  constexpr uint64_t kOverhead =
+      1 + 8 + 16 + 10 + kManifestFixedBytes + kEd25519SignatureSize;
+  uint64_t limit = std::min<uint64_t>(
+      options_.transport_options.frames.max_payload, kMaxEndManifestBytes);
+  uint64_t max_chunks = std::min<uint64_t>(
+      kMaxManifestChunks,
+      limit > kOverhead ? (limit - kOverhead) / kManifestEntryBytes : 0);
+  if (chunks > max_chunks) {
+    return Status::ResourceExhausted(fmt::format(
+        "a signed refit of {} chunks needs an END of about {} bytes, above "
+        "the frame payload limit of {} bytes ({} chunks at most); raise "
+        "defaults.span_elems (now {})",
+        chunks, kOverhead + chunks * kManifestEntryBytes, limit, max_chunks,
+        options_.topology.defaults.span_elems));
+  }
+  return Status::OK();
+}
+
+Status RefitRun::SignEnd(EndMsg* end) {
+  if (!signing_key_) return Status::OK();
+  DCR_RETURN_IF_ERROR(CheckManifestFits(sent_.size()));
+  RefitManifest m;
+  m.refit = report_.refit;
+  m.epoch = report_.epoch;
+  m.mode = plan_.mode;
+  m.base = plan_.base;
+  m.target = plan_.target;
+  m.chunks = sent_;
+  end->manifest = EncodeManifest(m);
+  DCR_ASSIGN_OR_RETURN(Ed25519Signature sig,
+                       SignManifest(end->manifest, *signing_key_));
+  end->signature.assign(sig.begin(), sig.end());
+  return Status::OK();
+}
+
 // The encoder thread: spans in canonical order, a batch at a time in
 // parallel, queued in order.
-void RefitRun::Produce() {
+void RefitRun::Produce(bool repair) {
   const Manifest& m = target_->manifest();
   uint64_t span_elems = plan_.span_elems;
   struct Item {
     uint32_t tensor, span;
   };
   std::vector<Item> items;
-  for (size_t t = 0; t < m.size(); ++t) {
+  std::vector<uint32_t> all;
+  if (!repair) {
+    all.resize(m.size());
+    for (size_t t = 0; t < m.size(); ++t) all[t] = static_cast<uint32_t>(t);
+  }
+  for (uint32_t t : repair ? repair_tensors_ : all) {
     uint64_t spans = SpanCount(m[t].NumElements(), span_elems);
     for (uint64_t s = 0; s < spans; ++s) {
-      items.push_back({static_cast<uint32_t>(t), static_cast<uint32_t>(s)});
+      items.push_back({t, static_cast<uint32_t>(s)});
     }
   }
   std::vector<std::unique_ptr<ChunkEncoder>> encoders(pool_->size());
@@ -337,6 +425,7 @@ void RefitRun::Produce() {
   std::vector<std::vector<std::byte>> out(batch);
   std::vector<ChunkSizes> sizes(batch);
   std::vector<Status> errors(batch);
+  std::vector<Sha256Digest> hashes(batch);
   for (size_t begin = 0; begin < items.size(); begin += batch) {
     size_t n = std::min(batch, items.size() - begin);
     pool_->ParallelFor(n, [&](size_t i, size_t worker) {
@@ -350,7 +439,7 @@ void RefitRun::Produce() {
       out[i].clear();
       sizes[i] = ChunkSizes();
       ChunkId id{it.tensor, it.span};
-      if (options_.mode == RefitMode::kFull) {
+      if (options_.mode == RefitMode::kFull || repair) {
         errors[i] =
             encoders[worker]->EncodeFull(id, es, target, &out[i], &sizes[i]);
       } else {
@@ -360,7 +449,10 @@ void RefitRun::Produce() {
             ChunkKind::kXor, id, es, base, target, &out[i], &sizes[i]);
         errors[i] = changed.ok() ? Status::OK() : changed.status();
       }
-      scanned_ += count * es;
+      if (signing_key_ && errors[i].ok() && !out[i].empty()) {
+        hashes[i] = Sha256(out[i]);
+      }
+      if (!repair) scanned_ += count * es;
     });
     for (size_t i = 0; i < n; ++i) {
       if (!errors[i].ok()) {
@@ -374,7 +466,7 @@ void RefitRun::Produce() {
       h.type = FrameType::kChunk;
       h.epoch = report_.epoch;
       h.refit_id = report_.refit;
-      h.sequence = 1 + ids_.size();  // PLAN is 0; chunks follow in order
+      h.sequence = chunk_sequence_++;  // PLAN is 0; chunks follow in order
       auto frame = EncodeFrame(h, out[i], options_.transport_options.frames);
       if (!frame.ok()) {
         produce_error_ = frame.status();
@@ -382,8 +474,14 @@ void RefitRun::Produce() {
         mailbox_.Wake();
         return;
       }
-      ids_.emplace_back(items[begin + i].tensor, items[begin + i].span);
-      sizes_ += sizes[i];
+      (repair ? repair_ids_ : ids_)
+          .emplace_back(items[begin + i].tensor, items[begin + i].span);
+      if (signing_key_) {
+        sent_.push_back(
+            {ChunkId{items[begin + i].tensor, items[begin + i].span},
+             hashes[i]});
+      }
+      if (!repair) sizes_ += sizes[i];
       if (!queue_->Push(Outgoing{*std::move(frame), out[i].size()})) {
         produce_done_ = true;
         return;
@@ -395,10 +493,11 @@ void RefitRun::Produce() {
   mailbox_.Wake();
 }
 
-void RefitRun::Stream() {
+void RefitRun::Stream(bool repair) {
   queue_ = std::make_unique<ChunkQueue>(window_);
-  sequence_ = 1;  // chunks take 1..n in the encoder thread
-  std::thread producer([this] { Produce(); });
+  produce_done_ = false;
+  chunk_sequence_ = sequence_;  // the encoder thread numbers the chunks
+  std::thread producer([this, repair] { Produce(repair); });
   auto last_progress = Clock::now();
   uint64_t payload = 0, chunks = 0;
   for (;;) {
@@ -413,6 +512,7 @@ void RefitRun::Stream() {
       fanout_->Forward(o->frame, /*chunk=*/true);
     }
     mailbox_.RunUntil(Clock::now() + std::chrono::milliseconds(idle ? 20 : 0));
+    fanout_->Tick(Clock::now());
     if (fanout_->live_children() == 0) {
       queue_->Cancel();
       spdlog::error("every cluster head left the refit; stopping the stream");
@@ -452,7 +552,12 @@ void RefitRun::Stream() {
     }
   }
   producer.join();
-  sequence_ = 1 + ids_.size();
+  sequence_ = chunk_sequence_;
+  if (repair) {
+    report_.repair_chunks += chunks;
+    report_.repair_bytes += payload;
+    return;
+  }
   report_.chunks = chunks;
   report_.payload_bytes = payload;
   report_.changed_elements = sizes_.changed;
@@ -463,6 +568,54 @@ void RefitRun::Stream() {
     p.payload_bytes = payload;
     p.chunks = chunks;
     options_.on_progress(p);
+  }
+}
+
+bool RefitRun::Vote(std::vector<NodeResult>* votes) {
+  for (int round = 0;; ++round) {
+    // END names every distinct chunk id sent so far.
+    std::vector<std::pair<uint32_t, uint32_t>> ids = ids_;
+    ids.insert(ids.end(), repair_ids_.begin(), repair_ids_.end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    EndMsg end{ids.size(), ChunkIdsDigest(ids)};
+    fanout_->Expect(FrameType::kVote, Clock::now() + options_.phase_timeout);
+    Status s = SignEnd(&end);
+    if (s.ok()) s = SendDown(FrameType::kEnd, EncodeEnd(end));
+    if (!s.ok()) {
+      report_.reason = s.ToString();
+      *votes = fanout_->Results();
+      return false;  // no END went down: no vote will come
+    }
+    WaitPhase([&] { return fanout_->Complete(); });
+    *votes = fanout_->Results();
+    // Receivers whose bits differ name the tensors; overwrite chunks of
+    // those tensors (idempotent, whatever each receiver applied before)
+    // go down the whole tree, and everyone votes again.
+    std::set<uint32_t> tensors;
+    std::vector<std::string> needy;
+    for (const NodeResult& r : *votes) {
+      if ((r.code == NodeCode::kIncomplete ||
+           r.code == NodeCode::kDigestMismatch) &&
+          !r.repair.empty()) {
+        tensors.insert(r.repair.begin(), r.repair.end());
+        needy.push_back(r.node);
+      }
+    }
+    if (tensors.empty()) return true;
+    if (round >= options_.repair_rounds) {
+      spdlog::warn("{} still differ after {} repair rounds; excluding them",
+                   fmt::join(needy, ", "), round);
+      return true;
+    }
+    repair_tensors_.assign(tensors.begin(), tensors.end());
+    report_.repair_rounds = round + 1;
+    spdlog::warn(
+        "repair round {}: {} tensors differ on {}; resending them as "
+        "overwrites",
+        round + 1, repair_tensors_.size(), fmt::join(needy, ", "));
+    Stream(/*repair=*/true);
+    if (fanout_->live_children() == 0) return true;
   }
 }
 
@@ -619,20 +772,15 @@ Result<RefitReport> RefitRun::Run() {
     if (!produce_error_.ok()) {
       report_.reason = "encoding failed: " + produce_error_.ToString();
     } else {
-      // 3. Vote.
-      EndMsg end{ids_.size(), ChunkIdsDigest(ids_)};
-      fanout_->Expect(FrameType::kVote, deadline());
-      Status s = SendDown(FrameType::kEnd, EncodeEnd(end));
-      if (!s.ok()) report_.reason = s.ToString();
-      WaitPhase([&] { return fanout_->Complete(); });
-      votes = fanout_->Results();
+      // 3. Vote (and repair).
+      bool sent = Vote(&votes);
       report_.vote_seconds = Seconds(t_stream, Clock::now());
       for (const NodeResult& r : votes) {
         if (r.code == NodeCode::kOk && r.version == report_.target) {
           commit_set.insert(r.node);
         }
       }
-      commit = s.ok() && !commit_set.empty() && commit_set.size() >= required;
+      commit = sent && !commit_set.empty() && commit_set.size() >= required;
       if (!commit && report_.reason.empty()) {
         report_.reason = fmt::format(
             "{} of {} receivers verified the target; min_commit needs {}",
@@ -699,6 +847,7 @@ Result<RefitReport> RefitRun::Run() {
     commit_set.clear();
   }
   report_.commit_seconds = Seconds(t_decide, Clock::now());
+  report_.adoptions = fanout_->adoptions();
   fanout_->Close();
   Summarize(plan_results, votes, final_replies, commit_set);
   if (report_.outcome == RefitOutcome::kPartial && report_.reason.empty()) {
@@ -768,6 +917,10 @@ std::string RefitReport::ToJson() const {
       {"chunks", chunks},
       {"payload_bytes", payload_bytes},
       {"stream_bytes", stream_bytes},
+      {"repair_rounds", repair_rounds},
+      {"repair_chunks", repair_chunks},
+      {"repair_bytes", repair_bytes},
+      {"adoptions", adoptions},
       {"link_class_bytes", link_class_bytes},
       {"seconds",
        {{"prepare", prepare_seconds},

@@ -14,7 +14,11 @@
 //     sends the chunks down: construction overlaps transfer, and both the
 //     encoded-but-unsent queue and each child's send queue are bounded by
 //     the window. END carries the chunk count and the digest of the ids.
-//  3. Vote. Every node reports whether its store now has the target digest.
+//  3. Vote. Every node reports whether its store now has the target digest;
+//     a node whose bits differ names the tensors, which the root resends
+//     as overwrite chunks before asking again (repair rounds). A link that
+//     fails is reconnected, or the failed node's children are adopted
+//     (docs/PROTOCOL.md §"Re-parenting").
 //  4. Decide. If at least min_commit receivers (topology defaults; 0 =
 //     all) voted yes, the decision and its commit set are written durably to
 //     state_dir/decisions/<refit>.json before COMMIT is sent; otherwise
@@ -50,11 +54,22 @@ struct RefitOptions {
   RefitMode mode = RefitMode::kDelta;
   std::chrono::milliseconds phase_timeout{60000};
   std::chrono::milliseconds connect_timeout{5000};
+  // Every tree link carries a HEARTBEAT this often; a link silent for 4
+  // intervals is dropped and its subtree re-parented (0: no heartbeats).
+  std::chrono::milliseconds heartbeat{1000};
+  // After the vote, receivers whose bits differ from the target name the
+  // tensors; the root resends them as overwrites and asks for a new vote,
+  // at most this many times, then excludes whoever still differs.
+  int repair_rounds = 2;
   size_t threads = 0;  // encoder threads; 0: hardware count
   // Transport options for the root's links (frames, send rate limit);
   // tests set fake_network with transport "fake".
   std::string transport = "tcp";
   TransportOptions transport_options;
+  // The root's Ed25519 private key (root.signing_key_file; empty: none).
+  // With it the encoder hashes every chunk and END carries the refit
+  // manifest signed with it (docs/PROTOCOL.md §"Signed refits").
+  std::string signing_key_file;
   // Called on the coordinator thread about every 100 ms while chunks flow.
   struct Progress {
     uint64_t scanned_bytes = 0;  // target bytes diffed so far
@@ -98,6 +113,10 @@ struct RefitReport {
   uint64_t chunks = 0;
   uint64_t payload_bytes = 0;  // encoded chunk bytes
   uint64_t stream_bytes = 0;   // all frames the root sent down one edge
+  int repair_rounds = 0;       // repair rounds run (see RefitOptions)
+  uint64_t repair_chunks = 0;  // overwrite chunks they sent
+  uint64_t repair_bytes = 0;   // their encoded bytes
+  uint64_t adoptions = 0;      // nodes the root re-parented
   // Bytes carried per link class ("wan", "lan") by the tree's edges that
   // reached a node in the refit: each edge carries the stream once.
   std::map<std::string, uint64_t> link_class_bytes;

@@ -11,6 +11,8 @@ namespace dcr {
 namespace {
 
 constexpr uint8_t kMessageVersion = 1;
+// END with the signed refit manifest (EndMsg).
+constexpr uint8_t kEndSignedVersion = 2;
 
 void PutString(ByteWriter* w, std::string_view s) {
   w->PutVarint(s.size());
@@ -29,15 +31,17 @@ void PutVersion(ByteWriter* w, const Version& v) {
 // the field that failed, and later reads are no-ops.
 class Reader {
  public:
-  Reader(std::span<const std::byte> b, const char* message)
+  // Accepts message versions 1 to `max_version`.
+  Reader(std::span<const std::byte> b, const char* message,
+         uint8_t max_version = kMessageVersion)
       : r_(b), message_(message) {
-    uint8_t version = 0;
-    if (!r_.Get(&version)) {
+    if (!r_.Get(&version_)) {
       Fail("version", "empty payload");
-    } else if (version != kMessageVersion) {
-      Fail("version", "unknown message version " + std::to_string(version));
+    } else if (version_ < kMessageVersion || version_ > max_version) {
+      Fail("version", "unknown message version " + std::to_string(version_));
     }
   }
+  uint8_t version() const { return version_; }
   template <typename T>
   T Get(const char* field) {
     T v{};
@@ -53,6 +57,13 @@ class Reader {
       Fail(field, std::to_string(v) + " exceeds " + std::to_string(max));
     }
     return ok() ? v : 0;
+  }
+  // Exactly `n` bytes, checked against what is left before copying.
+  std::vector<std::byte> Bytes(const char* field, uint64_t n) {
+    std::span<const std::byte> b;
+    if (ok() && !r_.GetBytes(n, &b)) Fail(field, "truncated");
+    if (!ok()) return {};
+    return std::vector<std::byte>(b.begin(), b.end());
   }
   std::string String(const char* field) {
     uint64_t n = Varint(field, kMaxMessageString);
@@ -91,6 +102,7 @@ class Reader {
  private:
   ByteReader r_;
   const char* message_;
+  uint8_t version_ = 0;
   Status status_;
 };
 
@@ -163,6 +175,7 @@ std::vector<std::byte> EncodePlan(const PlanMsg& m) {
     w.Put<uint16_t>(n.port);
     PutString(&w, n.transport);
     w.Put<int32_t>(n.parent);
+    w.Put<uint64_t>(n.link_bps);
   }
   w.PutVarint(m.tensors.size());
   for (const TensorInfo& t : m.tensors) {
@@ -171,6 +184,11 @@ std::vector<std::byte> EncodePlan(const PlanMsg& m) {
     w.PutVarint(t.shape.size());
     for (uint64_t d : t.shape) w.PutVarint(d);
   }
+  w.PutVarint(m.target_tensor_digests.size());
+  for (const Digest128& d : m.target_tensor_digests) PutDigest(&w, d);
+  w.Put<uint32_t>(m.heartbeat_ms);
+  w.Put<uint8_t>(m.adopt ? 1 : 0);
+  w.Put<uint32_t>(m.sender_depth);
   return out;
 }
 
@@ -201,6 +219,7 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
     n.port = r.Get<uint16_t>("nodes.port");
     n.transport = r.String("nodes.transport");
     n.parent = r.Get<int32_t>("nodes.parent");
+    n.link_bps = r.Get<uint64_t>("nodes.link_bps");
     if (!r.ok()) break;
     bool parent_ok = i == 0
                          ? n.parent == -1
@@ -232,6 +251,22 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
     }
     m.tensors.push_back(std::move(t));
   }
+  uint64_t digests = r.Varint("target_tensor_digests", kMaxPlanTensors);
+  if (r.ok() && m.mode == RefitMode::kFull && tensors != 0 && digests != 0 &&
+      digests != tensors) {
+    r.Fail("target_tensor_digests", "not one per tensor of the manifest");
+  }
+  for (uint64_t i = 0; r.ok() && i < digests; ++i) {
+    m.target_tensor_digests.push_back(r.Digest("target_tensor_digests"));
+  }
+  m.heartbeat_ms = r.Get<uint32_t>("heartbeat_ms");
+  uint8_t adopt = r.Get<uint8_t>("adopt");
+  if (r.ok() && adopt > 1) r.Fail("adopt", "must be 0 or 1");
+  m.adopt = adopt == 1;
+  m.sender_depth = r.Get<uint32_t>("sender_depth");
+  if (r.ok() && m.sender_depth > kMaxPlanNodes) {
+    r.Fail("sender_depth", "deeper than any tree");
+  }
   DCR_RETURN_IF_ERROR(r.Finish());
   return m;
 }
@@ -247,6 +282,8 @@ std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
     PutVersion(&w, n.version);
     w.Put<uint64_t>(n.chunks_applied);
     PutString(&w, n.detail);
+    w.PutVarint(n.repair.size());
+    for (uint32_t t : n.repair) w.PutVarint(t);
   }
   return out;
 }
@@ -262,6 +299,14 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
     n.version = r.Ver("nodes.version");
     n.chunks_applied = r.Get<uint64_t>("nodes.chunks_applied");
     n.detail = r.String("nodes.detail");
+    uint64_t repair = r.Varint("nodes.repair", kMaxPlanTensors);
+    for (uint64_t k = 0; r.ok() && k < repair; ++k) {
+      uint64_t t = r.Varint("nodes.repair", kMaxPlanTensors - 1);
+      if (r.ok() && !n.repair.empty() && t <= n.repair.back()) {
+        r.Fail("nodes.repair", "tensor indices must ascend");
+      }
+      n.repair.push_back(static_cast<uint32_t>(t));
+    }
     if (r.ok() && code > static_cast<uint8_t>(NodeCode::kRejected)) {
       r.Fail("nodes.code", "unknown code " + std::to_string(code));
     }
@@ -275,17 +320,28 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
 std::vector<std::byte> EncodeEnd(const EndMsg& m) {
   std::vector<std::byte> out;
   ByteWriter w(&out);
-  w.Put<uint8_t>(kMessageVersion);
+  w.Put<uint8_t>(m.is_signed() ? kEndSignedVersion : kMessageVersion);
   w.Put<uint64_t>(m.chunk_count);
   PutDigest(&w, m.chunk_ids_digest);
+  if (m.is_signed()) {
+    w.PutVarint(m.manifest.size());
+    w.PutBytes(m.manifest);
+    w.PutBytes(m.signature);
+  }
   return out;
 }
 
 Result<EndMsg> DecodeEnd(std::span<const std::byte> b) {
-  Reader r(b, "END");
+  Reader r(b, "END", kEndSignedVersion);
   EndMsg m;
   m.chunk_count = r.Get<uint64_t>("chunk_count");
   m.chunk_ids_digest = r.Digest("chunk_ids_digest");
+  if (r.ok() && r.version() == kEndSignedVersion) {
+    uint64_t n = r.Varint("manifest", kMaxEndManifestBytes);
+    if (r.ok() && n == 0) r.Fail("manifest", "empty in a signed END");
+    m.manifest = r.Bytes("manifest", n);
+    m.signature = r.Bytes("signature", kEndSignatureBytes);
+  }
   DCR_RETURN_IF_ERROR(r.Finish());
   return m;
 }

@@ -22,6 +22,7 @@
 #include "dcr/digest.h"
 #include "dcr/status.h"
 #include "dcr/version.h"
+#include "dcr/wire.h"
 
 namespace dcr {
 
@@ -47,6 +48,7 @@ struct PlanNode {
   uint16_t port = 0;
   std::string transport;  // "tcp", "ucx"
   int32_t parent = -1;    // index in PlanMsg::nodes; -1 only for nodes[0]
+  uint64_t link_bps = 0;  // the topology's bandwidth into it (0: unknown)
   friend bool operator==(const PlanNode&, const PlanNode&) = default;
 };
 
@@ -70,6 +72,20 @@ struct PlanMsg {
   // node without a store (a new node being seeded) can create one. Its
   // digest must equal `manifest`.
   std::vector<TensorInfo> tensors;
+  // The target's per-tensor digests in manifest order (empty: not sent). A
+  // receiver whose vote fails names the tensors that differ, and the root
+  // repairs them with overwrite chunks.
+  std::vector<Digest128> target_tensor_digests;
+  // Every tree link carries a HEARTBEAT at least this often while a refit
+  // runs; a link silent for 4 intervals is dropped (0: no heartbeats).
+  uint32_t heartbeat_ms = 0;
+  // An adoption: the receiver already holds this refit (same id) and lost
+  // its parent; the sender takes over as its parent from the current
+  // phase on (docs/PROTOCOL.md §"Re-parenting").
+  bool adopt = false;
+  // The sender's depth in the tree (root 0). An adoption is accepted from
+  // a node above the receiver's current parent, or by an orphan.
+  uint32_t sender_depth = 0;
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
 };
 
@@ -95,6 +111,9 @@ struct NodeResult {
   Version version;  // committed (PLAN, COMMIT) or computed (VOTE)
   uint64_t chunks_applied = 0;
   std::string detail;
+  // VOTE only: the tensors (manifest indices, ascending) whose bits differ
+  // from the target; the root may resend them as overwrites.
+  std::vector<uint32_t> repair;
   friend bool operator==(const NodeResult&, const NodeResult&) = default;
 };
 
@@ -108,11 +127,30 @@ struct ResultsMsg {
 // digest over them in ascending (tensor, span) order (XXH3-128 of u32
 // tensor, u32 span per id), so a relay can tell a complete stream from one
 // with losses. ChunkIdsDigest computes it.
+//
+// A root with a signing key adds the signed refit manifest
+// (relay/refit_manifest.h): its encoded bytes and the root's Ed25519
+// signature over them. END is then message version 2: the version-1 fields,
+// a varint manifest length (at most kMaxEndManifestBytes) and the manifest
+// bytes, then the 64-byte signature. Without them END is version 1, byte
+// for byte as before. The decoder accepts both; manifest and signature are
+// both present (version 2, non-empty manifest) or both empty (version 1).
 struct EndMsg {
+  EndMsg() = default;
+  // Unsigned; the signed fields are set after.
+  EndMsg(uint64_t count, const Digest128& ids)
+      : chunk_count(count), chunk_ids_digest(ids) {}
   uint64_t chunk_count = 0;
   Digest128 chunk_ids_digest;
+  std::vector<std::byte> manifest;   // empty: unsigned
+  std::vector<std::byte> signature;  // kEndSignatureBytes when signed
+  bool is_signed() const { return !manifest.empty(); }
   friend bool operator==(const EndMsg&, const EndMsg&) = default;
 };
+inline constexpr size_t kEndSignatureBytes = 64;
+// The largest manifest an END carries: what fits, with the rest of END,
+// in the default frame payload bound (256 MiB).
+inline constexpr size_t kMaxEndManifestBytes = kDefaultMaxFramePayload - 256;
 
 // COMMIT names the nodes that commit; the others in the receiver's
 // subtree abort (restore the base) and are stale.
@@ -135,7 +173,8 @@ std::vector<std::byte> EncodeCommit(const CommitMsg& m);
 std::vector<std::byte> EncodeAbort(const AbortMsg& m);
 
 // Each returns Corruption naming the message and the field on any
-// malformed, truncated, oversized or trailing input.
+// malformed, truncated, oversized or trailing input, or an unknown message
+// version (1 for all; END also 2).
 Result<HelloMsg> DecodeHello(std::span<const std::byte> b);
 Result<PlanMsg> DecodePlan(std::span<const std::byte> b);
 Result<ResultsMsg> DecodeResults(std::span<const std::byte> b);

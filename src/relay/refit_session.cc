@@ -26,9 +26,10 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
   }
   // A refit left unfinished (the relay died mid-refit): the bits are a mix
   // of its base and target. A full refit repairs that (it overwrites every
-  // span); a delta cannot apply to a mix.
-  if (auto busy = store->InProgress();
-      busy && busy->refit != refit && plan.mode != RefitMode::kFull) {
+  // span); a delta cannot apply to a mix, not even one of the same refit
+  // (which XOR chunks were applied before is not known).
+  std::optional<RefitInProgress> unfinished = store->InProgress();
+  if (auto& busy = unfinished; busy && plan.mode != RefitMode::kFull) {
     return refuse(
         NodeCode::kNeedsCatchUp,
         fmt::format("{} holds the unfinished refit {} (a mix of step {} and "
@@ -72,6 +73,7 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
       new RefitSession(store, node, refit, plan));
   session->keep_undo_ = !options.fresh_store;
   session->undo_ = std::move(undo);
+  session->unfinished_ = std::move(unfinished);
   return session;
 }
 
@@ -165,22 +167,39 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
     }
   }
   r.chunks_applied = ids.size();
-  if (ids.size() != end.chunk_count ||
-      ChunkIdsDigest(ids) != end.chunk_ids_digest) {
+  bool complete = ids.size() == end.chunk_count &&
+                  ChunkIdsDigest(ids) == end.chunk_ids_digest;
+  // Every tensor is hashed at every vote, repair rounds included: bits
+  // that changed outside the refit (a flipped bit) must not slip through.
+  const Manifest& m = store_->manifest();
+  std::vector<Digest128> tensor_digests = store_->Digests(pool).tensors;
+  r.version =
+      Version{plan_.target.step, VersionDigest(m.digest(), tensor_digests)};
+  // The bits decide (DESIGN.md §4, invariant 1): a store at the target
+  // votes yes even if some chunk failed on the way (a repair overwrote it).
+  if (r.version.digest == plan_.target.digest) {
+    r.code = NodeCode::kOk;
+    return r;
+  }
+  if (!complete) {
     r.code = NodeCode::kIncomplete;
     r.detail = fmt::format("applied {} distinct chunks, the root sent {}",
                            ids.size(), end.chunk_count);
-    return r;
-  }
-  r.version = Version{plan_.target.step, store_->Digests(pool).version};
-  if (r.version.digest != plan_.target.digest) {
+  } else {
     r.code = NodeCode::kDigestMismatch;
     r.detail = fmt::format("store digest {} is not the target's {}",
                            r.version.digest.ShortHex(),
                            plan_.target.digest.ShortHex());
-    return r;
   }
-  r.code = NodeCode::kOk;
+  if (plan_.target_tensor_digests.size() == m.size()) {
+    for (size_t i = 0; i < m.size(); ++i) {
+      if (tensor_digests[i] != plan_.target_tensor_digests[i]) {
+        r.repair.push_back(static_cast<uint32_t>(i));
+      }
+    }
+    r.detail +=
+        fmt::format("; {} of {} tensors differ", r.repair.size(), m.size());
+  }
   return r;
 }
 
@@ -209,6 +228,12 @@ Status RefitSession::Abort(ChunkDecoder* decoder) {
     }
   }
   spans_.clear();
+  // Restored bits that were an unfinished refit's mix are still that mix:
+  // keep it recorded, so that no delta is bound to them.
+  if (unfinished_) {
+    return store_->BeginRefit(unfinished_->refit, unfinished_->base,
+                              unfinished_->target);
+  }
   return store_->EndRefit();
 }
 

@@ -40,10 +40,10 @@ class RefitSession {
   // the committed version must be the plan's base, or, for a store without
   // a record, its digest must be the base digest) and records the refit as
   // in progress, durably, before any byte changes. On refusal returns the
-  // NodeResult to report (code kNeedsCatchUp, also for a store left with
-  // another refit unfinished unless this plan is a full refit, which
-  // repairs it; kManifestMismatch or kStoreError) through `refusal` and a
-  // null session.
+  // NodeResult to report (code kNeedsCatchUp, also for a store left with a
+  // refit unfinished, this one included, unless this plan is a full refit,
+  // which repairs it; kManifestMismatch or kStoreError) through `refusal`
+  // and a null session.
   struct Options {
     // Hashes a store without a record (to bind it by digest).
     ThreadPool* pool = nullptr;
@@ -74,15 +74,18 @@ class RefitSession {
   Result<ApplyOutcome> Apply(std::span<const std::byte> chunk,
                              ChunkDecoder* decoder);
 
-  // After END: yes (kOk, version = target) iff every chunk the root sent
-  // was applied and the store's digest is the target digest.
+  // After END: yes (kOk, version = target) iff the store's digest is the
+  // target digest. Otherwise kIncomplete (chunks the root sent are missing)
+  // or kDigestMismatch, with `repair` naming the tensors that differ from
+  // the plan's target_tensor_digests. Every vote hashes the whole store.
   NodeResult Vote(const EndMsg& end, ThreadPool* pool);
 
   // Persists the target version (data, then the version record).
   Status Commit();
   // Restores the base bits: XOR chunks are applied again, overwrite
   // chunks write back the values they replaced. Then clears the
-  // in-progress record.
+  // in-progress record, or, when this refit took over one left unfinished,
+  // records that one again (the bits are its mix again).
   Status Abort(ChunkDecoder* decoder);
 
   uint64_t chunks_applied() const;
@@ -112,6 +115,9 @@ class RefitSession {
 
   WeightStore* store_;
   bool keep_undo_ = true;
+  // The refit the store had left unfinished when this one began (a full
+  // refit repairing it); Abort records it again with the restored mix.
+  std::optional<RefitInProgress> unfinished_;
   std::unique_ptr<UndoLog> undo_;
   std::string node_;
   RefitId refit_;

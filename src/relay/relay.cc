@@ -6,18 +6,22 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "common/failpoint.h"
+#include "common/file.h"
 #include "dcr/codec.h"
 #include "dcr/thread_pool.h"
 #include "relay/fanout.h"
 #include "relay/mailbox.h"
 #include "relay/messages.h"
+#include "relay/refit_manifest.h"
 #include "relay/refit_session.h"
 
 namespace dcr {
@@ -33,6 +37,9 @@ struct ApplyTracker {
   std::atomic<uint64_t> duplicates{0};
   std::mutex mu;
   Status first_error;  // guarded by mu
+  // With a signing public key: every chunk applied, for the manifest check
+  // at vote time.
+  std::vector<AppliedChunk> applied_chunks;  // guarded by mu
 };
 
 // Applies chunks on a few threads, each with its own decoder.
@@ -43,6 +50,7 @@ class ApplyWorkers {
     std::span<const std::byte> chunk;
     RefitSession* session = nullptr;
     std::shared_ptr<ApplyTracker> tracker;
+    bool hash = false;  // record the SHA-256 of the chunk once applied
   };
 
   ApplyWorkers(size_t threads, Mailbox* mailbox) : mailbox_(mailbox) {
@@ -89,6 +97,7 @@ class ApplyWorkers {
         if (!outcome.ok()) {
           error = outcome.status();
         } else if (*outcome == RefitSession::ApplyOutcome::kApplied) {
+          if (job.hash) Record(job);
           job.tracker->applied += 1;
         } else {
           job.tracker->duplicates += 1;
@@ -102,6 +111,14 @@ class ApplyWorkers {
       job.tracker->in_flight -= 1;
       mailbox_->Wake();
     }
+  }
+
+  // Hashes an applied chunk here, on the worker, not on the actor thread.
+  static void Record(const Job& job) {
+    auto header = PeekChunkHeader(job.chunk);  // valid: it was applied
+    AppliedChunk a{header.ok() ? header->id : ChunkId{}, Sha256(job.chunk)};
+    std::lock_guard lock(job.tracker->mu);
+    job.tracker->applied_chunks.push_back(a);
   }
 
   Mailbox* mailbox_;
@@ -152,22 +169,95 @@ FrameBuffer CorruptedCopy(std::span<const std::byte> bytes,
   return copy;
 }
 
+// A well-formed forgery of a CHUNK frame for the forge failpoint, what a
+// relay holding the hop key but not the root's signing key can make: the
+// chunk decoded, the low bit of its first value flipped, re-encoded with a
+// valid chunk checksum and framed (tagged with this relay's frame key) as
+// the original was. Null if the frame is not a chunk that decodes. A test
+// hook: it makes its codec contexts per call.
+FrameBuffer ForgedCopy(const FrameBuffer& frame, const FrameOptions& options) {
+  auto parsed = ParseFrame(*frame);  // no key: the tag is kept, unchecked
+  auto decoder = ChunkDecoder::Create();
+  auto encoder = ChunkEncoder::Create(EncodeOptions{});
+  DecodedChunk c;
+  if (!parsed.ok() || !decoder.ok() || !encoder.ok() ||
+      !(*decoder)->Decode(parsed->payload, &c).ok() || c.values.empty()) {
+    return nullptr;
+  }
+  const ChunkHeader& h = c.header;
+  size_t es = h.elem_size;
+  // Flip a low bit of the first value, keeping it non-zero so that an XOR
+  // chunk still changes that element.
+  c.values[0] ^= std::byte{1};
+  if (std::all_of(c.values.begin(), c.values.begin() + es,
+                  [](std::byte b) { return b == std::byte{0}; })) {
+    c.values[0] ^= std::byte{3};
+  }
+  std::vector<uint32_t> positions = c.positions;
+  if (h.encoding == ChunkEncoding::kDense) {
+    positions.resize(h.span_elems);
+    for (uint32_t i = 0; i < h.span_elems; ++i) positions[i] = i;
+  }
+  std::vector<std::byte> payload;
+  Status s;
+  if (h.kind == ChunkKind::kOverwrite) {
+    s = (*encoder)->EncodeOverwrite(h.id, es, h.span_elems, positions, c.values,
+                                    &payload);
+  } else {
+    // XOR against zeros: the target holds the (forged) XOR values.
+    std::vector<std::byte> zeros(size_t{h.span_elems} * es);
+    std::vector<std::byte> target = zeros;
+    for (size_t k = 0; k < positions.size(); ++k) {
+      std::copy_n(c.values.begin() + k * es, es,
+                  target.begin() + size_t{positions[k]} * es);
+    }
+    auto changed = (*encoder)->EncodeDiff(ChunkKind::kXor, h.id, es, zeros,
+                                          target, &payload);
+    if (!changed.ok() || !*changed) return nullptr;
+  }
+  if (!s.ok()) return nullptr;
+  FrameHeader header = parsed->header;
+  header.flags &= static_cast<uint16_t>(~kFrameFlagsWireMask);
+  auto forged = EncodeFrame(header, payload, options);
+  return forged.ok() ? *forged : nullptr;
+}
+
 // Forwards a CHUNK to the children as the relay.forward failpoint says: as
-// is, not at all (drop), a damaged copy (corrupt), or its first bytes and
-// then every child link closed (cut). Returns the chunk sends.
+// is, not at all (drop), a damaged copy (corrupt), a forged chunk (forge;
+// `frames` keys it), or its first bytes and then every child link closed
+// (cut). Returns the chunk sends.
 size_t ForwardChunk(Fanout& fanout, const FrameBuffer& frame,
-                    const FailpointHit& fp) {
+                    const FailpointHit& fp, const FrameOptions& frames) {
   if (fp.drop()) return 0;
   if (fp.corrupt()) {
     return fanout.Forward(CorruptedCopy(*frame, fp), /*chunk=*/true);
+  }
+  if (fp.forge()) {
+    FrameBuffer forged = ForgedCopy(frame, frames);
+    if (!forged) spdlog::error("forge failpoint: cannot forge this chunk");
+    return fanout.Forward(forged ? forged : frame, /*chunk=*/true);
   }
   if (!fp.cut()) return fanout.Forward(frame, /*chunk=*/true);
   size_t keep = static_cast<size_t>(std::min<uint64_t>(fp.arg, frame->size()));
   size_t n = fanout.Forward(std::make_shared<std::vector<std::byte>>(
                                 frame->begin(), frame->begin() + keep),
                             /*chunk=*/true);
-  fanout.Close();
+  fanout.CutLinks();
   return n;
+}
+
+// Where a relay persists the highest coordinator epoch it accepted: beside
+// the store's version record ("<store>.dcr-epoch"); empty for a memory store
+// (kept in memory).
+std::string EpochPath(const StoreSpec& spec) {
+  if (spec.kind == StoreSpec::Kind::kMemory) return "";
+  std::string record =
+      spec.record_path.empty() ? DefaultRecordPath(spec) : spec.record_path;
+  constexpr std::string_view kSuffix = ".dcr-version";
+  if (record.size() > kSuffix.size() && record.ends_with(kSuffix)) {
+    record.resize(record.size() - kSuffix.size());
+  }
+  return record + ".dcr-epoch";
 }
 
 }  // namespace
@@ -205,6 +295,19 @@ class Relay::Impl {
     bool voted_yes = false;  // commit only what this node verified
     bool paused = false;
     Clock::time_point started = Clock::now();
+    // Re-parenting (docs/PROTOCOL.md §"Re-parenting"): the depth of the
+    // node that is our parent; whether our parent's link is gone and until
+    // when we wait to be adopted (or, once voted, for the decision).
+    uint32_t parent_depth = 0;
+    bool orphaned = false;
+    Clock::time_point orphan_deadline;
+    // Liveness of the parent link (heartbeats).
+    Clock::time_point last_up_rx = Clock::now();
+    Clock::time_point last_up_heartbeat = Clock::now();
+    // What we answered upstream, resent to a new parent: our PLAN_REPLY and
+    // the last reply of a later phase.
+    std::vector<std::byte> plan_reply;
+    std::optional<std::pair<FrameType, std::vector<std::byte>>> last_reply;
   };
 
   void Run();
@@ -213,6 +316,10 @@ class Relay::Impl {
                       const FrameBuffer& buffer);
   void OnInboundClosed(uint64_t link_id, const Status& why);
   void OnPlan(const std::shared_ptr<Link>& link, const Frame& frame);
+  void OnAdoption(const std::shared_ptr<Link>& link, const Frame& frame,
+                  const PlanMsg& plan);
+  void Orphan(const std::string& why);
+  void Heartbeats(Clock::time_point now);
   void OnRefitFrame(const Frame& frame, const FrameBuffer& buffer);
   void Reply(Link& link, FrameType type, const FrameHeader& about,
              const std::vector<std::byte>& payload);
@@ -225,8 +332,11 @@ class Relay::Impl {
   void MaybePause();
   void MaybeResume();
   void PublishStats();
+  Status LoadEpoch();
+  Status PersistEpoch(uint64_t epoch);
 
   RelayOptions options_;
+  std::string epoch_path_;
   std::unique_ptr<WeightStore> store_;  // null until a full refit creates it
   std::unique_ptr<Transport> transport_;
   Mailbox mailbox_;
@@ -240,6 +350,15 @@ class Relay::Impl {
   // Actor state.
   std::map<uint64_t, Inbound> inbound_;
   std::optional<Refit> refit_;
+  // The refit that ended last and what we answered in it: a parent that
+  // lost our final reply reconnects (an adoption PLAN) and gets it again.
+  struct Finished {
+    RefitId id;
+    uint64_t epoch = 0;
+    std::vector<std::byte> plan_reply;
+    std::optional<std::pair<FrameType, std::vector<std::byte>>> last_reply;
+  };
+  std::optional<Finished> finished_;
   uint64_t max_epoch_ = 0;
   uint64_t sequence_ = 0;  // frames this relay originates
   uint64_t last_chunks_applied_ = 0;
@@ -293,6 +412,8 @@ Status Relay::Impl::Init() {
   } else {
     return store.status();
   }
+  epoch_path_ = EpochPath(options_.store);
+  DCR_RETURN_IF_ERROR(LoadEpoch());
   if (store_ && store_->InProgress()) {
     spdlog::warn(
         "{}: {} holds an unfinished refit ({}); it takes no delta refit "
@@ -316,6 +437,39 @@ Status Relay::Impl::Init() {
   spdlog::info("{}: listening on {}:{} with {}", options_.name,
                options_.listen_host, port(),
                store_ ? store_->describe() : options_.store.ToString());
+  return Status::OK();
+}
+
+Status Relay::Impl::LoadEpoch() {
+  if (epoch_path_.empty()) return Status::OK();
+  std::error_code ec;
+  if (!std::filesystem::exists(epoch_path_, ec)) return Status::OK();
+  DCR_ASSIGN_OR_RETURN(std::string text, ReadFileToString(epoch_path_));
+  uint64_t epoch = 0;
+  auto [end, err] =
+      std::from_chars(text.data(), text.data() + text.size(), epoch);
+  if (err != std::errc() || end == text.data() ||
+      std::string_view(end, text.data() + text.size())
+              .find_first_not_of("\n") != std::string_view::npos) {
+    return Status::Corruption(fmt::format(
+        "{}: not an epoch number; it holds the highest coordinator epoch "
+        "this relay accepted (delete it only if no older coordinator can "
+        "come back)",
+        epoch_path_));
+  }
+  max_epoch_ = epoch;
+  return Status::OK();
+}
+
+Status Relay::Impl::PersistEpoch(uint64_t epoch) {
+  if (epoch <= max_epoch_) return Status::OK();
+  if (!epoch_path_.empty()) {
+    std::string text = std::to_string(epoch) + "\n";
+    DCR_RETURN_IF_ERROR(WriteFileAtomic(
+        epoch_path_,
+        std::as_bytes(std::span<const char>(text.data(), text.size()))));
+  }
+  max_epoch_ = epoch;
   return Status::OK();
 }
 
@@ -388,6 +542,9 @@ void Relay::Impl::OnInboundFrame(const std::shared_ptr<Link>& link,
                                  const FrameBuffer& buffer) {
   Inbound& in = inbound_[link->id()];
   in.link = link;
+  if (refit_ && refit_->up.get() == link.get()) {
+    refit_->last_up_rx = Clock::now();
+  }
   if (!in.greeted) {
     if (frame.type() != FrameType::kHello) {
       SendError(*link, "the first frame must be HELLO");
@@ -436,7 +593,8 @@ void Relay::Impl::OnInboundFrame(const std::shared_ptr<Link>& link,
       break;
   }
   if (!refit_ || refit_->up.get() != link.get() ||
-      frame.header.refit_id != refit_->id) {
+      frame.header.refit_id != refit_->id ||
+      frame.header.epoch != refit_->epoch) {
     if (frame.type() == FrameType::kChunk) chunks_dropped_ += 1;
     spdlog::debug("{}: dropping {} outside its refit", options_.name,
                   FrameTypeName(frame.type()));
@@ -483,17 +641,46 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
                   fmt::format("this is node '{}', the plan is for '{}'",
                               options_.name, plan->nodes[0].name));
   }
-  if (frame.header.epoch < max_epoch_) {
-    return refuse(NodeCode::kRejected,
-                  fmt::format("stale coordinator epoch {} (seen {})",
-                              frame.header.epoch, max_epoch_));
+  if (refit_ && refit_->id == frame.header.refit_id &&
+      frame.header.epoch == refit_->epoch) {
+    if (link.get() == refit_->up.get()) return;  // a duplicate PLAN
+    return OnAdoption(link, frame, *plan);
+  }
+  if (!refit_ && plan->adopt && finished_ &&
+      finished_->id == frame.header.refit_id &&
+      finished_->epoch == frame.header.epoch) {
+    // Our parent lost our last reply (and its link to us): answer again.
+    spdlog::info("{}: refit {} ended here; answering {} again", options_.name,
+                 finished_->id.ToHex(), inbound_[link->id()].hello.node);
+    Reply(*link, FrameType::kPlanReply, frame.header, finished_->plan_reply);
+    if (finished_->last_reply) {
+      Reply(*link, finished_->last_reply->first, frame.header,
+            finished_->last_reply->second);
+    }
+    return;
+  }
+  // Every coordinator run takes a new epoch: a PLAN at an epoch this relay
+  // already accepted is a replay or comes from a coordinator that another
+  // one has since replaced (fencing).
+  if (frame.header.epoch <= max_epoch_) {
+    return refuse(
+        NodeCode::kRejected,
+        fmt::format("stale coordinator epoch {}: this relay has accepted "
+                    "epoch {} ({}); a newer coordinator ran since, or its "
+                    "state_dir was reset (then write an epoch above {} into "
+                    "state_dir/epoch)",
+                    frame.header.epoch, max_epoch_,
+                    epoch_path_.empty() ? "in memory" : epoch_path_,
+                    max_epoch_));
   }
   if (refit_) {
-    if (refit_->id == frame.header.refit_id) return;  // a duplicate PLAN
     return refuse(NodeCode::kBusy,
                   fmt::format("refit {} is in progress", refit_->id.ToHex()));
   }
-  max_epoch_ = frame.header.epoch;
+  if (Status s = PersistEpoch(frame.header.epoch); !s.ok()) {
+    return refuse(NodeCode::kStoreError,
+                  "cannot persist the coordinator epoch: " + s.ToString());
+  }
 
   Refit r;
   r.id = frame.header.refit_id;
@@ -544,6 +731,8 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
   fo.hello = HelloMsg{options_.name, kRoleRelay, r.epoch};
   fo.frames = options_.transport_options.frames;
   fo.header = frame.header;
+  fo.depth = r.plan.sender_depth + 1;
+  r.parent_depth = r.plan.sender_depth;
   r.fanout = Fanout::Create(fo, r.plan);
   r.fanout->Start(Clock::now() +
                   std::chrono::milliseconds(r.plan.phase_timeout_ms));
@@ -562,19 +751,27 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
   switch (frame.type()) {
     case FrameType::kChunk: {
       chunks_received_ += 1;
+      // After a vote, chunks are a repair round: receiving again.
+      if (r.phase == Phase::kVoted) {
+        r.phase = Phase::kReceiving;
+        r.voted_yes = false;  // the bits change: only a new vote counts
+      }
       if (r.phase != Phase::kReceiving) {
         chunks_dropped_ += 1;
         return;
       }
       chunks_forwarded_ +=
-          ForwardChunk(*r.fanout, buffer, DCR_FAILPOINT("relay.forward"));
+          ForwardChunk(*r.fanout, buffer, DCR_FAILPOINT("relay.forward"),
+                       options_.transport_options.frames);
       if (r.session) {
         FailpointHit fp = DCR_FAILPOINT("relay.apply_chunk");
+        bool hash = options_.signing_public_key != nullptr;
         if (fp.corrupt()) {
           FrameBuffer copy = CorruptedCopy(frame.payload, fp);
-          workers_->Submit({copy, *copy, r.session.get(), r.tracker});
+          workers_->Submit({copy, *copy, r.session.get(), r.tracker, hash});
         } else if (!fp.drop()) {
-          workers_->Submit({buffer, frame.payload, r.session.get(), r.tracker});
+          workers_->Submit(
+              {buffer, frame.payload, r.session.get(), r.tracker, hash});
         }
       }
       MaybePause();
@@ -582,6 +779,9 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
     }
     case FrameType::kEnd: {
       auto end = DecodeEnd(frame.payload);
+      // A second END (after a repair round without chunks for this
+      // subtree) asks for a new vote.
+      if (end.ok() && r.phase == Phase::kVoted) r.phase = Phase::kReceiving;
       if (!end.ok() || r.phase != Phase::kReceiving) {
         spdlog::warn("{}: bad END: {}", options_.name,
                      end.ok() ? "out of order" : end.status().ToString());
@@ -627,17 +827,10 @@ void Relay::Impl::OnInboundClosed(uint64_t link_id, const Status& why) {
   inbound_.erase(link_id);
   if (!refit_ || refit_->up->id() != link_id) return;
   if (refit_->phase == Phase::kCommitting ||
-      refit_->phase == Phase::kAborting) {
+      refit_->phase == Phase::kAborting || refit_->phase == Phase::kOrphaned) {
     return;  // finish what the parent asked; no one to answer
   }
-  spdlog::warn(
-      "{}: parent link closed during refit {} ({}); restoring the "
-      "base",
-      options_.name, refit_->id.ToHex(), why.ok() ? "closed" : why.ToString());
-  if (refit_->paused) refit_->paused = false;
-  refit_->phase = Phase::kOrphaned;
-  refit_->local.reset();
-  refit_->fanout->Close();
+  Orphan(why.ok() ? "closed" : why.ToString());
 }
 
 void Relay::Impl::MaybePause() {
@@ -657,6 +850,7 @@ void Relay::Impl::MaybeResume() {
       r.tracker->backlog_bytes <= options_.apply_window_bytes / 2) {
     r.up->ResumeReading();
     r.paused = false;
+    r.last_up_rx = Clock::now();  // its frames waited in the socket
   }
 }
 
@@ -691,17 +885,110 @@ void Relay::Impl::ReplyResults(FrameType type,
   Refit& r = *refit_;
   std::vector<NodeResult> children = r.fanout->Results();
   own_first.insert(own_first.end(), children.begin(), children.end());
+  std::vector<std::byte> payload =
+      EncodeResults(ResultsMsg{std::move(own_first)});
+  if (type == FrameType::kPlanReply) {
+    r.plan_reply = payload;
+  } else {
+    r.last_reply.emplace(type, payload);
+  }
+  if (r.orphaned) return;  // a new parent gets it when it adopts us
   FrameHeader about;
   about.epoch = r.epoch;
   about.refit_id = r.id;
-  Reply(*r.up, type, about, EncodeResults(ResultsMsg{std::move(own_first)}));
+  Reply(*r.up, type, about, payload);
+}
+
+void Relay::Impl::Orphan(const std::string& why) {
+  Refit& r = *refit_;
+  if (r.orphaned) return;
+  r.orphaned = true;
+  r.paused = false;  // that link is gone
+  r.fanout->set_adopting(false);
+  // Having voted, we keep the base served and wait for the decision: the
+  // coordinator may have died after its decision (dcr refit --resume).
+  bool prepared = r.phase == Phase::kVoted;
+  auto wait = prepared ? options_.prepared_wait
+                       : std::chrono::milliseconds(r.plan.phase_timeout_ms);
+  r.orphan_deadline = Clock::now() + wait;
+  spdlog::warn(
+      "{}: parent link lost during refit {} ({}); {} for up to {:.0f} s, "
+      "then restoring the base",
+      options_.name, r.id.ToHex(), why,
+      prepared ? "voted: waiting for the decision or a new parent"
+               : "waiting to be adopted by another parent",
+      std::chrono::duration<double>(wait).count());
+}
+
+void Relay::Impl::OnAdoption(const std::shared_ptr<Link>& link,
+                             const Frame& frame, const PlanMsg& plan) {
+  Refit& r = *refit_;
+  const std::string& adopter = inbound_[link->id()].hello.node;
+  std::string refusal;
+  if (r.phase == Phase::kCommitting || r.phase == Phase::kAborting ||
+      r.phase == Phase::kOrphaned) {
+    refusal = "the refit is ending here";
+  } else if (!r.orphaned && plan.sender_depth >= r.parent_depth) {
+    refusal = fmt::format(
+        "it has a live parent at depth {} (the adopter is at depth {})",
+        r.parent_depth, plan.sender_depth);
+  }
+  if (!refusal.empty()) {
+    spdlog::warn("{}: not adopted by {}: {}", options_.name, adopter, refusal);
+    SendError(*link, fmt::format("{} not adopted: {}", options_.name, refusal));
+    link->CloseAfterFlush();
+    return;
+  }
+  std::shared_ptr<Link> old = r.up;
+  r.up = link;
+  r.orphaned = false;
+  r.paused = false;
+  r.parent_depth = plan.sender_depth;
+  r.last_up_rx = Clock::now();
+  r.fanout->set_depth(plan.sender_depth + 1);
+  r.fanout->set_adopting(true);
+  if (old && old.get() != link.get()) old->Close();
+  spdlog::info("{}: adopted by {} (depth {}) while {}", options_.name, adopter,
+               plan.sender_depth, PhaseName(r.phase));
+  // Tell the new parent what this subtree answered so far; a phase still
+  // in progress answers it when done.
+  if (r.phase != Phase::kPlanning) {
+    Reply(*link, FrameType::kPlanReply, frame.header, r.plan_reply);
+    if (r.last_reply) {
+      Reply(*link, r.last_reply->first, frame.header, r.last_reply->second);
+    }
+  }
+}
+
+void Relay::Impl::Heartbeats(Clock::time_point now) {
+  Refit& r = *refit_;
+  if (r.plan.heartbeat_ms == 0 || r.orphaned) return;
+  auto interval = std::chrono::milliseconds(r.plan.heartbeat_ms);
+  if (now - r.last_up_heartbeat >= interval) {
+    r.last_up_heartbeat = now;
+    FrameHeader about;
+    about.epoch = r.epoch;
+    about.refit_id = r.id;
+    Reply(*r.up, FrameType::kHeartbeat, about, {});
+  }
+  // While we do not read from the parent (backpressure) its frames wait in
+  // the socket: silence then says nothing.
+  if (!r.paused && now - r.last_up_rx > 4 * interval) {
+    std::string why =
+        fmt::format("parent silent for {:.1f} s",
+                    std::chrono::duration<double>(now - r.last_up_rx).count());
+    r.up->Close();
+    Orphan(why);
+  }
 }
 
 void Relay::Impl::EndRefit(const std::string& result, bool committed) {
   Refit& r = *refit_;
+  finished_ = Finished{r.id, r.epoch, r.plan_reply, r.last_reply};
   double seconds =
       std::chrono::duration<double>(Clock::now() - r.started).count();
   last_chunks_applied_ = r.tracker->applied;
+  chunks_dropped_ += r.tracker->duplicates;  // Stats() added them so far
   bytes_out_closed_ += r.fanout->BytesSent();
   r.fanout->Close();
   (committed ? refits_committed_ : refits_aborted_) += 1;
@@ -725,6 +1012,17 @@ void Relay::Impl::Step() {
   Refit& r = *refit_;
   Clock::time_point now = Clock::now();
   r.fanout->ExpireIfDue(now);
+  if (r.orphaned && now >= r.orphan_deadline &&
+      (r.phase == Phase::kPlanning || r.phase == Phase::kReceiving ||
+       r.phase == Phase::kVoting || r.phase == Phase::kVoted)) {
+    spdlog::warn("{}: no new parent for refit {}; restoring the base",
+                 options_.name, r.id.ToHex());
+    r.phase = Phase::kOrphaned;
+    r.local.reset();
+    r.fanout->Close();
+  }
+  Heartbeats(now);
+  r.fanout->Tick(now);
   chunks_applied_ = r.tracker->applied.load();
   bool drained = r.tracker->in_flight == 0;
   switch (r.phase) {
@@ -743,16 +1041,39 @@ void Relay::Impl::Step() {
         NodeResult vote = r.own;
         if (r.session) {
           Status apply_error;
+          std::vector<AppliedChunk> applied;
           {
             std::lock_guard lock(r.tracker->mu);
             apply_error = r.tracker->first_error;
+            r.tracker->first_error = Status::OK();  // per vote
+            if (options_.signing_public_key) {
+              applied = r.tracker->applied_chunks;
+            }
           }
-          vote = r.session->Vote(*r.end, hash_pool_.get());
-          if (!apply_error.ok() && vote.code == NodeCode::kOk) {
+          // With the root's public key, what was applied must be what the
+          // root signed, whichever relay delivered it; checked first, so a
+          // forged chunk is named as such rather than as a digest mismatch.
+          Status manifest =
+              options_.signing_public_key
+                  ? VerifyRefitManifest(*r.end, *options_.signing_public_key,
+                                        r.id, r.epoch, r.plan, applied)
+                  : Status::OK();
+          if (!manifest.ok()) {
             vote.code = NodeCode::kRejected;
-            vote.detail = apply_error.ToString();
-          } else if (!apply_error.ok()) {
-            vote.detail += "; first error: " + apply_error.ToString();
+            vote.detail = std::string(manifest.message());
+            vote.chunks_applied = r.tracker->applied;
+          } else {
+            vote = r.session->Vote(*r.end, hash_pool_.get());
+            // The bits decide: a chunk that failed (checksum, bounds) left
+            // its span as it was, which the digests show, and a repair
+            // round overwrites it.
+            if (!apply_error.ok()) {
+              spdlog::warn("{}: refused a chunk since the last vote: {}",
+                           options_.name, apply_error.ToString());
+              if (vote.code != NodeCode::kOk) {
+                vote.detail += "; first error: " + apply_error.ToString();
+              }
+            }
           }
         } else if (vote.code == NodeCode::kOk) {
           vote.code = NodeCode::kStoreError;
@@ -803,8 +1124,9 @@ void Relay::Impl::Step() {
         if (r.phase == Phase::kAborting) {
           ReplyResults(FrameType::kAbortReply, {*r.local});
         }
-        EndRefit(r.phase == Phase::kAborting ? "aborted by the root"
-                                             : "aborted: parent link lost",
+        EndRefit(r.phase == Phase::kAborting
+                     ? "aborted by the root"
+                     : "aborted: parent link lost and not adopted",
                  false);
       }
       break;

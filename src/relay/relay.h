@@ -43,6 +43,7 @@
 #include "dcr/store.h"
 #include "dcr/transport.h"
 #include "dcr/version.h"
+#include "wire/signature.h"
 
 namespace dcr {
 
@@ -60,6 +61,18 @@ struct RelayOptions {
   // from its parent.
   uint64_t apply_window_bytes = 64ull << 20;
   std::chrono::milliseconds connect_timeout{5000};
+  // After voting, how long a relay whose parent left waits for the
+  // decision (a new parent, or `dcr refit --resume`) before it restores
+  // its base. Before voting it waits the plan's phase timeout to be
+  // adopted.
+  std::chrono::milliseconds prepared_wait{600000};
+  // The root's Ed25519 public key (defaults.signing_public_key_file,
+  // --signing-public-key-file). With it the apply workers hash every chunk
+  // they apply, and the relay votes yes only if END carries a manifest the
+  // root signed for this refit that lists each of them (docs/PROTOCOL.md
+  // §"Signed refits"); else it votes no (rejected). Null: END's manifest,
+  // if any, is ignored.
+  std::shared_ptr<const Ed25519PublicKey> signing_public_key;
 };
 
 // A snapshot for metrics and tests.

@@ -157,7 +157,7 @@ Result<uint64_t> ParseSize(std::string_view s) {
 Result<uint64_t> ParseDurationNs(std::string_view s) {
   auto bad = [&] {
     return Status::InvalidArgument(
-        "expected a duration like 70ms, 1s or 250us, got " + Quote(s));
+        "expected a duration like 70ms, 1s, 10min or 250us, got " + Quote(s));
   };
   auto q = SplitQuantity(s);
   if (!q) return bad();
@@ -170,6 +170,10 @@ Result<uint64_t> ParseDurationNs(std::string_view s) {
     mult = 1000000;
   } else if (q->unit == "s") {
     mult = 1000000000;
+  } else if (q->unit == "min") {
+    mult = 60000000000;
+  } else if (q->unit == "h") {
+    mult = 3600000000000;
   } else if (q->unit.empty() && q->integral && q->integer == 0) {
     return uint64_t{0};
   } else {

@@ -17,6 +17,10 @@ Result<std::unique_ptr<Transport>> CreateTransport(
           "transport kind 'fake' needs options.fake_network (a FakeNetwork "
           "from transport/fake_transport.h)");
     }
+    if (options.tls.enabled()) {
+      return Status::Unsupported(
+          "transport kind 'fake' has no TLS; leave options.tls empty");
+    }
     return options.fake_network->CreateTransport(options);
   }
   if (kind == "ucx") {

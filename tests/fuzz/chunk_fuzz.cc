@@ -1,5 +1,10 @@
-// Fuzzes the chunk decoder and apply: any bytes either fail to decode, or
-// decode into a chunk that applies within its span and undoes exactly.
+// Fuzzes the chunk decoder and apply against a fixed buffer: any bytes
+// either fail to decode, or decode into a chunk that applies to its span
+// exactly as its kind says (XOR flips the bits of its values, overwrite sets
+// them, nothing else changes), refuses a span of the wrong size without
+// writing, undoes exactly, and applied twice undoes itself (XOR) or changes
+// nothing more (overwrite).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -27,13 +32,47 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!h.ok() || h->span_elems > (1u << 16)) return 0;
   dcr::DecodedChunk c;
   if (!decoder->Decode(bytes, &c).ok()) return 0;
-  size_t span_bytes =
-      static_cast<size_t>(c.header.span_elems) * c.header.elem_size;
+  const size_t w = c.header.elem_size;
+  size_t span_bytes = static_cast<size_t>(c.header.span_elems) * w;
   std::vector<std::byte> span(span_bytes);
   for (size_t i = 0; i < span.size(); ++i) span[i] = std::byte(i * 31);
-  std::vector<std::byte> before = span, undo;
+  const std::vector<std::byte> before = span;
+
+  // A span of the wrong size is refused before anything is written.
+  std::vector<std::byte> longer(span_bytes + w, std::byte{0x5a});
+  if (dcr::ApplyChunk(c, longer).ok()) std::abort();
+  if (std::any_of(longer.begin(), longer.end(),
+                  [](std::byte b) { return b != std::byte{0x5a}; })) {
+    std::abort();
+  }
+
+  // What applying must give, element by element: XOR chunks flip the bits
+  // of their values, overwrites set them; every other element is unchanged.
+  const bool is_xor = c.header.kind == dcr::ChunkKind::kXor;
+  const bool dense = c.header.encoding == dcr::ChunkEncoding::kDense;
+  const size_t count = dense ? c.header.span_elems : c.positions.size();
+  if (c.values.size() != count * w) std::abort();
+  std::vector<std::byte> expect = before;
+  for (size_t k = 0; k < count; ++k) {
+    size_t e = dense ? k : c.positions[k];
+    // Sparse positions are strictly ascending and inside the span.
+    if (e >= c.header.span_elems) std::abort();
+    if (!dense && k > 0 && e <= c.positions[k - 1]) std::abort();
+    for (size_t b = 0; b < w; ++b) {
+      std::byte v = c.values[k * w + b];
+      expect[e * w + b] = is_xor ? expect[e * w + b] ^ v : v;
+    }
+  }
+  std::vector<std::byte> undo;
   if (!dcr::ApplyChunk(c, span, &undo).ok()) std::abort();
+  if (span != expect) std::abort();
   if (!dcr::UndoChunk(c, undo, span).ok()) std::abort();
   if (span != before) std::abort();
+
+  // Applied twice: an XOR chunk undoes itself, an overwrite is idempotent.
+  if (!dcr::ApplyChunk(c, span).ok() || !dcr::ApplyChunk(c, span).ok()) {
+    std::abort();
+  }
+  if (span != (is_xor ? before : expect)) std::abort();
   return 0;
 }

@@ -1,4 +1,5 @@
-// Fuzzes the refit message decoders (src/relay/messages.h). The first
+// Fuzzes the refit message decoders (src/relay/messages.h, and the signed
+// manifest a version-2 END carries, src/relay/refit_manifest.h). The first
 // byte picks the message; whatever decodes must encode back to the same
 // bytes (the encodings are canonical).
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "relay/messages.h"
+#include "relay/refit_manifest.h"
 
 namespace {
 
@@ -53,9 +55,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 2:
       RoundTrip(b, dcr::DecodeResults, dcr::EncodeResults);
       break;
-    case 3:
+    case 3: {
       RoundTrip(b, dcr::DecodeEnd, dcr::EncodeEnd);
+      // A signed END's manifest decodes canonically too, or not at all.
+      auto end = dcr::DecodeEnd(b);
+      if (end.ok() && end->is_signed()) {
+        RoundTrip(end->manifest, dcr::DecodeManifest, dcr::EncodeManifest);
+      }
       break;
+    }
     case 4:
       RoundTrip(b, dcr::DecodeCommit, dcr::EncodeCommit);
       break;

@@ -73,6 +73,7 @@ expect 0 "$DCR" topo validate "$TOPO"
 expect 0 "$DCR" tree --topology "$TOPO" -o json
 json '[[d["nodes"][k]["name"] for k in n["children"]] for n in d["nodes"] if n["name"] == "a0"] == [["a1", "a2"]]'
 
+RELAY_ARGS=()
 seed() {  # seed NAME...: the store holds v0 and no version record
   local n
   for n in "$@"; do
@@ -84,7 +85,7 @@ start_relay() {  # start_relay NAME [FAILPOINTS]: in the background, ready withi
   local n=$1
   rm -f "$T/$n.ready"
   DCR_FAILPOINTS=${2:-} "$RELAY" --topology "$TOPO" --node "$n" \
-    --ready-file "$T/$n.ready" >>"$T/$n.log" 2>&1 &
+    --ready-file "$T/$n.ready" "${RELAY_ARGS[@]}" >>"$T/$n.log" 2>&1 &
   PID[$n]=$!
   for _ in $(seq 100); do
     [[ -s "$T/$n.ready" ]] && return 0
@@ -130,9 +131,11 @@ PY
   cat "$T/out" "$T/err" >&2
   fail "not idle within 10 s: $*"
 }
-refit() {  # refit CODE: dcr refit v0 -> v1 -o json, exit CODE
-  expect "$1" "$DCR" refit --topology "$TOPO" --target "$V/v1.safetensors" \
-    --timeout 10s --progress never -o json
+refit() {  # refit CODE [ARGS...]: dcr refit v0 -> v1 -o json, exit CODE
+  local code=$1
+  shift
+  expect "$code" "$DCR" refit --topology "$TOPO" --target "$V/v1.safetensors" \
+    --timeout 10s --progress never -o json "$@"
 }
 
 seed "${RELAYS[@]}"
@@ -165,18 +168,32 @@ seed a2
 start_relay a2
 
 # --- c. The head drops the 2nd chunk on its way to its children ------------
+# Without repair rounds a1 and a2 miss it, vote no and the refit aborts.
 stop_relay a0
 start_relay a0 "relay.forward=drop@2"
-refit 1
-json 'd["outcome"] == "aborted"' 'not any(n["committed"] for n in d["nodes"])' 'd["chunks"] > 2'
+refit 1 --repair-rounds 0
+json 'd["outcome"] == "aborted"' 'not any(n["committed"] for n in d["nodes"])' 'd["chunks"] > 2' 'd["repair_rounds"] == 0'
 node_json a1 'n["code"] == "incomplete" and n["phase"] == "vote"'
 node_json a2 'n["code"] == "incomplete" and n["phase"] == "vote"'
 grep -qF "failpoint relay.forward (hit 2): drop" "$T/a0.log" ||
   { cat "$T/a0.log" >&2; fail "a0 did not log its failpoint"; }
 wait_idle "${RELAYS[@]}"
 verify_all "$V/v0.safetensors" "${RELAYS[@]}" base
+# With them (the default), the root resends the tensor they name as
+# overwrites and everyone commits.
 stop_relay a0
-start_relay a0
+start_relay a0 "relay.forward=drop@2"
+refit 0
+json 'd["outcome"] == "committed"' 'd["repair_rounds"] == 1' 'd["repair_bytes"] > 0'
+verify_all "$V/v1.safetensors" "${RELAYS[@]}" base
+# Back to v0 everywhere for the next case; relays that voted wait 2 s (not
+# 10 min) for a decision once their parent is gone.
+for n in "${RELAYS[@]}"; do stop_relay "$n"; done
+seed "${RELAYS[@]}"
+cp "$V/v0.safetensors" "$T/base.safetensors"
+rm -f "$T/base.safetensors.dcr-version" "$T"/root/decisions/*.json
+RELAY_ARGS=(--prepared-wait 2s)
+for n in "${RELAYS[@]}"; do start_relay "$n"; done
 
 # --- d. The coordinator exits once the decision is durable -----------------
 declare -A LOGSIZE=()
@@ -197,7 +214,7 @@ PY
 wait_idle "${RELAYS[@]}"
 verify_all "$V/v0.safetensors" "${RELAYS[@]}" base
 for n in "${RELAYS[@]}"; do
-  tail -c +"$((LOGSIZE[$n] + 1))" "$T/$n.log" | grep -q "parent link closed during refit" ||
+  tail -c +"$((LOGSIZE[$n] + 1))" "$T/$n.log" | grep -q "parent link lost during refit" ||
     { cat "$T/$n.log" >&2; fail "$n did not see its parent leave"; }
 done
 

@@ -1,14 +1,23 @@
 // TCP links on Asio: one io_context thread, a session object per socket
 // that holds itself alive through the handlers in flight (as in the Asio
 // chat and http server examples), one gathered write in flight per socket.
+// With TransportOptions::tls every socket is wrapped in an asio::ssl::stream
+// whose handshake completes before the link exists.
 #include "transport/tcp/tcp_transport.h"
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <asio/buffer.hpp>
 #include <asio/connect.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/post.hpp>
+#include <asio/ssl/context.hpp>
+#include <asio/ssl/error.hpp>
+#include <asio/ssl/stream.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/write.hpp>
 #include <atomic>
@@ -16,8 +25,10 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <future>
 #include <string>
+#include <system_error>
 #include <unordered_set>
 #include <vector>
 
@@ -28,6 +39,15 @@ namespace {
 
 using asio::ip::tcp;
 using transport_internal::EventLoop;
+using TlsStream = asio::ssl::stream<tcp::socket>;
+
+// An accepted socket that has not finished its TLS handshake within this
+// long is closed.
+constexpr std::chrono::seconds kTlsAcceptHandshakeTimeout{10};
+// With TLS, frames smaller than this are copied into one buffer per write
+// (Asio's ssl::stream encrypts one buffer per record); larger ones are
+// written from their own buffer.
+constexpr size_t kTlsCoalesceBytes = 64u << 10;
 
 std::string HostPort(std::string_view host, uint16_t port) {
   if (host.find(':') != std::string_view::npos) {  // IPv6 literal
@@ -42,13 +62,17 @@ std::string EndpointName(const tcp::endpoint& ep) {
 
 class TcpLink;
 struct PendingConnect;
+struct PendingTlsAccept;
 
-// State shared by the transport and its links. The loop is declared first
-// so the io_context outlives every socket below it. Fields after `loop`
-// are touched only on the event thread.
+// State shared by the transport and its links. The TLS context and then
+// the loop are declared first so that they outlive every socket and stream
+// below them. Fields after `loop` are touched only on the event thread.
 struct TcpShared {
-  explicit TcpShared(const TransportOptions& o)
-      : options(WithoutFakeNetwork(o)), loop("dcr-tcp-" + o.name) {}
+  TcpShared(const TransportOptions& o,
+            std::unique_ptr<asio::ssl::context> tls_context)
+      : options(WithoutFakeNetwork(o)),
+        tls(std::move(tls_context)),
+        loop("dcr-tcp-" + o.name) {}
 
   static TransportOptions WithoutFakeNetwork(TransportOptions o) {
     o.fake_network.reset();
@@ -56,6 +80,7 @@ struct TcpShared {
   }
 
   const TransportOptions options;
+  const std::unique_ptr<asio::ssl::context> tls;  // null: plain TCP
   EventLoop loop;
   std::atomic<uint64_t> next_link_id{1};
   std::atomic<uint16_t> bound_port{0};
@@ -67,7 +92,138 @@ struct TcpShared {
   std::shared_ptr<LinkHandler> listen_handler;
   std::unordered_set<std::shared_ptr<TcpLink>> links;
   std::unordered_set<std::shared_ptr<PendingConnect>> connects;
+  std::unordered_set<std::shared_ptr<PendingTlsAccept>> tls_accepts;
 };
+
+// --- TLS -----------------------------------------------------------------
+
+// Why a TLS operation failed, in words: OpenSSL's reason without the
+// library name, and for a certificate the chain check's verdict.
+std::string TlsErrorText(const asio::error_code& ec, SSL* ssl) {
+  std::string why;
+  if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated) {
+    why = "the peer closed the connection";
+  } else if (ec.category() == asio::error::get_ssl_category()) {
+    const char* reason =
+        ERR_reason_error_string(static_cast<unsigned long>(ec.value()));
+    why = reason ? reason : ec.message();
+  } else {
+    why = ec.message();
+  }
+  if (ssl) {
+    const long verdict = SSL_get_verify_result(ssl);
+    if (verdict != X509_V_OK) {
+      why += std::string(" (") + X509_verify_cert_error_string(verdict) + ")";
+    }
+  }
+  return why;
+}
+
+// The reason of the first error on OpenSSL's queue, which it clears.
+std::string TakeOpenSslError() {
+  const unsigned long e = ERR_peek_error();
+  const char* reason = e ? ERR_reason_error_string(e) : nullptr;
+  ERR_clear_error();
+  return reason ? reason : "unknown OpenSSL error";
+}
+
+// `path` names a regular file; the error names `what` and the path.
+Status CheckTlsFile(const char* what, const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(st)) {
+    return Status::NotFound(std::string("TLS ") + what + " '" + path +
+                            "' does not exist");
+  }
+  if (!std::filesystem::is_regular_file(st)) {
+    return Status::InvalidArgument(std::string("TLS ") + what + " '" + path +
+                                   "' is not a regular file");
+  }
+  return Status::OK();
+}
+
+// The context every link of a transport shares: TLS 1.2 at least, each end
+// verifies the other's chain against the CA, no compression, no
+// renegotiation, no session tickets (links are long-lived and never
+// resumed). Every error names the file at fault.
+Result<std::unique_ptr<asio::ssl::context>> MakeTlsContext(
+    const TlsOptions& t) {
+  const std::pair<const char*, const std::string*> keys[] = {
+      {"ca_file", &t.ca_file},
+      {"cert_file", &t.cert_file},
+      {"key_file", &t.key_file}};
+  for (const auto& [name, value] : keys) {
+    if (value->empty()) {
+      return Status::InvalidArgument(
+          std::string("TLS needs ca_file, cert_file and key_file together; "
+                      "tls.") +
+          name + " is not set");
+    }
+  }
+  DCR_RETURN_IF_ERROR(CheckTlsFile("CA file", t.ca_file));
+  DCR_RETURN_IF_ERROR(CheckTlsFile("certificate file", t.cert_file));
+  DCR_RETURN_IF_ERROR(CheckTlsFile("key file", t.key_file));
+  ERR_clear_error();
+  std::unique_ptr<asio::ssl::context> ctx;
+  try {
+    ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls);
+  } catch (const std::system_error& e) {
+    return Status::Internal(std::string("TLS context: ") + e.what());
+  }
+  SSL_CTX* native = ctx->native_handle();
+  if (SSL_CTX_set_min_proto_version(native, TLS1_2_VERSION) != 1) {
+    return Status::Internal("TLS context: cannot require TLS 1.2: " +
+                            TakeOpenSslError());
+  }
+  SSL_CTX_set_options(native, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION |
+                                  SSL_OP_NO_TICKET);
+  SSL_CTX_set_num_tickets(native, 0);
+  asio::error_code ec;
+  // An encrypted key fails to load instead of prompting on the terminal.
+  ctx->set_password_callback(
+      [](size_t, asio::ssl::context::password_purpose) {
+        return std::string();
+      },
+      ec);
+  ctx->load_verify_file(t.ca_file, ec);
+  if (ec) {
+    return Status::InvalidArgument("TLS CA file '" + t.ca_file +
+                                   "': no PEM certificate could be loaded (" +
+                                   TlsErrorText(ec, nullptr) + ")");
+  }
+  ctx->use_certificate_chain_file(t.cert_file, ec);
+  if (ec) {
+    return Status::InvalidArgument("TLS certificate file '" + t.cert_file +
+                                   "': no PEM certificate could be loaded (" +
+                                   TlsErrorText(ec, nullptr) + ")");
+  }
+  ctx->use_private_key_file(t.key_file, asio::ssl::context::pem, ec);
+  if (!ec && SSL_CTX_check_private_key(native) != 1) {
+    ec.assign(static_cast<int>(ERR_peek_error()),
+              asio::error::get_ssl_category());
+  }
+  if (ec) {
+    const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
+    ERR_clear_error();
+    if (reason == X509_R_KEY_VALUES_MISMATCH ||
+        reason == X509_R_KEY_TYPE_MISMATCH ||
+        reason == SSL_R_PRIVATE_KEY_MISMATCH) {
+      return Status::InvalidArgument("TLS key file '" + t.key_file +
+                                     "' does not match the certificate in '" +
+                                     t.cert_file + "'");
+    }
+    return Status::InvalidArgument(
+        "TLS key file '" + t.key_file +
+        "': no unencrypted PEM private key could be loaded (" +
+        TlsErrorText(ec, nullptr) + ")");
+  }
+  ctx->set_verify_mode(
+      asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert, ec);
+  if (ec) {
+    return Status::Internal("TLS context: " + TlsErrorText(ec, nullptr));
+  }
+  return ctx;
+}
 
 void ConfigureSocket(tcp::socket& s, const TransportOptions& o) {
   asio::error_code ignored;  // the kernel may clamp or refuse; not fatal
@@ -130,10 +286,24 @@ class SendPacer {
 
 class TcpLink final : public Link {
  public:
+  // A plain link on `socket`.
   TcpLink(std::shared_ptr<TcpShared> shared, tcp::socket socket,
           std::string peer, std::shared_ptr<LinkHandler> handler)
+      : TcpLink(std::move(shared), std::move(socket), nullptr, std::move(peer),
+                std::move(handler)) {}
+  // A TLS link on `tls`, whose handshake has completed.
+  TcpLink(std::shared_ptr<TcpShared> shared, std::unique_ptr<TlsStream> tls,
+          std::string peer, std::shared_ptr<LinkHandler> handler)
+      : TcpLink(shared, tcp::socket(shared->loop.io()), std::move(tls),
+                std::move(peer), std::move(handler)) {}
+
+ private:
+  TcpLink(std::shared_ptr<TcpShared> shared, tcp::socket socket,
+          std::unique_ptr<TlsStream> tls, std::string peer,
+          std::shared_ptr<LinkHandler> handler)
       : shared_(std::move(shared)),
         socket_(std::move(socket)),
+        tls_(std::move(tls)),
         peer_(std::move(peer)),
         id_(shared_->next_link_id++),
         handler_(std::move(handler)),
@@ -142,6 +312,7 @@ class TcpLink final : public Link {
         pacer_(shared_->options.max_send_bps),
         pace_timer_(shared_->loop.io()) {}
 
+ public:
   // Event thread: registers the link, announces it and starts reading.
   void Start() {
     shared_->links.insert(Self());
@@ -213,8 +384,11 @@ class TcpLink final : public Link {
     closed_ = closing_ = true;
     auto self = Self();
     asio::error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
-    socket_.close(ignored);
+    // TLS: no close_notify; frames carry their own bounds, so a cut record
+    // stream shows as a connection closed mid-frame.
+    tcp::socket& socket = tls_ ? tls_->next_layer() : socket_;
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
     pace_timer_.cancel();
     size_t dropped = 0;
     for (const FrameBuffer& f : queue_) dropped += f->size();
@@ -276,16 +450,28 @@ class TcpLink final : public Link {
     for (; n < queue_.size() && n < max_n && total < budget; ++n) {
       const size_t offset = n == 0 ? head_offset_ : 0;
       const size_t len = std::min(queue_[n]->size() - offset, budget - total);
+      // TLS: only what fits the coalescing buffer joins a first frame.
+      if (tls_ && n > 0 && total + len > kTlsCoalesceBytes) break;
       gather_.emplace_back(queue_[n]->data() + offset, len);
       total += len;
     }
     if (pacer_.enabled()) pacer_.Spend(total);
     in_flight_ = n;
-    asio::async_write(
-        socket_, gather_,
-        [self = Self()](const asio::error_code& ec, size_t bytes) {
-          self->OnWrite(ec, bytes);
-        });
+    auto on_write = [self = Self()](const asio::error_code& ec, size_t bytes) {
+      self->OnWrite(ec, bytes);
+    };
+    if (!tls_) {
+      asio::async_write(socket_, gather_, std::move(on_write));
+      return;
+    }
+    // Asio's ssl::stream writes one buffer at a time, a record or more per
+    // buffer: small frames go out as one buffer so they share records.
+    if (gather_.size() > 1) {
+      tls_stage_.resize(total);
+      asio::buffer_copy(asio::buffer(tls_stage_), gather_);
+      gather_.assign(1, asio::const_buffer(tls_stage_.data(), total));
+    }
+    asio::async_write(*tls_, gather_, std::move(on_write));
   }
 
   void WaitForTokens(std::chrono::microseconds delay) {
@@ -340,9 +526,14 @@ class TcpLink final : public Link {
   void DoRead() {
     if (closing_ || read_paused_ || reading_) return;
     reading_ = true;
-    socket_.async_read_some(asio::buffer(read_buf_),
-                            [self = Self()](const asio::error_code& ec,
-                                            size_t n) { self->OnRead(ec, n); });
+    auto on_read = [self = Self()](const asio::error_code& ec, size_t n) {
+      self->OnRead(ec, n);
+    };
+    if (tls_) {
+      tls_->async_read_some(asio::buffer(read_buf_), std::move(on_read));
+    } else {
+      socket_.async_read_some(asio::buffer(read_buf_), std::move(on_read));
+    }
   }
 
   void OnRead(const asio::error_code& ec, size_t n) {
@@ -354,7 +545,10 @@ class TcpLink final : public Link {
     }
     if (ec) {
       // Frames that arrived before the end are still delivered first.
-      if (ec == asio::error::eof) {
+      // TLS: a peer that closes the socket without close_notify (as this
+      // transport does) reads as stream_truncated.
+      if (ec == asio::error::eof ||
+          (tls_ && ec == asio::ssl::error::stream_truncated)) {
         pending_close_ = Status::IOError(
             decoder_.mid_frame()
                 ? "peer " + peer_ + " closed the connection mid-frame (" +
@@ -363,6 +557,14 @@ class TcpLink final : public Link {
                 : "peer " + peer_ + " closed the connection");
       } else if (ec == asio::error::operation_aborted) {
         return;  // Close or Stop is under way
+      } else if (tls_ && ec.category() == asio::error::get_ssl_category()) {
+        // An alert before any data: under TLS 1.3 the peer checks this
+        // end's certificate after this end's handshake has completed.
+        pending_close_ =
+            Status::IOError((bytes_received_.load() == 0
+                                 ? "TLS handshake with " + peer_ + " failed: "
+                                 : "TLS error from " + peer_ + ": ") +
+                            TlsErrorText(ec, tls_->native_handle()));
       } else {
         pending_close_ =
             Status::IOError("read from " + peer_ + ": " + ec.message());
@@ -396,7 +598,9 @@ class TcpLink final : public Link {
   }
 
   const std::shared_ptr<TcpShared> shared_;
-  tcp::socket socket_;
+  tcp::socket socket_;                // plain TCP; unopened with TLS
+  std::unique_ptr<TlsStream> tls_;    // TLS: owns the socket
+  std::vector<std::byte> tls_stage_;  // TLS: small frames written together
   const std::string peer_;
   const uint64_t id_;
   std::shared_ptr<LinkHandler> handler_;  // reset once closed
@@ -436,11 +640,70 @@ struct PendingConnect {
   ConnectCallback done;
   tcp::resolver resolver;
   tcp::socket socket;
-  asio::steady_timer timer;
+  std::unique_ptr<TlsStream> tls;  // owns the socket once connected, TLS
+  asio::steady_timer timer;        // the timeout covers the TLS handshake
   bool finished = false;
 
   std::string address() const { return HostPort(host, port); }
 };
+
+// An accepted socket in its TLS handshake, alive while its handlers are in
+// flight; it becomes a link once the client's certificate checked out.
+struct PendingTlsAccept {
+  PendingTlsAccept(tcp::socket socket, asio::ssl::context& ctx,
+                   asio::io_context& io, std::string peer_name)
+      : tls(std::make_unique<TlsStream>(std::move(socket), ctx)),
+        timer(io),
+        peer(std::move(peer_name)) {}
+
+  std::unique_ptr<TlsStream> tls;
+  asio::steady_timer timer;
+  std::string peer;
+  bool finished = false;
+};
+
+// Ends an accepted socket's handshake: a link on success, otherwise the
+// socket is closed and `why` logged (no handler hears of it).
+void FinishTlsAccept(const std::shared_ptr<TcpShared>& shared,
+                     const std::shared_ptr<PendingTlsAccept>& pa,
+                     const std::string& why) {
+  if (pa->finished) return;
+  pa->finished = true;
+  pa->timer.cancel();
+  shared->tls_accepts.erase(pa);
+  if (!why.empty()) {
+    if (!shared->stopping) {
+      spdlog::warn("dcr: TLS handshake with {} failed: {}", pa->peer, why);
+    }
+    asio::error_code ignored;
+    pa->tls->next_layer().close(ignored);
+    return;
+  }
+  auto link = std::make_shared<TcpLink>(shared, std::move(pa->tls), pa->peer,
+                                        shared->listen_handler);
+  link->Start();
+}
+
+void StartTlsAccept(const std::shared_ptr<TcpShared>& shared,
+                    tcp::socket socket, std::string peer) {
+  auto pa = std::make_shared<PendingTlsAccept>(
+      std::move(socket), *shared->tls, shared->loop.io(), std::move(peer));
+  shared->tls_accepts.insert(pa);
+  pa->timer.expires_after(kTlsAcceptHandshakeTimeout);
+  pa->timer.async_wait([shared, pa](const asio::error_code& ec) {
+    if (ec || pa->finished) return;
+    FinishTlsAccept(shared, pa,
+                    "timed out after " +
+                        std::to_string(kTlsAcceptHandshakeTimeout.count()) +
+                        " s");
+  });
+  pa->tls->async_handshake(
+      asio::ssl::stream_base::server, [shared, pa](const asio::error_code& ec) {
+        if (pa->finished) return;
+        FinishTlsAccept(shared, pa,
+                        ec ? TlsErrorText(ec, pa->tls->native_handle()) : "");
+      });
+}
 
 void FinishConnect(const std::shared_ptr<TcpShared>& shared,
                    const std::shared_ptr<PendingConnect>& pc,
@@ -452,6 +715,7 @@ void FinishConnect(const std::shared_ptr<TcpShared>& shared,
   if (!result.ok()) {
     asio::error_code ignored;
     pc->socket.close(ignored);
+    if (pc->tls) pc->tls->next_layer().close(ignored);
   }
   shared->connects.erase(pc);
   ConnectCallback done = std::move(pc->done);
@@ -469,10 +733,30 @@ void OnConnected(const std::shared_ptr<TcpShared>& shared,
     return;
   }
   ConfigureSocket(pc->socket, shared->options);
-  auto link = std::make_shared<TcpLink>(shared, std::move(pc->socket),
-                                        pc->address(), pc->handler);
-  link->Start();
-  FinishConnect(shared, pc, std::shared_ptr<Link>(std::move(link)));
+  if (!shared->tls) {
+    auto link = std::make_shared<TcpLink>(shared, std::move(pc->socket),
+                                          pc->address(), pc->handler);
+    link->Start();
+    FinishConnect(shared, pc, std::shared_ptr<Link>(std::move(link)));
+    return;
+  }
+  pc->tls = std::make_unique<TlsStream>(std::move(pc->socket), *shared->tls);
+  pc->tls->async_handshake(
+      asio::ssl::stream_base::client, [shared, pc](const asio::error_code& e) {
+        if (pc->finished) return;
+        if (e) {
+          FinishConnect(
+              shared, pc,
+              Status::IOError(
+                  "TLS handshake with " + pc->address() +
+                  " failed: " + TlsErrorText(e, pc->tls->native_handle())));
+          return;
+        }
+        auto link = std::make_shared<TcpLink>(shared, std::move(pc->tls),
+                                              pc->address(), pc->handler);
+        link->Start();
+        FinishConnect(shared, pc, std::shared_ptr<Link>(std::move(link)));
+      });
 }
 
 void StartConnect(const std::shared_ptr<TcpShared>& shared,
@@ -523,35 +807,40 @@ void StartConnect(const std::shared_ptr<TcpShared>& shared,
 }
 
 void DoAccept(const std::shared_ptr<TcpShared>& shared) {
-  shared->acceptor->async_accept(
-      [shared](const asio::error_code& ec, tcp::socket socket) {
-        if (shared->stopping || !shared->acceptor) return;
-        if (ec) {
-          if (ec == asio::error::operation_aborted) return;
-          // Out of descriptors and the like: back off instead of spinning.
-          spdlog::warn("dcr: accept on {}: {}", shared->listen_address,
-                       ec.message());
-          shared->accept_retry->expires_after(std::chrono::milliseconds(100));
-          shared->accept_retry->async_wait([shared](const asio::error_code& e) {
-            if (!e && !shared->stopping) DoAccept(shared);
-          });
-          return;
-        }
-        asio::error_code remote_ec;
-        tcp::endpoint remote = socket.remote_endpoint(remote_ec);
-        std::string peer = remote_ec ? "unknown peer" : EndpointName(remote);
-        ConfigureSocket(socket, shared->options);
-        auto link = std::make_shared<TcpLink>(
-            shared, std::move(socket), std::move(peer), shared->listen_handler);
-        link->Start();
-        DoAccept(shared);
+  shared->acceptor->async_accept([shared](const asio::error_code& ec,
+                                          tcp::socket socket) {
+    if (shared->stopping || !shared->acceptor) return;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) return;
+      // Out of descriptors and the like: back off instead of spinning.
+      spdlog::warn("dcr: accept on {}: {}", shared->listen_address,
+                   ec.message());
+      shared->accept_retry->expires_after(std::chrono::milliseconds(100));
+      shared->accept_retry->async_wait([shared](const asio::error_code& e) {
+        if (!e && !shared->stopping) DoAccept(shared);
       });
+      return;
+    }
+    asio::error_code remote_ec;
+    tcp::endpoint remote = socket.remote_endpoint(remote_ec);
+    std::string peer = remote_ec ? "unknown peer" : EndpointName(remote);
+    ConfigureSocket(socket, shared->options);
+    if (shared->tls) {
+      StartTlsAccept(shared, std::move(socket), std::move(peer));
+    } else {
+      auto link = std::make_shared<TcpLink>(
+          shared, std::move(socket), std::move(peer), shared->listen_handler);
+      link->Start();
+    }
+    DoAccept(shared);
+  });
 }
 
 class TcpTransport final : public Transport {
  public:
-  explicit TcpTransport(const TransportOptions& options)
-      : shared_(std::make_shared<TcpShared>(options)) {}
+  TcpTransport(const TransportOptions& options,
+               std::unique_ptr<asio::ssl::context> tls)
+      : shared_(std::make_shared<TcpShared>(options, std::move(tls))) {}
   ~TcpTransport() override { Stop(); }
 
   std::string_view kind() const override { return "tcp"; }
@@ -626,6 +915,8 @@ class TcpTransport final : public Transport {
       asio::error_code ignored;
       if (shared->acceptor) shared->acceptor->close(ignored);
       if (shared->accept_retry) shared->accept_retry->cancel();
+      auto accepts = shared->tls_accepts;
+      for (const auto& pa : accepts) FinishTlsAccept(shared, pa, "stopped");
       auto connects = shared->connects;
       for (const auto& pc : connects) {
         FinishConnect(shared, pc,
@@ -685,13 +976,23 @@ class TcpTransport final : public Transport {
 
 }  // namespace
 
+Status CheckTlsOptions(const TlsOptions& tls) {
+  if (!tls.enabled()) return Status::OK();
+  return MakeTlsContext(tls).status();
+}
+
 Result<std::unique_ptr<Transport>> CreateTcpTransport(
     const TransportOptions& options) {
   if (options.low_watermark > options.high_watermark) {
     return Status::InvalidArgument(
         "transport low_watermark is above high_watermark");
   }
-  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options));
+  std::unique_ptr<asio::ssl::context> tls;
+  if (options.tls.enabled()) {
+    DCR_ASSIGN_OR_RETURN(tls, MakeTlsContext(options.tls));
+  }
+  return std::unique_ptr<Transport>(
+      std::make_unique<TcpTransport>(options, std::move(tls)));
 }
 
 }  // namespace dcr

@@ -20,6 +20,14 @@ namespace dcr {
 // write to the bytes it allows (a write may end mid-frame; the next one
 // continues it) and a steady_timer waits for more; Close and Stop cancel
 // it. The listener sets SO_REUSEADDR.
+//
+// With options.tls each socket is wrapped in an asio::ssl::stream (TLS 1.2
+// or later, mutual certificates checked against the CA, host names not
+// checked). A link exists once its handshake succeeded: a failed connect
+// handshake fails the connect ("TLS handshake with HOST:PORT failed: ..."),
+// a failed accepted one (or one not done in 10 s) is closed and logged.
+// Writes of several small frames are copied into one buffer (so they share
+// TLS records); a write of one frame is encrypted from its own buffer.
 Result<std::unique_ptr<Transport>> CreateTcpTransport(
     const TransportOptions& options);
 

@@ -74,7 +74,7 @@ TEST_F(FailpointTest, BadSpecsAreRefusedWithOneLineMessages) {
       "relay.commit, relay.abort, coord.before_plan, coord.after_stream, "
       "coord.before_commit, coord.after_commit";
   const std::string actions =
-      "exit, hang, drop, delay(MS), corrupt, cut(BYTES)";
+      "exit, hang, drop, delay(MS), corrupt, cut(BYTES), forge";
   const std::pair<std::string, std::string> cases[] = {
       {"relay.vote",
        "'relay.vote' is not POINT=ACTION[@N] (e.g. relay.vote=exit@2)"},
@@ -161,7 +161,7 @@ TEST_F(FailpointTest, InitFromEnvironment) {
   EXPECT_EQ(s.message(),
             "DCR_FAILPOINTS=\"relay.vote=exit;relay.vote=explode\": unknown "
             "action 'explode' in 'relay.vote=explode' (actions: exit, hang, "
-            "drop, delay(MS), corrupt, cut(BYTES))");
+            "drop, delay(MS), corrupt, cut(BYTES), forge)");
   EXPECT_FALSE(failpoint_internal::armed.load());
 
   ::setenv("DCR_FAILPOINTS", "relay.forward=drop@2", 1);

@@ -219,8 +219,10 @@ clusters:
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? (*c)->ComputeDigests().version : Digest128();
   }
+  // A relay cut off from its parent waits to be adopted (up to the plan's
+  // phase timeout) before it restores its base and goes idle.
   void WaitIdle(const std::string& node) {
-    for (int i = 0; i < 500; ++i) {
+    for (int i = 0; i < 1500; ++i) {
       auto s = relays_[node]->Stats();
       if (s.state == "idle" || s.state == "no store") return;
       std::this_thread::sleep_for(10ms);
@@ -269,7 +271,7 @@ clusters:
     plan.target = Version{1, DigestOf(Ckpt(2))};
     plan.span_elems = 4096;
     plan.chunk_window_bytes = 1 << 20;
-    plan.phase_timeout_ms = 10000;
+    plan.phase_timeout_ms = 2000;
     plan.nodes = {PlanNode{node, node, 2, "tcp", -1}};
     h.type = FrameType::kPlan;
     h.sequence = 1;

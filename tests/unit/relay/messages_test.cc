@@ -17,10 +17,14 @@ PlanMsg SamplePlan() {
   p.chunk_window_bytes = 64 << 20;
   p.phase_timeout_ms = 30000;
   // a0 -> {a1 -> {a3}, a2}
-  p.nodes = {{"a0", "127.0.0.1", 17001, "tcp", -1},
-             {"a1", "127.0.0.1", 17002, "tcp", 0},
-             {"a2", "127.0.0.1", 17003, "ucx", 0},
-             {"a3", "127.0.0.1", 17004, "tcp", 1}};
+  p.nodes = {{"a0", "127.0.0.1", 17001, "tcp", -1, 0},
+             {"a1", "127.0.0.1", 17002, "tcp", 0, 2000000000},
+             {"a2", "127.0.0.1", 17003, "ucx", 0, 0},
+             {"a3", "127.0.0.1", 17004, "tcp", 1, 200000000}};
+  p.target_tensor_digests = {Digest128{11, 12}, Digest128{13, 14}};
+  p.heartbeat_ms = 500;
+  p.adopt = true;
+  p.sender_depth = 2;
   return p;
 }
 
@@ -36,7 +40,11 @@ TEST(MessagesTest, RoundTripEveryMessage) {
               {3, Digest128{9, 9}},
               0,
               "committed step 3"}};
+  r.nodes[1].repair = {0, 3, 70000};
   EXPECT_EQ(*DecodeResults(EncodeResults(r)), r);
+  // Repair lists ascend.
+  r.nodes[1].repair = {3, 3};
+  EXPECT_TRUE(DecodeResults(EncodeResults(r)).status().IsCorruption());
   EndMsg e{42, Digest128{7, 8}};
   EXPECT_EQ(*DecodeEnd(EncodeEnd(e)), e);
   CommitMsg c{{5, Digest128{3, 4}}, {"a0", "a2"}};
@@ -136,6 +144,68 @@ TEST(MessagesTest, RandomBytesNeverCrash) {
     (void)DecodeCommit(b);
     (void)DecodeHello(b);
   }
+}
+
+// END: version 1 without a manifest (the bytes of before signed refits),
+// version 2 with the manifest and signature, both bounded.
+TEST(MessagesTest, EndWithAndWithoutTheSignedManifest) {
+  EndMsg plain{42, Digest128{7, 8}};
+  auto v1 = EncodeEnd(plain);
+  ASSERT_EQ(v1.size(), 1u + 8 + 16);
+  EXPECT_EQ(v1[0], std::byte{1});
+  EXPECT_FALSE(DecodeEnd(v1)->is_signed());
+
+  EndMsg s = plain;
+  s.manifest = std::vector<std::byte>(300, std::byte{0x5a});
+  s.signature = std::vector<std::byte>(kEndSignatureBytes, std::byte{0xa5});
+  auto v2 = EncodeEnd(s);
+  EXPECT_EQ(v2[0], std::byte{2});
+  EXPECT_EQ(v2.size(), 1u + 8 + 16 + 2 + 300 + kEndSignatureBytes);
+  auto back = DecodeEnd(v2);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, s);
+  EXPECT_TRUE(back->is_signed());
+
+  for (size_t n = 0; n < v2.size(); ++n) {
+    EXPECT_TRUE(DecodeEnd(std::span(v2).first(n)).status().IsCorruption()) << n;
+  }
+  auto longer = v2;
+  longer.push_back(std::byte{0});
+  EXPECT_NE(DecodeEnd(longer).status().message().find("trailing"),
+            std::string::npos);
+  // A version-1 END followed by manifest bytes is trailing garbage, not a
+  // manifest.
+  auto relabeled = v2;
+  relabeled[0] = std::byte{1};
+  EXPECT_TRUE(DecodeEnd(relabeled).status().IsCorruption());
+  auto v3 = v2;
+  v3[0] = std::byte{3};
+  EXPECT_NE(DecodeEnd(v3).status().message().find("unknown message version 3"),
+            std::string::npos);
+  // Other messages stay at version 1.
+  auto hello = EncodeHello(HelloMsg{"a0", kRoleRelay, 1});
+  hello[0] = std::byte{2};
+  EXPECT_TRUE(DecodeHello(hello).status().IsCorruption());
+
+  // A signed END with an empty manifest, and one declaring a manifest
+  // larger than any frame, are refused before anything is allocated.
+  std::vector<std::byte> empty(v1);
+  empty[0] = std::byte{2};
+  empty.push_back(std::byte{0});
+  empty.insert(empty.end(), kEndSignatureBytes, std::byte{0});
+  auto e = DecodeEnd(empty);
+  EXPECT_NE(e.status().message().find("END.manifest: empty"), std::string::npos)
+      << e.status().ToString();
+  std::vector<std::byte> huge(v1);
+  huge[0] = std::byte{2};
+  for (std::byte b : {std::byte{0xff}, std::byte{0xff}, std::byte{0xff},
+                      std::byte{0xff}, std::byte{0x0f}}) {
+    huge.push_back(b);  // varint 2^32 - 1
+  }
+  auto h = DecodeEnd(huge);
+  EXPECT_NE(h.status().message().find("END.manifest: 4294967295 exceeds"),
+            std::string::npos)
+      << h.status().ToString();
 }
 
 }  // namespace

@@ -196,8 +196,8 @@ TEST(ParseTest, ErrorsNameFileLineAndKey) {
        "t.yaml:10: clusters[1].bandwidth: expected a bandwidth like 25Gbps, "
        "200Mbit/s or 100MB/s, got '25Gbpz'"},
       {Edited("latency: 70ms", "latency: 70"),
-       "t.yaml:16: links[0].latency: expected a duration like 70ms, 1s or "
-       "250us, got '70'"},
+       "t.yaml:16: links[0].latency: expected a duration like 70ms, 1s, "
+       "10min or 250us, got '70'"},
       {Edited("window_bytes: 64MiB", "window_bytes: lots"),
        "t.yaml:2: defaults.window_bytes: expected a size like 64MiB, 1GB or "
        "4096 (bytes), got 'lots'"},

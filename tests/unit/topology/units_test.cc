@@ -57,9 +57,11 @@ TEST(UnitsTest, Duration) {
   EXPECT_EQ(*ParseDurationNs("1s"), 1000000000ull);
   EXPECT_EQ(*ParseDurationNs("250us"), 250000ull);
   EXPECT_EQ(*ParseDurationNs("10ns"), 10ull);
+  EXPECT_EQ(*ParseDurationNs("10min"), 600000000000ull);
+  EXPECT_EQ(*ParseDurationNs("1.5h"), 5400000000000ull);
   EXPECT_EQ(*ParseDurationNs("1.5ms"), 1500000ull);
   EXPECT_EQ(*ParseDurationNs("0"), 0ull);
-  for (const char* bad : {"", "70", "1m", "ms", "1 h", "-1s"}) {
+  for (const char* bad : {"", "70", "1m", "ms", "1 d", "-1s"}) {
     EXPECT_FALSE(ParseDurationNs(bad).ok()) << bad;
   }
 }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Row 2 (waits for re-parenting and heartbeats; not in ctest): SIGSTOP the
+# head a0 when its Nth CHUNK arrives (relay.forward=delay gives the window),
+# let the tree re-parent a1 and a2 around it, SIGCONT a0 afterwards.
+# Wanted: the refit commits on every node but a0 (min_commit 5, exit 3),
+# a1 and a2 at v1 through their new parent, a0 excluded and back at v0
+# once it wakes up to a closed parent link.
+# Usage: 02_sigstop_reparent.sh [DCR DCR_RELAY TRAINGEN]
+set -euo pipefail
+ROW=2
+source "$(dirname "$0")/lib.sh"
+fault_model
+N=$(pick 2 "$((CHUNKS + 1))")
+fault_topology 5
+fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
+for n in "${RELAYS[@]}"; do
+  if [[ $n == a0 ]]; then fault_start a0 "relay.forward=delay(500)@$N"; else fault_start "$n"; fi
+done
+fault_snapshot
+fault_refit_bg "$V/v1.safetensors"
+fault_wait_log a0 "failpoint relay.forward (hit $N): delay"
+kill -STOP "${PID[a0]}"
+FAULT_T0=$(date +%s.%N)
+FAULTS[sigstop]=1
+fault_refit_wait   # re-parenting must finish the refit while a0 sleeps
+kill -CONT "${PID[a0]}"
+fault_check "$V/v1.safetensors" --expect-outcome committed-partial --excluded a0
+echo "row 2 (SEED=$SEED): ok"

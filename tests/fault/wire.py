@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Frame-level fault tools for the fault matrix (docs/PROTOCOL.md frames).
+
+  wire.py proxy --listen P --to Q --ready F --events F [MODE]
+      a TCP proxy on 127.0.0.1:P in front of a relay on 127.0.0.1:Q. It
+      passes the relay's answers through as they are and parses what the
+      parent sends into frames; on a refit link (one that carries a PLAN):
+        --cut-after-chunks K  close both sides after the Kth CHUNK (between
+                              frames: the link is cut, no byte is damaged)
+        --dup-chunk K         send the Kth CHUNK twice, back to back
+        --dup-late K          send the Kth CHUNK again just before END
+        --bomb-after K        after the Kth CHUNK, inject a CHUNK of the
+                              live refit (valid frame and chunk checksums)
+                              whose zstd plane declares 2^40 bytes
+      Each fault is logged as one JSON line to --events.
+  wire.py hostile --port P --events F
+      connects to a relay directly, several times: a header whose length
+      and reserved fields read as the u64 2^63, a header with length
+      2^32-1, a truncated header, and HELLO + the zstd-bomb CHUNK outside
+      any refit. Prints how the relay answered each.
+Checksums: XXH3-64 (seed 0) from libxxhash, a build dependency.
+"""
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+
+_xxh = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+_xxh.XXH3_64bits.restype = ctypes.c_uint64
+_xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def xxh3(b):
+    return _xxh.XXH3_64bits(bytes(b), len(b))
+
+
+HDR = 56
+CHUNK, END, HELLO, PLAN = 4, 5, 1, 2
+
+
+def frame(ftype, payload, epoch=0, seq=0, refit=b"\0" * 16, flags=0):
+    h = struct.pack("<4sBBHII QQ16s", b"DCRF", 1, ftype, flags, len(payload), 0,
+                    epoch, seq, refit)
+    assert len(h) == 48
+    return h + struct.pack("<Q", xxh3(h + payload)) + payload
+
+
+def bomb_chunk(span_elems=4096):
+    """An XOR dense chunk of tensor 0, span 0, BF16: plane 0 a zstd frame
+    declaring 2^40 bytes (RLE blocks), plane 1 constant."""
+    w = 2
+    fcs = 1 << 40
+    z = struct.pack("<IB", 0xFD2FB528, 0xE0) + struct.pack("<Q", fcs)
+    block = (1 << 17) - 1  # RLE block of 128 KiB - 1: 4 bytes each
+    for i in range(64):
+        last = 1 if i == 63 else 0
+        hdr = last | (1 << 1) | (block << 3)
+        z += struct.pack("<I", hdr)[:3] + b"\x07"
+    planes = [(1, z), (2, b"\x00")]
+    head = struct.pack("<4sBBBBIIIII BBH I", b"DCRC", 1, 1, 2, w, 0, 0, 0,
+                       span_elems, span_elems, 0, w, 0, 0)
+    table = b"".join(struct.pack("<BI", e, len(d)) for e, d in planes)
+    body = b"".join(d for _, d in planes)
+    total = len(head) + len(table) + len(body) + 8
+    head = head[:8] + struct.pack("<I", total) + head[12:]
+    c = head + table + body
+    return c + struct.pack("<Q", xxh3(c))
+
+
+class Events:
+    def __init__(self, path):
+        self.f = open(path, "a", buffering=1)
+        self.lock = threading.Lock()
+
+    def __call__(self, **kw):
+        with self.lock:
+            self.f.write(json.dumps(kw) + "\n")
+
+
+def read_exact(s, n):
+    b = b""
+    while len(b) < n:
+        got = s.recv(n - len(b))
+        if not got:
+            return b
+        b += got
+    return b
+
+
+def proxy_conn(cli, a, ev):
+    try:
+        srv = socket.create_connection(("127.0.0.1", a.to), timeout=10)
+    except OSError:
+        cli.close()
+        return
+    srv.settimeout(None)
+
+    def pump_up():
+        try:
+            while True:
+                b = srv.recv(65536)
+                if not b:
+                    break
+                cli.sendall(b)
+        except OSError:
+            pass
+        for s in (cli, srv):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    threading.Thread(target=pump_up, daemon=True).start()
+    chunks = 0
+    plan = None
+    held = None
+    try:
+        while True:
+            h = read_exact(cli, HDR)
+            if len(h) < HDR:
+                srv.sendall(h)
+                break
+            (length,) = struct.unpack_from("<I", h, 8)
+            (flags,) = struct.unpack_from("<H", h, 6)
+            body = read_exact(cli, length + (32 if flags & 1 else 0))
+            f = h + body
+            t = h[5]
+            if t == PLAN:
+                plan = h
+            if plan is not None and t == END and held is not None:
+                srv.sendall(held)
+                ev(event="dup_late", chunk=a.dup_late, bytes=len(held))
+                held = None
+            srv.sendall(f)
+            if plan is None or t != CHUNK:
+                continue
+            chunks += 1
+            if chunks == a.cut_after_chunks:
+                ev(event="cut", after_chunks=chunks)
+                for s in (cli, srv):
+                    s.shutdown(socket.SHUT_RDWR)
+                break
+            if chunks == a.dup_chunk:
+                srv.sendall(f)
+                ev(event="dup", chunk=chunks, bytes=len(f))
+            if chunks == a.dup_late:
+                held = f
+            if chunks == a.bomb_after:
+                epoch, seq = struct.unpack_from("<QQ", h, 16)
+                refit = plan[32:48]
+                span = a.bomb_span_elems
+                bomb = frame(CHUNK, bomb_chunk(span), epoch, 1 << 60, refit)
+                srv.sendall(bomb)
+                ev(event="bomb", after_chunks=chunks, bytes=len(bomb))
+    except OSError:
+        pass
+    for s in (cli, srv):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def proxy(a):
+    ev = Events(a.events)
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", a.listen))
+    ls.listen(64)
+    open(a.ready, "w").write(str(os.getpid()))
+    while True:
+        c, _ = ls.accept()
+        threading.Thread(target=proxy_conn, args=(c, a, ev), daemon=True).start()
+
+
+def hello(name="intruder"):
+    n = name.encode()
+    # u8 version, string node (varint length), u8 role (2: relay), u64 epoch
+    return struct.pack("<B", 1) + bytes([len(n)]) + n + struct.pack("<BQ", 2, 0)
+
+
+def hostile(a):
+    ev = Events(a.events)
+    results = {}
+
+    def attempt(name, data, wait=5):
+        s = socket.create_connection(("127.0.0.1", a.port), timeout=5)
+        got = b""
+        try:
+            s.sendall(data)
+            if name == "truncated_header":
+                s.shutdown(socket.SHUT_WR)
+            s.settimeout(wait)
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                got += b
+            results[name] = f"closed by the relay after {len(got)} bytes"
+        except socket.timeout:
+            results[name] = f"open after {wait} s, {len(got)} bytes received"
+        except OSError as e:
+            results[name] = f"reset ({e.strerror})"
+        finally:
+            s.close()
+        ev(event="hostile", kind=name, answer=results[name])
+
+    h = bytearray(frame(HELLO, b""))[:HDR]
+    h[8:16] = struct.pack("<Q", 1 << 63)
+    attempt("length_2^63", bytes(h))
+    h = bytearray(frame(HELLO, b""))[:HDR]
+    h[8:12] = struct.pack("<I", 0xFFFFFFFF)
+    attempt("length_2^32-1", bytes(h) + b"\0" * 4096)
+    attempt("truncated_header", frame(HELLO, hello())[:23])
+    attempt("bomb_outside_refit",
+            frame(HELLO, hello()) + frame(CHUNK, bomb_chunk(), 0, 1, b"\x01" * 16),
+            wait=1)
+    print(json.dumps(results))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("proxy")
+    q.add_argument("--listen", type=int, required=True)
+    q.add_argument("--to", type=int, required=True)
+    q.add_argument("--ready", required=True)
+    q.add_argument("--events", required=True)
+    q.add_argument("--cut-after-chunks", type=int, default=0)
+    q.add_argument("--dup-chunk", type=int, default=0)
+    q.add_argument("--dup-late", type=int, default=0)
+    q.add_argument("--bomb-after", type=int, default=0)
+    q.add_argument("--bomb-span-elems", type=int, default=4096)
+    h = sub.add_parser("hostile")
+    h.add_argument("--port", type=int, required=True)
+    h.add_argument("--events", required=True)
+    a = p.parse_args()
+    proxy(a) if a.cmd == "proxy" else hostile(a)
+
+
+if __name__ == "__main__":
+    main()
