@@ -3,11 +3,12 @@
 // forwarded to them, and their replies per phase. Used by the relay daemon
 // and by the coordinator (the root), which differ only upstream.
 //
-// Failures are folded into results instead of errors: a child that cannot
-// be reached, closes its link, or does not answer a phase before the
-// deadline is out of the refit from then on, and every node of its subtree
-// is reported with code kUnreachable or kTimeout. Its link is closed, so a
-// child that is alive but late aborts by itself (its upstream went away).
+// Failures are folded into results instead of errors: a child that refuses
+// or does not answer a phase before the deadline is out of the refit from
+// then on, and every node of its subtree is reported (kRejected,
+// kTimeout). A child whose link fails is re-parented: connected to again,
+// or its own children adopted (see set_adopting), and the failed node is
+// reported alone (kUnreachable, kTimeout).
 //
 // Thread safety: none. Every method runs on the owner's thread; link events
 // reach the Fanout through the owner's Mailbox (they hold a weak reference,

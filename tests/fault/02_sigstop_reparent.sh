@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Row 2 (waits for re-parenting and heartbeats; not in ctest): SIGSTOP the
-# head a0 when its Nth CHUNK arrives (relay.forward=delay gives the window),
-# let the tree re-parent a1 and a2 around it, SIGCONT a0 afterwards.
-# Wanted: the refit commits on every node but a0 (min_commit 5, exit 3),
-# a1 and a2 at v1 through their new parent, a0 excluded and back at v0
-# once it wakes up to a closed parent link.
+# Row 2: SIGSTOP the head a0 when its Nth CHUNK arrives (relay.forward=delay
+# gives the window). The root hears no heartbeat from a0 for 4 intervals,
+# fails to adopt it again, adopts a1 and a2 (the repair round resends what
+# they missed) and commits on every node but a0 (min_commit 5, exit 3);
+# a0, woken by SIGCONT, finds its parent gone and is back at v0.
 # Usage: 02_sigstop_reparent.sh [DCR DCR_RELAY TRAINGEN]
 set -euo pipefail
 ROW=2
