@@ -25,6 +25,7 @@ struct RefitArgs {
   std::string timeout = "60s";
   std::string link_rate;
   std::string heartbeat = "1s";
+  std::vector<std::string> nodes;
   int repair_rounds = 2;
 };
 
@@ -132,6 +133,11 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
   o.topology = *std::move(topo);
   o.target = a.target;
   o.mode = a.full ? RefitMode::kFull : RefitMode::kDelta;
+  if (!a.nodes.empty() && !a.full) {
+    return ReportError(Status::InvalidArgument(
+        "--node seeds or repairs named relays with a full refit: add --full"));
+  }
+  o.only_nodes = a.nodes;
   o.phase_timeout = *timeout;
   if (a.heartbeat != "0") {
     auto hb = ParseDurationNs(a.heartbeat);
@@ -333,6 +339,11 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                   "transport-only reference)");
     cmd->add_option("--timeout", a->timeout,
                     "Deadline for each phase's replies (default 60s)");
+    cmd->add_option("--node", a->nodes,
+                    "With --full: refit only this relay (repeatable), fed "
+                    "directly by the root, to seed or repair it at the "
+                    "tree's current version (the target must be the "
+                    "baseline's bits)");
     cmd->add_option("--heartbeat", a->heartbeat,
                     "Heartbeat interval on every tree link; a link silent "
                     "for 4 intervals is dropped and its subtree re-parented "

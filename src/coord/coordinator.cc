@@ -197,6 +197,36 @@ class RefitRun {
 Status RefitRun::Prepare() {
   const Topology& topo = options_.topology;
   DCR_ASSIGN_OR_RETURN(tree_, BuildTree(topo));
+  if (!options_.only_nodes.empty()) {
+    if (options_.mode != RefitMode::kFull) {
+      return Status::InvalidArgument(
+          "refitting named nodes needs a full refit (--full)");
+    }
+    // The root feeds each named relay directly.
+    Tree star;
+    star.nodes.push_back(tree_.nodes[0]);
+    star.nodes[0].children.clear();
+    for (const std::string& name : options_.only_nodes) {
+      int i = tree_.Find(name);
+      if (i <= 0) {
+        std::vector<std::string> names;
+        for (size_t k = 1; k < tree_.nodes.size(); ++k) {
+          names.push_back(tree_.nodes[k].name);
+        }
+        return Status::InvalidArgument(
+            fmt::format("{}: no relay named '{}' (relays: {})", topo.source,
+                        name, fmt::join(names, ", ")));
+      }
+      if (star.Find(name) >= 0) continue;
+      TreeNode n = tree_.nodes[static_cast<size_t>(i)];
+      n.parent = 0;
+      n.children.clear();
+      n.depth = 1;
+      star.nodes[0].children.push_back(static_cast<int>(star.nodes.size()));
+      star.nodes.push_back(std::move(n));
+    }
+    tree_ = std::move(star);
+  }
   if (tree_.nodes.size() < 2) {
     return Status::InvalidArgument(topo.source +
                                    ": the topology has no relays to refit");
@@ -276,6 +306,16 @@ Status RefitRun::Prepare() {
   }
   CheckpointDigests target_digests = target_->ComputeDigests(pool_.get());
   report_.target = Version{report_.base.step + 1, target_digests.version};
+  if (!options_.only_nodes.empty()) {
+    if (!baseline_ || target_digests.version != report_.base.digest) {
+      return Status::InvalidArgument(fmt::format(
+          "refitting named nodes seeds them with the tree's current version: "
+          "the target {} must hold the bits of root.baseline (step {}); "
+          "refit the whole tree to move to another version",
+          options_.target, report_.base.step));
+    }
+    report_.target = report_.base;
+  }
   if (options_.mode == RefitMode::kDelta && baseline_ &&
       report_.target.digest == report_.base.digest) {
     return Status::InvalidArgument(fmt::format(
@@ -749,9 +789,11 @@ Result<RefitReport> RefitRun::Run() {
   auto t_plan = Clock::now();
   report_.plan_seconds = Seconds(t_prepared, t_plan);
   size_t receivers = tree_.nodes.size() - 1;
-  size_t required = options_.topology.defaults.min_commit == 0
-                        ? receivers
-                        : options_.topology.defaults.min_commit;
+  // Named nodes are all required; min_commit is about the whole tree.
+  size_t required =
+      options_.topology.defaults.min_commit == 0 || !options_.only_nodes.empty()
+          ? receivers
+          : options_.topology.defaults.min_commit;
   size_t planned = std::count_if(
       plan_results.begin(), plan_results.end(),
       [](const NodeResult& r) { return r.code == NodeCode::kOk; });
@@ -818,7 +860,10 @@ Result<RefitReport> RefitRun::Run() {
     // The decision is durable: the baseline takes the target's bits while
     // the relays commit.
     Status b;
-    std::thread baseline([&] { b = AdvanceBaseline(); });
+    // (Named nodes only: the baseline already holds the target.)
+    std::thread baseline([&] {
+      if (options_.only_nodes.empty()) b = AdvanceBaseline();
+    });
     if (s.ok()) WaitPhase([&] { return fanout_->Complete(); });
     baseline.join();
     DCR_FAILPOINT("coord.after_commit");

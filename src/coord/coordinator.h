@@ -52,6 +52,11 @@ struct RefitOptions {
   Topology topology;
   std::string target;  // safetensors file, sharded directory or index
   RefitMode mode = RefitMode::kDelta;
+  // A full refit of these relays only (each fed directly by the root),
+  // to seed or repair them at the tree's current version: the target must
+  // hold the baseline's bits, the target version is the baseline's, and
+  // the baseline does not move. Empty: the whole tree.
+  std::vector<std::string> only_nodes;
   std::chrono::milliseconds phase_timeout{60000};
   std::chrono::milliseconds connect_timeout{5000};
   // Every tree link carries a HEARTBEAT this often; a link silent for 4

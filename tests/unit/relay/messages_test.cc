@@ -34,12 +34,13 @@ TEST(MessagesTest, RoundTripEveryMessage) {
   PlanMsg p = SamplePlan();
   EXPECT_EQ(*DecodePlan(EncodePlan(p)), p);
   ResultsMsg r;
-  r.nodes = {{"a0", NodeCode::kOk, {5, Digest128{3, 4}}, 12, ""},
+  r.nodes = {{"a0", NodeCode::kOk, {5, Digest128{3, 4}}, 12, "", {}},
              {"a1",
               NodeCode::kNeedsCatchUp,
               {3, Digest128{9, 9}},
               0,
-              "committed step 3"}};
+              "committed step 3",
+              {}}};
   r.nodes[1].repair = {0, 3, 70000};
   EXPECT_EQ(*DecodeResults(EncodeResults(r)), r);
   // Repair lists ascend.

@@ -533,6 +533,57 @@ TEST_F(RelayTreeTest, OlderCoordinatorEpochIsFencedAcrossRelayRestarts) {
   ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.reason;
 }
 
+TEST_F(RelayTreeTest, FullRefitOfANamedNodeSeedsItAtTheCurrentVersion) {
+  SeedAll(0);
+  StartAll();
+  ASSERT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
+  // a1 loses its store; only a1 is refit, from the root, at step 1.
+  relays_.erase("a1");
+  std::filesystem::remove(StorePath("a1"));
+  std::filesystem::remove(StorePath("a1") + ".dcr-version");
+  StartRelay("a1");
+  auto only_a1 = [](RefitOptions& o) { o.only_nodes = {"a1"}; };
+  // The target must be the tree's current version.
+  {
+    RefitOptions o;
+    o.topology = MakeTopology();
+    o.target = Ckpt(2);
+    o.mode = RefitMode::kFull;
+    o.transport = "fake";
+    o.transport_options.fake_network = network_;
+    only_a1(o);
+    auto bad = RunRefit(o);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("must hold the bits of "
+                                          "root.baseline"),
+              std::string::npos)
+        << bad.status().ToString();
+    o.target = Ckpt(1);
+    o.only_nodes = {"a9"};
+    bad = RunRefit(o);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("no relay named 'a9'"),
+              std::string::npos);
+  }
+  Digest128 base_before = DigestOf(dir_.Path("base.safetensors"));
+  RefitReport r = Refit(1, RefitMode::kFull, 0, only_a1);
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  ASSERT_EQ(r.nodes.size(), 1u);
+  EXPECT_EQ(r.nodes[0].node, "a1");
+  EXPECT_EQ(r.target.step, 1u);
+  WaitIdle("a1");
+  EXPECT_EQ(DigestOf(StorePath("a1")), DigestOf(Ckpt(1)));
+  EXPECT_EQ(*relays_["a1"]->Stats().committed, r.target);
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), base_before);
+  // The tree moves on together.
+  RefitReport next = Refit(2);
+  ASSERT_EQ(next.outcome, RefitOutcome::kCommitted) << next.reason;
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), DigestOf(Ckpt(2))) << n;
+  }
+}
+
 TEST_F(RelayTreeTest, PlanForAnotherNodeIsRefused) {
   SeedAll(0);
   StartAll();
