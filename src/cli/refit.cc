@@ -26,6 +26,7 @@ struct RefitArgs {
   std::string link_rate;
   std::string heartbeat = "1s";
   std::vector<std::string> nodes;
+  bool resume = false;
   int repair_rounds = 2;
 };
 
@@ -133,6 +134,15 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
   o.topology = *std::move(topo);
   o.target = a.target;
   o.mode = a.full ? RefitMode::kFull : RefitMode::kDelta;
+  if (a.resume && (!a.target.empty() || a.full || !a.nodes.empty())) {
+    return ReportError(Status::InvalidArgument(
+        "--resume finishes the refit recorded in root.state_dir: give no "
+        "--target, --full or --node"));
+  }
+  if (!a.resume && a.target.empty()) {
+    return ReportError(Status::InvalidArgument(
+        "--target is required (or --resume to finish an interrupted refit)"));
+  }
   if (!a.nodes.empty() && !a.full) {
     return ReportError(Status::InvalidArgument(
         "--node seeds or repairs named relays with a full refit: add --full"));
@@ -180,8 +190,13 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
       }
     };
   }
-  auto report = RunRefit(o);
+  auto report = a.resume ? ResumeRefit(o) : RunRefit(o);
   if (progress) progress->Finish();
+  if (a.resume && !report.ok() && report.status().IsNotFound()) {
+    std::fprintf(stderr, "dcr: %s\n",
+                 std::string(report.status().message()).c_str());
+    return kExitOk;
+  }
   if (!report.ok()) return ReportError(report.status());
   if (g.format() == OutputFormat::kJson) {
     std::printf("%s\n", report->ToJson().c_str());
@@ -332,13 +347,16 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         ->required();
     cmd->add_option("--target", a->target,
                     "The new checkpoint (.safetensors file, index or "
-                    "directory)")
-        ->required();
+                    "directory)");
     cmd->add_flag("--full", a->full,
                   "Send every span as a dense overwrite (seeds new nodes; the "
                   "transport-only reference)");
     cmd->add_option("--timeout", a->timeout,
                     "Deadline for each phase's replies (default 60s)");
+    cmd->add_flag("--resume", a->resume,
+                  "Finish the refit a stopped coordinator left in "
+                  "root.state_dir: commit it if its decision was recorded, "
+                  "else abort it (exit 0 if there is none)");
     cmd->add_option("--node", a->nodes,
                     "With --full: refit only this relay (repeatable), fed "
                     "directly by the root, to seed or repair it at the "

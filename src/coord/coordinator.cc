@@ -134,8 +134,18 @@ class RefitRun {
  public:
   explicit RefitRun(const RefitOptions& options) : options_(options) {}
   Result<RefitReport> Run();
+  // dcr refit --resume: finishes the refit state_dir/current.json names.
+  Result<RefitReport> Resume();
 
  private:
+  // Sends COMMIT (commit_set) or ABORT down, collects the replies, advances
+  // the baseline on commit, and writes the report.
+  Result<RefitReport> Conclude(bool commit, std::set<std::string> commit_set,
+                               const std::vector<NodeResult>& plan_results,
+                               const std::vector<NodeResult>& votes,
+                               Clock::time_point t0,
+                               Clock::time_point t_decide);
+  Status WriteCurrent();
   Status Prepare();
   // Runs the mailbox until `done` or the fanout's deadline.
   void WaitPhase(const std::function<bool()>& done);
@@ -181,6 +191,8 @@ class RefitRun {
   // Chunks of repair rounds (overwrites), and what they repair.
   std::vector<std::pair<uint32_t, uint32_t>> repair_ids_;
   std::vector<uint32_t> repair_tensors_;
+  std::string target_path_;  // the target checkpoint (resume: as recorded)
+  bool copy_all_ = false;    // the baseline takes every tensor of the target
   uint64_t chunk_sequence_ = 1;  // the next CHUNK's frame sequence
   // With a signing key: every chunk sent and its SHA-256, for the signed
   // manifest in END.
@@ -334,6 +346,13 @@ Status RefitRun::Prepare() {
       return Status::InvalidArgument(topo.source + ": " +
                                      std::string(s.message()));
     }
+  }
+  if (std::error_code e2;
+      std::filesystem::exists(state_dir_ + "/current.json", e2)) {
+    return Status::InvalidArgument(fmt::format(
+        "{}/current.json names a refit that did not finish (the coordinator "
+        "stopped); run dcr refit --resume to commit or abort it first",
+        state_dir_));
   }
   DCR_ASSIGN_OR_RETURN(report_.epoch, NextEpoch(state_dir_));
 
@@ -659,6 +678,25 @@ bool RefitRun::Vote(std::vector<NodeResult>* votes) {
   }
 }
 
+// state_dir/current.json: the refit in progress, written durably before
+// its PLAN and removed once its report is written; dcr refit --resume
+// reads it.
+Status RefitRun::WriteCurrent() {
+  std::error_code ec;
+  std::string target = std::filesystem::absolute(options_.target, ec);
+  nlohmann::json j = {
+      {"refit", report_.refit.ToHex()},
+      {"epoch", report_.epoch},
+      {"mode", options_.mode == RefitMode::kFull ? "full" : "delta"},
+      {"base", VersionJson(report_.base)},
+      {"target", VersionJson(report_.target)},
+      {"target_path", ec ? options_.target : target},
+      {"started_at", NowIso8601()}};
+  return WriteText(
+      state_dir_ + "/current.json",
+      j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
 std::map<std::string, NodeResult> RefitRun::ByNode(
     const std::vector<NodeResult>& v) {
   std::map<std::string, NodeResult> out;
@@ -685,7 +723,7 @@ Status RefitRun::AdvanceBaseline() {
     auto dst = baseline_->MutableTensor(t).subspan(first * es, count * es);
     std::memcpy(dst.data(), src.data(), src.size());
   };
-  if (options_.mode == RefitMode::kFull) {
+  if (options_.mode == RefitMode::kFull || copy_all_) {
     pool_->ParallelFor(m.size(), [&](size_t t, size_t) {
       copy_span(static_cast<uint32_t>(t), 0, m[t].NumElements());
     });
@@ -761,6 +799,7 @@ void RefitRun::Summarize(const std::vector<NodeResult>& plan,
 Result<RefitReport> RefitRun::Run() {
   auto t0 = Clock::now();
   DCR_RETURN_IF_ERROR(Prepare());
+  DCR_RETURN_IF_ERROR(WriteCurrent());
   auto t_prepared = Clock::now();
   report_.prepare_seconds = Seconds(t0, t_prepared);
   spdlog::info("refit {} (epoch {}): {} step {} -> {} ({}), {} receivers",
@@ -799,7 +838,6 @@ Result<RefitReport> RefitRun::Run() {
       [](const NodeResult& r) { return r.code == NodeCode::kOk; });
   std::vector<NodeResult> votes;
   std::set<std::string> commit_set;
-  std::vector<NodeResult> final_replies;
   bool commit = false;
   if (planned < required) {
     report_.reason =
@@ -851,6 +889,25 @@ Result<RefitReport> RefitRun::Run() {
       report_.reason = "cannot record the commit decision: " + s.ToString();
     }
   }
+  if (commit && options_.crash_after_decision) {
+    // Tests: the coordinator "dies" with its decision durable.
+    transport_->Stop();
+    mailbox_.Close();
+    report_.reason = "stopped after the decision (crash_after_decision)";
+    return report_;
+  }
+  return Conclude(commit, std::move(commit_set), plan_results, votes, t0,
+                  t_decide);
+}
+
+Result<RefitReport> RefitRun::Conclude(
+    bool commit, std::set<std::string> commit_set,
+    const std::vector<NodeResult>& plan_results,
+    const std::vector<NodeResult>& votes, Clock::time_point t0,
+    Clock::time_point t_decide) {
+  size_t receivers = tree_.nodes.size() - 1;
+  auto deadline = [&] { return Clock::now() + options_.phase_timeout; };
+  std::vector<NodeResult> final_replies;
   if (commit) {
     CommitMsg msg{report_.target, std::vector<std::string>(commit_set.begin(),
                                                            commit_set.end())};
@@ -862,7 +919,7 @@ Result<RefitReport> RefitRun::Run() {
     Status b;
     // (Named nodes only: the baseline already holds the target.)
     std::thread baseline([&] {
-      if (options_.only_nodes.empty()) b = AdvanceBaseline();
+      if (options_.only_nodes.empty() && target_) b = AdvanceBaseline();
     });
     if (s.ok()) WaitPhase([&] { return fanout_->Complete(); });
     baseline.join();
@@ -918,6 +975,8 @@ Result<RefitReport> RefitRun::Run() {
   Status w =
       WriteText(state_dir_ + "/last-refit.json", report_.ToJson() + "\n");
   if (!w.ok()) spdlog::warn("cannot write last-refit.json: {}", w.ToString());
+  std::error_code ec;
+  std::filesystem::remove(state_dir_ + "/current.json", ec);
   return report_;
 }
 
@@ -976,6 +1035,160 @@ std::string RefitReport::ToJson() const {
         {"total", total_seconds}}},
       {"nodes", nodes_json}};
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<RefitReport> RefitRun::Resume() {
+  auto t0 = Clock::now();
+  const Topology& topo = options_.topology;
+  DCR_ASSIGN_OR_RETURN(tree_, BuildTree(topo));
+  state_dir_ = topo.root.state_dir;
+  if (state_dir_.empty()) {
+    return Status::InvalidArgument(topo.source +
+                                   ": root.state_dir is required to resume");
+  }
+  std::string current_path = state_dir_ + "/current.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(current_path, ec)) {
+    return Status::NotFound(fmt::format(
+        "{} does not exist: no interrupted refit to resume", current_path));
+  }
+  DCR_ASSIGN_OR_RETURN(std::string text, ReadFileToString(current_path));
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption(current_path + ": " + why);
+  };
+  nlohmann::json cur = nlohmann::json::parse(text, nullptr, false);
+  if (cur.is_discarded() || !cur.is_object()) return bad("not JSON");
+  auto version = [&](const char* key) -> Result<Version> {
+    if (!cur.contains(key) || !cur[key].is_object()) {
+      return bad(std::string("no ") + key);
+    }
+    const auto& v = cur[key];
+    if (!v.contains("step") || !v["step"].is_number_unsigned() ||
+        !v.contains("digest") || !v["digest"].is_string()) {
+      return bad(std::string("bad ") + key);
+    }
+    auto d = Digest128::FromHex(v["digest"].get<std::string>());
+    if (!d.ok()) return bad(std::string("bad ") + key + " digest");
+    return Version{v["step"].get<uint64_t>(), *d};
+  };
+  if (!cur.contains("refit") || !cur["refit"].is_string() ||
+      !cur.contains("mode") || !cur["mode"].is_string() ||
+      !cur.contains("target_path") || !cur["target_path"].is_string()) {
+    return bad("refit, mode or target_path missing");
+  }
+  auto id = RefitId::FromHex(cur["refit"].get<std::string>());
+  if (!id.ok()) return bad("bad refit id");
+  report_.refit = *id;
+  report_.mode = cur["mode"] == "full" ? RefitMode::kFull : RefitMode::kDelta;
+  DCR_ASSIGN_OR_RETURN(report_.base, version("base"));
+  DCR_ASSIGN_OR_RETURN(report_.target, version("target"));
+  target_path_ = cur["target_path"].get<std::string>();
+
+  // The decision, if the interrupted run reached one.
+  std::set<std::string> commit_set;
+  bool commit = false;
+  std::string decision_path =
+      state_dir_ + "/decisions/" + report_.refit.ToHex() + ".json";
+  if (std::filesystem::exists(decision_path, ec)) {
+    DCR_ASSIGN_OR_RETURN(std::string dtext, ReadFileToString(decision_path));
+    nlohmann::json d = nlohmann::json::parse(dtext, nullptr, false);
+    if (d.is_discarded() || !d.is_object() || !d.contains("decision") ||
+        !d.contains("commit_set") || !d["commit_set"].is_array()) {
+      return Status::Corruption(decision_path + ": not a decision");
+    }
+    commit = d["decision"] == "commit";
+    for (const auto& n : d["commit_set"]) {
+      if (n.is_string()) commit_set.insert(n.get<std::string>());
+    }
+  }
+
+  pool_ = std::make_unique<ThreadPool>(options_.threads);
+  if (!topo.root.baseline.empty()) {
+    baseline_spec_.kind = StoreSpec::Kind::kFile;
+    baseline_spec_.path = topo.root.baseline;
+    auto store = OpenStore(baseline_spec_);
+    if (store.ok()) baseline_ = *std::move(store);
+  }
+  // The baseline moves to the target on commit, from the target file.
+  bool baseline_done = baseline_ && baseline_->committed() == report_.target;
+  if (commit && !baseline_done && !topo.root.baseline.empty()) {
+    auto t = Checkpoint::Open(target_path_, Checkpoint::Mode::kReadOnly);
+    if (!t.ok()) {
+      return t.status().WithContext(
+          "the interrupted refit's target (needed to advance root.baseline)");
+    }
+    target_ = *std::move(t);
+    copy_all_ = true;
+    if (baseline_ && baseline_->InProgress()) {
+      // An update the interrupted run began: it is redone whole.
+      if (Status s = baseline_->EndRefit(); !s.ok()) return s;
+    }
+  }
+  DCR_ASSIGN_OR_RETURN(report_.epoch, NextEpoch(state_dir_));
+
+  plan_.mode = report_.mode;
+  plan_.base = report_.base;
+  plan_.target = report_.target;
+  if (baseline_) {
+    plan_.manifest = baseline_->manifest().digest();
+  } else if (target_) {
+    plan_.manifest = target_->manifest().digest();
+  }
+  plan_.span_elems = topo.defaults.span_elems;
+  plan_.chunk_window_bytes =
+      std::max<uint64_t>(topo.defaults.window_bytes, 1u << 20);
+  plan_.phase_timeout_ms =
+      static_cast<uint32_t>(options_.phase_timeout.count());
+  plan_.heartbeat_ms = static_cast<uint32_t>(options_.heartbeat.count());
+  for (const TreeNode& n : tree_.nodes) {
+    PlanNode pn;
+    pn.name = n.name;
+    pn.host = n.host;
+    pn.port = n.port;
+    pn.transport = std::string(TransportKindName(n.transport));
+    pn.parent = n.parent;
+    pn.link_bps = n.link_bandwidth_bps;
+    plan_.nodes.push_back(std::move(pn));
+  }
+  TransportOptions to = options_.transport_options;
+  to.name = topo.root.name;
+  DCR_ASSIGN_OR_RETURN(transport_, CreateTransport(options_.transport, to));
+  spdlog::info("resuming refit {} (epoch {}): {} step {} -> {}",
+               report_.refit.ToHex(), report_.epoch,
+               commit ? "commit" : "abort (no decision was recorded)",
+               report_.base.step, report_.target.step);
+  report_.prepare_seconds = Seconds(t0, Clock::now());
+
+  Fanout::Options fo;
+  fo.transport = transport_.get();
+  fo.mailbox = &mailbox_;
+  fo.connect_timeout = options_.connect_timeout;
+  fo.hello = HelloMsg{topo.root.name, kRoleRoot, report_.epoch};
+  fo.frames = options_.transport_options.frames;
+  fo.header.epoch = report_.epoch;
+  fo.header.refit_id = report_.refit;
+  fo.resume = true;
+  fanout_ = Fanout::Create(fo, plan_);
+  // Every relay that holds the refit takes this run as its parent (an
+  // adoption at the new epoch) and says where it is; then the decision.
+  auto t_plan = Clock::now();
+  fanout_->Start(Clock::now() + options_.phase_timeout);
+  WaitPhase([&] { return fanout_->Complete(); });
+  std::vector<NodeResult> plan_results = fanout_->Results();
+  report_.plan_seconds = Seconds(t_plan, Clock::now());
+  if (!commit) {
+    report_.reason =
+        "the coordinator stopped before deciding; aborted by dcr refit "
+        "--resume";
+  }
+  if (baseline_done) target_.reset();
+  return Conclude(commit, std::move(commit_set), plan_results, {}, t0,
+                  Clock::now());
+}
+
+Result<RefitReport> ResumeRefit(const RefitOptions& options) {
+  RefitRun run(options);
+  return run.Resume();
 }
 
 Result<RefitReport> RunRefit(const RefitOptions& options) {

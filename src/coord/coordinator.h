@@ -23,6 +23,8 @@
 //     all) voted yes, the decision and its commit set are written durably to
 //     state_dir/decisions/<refit>.json before COMMIT is sent; otherwise
 //     ABORT, and every relay restores its base bits.
+//     The refit in progress is recorded in state_dir/current.json (see
+//     ResumeRefit).
 //  5. Commit. COMMIT_REPLY from every node; then the baseline store takes the
 //     target bits and records the target version: the base of the next
 //     refit. state_dir/last-refit.json keeps the report.
@@ -66,6 +68,9 @@ struct RefitOptions {
   // tensors; the root resends them as overwrites and asks for a new vote,
   // at most this many times, then excludes whoever still differs.
   int repair_rounds = 2;
+  // Tests only: return right after the commit decision is durable, without
+  // sending COMMIT, as if the coordinator had died there.
+  bool crash_after_decision = false;
   size_t threads = 0;  // encoder threads; 0: hardware count
   // Transport options for the root's links (frames, send rate limit);
   // tests set fake_network with transport "fake".
@@ -142,6 +147,19 @@ struct RefitReport {
 // tensors differ from the baseline (InvalidArgument, FailedPrecondition,
 // NotFound). Everything after that ends in a report, aborted or not.
 Result<RefitReport> RunRefit(const RefitOptions& options);
+
+// `dcr refit --resume`: finishes the refit a coordinator left unfinished
+// (state_dir/current.json, written before its PLAN, removed with its
+// report). With a durable commit decision (decisions/<refit>.json) it
+// sends COMMIT to the same commit set, else ABORT. It runs at a new epoch:
+// every relay that holds the refit accepts it as its new parent (an
+// adoption PLAN with `resume`) and from then on refuses the old run's
+// frames; a relay that finished the refit reports how it ended. The
+// baseline is advanced from the recorded target path if the interrupted
+// run had not done it. Uses options' topology, timeouts, transport and
+// heartbeat; target and mode come from current.json. NotFound when there
+// is nothing to resume.
+Result<RefitReport> ResumeRefit(const RefitOptions& options);
 
 struct NodeStatus {
   std::string node;

@@ -71,7 +71,8 @@ size_t Fanout::AddChild(size_t plan_index, bool adoption, bool retried) {
   c.sub.phase_timeout_ms = std::max<uint32_t>(
       200, static_cast<uint32_t>(plan_.phase_timeout_ms *
                                  options_.child_timeout_fraction));
-  c.sub.adopt = adoption;
+  c.sub.adopt = adoption || options_.resume;
+  c.sub.resume = options_.resume;
   c.sub.sender_depth = options_.depth;
   c.adoption = adoption;
   c.retried = retried;

@@ -51,6 +51,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     uint32_t depth = 0;
     // Re-parent the subtree of a child whose link fails (see below).
     bool adopt = true;
+    // `dcr refit --resume`: every PLAN is a resume adoption (PlanMsg).
+    bool resume = false;
   };
 
   // `plan` is the receiver's plan (nodes[0] = the node that owns this

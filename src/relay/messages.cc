@@ -187,7 +187,7 @@ std::vector<std::byte> EncodePlan(const PlanMsg& m) {
   w.PutVarint(m.target_tensor_digests.size());
   for (const Digest128& d : m.target_tensor_digests) PutDigest(&w, d);
   w.Put<uint32_t>(m.heartbeat_ms);
-  w.Put<uint8_t>(m.adopt ? 1 : 0);
+  w.Put<uint8_t>(static_cast<uint8_t>((m.adopt ? 1 : 0) | (m.resume ? 2 : 0)));
   w.Put<uint32_t>(m.sender_depth);
   return out;
 }
@@ -260,9 +260,10 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
     m.target_tensor_digests.push_back(r.Digest("target_tensor_digests"));
   }
   m.heartbeat_ms = r.Get<uint32_t>("heartbeat_ms");
-  uint8_t adopt = r.Get<uint8_t>("adopt");
-  if (r.ok() && adopt > 1) r.Fail("adopt", "must be 0 or 1");
-  m.adopt = adopt == 1;
+  uint8_t flags = r.Get<uint8_t>("flags");
+  if (r.ok() && flags > 3) r.Fail("flags", "unknown bits");
+  m.adopt = (flags & 1) != 0;
+  m.resume = (flags & 2) != 0;
   m.sender_depth = r.Get<uint32_t>("sender_depth");
   if (r.ok() && m.sender_depth > kMaxPlanNodes) {
     r.Fail("sender_depth", "deeper than any tree");

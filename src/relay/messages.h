@@ -83,6 +83,11 @@ struct PlanMsg {
   // its parent; the sender takes over as its parent from the current
   // phase on (docs/PROTOCOL.md §"Re-parenting").
   bool adopt = false;
+  // Sent by `dcr refit --resume` (with adopt): the coordinator restarted
+  // and takes the refit over at a new epoch. A receiver that does not hold
+  // the refit (or its final replies) refuses it; one that does moves to
+  // the new epoch, which fences the old coordinator off.
+  bool resume = false;
   // The sender's depth in the tree (root 0). An adoption is accepted from
   // a node above the receiver's current parent, or by an orphan.
   uint32_t sender_depth = 0;

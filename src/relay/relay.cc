@@ -592,13 +592,46 @@ void Relay::Impl::OnInboundFrame(const std::shared_ptr<Link>& link,
     default:
       break;
   }
+  if (!refit_ && finished_ && frame.header.refit_id == finished_->id &&
+      frame.header.epoch >= finished_->epoch &&
+      (frame.type() == FrameType::kCommit ||
+       frame.type() == FrameType::kAbort)) {
+    // A resumed coordinator (or a parent that reconnected) decides a refit
+    // that already ended here: tell it how it ended.
+    FrameType want = frame.type() == FrameType::kCommit
+                         ? FrameType::kCommitReply
+                         : FrameType::kAbortReply;
+    if (finished_->last_reply && finished_->last_reply->first == want) {
+      Reply(*link, want, frame.header, finished_->last_reply->second);
+      return;
+    }
+    NodeResult r;
+    r.node = options_.name;
+    if (store_) {
+      if (auto c = store_->committed()) r.version = *c;
+    }
+    r.detail = "the refit had already ended here";
+    {
+      std::lock_guard lock(stats_mu_);
+      if (!published_.last_result.empty()) {
+        r.detail += ": " + published_.last_result;
+      }
+    }
+    Reply(*link, want, frame.header, EncodeResults(ResultsMsg{{r}}));
+    return;
+  }
   if (!refit_ || refit_->up.get() != link.get() ||
       frame.header.refit_id != refit_->id ||
-      frame.header.epoch != refit_->epoch) {
+      frame.header.epoch < refit_->epoch) {
     if (frame.type() == FrameType::kChunk) chunks_dropped_ += 1;
     spdlog::debug("{}: dropping {} outside its refit", options_.name,
                   FrameTypeName(frame.type()));
     return;
+  }
+  if (frame.header.epoch > refit_->epoch) {
+    // Forwarded from a resumed coordinator (dcr refit --resume).
+    if (!PersistEpoch(frame.header.epoch).ok()) return;
+    refit_->epoch = frame.header.epoch;
   }
   bytes_in_ += buffer->size();
   OnRefitFrame(frame, buffer);
@@ -646,10 +679,29 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
     if (link.get() == refit_->up.get()) return;  // a duplicate PLAN
     return OnAdoption(link, frame, *plan);
   }
-  if (!refit_ && plan->adopt && finished_ &&
+  if (refit_ && refit_->id == frame.header.refit_id && plan->resume &&
+      frame.header.epoch > refit_->epoch) {
+    // dcr refit --resume: a new coordinator run takes the refit over; its
+    // epoch fences the old one off from now on.
+    if (Status s = PersistEpoch(frame.header.epoch); !s.ok()) {
+      return refuse(NodeCode::kStoreError,
+                    "cannot persist the coordinator epoch: " + s.ToString());
+    }
+    spdlog::info("{}: refit {} resumed at epoch {} (was {})", options_.name,
+                 refit_->id.ToHex(), frame.header.epoch, refit_->epoch);
+    refit_->epoch = frame.header.epoch;
+    return OnAdoption(link, frame, *plan);
+  }
+  if (!refit_ && (plan->adopt || plan->resume) && finished_ &&
       finished_->id == frame.header.refit_id &&
-      finished_->epoch == frame.header.epoch) {
-    // Our parent lost our last reply (and its link to us): answer again.
+      (finished_->epoch == frame.header.epoch ||
+       (plan->resume && frame.header.epoch > finished_->epoch))) {
+    // Our parent lost our last reply (and its link to us), or a resumed
+    // coordinator asks: answer again.
+    if (frame.header.epoch > finished_->epoch) {
+      (void)PersistEpoch(frame.header.epoch);
+      finished_->epoch = frame.header.epoch;
+    }
     spdlog::info("{}: refit {} ended here; answering {} again", options_.name,
                  finished_->id.ToHex(), inbound_[link->id()].hello.node);
     Reply(*link, FrameType::kPlanReply, frame.header, finished_->plan_reply);
@@ -658,6 +710,12 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
             finished_->last_reply->second);
     }
     return;
+  }
+  if (plan->resume) {
+    return refuse(NodeCode::kRejected,
+                  fmt::format("refit {} is not in progress here (it never "
+                              "started here, or the relay restarted since)",
+                              frame.header.refit_id.ToHex()));
   }
   // Every coordinator run takes a new epoch: a PLAN at an epoch this relay
   // already accepted is a replay or comes from a coordinator that another

@@ -13,7 +13,13 @@ N=$(pick 2 "$((CHUNKS + 1))")
 fault_topology 5
 fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
 for n in "${RELAYS[@]}"; do
-  if [[ $n == a0 ]]; then fault_start a0 "relay.forward=delay(500)@$N"; else fault_start "$n"; fi
+  # a0 may have voted when it stops: once awake it waits --prepared-wait
+  # for a decision that will not come to it, then restores its base.
+  if [[ $n == a0 ]]; then
+    fault_start a0 "relay.forward=delay(500)@$N" --prepared-wait 2s
+  else
+    fault_start "$n"
+  fi
 done
 fault_snapshot
 fault_refit_bg "$V/v1.safetensors"

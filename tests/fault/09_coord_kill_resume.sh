@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Row 9 (waits for dcr refit --resume; not in ctest): the coordinator exits
-# after prepare, before commit (coord.before_commit=exit: the decision is
-# durable), then `dcr refit --resume` finishes the refit. Wanted: exit 0,
-# every store and the baseline at v1. Today the relays restore v0 when the
-# root's link drops and there is no --resume.
+# Row 9: the coordinator exits after prepare, before commit
+# (coord.before_commit=exit: the decision is durable, no COMMIT sent). The
+# relays voted and wait for the decision (--prepared-wait), their bits at
+# the target but not committed. `dcr refit --resume` (same state_dir) takes
+# the refit over at a new epoch, reads the decision and commits it: exit
+# 0, every store and the baseline at v1. A refit started before the resume
+# is refused (exit 2).
 # Usage: 09_coord_kill_resume.sh [DCR DCR_RELAY TRAINGEN]
 set -euo pipefail
 ROW=9
@@ -14,9 +16,16 @@ fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
 fault_start_all
 fault_snapshot
 COORD_FAILPOINTS=coord.before_commit=exit fault_refit "$V/v1.safetensors"
-[[ $RC -eq 86 ]] || fail "dcr refit exited $RC, want 86"
+[[ $RC -eq 86 ]] || { cat "$T/refit.err" >&2; fail "dcr refit exited $RC, want 86"; }
+FAULT_T0=$(date +%s.%N)
 FAULTS[coord_kill]=1
-fault_wait_idle
-fault_refit "$V/v1.safetensors" --resume
+[[ -s $T/root/current.json ]] || fail "no current.json after the coordinator stopped"
+fault_refit "$V/v2.safetensors"
+[[ $RC -eq 2 ]] && grep -q "dcr refit --resume" "$T/refit.err" ||
+  { cat "$T/refit.err" >&2; fail "a new refit before --resume exited $RC, want 2"; }
+fault_refit "" --resume
 fault_check "$V/v1.safetensors" --expect-outcome committed --excluded ""
+[[ ! -e $T/root/current.json ]] || fail "current.json left after --resume"
+fault_refit "" --resume
+[[ $RC -eq 0 ]] || fail "a second --resume exited $RC, want 0 (nothing to do)"
 echo "row 9 (SEED=$SEED): ok"

@@ -244,12 +244,13 @@ fault_snapshot() {
 # fault_refit TARGET [ARGS...]: dcr refit -o json; RC = its exit code,
 # report in $T/report.json, stderr in $T/refit.err, REFIT_END = when it
 # returned. Does not judge the exit code (the checker does).
-fault_refit() {
-  local target=$1
+fault_refit() {  # fault_refit TARGET|"" [ARGS...] ("": no --target, e.g. --resume)
+  local targs=(--target "$1")
+  [[ -n $1 ]] || targs=()
   shift
   set +e
   DCR_FAILPOINTS=${COORD_FAILPOINTS:-} "$DCR" refit --topology "$TOPO" \
-    --target "$target" --progress never -o json --timeout "${REFIT_TIMEOUT:-10s}" \
+    "${targs[@]}" --progress never -o json --timeout "${REFIT_TIMEOUT:-10s}" \
     "$@" >"$T/report.json" 2>"$T/refit.err"
   RC=$?
   set -e

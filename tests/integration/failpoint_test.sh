@@ -218,8 +218,22 @@ for n in "${RELAYS[@]}"; do
     { cat "$T/$n.log" >&2; fail "$n did not see its parent leave"; }
 done
 
-# --- e. Without failpoints the tree commits --------------------------------
-refit 0
+# --- e. The decision stands: --resume, then repair the stale tree -----------
+# The relays gave up waiting (--prepared-wait 2s) and restored v0. A new
+# refit is refused until the interrupted one is finished; --resume applies
+# the recorded decision: nobody could commit any more (exit 3, every node
+# stale), but the baseline moves to v1 as decided.
+expect 2 "$DCR" refit --topology "$TOPO" --target "$V/v1.safetensors" --progress never
+expect_err "run dcr refit --resume"
+expect 3 "$DCR" refit --topology "$TOPO" --resume --timeout 10s --progress never -o json
+json 'd["outcome"] == "committed-partial"' 'not any(n["committed"] for n in d["nodes"])'
+verify_all "$V/v1.safetensors" base
+verify_all "$V/v0.safetensors" "${RELAYS[@]}"
+expect 0 "$DCR" refit --topology "$TOPO" --resume --progress never
+expect_err "no interrupted refit to resume"
+# A full refit of the baseline's version repairs every stale relay.
+expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v1.safetensors" --full \
+  --timeout 10s --progress never -o json
 json 'd["outcome"] == "committed"' 'all(n["committed"] for n in d["nodes"])'
 verify_all "$V/v1.safetensors" "${RELAYS[@]}" base
 echo "failpoints: ok"

@@ -24,6 +24,7 @@ PlanMsg SamplePlan() {
   p.target_tensor_digests = {Digest128{11, 12}, Digest128{13, 14}};
   p.heartbeat_ms = 500;
   p.adopt = true;
+  p.resume = true;
   p.sender_depth = 2;
   return p;
 }

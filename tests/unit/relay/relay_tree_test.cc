@@ -584,6 +584,83 @@ TEST_F(RelayTreeTest, FullRefitOfANamedNodeSeedsItAtTheCurrentVersion) {
   }
 }
 
+TEST_F(RelayTreeTest, ResumeCommitsWhatTheStoppedCoordinatorDecided) {
+  SeedAll(0);
+  StartAll();
+  RefitReport stopped = Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
+    o.crash_after_decision = true;
+  });
+  EXPECT_TRUE(std::filesystem::exists(dir_.Path("state/current.json")));
+  // The relays voted and wait for the decision (prepared), at the target's
+  // bits but not committed.
+  for (const auto& n : kRelays) {
+    for (int i = 0; i < 500 && relays_[n]->Stats().state != "voted"; ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_EQ(relays_[n]->Stats().state, "voted") << n;
+    EXPECT_FALSE(relays_[n]->Stats().committed.has_value()) << n;
+  }
+  // A new refit is refused until the interrupted one is finished.
+  {
+    RefitOptions o;
+    o.topology = MakeTopology();
+    o.target = Ckpt(2);
+    o.transport = "fake";
+    o.transport_options.fake_network = network_;
+    auto refused = RunRefit(o);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("dcr refit --resume"),
+              std::string::npos);
+  }
+  RefitOptions o;
+  o.topology = MakeTopology();
+  o.phase_timeout = 10s;
+  o.transport = "fake";
+  o.transport_options.fake_network = network_;
+  auto r = ResumeRefit(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->outcome, RefitOutcome::kCommitted) << r->ToJson();
+  EXPECT_EQ(r->refit, stopped.refit);
+  EXPECT_GT(r->epoch, stopped.epoch);
+  EXPECT_FALSE(std::filesystem::exists(dir_.Path("state/current.json")));
+  Digest128 v1 = DigestOf(Ckpt(1));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+    EXPECT_EQ(*relays_[n]->Stats().committed, stopped.target) << n;
+  }
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v1);
+  // Nothing left to resume; the tree moves on.
+  EXPECT_TRUE(ResumeRefit(o).status().IsNotFound());
+  EXPECT_EQ(Refit(2).outcome, RefitOutcome::kCommitted);
+}
+
+TEST_F(RelayTreeTest, ResumeWithoutADecisionAbortsAndRestoresEveryBase) {
+  SeedAll(0);
+  StartAll();
+  RefitReport stopped = Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
+    o.crash_after_decision = true;
+  });
+  // As if it had stopped just before writing its decision.
+  std::filesystem::remove(
+      dir_.Path("state/decisions/" + stopped.refit.ToHex() + ".json"));
+  RefitOptions o;
+  o.topology = MakeTopology();
+  o.phase_timeout = 10s;
+  o.transport = "fake";
+  o.transport_options.fake_network = network_;
+  auto r = ResumeRefit(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->outcome, RefitOutcome::kAborted) << r->ToJson();
+  Digest128 v0 = DigestOf(Ckpt(0));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v0) << n;
+  }
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v0);
+  EXPECT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
+}
+
 TEST_F(RelayTreeTest, PlanForAnotherNodeIsRefused) {
   SeedAll(0);
   StartAll();
