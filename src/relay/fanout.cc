@@ -14,6 +14,10 @@ constexpr int kSilentIntervals = 4;
 constexpr int kSlowIntervals = 8;
 // ... if it took bytes at under 1/kSlowFraction of its link's bandwidth.
 constexpr double kSlowFraction = 10;
+// A failed node is tried again this many times (every half interval): a
+// relay that restarts within a few heartbeats rejoins its refit. The vote
+// phase waits for these tries.
+constexpr int kRejoinTries = 6;
 
 double Secs(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -176,6 +180,10 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
   }
   if (acceptance) {
     c.accepted = true;
+    if (c.rejoin_of) {
+      spdlog::info("{}: {} rejoined the refit", options_.hello.node, name);
+      children_[*c.rejoin_of].superseded = true;
+    }
     c.takes_chunks = std::any_of(
         results->nodes.begin(), results->nodes.end(),
         [](const NodeResult& r) { return r.code == NodeCode::kOk; });
@@ -211,12 +219,29 @@ void Fanout::OnClosed(size_t i, const Status& why) {
 void Fanout::Fail(size_t i, NodeCode code, std::string why, FailKind kind) {
   Child& c = children_[i];
   if (c.failed) return;
-  spdlog::warn("{}: child {} is out of the refit: {}", options_.hello.node,
-               c.sub.nodes[0].name, why);
+  if (c.rejoin_of) {
+    spdlog::debug("{}: {} did not rejoin: {}", options_.hello.node,
+                  c.sub.nodes[0].name, why);
+  } else {
+    spdlog::warn("{}: child {} is out of the refit: {}", options_.hello.node,
+                 c.sub.nodes[0].name, why);
+  }
   c.failed = true;
   c.failure = code;
   c.why = std::move(why);
-  if (c.link) c.link->Close();
+  if (c.link && kind == FailKind::kFinal && c.greeted) {
+    // Out of the refit, but alive: tell it (ABORT), so that it restores
+    // its base now instead of waiting for a decision meant for others.
+    (void)SendTo(c, FrameType::kAbort, EncodeAbort(AbortMsg{c.why}));
+    c.link->CloseAfterFlush();
+  } else if (c.link) {
+    c.link->Close();
+  }
+  if (c.rejoin_of) {
+    // A rejoin attempt that did not work: the split entry still stands.
+    c.superseded = true;
+    return;
+  }
   if (closing_ || !options_.adopt || kind == FailKind::kFinal) return;
   // Nothing is left to deliver to a subtree that refused the plan or
   // answered the last phase.
@@ -238,6 +263,7 @@ void Fanout::Fail(size_t i, NodeCode code, std::string why, FailKind kind) {
 void Fanout::AdoptChildrenOf(size_t i) {
   Child& c = children_[i];
   c.split = true;
+  if (plan_.heartbeat_ms != 0) c.rejoin_at = Clock::now() + heartbeat() / 2;
   for (size_t k = c.plan_index + 1; k < plan_.nodes.size(); ++k) {
     if (plan_.nodes[k].parent != static_cast<int32_t>(c.plan_index)) continue;
     spdlog::info("{}: adopting {}, a child of {}", options_.hello.node,
@@ -294,7 +320,12 @@ void Fanout::Expect(FrameType reply, Clock::time_point deadline) {
 }
 
 bool Fanout::Complete() const {
-  return std::all_of(children_.begin(), children_.end(), [](const Child& c) {
+  bool rejoining = plan_.heartbeat_ms != 0 && expected_ == FrameType::kVote;
+  return std::all_of(children_.begin(), children_.end(), [&](const Child& c) {
+    if (rejoining && c.failed && c.split && !c.superseded &&
+        c.rejoin_tries < kRejoinTries) {
+      return false;  // it may still come back
+    }
     return c.failed || c.reply || c.superseded;
   });
 }
@@ -316,6 +347,29 @@ void Fanout::Tick(Clock::time_point now) {
   auto interval = heartbeat();
   next_tick_ = now + interval / 2;
   const uint64_t window = plan_.chunk_window_bytes;
+  // A node whose children were adopted may come back (a restart): try
+  // it again, alone, every half interval, kRejoinTries times, until the
+  // decision.
+  bool deciding = expected_ == FrameType::kCommitReply ||
+                  expected_ == FrameType::kAbortReply;
+  size_t count = children_.size();
+  for (size_t i = 0; i < count; ++i) {
+    Child& c = children_[i];
+    if (!c.failed || !c.split || c.superseded || deciding) continue;
+    if (c.rejoin_tries >= kRejoinTries || now < c.rejoin_at) continue;
+    bool pending = false;
+    for (const Child& o : children_) {
+      pending |= o.rejoin_of == i && !o.failed && !o.superseded;
+    }
+    if (pending) continue;
+    c.rejoin_tries += 1;
+    c.rejoin_at = now + interval / 2;
+    size_t k = AddChild(c.plan_index, /*adoption=*/true, /*retried=*/true);
+    Child& r = children_[k];
+    r.sub.nodes.resize(1);  // its children are ours now
+    r.rejoin_of = i;
+    Connect(k);
+  }
   for (size_t i = 0; i < children_.size(); ++i) {
     Child& c = children_[i];
     if (c.failed) continue;

@@ -159,6 +159,12 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     Clock::time_point last_rx;  // last frame from it
     Clock::time_point last_heartbeat;  // last HEARTBEAT to it
     std::optional<Clock::time_point> blocked_since;
+    // A split node is tried again now and then (it may restart and rejoin
+    // its refit): when, how often so far, and for a rejoin entry, which
+    // entry it would replace.
+    Clock::time_point rejoin_at = Clock::time_point::max();
+    int rejoin_tries = 0;
+    std::optional<size_t> rejoin_of;
     uint64_t blocked_sent = 0;  // bytes sent to it when it got blocked
   };
   class ChildHandler;

@@ -17,6 +17,24 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
     refusal->detail = std::move(detail);
     return nullptr;
   };
+  if (options.rejoin) {
+    auto busy = store->InProgress();
+    if (!busy || busy->refit != refit || busy->target != plan.target) {
+      refusal->code = NodeCode::kNeedsCatchUp;
+      refusal->detail = "the store's record does not name this refit";
+      return nullptr;
+    }
+    if (store->manifest().digest() != plan.manifest) {
+      refusal->code = NodeCode::kManifestMismatch;
+      refusal->detail = "the store holds other tensors";
+      return nullptr;
+    }
+    std::unique_ptr<RefitSession> session(
+        new RefitSession(store, node, refit, plan));
+    session->keep_undo_ = false;
+    session->rejoined_ = true;
+    return session;
+  }
   if (store->manifest().digest() != plan.manifest) {
     return refuse(
         NodeCode::kManifestMismatch,
@@ -121,7 +139,8 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
     // span nothing was applied to yet: after an earlier XOR it would
     // revert the span, after an overwrite (a retry that overtook it) it
     // would corrupt it; every chunk of a span carries the same target.
-    if (st.in_flight || (is_xor && !st.stack.empty())) {
+    // After a restart (rejoined_) every span may hold its XOR already.
+    if (st.in_flight || (is_xor && (!st.stack.empty() || rejoined_))) {
       return ApplyOutcome::kDuplicate;
     }
     st.in_flight = true;
@@ -212,6 +231,14 @@ Status RefitSession::Commit() {
 
 Status RefitSession::Abort(ChunkDecoder* decoder) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (rejoined_) {
+    // What the crash left cannot be undone: the record keeps saying the
+    // refit is unfinished, so no delta applies until a full refit.
+    spans_.clear();
+    return Status::Unsupported(
+        "the base cannot be restored after a restart mid-refit; the store "
+        "stays marked unfinished: repair it with dcr refit --full");
+  }
   DecodedChunk c;
   std::vector<std::byte> record;
   // A fresh store has no base bits to go back to: its record says it holds

@@ -53,6 +53,12 @@ class RefitSession {
     // Where the undo log lives (an unlinked file); empty: on the heap.
     // Default: the directory of the store's version record.
     std::optional<std::string> undo_dir;
+    // The relay restarted during this refit (the store's record names it
+    // in progress): the bits are an unknown mix, the undo data is gone.
+    // No base check; XOR chunks are dropped (they may have been applied
+    // already), overwrites apply; Abort cannot restore the base and leaves
+    // the record saying the refit is unfinished (repair: a full refit).
+    bool rejoin = false;
   };
   static std::unique_ptr<RefitSession> Begin(
       WeightStore* store, const std::string& node, const RefitId& refit,
@@ -115,6 +121,7 @@ class RefitSession {
 
   WeightStore* store_;
   bool keep_undo_ = true;
+  bool rejoined_ = false;  // Options::rejoin
   // The refit the store had left unfinished when this one began (a full
   // refit repairing it); Abort records it again with the restored mix.
   std::optional<RefitInProgress> unfinished_;

@@ -711,7 +711,14 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
     }
     return;
   }
-  if (plan->resume) {
+  // Restarted mid-refit: the store's record names this refit (unfinished)
+  // and the parent reconnects with an adoption PLAN of the same run. The
+  // relay rejoins; what it applied before is unknown, so it takes only
+  // overwrites from now on and the root's repair round fixes the rest.
+  bool rejoin = !refit_ && plan->adopt && store_ && store_->InProgress() &&
+                store_->InProgress()->refit == frame.header.refit_id &&
+                frame.header.epoch == max_epoch_;
+  if (plan->resume && !rejoin) {
     return refuse(NodeCode::kRejected,
                   fmt::format("refit {} is not in progress here (it never "
                               "started here, or the relay restarted since)",
@@ -720,7 +727,7 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
   // Every coordinator run takes a new epoch: a PLAN at an epoch this relay
   // already accepted is a replay or comes from a coordinator that another
   // one has since replaced (fencing).
-  if (frame.header.epoch <= max_epoch_) {
+  if (frame.header.epoch <= max_epoch_ && !rejoin) {
     return refuse(
         NodeCode::kRejected,
         fmt::format("stale coordinator epoch {}: this relay has accepted "
@@ -775,7 +782,14 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
         RefitSession::Begin(store_.get(), options_.name, r.id, r.plan, &r.own,
                             {.pool = hash_pool_.get(),
                              .fresh_store = fresh,
-                             .undo_dir = std::nullopt});
+                             .undo_dir = std::nullopt,
+                             .rejoin = rejoin});
+    if (rejoin && r.session) {
+      spdlog::warn(
+          "{}: rejoined refit {} after a restart: the store holds a mix; "
+          "only overwrites apply now, the rest comes as repairs",
+          options_.name, r.id.ToHex());
+    }
   }
   if (!r.session) {
     spdlog::warn("{}: not applying refit {} ({}: {}); forwarding only",

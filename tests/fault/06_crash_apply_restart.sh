@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Row 6 (waits for the root's repair round and restart handling; not in
-# ctest): the leaf b1 exits in the middle of XOR apply (relay.apply_chunk=
-# exit@N, code 86) and is restarted at once, during the same refit. Wanted:
-# the restarted b1 reports its applied set, the root resends the missing
-# and uncertain chunks as overwrites, and the refit commits everywhere (0)
-# with every store v1 bit for bit and no XOR applied twice on b1.
-# Today: b1 is excluded and keeps a mix flagged in its record.
+# Row 6: the leaf b1 exits in the middle of XOR apply (relay.apply_chunk=
+# exit@N, code 86) and is restarted at once, during the same refit. Its
+# parent b0 tries it again (every half heartbeat, a few times); the
+# restarted b1 finds its record naming this refit, rejoins it taking only
+# overwrites (any XOR may have been applied already), votes no naming the
+# tensors that differ, and the root's repair round overwrites them: the
+# refit commits everywhere (0), every store v1 bit for bit.
 # Usage: 06_crash_apply_restart.sh [DCR DCR_RELAY TRAINGEN]
 set -euo pipefail
 ROW=6
