@@ -2,11 +2,14 @@
 // from its parent, forwards them to its children and applies them to its
 // store in place (src/relay/relay.h).
 #include <fmt/format.h>
+#include <netdb.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <set>
 
 #include "cli/cli_common.h"
 #include "common/failpoint.h"
@@ -40,8 +43,48 @@ struct Args {
   std::string prepared_wait = "10min";
   std::string auth_key_file;
   std::string signing_public_key_file;
+  std::vector<std::string> allow_peers;
   TlsOptions tls;  // --tls-ca-file, --tls-cert-file, --tls-key-file
 };
+
+// Plans only from this node's ancestors in the topology's tree;
+// connections only from the topology's hosts (resolved now) and `extra`.
+Status LimitPeers(const Topology& topo, const std::vector<std::string>& extra,
+                  RelayOptions* o) {
+  DCR_ASSIGN_OR_RETURN(Tree tree, BuildTree(topo));
+  int self = tree.Find(o->name);
+  for (int i : tree.PathToRoot(self)) {
+    if (i != self) o->plan_senders.push_back(tree.nodes[i].name);
+  }
+  std::set<std::string> hosts(extra.begin(), extra.end());
+  hosts.insert(topo.root.host);
+  for (const ClusterSpec& c : topo.clusters) {
+    for (const NodeSpec& n : c.nodes) hosts.insert(n.host);
+  }
+  std::set<std::string> addresses(extra.begin(), extra.end());
+  for (const std::string& h : hosts) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(h.c_str(), nullptr, &hints, &res) != 0) {
+      spdlog::warn(
+          "{}: cannot resolve topology host '{}'; connections from "
+          "it will be refused",
+          o->name, h);
+      continue;
+    }
+    for (addrinfo* p = res; p != nullptr; p = p->ai_next) {
+      char buf[INET6_ADDRSTRLEN] = {};
+      if (getnameinfo(p->ai_addr, p->ai_addrlen, buf, sizeof buf, nullptr, 0,
+                      NI_NUMERICHOST) == 0) {
+        addresses.insert(buf);
+      }
+    }
+    freeaddrinfo(res);
+  }
+  o->peer_addresses.assign(addresses.begin(), addresses.end());
+  return Status::OK();
+}
 
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s) {
   size_t colon = s.rfind(':');
@@ -156,6 +199,9 @@ int Run(const Args& a) {
                       a.topology, a.node, a.topology)));
     }
     o.name = n->name;
+    if (Status s = LimitPeers(*topo, a.allow_peers, &o); !s.ok()) {
+      return ReportError(s);
+    }
     o.listen_host = n->host;
     o.listen_port = n->port;
     o.store = FromTopology(n->store);
@@ -342,6 +388,10 @@ int main(int argc, char** argv) {
                  "500Mbps (testing without tc)");
   app.add_option("--connect-timeout", a.connect_timeout,
                  "Timeout connecting to a child (default 5s)");
+  app.add_option("--allow-peer", a.allow_peers,
+                 "With --topology: also take connections from this IP "
+                 "address (repeatable; e.g. an operator's host running dcr "
+                 "status); by default only the topology's hosts may connect");
   app.add_option("--prepared-wait", a.prepared_wait,
                  "After voting, how long to wait for the decision when the "
                  "parent is gone (a new parent, or dcr refit --resume) "

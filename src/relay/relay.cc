@@ -545,6 +545,28 @@ void Relay::Impl::OnInboundFrame(const std::shared_ptr<Link>& link,
   if (refit_ && refit_->up.get() == link.get()) {
     refit_->last_up_rx = Clock::now();
   }
+  if (!in.greeted && !options_.peer_addresses.empty()) {
+    std::string host = link->peer();
+    if (size_t colon = host.rfind(':'); colon != std::string::npos) {
+      host.resize(colon);
+    }
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    if (std::find(options_.peer_addresses.begin(),
+                  options_.peer_addresses.end(),
+                  host) == options_.peer_addresses.end()) {
+      spdlog::warn(
+          "{}: refusing a connection from {}: not a host of the "
+          "topology",
+          options_.name, link->peer());
+      SendError(*link, fmt::format("{} takes connections only from the "
+                                   "topology's hosts; {} is not one",
+                                   options_.name, host));
+      link->CloseAfterFlush();
+      return;
+    }
+  }
   if (!in.greeted) {
     if (frame.type() != FrameType::kHello) {
       SendError(*link, "the first frame must be HELLO");
@@ -669,6 +691,17 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
     Reply(*link, FrameType::kPlanReply, frame.header,
           EncodeResults(ResultsMsg{RefuseWhole(*plan, code, detail)}));
   };
+  if (!options_.plan_senders.empty() &&
+      std::find(options_.plan_senders.begin(), options_.plan_senders.end(),
+                inbound_[link->id()].hello.node) ==
+          options_.plan_senders.end()) {
+    return refuse(
+        NodeCode::kRejected,
+        fmt::format("plans are taken only from {}'s ancestors in "
+                    "the topology ({}); '{}' is not one",
+                    options_.name, fmt::join(options_.plan_senders, ", "),
+                    inbound_[link->id()].hello.node));
+  }
   if (plan->nodes[0].name != options_.name) {
     return refuse(NodeCode::kRejected,
                   fmt::format("this is node '{}', the plan is for '{}'",

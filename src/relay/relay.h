@@ -66,6 +66,15 @@ struct RelayOptions {
   // its base. Before voting it waits the plan's phase timeout to be
   // adopted.
   std::chrono::milliseconds prepared_wait{600000};
+  // Set from the topology (dcr-relay --topology). plan_senders: the nodes
+  // that may send this relay a PLAN, its ancestors in the tree (the root
+  // and the relays on its path; adoptions come from them too); a PLAN from
+  // any other node is refused. peer_addresses: the IP addresses (as
+  // Link::peer() prints them, without the port) connections may come from,
+  // the topology's hosts; any other connection is closed at its first
+  // frame. Empty: no limit.
+  std::vector<std::string> plan_senders;
+  std::vector<std::string> peer_addresses;
   // The root's Ed25519 public key (defaults.signing_public_key_file,
   // --signing-public-key-file). With it the apply workers hash every chunk
   // they apply, and the relay votes yes only if END carries a manifest the

@@ -263,6 +263,36 @@ assert value("dcr_relay_bytes_in_total") > 0
 assert re.search(r'^dcr_relay_refits_total\{node="b1",result="committed"\} [1-9]', text, re.M)
 PY
 
+# --- f2. Plans only from ancestors, connections only from topology hosts ---
+# A topology where a2 heads rollout-a: a2 passes the plan on to a0 and a1,
+# whose own topology says their ancestors are a0 and the trainer.
+sed 's|{name: a2, |{name: a2, head: true, |' "$TOPO" >"$T/alt.yaml"
+expect 1 "$DCR" refit --topology "$T/alt.yaml" --target "$V/v1.safetensors" \
+  --timeout 10s --progress never -o json
+node_json a0 'n["code"] == "rejected" and "ancestors in the topology" in n["detail"] and "a2" in n["detail"]'
+node_json a1 'n["code"] == "rejected" and "ancestors in the topology" in n["detail"]'
+# A connection from an address that is no host of the topology (127.0.0.2)
+# is closed at its first frame with a reason.
+python3 - "$(dirname "$0")/../fault" "${PORTS[1]}" <<'PY' || fail "a connection from 127.0.0.2 was not refused"
+import socket, sys
+sys.path.insert(0, sys.argv[1])
+import wire
+s = socket.socket()
+s.bind(("127.0.0.2", 0))
+s.connect(("127.0.0.1", int(sys.argv[2])))
+s.settimeout(5)
+s.sendall(wire.frame(wire.HELLO, wire.hello("intruder")))
+data = b""
+while True:
+    b = s.recv(4096)
+    if not b:
+        break
+    data += b
+assert data[5] == 15, f"want ERROR, got frame type {data[5]}"
+assert b"topology's hosts" in data, data
+PY
+expect 0 "$DCR" status --topology "$TOPO" -o json
+
 # --- g. Clean stop ---------------------------------------------------------
 stop_relay b0
 grep -q "stopping" "$T/b0.log" || { cat "$T/b0.log" >&2; fail "b0 did not log 'stopping'"; }
