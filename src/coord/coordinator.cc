@@ -81,6 +81,22 @@ Result<uint64_t> NextEpoch(const std::string& state_dir) {
   return last + 1;
 }
 
+// The tree as PLAN nodes (each after its parent, as BuildTree orders them).
+std::vector<PlanNode> PlanNodes(const Tree& tree) {
+  std::vector<PlanNode> out;
+  for (const TreeNode& n : tree.nodes) {
+    PlanNode p;
+    p.name = n.name;
+    p.host = n.host;
+    p.port = n.port;
+    p.transport = std::string(TransportKindName(n.transport));
+    p.parent = n.parent;
+    p.link_bps = n.link_bandwidth_bps;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 nlohmann::json VersionJson(const Version& v) {
   return {{"step", v.step}, {"digest", v.digest.ToHex()}};
 }
@@ -146,6 +162,8 @@ class RefitRun {
                                Clock::time_point t0,
                                Clock::time_point t_decide);
   Status WriteCurrent();
+  // The root's side of the tree links for this run's epoch and refit.
+  Fanout::Options FanoutOptions(bool resume);
   Status Prepare();
   // Runs the mailbox until `done` or the fanout's deadline.
   void WaitPhase(const std::function<bool()>& done);
@@ -370,16 +388,7 @@ Status RefitRun::Prepare() {
   }
   plan_.target_tensor_digests = std::move(target_digests.tensors);
   plan_.heartbeat_ms = static_cast<uint32_t>(options_.heartbeat.count());
-  for (const TreeNode& n : tree_.nodes) {
-    PlanNode p;
-    p.name = n.name;
-    p.host = n.host;
-    p.port = n.port;
-    p.transport = std::string(TransportKindName(n.transport));
-    p.parent = n.parent;
-    p.link_bps = n.link_bandwidth_bps;
-    plan_.nodes.push_back(std::move(p));
-  }
+  plan_.nodes = PlanNodes(tree_);
   TransportOptions to = options_.transport_options;
   to.name = topo.root.name;
   DCR_ASSIGN_OR_RETURN(transport_, CreateTransport(options_.transport, to));
@@ -678,6 +687,20 @@ bool RefitRun::Vote(std::vector<NodeResult>* votes) {
   }
 }
 
+Fanout::Options RefitRun::FanoutOptions(bool resume) {
+  Fanout::Options fo;
+  fo.transport = transport_.get();
+  fo.mailbox = &mailbox_;
+  fo.connect_timeout = options_.connect_timeout;
+  fo.hello = HelloMsg{options_.topology.root.name, kRoleRoot, report_.epoch};
+  fo.frames = options_.transport_options.frames;
+  fo.header.epoch = report_.epoch;
+  fo.header.refit_id = report_.refit;
+  fo.header.sequence = 0;
+  fo.resume = resume;
+  return fo;
+}
+
 // state_dir/current.json: the refit in progress, written durably before
 // its PLAN and removed once its report is written; dcr refit --resume
 // reads it.
@@ -808,16 +831,7 @@ Result<RefitReport> RefitRun::Run() {
                report_.base.step, report_.target.step,
                report_.target.digest.ShortHex(), tree_.nodes.size() - 1);
 
-  Fanout::Options fo;
-  fo.transport = transport_.get();
-  fo.mailbox = &mailbox_;
-  fo.connect_timeout = options_.connect_timeout;
-  fo.hello = HelloMsg{options_.topology.root.name, kRoleRoot, report_.epoch};
-  fo.frames = options_.transport_options.frames;
-  fo.header.epoch = report_.epoch;
-  fo.header.refit_id = report_.refit;
-  fo.header.sequence = 0;
-  fanout_ = Fanout::Create(fo, plan_);
+  fanout_ = Fanout::Create(FanoutOptions(/*resume=*/false), plan_);
   auto deadline = [&] { return Clock::now() + options_.phase_timeout; };
 
   // 1. Plan.
@@ -1140,16 +1154,7 @@ Result<RefitReport> RefitRun::Resume() {
   plan_.phase_timeout_ms =
       static_cast<uint32_t>(options_.phase_timeout.count());
   plan_.heartbeat_ms = static_cast<uint32_t>(options_.heartbeat.count());
-  for (const TreeNode& n : tree_.nodes) {
-    PlanNode pn;
-    pn.name = n.name;
-    pn.host = n.host;
-    pn.port = n.port;
-    pn.transport = std::string(TransportKindName(n.transport));
-    pn.parent = n.parent;
-    pn.link_bps = n.link_bandwidth_bps;
-    plan_.nodes.push_back(std::move(pn));
-  }
+  plan_.nodes = PlanNodes(tree_);
   TransportOptions to = options_.transport_options;
   to.name = topo.root.name;
   DCR_ASSIGN_OR_RETURN(transport_, CreateTransport(options_.transport, to));
@@ -1159,16 +1164,7 @@ Result<RefitReport> RefitRun::Resume() {
                report_.base.step, report_.target.step);
   report_.prepare_seconds = Seconds(t0, Clock::now());
 
-  Fanout::Options fo;
-  fo.transport = transport_.get();
-  fo.mailbox = &mailbox_;
-  fo.connect_timeout = options_.connect_timeout;
-  fo.hello = HelloMsg{topo.root.name, kRoleRoot, report_.epoch};
-  fo.frames = options_.transport_options.frames;
-  fo.header.epoch = report_.epoch;
-  fo.header.refit_id = report_.refit;
-  fo.resume = true;
-  fanout_ = Fanout::Create(fo, plan_);
+  fanout_ = Fanout::Create(FanoutOptions(/*resume=*/true), plan_);
   // Every relay that holds the refit takes this run as its parent (an
   // adoption at the new epoch) and says where it is; then the decision.
   auto t_plan = Clock::now();

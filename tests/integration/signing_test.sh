@@ -99,35 +99,6 @@ start_relay() {  # start_relay NAME [ENV=VALUE...]: starts it in the background
     >>"$T/$n.log" 2>&1 &
   PID[$n]=$!
 }
-wait_ready() {  # wait_ready NAME...: every ready file within 10 s
-  local n
-  for n in "$@"; do
-    for _ in $(seq 100); do
-      [[ -s "$T/$n.ready" ]] && break
-      kill -0 "${PID[$n]}" 2>/dev/null || { cat "$T/$n.log" >&2; fail "relay $n exited before it was ready"; }
-      sleep 0.1
-    done
-    [[ -s "$T/$n.ready" ]] || { cat "$T/$n.log" >&2; fail "relay $n not ready within 10 s"; }
-  done
-}
-stop_relay() {  # stop_relay NAME: SIGTERM, exit 0 within 5 s
-  local n=$1 p=${PID[$1]} rc
-  kill -TERM "$p"
-  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  kill -0 "$p" 2>/dev/null && fail "relay $n still running 5 s after SIGTERM"
-  set +e
-  wait "$p"
-  rc=$?
-  set -e
-  unset "PID[$n]"
-  [[ $rc -eq 0 ]] || { cat "$T/$n.log" >&2; fail "relay $n exited $rc after SIGTERM, want 0"; }
-}
-refit_json() {  # refit_json CODE TOPOLOGY ARGS...: dcr refit -o json, exit CODE
-  local want=$1 topo=$2
-  shift 2
-  expect "$want" "$DCR" refit --topology "$topo" --progress never -o json \
-    --timeout 10s "$@"
-}
 
 for n in "${RELAYS[@]}"; do cp "$V/v0.safetensors" "$T/$n.safetensors"; done
 cp "$V/v0.safetensors" "$T/base.safetensors"
