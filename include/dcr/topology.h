@@ -85,6 +85,8 @@ struct LinkSpec {
   bool operator==(const LinkSpec&) const = default;
 };
 
+inline constexpr uint32_t kDefaultKeepDeltas = 4;
+
 // The coordinator (`dcr refit`) beside the trainer.
 struct RootSpec {
   std::string name;
@@ -96,6 +98,9 @@ struct RootSpec {
   // The root's Ed25519 private key (PEM), read by `dcr refit` only; it goes
   // with defaults.signing_public_key_file.
   std::string signing_key_file;
+  // How many committed deltas state_dir/history keeps for catch-up of
+  // relays that are versions behind (0: none; they get dense copies).
+  uint32_t keep_deltas = kDefaultKeepDeltas;
   SourceLine loc;
   bool operator==(const RootSpec&) const = default;
 };
@@ -172,7 +177,8 @@ Status RemoveNode(Topology* topo, std::string_view name);
 //   defaults.{transport,span_elems,fanout,window_bytes,min_commit,
 //             auth_key_file,tls_ca_file,tls_cert_file,tls_key_file,
 //             signing_public_key_file}
-//   root.{name,host,port,cluster,state_dir,baseline,signing_key_file}
+//   root.{name,host,port,cluster,state_dir,baseline,signing_key_file,
+//        keep_deltas}
 //   clusters.<name>.{name,region,fanout,bandwidth,transport}
 //   clusters[<i>].<same keys>
 //   nodes.<name>.{name,host,port,transport,metrics_port,head,store,
@@ -180,7 +186,7 @@ Status RemoveNode(Topology* topo, std::string_view name);
 //   links[<i>].{from,to,bandwidth,latency,transport}
 // An empty value removes an optional key (fanout, bandwidth, transport,
 // region, metrics_port, state_dir, baseline and the key and certificate
-// files). Renaming a
+// files; keep_deltas goes back to its default). Renaming a
 // cluster renames its references (root.cluster, links).
 Status SetValue(Topology* topo, std::string_view key, std::string_view value);
 

@@ -28,6 +28,7 @@ struct RefitArgs {
   std::vector<std::string> nodes;
   bool resume = false;
   int repair_rounds = 2;
+  bool no_catch_up = false;
 };
 
 Result<std::chrono::milliseconds> ParseTimeout(const std::string& s) {
@@ -101,12 +102,24 @@ void PrintReport(const RefitReport& r) {
       "commit %.3f s\n",
       r.prepare_seconds, r.plan_seconds, r.stream_seconds, r.vote_seconds,
       r.commit_seconds);
+  for (const CatchUpReport& c : r.catch_up) {
+    std::printf("  catch-up of %s: %s, %s in %llu chunks, %.3f s: %s\n",
+                fmt::format("{}", fmt::join(c.nodes, ", ")).c_str(),
+                c.method == "history" ? fmt::format("{} deltas from step {}",
+                                                    c.deltas, c.from.step)
+                                            .c_str()
+                                      : "dense copy",
+                HumanBytes(c.payload_bytes).c_str(),
+                static_cast<unsigned long long>(c.chunks), c.seconds,
+                std::string(RefitOutcomeName(c.outcome)).c_str());
+  }
   size_t w = 4;
   for (const NodeOutcome& n : r.nodes) w = std::max(w, n.node.size());
   for (const NodeOutcome& n : r.nodes) {
     std::string result =
         n.committed
-            ? fmt::format("committed ({} chunks applied)", n.chunks_applied)
+            ? fmt::format("committed ({} chunks applied){}", n.chunks_applied,
+                          n.detail.empty() ? "" : "; " + n.detail)
         : n.phase.empty()
             ? std::string(r.outcome == RefitOutcome::kAborted ? "base restored"
                                                               : "not committed")
@@ -162,6 +175,7 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
     o.heartbeat = std::chrono::milliseconds(0);
   }
   o.repair_rounds = a.repair_rounds;
+  o.catch_up = !a.no_catch_up;
   o.threads = static_cast<size_t>(g.threads);
   if (!a.link_rate.empty()) {
     auto bps = ParseBandwidth(a.link_rate);
@@ -371,6 +385,10 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                     "receivers report as differing after the vote (default "
                     "2; 0: exclude them at once)")
         ->check(CLI::Range(0, 100));
+    cmd->add_flag("--no-catch-up", a->no_catch_up,
+                  "Leave relays that are versions behind stale instead of "
+                  "bringing them up after the commit (from the delta "
+                  "history in root.state_dir, else with a dense copy)");
     cmd->add_option("--link-rate", a->link_rate,
                     "Pace each of the root's links to this bandwidth, e.g. "
                     "200Mbps (testing without tc)");

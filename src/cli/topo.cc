@@ -316,7 +316,7 @@ void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
             "            tls_ca_file,tls_cert_file,tls_key_file,"
             "signing_public_key_file}\n"
             "  root.{name,host,port,cluster,state_dir,baseline,"
-            "signing_key_file}\n"
+            "signing_key_file,keep_deltas}\n"
             "  clusters.NAME.{name,region,fanout,bandwidth,transport}  (or "
             "clusters[I].KEY)\n"
             "  nodes.NAME.{name,host,port,transport,metrics_port,head,store,"

@@ -17,6 +17,7 @@
 
 #include "common/failpoint.h"
 #include "common/file.h"
+#include "coord/history.h"
 #include "dcr/checkpoint.h"
 #include "dcr/codec.h"
 #include "dcr/store.h"
@@ -101,6 +102,19 @@ nlohmann::json VersionJson(const Version& v) {
   return {{"step", v.step}, {"digest", v.digest.ToHex()}};
 }
 
+// The reason of a partial commit: who was left out, and why.
+std::string ExcludedReason(const RefitReport& report) {
+  std::vector<std::string> excluded;
+  for (const NodeOutcome& n : report.nodes) {
+    if (n.committed) continue;
+    excluded.push_back(n.phase.empty()
+                           ? n.node
+                           : fmt::format("{} ({} at {})", n.node,
+                                         NodeCodeName(n.code), n.phase));
+  }
+  return fmt::format("excluded, now stale: {}", fmt::join(excluded, ", "));
+}
+
 // One encoded chunk framed and waiting to be sent.
 struct Outgoing {
   FrameBuffer frame;
@@ -148,8 +162,15 @@ class ChunkQueue {
 
 class RefitRun {
  public:
-  explicit RefitRun(const RefitOptions& options) : options_(options) {}
+  // With `catch_up_chain` (history delta files, options.only_nodes set):
+  // feeds the named relays the chain's composition, from its base to the
+  // baseline's version.
+  explicit RefitRun(const RefitOptions& options,
+                    std::vector<std::string> catch_up_chain = {})
+      : options_(options), chain_(std::move(catch_up_chain)) {}
   Result<RefitReport> Run();
+  // After Run: the PLAN_REPLY of every receiver that needs catch-up.
+  const std::vector<NodeResult>& behind() const { return behind_; }
   // dcr refit --resume: finishes the refit state_dir/current.json names.
   Result<RefitReport> Resume();
 
@@ -222,13 +243,22 @@ class RefitRun {
   std::atomic<bool> produce_done_{false};
   // root.signing_key_file, loaded once in Prepare; null: END is unsigned.
   std::unique_ptr<Ed25519PrivateKey> signing_key_;
+  // Catch-up: the history chain and its composition.
+  std::vector<std::string> chain_;
+  std::unique_ptr<ComposedDelta> composed_;
+  // A delta refit of the whole tree records its chunks for the history;
+  // kept if it commits.
+  std::unique_ptr<DeltaWriter> record_;
+  std::vector<NodeResult> behind_;
+  // The history record of this refit, once committed.
+  void KeepRecord();
 };
 
 Status RefitRun::Prepare() {
   const Topology& topo = options_.topology;
   DCR_ASSIGN_OR_RETURN(tree_, BuildTree(topo));
   if (!options_.only_nodes.empty()) {
-    if (options_.mode != RefitMode::kFull) {
+    if (options_.mode != RefitMode::kFull && chain_.empty()) {
       return Status::InvalidArgument(
           "refitting named nodes needs a full refit (--full)");
     }
@@ -345,6 +375,17 @@ Status RefitRun::Prepare() {
           options_.target, report_.base.step));
     }
     report_.target = report_.base;
+    if (!chain_.empty()) {
+      DCR_ASSIGN_OR_RETURN(
+          composed_, ComposedDelta::Open(chain_, target_->manifest().digest(),
+                                         topo.defaults.span_elems));
+      if (composed_->target() != report_.target) {
+        return Status::InvalidArgument(fmt::format(
+            "the history chain ends at step {}, the baseline is step {}",
+            composed_->target().step, report_.target.step));
+      }
+      report_.base = composed_->base();
+    }
   }
   if (options_.mode == RefitMode::kDelta && baseline_ &&
       report_.target.digest == report_.base.digest) {
@@ -373,6 +414,17 @@ Status RefitRun::Prepare() {
         state_dir_));
   }
   DCR_ASSIGN_OR_RETURN(report_.epoch, NextEpoch(state_dir_));
+  if (options_.mode == RefitMode::kDelta && options_.only_nodes.empty() &&
+      baseline_) {
+    DeltaHistory history(state_dir_ + "/history", topo.root.keep_deltas);
+    auto record = history.Record(report_.target);
+    if (record.ok()) {
+      record_ = *std::move(record);
+    } else {
+      spdlog::warn("not recording this delta for catch-up: {}",
+                   record.status().ToString());
+    }
+  }
 
   window_ = std::max<uint64_t>(topo.defaults.window_bytes, 1u << 20);
   plan_.mode = options_.mode;
@@ -467,18 +519,29 @@ void RefitRun::Produce(bool repair) {
     uint32_t tensor, span;
   };
   std::vector<Item> items;
-  std::vector<uint32_t> all;
-  if (!repair) {
-    all.resize(m.size());
-    for (size_t t = 0; t < m.size(); ++t) all[t] = static_cast<uint32_t>(t);
-  }
-  for (uint32_t t : repair ? repair_tensors_ : all) {
-    uint64_t spans = SpanCount(m[t].NumElements(), span_elems);
-    for (uint64_t s = 0; s < spans; ++s) {
-      items.push_back({t, static_cast<uint32_t>(s)});
+  // Catch-up from the history: the composed chunks, in order.
+  const bool compose = composed_ && !repair;
+  if (compose) {
+    for (const ChunkId& id : composed_->ids()) {
+      items.push_back({id.tensor, id.span});
+    }
+  } else {
+    std::vector<uint32_t> all;
+    if (!repair) {
+      all.resize(m.size());
+      for (size_t t = 0; t < m.size(); ++t) all[t] = static_cast<uint32_t>(t);
+    }
+    for (uint32_t t : repair ? repair_tensors_ : all) {
+      uint64_t spans = SpanCount(m[t].NumElements(), span_elems);
+      for (uint64_t s = 0; s < spans; ++s) {
+        items.push_back({t, static_cast<uint32_t>(s)});
+      }
     }
   }
   std::vector<std::unique_ptr<ChunkEncoder>> encoders(pool_->size());
+  std::vector<std::unique_ptr<ChunkDecoder>> decoders(compose ? pool_->size()
+                                                              : 0);
+  std::vector<std::vector<std::byte>> scratch(decoders.size());
   for (auto& e : encoders) {
     auto enc = ChunkEncoder::Create(EncodeOptions{});
     if (!enc.ok()) {
@@ -488,6 +551,16 @@ void RefitRun::Produce(bool repair) {
       return;
     }
     e = *std::move(enc);
+  }
+  for (auto& d : decoders) {
+    auto dec = ChunkDecoder::Create();
+    if (!dec.ok()) {
+      produce_error_ = dec.status();
+      produce_done_ = true;
+      mailbox_.Wake();
+      return;
+    }
+    d = *std::move(dec);
   }
   const size_t batch = std::max<size_t>(4, pool_->size() * 4);
   std::vector<std::vector<std::byte>> out(batch);
@@ -507,7 +580,12 @@ void RefitRun::Produce(bool repair) {
       out[i].clear();
       sizes[i] = ChunkSizes();
       ChunkId id{it.tensor, it.span};
-      if (options_.mode == RefitMode::kFull || repair) {
+      if (compose) {
+        auto changed = composed_->Encode(
+            begin + i, es, target, encoders[worker].get(),
+            decoders[worker].get(), &scratch[worker], &out[i], &sizes[i]);
+        errors[i] = changed.ok() ? Status::OK() : changed.status();
+      } else if (options_.mode == RefitMode::kFull || repair) {
         errors[i] =
             encoders[worker]->EncodeFull(id, es, target, &out[i], &sizes[i]);
       } else {
@@ -550,6 +628,13 @@ void RefitRun::Produce(bool repair) {
              hashes[i]});
       }
       if (!repair) sizes_ += sizes[i];
+      if (record_ && !repair) {
+        if (Status s = record_->Append(out[i]); !s.ok()) {
+          spdlog::warn("not recording this delta for catch-up: {}",
+                       s.ToString());
+          record_.reset();
+        }
+      }
       if (!queue_->Push(Outgoing{*std::move(frame), out[i].size()})) {
         produce_done_ = true;
         return;
@@ -769,6 +854,30 @@ Status RefitRun::AdvanceBaseline() {
   return baseline_->Commit(report_.target, report_.refit);
 }
 
+void RefitRun::KeepRecord() {
+  DeltaHistory history(state_dir_ + "/history",
+                       options_.topology.root.keep_deltas);
+  if (record_) {
+    DeltaHeader h;
+    h.base = report_.base;
+    h.target = report_.target;
+    h.manifest = target_->manifest().digest();
+    h.span_elems = plan_.span_elems;
+    h.tensor_count = target_->manifest().size();
+    h.total_elements = report_.total_elements;
+    h.total_bytes = report_.checkpoint_bytes;
+    h.changed_elements = sizes_.changed;
+    Status s = record_->Finish(h);
+    record_.reset();
+    if (!s.ok()) {
+      spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
+    }
+  }
+  if (Status s = history.Prune(); !s.ok()) {
+    spdlog::warn("cannot prune the delta history: {}", s.ToString());
+  }
+}
+
 void RefitRun::Summarize(const std::vector<NodeResult>& plan,
                          const std::vector<NodeResult>& votes,
                          const std::vector<NodeResult>& final_replies,
@@ -839,6 +948,9 @@ Result<RefitReport> RefitRun::Run() {
   fanout_->Start(deadline());
   WaitPhase([&] { return fanout_->Complete(); });
   std::vector<NodeResult> plan_results = fanout_->Results();
+  for (const NodeResult& r : plan_results) {
+    if (r.code == NodeCode::kNeedsCatchUp) behind_.push_back(r);
+  }
   auto t_plan = Clock::now();
   report_.plan_seconds = Seconds(t_prepared, t_plan);
   size_t receivers = tree_.nodes.size() - 1;
@@ -937,6 +1049,11 @@ Result<RefitReport> RefitRun::Conclude(
     });
     if (s.ok()) WaitPhase([&] { return fanout_->Complete(); });
     baseline.join();
+    if (b.ok() && options_.only_nodes.empty()) {
+      KeepRecord();
+    } else {
+      record_.reset();
+    }
     DCR_FAILPOINT("coord.after_commit");
     final_replies = fanout_->Results();
     // Committed everywhere only if every receiver confirmed it: a node that
@@ -961,22 +1078,14 @@ Result<RefitReport> RefitRun::Conclude(
     final_replies = fanout_->Results();
     report_.outcome = RefitOutcome::kAborted;
     commit_set.clear();
+    record_.reset();  // removes the temporary file
   }
   report_.commit_seconds = Seconds(t_decide, Clock::now());
   report_.adoptions = fanout_->adoptions();
   fanout_->Close();
   Summarize(plan_results, votes, final_replies, commit_set);
   if (report_.outcome == RefitOutcome::kPartial && report_.reason.empty()) {
-    std::vector<std::string> excluded;
-    for (const NodeOutcome& n : report_.nodes) {
-      if (n.committed) continue;
-      excluded.push_back(n.phase.empty()
-                             ? n.node
-                             : fmt::format("{} ({} at {})", n.node,
-                                           NodeCodeName(n.code), n.phase));
-    }
-    report_.reason =
-        fmt::format("excluded, now stale: {}", fmt::join(excluded, ", "));
+    report_.reason = ExcludedReason(report_);
   }
   report_.total_seconds = Seconds(t0, Clock::now());
   // Let the last frames leave before the links go.
@@ -1048,6 +1157,22 @@ std::string RefitReport::ToJson() const {
         {"commit", commit_seconds},
         {"total", total_seconds}}},
       {"nodes", nodes_json}};
+  nlohmann::json catch_up_json = nlohmann::json::array();
+  for (const CatchUpReport& c : catch_up) {
+    catch_up_json.push_back(
+        {{"refit", c.refit.ToHex()},
+         {"epoch", c.epoch},
+         {"nodes", c.nodes},
+         {"method", c.method},
+         {"from", VersionJson(c.from)},
+         {"deltas", c.deltas},
+         {"chunks", c.chunks},
+         {"payload_bytes", c.payload_bytes},
+         {"seconds", c.seconds},
+         {"outcome", std::string(RefitOutcomeName(c.outcome))},
+         {"reason", c.reason}});
+  }
+  j["catch_up"] = std::move(catch_up_json);
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -1187,9 +1312,134 @@ Result<RefitReport> ResumeRefit(const RefitOptions& options) {
   return run.Resume();
 }
 
+namespace {
+
+// Runs one catch-up (a refit of `nodes` only, from the root) and folds its
+// outcome into `report`. Returns the nodes it did not bring up to date
+// that a dense copy may still help (they answered, with other bits).
+std::vector<std::string> RunCatchUp(const RefitOptions& options,
+                                    std::vector<std::string> nodes,
+                                    std::vector<std::string> chain,
+                                    const Version& from, RefitReport* report) {
+  RefitOptions o = options;
+  o.only_nodes = nodes;
+  o.mode = chain.empty() ? RefitMode::kFull : RefitMode::kDelta;
+  o.catch_up = false;
+  CatchUpReport c;
+  c.nodes = nodes;
+  c.method = chain.empty() ? "dense" : "history";
+  c.from = from;
+  c.deltas = chain.size();
+  spdlog::info("catching up {} from {}", fmt::join(nodes, ", "),
+               chain.empty() ? std::string("nothing (a dense copy)")
+                             : fmt::format("step {} ({} deltas)", from.step,
+                                           chain.size()));
+  RefitRun run(o, std::move(chain));
+  auto sub = run.Run();
+  std::vector<std::string> retry;
+  if (!sub.ok()) {
+    c.reason = sub.status().ToString();
+    spdlog::warn("catch-up of {} failed: {}", fmt::join(nodes, ", "), c.reason);
+    for (NodeOutcome& n : report->nodes) {
+      if (std::count(nodes.begin(), nodes.end(), n.node)) {
+        n.detail += "; catch-up failed: " + c.reason;
+      }
+    }
+    if (c.method == "history") retry = nodes;
+    report->catch_up.push_back(std::move(c));
+    return retry;
+  }
+  c.refit = sub->refit;
+  c.epoch = sub->epoch;
+  c.chunks = sub->chunks;
+  c.payload_bytes = sub->payload_bytes + sub->repair_bytes;
+  c.seconds = sub->total_seconds;
+  c.outcome = sub->outcome;
+  c.reason = sub->reason;
+  report->total_seconds += sub->total_seconds;
+  for (const NodeOutcome& s : sub->nodes) {
+    for (NodeOutcome& n : report->nodes) {
+      if (n.node != s.node) continue;
+      if (s.committed) {
+        n.committed = true;
+        n.code = NodeCode::kOk;
+        n.phase.clear();
+        n.chunks_applied = s.chunks_applied;
+        n.detail =
+            c.method == "history"
+                ? fmt::format("caught up from step {} with {} composed deltas",
+                              from.step, c.deltas)
+                : std::string("caught up with a dense copy");
+      } else {
+        n.detail += fmt::format("; catch-up: {} at {}: {}",
+                                NodeCodeName(s.code), s.phase, s.detail);
+        if (c.method == "history" && s.code != NodeCode::kUnreachable &&
+            s.code != NodeCode::kTimeout) {
+          retry.push_back(s.node);
+        }
+      }
+    }
+  }
+  report->catch_up.push_back(std::move(c));
+  return retry;
+}
+
+}  // namespace
+
 Result<RefitReport> RunRefit(const RefitOptions& options) {
-  RefitRun run(options);
-  return run.Run();
+  std::vector<NodeResult> behind;
+  auto report = [&] {
+    // (The run's baseline store is closed before a catch-up opens it.)
+    RefitRun run(options);
+    auto r = run.Run();
+    behind = run.behind();
+    return r;
+  }();
+  if (!report.ok() || !options.catch_up || !options.only_nodes.empty() ||
+      options.crash_after_decision || behind.empty() ||
+      report->outcome == RefitOutcome::kAborted) {
+    return report;
+  }
+  // Group the relays behind by the chain that brings them up. Those whose
+  // record names an older step of this tree that the history no longer
+  // reaches get a dense copy. A store without a record (seeded offline with
+  // other bits), left unfinished, or missing is left alone: the operator
+  // seeds or repairs it with dcr refit --full --node.
+  const std::string state_dir = options.topology.root.state_dir;
+  DeltaHistory history(state_dir + "/history",
+                       options.topology.root.keep_deltas);
+  std::map<std::vector<std::string>,
+           std::pair<Version, std::vector<std::string>>>
+      groups;
+  std::vector<std::string> dense;
+  for (const NodeResult& r : behind) {
+    auto chain = r.version.digest == Digest128{}
+                     ? Result<std::vector<std::string>>(
+                           Status::NotFound("no committed version"))
+                     : history.Chain(r.version, report->target);
+    if (chain.ok()) {
+      auto& g = groups[*chain];
+      g.first = r.version;
+      g.second.push_back(r.node);
+    } else if (r.version.step > 0 && r.version.step < report->target.step) {
+      spdlog::info("{}: {}; a dense copy", r.node, chain.status().message());
+      dense.push_back(r.node);
+    }
+  }
+  for (auto& [chain, group] : groups) {
+    for (std::string& n :
+         RunCatchUp(options, group.second, chain, group.first, &*report)) {
+      dense.push_back(std::move(n));
+    }
+  }
+  if (!dense.empty()) RunCatchUp(options, dense, {}, Version{}, &*report);
+  bool all = std::all_of(report->nodes.begin(), report->nodes.end(),
+                         [](const NodeOutcome& n) { return n.committed; });
+  report->outcome = all ? RefitOutcome::kCommitted : RefitOutcome::kPartial;
+  report->reason = all ? std::string() : ExcludedReason(*report);
+  Status w = WriteText(state_dir + "/last-refit.json", report->ToJson() + "\n");
+  if (!w.ok()) spdlog::warn("cannot write last-refit.json: {}", w.ToString());
+  return report;
 }
 
 // ------------------------------------------------------------------ status

@@ -27,7 +27,10 @@
 //     ResumeRefit).
 //  5. Commit. COMMIT_REPLY from every node; then the baseline store takes the
 //     target bits and records the target version: the base of the next
-//     refit. state_dir/last-refit.json keeps the report.
+//     refit, and the delta joins state_dir/history. state_dir/last-refit.json
+//     keeps the report.
+//  6. Catch up (RefitOptions::catch_up): relays that were versions behind
+//     are brought to the target (src/coord/history.h).
 //
 // Thread safety: RunRefit and QueryStatus are blocking calls that own their
 // threads; concurrent calls need distinct state_dirs and baselines.
@@ -68,6 +71,13 @@ struct RefitOptions {
   // tensors; the root resends them as overwrites and asks for a new vote,
   // at most this many times, then excludes whoever still differs.
   int repair_rounds = 2;
+  // After a refit that committed, relays that refused its plan because they
+  // hold an older version ("needs catch-up") are brought to the new one,
+  // each fed directly by the root: with the composition of the deltas
+  // recorded in state_dir/history (root.keep_deltas) when it holds the
+  // whole chain from their version, else with a dense copy. A relay with
+  // no store, or with one left unfinished, gets the dense copy.
+  bool catch_up = true;
   // Tests only: return right after the commit decision is durable, without
   // sending COMMIT, as if the coordinator had died there.
   bool crash_after_decision = false;
@@ -109,6 +119,21 @@ struct NodeOutcome {
   uint64_t chunks_applied = 0;
 };
 
+// One catch-up after the refit (RefitOptions::catch_up).
+struct CatchUpReport {
+  RefitId refit;  // its own refit id and epoch
+  uint64_t epoch = 0;
+  std::vector<std::string> nodes;  // the relays it fed
+  Version from;                    // their version (history catch-up)
+  std::string method;              // "history" or "dense"
+  uint64_t deltas = 0;             // history deltas composed
+  uint64_t chunks = 0;
+  uint64_t payload_bytes = 0;
+  double seconds = 0;
+  RefitOutcome outcome = RefitOutcome::kAborted;
+  std::string reason;  // why some of them did not catch up
+};
+
 struct RefitReport {
   RefitId refit;
   uint64_t epoch = 0;
@@ -138,6 +163,7 @@ struct RefitReport {
                                // baseline updated, in parallel)
   double total_seconds = 0;
   std::vector<NodeOutcome> nodes;  // every receiver in tree order
+  std::vector<CatchUpReport> catch_up;
 
   std::string ToJson() const;  // one object, keys documented in README
 };

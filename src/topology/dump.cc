@@ -84,6 +84,9 @@ std::string DumpTopology(const Topology& t) {
     e << YAML::Key << "signing_key_file" << YAML::Value
       << Esc(r.signing_key_file);
   }
+  if (r.keep_deltas != kDefaultKeepDeltas) {
+    e << YAML::Key << "keep_deltas" << YAML::Value << r.keep_deltas;
+  }
   e << YAML::EndMap;
 
   e << YAML::Key << "clusters" << YAML::Value << YAML::BeginSeq;
@@ -160,7 +163,8 @@ std::string TopologyToJson(const Topology& t) {
                    {"cluster", r.cluster},
                    {"state_dir", r.state_dir},
                    {"baseline", r.baseline},
-                   {"signing_key_file", r.signing_key_file}};
+                   {"signing_key_file", r.signing_key_file},
+                   {"keep_deltas", r.keep_deltas}};
   json clusters = json::array();
   for (const ClusterSpec& c : t.clusters) {
     json nodes = json::array();

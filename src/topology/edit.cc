@@ -26,7 +26,8 @@ constexpr std::string_view kRootKeys[] = {"name",
                                           "cluster",
                                           "state_dir",
                                           "baseline",
-                                          "signing_key_file"};
+                                          "signing_key_file",
+                                          "keep_deltas"};
 constexpr std::string_view kClusterKeys[] = {"name", "region", "fanout",
                                              "bandwidth", "transport"};
 constexpr std::string_view kNodeKeys[] = {
@@ -79,6 +80,11 @@ Status AssignOptional(const Topology& t, std::string_view key,
 }
 
 Result<std::string> Text(std::string_view s) { return std::string(s); }
+Result<uint32_t> KeepDeltas(std::string_view s) {
+  DCR_ASSIGN_OR_RETURN(uint64_t v, topology_internal::ParseUint(s, 0, 1024));
+  return static_cast<uint32_t>(v);
+}
+
 Result<uint32_t> Fanout(std::string_view s) {
   DCR_ASSIGN_OR_RETURN(uint64_t v, topology_internal::ParseUint(s, 1, 64));
   return static_cast<uint32_t>(v);
@@ -156,6 +162,13 @@ Status SetRoot(Topology* t, std::string_view key, std::string_view field,
   if (field == "baseline") return Assign(*t, key, v, Text, &r.baseline);
   if (field == "signing_key_file") {
     return Assign(*t, key, v, Text, &r.signing_key_file);
+  }
+  if (field == "keep_deltas") {
+    if (v.empty()) {
+      r.keep_deltas = kDefaultKeepDeltas;
+      return Status::OK();
+    }
+    return Assign(*t, key, v, KeepDeltas, &r.keep_deltas);
   }
   return UnknownField(*t, key, field, kRootKeys);
 }

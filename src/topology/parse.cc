@@ -35,7 +35,8 @@ constexpr std::string_view kRootKeys[] = {"name",
                                           "cluster",
                                           "state_dir",
                                           "baseline",
-                                          "signing_key_file"};
+                                          "signing_key_file",
+                                          "keep_deltas"};
 constexpr std::string_view kClusterKeys[] = {"name",      "region",    "fanout",
                                              "bandwidth", "transport", "nodes"};
 constexpr std::string_view kNodeKeys[] = {
@@ -284,6 +285,11 @@ Status Parser::ParseRoot(const Field& rf, RootSpec* r) const {
       DCR_ASSIGN_OR_RETURN(r->baseline, Str(x, p));
     } else if (x.key == "signing_key_file") {
       DCR_ASSIGN_OR_RETURN(r->signing_key_file, Str(x, p));
+    } else if (x.key == "keep_deltas") {
+      DCR_ASSIGN_OR_RETURN(uint64_t k, Value(x, p, [](std::string_view s) {
+                             return topology_internal::ParseUint(s, 0, 1024);
+                           }));
+      r->keep_deltas = static_cast<uint32_t>(k);
     }
   }
   return Status::OK();

@@ -140,8 +140,13 @@ def check(a):
         rec = record(path)
         committed = (rec or {}).get("committed") or {}
         in_progress = (rec or {}).get("in_progress")
+        # A relay that was behind commits the catch-up refit that brought
+        # it to the target (the report's catch_up entries).
+        refits = set() if report is None else {report["refit"]} | {
+            c["refit"] for c in report.get("catch_up", [])
+            if n in c["nodes"] and c["outcome"] != "aborted"}
         at_target = committed.get("digest") == target and (
-            report is None or committed.get("refit") == report["refit"])
+            report is None or committed.get("refit") in refits)
         before = tainted.get(n)
         before_digest = inspect_digest(a.dcr, before) if before else pre[n]["digest"]
         r = rep.get(n)

@@ -59,8 +59,8 @@ pick() {
 # fault_model: $V/v0..v3.safetensors (a small transformer, ~40 changed spans
 # of 4096 elements per step) and CHUNKS, the chunk count of v0 -> v1.
 SPAN=4096
-fault_model() {
-  "$TRAINGEN" --out "$T/ck" --hidden 64 --layers 2 --vocab 512 --steps 3 \
+fault_model() {  # fault_model [STEPS]: v0..vSTEPS (default 3)
+  "$TRAINGEN" --out "$T/ck" --hidden 64 --layers 2 --vocab 512 --steps "${1:-3}" \
     >/dev/null 2>"$T/traingen.log" || { cat "$T/traingen.log" >&2; fail "traingen"; }
   V=$T/ck
   expect 0 "$DCR" diff "$V/v0.safetensors" "$V/v1.safetensors" -o "$T/v01.dcr" --span-elems $SPAN

@@ -91,6 +91,7 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
       {"defaults.tls_key_file", "/etc/dcr/node.key"},
       {"defaults.signing_public_key_file", "/etc/dcr/root.pub"},
       {"root.signing_key_file", "/srv/dcr/root.key"},
+      {"root.keep_deltas", "9"},
       {"root.host", "10.0.0.1"},
       {"root.port", "18000"},
       {"root.state_dir", "/srv/dcr"},
@@ -123,6 +124,9 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
   EXPECT_EQ(topo_.defaults.tls_cert_file, "/etc/dcr/node.pem");
   EXPECT_EQ(topo_.defaults.signing_public_key_file, "/etc/dcr/root.pub");
   EXPECT_EQ(topo_.root.signing_key_file, "/srv/dcr/root.key");
+  EXPECT_EQ(topo_.root.keep_deltas, 9u);
+  ASSERT_TRUE(SetValue(&topo_, "root.keep_deltas", "").ok());
+  EXPECT_EQ(topo_.root.keep_deltas, kDefaultKeepDeltas);
   EXPECT_EQ(topo_.root.name, "coord");
   EXPECT_EQ(topo_.clusters[1].fanout, 8u);
   EXPECT_EQ(topo_.clusters[1].region, "eu-west");

@@ -103,6 +103,25 @@ TEST(ParseTest, MinCommitInteger) {
   EXPECT_EQ(t->defaults.min_commit, 2u);
 }
 
+TEST(ParseTest, KeepDeltas) {
+  auto t = ParseTopology(kSampleYaml, "t.yaml");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->root.keep_deltas, kDefaultKeepDeltas);
+  EXPECT_THAT(DumpTopology(*t), ::testing::Not(HasSubstr("keep_deltas")));
+  auto k = ParseTopology(
+      Edited("cluster: train, ", "cluster: train, keep_deltas: 0, "), "t.yaml");
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(k->root.keep_deltas, 0u);
+  auto again = ParseTopology(DumpTopology(*k), "dump.yaml");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->root.keep_deltas, 0u);
+  auto bad = ParseTopology(
+      Edited("cluster: train, ", "cluster: train, keep_deltas: 5000, "),
+      "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("root.keep_deltas"));
+}
+
 TEST(ParseTest, AuthKeyFile) {
   auto t = ParseTopology(kSampleYaml, "t.yaml");
   ASSERT_TRUE(t.ok());

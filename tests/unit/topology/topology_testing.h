@@ -42,7 +42,8 @@ inline Topology RandomTopology(std::mt19937_64& rng) {
   Topology t;
   t.source = "random";
   t.defaults.fanout = static_cast<uint32_t>(pick(1, 5));
-  t.root = {"root", "10.0.0.1", 17000, "c0", "", "", "", {}};
+  t.root = {"root", "10.0.0.1",         17000, "c0", "", "",
+            "",     kDefaultKeepDeltas, {}};
   int clusters = pick(1, 7);
   int port = 18000;
   for (int c = 0; c < clusters; ++c) {

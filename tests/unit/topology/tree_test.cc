@@ -22,7 +22,7 @@ using ::testing::HasSubstr;
 // One cluster "c" holding the root and `n` relays, with fanout `k`.
 Topology OneCluster(int n, std::optional<uint32_t> k) {
   Topology t;
-  t.root = {"root", "h", 1, "c", "", "", "", {}};
+  t.root = {"root", "h", 1, "c", "", "", "", kDefaultKeepDeltas, {}};
   ClusterSpec c;
   c.name = "c";
   c.fanout = k;

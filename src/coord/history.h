@@ -1,0 +1,114 @@
+// The root's delta history: the last K committed deltas, kept in
+// state_dir/history/ as delta files (dcr/delta.h, docs/FORMAT.md §delta),
+// so that a relay a few versions behind catches up with one composed delta
+// instead of a dense copy (docs/PROTOCOL.md §"Catch-up").
+//
+// A refit records its XOR chunks while it streams them (DeltaWriter to a
+// temporary file) and keeps the file only if it commits; then the oldest
+// files beyond K are removed. A relay that answers a PLAN with "needs
+// catch-up" and a committed version found in the history gets the
+// composition of the chain from its version to the tree's: XOR chunks
+// compose (old ^ new over several steps is the XOR of the steps' masks),
+// and an overwrite anywhere in the chain makes that span a dense overwrite
+// from the current bits (the last overwrite wins, and the root holds the
+// result).
+//
+// Thread safety: DeltaHistory is not thread-safe. ComposedDelta::Encode may
+// run on several threads at once for distinct indices, each with its own
+// encoder, decoder and scratch.
+#ifndef DCR_COORD_HISTORY_H_
+#define DCR_COORD_HISTORY_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dcr/codec.h"
+#include "dcr/delta.h"
+#include "dcr/status.h"
+#include "dcr/version.h"
+
+namespace dcr {
+
+class DeltaHistory {
+ public:
+  // `dir` is created on first Record; `keep` = 0 keeps nothing.
+  DeltaHistory(std::string dir, uint32_t keep)
+      : dir_(std::move(dir)), keep_(keep) {}
+
+  const std::string& dir() const { return dir_; }
+  uint32_t keep() const { return keep_; }
+
+  // The file that holds the delta to `target`.
+  std::string PathFor(const Version& target) const;
+
+  // A writer for the delta base -> target of the refit in progress (the
+  // chunks in stream order; Finish with the header once committed). Null
+  // when keep() is 0.
+  Result<std::unique_ptr<DeltaWriter>> Record(const Version& target);
+
+  // Removes every delta file but the `keep` with the highest target steps
+  // (and temporary files of refits that never finished).
+  Status Prune();
+
+  // The recorded deltas that lead from `from` to `to`, in order: NotFound
+  // (naming the first missing step) when the history does not hold the
+  // whole chain. `from` == `to` is InvalidArgument.
+  Result<std::vector<std::string>> Chain(const Version& from,
+                                         const Version& to) const;
+
+ private:
+  std::string dir_;
+  uint32_t keep_;
+};
+
+// The composition of a chain of deltas (DeltaHistory::Chain): one chunk per
+// span that any delta of the chain touches, in ascending (tensor, span)
+// order, taking a store at the chain's first base to its last target.
+class ComposedDelta {
+ public:
+  // Maps every file and indexes its chunks by id. Checks that the chain is
+  // contiguous (each base is the previous target) and of one manifest
+  // (`manifest`) and span length (`span_elems`).
+  static Result<std::unique_ptr<ComposedDelta>> Open(
+      const std::vector<std::string>& chain, const Digest128& manifest,
+      uint64_t span_elems);
+  ~ComposedDelta();
+
+  const Version& base() const { return base_; }
+  const Version& target() const { return target_; }
+  size_t deltas() const { return readers_.size(); }
+  // Every chunk id some delta of the chain has, ascending.
+  const std::vector<ChunkId>& ids() const { return ids_; }
+  // Bytes of the chain's delta files.
+  uint64_t file_bytes() const { return file_bytes_; }
+
+  // Appends to `out` the composed chunk of ids()[i]: the XOR of the
+  // chain's XOR masks for that span, or, if a chunk of the chain
+  // overwrites it, a dense overwrite carrying `target` (the span's bits at
+  // the chain's end, span_elems * elem_size bytes). Returns false and
+  // appends nothing when the masks cancel out. Corruption when a chunk
+  // does not decode or does not fit `elem_size` and `target`.
+  Result<bool> Encode(size_t i, size_t elem_size,
+                      std::span<const std::byte> target, ChunkEncoder* encoder,
+                      ChunkDecoder* decoder, std::vector<std::byte>* scratch,
+                      std::vector<std::byte>* out, ChunkSizes* sizes) const;
+
+ private:
+  ComposedDelta() = default;
+  Version base_;
+  Version target_;
+  std::vector<std::unique_ptr<DeltaReader>> readers_;
+  std::vector<ChunkId> ids_;
+  // For ids_[i]: the chunks of that id, oldest first, viewing the mapped
+  // files. parts_[offsets_[i] .. offsets_[i + 1]).
+  std::vector<std::span<const std::byte>> parts_;
+  std::vector<size_t> offsets_;
+  uint64_t file_bytes_ = 0;
+};
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_HISTORY_H_

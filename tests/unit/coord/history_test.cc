@@ -1,0 +1,221 @@
+// The root's delta history: chains found and refused, composition bit for
+// bit against applying each delta in turn, overwrites and cancelling
+// masks, pruning.
+#include "coord/history.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "testing/temp_dir.h"
+
+namespace dcr {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<std::byte>;
+
+constexpr uint64_t kSpan = 4096;
+constexpr size_t kElem = 2;  // BF16-like
+// Two "tensors": 3 spans (the last one short) and 1 span.
+const std::vector<uint64_t> kElems = {2 * kSpan + 1000, 700};
+const Digest128 kManifest{7, 7};
+
+Version V(uint64_t step) { return Version{step, Digest128{step + 1, 99}}; }
+
+struct Model {
+  std::vector<Bytes> t;
+  explicit Model(uint32_t seed) {
+    std::mt19937 rng(seed);
+    for (uint64_t n : kElems) {
+      Bytes b(n * kElem);
+      for (auto& x : b) x = static_cast<std::byte>(rng());
+      t.push_back(std::move(b));
+    }
+  }
+  Model Step(double rate, uint32_t seed) const {
+    Model m = *this;
+    std::mt19937 rng(seed);
+    std::bernoulli_distribution pick(rate);
+    for (auto& b : m.t) {
+      for (size_t i = 0; i < b.size(); i += kElem) {
+        if (pick(rng)) b[i] ^= static_cast<std::byte>(1 + rng() % 7);
+      }
+    }
+    return m;
+  }
+  std::span<std::byte> Span(ChunkId id) {
+    uint64_t first = uint64_t{id.span} * kSpan;
+    uint64_t n = std::min(kSpan, kElems[id.tensor] - first);
+    return std::span<std::byte>(t[id.tensor]).subspan(first * kElem, n * kElem);
+  }
+};
+
+class HistoryTest : public ::testing::Test {
+ protected:
+  HistoryTest() : history_(dir_.Path("history"), 4) {
+    encoder_ = *ChunkEncoder::Create(EncodeOptions{});
+    decoder_ = *ChunkDecoder::Create();
+  }
+
+  // Records the delta a -> b as a refit would (XOR chunks, in order);
+  // `overwrite` turns the chunk of that id into a dense overwrite.
+  void Record(Model a, Model b, uint64_t from, uint64_t to,
+              std::optional<ChunkId> overwrite = std::nullopt) {
+    auto w = history_.Record(V(to));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (uint32_t t = 0; t < kElems.size(); ++t) {
+      for (uint32_t s = 0; s < SpanCount(kElems[t], kSpan); ++s) {
+        ChunkId id{t, s};
+        Bytes out;
+        if (overwrite == id) {
+          ASSERT_TRUE(encoder_->EncodeFull(id, kElem, b.Span(id), &out).ok());
+        } else {
+          auto changed = encoder_->EncodeDiff(ChunkKind::kXor, id, kElem,
+                                              a.Span(id), b.Span(id), &out);
+          ASSERT_TRUE(changed.ok());
+          if (!*changed) continue;
+        }
+        ASSERT_TRUE((*w)->Append(out).ok());
+      }
+    }
+    DeltaHeader h;
+    h.base = V(from);
+    h.target = V(to);
+    h.manifest = kManifest;
+    h.span_elems = kSpan;
+    h.tensor_count = kElems.size();
+    h.total_elements = kElems[0] + kElems[1];
+    h.total_bytes = h.total_elements * kElem;
+    ASSERT_TRUE((*w)->Finish(h).ok());
+  }
+
+  // Applies the composition of `chain` to `base`; `end` gives the target
+  // bits the composer needs for overwritten spans.
+  Model Compose(const std::vector<std::string>& chain, Model base, Model end,
+                size_t* chunks = nullptr) {
+    auto c = ComposedDelta::Open(chain, kManifest, kSpan);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return base;
+    Bytes scratch;
+    DecodedChunk d;
+    size_t n = 0;
+    for (size_t i = 0; i < (*c)->ids().size(); ++i) {
+      ChunkId id = (*c)->ids()[i];
+      Bytes out;
+      ChunkSizes sizes;
+      auto any = (*c)->Encode(i, kElem, end.Span(id), encoder_.get(),
+                              decoder_.get(), &scratch, &out, &sizes);
+      EXPECT_TRUE(any.ok()) << any.status().ToString();
+      if (!any.ok() || !*any) continue;
+      ++n;
+      EXPECT_TRUE(decoder_->Decode(out, &d).ok());
+      EXPECT_TRUE(ApplyChunk(d, base.Span(id)).ok());
+    }
+    if (chunks) *chunks = n;
+    return base;
+  }
+
+  testing::TempDir dir_;
+  DeltaHistory history_;
+  std::unique_ptr<ChunkEncoder> encoder_;
+  std::unique_ptr<ChunkDecoder> decoder_;
+};
+
+TEST_F(HistoryTest, ComposedChainTakesTheBaseToTheEndBitForBit) {
+  Model v0(1), v1 = v0.Step(0.03, 2), v2 = v1.Step(0.03, 3),
+               v3 = v2.Step(0.03, 4);
+  Record(v0, v1, 0, 1);
+  Record(v1, v2, 1, 2);
+  Record(v2, v3, 2, 3);
+  auto chain = history_.Chain(V(0), V(3));
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  ASSERT_EQ(chain->size(), 3u);
+  EXPECT_EQ((*chain)[0], history_.PathFor(V(1)));
+  EXPECT_EQ((*chain)[2], history_.PathFor(V(3)));
+  EXPECT_EQ(Compose(*chain, v0, v3).t, v3.t);
+  // A shorter chain from a later version.
+  auto from1 = history_.Chain(V(1), V(3));
+  ASSERT_TRUE(from1.ok());
+  EXPECT_EQ(from1->size(), 2u);
+  EXPECT_EQ(Compose(*from1, v1, v3).t, v3.t);
+}
+
+TEST_F(HistoryTest, AnOverwriteInTheChainBecomesADenseOverwrite) {
+  Model v0(1), v1 = v0.Step(0.03, 2), v2 = v1.Step(0.03, 3);
+  Record(v0, v1, 0, 1, ChunkId{0, 1});
+  Record(v1, v2, 1, 2);
+  auto chain = history_.Chain(V(0), V(2));
+  ASSERT_TRUE(chain.ok());
+  EXPECT_EQ(Compose(*chain, v0, v2).t, v2.t);
+}
+
+TEST_F(HistoryTest, MasksThatCancelSendNothing) {
+  Model v0(1), v1 = v0.Step(0.03, 2);
+  Record(v0, v1, 0, 1);
+  Record(v1, v0, 1, 2);  // back to v0's bits
+  auto chain = history_.Chain(V(0), V(2));
+  ASSERT_TRUE(chain.ok());
+  size_t chunks = 99;
+  EXPECT_EQ(Compose(*chain, v0, v0, &chunks).t, v0.t);
+  EXPECT_EQ(chunks, 0u);
+}
+
+TEST_F(HistoryTest, MissingLinksAndBadChainsAreRefused) {
+  Model v0(1), v1 = v0.Step(0.03, 2), v2 = v1.Step(0.03, 3);
+  Record(v0, v1, 0, 1);
+  Record(v1, v2, 1, 2);
+  EXPECT_TRUE(history_.Chain(V(0), V(0)).status().IsInvalidArgument());
+  auto none = history_.Chain(V(5), V(2));
+  EXPECT_TRUE(none.status().IsNotFound());
+  EXPECT_NE(none.status().message().find("step 5"), std::string::npos)
+      << none.status().ToString();
+  fs::remove(history_.PathFor(V(1)));
+  EXPECT_TRUE(history_.Chain(V(0), V(2)).status().IsNotFound());
+  // Out of order, another manifest, another span length.
+  Record(v0, v1, 0, 1);
+  std::vector<std::string> reversed = {history_.PathFor(V(2)),
+                                       history_.PathFor(V(1))};
+  EXPECT_TRUE(ComposedDelta::Open(reversed, kManifest, kSpan)
+                  .status()
+                  .IsInvalidArgument());
+  std::vector<std::string> ok = {history_.PathFor(V(1))};
+  EXPECT_FALSE(ComposedDelta::Open(ok, Digest128{1, 2}, kSpan).ok());
+  EXPECT_FALSE(ComposedDelta::Open(ok, kManifest, kSpan * 2).ok());
+  EXPECT_FALSE(ComposedDelta::Open({}, kManifest, kSpan).ok());
+  // A damaged file is no link of a chain.
+  std::ofstream(history_.PathFor(V(1)), std::ios::binary | std::ios::trunc)
+      << "garbage";
+  EXPECT_TRUE(history_.Chain(V(0), V(2)).status().IsNotFound());
+}
+
+TEST_F(HistoryTest, PruneKeepsTheNewestAndDropsTemporaryFiles) {
+  Model m(1);
+  Model prev = m;
+  for (uint64_t s = 1; s <= 6; ++s) {
+    Model next = prev.Step(0.01, static_cast<uint32_t>(s));
+    Record(prev, next, s - 1, s);
+    prev = next;
+  }
+  std::ofstream(dir_.Path("history/000000000009-abc.dcr.tmp")) << "x";
+  ASSERT_TRUE(history_.Prune().ok());
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(history_.dir())) {
+    left.push_back(e.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  ASSERT_EQ(left.size(), 4u);
+  EXPECT_EQ(fs::path(history_.PathFor(V(3))).filename(), left[0]);
+  EXPECT_TRUE(history_.Chain(V(2), V(6)).ok());
+  EXPECT_TRUE(history_.Chain(V(1), V(6)).status().IsNotFound());
+  // keep = 0 records nothing.
+  DeltaHistory none(dir_.Path("none"), 0);
+  auto w = none.Record(V(1));
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(*w, nullptr);
+}
+
+}  // namespace
+}  // namespace dcr
