@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -102,6 +103,23 @@ class Reader {
  private:
   std::string what_;
 };
+
+// The error of a failed record write: names the record, the step and the
+// temporary file, and says so plainly when the disk is full. The previous
+// record is untouched whatever failed (the write goes to `tmp`).
+Status RecordWriteError(const std::string& path, std::string_view step,
+                        const std::string& tmp, int err) {
+  const std::string what = "cannot write version record '" + path + "'";
+  if (err == ENOSPC || err == EDQUOT) {
+    return Status::IOError(
+        what + ": the disk is full (" + std::strerror(err) + ": " +
+        std::string(step) + " '" + tmp +
+        "'); the previous record is unchanged; free space on that file "
+        "system");
+  }
+  return Status::FromErrno(
+      what + ": cannot " + std::string(step) + " '" + tmp + "'", err);
+}
 
 OrderedJson VersionToJson(const Version& v) {
   return OrderedJson{{"step", v.step}, {"digest", v.digest.ToHex()}};
@@ -220,8 +238,40 @@ Result<std::optional<VersionRecord>> ReadVersionRecord(
 Status WriteVersionRecord(const std::string& path,
                           const VersionRecord& record) {
   const std::string text = EncodeVersionRecord(record);
-  return WriteFileAtomic(path, std::as_bytes(std::span<const char>(text)))
-      .WithContext("cannot write version record");
+  const std::string tmp = path + ".tmp";
+  UniqueFd fd(
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  // Not created: nothing of ours to remove (it may be someone's directory).
+  if (!fd.valid()) return RecordWriteError(path, "create", tmp, errno);
+  // Every later failure removes the temporary file: a full disk must not
+  // keep a half-written one holding the space that ran out.
+  auto fail = [&](std::string_view step, int err) {
+    ::unlink(tmp.c_str());
+    return RecordWriteError(path, step, tmp, err);
+  };
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return fail("write", errno);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0) return fail("fsync", errno);
+  // Some file systems (NFS) report a full disk only at close.
+  if (::close(fd.Release()) != 0) return fail("close", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return fail("rename over the record", errno);
+  }
+  // The new record is in place; syncing its directory makes the rename
+  // durable. Were that to fail, the old or the new record survives a crash,
+  // both whole, so the write still counts as done.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.valid()) (void)::fsync(dfd.get());
+  return Status::OK();
 }
 
 namespace store_internal {
