@@ -1,9 +1,10 @@
 // Transports: message links that carry frames (dcr/wire.h) between nodes.
 //
 // The relay and the coordinator reach the network only through this
-// interface. Backends: "tcp" (Asio), "fake" (in-process, deterministic, with
-// fault hooks: src/transport/fake_transport.h), and later "ucx". Create one
-// with CreateTransport().
+// interface. Backends: "tcp" (Asio), "ucx" (UCP streams, when built with
+// UCX: src/transport/ucx/ucx_transport.h), and "fake" (in-process,
+// deterministic, with fault hooks: src/transport/fake_transport.h). Create
+// one with CreateTransport().
 //
 // Threading. A Transport owns one event thread. Every LinkHandler callback
 // and every function given to Post() runs on it, one at a time, so a
@@ -32,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dcr/status.h"
 #include "dcr/wire.h"
@@ -211,14 +213,30 @@ class Transport {
   virtual void Stop() = 0;
 };
 
-// Creates a transport of `kind`: "tcp", or "fake" (needs
-// options.fake_network). "ucx" is reserved; a build without it answers
-// Unsupported. InvalidArgument for an unknown kind. With options.tls, the
-// certificate, key and CA files are loaded here: an error names the file
-// and what is wrong with it (NotFound, or InvalidArgument: not PEM, the key
-// does not match the certificate, a file missing from the three).
+// Creates a transport of `kind`: "tcp", "ucx" (a build without UCX answers
+// Unsupported, saying how to rebuild; it refuses TLS and max_send_bps), or
+// "fake" (needs options.fake_network). InvalidArgument for an unknown kind.
+// With options.tls, the certificate, key and CA files are loaded here: an error
+// names the file and what is wrong with it (NotFound, or InvalidArgument: not
+// PEM, the key does not match the certificate, a file missing from the three).
 Result<std::unique_ptr<Transport>> CreateTransport(
     std::string_view kind, const TransportOptions& options);
+
+// What this build and machine offer for relay links (`dcr doctor`,
+// `dcr-relay --doctor`). One entry per backend kind a topology can name
+// ("tcp", "ucx"), in that order.
+struct TransportSupport {
+  std::string kind;     // "tcp", "ucx"
+  bool built = false;   // compiled into this build
+  bool usable = false;  // can carry relay links on this machine now
+  std::string version;  // the library's version ("UCX 1.13.1"); may be empty
+  std::string detail;   // what was found (UCX transports and devices), or
+                        // why it is not usable and what to do about it
+};
+// Probes each backend (for UCX: creates and destroys a context and worker
+// and lists the transport resources it found). Takes well under a second;
+// never throws, never aborts the process.
+std::vector<TransportSupport> ProbeTransports();
 
 // Loads `tls`'s three files as CreateTransport("tcp", ...) would and returns
 // the same error: for commands that check their configuration up front.

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/cli_common.h"
+#include "cli/doctor.h"
 #include "common/failpoint.h"
 #include "common/log.h"
 
@@ -27,8 +28,10 @@ int main(int argc, char** argv) {
                   "  dcr topo validate topology/two-region.yaml\n"
                   "  dcr refit --topology topology/local.yaml --target "
                   "v1.safetensors\n"
-                  "  dcr status --topology topology/local.yaml\n\n") +
-      kExitCodeHelp);
+                  "  dcr status --topology topology/local.yaml\n"
+                  "  dcr doctor --topology topology/local.yaml\n\n") +
+      kExitCodeHelp +
+      "  6  doctor: a transport the topology needs is not usable here\n");
   GlobalOptions g;
   app.add_flag("-v,--verbose", g.verbose, "Log debug detail to stderr");
   app.add_flag("-q,--quiet", g.quiet, "Log only errors; no progress");
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
   AddTopologyCommands(&app, &g, &exit_code);
   AddRefitCommands(&app, &g, &exit_code);
   AddKeygenCommand(&app, &exit_code);
+  AddDoctorCommand(&app, &g, &exit_code);
   app.parse_complete_callback([&] {
     auto fmt = dcr::ParseLogFormat(g.log_format);
     dcr::InitLogging(fmt.ok() ? *fmt : dcr::LogFormat::kText,

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "cli/cli_common.h"
+#include "cli/doctor.h"
 #include "common/failpoint.h"
 #include "common/file.h"
 #include "common/log.h"
@@ -45,6 +46,8 @@ struct Args {
   std::string signing_public_key_file;
   std::vector<std::string> allow_peers;
   TlsOptions tls;  // --tls-ca-file, --tls-cert-file, --tls-key-file
+  bool doctor = false;
+  std::string output = "text";  // of --doctor
 };
 
 // Plans only from this node's ancestors in the topology's tree;
@@ -413,6 +416,13 @@ int main(int argc, char** argv) {
                  "Vote yes only on refits whose chunks the root signed: its "
                  "Ed25519 public key (PEM, from dcr keygen; default: the "
                  "topology's defaults.signing_public_key_file)");
+  app.add_flag("--doctor", a.doctor,
+               "Print what this build and machine support for relay links "
+               "(as dcr doctor; with --topology: for this node) and exit "
+               "without starting");
+  app.add_option("-o,--output", a.output,
+                 "With --doctor: text or json on stdout")
+      ->check(CLI::IsMember({"text", "json"}));
   app.footer(
       "\nRuns in the foreground until SIGTERM or SIGINT; a refit in progress "
       "is then\naborted and the store restored to its base bits.\n\n"
@@ -424,9 +434,12 @@ int main(int argc, char** argv) {
       "  dcr-relay --topology topology/local.yaml --node a0 --metrics-port "
       "9101\n"
       "  dcr-relay --name a0 --listen 0.0.0.0:17001 --store "
-      "file:/models/policy.safetensors\n\n"
+      "file:/models/policy.safetensors\n"
+      "  dcr-relay --doctor --topology topology/local.yaml --node a0\n\n"
       "Exit codes: 0 stopped by a signal, 1 runtime failure, 2 usage or "
-      "configuration error.\n");
+      "configuration error;\n--doctor: 0 report printed (with --topology: "
+      "everything this node needs is\nusable here), 6 a transport (or the "
+      "TLS files) it needs is not usable.\n");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -436,5 +449,14 @@ int main(int argc, char** argv) {
   auto fmt = dcr::ParseLogFormat(a.log_format);
   dcr::InitLogging(fmt.ok() ? *fmt : dcr::LogFormat::kText,
                    a.verbose ? spdlog::level::debug : spdlog::level::info);
+  if (a.doctor) {
+    dcr::cli::DoctorOptions d;
+    d.topology = a.topology;
+    d.node = a.node;
+    d.format = a.output == "json" ? dcr::cli::OutputFormat::kJson
+                                  : dcr::cli::OutputFormat::kText;
+    d.tls_flags = &a.tls;
+    return dcr::cli::RunDoctor(d);
+  }
   return Run(a);
 }

@@ -75,15 +75,37 @@ TEST(TcpTransportTest, KindCapabilitiesAndFactory) {
   EXPECT_FALSE(t->capabilities().fault_injection);
   EXPECT_EQ(t->BoundPort(), 0);
 
+  // "ucx" exists iff this build has it (ucx_transport_test covers it).
+  const bool ucx_built = ProbeTransports().at(1).built;
   Status ucx = CreateTransport("ucx", {}).status();
-  EXPECT_EQ(ucx.code(), StatusCode::kUnsupported);
-  EXPECT_NE(ucx.message().find("ucx"), std::string::npos);
+  if (ucx_built) {
+    EXPECT_TRUE(ucx.ok()) << ucx.ToString();
+  } else {
+    EXPECT_EQ(ucx.code(), StatusCode::kUnsupported);
+    EXPECT_NE(ucx.message().find("rebuild with -DDCR_UCX=ON"),
+              std::string::npos)
+        << ucx.ToString();
+  }
   EXPECT_TRUE(
       CreateTransport("carrier-pigeon", {}).status().IsInvalidArgument());
   EXPECT_TRUE(CreateTransport("fake", {}).status().IsInvalidArgument());
   TransportOptions bad;
   bad.low_watermark = bad.high_watermark + 1;
   EXPECT_TRUE(CreateTransport("tcp", bad).status().IsInvalidArgument());
+}
+
+TEST(TcpTransportTest, ProbeTransportsListsTcpThenUcx) {
+  std::vector<TransportSupport> probe = ProbeTransports();
+  ASSERT_EQ(probe.size(), 2u);
+  EXPECT_EQ(probe[0].kind, "tcp");
+  EXPECT_TRUE(probe[0].built);
+  EXPECT_TRUE(probe[0].usable);
+  EXPECT_EQ(probe[1].kind, "ucx");
+  if (!probe[1].built) {
+    EXPECT_FALSE(probe[1].usable);
+    EXPECT_NE(probe[1].detail.find("-DDCR_UCX=ON"), std::string::npos)
+        << probe[1].detail;
+  }
 }
 
 TEST(TcpTransportTest, ExchangeAndForwardVerbatim) {
