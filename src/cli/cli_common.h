@@ -87,6 +87,7 @@ void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 
 // Registers `refit` and `status` (the coordinator).
 void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
+void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code);
 // Registers `keygen` (the root's signing key pair).
 void AddKeygenCommand(CLI::App* app, int* exit_code);
 

@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
                   "  dcr refit --topology topology/local.yaml --target "
                   "v1.safetensors\n"
                   "  dcr status --topology topology/local.yaml\n"
+                  "  dcr plan --topology topology/local.yaml --params 30B "
+                  "--change-rate 3%\n"
                   "  dcr doctor --topology topology/local.yaml\n\n") +
       kExitCodeHelp +
       "  6  doctor: a transport the topology needs is not usable here\n");
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
   AddOfflineCommands(&app, &g, &exit_code);
   AddTopologyCommands(&app, &g, &exit_code);
   AddRefitCommands(&app, &g, &exit_code);
+  AddPlanCommand(&app, &g, &exit_code);
   AddKeygenCommand(&app, &exit_code);
   AddDoctorCommand(&app, &g, &exit_code);
   app.parse_complete_callback([&] {

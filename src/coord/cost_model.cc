@@ -1,0 +1,188 @@
+#include "coord/cost_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace dcr {
+namespace {
+
+// Linear interpolation over ascending points, extrapolated from the
+// nearest two (clamped at a tenth of the nearest point's value, so a rate
+// never reaches zero).
+double Interpolate(const std::vector<std::pair<double, double>>& pts,
+                   double x) {
+  if (pts.size() == 1) return pts[0].second;
+  size_t i = 1;
+  while (i + 1 < pts.size() && x > pts[i].first) ++i;
+  auto [x0, y0] = pts[i - 1];
+  auto [x1, y1] = pts[i];
+  double y = y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+  double nearest = x < x0 ? y0 : x > x1 ? y1 : std::min(y0, y1);
+  return std::max(y, nearest / 10);
+}
+
+Status ReadPoints(const nlohmann::json& j, const char* key,
+                  std::vector<std::pair<double, double>>* out) {
+  if (!j.contains(key)) return Status::OK();
+  const auto& v = j[key];
+  std::vector<std::pair<double, double>> pts;
+  if (!v.is_array() || v.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("{}: a non-empty list of [change rate, value] pairs", key));
+  }
+  for (const auto& p : v) {
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number() ||
+        !p[1].is_number() || p[0].get<double>() <= 0 ||
+        p[1].get<double>() <= 0) {
+      return Status::InvalidArgument(fmt::format(
+          "{}: each entry is [change rate, value], both positive", key));
+    }
+    pts.emplace_back(p[0].get<double>(), p[1].get<double>());
+  }
+  std::sort(pts.begin(), pts.end());
+  for (size_t i = 1; i < pts.size(); ++i) {
+    if (pts[i].first == pts[i - 1].first) {
+      return Status::InvalidArgument(
+          fmt::format("{}: change rate {} given twice", key, pts[i].first));
+    }
+  }
+  *out = std::move(pts);
+  return Status::OK();
+}
+
+RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
+                       double bottleneck_Bps, const PlanEstimate& shape,
+                       const CostParameters& p) {
+  RefitEstimate e;
+  e.payload_bytes = payload;
+  e.transfer_s = payload / (bottleneck_Bps * p.efficiency);
+  e.encode_s = shape.model_bytes / (encode_rate * p.root_cores);
+  e.apply_s = shape.model_bytes / (apply_rate * p.relay_cores);
+  double slowest = std::max({e.transfer_s, e.encode_s, e.apply_s});
+  e.bottleneck = slowest == e.transfer_s ? "transfer"
+                 : slowest == e.encode_s ? "encode"
+                                         : "apply";
+  double hops = shape.depth * p.hop_overhead_s + shape.path_latency_s;
+  e.stream_s = slowest + hops;
+  e.verify_s = shape.model_bytes / (p.hash_rate * p.relay_cores);
+  e.control_s = 3 * 2 * hops + p.fixed_overhead_s;
+  e.total_s = e.control_s + e.stream_s + e.verify_s;
+  return e;
+}
+
+}  // namespace
+
+Result<CostParameters> CostParameters::FromJson(const std::string& text,
+                                                const std::string& source) {
+  CostParameters p;
+  p.source = source;
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::InvalidArgument(source + ": not a JSON object");
+  }
+  auto err = [&](const Status& s) {
+    return Status::InvalidArgument(source + ": " + std::string(s.message()));
+  };
+  for (auto [key, out] : {std::pair{"payload_ratio", &p.payload_ratio},
+                          {"encode_rate", &p.encode_rate},
+                          {"apply_rate", &p.apply_rate}}) {
+    if (Status s = ReadPoints(j, key, out); !s.ok()) return err(s);
+  }
+  for (auto [key, out] : {std::pair{"full_ratio", &p.full_ratio},
+                          {"full_encode_rate", &p.full_encode_rate},
+                          {"full_apply_rate", &p.full_apply_rate},
+                          {"hash_rate", &p.hash_rate},
+                          {"efficiency", &p.efficiency},
+                          {"hop_overhead_s", &p.hop_overhead_s},
+                          {"fixed_overhead_s", &p.fixed_overhead_s}}) {
+    if (!j.contains(key)) continue;
+    const auto& v = j[key];
+    bool may_be_zero = std::string_view(key).ends_with("_s");
+    if (!v.is_number() || v.get<double>() < 0 ||
+        (!may_be_zero && v.get<double>() == 0)) {
+      return Status::InvalidArgument(
+          fmt::format("{}: {} must be a {} number", source, key,
+                      may_be_zero ? "non-negative" : "positive"));
+    }
+    *out = v.get<double>();
+  }
+  if (p.efficiency > 1) {
+    return Status::InvalidArgument(source + ": efficiency is at most 1");
+  }
+  for (auto [key, out] : {std::pair{"root_cores", &p.root_cores},
+                          {"relay_cores", &p.relay_cores}}) {
+    if (!j.contains(key)) continue;
+    const auto& v = j[key];
+    if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 ||
+        v.get<uint64_t>() > 4096) {
+      return Status::InvalidArgument(fmt::format(
+          "{}: {} must be a whole number from 1 to 4096", source, key));
+    }
+    *out = v.get<uint32_t>();
+  }
+  return p;
+}
+
+Result<PlanEstimate> EstimateRefit(const Tree& tree, double model_bytes,
+                                   double change_rate, const CostParameters& p,
+                                   uint64_t default_bps) {
+  if (!(model_bytes > 0)) {
+    return Status::InvalidArgument("the model size must be positive");
+  }
+  if (!(change_rate > 0 && change_rate <= 1)) {
+    return Status::InvalidArgument(
+        "the change rate must be above 0 and at most 1 (e.g. 0.03 for 3%)");
+  }
+  if (tree.nodes.size() < 2) {
+    return Status::InvalidArgument("the topology has no relays");
+  }
+  PlanEstimate e;
+  e.model_bytes = model_bytes;
+  e.change_rate = change_rate;
+  e.receivers = tree.nodes.size() - 1;
+  // The slowest path from the root decides the stream's pace: each
+  // cluster's stream_bps is the bottleneck of the path into it.
+  uint64_t slowest = 0;
+  for (const TreeCluster& c : tree.clusters) {
+    if (c.head < 0) continue;
+    uint64_t bps = c.stream_bps ? c.stream_bps : default_bps;
+    if (bps == 0) {
+      return Status::InvalidArgument(fmt::format(
+          "cluster {}: the topology gives no bandwidth on its path from the "
+          "root; add bandwidth to its link (or pass --bandwidth)",
+          c.name));
+    }
+    if (slowest == 0 || bps < slowest) {
+      slowest = bps;
+      e.bottleneck_cluster = c.name;
+    }
+  }
+  e.bottleneck_bps = slowest;
+  // The deepest relay and the latency of its path.
+  for (size_t i = 1; i < tree.nodes.size(); ++i) {
+    double latency = 0;
+    int depth = 0;
+    for (int n = static_cast<int>(i); n > 0;
+         n = tree.nodes[static_cast<size_t>(n)].parent) {
+      latency += tree.nodes[static_cast<size_t>(n)].link_latency_ns * 1e-9;
+      ++depth;
+    }
+    if (depth > e.depth || (depth == e.depth && latency > e.path_latency_s)) {
+      e.depth = depth;
+      e.path_latency_s = latency;
+    }
+  }
+  double Bps = static_cast<double>(slowest) / 8;
+  e.delta = Estimate(model_bytes * Interpolate(p.payload_ratio, change_rate),
+                     Interpolate(p.encode_rate, change_rate),
+                     Interpolate(p.apply_rate, change_rate), Bps, e, p);
+  e.full = Estimate(model_bytes * p.full_ratio, p.full_encode_rate,
+                    p.full_apply_rate, Bps, e, p);
+  e.speedup = e.full.total_s / e.delta.total_s;
+  return e;
+}
+
+}  // namespace dcr

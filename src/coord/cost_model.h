@@ -1,0 +1,103 @@
+// The refit cost model behind `dcr plan` and docs/SCALE.md: predicted time
+// of a delta refit and of a full-checkpoint refit of a model of a given
+// size and change rate through a topology's tree.
+//
+// Model (docs/SCALE.md has the derivation and its check against measured
+// runs):
+//   payload        = model_bytes * payload_ratio(change rate)
+//   full payload   = model_bytes * full_ratio        (zstd dense overwrite)
+//   transfer       = payload / (bottleneck path bandwidth * efficiency)
+//   encode         = model_bytes / (encode rate(change rate) * root cores)
+//   apply          = model_bytes / (apply rate(change rate) * relay cores)
+//   stream         = max(transfer, encode, apply)
+//                    + depth * (hop latency + hop overhead)   (pipeline fill)
+//   verify         = model_bytes / (hash rate * relay cores)  (every vote
+//                    hashes the whole store)
+//   control        = 3 round trips (PLAN, END/VOTE, COMMIT) of the deepest
+//                    path + fixed overhead
+//   total          = control + stream + verify
+// A full refit has the same terms with the full payload, no diff (encode is
+// a zstd pass, full_encode rate) and a dense apply (copy rate).
+//
+// Thread safety: pure functions.
+#ifndef DCR_COORD_COST_MODEL_H_
+#define DCR_COORD_COST_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcr/status.h"
+#include "dcr/topology.h"
+
+namespace dcr {
+
+// Rates are bytes of checkpoint per second per core; ratios are bytes of
+// payload per byte of checkpoint. Defaults: measured on the development
+// machines (bench/results/codec.json, refit.json; docs/SCALE.md).
+struct CostParameters {
+  // (change rate, payload ratio) points, ascending; interpolated linearly
+  // and extrapolated from the nearest two.
+  std::vector<std::pair<double, double>> payload_ratio = {
+      {0.01, 0.00690}, {0.03, 0.01803}, {0.05, 0.02834}};
+  // (change rate, bytes/s per core) for diff + encode at the root.
+  std::vector<std::pair<double, double>> encode_rate = {
+      {0.01, 2.94e9}, {0.03, 1.78e9}, {0.05, 1.32e9}};
+  // (change rate, bytes/s per core) for decode + apply at a relay.
+  std::vector<std::pair<double, double>> apply_rate = {
+      {0.01, 7.12e9}, {0.03, 3.41e9}, {0.05, 2.31e9}};
+  double full_ratio = 0.669;         // --full payload / checkpoint (BF16)
+  double full_encode_rate = 0.24e9;  // zstd-1 of dense spans, per core
+  double full_apply_rate = 0.67e9;   // decompress + copy, per core
+  double hash_rate = 3.4e9;          // store digest at the vote, per core
+  double efficiency = 0.93;          // achieved / nominal link bandwidth
+  double hop_overhead_s = 0.002;     // per hop, beyond the link latency
+  double fixed_overhead_s = 0.05;    // connect, hello, durable decision
+  uint32_t root_cores = 32;          // encoder threads at the root
+  uint32_t relay_cores = 16;         // apply and hash threads per relay
+  std::string source = "built-in";   // where the numbers come from
+
+  // Reads a calibration JSON ({"payload_ratio": [[rate, ratio], ...],
+  // "efficiency": 0.9, ...}; any subset of the fields above, same names)
+  // over the defaults. InvalidArgument names the field that is wrong.
+  static Result<CostParameters> FromJson(const std::string& text,
+                                         const std::string& source);
+};
+
+struct RefitEstimate {
+  double payload_bytes = 0;
+  double transfer_s = 0;
+  double encode_s = 0;
+  double apply_s = 0;
+  double stream_s = 0;  // max(transfer, encode, apply) + pipeline fill
+  double verify_s = 0;
+  double control_s = 0;
+  double total_s = 0;
+  std::string bottleneck;  // "transfer", "encode" or "apply"
+};
+
+struct PlanEstimate {
+  double model_bytes = 0;
+  double change_rate = 0;
+  uint64_t bottleneck_bps = 0;  // slowest path from the root (bits/s)
+  std::string bottleneck_cluster;
+  int depth = 0;              // deepest relay
+  double path_latency_s = 0;  // of the deepest path
+  size_t receivers = 0;
+  RefitEstimate delta;
+  RefitEstimate full;
+  double speedup = 0;  // full / delta
+};
+
+// Predicts both refits through `tree` (BuildTree). InvalidArgument when the
+// tree has no relays, a path's bandwidth is unknown and `default_bps` is 0,
+// or the inputs are out of range (model_bytes > 0, 0 < change_rate <= 1).
+// `default_bps` stands for links without a bandwidth in the topology.
+Result<PlanEstimate> EstimateRefit(const Tree& tree, double model_bytes,
+                                   double change_rate, const CostParameters& p,
+                                   uint64_t default_bps = 0);
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_COST_MODEL_H_

@@ -1,0 +1,133 @@
+// The cost model of dcr plan: its terms scale as documented, calibration
+// JSON overrides the defaults and bad files are refused.
+#include "coord/cost_model.h"
+
+#include <gtest/gtest.h>
+
+namespace dcr {
+namespace {
+
+// root -> 2 clusters of 4 over `wan` bits/s, 10 Gbit/s inside.
+Tree TwoRegion(uint64_t wan, uint64_t latency_ns = 20'000'000) {
+  std::string yaml = R"(version: 1
+defaults: {fanout: 2}
+root: {name: trainer, host: 10.0.0.1, port: 17000, cluster: train}
+clusters:
+  - name: train
+  - name: a
+    bandwidth: 10Gbps
+    nodes:
+      - {name: a0, host: 10.0.1.1, port: 17001}
+      - {name: a1, host: 10.0.1.2, port: 17001}
+      - {name: a2, host: 10.0.1.3, port: 17001}
+      - {name: a3, host: 10.0.1.4, port: 17001}
+  - name: b
+    bandwidth: 10Gbps
+    nodes:
+      - {name: b0, host: 10.0.2.1, port: 17001}
+      - {name: b1, host: 10.0.2.2, port: 17001}
+      - {name: b2, host: 10.0.2.3, port: 17001}
+      - {name: b3, host: 10.0.2.4, port: 17001}
+links:
+  - {from: train, to: a, bandwidth: WAN, latency: LATns}
+  - {from: train, to: b, bandwidth: WAN, latency: LATns}
+)";
+  for (auto [from, to] :
+       {std::pair<std::string, std::string>{"WAN", std::to_string(wan) + "bps"},
+        {"LAT", std::to_string(latency_ns)}}) {
+    for (size_t at; (at = yaml.find(from)) != std::string::npos;) {
+      yaml.replace(at, from.size(), to);
+    }
+  }
+  auto topo = ParseTopology(yaml, "t.yaml");
+  EXPECT_TRUE(topo.ok()) << topo.status().ToString();
+  auto tree = BuildTree(*topo);
+  EXPECT_TRUE(tree.ok()) << tree.status().ToString();
+  return *tree;
+}
+
+TEST(CostModelTest, TransferBoundRefitScalesWithPayloadAndBandwidth) {
+  CostParameters p;
+  const double tb2 = 2e12;  // 1T parameters in BF16
+  auto e = EstimateRefit(TwoRegion(3'050'000'000), tb2, 0.03, p);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->receivers, 8u);
+  EXPECT_EQ(e->depth, 2);  // root -> head -> 3 (10 / 3.05 Gbit/s) below
+  EXPECT_NEAR(e->path_latency_s, 0.02, 1e-9);
+  EXPECT_DOUBLE_EQ(e->delta.payload_bytes, tb2 * 0.01803);
+  EXPECT_EQ(e->delta.bottleneck, "transfer");
+  EXPECT_EQ(e->full.bottleneck, "transfer");
+  EXPECT_NEAR(e->delta.transfer_s, tb2 * 0.01803 / (3.05e9 / 8 * p.efficiency),
+              1e-6);
+  // Transfer-bound on both sides: the speedup approaches the payload
+  // ratio, less the fixed costs (the vote hashes the whole store).
+  EXPECT_DOUBLE_EQ(e->speedup, e->full.total_s / e->delta.total_s);
+  EXPECT_DOUBLE_EQ(e->delta.total_s,
+                   e->delta.control_s + e->delta.stream_s + e->delta.verify_s);
+  EXPECT_GT(e->speedup, 0.5 * p.full_ratio / 0.01803);
+  EXPECT_LT(e->speedup, p.full_ratio / 0.01803);
+  // Half the bandwidth, twice the transfer.
+  auto slow = EstimateRefit(TwoRegion(1'525'000'000), tb2, 0.03, p);
+  ASSERT_TRUE(slow.ok());
+  EXPECT_NEAR(slow->delta.transfer_s, 2 * e->delta.transfer_s, 1e-6);
+  // More change, more payload, more time; interpolation between points.
+  auto more = EstimateRefit(TwoRegion(3'050'000'000), tb2, 0.04, p);
+  ASSERT_TRUE(more.ok());
+  EXPECT_DOUBLE_EQ(more->delta.payload_bytes, tb2 * (0.01803 + 0.02834) / 2);
+  EXPECT_GT(more->delta.total_s, e->delta.total_s);
+  EXPECT_DOUBLE_EQ(more->full.total_s, e->full.total_s);
+  // Beyond the measured points: extrapolated, never below a tenth.
+  auto tiny = EstimateRefit(TwoRegion(3'050'000'000), tb2, 0.0001, p);
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_GE(tiny->delta.payload_bytes, tb2 * 0.00069 - 1);
+}
+
+TEST(CostModelTest, FastLinksMakeTheRefitComputeBound) {
+  CostParameters p;
+  p.root_cores = 1;
+  auto e = EstimateRefit(TwoRegion(400'000'000'000), 2e12, 0.05, p);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->delta.bottleneck, "encode");
+  EXPECT_NEAR(e->delta.encode_s, 2e12 / 1.32e9, 1e-3);
+  EXPECT_GT(e->delta.stream_s, e->delta.encode_s);  // plus pipeline fill
+}
+
+TEST(CostModelTest, BadInputsAreRefused) {
+  CostParameters p;
+  Tree t = TwoRegion(1'000'000'000);
+  EXPECT_TRUE(EstimateRefit(t, 0, 0.03, p).status().IsInvalidArgument());
+  EXPECT_TRUE(EstimateRefit(t, 1e9, 0, p).status().IsInvalidArgument());
+  EXPECT_TRUE(EstimateRefit(t, 1e9, 1.5, p).status().IsInvalidArgument());
+  Tree empty;
+  empty.nodes.resize(1);
+  EXPECT_TRUE(EstimateRefit(empty, 1e9, 0.03, p).status().IsInvalidArgument());
+}
+
+TEST(CostModelTest, CalibrationJsonOverridesAndIsChecked) {
+  auto c = CostParameters::FromJson(
+      R"({"payload_ratio": [[0.05, 0.03], [0.01, 0.01]], "efficiency": 0.5,
+          "relay_cores": 4, "hop_overhead_s": 0})",
+      "cal.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->source, "cal.json");
+  ASSERT_EQ(c->payload_ratio.size(), 2u);
+  EXPECT_EQ(c->payload_ratio[0].first, 0.01);  // sorted
+  EXPECT_EQ(c->efficiency, 0.5);
+  EXPECT_EQ(c->relay_cores, 4u);
+  EXPECT_EQ(c->hop_overhead_s, 0);
+  EXPECT_EQ(c->full_ratio, CostParameters().full_ratio);  // untouched
+  for (const char* bad :
+       {"[]", "{", R"({"efficiency": 1.5})", R"({"efficiency": 0})",
+        R"({"payload_ratio": []})", R"({"payload_ratio": [[0.01]]})",
+        R"({"payload_ratio": [[0.01, 0.1], [0.01, 0.2]]})",
+        R"({"hash_rate": "fast"})", R"({"relay_cores": 0})",
+        R"({"root_cores": 2.5})"}) {
+    auto r = CostParameters::FromJson(bad, "cal.json");
+    EXPECT_TRUE(r.status().IsInvalidArgument()) << bad;
+    EXPECT_NE(r.status().message().find("cal.json"), std::string::npos)
+        << r.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace dcr
