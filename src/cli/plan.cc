@@ -21,6 +21,8 @@ struct PlanArgs {
   std::string change_rate;
   std::string calibration;
   std::string bandwidth;
+  std::string wan;
+  std::string lan;
   uint32_t root_cores = 0;
   uint32_t relay_cores = 0;
 };
@@ -63,6 +65,22 @@ nlohmann::json EstimateJson(const RefitEstimate& e) {
 int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
   auto topo = LoadTopology(a.topology);
   if (!topo.ok()) return ReportError(topo.status());
+  // What-if overrides: every link between clusters, every cluster inside.
+  for (auto [flag, value] :
+       {std::pair{"--wan", &a.wan}, std::pair{"--lan", &a.lan}}) {
+    if (value->empty()) continue;
+    auto bps = ParseBandwidth(*value);
+    if (!bps.ok() || *bps == 0) {
+      return ReportError(Status::InvalidArgument(
+          fmt::format("{} '{}': give a bandwidth, e.g. 10Gbps or 400Mbit/s",
+                      flag, *value)));
+    }
+    if (std::string_view(flag) == "--wan") {
+      for (LinkSpec& l : topo->links) l.bandwidth_bps = *bps;
+    } else {
+      for (ClusterSpec& c : topo->clusters) c.bandwidth_bps = *bps;
+    }
+  }
   auto tree = BuildTree(*topo);
   if (!tree.ok()) return ReportError(tree.status());
   double bytes = 0;
@@ -195,6 +213,10 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
                   "bench/refit_e2e writes one); default: built-in figures");
   cmd->add_option("--bandwidth", a->bandwidth,
                   "Bandwidth of links the topology gives none, e.g. 10Gbps");
+  cmd->add_option("--wan", a->wan,
+                  "What if: every link between clusters has this bandwidth");
+  cmd->add_option("--lan", a->lan,
+                  "What if: every node inside a cluster has this bandwidth");
   cmd->add_option("--root-cores", a->root_cores,
                   "Encoder cores at the root (default 32)")
       ->check(CLI::Range(1, 4096));
@@ -211,7 +233,10 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
       "  dcr plan --topology topology/two-region.yaml --params 1T "
       "--change-rate 3%\n"
       "  dcr plan --topology topology/two-region.yaml --model-bytes 60GB "
-      "--change-rate 0.01 -o json\n\nExit codes: 0 a prediction, 2 usage "
+      "--change-rate 0.01 -o json\n"
+      "  dcr plan --topology topology/two-region.yaml --params 1T "
+      "--change-rate 3% --wan 3Gbps --lan 100Gbps\n\nExit codes: 0 a "
+      "prediction, 2 usage "
       "or configuration error.\n");
   cmd->callback([=] { *exit_code = RunPlan(*a, *g); });
 }
