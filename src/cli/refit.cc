@@ -242,7 +242,7 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
     return ReportError(s);
   }
   std::vector<NodeStatus> nodes =
-      QueryStatus(*topo, *timeout, "tcp", transport_options);
+      QueryStatus(*topo, *timeout, "", transport_options);
   // The root's side: its baseline's version and the last refit's report.
   json root = {{"name", topo->root.name}};
   if (!topo->root.baseline.empty()) {

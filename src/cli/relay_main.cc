@@ -50,12 +50,18 @@ struct Args {
   std::string output = "text";  // of --doctor
 };
 
-// Plans only from this node's ancestors in the topology's tree;
-// connections only from the topology's hosts (resolved now) and `extra`.
-Status LimitPeers(const Topology& topo, const std::vector<std::string>& extra,
-                  RelayOptions* o) {
+// What the topology's tree says about this node: plans only from its
+// ancestors; connections only from the topology's hosts (resolved now) and
+// `extra`; it listens on the kind of the link into it.
+Status UseTree(const Topology& topo, const std::vector<std::string>& extra,
+               RelayOptions* o) {
   DCR_ASSIGN_OR_RETURN(Tree tree, BuildTree(topo));
   int self = tree.Find(o->name);
+  // It listens on the kind of the link into it (topology `transport`).
+  if (self > 0) {
+    o->transport = std::string(
+        TransportKindName(tree.nodes[static_cast<size_t>(self)].transport));
+  }
   for (int i : tree.PathToRoot(self)) {
     if (i != self) o->plan_senders.push_back(tree.nodes[i].name);
   }
@@ -143,6 +149,23 @@ std::string RenderMetrics(const RelayStats& s, const std::string& node) {
           "Chunk sends to children (one per child)", s.chunks_forwarded);
   counter("dcr_relay_chunks_dropped_total",
           "Duplicate chunks and chunks outside a refit", s.chunks_dropped);
+  counter("dcr_relay_adoptions_total",
+          "Nodes this relay re-parented (adopted or placed) in refits",
+          s.adoptions);
+  counter("dcr_relay_resent_chunks_total",
+          "Chunks resent from the resend buffer to adopted children",
+          s.resent_chunks);
+  counter("dcr_relay_resent_bytes_total", "Bytes of those chunks",
+          s.resent_bytes);
+  counter("dcr_relay_resend_misses_total",
+          "Adoptions the resend buffer could not cover (repair rounds did)",
+          s.resend_misses);
+  m.Family("dcr_relay_children", "gauge",
+           "Children during a refit, now and the most at once");
+  m.Sample("dcr_relay_children", s.live_children,
+           {{"node", node}, {"which", "live"}});
+  m.Sample("dcr_relay_children", s.peak_children,
+           {{"node", node}, {"which", "peak"}});
   m.Family("dcr_relay_refits_total", "counter", "Refits by result");
   m.Sample("dcr_relay_refits_total", s.refits_committed,
            {{"node", node}, {"result", "committed"}});
@@ -202,7 +225,7 @@ int Run(const Args& a) {
                       a.topology, a.node, a.topology)));
     }
     o.name = n->name;
-    if (Status s = LimitPeers(*topo, a.allow_peers, &o); !s.ok()) {
+    if (Status s = UseTree(*topo, a.allow_peers, &o); !s.ok()) {
       return ReportError(s);
     }
     o.listen_host = n->host;

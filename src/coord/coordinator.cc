@@ -221,7 +221,7 @@ class RefitRun {
   PlanMsg plan_;
   uint64_t window_ = 0;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<TransportSet> transports_;
   Mailbox mailbox_;
   std::shared_ptr<Fanout> fanout_;
   uint64_t sequence_ = 1;  // the next frame the root sends (PLAN is 0)
@@ -443,7 +443,7 @@ Status RefitRun::Prepare() {
   plan_.nodes = PlanNodes(tree_);
   TransportOptions to = options_.transport_options;
   to.name = topo.root.name;
-  DCR_ASSIGN_OR_RETURN(transport_, CreateTransport(options_.transport, to));
+  transports_ = std::make_unique<TransportSet>(to, options_.transport);
   return Status::OK();
 }
 
@@ -774,7 +774,7 @@ bool RefitRun::Vote(std::vector<NodeResult>* votes) {
 
 Fanout::Options RefitRun::FanoutOptions(bool resume) {
   Fanout::Options fo;
-  fo.transport = transport_.get();
+  fo.transports = transports_.get();
   fo.mailbox = &mailbox_;
   fo.connect_timeout = options_.connect_timeout;
   fo.hello = HelloMsg{options_.topology.root.name, kRoleRoot, report_.epoch};
@@ -1017,7 +1017,7 @@ Result<RefitReport> RefitRun::Run() {
   }
   if (commit && options_.crash_after_decision) {
     // Tests: the coordinator "dies" with its decision durable.
-    transport_->Stop();
+    transports_->Stop();
     mailbox_.Close();
     report_.reason = "stopped after the decision (crash_after_decision)";
     return report_;
@@ -1082,6 +1082,9 @@ Result<RefitReport> RefitRun::Conclude(
   }
   report_.commit_seconds = Seconds(t_decide, Clock::now());
   report_.adoptions = fanout_->adoptions();
+  report_.resent_chunks = fanout_->resent_chunks();
+  report_.resent_bytes = fanout_->resent_bytes();
+  report_.resend_misses = fanout_->resend_misses();
   fanout_->Close();
   Summarize(plan_results, votes, final_replies, commit_set);
   if (report_.outcome == RefitOutcome::kPartial && report_.reason.empty()) {
@@ -1093,7 +1096,7 @@ Result<RefitReport> RefitRun::Conclude(
   while (fanout_->MaxQueuedBytes() > 0 && Clock::now() < flush_until) {
     mailbox_.RunUntil(Clock::now() + std::chrono::milliseconds(5));
   }
-  transport_->Stop();
+  transports_->Stop();
   mailbox_.Close();
   Status w =
       WriteText(state_dir_ + "/last-refit.json", report_.ToJson() + "\n");
@@ -1148,6 +1151,9 @@ std::string RefitReport::ToJson() const {
       {"repair_chunks", repair_chunks},
       {"repair_bytes", repair_bytes},
       {"adoptions", adoptions},
+      {"resent_chunks", resent_chunks},
+      {"resent_bytes", resent_bytes},
+      {"resend_misses", resend_misses},
       {"link_class_bytes", link_class_bytes},
       {"seconds",
        {{"prepare", prepare_seconds},
@@ -1282,7 +1288,7 @@ Result<RefitReport> RefitRun::Resume() {
   plan_.nodes = PlanNodes(tree_);
   TransportOptions to = options_.transport_options;
   to.name = topo.root.name;
-  DCR_ASSIGN_OR_RETURN(transport_, CreateTransport(options_.transport, to));
+  transports_ = std::make_unique<TransportSet>(to, options_.transport);
   spdlog::info("resuming refit {} (epoch {}): {} step {} -> {}",
                report_.refit.ToHex(), report_.epoch,
                commit ? "commit" : "abort (no decision was recorded)",
@@ -1511,11 +1517,16 @@ std::vector<NodeStatus> QueryStatus(const Topology& topology,
       out.push_back(std::move(s));
     }
   }
-  auto transport = CreateTransport(transport_kind, options);
-  if (!transport.ok()) {
-    for (NodeStatus& s : out) s.error = transport.status().ToString();
-    return out;
-  }
+  // The kind of the link into each relay, as a refit's parent uses it.
+  auto tree = BuildTree(topology);
+  auto kind_of = [&](const NodeSpec& n) -> std::string {
+    if (!transport_kind.empty()) return transport_kind;
+    int k = tree.ok() ? tree->Find(n.name) : -1;
+    return std::string(
+        TransportKindName(k > 0 ? tree->nodes[static_cast<size_t>(k)].transport
+                                : topology.defaults.transport));
+  };
+  TransportSet transports(options, transport_kind);
   Mailbox mailbox;
   // deque: stable addresses for the handlers.
   std::deque<bool> done(out.size(), false);
@@ -1526,6 +1537,13 @@ std::vector<NodeStatus> QueryStatus(const Topology& topology,
     for (const NodeSpec& n : c.nodes) {
       auto handler =
           std::make_shared<StatusHandler>(&mailbox, &out[i], &done[i]);
+      auto transport = transports.Get(kind_of(n));
+      if (!transport.ok()) {
+        done[i] = true;
+        out[i].error = transport.status().ToString();
+        ++i;
+        continue;
+      }
       (*transport)
           ->AsyncConnect(n.host, n.port, handler, timeout,
                          [&mailbox, &out, &done, &links, &options,
@@ -1562,7 +1580,7 @@ std::vector<NodeStatus> QueryStatus(const Topology& topology,
   for (size_t k = 0; k < out.size(); ++k) {
     if (!done[k]) out[k].error = "no answer within the timeout";
   }
-  (*transport)->Stop();
+  transports.Stop();
   mailbox.Close();
   return out;
 }

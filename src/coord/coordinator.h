@@ -82,9 +82,11 @@ struct RefitOptions {
   // sending COMMIT, as if the coordinator had died there.
   bool crash_after_decision = false;
   size_t threads = 0;  // encoder threads; 0: hardware count
-  // Transport options for the root's links (frames, send rate limit);
-  // tests set fake_network with transport "fake".
-  std::string transport = "tcp";
+  // Every link's kind; empty: each link the kind the topology gives it
+  // (`transport` on defaults, a cluster, a node or a link). Tests set
+  // "fake" (with transport_options.fake_network).
+  std::string transport;
+  // Transport options for the root's links (frames, send rate limit).
   TransportOptions transport_options;
   // The root's Ed25519 private key (root.signing_key_file; empty: none).
   // With it the encoder hashes every chunk and END carries the refit
@@ -152,6 +154,12 @@ struct RefitReport {
   uint64_t repair_chunks = 0;  // overwrite chunks they sent
   uint64_t repair_bytes = 0;   // their encoded bytes
   uint64_t adoptions = 0;      // nodes the root re-parented
+  // Chunks the root resent from its resend buffer to nodes it adopted, and
+  // adoptions whose missed chunks the buffer no longer held (those come
+  // back in a repair round).
+  uint64_t resent_chunks = 0;
+  uint64_t resent_bytes = 0;
+  uint64_t resend_misses = 0;
   // Bytes carried per link class ("wan", "lan") by the tree's edges that
   // reached a node in the refit: each edge carries the stream once.
   std::map<std::string, uint64_t> link_class_bytes;
@@ -199,10 +207,11 @@ struct NodeStatus {
 };
 
 // Asks every relay of the topology for its state, in parallel, waiting at
-// most `timeout` for each.
+// most `timeout` for each, over the kind of link into each relay (its
+// topology `transport`); a non-empty `transport` uses that kind for all.
 std::vector<NodeStatus> QueryStatus(const Topology& topology,
                                     std::chrono::milliseconds timeout,
-                                    const std::string& transport = "tcp",
+                                    const std::string& transport = "",
                                     const TransportOptions& options = {});
 
 }  // namespace dcr

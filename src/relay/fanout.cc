@@ -4,6 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
+#include <string_view>
 
 namespace dcr {
 namespace {
@@ -21,6 +24,29 @@ constexpr int kRejoinTries = 6;
 
 double Secs(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
+}
+
+uint64_t LoadLE(const std::vector<std::byte>& b, size_t offset, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; ++i) {
+    v |= static_cast<uint64_t>(b[offset + i]) << (8 * i);
+  }
+  return v;
+}
+
+// The (epoch, sequence) of `b` if it is exactly one whole frame (header,
+// payload, tag); the checksum is the receiver's to check.
+std::optional<FramePosition> WholeFramePosition(
+    const std::vector<std::byte>& b) {
+  if (b.size() < kFrameHeaderSize ||
+      !std::equal(kFrameMagic.begin(), kFrameMagic.end(), b.begin())) {
+    return std::nullopt;
+  }
+  uint64_t flags = LoadLE(b, 6, 2);
+  uint64_t size = kFrameHeaderSize + LoadLE(b, 8, 4) +
+                  ((flags & kFrameFlagAuthTag) != 0 ? kAuthTagSize : 0);
+  if (b.size() != size) return std::nullopt;
+  return FramePosition{LoadLE(b, 16, 8), LoadLE(b, 24, 8)};
 }
 
 }  // namespace
@@ -57,6 +83,18 @@ std::shared_ptr<Fanout> Fanout::Create(Options options, PlanMsg plan) {
 Fanout::Fanout(Options options, PlanMsg plan)
     : options_(std::move(options)), plan_(std::move(plan)) {
   plan_.adopt = false;
+  plan_.resend = false;
+  planned_children_.assign(plan_.nodes.size(), 0);
+  for (size_t i = 1; i < plan_.nodes.size(); ++i) {
+    planned_children_[static_cast<size_t>(plan_.nodes[i].parent)] += 1;
+  }
+  // The root's own child count (cluster heads) is no relay's fanout.
+  for (size_t i = options_.depth == 0 ? 1 : 0; i < plan_.nodes.size(); ++i) {
+    plan_fanout_ = std::max(plan_fanout_, planned_children_[i]);
+  }
+  kept_limit_ = options_.resend_buffer_bytes.value_or(
+      plan_.chunk_window_bytes != 0 ? kResendWindows * plan_.chunk_window_bytes
+                                    : kResendDefaultBytes);
   for (size_t i = 1; i < plan_.nodes.size(); ++i) {
     if (plan_.nodes[i].parent == 0) AddChild(i, false, false);
   }
@@ -68,7 +106,8 @@ Fanout::~Fanout() {
   }
 }
 
-size_t Fanout::AddChild(size_t plan_index, bool adoption, bool retried) {
+size_t Fanout::AddChild(size_t plan_index, bool adoption, bool retried,
+                        std::optional<uint32_t> delegated_depth) {
   Child c;
   c.plan_index = plan_index;
   c.sub = SubPlan(plan_, plan_index);
@@ -77,11 +116,84 @@ size_t Fanout::AddChild(size_t plan_index, bool adoption, bool retried) {
                                  options_.child_timeout_fraction));
   c.sub.adopt = adoption || options_.resume;
   c.sub.resume = options_.resume;
-  c.sub.sender_depth = options_.depth;
+  c.sub.resend = adoption && kept_limit_ != 0;
+  c.sub.sender_depth = delegated_depth.value_or(options_.depth);
   c.adoption = adoption;
   c.retried = retried;
+  c.delegated_depth = delegated_depth;
   children_.push_back(std::move(c));
   return children_.size() - 1;
+}
+
+void Fanout::NotePeak() {
+  // A rejoin try counts once accepted: most find nobody.
+  size_t n = static_cast<size_t>(
+      std::count_if(children_.begin(), children_.end(), [](const Child& c) {
+        return !c.failed && (!c.rejoin_of || c.accepted);
+      }));
+  peak_children_ = std::max(peak_children_, n);
+}
+
+void Fanout::RefreshSub(Child& c) {
+  if (c.rejoin_of) return;  // alone: its children are ours
+  c.sub.nodes = SubPlan(plan_, c.plan_index).nodes;
+}
+
+std::optional<size_t> Fanout::EntryOf(size_t index) const {
+  for (size_t k = children_.size(); k-- > 0;) {
+    const Child& c = children_[k];
+    if (c.plan_index == index && !c.superseded && !c.rejoin_of) return k;
+  }
+  return std::nullopt;
+}
+
+std::vector<size_t> Fanout::PlanChildren(size_t index) const {
+  std::vector<size_t> out;
+  for (size_t k = index + 1; k < plan_.nodes.size(); ++k) {
+    if (plan_.nodes[k].parent == static_cast<int32_t>(index)) out.push_back(k);
+  }
+  return out;
+}
+
+size_t Fanout::Capacity(size_t index) const {
+  if (index == 0 && options_.depth == 0) return planned_children_[0];
+  return std::max(planned_children_[index], plan_fanout_);
+}
+
+size_t Fanout::MoveUnder(size_t index, size_t host) {
+  // Appended after the host, so every node still follows its parent (what
+  // SubPlan needs); the detached originals are in no subtree.
+  PlanMsg sub = SubPlan(plan_, index);
+  size_t base = plan_.nodes.size();
+  for (size_t k = 0; k < sub.nodes.size(); ++k) {
+    PlanNode n = sub.nodes[k];
+    n.parent = k == 0 ? static_cast<int32_t>(host)
+                      : static_cast<int32_t>(base) + n.parent;
+    plan_.nodes.push_back(std::move(n));
+    planned_children_.push_back(static_cast<size_t>(std::count_if(
+        sub.nodes.begin(), sub.nodes.end(), [&](const PlanNode& m) {
+          return m.parent == static_cast<int32_t>(k);
+        })));
+  }
+  plan_.nodes[index].parent = -1;
+  return base;
+}
+
+std::optional<size_t> Fanout::FindHost(const std::vector<size_t>& roots) const {
+  std::vector<std::vector<size_t>> kids(plan_.nodes.size());
+  for (size_t k = 1; k < plan_.nodes.size(); ++k) {
+    if (plan_.nodes[k].parent >= 0) {
+      kids[static_cast<size_t>(plan_.nodes[k].parent)].push_back(k);
+    }
+  }
+  std::deque<size_t> queue(roots.begin(), roots.end());
+  while (!queue.empty()) {
+    size_t x = queue.front();
+    queue.pop_front();
+    if (kids[x].size() < Capacity(x)) return x;
+    queue.insert(queue.end(), kids[x].begin(), kids[x].end());
+  }
+  return std::nullopt;
 }
 
 void Fanout::Start(Clock::time_point deadline) {
@@ -93,6 +205,7 @@ void Fanout::Start(Clock::time_point deadline) {
 void Fanout::Connect(size_t i) {
   Child& c = children_[i];
   c.started = Clock::now();
+  NotePeak();
   if (plan_.heartbeat_ms != 0) {
     next_tick_ = std::min(next_tick_, c.started + heartbeat());
   }
@@ -100,13 +213,26 @@ void Fanout::Connect(size_t i) {
   std::weak_ptr<Fanout> weak = weak_from_this();
   auto handler = std::make_shared<ChildHandler>(weak, i, options_.mailbox);
   Mailbox* mailbox = options_.mailbox;
-  options_.transport->AsyncConnect(
-      n.host, n.port, handler, options_.connect_timeout,
-      [weak, i, mailbox](Result<std::shared_ptr<Link>> link) {
-        mailbox->Post([weak, i, link = std::move(link)]() mutable {
-          if (auto f = weak.lock()) f->OnConnected(i, std::move(link));
-        });
-      });
+  auto transport =
+      options_.transports->Get(n.transport.empty() ? "tcp" : n.transport);
+  if (!transport.ok()) {
+    // This node cannot reach the child's kind of link (not built, or TLS
+    // on a UCX link): the child fails like an unreachable one.
+    Status why = transport.status().WithContext(
+        fmt::format("transport {} to {}", n.transport, n.name));
+    mailbox->Post([weak, i, why] {
+      if (auto f = weak.lock()) f->OnConnected(i, why);
+    });
+    return;
+  }
+  (*transport)
+      ->AsyncConnect(
+          n.host, n.port, handler, options_.connect_timeout,
+          [weak, i, mailbox](Result<std::shared_ptr<Link>> link) {
+            mailbox->Post([weak, i, link = std::move(link)]() mutable {
+              if (auto f = weak.lock()) f->OnConnected(i, std::move(link));
+            });
+          });
 }
 
 Status Fanout::SendTo(Child& c, FrameType type,
@@ -183,6 +309,7 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
     if (c.rejoin_of) {
       spdlog::info("{}: {} rejoined the refit", options_.hello.node, name);
       children_[*c.rejoin_of].superseded = true;
+      NotePeak();
     }
     c.takes_chunks = std::any_of(
         results->nodes.begin(), results->nodes.end(),
@@ -190,6 +317,13 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
     if (!c.takes_chunks) c.refused = *results;
     if (c.adoption) {
       spdlog::info("{}: adopted {}", options_.hello.node, name);
+    }
+    // A node still receiving says what it took last: it gets what it
+    // missed from the resend buffer first (chunks flow in these phases).
+    if (results->received_through && c.takes_chunks && !c.rejoin_of &&
+        kept_limit_ != 0 &&
+        (expected_ == FrameType::kPlanReply || expected_ == FrameType::kVote)) {
+      Resend(c, *results->received_through);
     }
     if (expected_ != FrameType::kPlanReply) {
       // Adopted in a later phase: the phase's control frame (END, COMMIT,
@@ -252,7 +386,8 @@ void Fanout::Fail(size_t i, NodeCode code, std::string why, FailKind kind) {
   if (kind == FailKind::kLink && !c.retried) {
     // It may have lost only the link: connect to it again, once.
     c.superseded = true;
-    size_t k = AddChild(c.plan_index, /*adoption=*/true, /*retried=*/true);
+    size_t k = AddChild(c.plan_index, /*adoption=*/true, /*retried=*/true,
+                        c.delegated_depth);
     ++adoptions_;
     Connect(k);
     return;
@@ -264,25 +399,196 @@ void Fanout::AdoptChildrenOf(size_t i) {
   Child& c = children_[i];
   c.split = true;
   if (plan_.heartbeat_ms != 0) c.rejoin_at = Clock::now() + heartbeat() / 2;
-  for (size_t k = c.plan_index + 1; k < plan_.nodes.size(); ++k) {
-    if (plan_.nodes[k].parent != static_cast<int32_t>(c.plan_index)) continue;
+  const std::string failed = c.sub.nodes[0].name;
+  std::vector<size_t> orphans = PlanChildren(c.plan_index);
+  // Within capacity while chunks stream: chunks went out, so the owner's
+  // plan phase is over (no PLAN_REPLY is pending that a placed node would
+  // be missing from), and END did not (nobody voted).
+  bool streaming = chunks_seen_ && expected_ == FrameType::kPlanReply;
+  size_t live = live_children(), cap = Capacity(0);
+  size_t free = !streaming ? orphans.size() : cap > live ? cap - live : 0;
+  std::vector<size_t> direct;
+  std::vector<size_t> hosts;
+  for (size_t o : orphans) {
+    if (direct.size() < free) {
+      direct.push_back(o);
+      continue;
+    }
+    std::vector<size_t> roots = direct;
+    for (const Child& e : children_) {
+      // Not under a subtree that refused the plan: it takes no chunks.
+      if (!e.failed && !e.superseded && !e.rejoin_of && e.takes_chunks) {
+        roots.push_back(e.plan_index);
+      }
+    }
+    std::optional<size_t> host = FindHost(roots);
+    if (!host) {
+      direct.push_back(o);  // no free slot anywhere: ours
+      continue;
+    }
+    spdlog::info("{}: placing {}, a child of {}, under {} (fanout {})",
+                 options_.hello.node, plan_.nodes[o].name, failed,
+                 plan_.nodes[*host].name, Capacity(*host));
+    MoveUnder(o, *host);
+    ++adoptions_;
+    hosts.push_back(*host);
+  }
+  for (size_t o : direct) {
     spdlog::info("{}: adopting {}, a child of {}", options_.hello.node,
-                 plan_.nodes[k].name, c.sub.nodes[0].name);
-    size_t n = AddChild(k, /*adoption=*/true, /*retried=*/false);
+                 plan_.nodes[o].name, failed);
+    size_t n = AddChild(o, /*adoption=*/true, /*retried=*/false);
     ++adoptions_;
     Connect(n);
   }
+  // A live child whose subtree took an orphan learns it from a PLAN on its
+  // link (one just adopted has it in its adoption PLAN).
+  std::vector<size_t> told;
+  for (size_t h : hosts) {
+    std::optional<size_t> e;
+    for (size_t x = h; !e && x != 0;
+         x = static_cast<size_t>(plan_.nodes[x].parent)) {
+      e = EntryOf(x);
+    }
+    if (!e || std::find(told.begin(), told.end(), *e) != told.end()) continue;
+    told.push_back(*e);
+    SendAmendment(children_[*e], options_.depth);
+  }
 }
 
-size_t Fanout::Forward(const FrameBuffer& frame, bool chunk) {
-  if (!chunk) control_ = frame;
+void Fanout::SendAmendment(Child& c, uint32_t depth) {
+  RefreshSub(c);
+  if (c.failed || !c.link) return;  // OnConnected sends the new sub-plan
+  PlanMsg m = c.sub;
+  m.adopt = true;
+  m.resend = false;
+  m.sender_depth = depth;
+  if (Status s = SendTo(c, FrameType::kPlan, EncodePlan(m)); !s.ok()) {
+    spdlog::warn("{}: cannot send {} its new subtree: {}", options_.hello.node,
+                 c.sub.nodes[0].name, s.ToString());
+  }
+}
+
+void Fanout::Amend(const PlanMsg& plan) {
+  // This Fanout's tree: the nodes reachable from nodes[0], by name.
+  std::map<std::string, size_t> index{{plan_.nodes[0].name, 0}};
+  for (size_t k = 1; k < plan_.nodes.size(); ++k) {
+    int32_t p = plan_.nodes[k].parent;
+    if (p >= 0 && index.contains(plan_.nodes[static_cast<size_t>(p)].name) &&
+        index[plan_.nodes[static_cast<size_t>(p)].name] ==
+            static_cast<size_t>(p)) {
+      index[plan_.nodes[k].name] = k;
+    }
+  }
+  std::vector<size_t> tops;  // the first node of each new subtree
+  size_t first_new = plan_.nodes.size();
+  for (size_t i = 1; i < plan.nodes.size(); ++i) {
+    const PlanNode& n = plan.nodes[i];
+    if (index.contains(n.name)) continue;
+    auto parent = index.find(plan.nodes[static_cast<size_t>(n.parent)].name);
+    if (parent == index.end()) continue;  // parents come first: not reached
+    PlanNode copy = n;
+    copy.parent = static_cast<int32_t>(parent->second);
+    plan_.nodes.push_back(std::move(copy));
+    planned_children_.push_back(static_cast<size_t>(std::count_if(
+        plan.nodes.begin(), plan.nodes.end(), [&](const PlanNode& m) {
+          return m.parent == static_cast<int32_t>(i);
+        })));
+    index[n.name] = plan_.nodes.size() - 1;
+    if (parent->second < first_new) tops.push_back(plan_.nodes.size() - 1);
+  }
+  std::vector<size_t> told;
+  for (size_t t : tops) {
+    size_t host = static_cast<size_t>(plan_.nodes[t].parent);
+    std::optional<size_t> e;
+    for (size_t x = host; !e && x != 0;
+         x = static_cast<size_t>(plan_.nodes[x].parent)) {
+      e = EntryOf(x);
+    }
+    const Child* c = e ? &children_[*e] : nullptr;
+    if (host == 0 || !c || !c->takes_chunks ||
+        (c->failed && c->split && c->plan_index == host)) {
+      spdlog::info("{}: adopting {}, placed here by an ancestor",
+                   options_.hello.node, plan_.nodes[t].name);
+      size_t k =
+          AddChild(t, /*adoption=*/true, /*retried=*/false, plan.sender_depth);
+      Connect(k);
+    } else if (std::find(told.begin(), told.end(), *e) == told.end()) {
+      told.push_back(*e);
+      SendAmendment(children_[*e], plan.sender_depth);
+    }
+  }
+}
+
+size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
+  std::optional<FramePosition> position;
+  chunks_seen_ |= chunk;
+  if (chunk) {
+    position = WholeFramePosition(*frame);
+    Keep(frame, position, keep);
+  } else {
+    control_ = frame;
+  }
   size_t n = 0;
   for (Child& c : children_) {
     if (c.failed || !c.link || (chunk && !c.takes_chunks)) continue;
+    // An adoption not yet accepted gets the control frame when it is,
+    // after the chunks it missed (OnFrame).
+    if (!chunk && c.adoption && !c.accepted) continue;
     c.link->Send(frame);
+    if (position && !c.first_chunk) c.first_chunk = position;
     ++n;
   }
   return n;
+}
+
+void Fanout::Keep(const FrameBuffer& frame,
+                  std::optional<FramePosition> position, bool keep) {
+  if (kept_limit_ == 0) return;
+  if (!position) {  // not whole: say it is the one after the last seen
+    position = last_seen_.value_or(FramePosition{});
+    position->sequence += 1;
+    keep = false;
+  }
+  last_seen_ = position;
+  if (!keep) {
+    lost_through_ = std::max(lost_through_.value_or(*position), *position);
+    return;
+  }
+  kept_.push_back(Kept{frame, *position});
+  kept_bytes_ += frame->size();
+  while (kept_bytes_ > kept_limit_ && !kept_.empty()) {
+    const Kept& old = kept_.front();
+    lost_through_ =
+        std::max(lost_through_.value_or(old.position), old.position);
+    kept_bytes_ -= old.frame->size();
+    kept_.pop_front();
+  }
+}
+
+void Fanout::Resend(Child& c, const FramePosition& after) {
+  const std::string& name = c.sub.nodes[0].name;
+  uint64_t chunks = 0, bytes = 0;
+  for (const Kept& k : kept_) {
+    // What it took before, and what went on its link since it connected.
+    if (k.position <= after) continue;
+    if (c.first_chunk && k.position >= *c.first_chunk) continue;
+    c.link->Send(k.frame);
+    ++chunks;
+    bytes += k.frame->size();
+  }
+  resent_chunks_ += chunks;
+  resent_bytes_ += bytes;
+  if (chunks != 0) {
+    spdlog::info("{}: resent {} chunks ({} bytes) to {} after sequence {}",
+                 options_.hello.node, chunks, bytes, name, after.sequence);
+  }
+  if (lost_through_ && *lost_through_ > after) {
+    ++resend_misses_;
+    spdlog::warn(
+        "{}: {} may miss chunks the resend buffer no longer holds (through "
+        "sequence {}; it took up to {}): the root's repair round resends them",
+        options_.hello.node, name, lost_through_->sequence, after.sequence);
+  }
 }
 
 size_t Fanout::MaxQueuedBytes() const {
@@ -432,6 +738,20 @@ std::vector<NodeResult> Fanout::Results() const {
     if (c.superseded) continue;
     if (c.reply) {  // it answered this phase, even if its link went after
       out.insert(out.end(), c.reply->nodes.begin(), c.reply->nodes.end());
+      // A node placed in its subtree after it answered: no answer yet.
+      if (c.reply->nodes.size() < c.sub.nodes.size()) {
+        std::set<std::string_view> named;
+        for (const NodeResult& r : c.reply->nodes) named.insert(r.node);
+        for (const PlanNode& n : c.sub.nodes) {
+          if (named.contains(n.name)) continue;
+          NodeResult r;
+          r.node = n.name;
+          r.code = NodeCode::kTimeout;
+          r.detail = "placed under " + c.sub.nodes[0].name +
+                     " after it answered; no answer yet";
+          out.push_back(std::move(r));
+        }
+      }
       continue;
     }
     const std::string& head = c.sub.nodes[0].name;

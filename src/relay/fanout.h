@@ -8,7 +8,9 @@
 // then on, and every node of its subtree is reported (kRejected,
 // kTimeout). A child whose link fails is re-parented: connected to again,
 // or its own children adopted (see set_adopting), and the failed node is
-// reported alone (kUnreachable, kTimeout).
+// reported alone (kUnreachable, kTimeout). Orphans are re-parented within
+// capacity (see AdoptChildrenOf below), and an adopted node gets the
+// chunks it missed again from a bounded buffer of recent CHUNK frames.
 //
 // Thread safety: none. Every method runs on the owner's thread; link events
 // reach the Fanout through the owner's Mailbox (they hold a weak reference,
@@ -29,6 +31,7 @@
 #include "dcr/wire.h"
 #include "relay/mailbox.h"
 #include "relay/messages.h"
+#include "transport/transport_set.h"
 
 namespace dcr {
 
@@ -37,7 +40,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   using Clock = std::chrono::steady_clock;
 
   struct Options {
-    Transport* transport = nullptr;
+    // Each child is reached with the transport of its PlanNode's kind
+    // (topology `transport` of the link into it), created on first use.
+    TransportSet* transports = nullptr;
     Mailbox* mailbox = nullptr;  // where link events are delivered
     std::chrono::milliseconds connect_timeout{5000};
     HelloMsg hello;       // sent first on every child link
@@ -53,7 +58,16 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     bool adopt = true;
     // `dcr refit --resume`: every PLAN is a resume adoption (PlanMsg).
     bool resume = false;
+    // The resend buffer: bytes of the most recent CHUNK frames forwarded,
+    // kept (shared, not copied) to resend to an adopted node what it
+    // missed; the oldest are evicted first. Unset: kResendWindows times the
+    // plan's chunk_window_bytes (kResendDefaultBytes if the plan has no
+    // window). 0: no buffer (adopted nodes get missed chunks from the
+    // root's repair round only).
+    std::optional<uint64_t> resend_buffer_bytes;
   };
+  static constexpr uint64_t kResendWindows = 4;
+  static constexpr uint64_t kResendDefaultBytes = 64ull << 20;
 
   // `plan` is the receiver's plan (nodes[0] = the node that owns this
   // Fanout). Call Start() to connect.
@@ -69,9 +83,16 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // Sends `frame` to every child still in the refit; returns how many.
   // A CHUNK (`chunk` true) skips children whose whole subtree refused the
   // plan: nobody there would apply it. Control frames (END, COMMIT, ABORT)
-  // go to every child and are kept: a child adopted later in the phase
-  // gets the phase's control frame once it accepted the adoption.
-  size_t Forward(const FrameBuffer& frame, bool chunk = false);
+  // go to every child and are kept: a child being adopted gets the
+  // phase's control frame once it accepted the adoption (after the chunks
+  // it missed), not before.
+  // Every whole CHUNK frame goes into the resend buffer, even with no child
+  // to send it to. A chunk not to be kept (`keep` false: a relay.forward
+  // failpoint's damaged or cut copy, a fault in this node's forward path)
+  // or not whole counts as evicted: an adopted node that missed it gets it
+  // from the root's repair round.
+  size_t Forward(const FrameBuffer& frame, bool chunk = false,
+                 bool keep = true);
 
   // The largest send queue among live children (backpressure).
   size_t MaxQueuedBytes() const;
@@ -104,21 +125,58 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // Re-parenting. When a child's link fails (closed, cut, silent) the
   // Fanout first connects to it again and sends it an adoption PLAN (it may
   // have lost only the link); if that fails, or the child was dropped as
-  // slow, it adopts the child's own children the same way, recursively, so
-  // every live node below a failed one keeps receiving. An adopted node
-  // answers PLAN_REPLY (its subtree's plan results), then takes part in the
-  // current phase. Chunks it missed meanwhile show in its vote (tensors to
-  // repair); the root resends them. Only a node that has a parent adopts:
-  // an orphan turns this off until it is adopted itself.
+  // slow, its own children (the orphans) are re-parented, so every live
+  // node below a failed one keeps receiving:
+  //  - While chunks stream (a CHUNK went out, END did not), within
+  //    capacity: this node adopts orphans into its free slots (the
+  //    failed child's), and places each other one, with its subtree, under
+  //    the first node with a free slot, breadth-first, of the subtrees of
+  //    the orphans it adopts now, then of its other live children. A
+  //    node's capacity is the larger of its child count in the plan and
+  //    the largest child count of any node of this node's plan (the
+  //    cluster fanout as the tree builder applied it); the root's is its
+  //    planned child count. A placed orphan travels down in the PLAN of
+  //    the subtree that takes it (an adoption PLAN, or one on a live link:
+  //    Amend), and the node it goes under adopts it, sending this node's
+  //    depth (PlanMsg::sender_depth).
+  //  - Otherwise (planning, or END went by: control frames and repair
+  //    chunks are left) this node adopts every orphan itself.
+  // An adopted node answers PLAN_REPLY (its subtree's plan results, and
+  // the last chunk it took while it still receives), then takes part in
+  // the current phase. With a resend buffer, the chunks it missed are sent
+  // again from it first; what the buffer no longer holds (evicted) shows
+  // in the node's vote (tensors to repair) and the root's repair round
+  // resends it. Only a node that has a parent adopts: an orphan turns this
+  // off until it is adopted itself.
   void set_adopting(bool on) { options_.adopt = on; }
   void set_depth(uint32_t depth) { options_.depth = depth; }
-  // Adoptions started (each node once per attempt).
+  // A PLAN for this node from its parent (an adoption PLAN, or one on the
+  // live parent link) may carry subtrees its parent placed under nodes of
+  // this node's subtree: takes the nodes this Fanout's plan lacks, adopts
+  // those placed under this node (or under a failed child of it whose
+  // children it adopted), and passes the others down in a PLAN to the
+  // child whose subtree takes them.
+  void Amend(const PlanMsg& plan);
+  // Adoptions started, each node once per attempt; an orphan placed under
+  // another node counts here, where it was placed.
   uint64_t adoptions() const { return adoptions_; }
+  // The most children this node had in the refit at once (live, including
+  // adoptions in progress; a rejoin try once accepted). A failed node that
+  // rejoins (see Tick) comes back alone, in addition to the nodes that
+  // took its slot: one leaf over the capacity, for the rest of the refit.
+  size_t peak_children() const { return peak_children_; }
+  // Resends to adopted nodes: CHUNK frames and their bytes, and adoptions
+  // the buffer could not cover (the repair round is the fallback).
+  uint64_t resent_chunks() const { return resent_chunks_; }
+  uint64_t resent_bytes() const { return resent_bytes_; }
+  uint64_t resend_misses() const { return resend_misses_; }
 
   // The current phase's results, for every node of every child's subtree:
   // a child's reply, or a generated result for each node behind a child
   // that failed. A node whose children were adopted is reported alone
-  // (failed), and its adopted children report for themselves.
+  // (failed), and its adopted children report for themselves. A node
+  // placed in a child's subtree after the child answered the phase is
+  // reported as timed out until the child answers again.
   std::vector<NodeResult> Results() const;
 
   // Children still in the refit.
@@ -166,11 +224,40 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     int rejoin_tries = 0;
     std::optional<size_t> rejoin_of;
     uint64_t blocked_sent = 0;  // bytes sent to it when it got blocked
+    // The first CHUNK forwarded on its link (a resend stops before it).
+    std::optional<FramePosition> first_chunk;
+    // Adopting on behalf of an ancestor (Amend): the depth it sends.
+    std::optional<uint32_t> delegated_depth;
+  };
+  // A CHUNK frame in the resend buffer.
+  struct Kept {
+    FrameBuffer frame;
+    FramePosition position;
   };
   class ChildHandler;
 
   Fanout(Options options, PlanMsg plan);
-  size_t AddChild(size_t plan_index, bool adoption, bool retried);
+  size_t AddChild(size_t plan_index, bool adoption, bool retried,
+                  std::optional<uint32_t> delegated_depth = std::nullopt);
+  // Its sub-plan from the current tree (placements included).
+  void RefreshSub(Child& c);
+  void NotePeak();
+  // The entry standing for plan node `index` (not superseded; not a rejoin
+  // attempt), if any.
+  std::optional<size_t> EntryOf(size_t index) const;
+  std::vector<size_t> PlanChildren(size_t index) const;
+  size_t Capacity(size_t index) const;
+  // Moves plan node `index` and its subtree under `host` (copies appended
+  // to plan_, the originals detached); returns the moved node's index.
+  size_t MoveUnder(size_t index, size_t host);
+  // The first node with a free slot, breadth-first from `roots`.
+  std::optional<size_t> FindHost(const std::vector<size_t>& roots) const;
+  // Into the resend buffer, or counted as lost (`keep` false, not whole).
+  void Keep(const FrameBuffer& frame, std::optional<FramePosition> position,
+            bool keep);
+  // A PLAN on its live link naming its current subtree (placements).
+  void SendAmendment(Child& c, uint32_t depth);
+  void Resend(Child& c, const FramePosition& after);
   void Connect(size_t child);
   void OnConnected(size_t child, Result<std::shared_ptr<Link>> link);
   void OnFrame(size_t child, const Frame& frame);
@@ -193,7 +280,22 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   FrameBuffer control_;             // the current phase's control frame, if any
   uint64_t bytes_sent_closed_ = 0;  // of links already gone
   uint64_t adoptions_ = 0;
-  bool closing_ = false;  // Close() ran: closed links are normal
+  size_t peak_children_ = 0;
+  bool closing_ = false;      // Close() ran: closed links are normal
+  bool chunks_seen_ = false;  // Forward had a CHUNK
+  // Per plan_ node: its child count in the plan as received (capacity).
+  std::vector<size_t> planned_children_;
+  size_t plan_fanout_ = 1;  // the largest planned child count, at least 1
+  // The resend buffer, oldest first; the newest position it lacks
+  // (evicted, or not kept), and the last one it saw.
+  std::deque<Kept> kept_;
+  uint64_t kept_bytes_ = 0;
+  uint64_t kept_limit_ = 0;
+  std::optional<FramePosition> lost_through_;
+  std::optional<FramePosition> last_seen_;
+  uint64_t resent_chunks_ = 0;
+  uint64_t resent_bytes_ = 0;
+  uint64_t resend_misses_ = 0;
 };
 
 }  // namespace dcr

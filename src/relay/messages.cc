@@ -13,6 +13,7 @@ namespace {
 constexpr uint8_t kMessageVersion = 1;
 // END with the signed refit manifest (EndMsg).
 constexpr uint8_t kEndSignedVersion = 2;
+constexpr uint8_t kResultsPositionVersion = 2;  // with received_through
 
 void PutString(ByteWriter* w, std::string_view s) {
   w->PutVarint(s.size());
@@ -187,7 +188,8 @@ std::vector<std::byte> EncodePlan(const PlanMsg& m) {
   w.PutVarint(m.target_tensor_digests.size());
   for (const Digest128& d : m.target_tensor_digests) PutDigest(&w, d);
   w.Put<uint32_t>(m.heartbeat_ms);
-  w.Put<uint8_t>(static_cast<uint8_t>((m.adopt ? 1 : 0) | (m.resume ? 2 : 0)));
+  w.Put<uint8_t>(static_cast<uint8_t>((m.adopt ? 1 : 0) | (m.resume ? 2 : 0) |
+                                      (m.resend ? 4 : 0)));
   w.Put<uint32_t>(m.sender_depth);
   return out;
 }
@@ -261,9 +263,10 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
   }
   m.heartbeat_ms = r.Get<uint32_t>("heartbeat_ms");
   uint8_t flags = r.Get<uint8_t>("flags");
-  if (r.ok() && flags > 3) r.Fail("flags", "unknown bits");
+  if (r.ok() && flags > 7) r.Fail("flags", "unknown bits");
   m.adopt = (flags & 1) != 0;
   m.resume = (flags & 2) != 0;
+  m.resend = (flags & 4) != 0;
   m.sender_depth = r.Get<uint32_t>("sender_depth");
   if (r.ok() && m.sender_depth > kMaxPlanNodes) {
     r.Fail("sender_depth", "deeper than any tree");
@@ -275,7 +278,8 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
 std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
   std::vector<std::byte> out;
   ByteWriter w(&out);
-  w.Put<uint8_t>(kMessageVersion);
+  w.Put<uint8_t>(m.received_through ? kResultsPositionVersion
+                                    : kMessageVersion);
   w.PutVarint(m.nodes.size());
   for (const NodeResult& n : m.nodes) {
     PutString(&w, n.node);
@@ -286,11 +290,15 @@ std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
     w.PutVarint(n.repair.size());
     for (uint32_t t : n.repair) w.PutVarint(t);
   }
+  if (m.received_through) {
+    w.Put<uint64_t>(m.received_through->epoch);
+    w.Put<uint64_t>(m.received_through->sequence);
+  }
   return out;
 }
 
 Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
-  Reader r(b, "RESULTS");
+  Reader r(b, "RESULTS", kResultsPositionVersion);
   ResultsMsg m;
   uint64_t count = r.Varint("nodes", kMaxPlanNodes);
   for (uint64_t i = 0; r.ok() && i < count; ++i) {
@@ -313,6 +321,12 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
     }
     n.code = static_cast<NodeCode>(code);
     m.nodes.push_back(std::move(n));
+  }
+  if (r.ok() && r.version() == kResultsPositionVersion) {
+    FramePosition p;
+    p.epoch = r.Get<uint64_t>("received_through.epoch");
+    p.sequence = r.Get<uint64_t>("received_through.sequence");
+    m.received_through = p;
   }
   DCR_RETURN_IF_ERROR(r.Finish());
   return m;

@@ -12,7 +12,9 @@
 #ifndef DCR_RELAY_MESSAGES_H_
 #define DCR_RELAY_MESSAGES_H_
 
+#include <compare>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -88,8 +90,14 @@ struct PlanMsg {
   // the refit (or its final replies) refuses it; one that does moves to
   // the new epoch, which fences the old coordinator off.
   bool resume = false;
+  // An adoption whose sender keeps a resend buffer (relay/fanout.h): the
+  // receiver answers PLAN_REPLY with ResultsMsg::received_through, and the
+  // sender resends the buffered chunks after that point.
+  bool resend = false;
   // The sender's depth in the tree (root 0). An adoption is accepted from
-  // a node above the receiver's current parent, or by an orphan.
+  // a node above the receiver's current parent, or by an orphan. A node
+  // that adopts on behalf of another (an orphan placed under it, see
+  // docs/PROTOCOL.md §"Heartbeats and re-parenting") sends that node's depth.
   uint32_t sender_depth = 0;
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
 };
@@ -122,9 +130,23 @@ struct NodeResult {
   friend bool operator==(const NodeResult&, const NodeResult&) = default;
 };
 
+// Names a downward frame of a refit (the root numbers them in sending
+// order; an epoch names a coordinator run). Ordered by epoch, then sequence.
+struct FramePosition {
+  uint64_t epoch = 0;
+  uint64_t sequence = 0;
+  friend auto operator<=>(const FramePosition&, const FramePosition&) = default;
+};
+
 // PLAN_REPLY, VOTE, COMMIT_REPLY, ABORT_REPLY and STATUS_REPLY carry this.
+//
+// A PLAN_REPLY answering an adoption PLAN with `resend` set adds the
+// position of the last CHUNK its sender accepted from its parent
+// ({0, 0}: none). The message is then version 2: the version-1 fields,
+// then u64 epoch, u64 sequence. Without it, version 1 byte for byte.
 struct ResultsMsg {
   std::vector<NodeResult> nodes;
+  std::optional<FramePosition> received_through = std::nullopt;
   friend bool operator==(const ResultsMsg&, const ResultsMsg&) = default;
 };
 
@@ -179,7 +201,7 @@ std::vector<std::byte> EncodeAbort(const AbortMsg& m);
 
 // Each returns Corruption naming the message and the field on any
 // malformed, truncated, oversized or trailing input, or an unknown message
-// version (1 for all; END also 2).
+// version (1 for all; END and RESULTS also 2).
 Result<HelloMsg> DecodeHello(std::span<const std::byte> b);
 Result<PlanMsg> DecodePlan(std::span<const std::byte> b);
 Result<ResultsMsg> DecodeResults(std::span<const std::byte> b);

@@ -225,12 +225,15 @@ FrameBuffer ForgedCopy(const FrameBuffer& frame, const FrameOptions& options) {
 // Forwards a CHUNK to the children as the relay.forward failpoint says: as
 // is, not at all (drop), a damaged copy (corrupt), a forged chunk (forge;
 // `frames` keys it), or its first bytes and then every child link closed
-// (cut). Returns the chunk sends.
+// (cut). A damaged or cut chunk is a fault in this node's forward path: not
+// kept for resends either (the repair round covers it). Returns the chunk
+// sends.
 size_t ForwardChunk(Fanout& fanout, const FrameBuffer& frame,
                     const FailpointHit& fp, const FrameOptions& frames) {
   if (fp.drop()) return 0;
   if (fp.corrupt()) {
-    return fanout.Forward(CorruptedCopy(*frame, fp), /*chunk=*/true);
+    return fanout.Forward(CorruptedCopy(*frame, fp), /*chunk=*/true,
+                          /*keep=*/false);
   }
   if (fp.forge()) {
     FrameBuffer forged = ForgedCopy(frame, frames);
@@ -241,7 +244,7 @@ size_t ForwardChunk(Fanout& fanout, const FrameBuffer& frame,
   size_t keep = static_cast<size_t>(std::min<uint64_t>(fp.arg, frame->size()));
   size_t n = fanout.Forward(std::make_shared<std::vector<std::byte>>(
                                 frame->begin(), frame->begin() + keep),
-                            /*chunk=*/true);
+                            /*chunk=*/true, /*keep=*/false);
   fanout.CutLinks();
   return n;
 }
@@ -268,7 +271,7 @@ class Relay::Impl {
   ~Impl() { Stop(); }
 
   Status Init();
-  uint16_t port() const { return transport_->BoundPort(); }
+  uint16_t port() const { return listener_->BoundPort(); }
   RelayStats Stats() const;
   void Stop();
 
@@ -308,6 +311,11 @@ class Relay::Impl {
     // the last reply of a later phase.
     std::vector<std::byte> plan_reply;
     std::optional<std::pair<FrameType, std::vector<std::byte>>> last_reply;
+    // The last CHUNK taken from a parent; an adopter that asks for it
+    // (PlanMsg::resend) resends what came after. While planning, whether
+    // the PLAN_REPLY still to come goes to such an adopter.
+    FramePosition received_through;
+    bool reply_position = false;
   };
 
   void Run();
@@ -324,6 +332,8 @@ class Relay::Impl {
   void Reply(Link& link, FrameType type, const FrameHeader& about,
              const std::vector<std::byte>& payload);
   void ReplyResults(FrameType type, std::vector<NodeResult> own_first);
+  // Our PLAN_REPLY for an adopter, with our position if it asked.
+  std::vector<std::byte> PlanReplyFor(bool position);
   std::vector<NodeResult> RefuseWhole(const PlanMsg& plan, NodeCode code,
                                       const std::string& detail);
   NodeResult LocalFinish(bool commit);
@@ -338,7 +348,10 @@ class Relay::Impl {
   RelayOptions options_;
   std::string epoch_path_;
   std::unique_ptr<WeightStore> store_;  // null until a full refit creates it
-  std::unique_ptr<Transport> transport_;
+  // The node's transports: the one it listens on (listener_, of
+  // options_.transport) and those its children's links need.
+  std::unique_ptr<TransportSet> transports_;
+  Transport* listener_ = nullptr;
   Mailbox mailbox_;
   std::unique_ptr<ApplyWorkers> workers_;
   std::unique_ptr<ThreadPool> hash_pool_;
@@ -372,6 +385,11 @@ class Relay::Impl {
   std::atomic<uint64_t> chunks_dropped_{0};
   std::atomic<uint64_t> refits_committed_{0};
   std::atomic<uint64_t> refits_aborted_{0};
+  // Of refits that ended (the current one's are its Fanout's).
+  uint64_t adoptions_closed_ = 0;
+  uint64_t resent_chunks_closed_ = 0;
+  uint64_t resent_bytes_closed_ = 0;
+  uint64_t resend_misses_closed_ = 0;
   mutable std::mutex stats_mu_;
   RelayStats published_;  // guarded by stats_mu_
 };
@@ -422,20 +440,22 @@ Status Relay::Impl::Init() {
   }
   TransportOptions to = options_.transport_options;
   to.name = options_.name;
-  DCR_ASSIGN_OR_RETURN(transport_, CreateTransport(options_.transport, to));
+  transports_ = std::make_unique<TransportSet>(
+      to, to.fake_network ? std::string("fake") : std::string());
+  DCR_ASSIGN_OR_RETURN(listener_, transports_->Get(options_.transport));
   DCR_ASSIGN_OR_RETURN(decoder_, ChunkDecoder::Create());
   workers_ = std::make_unique<ApplyWorkers>(options_.apply_threads, &mailbox_);
   hash_pool_ = std::make_unique<ThreadPool>(options_.apply_threads);
-  Status s = transport_->Listen(options_.listen_host, options_.listen_port,
-                                std::make_shared<InboundHandler>(this));
+  Status s = listener_->Listen(options_.listen_host, options_.listen_port,
+                               std::make_shared<InboundHandler>(this));
   if (!s.ok()) {
-    transport_->Stop();
+    transports_->Stop();
     return s;
   }
   PublishStats();
   actor_ = std::thread([this] { Run(); });
-  spdlog::info("{}: listening on {}:{} with {}", options_.name,
-               options_.listen_host, port(),
+  spdlog::info("{}: listening on {}:{} ({}) with {}", options_.name,
+               options_.listen_host, port(), listener_->kind(),
                store_ ? store_->describe() : options_.store.ToString());
   return Status::OK();
 }
@@ -504,7 +524,7 @@ void Relay::Impl::Stop() {
     stopping_ = true;
     mailbox_.Wake();
     if (actor_.joinable()) actor_.join();
-    if (transport_) transport_->Stop();
+    if (transports_) transports_->Stop();
     mailbox_.Close();
     workers_.reset();
     if (store_) spdlog::info("{}: stopped", options_.name);
@@ -691,7 +711,12 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
     Reply(*link, FrameType::kPlanReply, frame.header,
           EncodeResults(ResultsMsg{RefuseWhole(*plan, code, detail)}));
   };
-  if (!options_.plan_senders.empty() &&
+  // An adoption into the refit this relay holds may come from any node of
+  // the topology (peer_addresses): an ancestor may place it under another
+  // node (docs/PROTOCOL.md §"Heartbeats and re-parenting").
+  bool holds = refit_ && plan->adopt && refit_->id == frame.header.refit_id &&
+               frame.header.epoch == refit_->epoch;
+  if (!holds && !options_.plan_senders.empty() &&
       std::find(options_.plan_senders.begin(), options_.plan_senders.end(),
                 inbound_[link->id()].hello.node) ==
           options_.plan_senders.end()) {
@@ -709,7 +734,11 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
   }
   if (refit_ && refit_->id == frame.header.refit_id &&
       frame.header.epoch == refit_->epoch) {
-    if (link.get() == refit_->up.get()) return;  // a duplicate PLAN
+    if (link.get() == refit_->up.get()) {
+      // Our parent placed orphans in our subtree; else a duplicate.
+      if (plan->adopt) refit_->fanout->Amend(*plan);
+      return;
+    }
     return OnAdoption(link, frame, *plan);
   }
   if (refit_ && refit_->id == frame.header.refit_id && plan->resume &&
@@ -830,13 +859,14 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
                  r.own.detail);
   }
   Fanout::Options fo;
-  fo.transport = transport_.get();
+  fo.transports = transports_.get();
   fo.mailbox = &mailbox_;
   fo.connect_timeout = options_.connect_timeout;
   fo.hello = HelloMsg{options_.name, kRoleRelay, r.epoch};
   fo.frames = options_.transport_options.frames;
   fo.header = frame.header;
   fo.depth = r.plan.sender_depth + 1;
+  fo.resend_buffer_bytes = options_.resend_buffer_bytes;
   r.parent_depth = r.plan.sender_depth;
   r.fanout = Fanout::Create(fo, r.plan);
   r.fanout->Start(Clock::now() +
@@ -865,6 +895,9 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
         chunks_dropped_ += 1;
         return;
       }
+      r.received_through =
+          std::max(r.received_through,
+                   FramePosition{frame.header.epoch, frame.header.sequence});
       chunks_forwarded_ +=
           ForwardChunk(*r.fanout, buffer, DCR_FAILPOINT("relay.forward"),
                        options_.transport_options.frames);
@@ -1001,7 +1034,23 @@ void Relay::Impl::ReplyResults(FrameType type,
   FrameHeader about;
   about.epoch = r.epoch;
   about.refit_id = r.id;
-  Reply(*r.up, type, about, payload);
+  Reply(*r.up, type, about,
+        type == FrameType::kPlanReply && r.reply_position ? PlanReplyFor(true)
+                                                          : payload);
+}
+
+std::vector<std::byte> Relay::Impl::PlanReplyFor(bool position) {
+  Refit& r = *refit_;
+  // Only a node still receiving takes chunks: one that got END has named
+  // what it misses in its vote, or will.
+  if (!position ||
+      (r.phase != Phase::kPlanning && r.phase != Phase::kReceiving)) {
+    return r.plan_reply;
+  }
+  auto reply = DecodeResults(r.plan_reply);
+  if (!reply.ok()) return r.plan_reply;  // ours: cannot happen
+  reply->received_through = r.received_through;
+  return EncodeResults(*reply);
 }
 
 void Relay::Impl::Orphan(const std::string& why) {
@@ -1052,13 +1101,17 @@ void Relay::Impl::OnAdoption(const std::shared_ptr<Link>& link,
   r.last_up_rx = Clock::now();
   r.fanout->set_depth(plan.sender_depth + 1);
   r.fanout->set_adopting(true);
+  r.reply_position = plan.resend;
   if (old && old.get() != link.get()) old->Close();
   spdlog::info("{}: adopted by {} (depth {}) while {}", options_.name, adopter,
                plan.sender_depth, PhaseName(r.phase));
+  // The adopter may have placed orphans in our subtree.
+  r.fanout->Amend(plan);
   // Tell the new parent what this subtree answered so far; a phase still
   // in progress answers it when done.
   if (r.phase != Phase::kPlanning) {
-    Reply(*link, FrameType::kPlanReply, frame.header, r.plan_reply);
+    Reply(*link, FrameType::kPlanReply, frame.header,
+          PlanReplyFor(plan.resend));
     if (r.last_reply) {
       Reply(*link, r.last_reply->first, frame.header, r.last_reply->second);
     }
@@ -1095,6 +1148,10 @@ void Relay::Impl::EndRefit(const std::string& result, bool committed) {
   last_chunks_applied_ = r.tracker->applied;
   chunks_dropped_ += r.tracker->duplicates;  // Stats() added them so far
   bytes_out_closed_ += r.fanout->BytesSent();
+  adoptions_closed_ += r.fanout->adoptions();
+  resent_chunks_closed_ += r.fanout->resent_chunks();
+  resent_bytes_closed_ += r.fanout->resent_bytes();
+  resend_misses_closed_ += r.fanout->resend_misses();
   r.fanout->Close();
   (committed ? refits_committed_ : refits_aborted_) += 1;
   spdlog::info("{}: refit {} {} in {:.3f} s ({} chunks applied)", options_.name,
@@ -1248,10 +1305,21 @@ void Relay::Impl::PublishStats() {
   s.chunks_dropped = chunks_dropped_;
   s.refits_committed = refits_committed_;
   s.refits_aborted = refits_aborted_;
+  s.adoptions = adoptions_closed_;
+  s.resent_chunks = resent_chunks_closed_;
+  s.resent_bytes = resent_bytes_closed_;
+  s.resend_misses = resend_misses_closed_;
   if (store_) s.committed = store_->committed();
   if (refit_) {
+    const Fanout& f = *refit_->fanout;
     s.state = PhaseName(refit_->phase);
-    s.bytes_out += refit_->fanout->BytesSent();
+    s.bytes_out += f.BytesSent();
+    s.adoptions += f.adoptions();
+    s.resent_chunks += f.resent_chunks();
+    s.resent_bytes += f.resent_bytes();
+    s.resend_misses += f.resend_misses();
+    s.live_children = f.live_children();
+    s.peak_children = f.peak_children();
     s.apply_backlog_bytes = refit_->tracker->backlog_bytes;
     s.chunks_dropped += refit_->tracker->duplicates;
     for (auto& [name, bytes] : refit_->fanout->QueueDepths()) {
@@ -1263,6 +1331,7 @@ void Relay::Impl::PublishStats() {
   std::lock_guard lock(stats_mu_);
   s.last_refit_seconds = published_.last_refit_seconds;
   s.last_result = published_.last_result;
+  if (!refit_) s.peak_children = published_.peak_children;  // the last refit's
   published_ = std::move(s);
 }
 

@@ -52,6 +52,9 @@ struct RelayOptions {
   StoreSpec store;
   std::string listen_host = "0.0.0.0";
   uint16_t listen_port = 0;  // 0: ephemeral (see Relay::port)
+  // The kind of link it listens on (topology `transport` of the link into
+  // it); children are reached with their own kind. With
+  // transport_options.fake_network every link is "fake".
   std::string transport = "tcp";
   // Frame bounds, watermarks, fake network, send rate limit.
   TransportOptions transport_options;
@@ -82,6 +85,10 @@ struct RelayOptions {
   // §"Signed refits"); else it votes no (rejected). Null: END's manifest,
   // if any, is ignored.
   std::shared_ptr<const Ed25519PublicKey> signing_public_key;
+  // The resend buffer of recent CHUNK frames kept for adopted children
+  // (Fanout::Options::resend_buffer_bytes): unset, 4 times the plan's
+  // window; 0 turns it off.
+  std::optional<uint64_t> resend_buffer_bytes;
 };
 
 // A snapshot for metrics and tests.
@@ -100,6 +107,16 @@ struct RelayStats {
   std::string last_result;  // e.g. "committed step 3 (refit 1a2b...)"
   uint64_t apply_backlog_bytes = 0;
   std::vector<std::pair<std::string, uint64_t>> child_queue_bytes;
+  // Re-parenting (relay/fanout.h): children now (during a refit), the
+  // most at once in the current or last refit, adoptions started or
+  // placed, and chunks resent to adopted children from the resend buffer
+  // (frames, bytes; misses: adoptions it could not cover).
+  uint64_t live_children = 0;
+  uint64_t peak_children = 0;
+  uint64_t adoptions = 0;
+  uint64_t resent_chunks = 0;
+  uint64_t resent_bytes = 0;
+  uint64_t resend_misses = 0;
 };
 
 class Relay {

@@ -26,6 +26,11 @@ FAULTS[cut_midframe]=1
 for c in a1 a2; do fault_wait_log "$c" "parent link lost during refit"; done
 fault_check "$V/v1.safetensors" --expect-outcome committed --excluded ""
 cp "$T/report.json" "$T/out"
-json 'd["repair_rounds"] >= 1'
+# What a1 and a2 lost comes back from a0's resend buffer when it holds the
+# frames intact (a cut after a whole frame); a frame a0's own failpoint cut
+# comes back in the root's repair round.
+if grep -q "may miss chunks" "$T/a0.log" || ! grep -qE "resent [0-9]+ chunks" "$T/a0.log"; then
+  json 'd["repair_rounds"] >= 1'
+fi
 for c in a1 a2; do node_json "$c" 'n["committed"]'; done
 echo "row 5 (SEED=$SEED, cut after $B bytes of chunk $N, min_commit $MC): ok"

@@ -78,16 +78,7 @@ RELAYS=(a0 a1 a2 b0 b1 b2)
 declare -A PORT=() SPARE=()
 fault_topology() {  # fault_topology MIN_COMMIT [EXTRA_DEFAULTS]
   local ports i=1 n c
-  read -r -a ports < <(python3 - $((2 * ${#RELAYS[@]} + 1)) <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
+  read -r -a ports < <(free_ports $((2 * ${#RELAYS[@]} + 1)))
   [[ ${#ports[@]} -eq $((2 * ${#RELAYS[@]} + 1)) ]] || fail "could not pick free ports"
   for n in "${RELAYS[@]}"; do
     PORT[$n]=${ports[$i]}
@@ -98,7 +89,7 @@ PY
   TOPO=$T/tree.yaml
   {
     echo "version: 1"
-    echo "defaults: {fanout: 2, min_commit: $1, span_elems: $SPAN${2:+, $2}}"
+    echo "defaults: {transport: $TRANSPORT, fanout: 2, min_commit: $1, span_elems: $SPAN${2:+, $2}}"
     echo "root: {name: trainer, host: 127.0.0.1, port: ${ports[0]}, cluster: train, state_dir: \"$T/root\", baseline: \"$T/base.safetensors\"}"
     echo "clusters:"
     echo "  - name: train"

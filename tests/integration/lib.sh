@@ -4,6 +4,16 @@
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# The kind of every tree link in the topologies the tests write
+# (DCR_TEST_TRANSPORT: tcp, the default, or ucx; ctest runs the link tests
+# over both). UCX on loopback runs over its TCP transport.
+TRANSPORT=${DCR_TEST_TRANSPORT:-tcp}
+case $TRANSPORT in
+  tcp) ;;
+  ucx) export UCX_TLS=${UCX_TLS:-tcp} UCX_WARN_UNUSED_ENV_VARS=n ;;
+  *) echo "DCR_TEST_TRANSPORT must be tcp or ucx, not '$TRANSPORT'" >&2; exit 2 ;;
+esac
+
 # expect CODE CMD...: runs CMD and checks its exit code.
 expect() {
   local want=$1
@@ -22,6 +32,31 @@ expect() {
 expect_err() {
   [[ $(wc -l <"$T/err") -eq 1 ]] || { cat "$T/err" >&2; fail "error is not one line"; }
   grep -qF -- "$1" "$T/err" || { cat "$T/err" >&2; fail "error lacks '$1'"; }
+}
+
+# free_ports N: N distinct ports free now, printed on one line. They come
+# from below the kernel's ephemeral range, so that no process's own
+# ephemeral sockets (UCX's TCP transport listens on some) take a port a
+# relay started later is configured to listen on.
+free_ports() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+    lo, _ = (int(x) for x in f.read().split())
+lo = max(lo, 12000)
+socks = []
+for port in random.sample(range(10000, lo), lo - 10000):
+    if len(socks) == n:
+        break
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        socks.append(s)
+    except OSError:
+        s.close()
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
 }
 
 # For tests that run dcr-relay processes: they keep their pids in the

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <mutex>
 #include <sstream>
 
 namespace dcr::ucx_internal {
@@ -12,6 +13,14 @@ std::string UcsText(ucs_status_t status) {
 }
 
 Result<ContextPtr> CreateContext() {
+  // A relay restarted after a crash listens on its port again while the
+  // old connections sit in TIME_WAIT (Asio's acceptor sets SO_REUSEADDR for
+  // TCP links likewise). A UCT setting, so ucp_config_modify cannot set it;
+  // set once, before any context reads the environment. An explicit
+  // UCX_TCP_CM_REUSEADDR wins.
+  static std::once_flag reuse_addr;
+  std::call_once(reuse_addr,
+                 [] { setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0); });
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) {

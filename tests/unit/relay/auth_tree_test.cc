@@ -311,6 +311,27 @@ TEST_F(AuthTreeTest, SameKeyEverywhereDeltaRefitsCommit) {
   EXPECT_GT(relays_["a0"]->Stats().chunks_forwarded, 0u);
 }
 
+// A frame damaged on the a0 -> a1 link closes it; a0 adopts a1 again and
+// resends, on the new link, the root's tagged chunks a1 missed: a1's
+// decoder verifies them (the tag names no link), so no repair round.
+TEST_F(AuthTreeTest, ChunksResentAfterReadoptionVerifyOnTheNewLink) {
+  SeedAll(0);
+  for (const auto& n : kRelays) StartRelay(n, key_file_);
+  FakeFaults f;
+  f.corrupt_frame = 5;
+  network_->SetFaults("a0", "a1", f);
+  RefitReport r = Refit(1);
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.repair_rounds, 0);
+  EXPECT_GT(relays_["a0"]->Stats().resent_chunks, 0u);
+  Digest128 want = DigestOf(Ckpt(1));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_TRUE(Node(r, n)->committed) << n;
+    EXPECT_EQ(DigestOf(StorePath(n)), want) << n;
+  }
+}
+
 // `dcr status` against a keyed tree: QueryStatus signs its requests.
 TEST_F(AuthTreeTest, StatusQueryWithTheKey) {
   SeedAll(0);

@@ -55,6 +55,37 @@ TEST(MessagesTest, RoundTripEveryMessage) {
   EXPECT_EQ(*DecodeAbort(EncodeAbort(a)), a);
 }
 
+TEST(MessagesTest, ResendFlagAndReceivedThrough) {
+  PlanMsg p = SamplePlan();
+  p.resend = true;
+  auto plan = EncodePlan(p);
+  EXPECT_EQ(*DecodePlan(plan), p);
+  // Flags byte: adopt 1, resume 2, resend 4 (then u32 sender_depth).
+  EXPECT_EQ(plan[plan.size() - 5], std::byte{7});
+  plan[plan.size() - 5] = std::byte{8};
+  EXPECT_TRUE(DecodePlan(plan).status().IsCorruption());
+
+  // Without a position, RESULTS is version 1 byte for byte; with one,
+  // version 2 with epoch and sequence appended.
+  ResultsMsg r;
+  r.nodes = {{"a0", NodeCode::kOk, {5, Digest128{3, 4}}, 12, "", {}}};
+  auto v1 = EncodeResults(r);
+  EXPECT_EQ(v1[0], std::byte{1});
+  r.received_through = FramePosition{3, 1234};
+  auto v2 = EncodeResults(r);
+  EXPECT_EQ(v2[0], std::byte{2});
+  ASSERT_EQ(v2.size(), v1.size() + 16);
+  EXPECT_TRUE(std::equal(v1.begin() + 1, v1.end(), v2.begin() + 1));
+  EXPECT_EQ(*DecodeResults(v2), r);
+  EXPECT_FALSE(DecodeResults(v1)->received_through);
+  v2.pop_back();
+  EXPECT_TRUE(DecodeResults(v2).status().IsCorruption());
+  v1[0] = std::byte{3};
+  EXPECT_TRUE(DecodeResults(v1).status().IsCorruption());
+  EXPECT_LT((FramePosition{1, 9}), (FramePosition{2, 0}));
+  EXPECT_LT((FramePosition{2, 0}), (FramePosition{2, 1}));
+}
+
 TEST(MessagesTest, SubPlanKeepsTheSubtree) {
   PlanMsg p = SamplePlan();
   PlanMsg s = SubPlan(p, 1);

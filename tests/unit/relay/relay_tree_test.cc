@@ -130,6 +130,7 @@ clusters:
     o.apply_threads = 2;
     o.apply_window_bytes = 256 << 10;
     o.prepared_wait = prepared_wait_;
+    o.resend_buffer_bytes = resend_buffer_bytes_;
     auto r = Relay::Start(o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     relays_[node] = *std::move(r);
@@ -183,6 +184,7 @@ clusters:
   std::shared_ptr<FakeNetwork> network_;
   std::map<std::string, std::unique_ptr<Relay>> relays_;
   std::chrono::milliseconds prepared_wait_{600000};
+  std::optional<uint64_t> resend_buffer_bytes_;  // relays' (unset: default)
 };
 
 TEST_F(RelayTreeTest, ConsecutiveDeltaRefitsCommitEverywhere) {
@@ -310,13 +312,39 @@ TEST_F(RelayTreeTest, FullRefitSeedsAMissingStore) {
   }
 }
 
-TEST_F(RelayTreeTest, CorruptChunkOnOneLinkIsRepairedAndCommits) {
+TEST_F(RelayTreeTest, CorruptChunkOnOneLinkIsResentByTheParentAndCommits) {
   SeedAll(0);
   StartAll();
   // The 5th frame from a0 to its first child is corrupted: the child's
   // decoder refuses it and closes the link. a0 connects to a1 again (an
-  // adoption), a1 misses the chunks in between, votes no naming the
-  // tensors that differ, and the root's repair round overwrites them.
+  // adoption); a1 says which chunk it took last and a0 resends the rest
+  // from its resend buffer: no repair round.
+  FakeFaults f;
+  f.corrupt_frame = 5;
+  network_->SetFaults("a0", "a1", f);
+  RefitReport r = Refit(1);
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  EXPECT_EQ(network_->Stats("a0", "a1").frames_corrupted, 1u);
+  EXPECT_EQ(r.repair_rounds, 0);
+  RelayStats a0 = relays_["a0"]->Stats();
+  EXPECT_GT(a0.resent_chunks, 0u);
+  EXPECT_GT(a0.resent_bytes, 0u);
+  EXPECT_EQ(a0.resend_misses, 0u);
+  Digest128 v1 = DigestOf(Ckpt(1));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+    EXPECT_TRUE(Node(r, n)->committed) << n;
+  }
+}
+
+TEST_F(RelayTreeTest, CorruptChunkWithoutAResendBufferIsRepairedAndCommits) {
+  resend_buffer_bytes_ = 0;
+  SeedAll(0);
+  StartAll();
+  // As above without a resend buffer: a1 misses the chunks in between,
+  // votes no naming the tensors that differ, and the root's repair round
+  // overwrites them.
   FakeFaults f;
   f.corrupt_frame = 5;
   network_->SetFaults("a0", "a1", f);
@@ -334,6 +362,7 @@ TEST_F(RelayTreeTest, CorruptChunkOnOneLinkIsRepairedAndCommits) {
 }
 
 TEST_F(RelayTreeTest, WithoutRepairRoundsTheDamagedNodeIsExcluded) {
+  resend_buffer_bytes_ = 0;  // nor a resend: a1 keeps what it missed
   SeedAll(0);
   StartAll();
   FakeFaults f;
@@ -686,6 +715,160 @@ TEST_F(RelayTreeTest, PlanForAnotherNodeIsRefused) {
   EXPECT_EQ(r->outcome, RefitOutcome::kPartial);
   EXPECT_EQ(Node(*r, "a1")->code, NodeCode::kRejected);
   EXPECT_EQ(Node(*r, "a2")->code, NodeCode::kRejected);
+}
+
+// Re-parenting within the fanout, and the resend buffer, on a deeper tree:
+// one cluster of seven relays under fanout 2 (c0 -> c1, c2; c1 -> c3, c4;
+// c2 -> c5, c6) and a step that changes every element of an 8 MB tensor,
+// so that the windows (1 MiB, the least a plan gets) hold the stream back
+// behind a stalled relay.
+class ReparentTest : public RelayTreeTest {
+ protected:
+  void SetUp() override {
+    RelayTreeTest::SetUp();
+    infos_ = {{"big.w", DType::kBF16, {4u << 20}}};
+    std::mt19937 rng(11);
+    Bytes b(infos_[0].NumBytes());
+    for (auto& x : b) x = static_cast<std::byte>(rng());
+    Write(Big(0), {b});
+    for (size_t i = 0; i < b.size(); i += 2) {
+      b[i] ^= static_cast<std::byte>(1 + rng() % 255);
+    }
+    Write(Big(1), {b});
+    for (const auto& n : kNodes) {
+      std::filesystem::copy_file(Big(0), StorePath(n));
+    }
+    std::filesystem::copy_file(
+        Big(0), dir_.Path("base.safetensors"),
+        std::filesystem::copy_options::overwrite_existing);
+  }
+  std::string Big(int v) const {
+    return dir_.Path("big" + std::to_string(v) + ".safetensors");
+  }
+  RefitOptions Options() {
+    std::string yaml = fmt::format(
+        R"(version: 1
+defaults: {{span_elems: 65536, fanout: 2, window_bytes: 1MiB, min_commit: 6}}
+root: {{name: root, host: root, port: 1, cluster: train,
+       state_dir: "{}", baseline: "{}"}}
+clusters:
+  - name: train
+  - name: cc
+    bandwidth: 10Gbps
+    fanout: 2
+    nodes:
+)",
+        dir_.Path("state"), dir_.Path("base.safetensors"));
+    for (const auto& n : kNodes) {
+      yaml += fmt::format(
+          "      - {{name: {0}, host: {0}, port: 2, store: {{kind: file, "
+          "path: \"{1}\"}}}}\n",
+          n, StorePath(n));
+    }
+    yaml += "links:\n  - {from: train, to: cc, bandwidth: 1Gbps}\n";
+    auto topo = ParseTopology(yaml, "test.yaml");
+    EXPECT_TRUE(topo.ok()) << topo.status().ToString() << "\n" << yaml;
+    RefitOptions o;
+    if (topo.ok()) o.topology = *topo;
+    o.target = Big(1);
+    o.phase_timeout = 10s;
+    o.threads = 2;
+    o.transport = "fake";
+    o.transport_options.fake_network = network_;
+    return o;
+  }
+  void WaitFor(const std::function<bool()>& done, const std::string& what) {
+    for (int i = 0; i < 2000 && !done(); ++i) {
+      std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_TRUE(done()) << what;
+  }
+  // Streams v0 -> v1 and stops c1 mid-stream: frames from c1 to its
+  // children arrive 2 s late, so c1's queues fill past the window and
+  // backpressure holds the rest of the stream (END too) above it; then c1
+  // stops, and c0 re-parents c3 and c4, which miss what c1 held.
+  RefitReport StopC1MidStream() {
+    for (const auto& n : kNodes) StartRelay(n);
+    FakeFaults late;
+    late.delay = 2s;
+    network_->SetFaults("c1", "c3", late);
+    network_->SetFaults("c1", "c4", late);
+    RefitOptions o = Options();
+    auto refit = std::async(std::launch::async, [&] { return RunRefit(o); });
+    WaitFor(
+        [&] {
+          for (const auto& [child, bytes] :
+               relays_["c1"]->Stats().child_queue_bytes) {
+            if (bytes > (1u << 20)) return true;
+          }
+          return false;
+        },
+        "c1's queue did not fill");
+    EXPECT_EQ(relays_["c0"]->Stats().state, "receiving");
+    relays_["c1"]->Stop();
+    auto r = refit.get();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : RefitReport();
+  }
+  void ExpectEveryoneButC1Committed(const RefitReport& r) {
+    ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.ToJson();
+    // Every node reported once.
+    ASSERT_EQ(r.nodes.size(), kNodes.size()) << r.ToJson();
+    for (const auto& n : kNodes) {
+      ASSERT_NE(Node(r, n), nullptr) << n;
+    }
+    EXPECT_FALSE(Node(r, "c1")->committed);
+    EXPECT_EQ(Node(r, "c1")->code, NodeCode::kUnreachable);
+    Digest128 v1 = DigestOf(Big(1));
+    for (const auto& n : kNodes) {
+      if (n == "c1") continue;
+      WaitIdle(n);
+      EXPECT_TRUE(Node(r, n)->committed) << n << ": " << Node(r, n)->detail;
+      EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+    }
+  }
+  // No relay had more children at once than its capacity: 2 everywhere
+  // (fanout 2). c0 took c3 into c1's slot and placed c4 under c3.
+  void ExpectFanoutKept() {
+    for (const auto& n : kNodes) {
+      if (n == "c1") continue;
+      EXPECT_LE(relays_[n]->Stats().peak_children, 2u) << n;
+    }
+    EXPECT_EQ(relays_["c0"]->Stats().peak_children, 2u);
+    EXPECT_EQ(relays_["c3"]->Stats().peak_children, 1u);
+    EXPECT_EQ(relays_["c4"]->Stats().peak_children, 0u);
+    // c1 again, c3, and c4 placed under c3.
+    EXPECT_EQ(relays_["c0"]->Stats().adoptions, 3u);
+  }
+
+  const std::vector<std::string> kNodes = {"c0", "c1", "c2", "c3",
+                                           "c4", "c5", "c6"};
+};
+
+TEST_F(ReparentTest, OrphansArePlacedWithinFanoutAndResentWhatTheyMissed) {
+  resend_buffer_bytes_ = 64 << 20;  // all of it
+  RefitReport r = StopC1MidStream();
+  ExpectEveryoneButC1Committed(r);
+  ExpectFanoutKept();
+  // c0 resent what c1 had not passed on, from its buffer (c3 passed it on
+  // to c4, or resent it from its own): no repair round.
+  EXPECT_EQ(r.repair_rounds, 0) << r.ToJson();
+  RelayStats c0 = relays_["c0"]->Stats();
+  EXPECT_GT(c0.resent_chunks, 0u);
+  EXPECT_GT(c0.resent_bytes, 0u);
+  EXPECT_EQ(c0.resend_misses, 0u);
+}
+
+TEST_F(ReparentTest, ATinyResendBufferFallsBackToTheRepairRound) {
+  resend_buffer_bytes_ = 64;  // smaller than any CHUNK frame: keeps none
+  RefitReport r = StopC1MidStream();
+  ExpectEveryoneButC1Committed(r);
+  ExpectFanoutKept();
+  EXPECT_GE(r.repair_rounds, 1) << r.ToJson();
+  EXPECT_GT(r.repair_bytes, 0u);
+  RelayStats c0 = relays_["c0"]->Stats();
+  EXPECT_EQ(c0.resent_chunks, 0u);
+  EXPECT_GE(c0.resend_misses, 1u);
 }
 
 }  // namespace
