@@ -690,7 +690,13 @@ void Fanout::Tick(Clock::time_point now) {
            FailKind::kAdoption);
       continue;
     }
-    if (now - c.last_rx > kSilentIntervals * interval) {
+    // A child that owes its PLAN_REPLY or its decision reply may be busy
+    // creating or hashing its store, or syncing it (its event thread
+    // blocked for seconds on a large store): the phase deadline bounds it.
+    bool owes_slow_reply = !c.reply && (expected_ == FrameType::kPlanReply ||
+                                        expected_ == FrameType::kCommitReply ||
+                                        expected_ == FrameType::kAbortReply);
+    if (now - c.last_rx > kSilentIntervals * interval && !owes_slow_reply) {
       Fail(i, NodeCode::kTimeout,
            fmt::format("silent for {:.1f} s (heartbeat every {} ms)",
                        Secs(now - c.last_rx), plan_.heartbeat_ms),

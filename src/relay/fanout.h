@@ -113,7 +113,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
 
   // Link liveness, every plan.heartbeat_ms (0: off): sends a HEARTBEAT to
   // every child, fails a child silent for 4 intervals (a hung or stopped
-  // process), a child whose adoption is not accepted within the connect
+  // process; not while it owes its PLAN_REPLY or decision reply, when it
+  // may be creating, hashing or syncing a large store: the phase deadline
+  // bounds that), a child whose adoption is not accepted within the connect
   // timeout, and a slow child: one whose send queue stayed above the
   // plan's window (the tree waits for it) for 8 intervals while it took
   // bytes at under a tenth of its link's bandwidth (PlanNode::link_bps;
