@@ -57,7 +57,8 @@ std::string Secs(double s) {
 nlohmann::json EstimateJson(const RefitEstimate& e) {
   return {{"payload_bytes", e.payload_bytes}, {"transfer_s", e.transfer_s},
           {"encode_s", e.encode_s},           {"apply_s", e.apply_s},
-          {"stream_s", e.stream_s},           {"verify_s", e.verify_s},
+          {"stream_s", e.stream_s},           {"prepare_s", e.prepare_s},
+          {"verify_s", e.verify_s},           {"commit_s", e.commit_s},
           {"control_s", e.control_s},         {"total_s", e.total_s},
           {"bottleneck", e.bottleneck}};
 }

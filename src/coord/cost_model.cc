@@ -67,9 +67,12 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
                                          : "apply";
   double hops = shape.depth * p.hop_overhead_s + shape.path_latency_s;
   e.stream_s = slowest + hops;
+  e.prepare_s = shape.model_bytes / (p.hash_rate * p.root_cores);
   e.verify_s = shape.model_bytes / (p.hash_rate * p.relay_cores);
+  e.commit_s =
+      p.commit_sync_rate > 0 ? shape.model_bytes / p.commit_sync_rate : 0;
   e.control_s = 3 * 2 * hops + p.fixed_overhead_s;
-  e.total_s = e.control_s + e.stream_s + e.verify_s;
+  e.total_s = e.prepare_s + e.control_s + e.stream_s + e.verify_s + e.commit_s;
   return e;
 }
 
@@ -82,6 +85,22 @@ Result<CostParameters> CostParameters::FromJson(const std::string& text,
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument(source + ": not a JSON object");
+  }
+  static constexpr std::string_view kKnown[] = {
+      "payload_ratio",    "encode_rate",
+      "apply_rate",       "full_ratio",
+      "full_encode_rate", "full_apply_rate",
+      "hash_rate",        "efficiency",
+      "hop_overhead_s",   "fixed_overhead_s",
+      "commit_sync_rate", "root_cores",
+      "relay_cores",      "note"};
+  for (const auto& [key, value] : j.items()) {
+    if (std::find(std::begin(kKnown), std::end(kKnown), key) ==
+        std::end(kKnown)) {
+      return Status::InvalidArgument(
+          fmt::format("{}: unknown field '{}' (known: {})", source, key,
+                      fmt::join(kKnown, ", ")));
+    }
   }
   auto err = [&](const Status& s) {
     return Status::InvalidArgument(source + ": " + std::string(s.message()));
@@ -97,10 +116,12 @@ Result<CostParameters> CostParameters::FromJson(const std::string& text,
                           {"hash_rate", &p.hash_rate},
                           {"efficiency", &p.efficiency},
                           {"hop_overhead_s", &p.hop_overhead_s},
-                          {"fixed_overhead_s", &p.fixed_overhead_s}}) {
+                          {"fixed_overhead_s", &p.fixed_overhead_s},
+                          {"commit_sync_rate", &p.commit_sync_rate}}) {
     if (!j.contains(key)) continue;
     const auto& v = j[key];
-    bool may_be_zero = std::string_view(key).ends_with("_s");
+    bool may_be_zero = std::string_view(key).ends_with("_s") ||
+                       std::string_view(key) == "commit_sync_rate";
     if (!v.is_number() || v.get<double>() < 0 ||
         (!may_be_zero && v.get<double>() == 0)) {
       return Status::InvalidArgument(

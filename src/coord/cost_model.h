@@ -11,11 +11,16 @@
 //   apply          = model_bytes / (apply rate(change rate) * relay cores)
 //   stream         = max(transfer, encode, apply)
 //                    + depth * (hop latency + hop overhead)   (pipeline fill)
+//   prepare        = model_bytes / (hash rate * root cores)  (the root
+//                    hashes the target)
 //   verify         = model_bytes / (hash rate * relay cores)  (every vote
 //                    hashes the whole store)
+//   commit         = model_bytes / commit sync rate  (a file store syncs
+//                    its dirty pages: at 1% or more of BF16 elements
+//                    changed, nearly every page; 0 for shm/tmpfs stores)
 //   control        = 3 round trips (PLAN, END/VOTE, COMMIT) of the deepest
 //                    path + fixed overhead
-//   total          = control + stream + verify
+//   total          = prepare + control + stream + verify + commit
 // A full refit has the same terms with the full payload, no diff (encode is
 // a zstd pass, full_encode rate) and a dense apply (copy rate).
 //
@@ -52,15 +57,18 @@ struct CostParameters {
   double full_apply_rate = 0.67e9;   // decompress + copy, per core
   double hash_rate = 3.4e9;          // store digest at the vote, per core
   double efficiency = 0.93;          // achieved / nominal link bandwidth
-  double hop_overhead_s = 0.002;     // per hop, beyond the link latency
-  double fixed_overhead_s = 0.05;    // connect, hello, durable decision
-  uint32_t root_cores = 32;          // encoder threads at the root
-  uint32_t relay_cores = 16;         // apply and hash threads per relay
-  std::string source = "built-in";   // where the numbers come from
+  // Bytes/s a relay's store syncs at commit; 0: no sync (shm or tmpfs).
+  double commit_sync_rate = 0;
+  double hop_overhead_s = 0.002;    // per hop, beyond the link latency
+  double fixed_overhead_s = 0.05;   // connect, hello, durable decision
+  uint32_t root_cores = 32;         // encoder threads at the root
+  uint32_t relay_cores = 16;        // apply and hash threads per relay
+  std::string source = "built-in";  // where the numbers come from
 
   // Reads a calibration JSON ({"payload_ratio": [[rate, ratio], ...],
-  // "efficiency": 0.9, ...}; any subset of the fields above, same names)
-  // over the defaults. InvalidArgument names the field that is wrong.
+  // "efficiency": 0.9, ...}; any subset of the fields above, same names,
+  // and "note" for free text) over the defaults. InvalidArgument names the
+  // field that is wrong or unknown.
   static Result<CostParameters> FromJson(const std::string& text,
                                          const std::string& source);
 };
@@ -71,7 +79,9 @@ struct RefitEstimate {
   double encode_s = 0;
   double apply_s = 0;
   double stream_s = 0;  // max(transfer, encode, apply) + pipeline fill
+  double prepare_s = 0;
   double verify_s = 0;
+  double commit_s = 0;
   double control_s = 0;
   double total_s = 0;
   std::string bottleneck;  // "transfer", "encode" or "apply"

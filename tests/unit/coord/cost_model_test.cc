@@ -62,8 +62,15 @@ TEST(CostModelTest, TransferBoundRefitScalesWithPayloadAndBandwidth) {
   // Transfer-bound on both sides: the speedup approaches the payload
   // ratio, less the fixed costs (the vote hashes the whole store).
   EXPECT_DOUBLE_EQ(e->speedup, e->full.total_s / e->delta.total_s);
-  EXPECT_DOUBLE_EQ(e->delta.total_s,
-                   e->delta.control_s + e->delta.stream_s + e->delta.verify_s);
+  EXPECT_DOUBLE_EQ(e->delta.total_s, e->delta.prepare_s + e->delta.control_s +
+                                         e->delta.stream_s + e->delta.verify_s);
+  EXPECT_EQ(e->delta.commit_s, 0);  // no sync rate: a shm store
+  CostParameters disk = p;
+  disk.commit_sync_rate = 1e9;
+  auto synced = EstimateRefit(TwoRegion(3'050'000'000), tb2, 0.03, disk);
+  ASSERT_TRUE(synced.ok());
+  EXPECT_NEAR(synced->delta.commit_s, 2000, 1e-6);
+  EXPECT_NEAR(synced->delta.total_s, e->delta.total_s + 2000, 1e-6);
   EXPECT_GT(e->speedup, 0.5 * p.full_ratio / 0.01803);
   EXPECT_LT(e->speedup, p.full_ratio / 0.01803);
   // Half the bandwidth, twice the transfer.
@@ -106,7 +113,8 @@ TEST(CostModelTest, BadInputsAreRefused) {
 TEST(CostModelTest, CalibrationJsonOverridesAndIsChecked) {
   auto c = CostParameters::FromJson(
       R"({"payload_ratio": [[0.05, 0.03], [0.01, 0.01]], "efficiency": 0.5,
-          "relay_cores": 4, "hop_overhead_s": 0})",
+          "relay_cores": 4, "hop_overhead_s": 0, "note": "lab",
+          "commit_sync_rate": 0})",
       "cal.json");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->source, "cal.json");
@@ -121,7 +129,7 @@ TEST(CostModelTest, CalibrationJsonOverridesAndIsChecked) {
         R"({"payload_ratio": []})", R"({"payload_ratio": [[0.01]]})",
         R"({"payload_ratio": [[0.01, 0.1], [0.01, 0.2]]})",
         R"({"hash_rate": "fast"})", R"({"relay_cores": 0})",
-        R"({"root_cores": 2.5})"}) {
+        R"({"root_cores": 2.5})", R"({"efficency": 0.9})"}) {
     auto r = CostParameters::FromJson(bad, "cal.json");
     EXPECT_TRUE(r.status().IsInvalidArgument()) << bad;
     EXPECT_NE(r.status().message().find("cal.json"), std::string::npos)
