@@ -962,10 +962,24 @@ Result<RefitReport> RefitRun::Run() {
   size_t planned = std::count_if(
       plan_results.begin(), plan_results.end(),
       [](const NodeResult& r) { return r.code == NodeCode::kOk; });
+  // Relays behind at an older step of this tree are brought to the target
+  // after the commit (RunRefit's catch-up): they count towards min_commit.
+  size_t catching_up = 0;
+  if (options_.catch_up && options_.only_nodes.empty()) {
+    DeltaHistory history(state_dir_ + "/history",
+                         options_.topology.root.keep_deltas);
+    catching_up =
+        std::count_if(behind_.begin(), behind_.end(), [&](const NodeResult& r) {
+          return r.version.digest != Digest128{} &&
+                 ((r.version.step > 0 &&
+                   r.version.step < report_.target.step) ||
+                  history.Chain(r.version, report_.base).ok());
+        });
+  }
   std::vector<NodeResult> votes;
   std::set<std::string> commit_set;
   bool commit = false;
-  if (planned < required) {
+  if (planned + catching_up < required) {
     report_.reason =
         fmt::format("{} of {} receivers took the plan; min_commit needs {}",
                     planned, receivers, required);
@@ -986,7 +1000,8 @@ Result<RefitReport> RefitRun::Run() {
           commit_set.insert(r.node);
         }
       }
-      commit = sent && !commit_set.empty() && commit_set.size() >= required;
+      commit = sent && !commit_set.empty() &&
+               commit_set.size() + catching_up >= required;
       if (!commit && report_.reason.empty()) {
         report_.reason = fmt::format(
             "{} of {} receivers verified the target; min_commit needs {}",

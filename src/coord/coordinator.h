@@ -75,8 +75,12 @@ struct RefitOptions {
   // hold an older version ("needs catch-up") are brought to the new one,
   // each fed directly by the root: with the composition of the deltas
   // recorded in state_dir/history (root.keep_deltas) when it holds the
-  // whole chain from their version, else with a dense copy. A relay with
-  // no store, or with one left unfinished, gets the dense copy.
+  // whole chain from their version, else with a dense copy. A store
+  // without a record, left unfinished, or missing is left alone (seed or
+  // repair it with a full refit of that node).
+  // Relays behind at an older step of this tree count towards min_commit
+  // (they are expected at the target once caught up; if a catch-up fails
+  // the refit ends committed-partial).
   bool catch_up = true;
   // Tests only: return right after the commit decision is durable, without
   // sending COMMIT, as if the coordinator had died there.

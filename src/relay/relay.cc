@@ -800,6 +800,23 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
                     epoch_path_.empty() ? "in memory" : epoch_path_,
                     max_epoch_));
   }
+  // An orphan of a run that a newer coordinator run replaced: that run is
+  // over (the coordinator starts a refit only once the last one is
+  // decided and concluded, or resumed), so the relay stops waiting for it,
+  // restores its base and takes the new plan; if the old run committed,
+  // the new one finds this relay behind and catches it up.
+  if (refit_ && refit_->orphaned && !plan->adopt && !plan->resume &&
+      frame.header.epoch > refit_->epoch && refit_->tracker->in_flight == 0) {
+    Refit& old = *refit_;
+    spdlog::warn(
+        "{}: refit {} (epoch {}) was replaced by a newer coordinator run "
+        "(epoch {}); restoring its base and taking the new plan",
+        options_.name, old.id.ToHex(), old.epoch, frame.header.epoch);
+    old.phase = Phase::kOrphaned;
+    old.fanout->Close();
+    old.local = LocalFinish(false);
+    EndRefit("aborted: replaced by a newer coordinator run", false);
+  }
   if (refit_) {
     return refuse(NodeCode::kBusy,
                   fmt::format("refit {} is in progress", refit_->id.ToHex()));

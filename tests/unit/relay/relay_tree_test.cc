@@ -501,6 +501,46 @@ TEST_F(RelayTreeTest, ASilentRelayIsFoundByHeartbeatsAndRoutedAround) {
   EXPECT_EQ(DigestOf(StorePath("a0")), DigestOf(Ckpt(0)));
 }
 
+TEST_F(RelayTreeTest, AnOrphanTakesTheNextRefitAndCatchesUp) {
+  SeedAll(0);
+  StartAll();
+  // As above: a0 falls silent once it took the plan and is routed around.
+  // It waits to be adopted for as long as the phase may last (30 s).
+  auto refit = std::async(std::launch::async, [&] {
+    return Refit(1, RefitMode::kDelta, /*min_commit=*/4, [](RefitOptions& o) {
+      o.heartbeat = 100ms;
+      o.connect_timeout = 1s;
+      o.phase_timeout = 30s;
+    });
+  });
+  for (int i = 0; i < 1000 && relays_["a0"]->Stats().state == "idle"; ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  network_->Pause("a0", "root");
+  network_->Pause("root", "a0");
+  RefitReport r = refit.get();
+  network_->Resume("a0", "root");
+  network_->Resume("root", "a0");
+  ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.ToJson();
+  EXPECT_FALSE(Node(r, "a0")->committed);
+  // a0 is still an orphan of that run, but the next coordinator run (a
+  // higher epoch) replaces it: a0 restores its base, takes the plan,
+  // answers needs catch-up (it holds v0, the base is v1), counts towards
+  // min_commit (all) as it will catch up, and is caught up from the
+  // history after the commit.
+  EXPECT_NE(relays_["a0"]->Stats().state, "idle");
+  RefitReport next = Refit(2);
+  ASSERT_EQ(next.outcome, RefitOutcome::kCommitted) << next.ToJson();
+  ASSERT_EQ(next.catch_up.size(), 1u) << next.ToJson();
+  EXPECT_EQ(next.catch_up[0].method, "history");
+  EXPECT_EQ(next.catch_up[0].nodes, std::vector<std::string>{"a0"});
+  Digest128 v2 = DigestOf(Ckpt(2));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v2) << n;
+  }
+}
+
 TEST_F(RelayTreeTest, ShmStoreIsSeededAndRefitLikeAFileStore) {
   // b1 keeps its weights in POSIX shared memory, as a serving process on
   // the node would map them: created by a full refit, then refit in place.
