@@ -89,7 +89,7 @@ fault_topology() {  # fault_topology MIN_COMMIT [EXTRA_DEFAULTS]
   TOPO=$T/tree.yaml
   {
     echo "version: 1"
-    echo "defaults: {transport: $TRANSPORT, fanout: 2, min_commit: $1, span_elems: $SPAN${2:+, $2}}"
+    echo "defaults: {transport: ${TRANSPORT/mixed/tcp}, fanout: 2, min_commit: $1, span_elems: $SPAN${2:+, $2}}"
     echo "root: {name: trainer, host: 127.0.0.1, port: ${ports[0]}, cluster: train, state_dir: \"$T/root\", baseline: \"$T/base.safetensors\"}"
     echo "clusters:"
     echo "  - name: train"

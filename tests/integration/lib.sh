@@ -6,12 +6,13 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # The kind of every tree link in the topologies the tests write
 # (DCR_TEST_TRANSPORT: tcp, the default, or ucx; ctest runs the link tests
-# over both). UCX on loopback runs over its TCP transport.
+# over both; refit_test.sh also takes "mixed": TCP across the WAN, UCX
+# inside one cluster). UCX on loopback runs over its TCP transport.
 TRANSPORT=${DCR_TEST_TRANSPORT:-tcp}
 case $TRANSPORT in
   tcp) ;;
-  ucx) export UCX_TLS=${UCX_TLS:-tcp} UCX_WARN_UNUSED_ENV_VARS=n ;;
-  *) echo "DCR_TEST_TRANSPORT must be tcp or ucx, not '$TRANSPORT'" >&2; exit 2 ;;
+  ucx | mixed) export UCX_TLS=${UCX_TLS:-tcp} UCX_WARN_UNUSED_ENV_VARS=n ;;
+  *) echo "DCR_TEST_TRANSPORT must be tcp, ucx or mixed, not '$TRANSPORT'" >&2; exit 2 ;;
 esac
 
 # expect CODE CMD...: runs CMD and checks its exit code.

@@ -40,17 +40,23 @@ write_topology() {  # write_topology FILE MIN_COMMIT
   local i=1 n
   {
     echo "version: 1"
-    echo "defaults: {transport: $TRANSPORT, fanout: 2, min_commit: $2}"
+    # mixed: TCP from the root to both heads and inside rollout-a; UCX
+    # inside rollout-b (the cluster's transport; its head's own link, the
+    # WAN one, stays TCP by the node's key).
+    echo "defaults: {transport: ${TRANSPORT/mixed/tcp}, fanout: 2, min_commit: $2}"
     echo "root: {name: trainer, host: 127.0.0.1, port: ${PORTS[0]}, cluster: train, state_dir: \"$T/root\", baseline: \"$T/base.safetensors\"}"
     echo "clusters:"
     echo "  - name: train"
     for c in a b; do
       echo "  - name: rollout-$c"
       echo "    fanout: 2"
+      [[ $TRANSPORT == mixed && $c == b ]] && echo "    transport: ucx"
       echo "    nodes:"
       for n in "${RELAYS[@]}"; do
         [[ $n == "$c"* ]] || continue
-        echo "      - {name: $n, host: 127.0.0.1, port: ${PORTS[$i]}, store: {kind: file, path: \"$T/$n.safetensors\"}}"
+        local kind=""
+        [[ $TRANSPORT == mixed && $n == b0 ]] && kind="transport: tcp, "
+        echo "      - {name: $n, ${kind}host: 127.0.0.1, port: ${PORTS[$i]}, store: {kind: file, path: \"$T/$n.safetensors\"}}"
         i=$((i + 1))
       done
     done
@@ -145,6 +151,12 @@ expect 0 "$DCR" verify "$T/base.safetensors" "$V/v0.safetensors"
 # --- b. Delta refits v0 -> v1 -> v2 --------------------------------------
 for n in "${RELAYS[@]}"; do start_relay "$n"; done
 wait_ready "${RELAYS[@]}"
+# Each relay listens on the kind of the link into it.
+for n in "${RELAYS[@]}"; do
+  want=${TRANSPORT/mixed/tcp}
+  [[ $TRANSPORT == mixed && $n == b[12] ]] && want=ucx
+  grep -q "listening on .* ($want)" "$T/$n.log" || { cat "$T/$n.log" >&2; fail "$n does not listen on $want"; }
+done
 
 for step in 1 2; do
   refit_json 0 "$TOPO" --target "$V/v$step.safetensors"
