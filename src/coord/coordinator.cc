@@ -115,6 +115,25 @@ std::string ExcludedReason(const RefitReport& report) {
   return fmt::format("excluded, now stale: {}", fmt::join(excluded, ", "));
 }
 
+// How catch-up brings a relay whose PLAN_REPLY named version `v` to the
+// tree's version: with the history chain from `v` to `reached` (the
+// baseline before the commit, the target after; *chain gets it), or with a
+// dense copy if `v` is an older step of this tree (its record says so).
+// kNone for a store without a record of this tree, unfinished or missing.
+enum class CatchUpBy { kNone, kHistory, kDense };
+CatchUpBy HowToCatchUp(const DeltaHistory& history, const Version& v,
+                       const Version& reached, uint64_t target_step,
+                       std::vector<std::string>* chain = nullptr) {
+  if (v.digest == Digest128{}) return CatchUpBy::kNone;
+  auto c = history.Chain(v, reached);
+  if (c.ok()) {
+    if (chain) *chain = *std::move(c);
+    return CatchUpBy::kHistory;
+  }
+  if (v.step > 0 && v.step < target_step) return CatchUpBy::kDense;
+  return CatchUpBy::kNone;
+}
+
 // One encoded chunk framed and waiting to be sent.
 struct Outgoing {
   FrameBuffer frame;
@@ -970,10 +989,8 @@ Result<RefitReport> RefitRun::Run() {
                          options_.topology.root.keep_deltas);
     catching_up =
         std::count_if(behind_.begin(), behind_.end(), [&](const NodeResult& r) {
-          return r.version.digest != Digest128{} &&
-                 ((r.version.step > 0 &&
-                   r.version.step < report_.target.step) ||
-                  history.Chain(r.version, report_.base).ok());
+          return HowToCatchUp(history, r.version, report_.base,
+                              report_.target.step) != CatchUpBy::kNone;
         });
   }
   std::vector<NodeResult> votes;
@@ -1434,17 +1451,22 @@ Result<RefitReport> RunRefit(const RefitOptions& options) {
       groups;
   std::vector<std::string> dense;
   for (const NodeResult& r : behind) {
-    auto chain = r.version.digest == Digest128{}
-                     ? Result<std::vector<std::string>>(
-                           Status::NotFound("no committed version"))
-                     : history.Chain(r.version, report->target);
-    if (chain.ok()) {
-      auto& g = groups[*chain];
-      g.first = r.version;
-      g.second.push_back(r.node);
-    } else if (r.version.step > 0 && r.version.step < report->target.step) {
-      spdlog::info("{}: {}; a dense copy", r.node, chain.status().message());
-      dense.push_back(r.node);
+    std::vector<std::string> chain;
+    switch (HowToCatchUp(history, r.version, report->target,
+                         report->target.step, &chain)) {
+      case CatchUpBy::kHistory: {
+        auto& g = groups[chain];
+        g.first = r.version;
+        g.second.push_back(r.node);
+        break;
+      }
+      case CatchUpBy::kDense:
+        spdlog::info("{}: the history does not reach step {}; a dense copy",
+                     r.node, r.version.step);
+        dense.push_back(r.node);
+        break;
+      case CatchUpBy::kNone:
+        break;
     }
   }
   for (auto& [chain, group] : groups) {

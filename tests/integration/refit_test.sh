@@ -97,18 +97,6 @@ wait_ready() {  # wait_ready NAME...: every ready file within 10 s
       fail "ready file of $n"
   done
 }
-stop_relay() {  # stop_relay NAME: SIGTERM, exit 0 within 5 s
-  local n=$1 p=${PID[$1]} rc
-  kill -TERM "$p"
-  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  kill -0 "$p" 2>/dev/null && fail "relay $n still running 5 s after SIGTERM"
-  set +e
-  wait "$p"
-  rc=$?
-  set -e
-  unset "PID[$n]"
-  [[ $rc -eq 0 ]] || { cat "$T/$n.log" >&2; fail "relay $n exited $rc after SIGTERM, want 0"; }
-}
 refit_json() {  # refit_json CODE TOPOLOGY ARGS...: dcr refit -o json, exit CODE
   local want=$1 topo=$2
   shift 2

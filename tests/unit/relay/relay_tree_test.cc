@@ -140,6 +140,29 @@ clusters:
     for (const auto& n : kRelays) StartRelay(n);
   }
 
+  // Refits to v1 (min_commit 4) while a0, once it took the plan, stops
+  // talking to the root both ways, as if its process were stopped:
+  // heartbeats (every 100 ms) find it silent and the root routes around
+  // it. An orphaned a0 waits up to `phase_timeout` to be adopted.
+  RefitReport RefitWithA0Silenced(std::chrono::milliseconds phase_timeout) {
+    auto refit = std::async(std::launch::async, [&] {
+      return Refit(1, RefitMode::kDelta, /*min_commit=*/4,
+                   [&](RefitOptions& o) {
+                     o.heartbeat = 100ms;
+                     o.connect_timeout = 1s;
+                     o.phase_timeout = phase_timeout;
+                   });
+    });
+    for (int i = 0; i < 1000 && relays_["a0"]->Stats().state == "idle"; ++i) {
+      std::this_thread::sleep_for(1ms);
+    }
+    network_->Pause("a0", "root");
+    network_->Pause("root", "a0");
+    RefitReport r = refit.get();
+    network_->Resume("a0", "root");
+    network_->Resume("root", "a0");
+    return r;
+  }
   RefitReport Refit(int target, RefitMode mode = RefitMode::kDelta,
                     uint32_t min_commit = 0,
                     const std::function<void(RefitOptions&)>& tweak = {}) {
@@ -469,21 +492,7 @@ TEST_F(RelayTreeTest, ASilentRelayIsFoundByHeartbeatsAndRoutedAround) {
   slow.delay = 50ms;
   network_->SetFaults("a0", "a1", slow);
   network_->SetFaults("a0", "a2", slow);
-  auto refit = std::async(std::launch::async, [&] {
-    return Refit(1, RefitMode::kDelta, /*min_commit=*/4, [](RefitOptions& o) {
-      o.heartbeat = 100ms;
-      o.connect_timeout = 1s;
-      o.phase_timeout = 3s;
-    });
-  });
-  for (int i = 0; i < 1000 && relays_["a0"]->Stats().state == "idle"; ++i) {
-    std::this_thread::sleep_for(1ms);
-  }
-  network_->Pause("a0", "root");
-  network_->Pause("root", "a0");
-  RefitReport r = refit.get();
-  network_->Resume("a0", "root");
-  network_->Resume("root", "a0");
+  RefitReport r = RefitWithA0Silenced(3s);
   ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.ToJson();
   EXPECT_FALSE(Node(r, "a0")->committed);
   EXPECT_EQ(Node(r, "a0")->code, NodeCode::kTimeout) << Node(r, "a0")->detail;
@@ -507,21 +516,7 @@ TEST_F(RelayTreeTest, AnOrphanTakesTheNextRefitAndCatchesUp) {
   StartAll();
   // As above: a0 falls silent once it took the plan and is routed around.
   // It waits to be adopted for as long as the phase may last (30 s).
-  auto refit = std::async(std::launch::async, [&] {
-    return Refit(1, RefitMode::kDelta, /*min_commit=*/4, [](RefitOptions& o) {
-      o.heartbeat = 100ms;
-      o.connect_timeout = 1s;
-      o.phase_timeout = 30s;
-    });
-  });
-  for (int i = 0; i < 1000 && relays_["a0"]->Stats().state == "idle"; ++i) {
-    std::this_thread::sleep_for(1ms);
-  }
-  network_->Pause("a0", "root");
-  network_->Pause("root", "a0");
-  RefitReport r = refit.get();
-  network_->Resume("a0", "root");
-  network_->Resume("root", "a0");
+  RefitReport r = RefitWithA0Silenced(30s);
   ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.ToJson();
   EXPECT_FALSE(Node(r, "a0")->committed);
   // a0 is still an orphan of that run, but the next coordinator run (a
