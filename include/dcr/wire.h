@@ -129,6 +129,10 @@ struct FrameOptions {
   // The largest payload accepted or produced. Checked against a header's
   // length field before any allocation.
   uint32_t max_payload = kDefaultMaxFramePayload;
+  // The decoder's bound on the first frame of a link (0: max_payload).
+  // Protocols that open with a small greeting set it so that a peer must
+  // greet before it can make the receiver hold a large frame.
+  uint32_t first_frame_max_payload = 0;
   // When set, EncodeFrame appends a tag and decoding requires and verifies
   // one. When null, a frame that carries a tag is accepted and the tag is
   // kept (and forwarded) unchecked.
@@ -225,6 +229,8 @@ class FrameDecoder {
   size_t reserved_bytes() const;
   // Frames decoded and not yet returned by Next().
   size_t ready_frames() const { return ready_.size(); }
+  // Frames whose header was accepted so far.
+  uint64_t frames_started() const { return frames_started_; }
 
  private:
   void Fail(Status why);
@@ -236,6 +242,7 @@ class FrameDecoder {
   ParsedFrameHeader parsed_;
   std::shared_ptr<std::vector<std::byte>> current_;  // frame being filled
   size_t current_size_ = 0;                          // its final size
+  uint64_t frames_started_ = 0;
   std::deque<DecodedFrame> ready_;
   Status status_;
 };

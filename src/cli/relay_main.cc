@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <set>
 
 #include "cli/cli_common.h"
@@ -39,6 +41,7 @@ struct Args {
   bool verbose = false;
   size_t apply_threads = 2;
   std::string apply_window = "64MiB";
+  std::string memory_limit;
   std::string link_rate;
   std::string connect_timeout = "5s";
   std::string prepared_wait = "10min";
@@ -131,7 +134,22 @@ StoreSpec FromTopology(const StoreLocation& s) {
   return spec;
 }
 
-std::string RenderMetrics(const RelayStats& s, const std::string& node) {
+// The process's resident anonymous memory (RssAnon of /proc/self/status):
+// what --memory-limit bounds; a mapped store is RssFile or RssShmem. 0 when
+// unknown.
+uint64_t AnonResidentBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) {
+      return std::strtoull(line.c_str() + 8, nullptr, 10) * 1024;
+    }
+  }
+  return 0;
+}
+
+std::string RenderMetrics(const RelayStats& s, const std::string& node,
+                          uint64_t memory_limit) {
   MetricsText m;
   auto counter = [&](const char* name, const char* help, uint64_t v) {
     m.Family(name, "counter", help);
@@ -160,6 +178,21 @@ std::string RenderMetrics(const RelayStats& s, const std::string& node) {
   counter("dcr_relay_resend_misses_total",
           "Adoptions the resend buffer could not cover (repair rounds did)",
           s.resend_misses);
+  counter("dcr_relay_links_refused_total",
+          "Inbound connections closed as they opened: the memory limit's "
+          "most links were open",
+          s.links_refused);
+  counter("dcr_relay_inbound_pauses_total",
+          "Times a peer's link was paused because its frames waited for "
+          "the relay",
+          s.inbound_pauses);
+  m.Family("dcr_relay_memory_bytes", "gauge",
+           "Resident memory outside the store's mapping (RssAnon), and the "
+           "--memory-limit (0: none)");
+  m.Sample("dcr_relay_memory_bytes", AnonResidentBytes(),
+           {{"node", node}, {"which", "resident"}});
+  m.Sample("dcr_relay_memory_bytes", memory_limit,
+           {{"node", node}, {"which", "limit"}});
   m.Family("dcr_relay_children", "gauge",
            "Children during a refit, now and the most at once");
   m.Sample("dcr_relay_children", s.live_children,
@@ -272,6 +305,19 @@ int Run(const Args& a) {
   auto window = ParseSize(a.apply_window);
   if (!window.ok()) return ReportError(window.status());
   o.apply_window_bytes = std::max<uint64_t>(*window, 1u << 20);
+  if (!a.memory_limit.empty()) {
+    auto limit = ParseSize(a.memory_limit);
+    if (!limit.ok()) {
+      return ReportError(Status::InvalidArgument(
+          "--memory-limit: " + std::string(limit.status().message())));
+    }
+    o.memory_limit_bytes = *limit;
+    if (o.memory_limit_bytes == 0) {
+      return ReportError(Status::InvalidArgument(
+          "--memory-limit 0: give a size such as 1GiB, or leave it out for "
+          "no limit"));
+    }
+  }
   if (!a.link_rate.empty()) {
     auto bps = ParseBandwidth(a.link_rate);
     if (!bps.ok()) return ReportError(bps.status());
@@ -338,7 +384,9 @@ int Run(const Args& a) {
     std::string node = o.name;
     auto server = MetricsServer::Start(
         a.metrics_host, static_cast<uint16_t>(metrics_port),
-        [r, node] { return RenderMetrics(r->Stats(), node); });
+        [r, node, limit = o.memory_limit_bytes] {
+          return RenderMetrics(r->Stats(), node, limit);
+        });
     if (!server.ok()) {
       std::fprintf(stderr, "dcr-relay: error: %s\n",
                    std::string(server.status().message()).c_str());
@@ -409,6 +457,11 @@ int main(int argc, char** argv) {
   app.add_option("--apply-window", a.apply_window,
                  "Received-but-unapplied bytes before reading pauses "
                  "(default 64MiB)");
+  app.add_option("--memory-limit", a.memory_limit,
+                 "Keep the relay's memory outside its store under this, "
+                 "e.g. 1GiB: sizes the windows, the resend buffer, the frame "
+                 "bound and the inbound links from it (at least about "
+                 "220MiB with 2 apply threads; default: no limit)");
   app.add_option("--link-rate", a.link_rate,
                  "Pace each link to children to this bandwidth, e.g. "
                  "500Mbps (testing without tc)");

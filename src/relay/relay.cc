@@ -20,7 +20,9 @@
 #include "dcr/thread_pool.h"
 #include "relay/fanout.h"
 #include "relay/mailbox.h"
+#include "relay/memory_budget.h"
 #include "relay/messages.h"
+#include "relay/read_gate.h"
 #include "relay/refit_manifest.h"
 #include "relay/refit_session.h"
 
@@ -28,6 +30,9 @@ namespace dcr {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The bound on a link's first frame (HELLO or ERROR, both small).
+constexpr uint32_t kFirstFrameMaxPayload = 64u << 10;
 
 // What the apply workers report back about one refit.
 struct ApplyTracker {
@@ -279,6 +284,7 @@ class Relay::Impl {
   class InboundHandler;
   struct Inbound {
     std::shared_ptr<Link> link;
+    std::shared_ptr<ReadGate> gate;
     bool greeted = false;
     HelloMsg hello;
   };
@@ -287,6 +293,7 @@ class Relay::Impl {
     uint64_t epoch = 0;
     PlanMsg plan;
     std::shared_ptr<Link> up;
+    std::shared_ptr<ReadGate> up_gate;      // up's
     std::unique_ptr<RefitSession> session;  // null: forward-only
     NodeResult own;                         // PLAN result (refusal if any)
     std::shared_ptr<Fanout> fanout;
@@ -341,7 +348,12 @@ class Relay::Impl {
   void SendError(Link& link, const std::string& message);
   void MaybePause();
   void MaybeResume();
+  // The read gate of an inbound link (one without a gate, which the
+  // listener did not open, gets one that only the windows close).
+  std::shared_ptr<ReadGate> GateOf(Link& link);
   void PublishStats();
+  // Sizes the bounds from options_.memory_limit_bytes (RelayOptions).
+  Status ApplyMemoryLimit();
   Status LoadEpoch();
   Status PersistEpoch(uint64_t epoch);
 
@@ -385,6 +397,8 @@ class Relay::Impl {
   std::atomic<uint64_t> chunks_dropped_{0};
   std::atomic<uint64_t> refits_committed_{0};
   std::atomic<uint64_t> refits_aborted_{0};
+  std::atomic<uint64_t> links_refused_{0};
+  std::atomic<uint64_t> inbound_pauses_{0};
   // Of refits that ended (the current one's are its Fanout's).
   uint64_t adoptions_closed_ = 0;
   uint64_t resent_chunks_closed_ = 0;
@@ -394,20 +408,48 @@ class Relay::Impl {
   RelayStats published_;  // guarded by stats_mu_
 };
 
+// Every callback runs on the listening transport's event thread; gates_
+// needs no lock.
 class Relay::Impl::InboundHandler : public LinkHandler {
  public:
   explicit InboundHandler(Impl* impl) : impl_(impl) {}
   void OnOpen(Link& link) override {
-    impl_->mailbox_.Post([impl = impl_, l = link.shared_from_this()] {
-      impl->inbound_[l->id()].link = l;
-    });
+    const size_t most = impl_->options_.max_inbound_links;
+    if (most != 0 && gates_.size() >= most) {
+      uint64_t n = ++impl_->links_refused_;
+      if ((n & (n - 1)) == 0) {  // the 1st, 2nd, 4th, ... time
+        spdlog::warn(
+            "{}: closing a connection from {}: {} links are open, the most "
+            "its memory limit allows ({} refused so far)",
+            impl_->options_.name, link.peer(), most, n);
+      }
+      link.Close();
+      return;
+    }
+    auto gate = std::make_shared<ReadGate>(link.weak_from_this(),
+                                           impl_->options_.inbound_quota_bytes);
+    gates_.emplace(link.id(), gate);
+    impl_->mailbox_.Post(
+        [impl = impl_, l = link.shared_from_this(), gate = std::move(gate)] {
+          Inbound& in = impl->inbound_[l->id()];
+          in.link = l;
+          in.gate = gate;
+        });
   }
   void OnFrame(Link& link, const Frame& frame,
                const FrameBuffer& buffer) override {
+    auto it = gates_.find(link.id());
+    if (it == gates_.end()) return;  // refused in OnOpen
+    const uint64_t bytes = frame.bytes.size();
+    if (it->second->Queued(bytes)) ++impl_->inbound_pauses_;
     impl_->mailbox_.Post([impl = impl_, l = link.shared_from_this(), frame,
-                          buffer] { impl->OnInboundFrame(l, frame, buffer); });
+                          buffer, gate = it->second, bytes] {
+      impl->OnInboundFrame(l, frame, buffer);
+      gate->Handled(bytes);
+    });
   }
   void OnClosed(Link& link, const Status& why) override {
+    if (gates_.erase(link.id()) == 0) return;  // refused in OnOpen
     impl_->mailbox_.Post([impl = impl_, id = link.id(), why] {
       impl->OnInboundClosed(id, why);
     });
@@ -415,11 +457,20 @@ class Relay::Impl::InboundHandler : public LinkHandler {
 
  private:
   Impl* impl_;
+  std::map<uint64_t, std::shared_ptr<ReadGate>> gates_;
 };
 
 Status Relay::Impl::Init() {
   if (options_.name.empty()) {
     return Status::InvalidArgument("relay: a node name is required");
+  }
+  DCR_RETURN_IF_ERROR(ApplyMemoryLimit());
+  // The first frame of every link is a HELLO (or an ERROR): a peer that
+  // has not greeted cannot make the relay hold a large frame.
+  FrameOptions& frames = options_.transport_options.frames;
+  if (frames.first_frame_max_payload == 0) {
+    frames.first_frame_max_payload =
+        std::min(frames.max_payload, kFirstFrameMaxPayload);
   }
   auto store = OpenStore(options_.store);
   if (store.ok()) {
@@ -457,6 +508,33 @@ Status Relay::Impl::Init() {
   spdlog::info("{}: listening on {}:{} ({}) with {}", options_.name,
                options_.listen_host, port(), listener_->kind(),
                store_ ? store_->describe() : options_.store.ToString());
+  return Status::OK();
+}
+
+Status Relay::Impl::ApplyMemoryLimit() {
+  if (options_.memory_limit_bytes == 0) return Status::OK();
+  FrameOptions& frames = options_.transport_options.frames;
+  DCR_ASSIGN_OR_RETURN(
+      MemoryBudget b,
+      PlanMemoryBudget(options_.memory_limit_bytes, options_.apply_threads,
+                       frames.max_payload));
+  auto lower = [](auto& bound, auto cap) {
+    if (bound == 0 || bound > cap) bound = cap;
+  };
+  lower(options_.apply_window_bytes, b.apply_window_bytes);
+  lower(options_.forward_window_cap, b.forward_window_bytes);
+  lower(options_.inbound_quota_bytes, b.inbound_quota_bytes);
+  lower(options_.max_inbound_links, b.max_inbound_links);
+  frames.max_payload = b.max_frame_payload;
+  options_.resend_buffer_bytes =
+      std::min(options_.resend_buffer_bytes.value_or(b.resend_buffer_bytes),
+               b.resend_buffer_bytes);
+  // A last guard per link: a child's queue never holds more than the
+  // forward window, what is in flight from the parent and one frame.
+  lower(options_.transport_options.max_queued_bytes,
+        static_cast<size_t>(b.forward_window_bytes + b.inbound_quota_bytes +
+                            2ull * b.max_frame_payload));
+  spdlog::info("{}: memory limit {}", options_.name, b.ToString());
   return Status::OK();
 }
 
@@ -830,7 +908,14 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
   r.id = frame.header.refit_id;
   r.epoch = frame.header.epoch;
   r.plan = *std::move(plan);
+  if (options_.forward_window_cap != 0 &&
+      (r.plan.chunk_window_bytes == 0 ||
+       r.plan.chunk_window_bytes > options_.forward_window_cap)) {
+    // Our children get the smaller window too: what we hold is the bound.
+    r.plan.chunk_window_bytes = options_.forward_window_cap;
+  }
   r.up = link;
+  r.up_gate = GateOf(*link);
   r.own.node = options_.name;
   bool fresh = false;  // the store is created for this refit
   if (!store_ && r.plan.mode == RefitMode::kFull && !r.plan.tensors.empty()) {
@@ -988,12 +1073,18 @@ void Relay::Impl::OnInboundClosed(uint64_t link_id, const Status& why) {
   Orphan(why.ok() ? "closed" : why.ToString());
 }
 
+std::shared_ptr<ReadGate> Relay::Impl::GateOf(Link& link) {
+  Inbound& in = inbound_[link.id()];
+  if (!in.gate) in.gate = std::make_shared<ReadGate>(link.weak_from_this(), 0);
+  return in.gate;
+}
+
 void Relay::Impl::MaybePause() {
   Refit& r = *refit_;
   if (r.paused) return;
   if (r.fanout->MaxQueuedBytes() > r.plan.chunk_window_bytes ||
       r.tracker->backlog_bytes > options_.apply_window_bytes) {
-    r.up->PauseReading();
+    r.up_gate->Set(ReadGate::kWindows, true);
     r.paused = true;
   }
 }
@@ -1003,7 +1094,7 @@ void Relay::Impl::MaybeResume() {
   if (!r.paused) return;
   if (r.fanout->MaxQueuedBytes() <= r.plan.chunk_window_bytes / 2 &&
       r.tracker->backlog_bytes <= options_.apply_window_bytes / 2) {
-    r.up->ResumeReading();
+    r.up_gate->Set(ReadGate::kWindows, false);
     r.paused = false;
     r.last_up_rx = Clock::now();  // its frames waited in the socket
   }
@@ -1112,6 +1203,7 @@ void Relay::Impl::OnAdoption(const std::shared_ptr<Link>& link,
   }
   std::shared_ptr<Link> old = r.up;
   r.up = link;
+  r.up_gate = GateOf(*link);
   r.orphaned = false;
   r.paused = false;
   r.parent_depth = plan.sender_depth;
@@ -1322,6 +1414,8 @@ void Relay::Impl::PublishStats() {
   s.chunks_dropped = chunks_dropped_;
   s.refits_committed = refits_committed_;
   s.refits_aborted = refits_aborted_;
+  s.links_refused = links_refused_;
+  s.inbound_pauses = inbound_pauses_;
   s.adoptions = adoptions_closed_;
   s.resent_chunks = resent_chunks_closed_;
   s.resent_bytes = resent_bytes_closed_;

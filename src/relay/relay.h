@@ -89,6 +89,21 @@ struct RelayOptions {
   // (Fanout::Options::resend_buffer_bytes): unset, 4 times the plan's
   // window; 0 turns it off.
   std::optional<uint64_t> resend_buffer_bytes;
+  // Per-peer limits on inbound links (0: none). At most max_inbound_links
+  // accepted links are open at once; more are closed as they open. A link
+  // whose frames wait for the relay's thread with more than
+  // inbound_quota_bytes is not read until they fall to half.
+  size_t max_inbound_links = 0;
+  uint64_t inbound_quota_bytes = 0;
+  // The most bytes queued to a child before the relay stops reading from
+  // its parent, whatever window the plan names (0: the plan's).
+  uint64_t forward_window_cap = 0;
+  // A cap on the relay's memory outside its store (dcr-relay
+  // --memory-limit; 0: none). Start sizes the bounds above, the apply
+  // window, the resend buffer and the frame bound from it
+  // (relay/memory_budget.h), each lowered, never raised, and refuses a cap
+  // too small to work.
+  uint64_t memory_limit_bytes = 0;
 };
 
 // A snapshot for metrics and tests.
@@ -117,6 +132,10 @@ struct RelayStats {
   uint64_t resent_chunks = 0;
   uint64_t resent_bytes = 0;
   uint64_t resend_misses = 0;
+  // Inbound links closed as they opened (max_inbound_links), and times a
+  // link was paused because its frames waited (inbound_quota_bytes).
+  uint64_t links_refused = 0;
+  uint64_t inbound_pauses = 0;
 };
 
 class Relay {

@@ -34,6 +34,17 @@ void FrameDecoder::Feed(std::span<const std::byte> data) {
         Fail(parsed.status());
         return;
       }
+      if (frames_started_ == 0 && options_.first_frame_max_payload != 0 &&
+          parsed->payload_length > options_.first_frame_max_payload) {
+        Fail(Status::Corruption(
+            FrameTypeName(parsed->header.type) + " payload of " +
+            std::to_string(parsed->payload_length) +
+            " bytes exceeds the limit of " +
+            std::to_string(options_.first_frame_max_payload) +
+            " bytes for a link's first frame (a greeting)"));
+        return;
+      }
+      ++frames_started_;
       parsed_ = *parsed;
       current_size_ = parsed_.frame_size();
       current_ = std::make_shared<std::vector<std::byte>>();

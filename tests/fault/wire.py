@@ -19,6 +19,12 @@
       and reserved fields read as the u64 2^63, a header with length
       2^32-1, a truncated header, and HELLO + the zstd-bomb CHUNK outside
       any refit. Prints how the relay answered each.
+  wire.py flood --port P [--conns N --frame-mib M --whole K --hold S]
+      N links at once, each HELLO, K whole M MiB CHUNKs outside a refit and
+      all but one byte of another, held S s; then one link whose first
+      frame is 1 MiB. Prints {open, closed, sent_bytes, large_first_frame}.
+  wire.py rss --pid P --out F --stop F2
+      samples RssAnon of P until F2 exists; writes the peak to F.
 Checksums: XXH3-64 (seed 0) from libxxhash, a build dependency.
 """
 import argparse
@@ -230,6 +236,91 @@ def hostile(a):
     print(json.dumps(results))
 
 
+def flood(a):
+    """Opens --conns links at once; on each, HELLO, --whole whole CHUNK
+    frames of --frame-mib MiB outside any refit, then all but the last byte
+    of one more, and holds the link for --hold seconds. Prints how many
+    links stayed open and how many the relay closed."""
+    size = a.frame_mib << 20
+    body = os.urandom(size)
+    whole = frame(CHUNK, body, 0, 1, b"\x01" * 16)
+    partial = whole[:-1]
+    greet = frame(HELLO, hello())
+    state = {"open": 0, "closed": 0, "sent_bytes": 0}
+    lock = threading.Lock()
+    socks = []
+
+    def one(i):
+        try:
+            s = socket.create_connection(("127.0.0.1", a.port), timeout=10)
+        except OSError:
+            with lock:
+                state["closed"] += 1
+            return
+        socks.append(s)
+        sent = 0
+        try:
+            s.sendall(greet)
+            for _ in range(a.whole):
+                s.sendall(whole)
+                sent += len(whole)
+            s.sendall(partial)
+            sent += len(partial)
+            # Still open? A closed link reads EOF or resets.
+            s.settimeout(a.hold)
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    raise OSError("closed")
+        except socket.timeout:
+            with lock:
+                state["open"] += 1
+                state["sent_bytes"] += sent
+        except OSError:
+            with lock:
+                state["closed"] += 1
+                state["sent_bytes"] += sent
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(a.conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # A link whose first frame is large is closed at its header.
+    big = bytearray(frame(HELLO, b"\0" * (1 << 20)))
+    try:
+        s = socket.create_connection(("127.0.0.1", a.port), timeout=5)
+        s.sendall(bytes(big))
+        s.settimeout(5)
+        state["large_first_frame"] = "open" if s.recv(1) else "closed"
+    except socket.timeout:
+        state["large_first_frame"] = "open"
+    except OSError:
+        state["large_first_frame"] = "closed"
+    print(json.dumps(state), flush=True)
+    for s in socks:
+        s.close()
+
+
+def rss(a):
+    """Samples RssAnon of --pid every --interval s until --stop exists or
+    the process is gone; writes the peak (kB) and the sample count to
+    --out as JSON."""
+    peak, n = 0, 0
+    while not os.path.exists(a.stop):
+        try:
+            with open(f"/proc/{a.pid}/status") as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        peak = max(peak, int(line.split()[1]))
+                        n += 1
+        except OSError:
+            break
+        time.sleep(a.interval)
+    with open(a.out, "w") as f:
+        json.dump({"peak_anon_kb": peak, "samples": n}, f)
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -246,8 +337,19 @@ def main():
     h = sub.add_parser("hostile")
     h.add_argument("--port", type=int, required=True)
     h.add_argument("--events", required=True)
+    f = sub.add_parser("flood")
+    f.add_argument("--port", type=int, required=True)
+    f.add_argument("--conns", type=int, default=64)
+    f.add_argument("--frame-mib", type=int, default=8)
+    f.add_argument("--whole", type=int, default=2)
+    f.add_argument("--hold", type=float, default=3)
+    r = sub.add_parser("rss")
+    r.add_argument("--pid", type=int, required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--stop", required=True)
+    r.add_argument("--interval", type=float, default=0.005)
     a = p.parse_args()
-    proxy(a) if a.cmd == "proxy" else hostile(a)
+    {"proxy": proxy, "hostile": hostile, "flood": flood, "rss": rss}[a.cmd](a)
 
 
 if __name__ == "__main__":

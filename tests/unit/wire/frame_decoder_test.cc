@@ -172,6 +172,28 @@ TEST(FrameDecoderTest, OversizedLengthRejectedBeforeAllocation) {
   EXPECT_EQ(bad_dec.reserved_bytes(), 0u);
 }
 
+TEST(FrameDecoderTest, AFirstFrameBoundHoldsForTheFirstFrameOnly) {
+  FrameOptions greet;
+  greet.first_frame_max_payload = 1000;
+  // A large first frame is refused at its header, before any reservation.
+  FrameDecoder bad(greet);
+  bad.Feed(HeaderClaiming(1001));
+  Result<std::optional<DecodedFrame>> r = bad.Next();
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsCorruption());
+  EXPECT_NE(r.status().message().find("first frame"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_EQ(bad.reserved_bytes(), 0u);
+  EXPECT_EQ(bad.frames_started(), 0u);
+  // A small greeting, then frames up to max_payload.
+  std::vector<FrameBuffer> sent = {Make(0, 1000), Make(1, 70000),
+                                   Make(2, 5000)};
+  FrameDecoder good(greet);
+  good.Feed(Concat(sent));
+  ExpectSameFrames(sent, Drain(good));
+  EXPECT_EQ(good.frames_started(), 3u);
+}
+
 TEST(FrameDecoderTest, StaysFailedAfterCorruptionButReturnsEarlierFrames) {
   FrameBuffer good0 = Make(0, 10), good1 = Make(1, 20);
   std::vector<std::byte> bad = *Make(2, 30);

@@ -1,0 +1,80 @@
+// Whether an inbound link of a relay is read (relay/relay.cc's per-peer
+// limit and its backpressure share one pause switch per link).
+//
+// Thread safety: every member may be called from any thread; the lock
+// keeps the link's PauseReading/ResumeReading calls in the order of the
+// decisions.
+#ifndef DCR_RELAY_READ_GATE_H_
+#define DCR_RELAY_READ_GATE_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "dcr/transport.h"
+
+namespace dcr {
+
+// Whether an inbound link is read. Two reasons stop it: its frames wait
+// for the relay's thread with more than `quota` bytes (kQueued, until they
+// fall to half), or, on the refit's parent link, the windows are full
+// (kWindows). The link reads iff neither holds. Queued runs on the
+// transport's thread, Handled and Set on the relay's. A quota of 0 never
+// pauses for queued frames.
+class ReadGate {
+ public:
+  enum Reason : unsigned { kQueued = 1, kWindows = 2 };
+
+  ReadGate(std::weak_ptr<Link> link, uint64_t quota)
+      : link_(std::move(link)), quota_(quota) {}
+
+  // Adds frames handed to the relay's thread; true iff that made kQueued
+  // hold.
+  bool Queued(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    queued_ += bytes;
+    if (quota_ == 0 || queued_ <= quota_ || (reasons_ & kQueued)) return false;
+    Change(reasons_ | kQueued);
+    return true;
+  }
+  void Handled(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    queued_ -= std::min(queued_, bytes);
+    if ((reasons_ & kQueued) && queued_ <= quota_ / 2) {
+      Change(reasons_ & ~unsigned{kQueued});
+    }
+  }
+  void Set(Reason why, bool on) {
+    std::lock_guard lock(mu_);
+    Change(on ? (reasons_ | why) : (reasons_ & ~unsigned{why}));
+  }
+  bool paused(Reason why) const {
+    std::lock_guard lock(mu_);
+    return (reasons_ & why) != 0;
+  }
+
+ private:
+  void Change(unsigned reasons) {
+    const bool was = reasons_ != 0;
+    reasons_ = reasons;
+    if (was == (reasons_ != 0)) return;
+    if (auto link = link_.lock()) {
+      if (reasons_ != 0) {
+        link->PauseReading();
+      } else {
+        link->ResumeReading();
+      }
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::weak_ptr<Link> link_;
+  const uint64_t quota_;
+  uint64_t queued_ = 0;   // guarded by mu_
+  unsigned reasons_ = 0;  // guarded by mu_
+};
+
+}  // namespace dcr
+
+#endif  // DCR_RELAY_READ_GATE_H_
