@@ -325,6 +325,7 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
         (expected_ == FrameType::kPlanReply || expected_ == FrameType::kVote)) {
       Resend(c, *results->received_through);
     }
+    c.sent_unaccepted = {};  // from now on it takes what it is sent
     if (expected_ != FrameType::kPlanReply) {
       // Adopted in a later phase: the phase's control frame (END, COMMIT,
       // ABORT) if it went out already; its answer counts for the phase.
@@ -535,7 +536,7 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
     // after the chunks it missed (OnFrame).
     if (!chunk && c.adoption && !c.accepted) continue;
     c.link->Send(frame);
-    if (position && !c.first_chunk) c.first_chunk = position;
+    if (position && !c.accepted) c.sent_unaccepted.push_back(*position);
     ++n;
   }
   return n;
@@ -568,10 +569,13 @@ void Fanout::Keep(const FrameBuffer& frame,
 void Fanout::Resend(Child& c, const FramePosition& after) {
   const std::string& name = c.sub.nodes[0].name;
   uint64_t chunks = 0, bytes = 0;
+  std::vector<FramePosition> sent = std::move(c.sent_unaccepted);
+  c.sent_unaccepted = {};
+  std::sort(sent.begin(), sent.end());
   for (const Kept& k : kept_) {
     // What it took before, and what went on its link since it connected.
     if (k.position <= after) continue;
-    if (c.first_chunk && k.position >= *c.first_chunk) continue;
+    if (std::binary_search(sent.begin(), sent.end(), k.position)) continue;
     c.link->Send(k.frame);
     ++chunks;
     bytes += k.frame->size();

@@ -226,8 +226,11 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     int rejoin_tries = 0;
     std::optional<size_t> rejoin_of;
     uint64_t blocked_sent = 0;  // bytes sent to it when it got blocked
-    // The first CHUNK forwarded on its link (a resend stops before it).
-    std::optional<FramePosition> first_chunk;
+    // The CHUNKs forwarded on its link before it accepted its plan, in
+    // sending order: the resend at acceptance skips them. (Not a single
+    // "first chunk" bound: a node that was adopted itself takes its own
+    // resends after live chunks, so what it forwards is not in order.)
+    std::vector<FramePosition> sent_unaccepted;
     // Adopting on behalf of an ancestor (Amend): the depth it sends.
     std::optional<uint32_t> delegated_depth;
   };

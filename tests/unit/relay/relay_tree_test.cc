@@ -887,15 +887,11 @@ TEST_F(ReparentTest, OrphansArePlacedWithinFanoutAndResentWhatTheyMissed) {
   ExpectEveryoneButC1Committed(r);
   ExpectFanoutKept();
   // c0 resent what c1 had not passed on, from its buffer (c3 passed it on
-  // to c4, or resent it from its own). Usually no repair round follows;
-  // on a loaded machine the placed c4 can still miss a few chunks (a race
-  // between c0's resend to c3 and c3 adopting c4, not yet fixed), which
-  // one repair round covers.
-  EXPECT_LE(r.repair_rounds, 1) << r.ToJson();
-  if (r.repair_rounds > 0) {
-    std::printf("note: c4 needed a repair round (%llu chunks)\n",
-                static_cast<unsigned long long>(r.repair_chunks));
-  }
+  // to c4, or resent it from its own): no repair round. c3 takes c0's
+  // resends after live chunks, so what it forwards to c4 while adopting
+  // it is out of order; its resend to c4 skips exactly what went on c4's
+  // link (a single "first chunk" bound once lost chunks here under load).
+  EXPECT_EQ(r.repair_rounds, 0) << r.ToJson();
   RelayStats c0 = relays_["c0"]->Stats();
   EXPECT_GT(c0.resent_chunks, 0u);
   EXPECT_GT(c0.resent_bytes, 0u);
