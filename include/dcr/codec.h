@@ -84,6 +84,9 @@ struct EncodeOptions {
   // Try the dense encoding when at least this fraction of the span changed
   // and keep whichever is smaller. 1.0 never tries it; 0 always does.
   double dense_threshold = 0.15;
+  // False: every value plane is stored raw (a transport-only copy: no
+  // compression work, the bytes as they are).
+  bool compress = true;
 };
 
 // Encodes chunks. Reuses one zstd context and its scratch buffers.

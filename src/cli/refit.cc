@@ -22,6 +22,7 @@ struct RefitArgs {
   std::string topology;
   std::string target;
   bool full = false;
+  bool no_compress = false;
   std::string timeout = "60s";
   std::string link_rate;
   std::string heartbeat = "1s";
@@ -156,6 +157,12 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
     return ReportError(Status::InvalidArgument(
         "--target is required (or --resume to finish an interrupted refit)"));
   }
+  if (a.no_compress && !a.full) {
+    return ReportError(Status::InvalidArgument(
+        "--no-compress applies to full refits: add --full (deltas are always "
+        "compressed)"));
+  }
+  o.compress_full = !a.no_compress;
   if (!a.nodes.empty() && !a.full) {
     return ReportError(Status::InvalidArgument(
         "--node seeds or repairs named relays with a full refit: add --full"));
@@ -365,6 +372,10 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
     cmd->add_flag("--full", a->full,
                   "Send every span as a dense overwrite (seeds new nodes; the "
                   "transport-only reference)");
+    cmd->add_flag("--no-compress", a->no_compress,
+                  "With --full: send the checkpoint's bytes as they are, "
+                  "uncompressed (the transport-only reference; saves the "
+                  "root's CPU where the WAN is fast)");
     cmd->add_option("--timeout", a->timeout,
                     "Deadline for each phase's replies (default 60s)");
     cmd->add_flag("--resume", a->resume,

@@ -127,8 +127,10 @@ struct ChunkEncoder::Impl {
     PlaneEncoding enc = PlaneEncoding::kRaw;
     const uint8_t* src = data;
     size_t len = n;
-    if (n > 0 &&
-        std::all_of(data, data + n, [&](uint8_t b) { return b == data[0]; })) {
+    if (!options.compress) {
+      // Stored as they are.
+    } else if (n > 0 && std::all_of(data, data + n,
+                                    [&](uint8_t b) { return b == data[0]; })) {
       enc = PlaneEncoding::kConstant;
       len = 1;
     } else if (n >= 16) {

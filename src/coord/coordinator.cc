@@ -562,7 +562,9 @@ void RefitRun::Produce(bool repair) {
                                                               : 0);
   std::vector<std::vector<std::byte>> scratch(decoders.size());
   for (auto& e : encoders) {
-    auto enc = ChunkEncoder::Create(EncodeOptions{});
+    EncodeOptions eo;
+    eo.compress = options_.mode != RefitMode::kFull || options_.compress_full;
+    auto enc = ChunkEncoder::Create(eo);
     if (!enc.ok()) {
       produce_error_ = enc.status();
       produce_done_ = true;

@@ -82,6 +82,10 @@ struct RefitOptions {
   // (they are expected at the target once caught up; if a catch-up fails
   // the refit ends committed-partial).
   bool catch_up = true;
+  // A full refit's dense overwrites with raw value planes: the checkpoint's
+  // bytes as they are (the transport-only reference; no compression work
+  // at the root). Deltas are always compressed.
+  bool compress_full = true;
   // Tests only: return right after the commit decision is durable, without
   // sending COMMIT, as if the coordinator had died there.
   bool crash_after_decision = false;

@@ -191,8 +191,12 @@ verify_all "$V/v2.safetensors" a0 a2 b0 b1
 expect 0 "$DCR" verify "$T/base.safetensors" "$V/v2.safetensors"
 [[ ! -e "$T/a1.safetensors" ]] || expect 1 "$DCR" verify "$T/a1.safetensors" "$V/v2.safetensors"
 
-# This one in text: a summary line, then one line per node.
-expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v2.safetensors" --full --progress never
+# --no-compress belongs to full refits.
+expect 2 "$DCR" refit --topology "$TOPO" --target "$V/v2.safetensors" --no-compress
+grep -q "add --full" "$T/err" || { cat "$T/err" >&2; fail "--no-compress without --full: no hint"; }
+# This one in text: a summary line, then one line per node. Uncompressed
+# (the transport-only reference): the same bits.
+expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v2.safetensors" --full --no-compress --progress never
 grep -qE "^refit [0-9a-f]+ committed: step 2 -> 3 " "$T/out" || { cat "$T/out" >&2; fail "refit text summary"; }
 grep -q "full refit" "$T/out" || { cat "$T/out" >&2; fail "refit text does not say full"; }
 for n in "${RELAYS[@]}"; do

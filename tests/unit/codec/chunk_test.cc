@@ -219,6 +219,35 @@ TEST_F(ChunkTest, FullAndExplicitOverwrite) {
           .ok());
 }
 
+TEST_F(ChunkTest, UncompressedPlanesCarryTheBytesAsTheyAre) {
+  EncodeOptions raw_options;
+  raw_options.compress = false;
+  auto raw = ChunkEncoder::Create(raw_options);
+  ASSERT_TRUE(raw.ok());
+  const size_t n = 8192;
+  // Zeros (a constant plane when compressed) and a skewed pattern (Huffman
+  // or zstd when compressed): raw, each is every byte plus the tables.
+  for (Bytes target : {Bytes(n * 2, std::byte{0}), [] {
+                         Bytes b(n * 2);
+                         for (size_t i = 0; i < b.size(); ++i) {
+                           b[i] = static_cast<std::byte>(i % 7 == 0 ? i : 0x3f);
+                         }
+                         return b;
+                       }()}) {
+    Bytes packed, plain;
+    ASSERT_TRUE(enc_->EncodeFull({1, 0}, 2, target, &packed).ok());
+    ASSERT_TRUE((*raw)->EncodeFull({1, 0}, 2, target, &plain).ok());
+    EXPECT_LT(packed.size(), n);
+    EXPECT_GE(plain.size(), n * 2);
+    EXPECT_LT(plain.size(), n * 2 + 128);
+    DecodedChunk c;
+    ASSERT_TRUE(dec_->Decode(plain, &c).ok());
+    Bytes work(n * 2, std::byte{0x55});
+    ASSERT_TRUE(ApplyChunk(c, work).ok());
+    EXPECT_EQ(work, target);
+  }
+}
+
 TEST_F(ChunkTest, ApplyRefusesWrongSpanSize) {
   Bytes base = RandomBytes(200, 3), target = base;
   Change(&target, 10, 2, 1);
