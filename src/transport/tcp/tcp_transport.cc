@@ -461,7 +461,11 @@ class TcpLink final : public Link {
       self->OnWrite(ec, bytes);
     };
     if (!tls_) {
-      asio::async_write(socket_, gather_, std::move(on_write));
+      // One write_some, not async_write: it completes with what the kernel
+      // took, so bytes_sent and QueuedBytes() move as bytes leave (a slow
+      // link's progress shows within a socket buffer, not only once a
+      // gather of many frames is out), and OnWrite keeps the rest.
+      socket_.async_write_some(gather_, std::move(on_write));
       return;
     }
     // Asio's ssl::stream writes one buffer at a time, a record or more per
