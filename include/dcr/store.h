@@ -17,19 +17,35 @@
 //                  record is "/dev/shm/NAME.dcr-version" unless the spec
 //                  names another path (e.g. under the relay's state_dir).
 //
-// Durability. Commit() first makes the data durable (msync for file
-// stores; nothing for memory; shm data lives in RAM, so it survives a crash
-// of the relay but not a reboot of the host, like its default record
-// location), then replaces the record atomically (write a temporary file,
-// fsync, rename, fsync the directory). A crash at any point leaves either
+// Durability. Records are replaced atomically (write a temporary file,
+// fsync, rename, fsync the directory): a crash at any point leaves either
 // the old record or the new one, never a mix. BeginRefit() persists "refit
-// in progress" before the caller modifies anything, and EndRefit() / Commit()
-// clear it only after the data was made durable, so a record without a
-// refit in progress always describes durable bits.
+// in progress" before the caller modifies anything. Memory stores have
+// nothing to make durable; shm data lives in RAM, so it survives a crash of
+// the relay but not a reboot of the host, like its default record location.
+// For file stores, Commit() and EndRefit() make the data durable (msync) in
+// one of two ways, chosen by StoreSpec::data_sync:
+//
+//   kAtCommit    before the record is replaced: a record without a refit in
+//                progress always describes bits that are on disk. A commit
+//                costs a write-back of every page the refit touched (about
+//                1 s per GB changed, per node sharing the disk).
+//   kBackground  (the default) the record is replaced at once, marked
+//                "unsynced" with this boot's id, and a background thread
+//                writes the data back, then rewrites the record without the
+//                mark. A crash of the process alone loses nothing (the page
+//                cache holds the bits); a crash of the host before the
+//                write-back finished may. So OpenStore, finding the mark
+//                from an earlier boot, hashes the data: bits that match the
+//                committed digest keep the version, others lose it (the
+//                record then says "never committed", so no delta is bound
+//                to them; a full refit repairs the store). The mark from
+//                this boot means only the process died: the open syncs the
+//                data and clears it.
 //
 // The record states what dcr last committed; it is not re-verified on open
-// (that would hash the whole store). Callers that must be sure, such as a
-// relay before voting, compute Digests().
+// (that would hash the whole store), except as above. Callers that must be
+// sure, such as a relay before voting, compute Digests().
 //
 // One process at a time: opening or creating a file or shm store takes an
 // exclusive advisory lock (flock) on its data, released when the store is
@@ -40,8 +56,10 @@
 // InProgress() and record() may be called concurrently with anything.
 // MutableTensor() may be called concurrently, and writes to disjoint byte
 // ranges may proceed concurrently. Commit() and EndRefit() require that no
-// write to the data is in progress (they sync it); Commit(), BeginRefit() and
-// EndRefit() are serialized against each other internally.
+// write to the data is in progress (they sync it); Commit(), BeginRefit(),
+// EndRefit() and the background write-back's record update are serialized
+// against each other internally. WaitDataSync() may be called from any
+// thread.
 #ifndef DCR_STORE_H_
 #define DCR_STORE_H_
 
@@ -84,24 +102,38 @@ struct CommitInfo {
   friend bool operator==(const CommitInfo&, const CommitInfo&) = default;
 };
 
+// The data changed after `since`, during the boot `boot_id` (Linux's
+// /proc/sys/kernel/random/boot_id), and its write-back to disk had not
+// finished when the record was written.
+struct DataUnsynced {
+  std::string boot_id;  // 36 characters: a lowercase UUID
+  std::string since;    // ISO 8601 UTC
+  friend bool operator==(const DataUnsynced&, const DataUnsynced&) = default;
+};
+
 // What a version record file holds; see docs/FORMAT.md §version record.
 //
-//   {"format": 1,
+//   {"format": 1 | 2,
 //    "manifest": "<32 hex>",            manifest digest of the store
 //    "committed": null | {"step": N, "digest": "<32 hex>",
 //                         "refit": "<32 hex>", "committed_at": "<ISO>"},
 //    "in_progress": null | {"refit": "<32 hex>",
 //                           "base": {"step": N, "digest": "<32 hex>"},
 //                           "target": {"step": N, "digest": "<32 hex>"},
-//                           "started_at": "<ISO>"}}
+//                           "started_at": "<ISO>"},
+//    "unsynced": {"boot_id": "<uuid>", "since": "<ISO>"}}   format 2 only
 //
+// Format 2 is format 1 plus "unsynced", which it must carry (not null).
+// EncodeVersionRecord writes format 1 whenever `unsynced` is empty, so a
+// record at rest stays readable by builds that know only format 1.
 // Strict JSON, at most kMaxVersionRecordBytes; every key required, no
-// others allowed. A "format" other than 1 is Unsupported; anything else
+// others allowed. A "format" above 2 is Unsupported; anything else
 // malformed is Corruption.
 struct VersionRecord {
   Digest128 manifest;
   std::optional<CommitInfo> committed;
   std::optional<RefitInProgress> in_progress;
+  std::optional<DataUnsynced> unsynced;
   friend bool operator==(const VersionRecord&, const VersionRecord&) = default;
 };
 inline constexpr uint64_t kMaxVersionRecordBytes = 64 * 1024;
@@ -128,6 +160,10 @@ struct StoreSpec {
   // Where the version record lives; empty means the default
   // (DefaultRecordPath). Ignored for kMemory.
   std::string record_path;
+  // When a file store's data is written back at Commit() and EndRefit();
+  // see "Durability" above. Ignored for memory and shm stores.
+  enum class DataSync { kBackground, kAtCommit };
+  DataSync data_sync = DataSync::kBackground;
 
   // "memory:", "file:/models/p.safetensors", "shm:/policy".
   std::string ToString() const;
@@ -173,8 +209,9 @@ class WeightStore {
   // Where the record is persisted; empty for a memory store.
   const std::string& record_path() const { return record_path_; }
 
-  // Makes the data durable, then records `version` as committed by
-  // `refit` and clears any refit in progress. Does not check the bits
+  // Records `version` as committed by `refit` and clears any refit in
+  // progress, making the data durable first (kAtCommit) or in the
+  // background (kBackground; see "Durability"). Does not check the bits
   // against version.digest: the caller has (Digests()). When a refit is in
   // progress, `refit` and `version` must be its id and target
   // (InvalidArgument otherwise, nothing written). On failure the previous
@@ -185,9 +222,15 @@ class WeightStore {
   // in progress.
   Status BeginRefit(const RefitId& refit, const Version& base,
                     const Version& target);
-  // Makes the data durable (the caller restored the base bits) and clears
-  // the refit in progress; OK if none is.
+  // Clears the refit in progress (the caller restored the base bits),
+  // making the data durable like Commit(); OK if none is in progress.
   Status EndRefit();
+
+  // Blocks until no background write-back is queued or running. Returns
+  // the error of the last one that failed since the previous call (its
+  // record keeps the "unsynced" mark), else OK. Destroying a store waits
+  // for its write-back too.
+  Status WaitDataSync();
 
  protected:
   // `record` is the state found at open; `record_path` empty keeps it in
@@ -198,17 +241,47 @@ class WeightStore {
   // Makes every write so far durable (no-op where there is nothing to do).
   virtual Status SyncData() = 0;
 
+  // For backends whose SyncData() does work (file stores): the constructor
+  // of the most derived class calls EnableBackgroundSync(), its destructor
+  // StopDataSync() (which waits for a write-back in flight, since that calls
+  // SyncData()). Without it, Commit() and EndRefit() call SyncData() before
+  // the record is replaced. Fails where CurrentBootId() does: a mark could
+  // not be told from this boot's, so the caller keeps syncing at commit.
+  Status EnableBackgroundSync();
+  void StopDataSync();
+
+  // At open, before the store is used: settles a record left "unsynced"
+  // (see "Durability"). `boot_id` is this boot's id.
+  Status RecoverUnsynced(const std::string& boot_id);
+
  private:
   Status Persist(const VersionRecord& record);
+  // Commit and EndRefit: sync now or mark the record and queue a
+  // write-back. Called with persist_mu_ held; `next` is the record to write.
+  Status SyncThenPersist(VersionRecord next, const char* what);
+  void SyncLoop();
 
   const std::string describe_;
   const std::string record_path_;
-  // Serializes Commit, BeginRefit and EndRefit (held across I/O).
+  // Serializes Commit, BeginRefit, EndRefit and the write-back's record
+  // update (held across I/O).
   std::mutex persist_mu_;
-  // Guards record_ (never held across I/O).
+  // Guards record_ and generation_ (never held across I/O).
   mutable std::mutex mu_;
   VersionRecord record_;
+  // Counts record writes; a write-back clears the mark only if no record
+  // was written since it started.
+  uint64_t generation_ = 0;
+
+  // Background write-back (kBackground on a store that syncs data).
+  struct Syncer;
+  // Null: SyncData() runs inside Commit() and EndRefit().
+  std::unique_ptr<Syncer> syncer_;
 };
+
+// This boot's id (/proc/sys/kernel/random/boot_id, 36 characters), or an
+// error where the kernel does not say.
+Result<std::string> CurrentBootId();
 
 // Opens an existing file or shm store read-write and reads its record.
 // Errors: NotFound (no such file or object), IOError (unwritable data or

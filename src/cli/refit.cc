@@ -23,6 +23,7 @@ struct RefitArgs {
   std::string target;
   bool full = false;
   bool no_compress = false;
+  std::string data_sync = "background";
   std::string timeout = "60s";
   std::string link_rate;
   std::string heartbeat = "1s";
@@ -163,6 +164,9 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
         "compressed)"));
   }
   o.compress_full = !a.no_compress;
+  o.baseline_data_sync = a.data_sync == "commit"
+                             ? StoreSpec::DataSync::kAtCommit
+                             : StoreSpec::DataSync::kBackground;
   if (!a.nodes.empty() && !a.full) {
     return ReportError(Status::InvalidArgument(
         "--node seeds or repairs named relays with a full refit: add --full"));
@@ -378,6 +382,12 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                   "root's CPU where the WAN is fast)");
     cmd->add_option("--timeout", a->timeout,
                     "Deadline for each phase's replies (default 60s)");
+    cmd->add_option("--data-sync", a->data_sync,
+                    "When root.baseline's data reaches the disk: background "
+                    "(default: after the commit, in the background; a "
+                    "restart after a reboot re-checks the bits) or commit "
+                    "(before the refit counts as committed)")
+        ->check(CLI::IsMember({"background", "commit"}));
     cmd->add_flag("--resume", a->resume,
                   "Finish the refit a stopped coordinator left in "
                   "root.state_dir: commit it if its decision was recorded, "

@@ -42,6 +42,7 @@ struct Args {
   size_t apply_threads = 2;
   std::string apply_window = "64MiB";
   std::string memory_limit;
+  std::string data_sync = "background";
   std::string link_rate;
   std::string connect_timeout = "5s";
   std::string prepared_wait = "10min";
@@ -213,6 +214,11 @@ std::string RenderMetrics(const RelayStats& s, const std::string& node,
   m.Sample("dcr_relay_committed_step",
            s.committed ? static_cast<int64_t>(s.committed->step) : -1,
            {{"node", node}});
+  m.Family("dcr_relay_store_unsynced", "gauge",
+           "1 while the store's data is not yet written back to disk after "
+           "a commit (--data-sync background)");
+  m.Sample("dcr_relay_store_unsynced", uint64_t{s.store_unsynced ? 1u : 0u},
+           {{"node", node}});
   m.Family("dcr_relay_committed_version_info", "gauge",
            "The committed version's digest as a label");
   std::string digest = s.committed ? s.committed->digest.ToHex() : "";
@@ -301,6 +307,9 @@ int Run(const Args& a) {
     if (!spec.ok()) return ReportError(spec.status());
     o.store = *spec;
   }
+  o.store.data_sync = a.data_sync == "commit"
+                          ? StoreSpec::DataSync::kAtCommit
+                          : StoreSpec::DataSync::kBackground;
   o.apply_threads = std::max<size_t>(1, a.apply_threads);
   auto window = ParseSize(a.apply_window);
   if (!window.ok()) return ReportError(window.status());
@@ -462,6 +471,13 @@ int main(int argc, char** argv) {
                  "e.g. 1GiB: sizes the windows, the resend buffer, the frame "
                  "bound and the inbound links from it (at least about "
                  "220MiB with 2 apply threads; default: no limit)");
+  app.add_option("--data-sync", a.data_sync,
+                 "When a file store's data reaches the disk: background "
+                 "(default: the commit is acknowledged once the version "
+                 "record is durable, the data follows in the background, "
+                 "and a restart after a reboot re-checks the bits) or "
+                 "commit (before the commit is acknowledged)")
+      ->check(CLI::IsMember({"background", "commit"}));
   app.add_option("--link-rate", a.link_rate,
                  "Pace each link to children to this bandwidth, e.g. "
                  "500Mbps (testing without tc)");

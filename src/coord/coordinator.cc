@@ -342,6 +342,7 @@ Status RefitRun::Prepare() {
   } else {
     baseline_spec_.kind = StoreSpec::Kind::kFile;
     baseline_spec_.path = topo.root.baseline;
+    baseline_spec_.data_sync = options_.baseline_data_sync;
     auto store = OpenStore(baseline_spec_);
     if (store.ok()) {
       baseline_ = *std::move(store);
@@ -1285,6 +1286,7 @@ Result<RefitReport> RefitRun::Resume() {
   if (!topo.root.baseline.empty()) {
     baseline_spec_.kind = StoreSpec::Kind::kFile;
     baseline_spec_.path = topo.root.baseline;
+    baseline_spec_.data_sync = options_.baseline_data_sync;
     auto store = OpenStore(baseline_spec_);
     if (store.ok()) baseline_ = *std::move(store);
   }

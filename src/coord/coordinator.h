@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "dcr/status.h"
+#include "dcr/store.h"
 #include "dcr/topology.h"
 #include "dcr/transport.h"
 #include "dcr/version.h"
@@ -86,6 +87,8 @@ struct RefitOptions {
   // bytes as they are (the transport-only reference; no compression work
   // at the root). Deltas are always compressed.
   bool compress_full = true;
+  // When root.baseline's data is written back (dcr/store.h "Durability").
+  StoreSpec::DataSync baseline_data_sync = StoreSpec::DataSync::kBackground;
   // Tests only: return right after the commit decision is durable, without
   // sending COMMIT, as if the coordinator had died there.
   bool crash_after_decision = false;

@@ -1420,7 +1420,11 @@ void Relay::Impl::PublishStats() {
   s.resent_chunks = resent_chunks_closed_;
   s.resent_bytes = resent_bytes_closed_;
   s.resend_misses = resend_misses_closed_;
-  if (store_) s.committed = store_->committed();
+  if (store_) {
+    const VersionRecord rec = store_->record();
+    if (rec.committed) s.committed = rec.committed->version;
+    s.store_unsynced = rec.unsynced.has_value();
+  }
   if (refit_) {
     const Fanout& f = *refit_->fanout;
     s.state = PhaseName(refit_->phase);

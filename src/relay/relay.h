@@ -118,6 +118,9 @@ struct RelayStats {
   uint64_t refits_aborted = 0;
   double last_refit_seconds = 0;  // PLAN to the final reply
   std::optional<Version> committed;
+  // The store's record is marked "unsynced": its data's background
+  // write-back has not finished (dcr/store.h "Durability").
+  bool store_unsynced = false;
   std::string state;  // "idle", "planned", "receiving", "voted", "no store"
   std::string last_result;  // e.g. "committed step 3 (refit 1a2b...)"
   uint64_t apply_backlog_bytes = 0;

@@ -2,6 +2,7 @@
 // an index) opened read-write and mapped shared, so applied chunks change
 // the files in place.
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -28,6 +29,21 @@ class FileStore final : public WeightStore {
                     std::move(record)),
         lock_(std::move(lock)),
         checkpoint_(std::move(checkpoint)) {}
+  ~FileStore() override { StopDataSync(); }
+
+  // Settles a record left unsynced, then starts the write-back thread for
+  // kBackground (or keeps syncing at commit where the boot id is unknown).
+  Status Start(StoreSpec::DataSync data_sync) {
+    Result<std::string> boot = CurrentBootId();
+    DCR_RETURN_IF_ERROR(RecoverUnsynced(boot.ok() ? *boot : std::string()));
+    if (data_sync != StoreSpec::DataSync::kBackground) return Status::OK();
+    if (!boot.ok()) {
+      spdlog::warn("{}: syncing data at each commit: {}", describe(),
+                   boot.status().ToString());
+      return Status::OK();
+    }
+    return EnableBackgroundSync();
+  }
 
   const Manifest& manifest() const override { return checkpoint_->manifest(); }
   std::span<const std::byte> Tensor(size_t i) const override {
@@ -94,7 +110,8 @@ Status LockExclusive(int fd, const std::string& what) {
 }
 
 Result<std::unique_ptr<WeightStore>> OpenFileStore(
-    const std::string& path, const std::string& record_path) {
+    const std::string& path, const std::string& record_path,
+    StoreSpec::DataSync data_sync) {
   const std::string describe = "file:" + path;
   // O_RDONLY opens directories as well as files; the lock is advisory.
   UniqueFd lock(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -110,14 +127,16 @@ Result<std::unique_ptr<WeightStore>> OpenFileStore(
   DCR_RETURN_IF_ERROR(CheckRecordDirWritable(record_path));
   DCR_ASSIGN_OR_RETURN(VersionRecord record,
                        LoadRecord(record_path, cp->manifest()));
-  return std::unique_ptr<WeightStore>(
+  std::unique_ptr<FileStore> store(
       new FileStore(describe, record_path, std::move(record), std::move(lock),
                     std::move(cp)));
+  DCR_RETURN_IF_ERROR(store->Start(data_sync));
+  return std::unique_ptr<WeightStore>(std::move(store));
 }
 
 Result<std::unique_ptr<WeightStore>> CreateFileStore(
     const std::string& path, const std::string& record_path,
-    const Manifest& manifest,
+    StoreSpec::DataSync data_sync, const Manifest& manifest,
     const std::map<std::string, std::string>& metadata) {
   const std::string describe = "file:" + path;
   struct stat st;
@@ -144,7 +163,7 @@ Result<std::unique_ptr<WeightStore>> CreateFileStore(
   DCR_RETURN_IF_ERROR(
       WriteSafetensors(path, tensors, metadata)
           .WithContext("cannot create store '" + describe + "'"));
-  return OpenFileStore(path, record_path);
+  return OpenFileStore(path, record_path, data_sync);
 }
 
 }  // namespace dcr::store_internal

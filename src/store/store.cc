@@ -2,15 +2,20 @@
 // the memory store.
 #include "dcr/store.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/failpoint.h"
+#include "common/file.h"
 #include "dcr/thread_pool.h"
 #include "store/store_internal.h"
 
@@ -34,7 +39,8 @@ std::string VersionString(const Version& v) {
 class MemoryStore final : public WeightStore {
  public:
   explicit MemoryStore(Manifest manifest)
-      : WeightStore("memory:", "", VersionRecord{manifest.digest(), {}, {}}),
+      : WeightStore("memory:", "",
+                    VersionRecord{manifest.digest(), {}, {}, {}}),
         manifest_(std::move(manifest)) {
     offsets_.reserve(manifest_.size());
     uint64_t total = 0;
@@ -80,7 +86,114 @@ WeightStore::WeightStore(std::string describe, std::string record_path,
       record_path_(std::move(record_path)),
       record_(std::move(record)) {}
 
-WeightStore::~WeightStore() = default;
+// The background write-back: one thread per store, started by
+// EnableBackgroundSync. `requested` counts write-backs asked for, `done`
+// those finished; a request that arrives during one is served by the next
+// (which covers every write before it).
+struct WeightStore::Syncer {
+  std::string boot_id;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t requested = 0;
+  uint64_t done = 0;
+  bool stop = false;
+  Status failed;  // the last failure not yet returned by WaitDataSync
+  std::thread thread;
+};
+
+WeightStore::~WeightStore() {
+  // A backend with a syncer must have stopped it (SyncData is gone by now).
+  if (syncer_ && syncer_->thread.joinable()) std::terminate();
+}
+
+Result<std::string> CurrentBootId() {
+  static constexpr const char* kPath = "/proc/sys/kernel/random/boot_id";
+  Result<std::string> text = ReadFileToString(kPath);
+  if (!text.ok()) return text.status();
+  std::string id = *std::move(text);
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  if (id.size() != 36) {
+    return Status::Unsupported(std::string(kPath) + " holds '" + id +
+                               "', not a boot id");
+  }
+  return id;
+}
+
+Status WeightStore::EnableBackgroundSync() {
+  DCR_ASSIGN_OR_RETURN(std::string boot, CurrentBootId());
+  syncer_ = std::make_unique<Syncer>();
+  syncer_->boot_id = std::move(boot);
+  syncer_->thread = std::thread([this] { SyncLoop(); });
+  return Status::OK();
+}
+
+void WeightStore::StopDataSync() {
+  if (!syncer_ || !syncer_->thread.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(syncer_->mu);
+    syncer_->stop = true;
+  }
+  syncer_->cv.notify_all();
+  syncer_->thread.join();
+}
+
+Status WeightStore::WaitDataSync() {
+  if (!syncer_) return Status::OK();
+  std::unique_lock<std::mutex> lock(syncer_->mu);
+  syncer_->cv.wait(lock, [this] {
+    return syncer_->done == syncer_->requested || !syncer_->thread.joinable();
+  });
+  return std::exchange(syncer_->failed, Status::OK());
+}
+
+void WeightStore::SyncLoop() {
+  Syncer& s = *syncer_;
+  std::unique_lock<std::mutex> lock(s.mu);
+  for (;;) {
+    // Stopping still finishes a queued write-back: a clean shutdown leaves
+    // the data on disk and the record unmarked.
+    s.cv.wait(lock, [&s] { return s.stop || s.requested > s.done; });
+    if (s.requested == s.done) return;
+    const uint64_t serving = s.requested;
+    lock.unlock();
+    // The record generation this write-back covers: a record written after
+    // this point describes writes the write-back may have missed.
+    uint64_t generation;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      generation = generation_;
+    }
+    Status st;
+    if (DCR_FAILPOINT("store.data_sync").drop()) {
+      st = Status::IOError("write-back skipped (failpoint store.data_sync)");
+    } else {
+      st = SyncData();
+    }
+    if (st.ok()) {
+      std::lock_guard<std::mutex> persist(persist_mu_);
+      VersionRecord next = record();
+      bool current;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        current = generation_ == generation;
+      }
+      if (current && next.unsynced) {
+        next.unsynced.reset();
+        st = Persist(next);
+      }
+    }
+    if (!st.ok()) {
+      spdlog::error(
+          "{}: background write-back failed: {}; the record keeps its "
+          "\"unsynced\" mark, so a restart after a reboot re-checks the bits",
+          describe_, st.ToString());
+    }
+    lock.lock();
+    s.done = serving;
+    if (!st.ok()) s.failed = st;
+    s.cv.notify_all();
+  }
+}
 
 CheckpointDigests WeightStore::Digests(ThreadPool* pool) const {
   const Manifest& m = manifest();
@@ -122,7 +235,66 @@ Status WeightStore::Persist(const VersionRecord& next) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   record_ = next;
+  ++generation_;
   return Status::OK();
+}
+
+Status WeightStore::SyncThenPersist(VersionRecord next, const char* what) {
+  if (!syncer_) {
+    DCR_RETURN_IF_ERROR(SyncData().WithContext(describe_ + ": " + what));
+    next.unsynced.reset();
+    return Persist(next);
+  }
+  // Mark the record, keeping the earliest unsynced time of this boot: the
+  // data has been unsynced since then.
+  if (!next.unsynced || next.unsynced->boot_id != syncer_->boot_id) {
+    next.unsynced = DataUnsynced{syncer_->boot_id, NowIso8601()};
+  }
+  DCR_RETURN_IF_ERROR(Persist(next));
+  {
+    std::lock_guard<std::mutex> lock(syncer_->mu);
+    ++syncer_->requested;
+  }
+  syncer_->cv.notify_all();
+  return Status::OK();
+}
+
+Status WeightStore::RecoverUnsynced(const std::string& boot_id) {
+  const VersionRecord found = record();
+  if (!found.unsynced) return Status::OK();
+  VersionRecord next = found;
+  next.unsynced.reset();
+  if (found.unsynced->boot_id == boot_id) {
+    // Only the process stopped: the page cache holds every write. Write
+    // it back now, then drop the mark.
+    DCR_RETURN_IF_ERROR(SyncData().WithContext(
+        describe_ + ": writing back the data of the last commit"));
+    return Persist(next);
+  }
+  // The host restarted before the write-back finished: the disk may hold
+  // older bits than the record says. A refit in progress already says the
+  // bits are a mix; otherwise the bits must prove the committed version.
+  if (found.committed && !found.in_progress) {
+    ThreadPool pool(std::max(1u, std::thread::hardware_concurrency()));
+    const Digest128 digest = Digests(&pool).version;
+    if (digest == found.committed->version.digest) {
+      spdlog::info(
+          "{}: the host restarted before the data of {} was written back "
+          "(since {}); the bits were checked and hold it",
+          describe_, VersionString(found.committed->version),
+          found.unsynced->since);
+    } else {
+      spdlog::warn(
+          "{}: the host restarted before the data of {} was written back "
+          "(since {}), and the bits on disk do not hold it (digest {}): the "
+          "store counts as never committed; a full refit (dcr refit --full) "
+          "repairs it",
+          describe_, VersionString(found.committed->version),
+          found.unsynced->since, digest.ShortHex());
+      next.committed.reset();
+    }
+  }
+  return Persist(next);
 }
 
 Status WeightStore::Commit(const Version& version, const RefitId& refit) {
@@ -137,10 +309,9 @@ Status WeightStore::Commit(const Version& version, const RefitId& refit) {
           VersionString(p.target) + " is in progress");
     }
   }
-  DCR_RETURN_IF_ERROR(SyncData().WithContext(describe_ + ": commit"));
   next.committed = CommitInfo{version, refit, NowIso8601()};
   next.in_progress.reset();
-  return Persist(next);
+  return SyncThenPersist(std::move(next), "commit");
 }
 
 Status WeightStore::BeginRefit(const RefitId& refit, const Version& base,
@@ -155,9 +326,8 @@ Status WeightStore::EndRefit() {
   std::lock_guard<std::mutex> persist(persist_mu_);
   VersionRecord next = record();
   if (!next.in_progress) return Status::OK();
-  DCR_RETURN_IF_ERROR(SyncData().WithContext(describe_ + ": end refit"));
   next.in_progress.reset();
-  return Persist(next);
+  return SyncThenPersist(std::move(next), "end refit");
 }
 
 // ------------------------------------------------------------------- specs
@@ -238,7 +408,8 @@ Result<std::unique_ptr<WeightStore>> OpenStore(const StoreSpec& spec) {
       if (spec.path.empty()) {
         return Status::InvalidArgument("file store spec names no path");
       }
-      return store_internal::OpenFileStore(spec.path, ResolvedRecordPath(spec));
+      return store_internal::OpenFileStore(spec.path, ResolvedRecordPath(spec),
+                                           spec.data_sync);
     case StoreSpec::Kind::kShm:
       DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
       return store_internal::OpenShmStore(spec.path, ResolvedRecordPath(spec));
@@ -257,7 +428,8 @@ Result<std::unique_ptr<WeightStore>> CreateStore(
         return Status::InvalidArgument("file store spec names no path");
       }
       return store_internal::CreateFileStore(
-          spec.path, ResolvedRecordPath(spec), manifest, metadata);
+          spec.path, ResolvedRecordPath(spec), spec.data_sync, manifest,
+          metadata);
     case StoreSpec::Kind::kShm:
       DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
       return store_internal::CreateShmStore(spec.path, ResolvedRecordPath(spec),

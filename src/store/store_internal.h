@@ -36,10 +36,11 @@ Status LockExclusive(int fd, const std::string& what);
 
 // Backends. `record_path` is already resolved (never empty).
 Result<std::unique_ptr<WeightStore>> OpenFileStore(
-    const std::string& path, const std::string& record_path);
+    const std::string& path, const std::string& record_path,
+    StoreSpec::DataSync data_sync);
 Result<std::unique_ptr<WeightStore>> CreateFileStore(
     const std::string& path, const std::string& record_path,
-    const Manifest& manifest,
+    StoreSpec::DataSync data_sync, const Manifest& manifest,
     const std::map<std::string, std::string>& metadata);
 
 Status ValidateShmName(std::string_view name);

@@ -24,7 +24,10 @@ namespace {
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
+// Format 2 is format 1 plus the "unsynced" key; a record without the mark
+// is written as format 1.
 constexpr int kRecordFormat = 1;
+constexpr int kUnsyncedRecordFormat = 2;
 // A record nests three levels deep; anything deeper is rejected early.
 constexpr int kMaxRecordDepth = 4;
 
@@ -129,7 +132,7 @@ OrderedJson VersionToJson(const Version& v) {
 
 std::string EncodeVersionRecord(const VersionRecord& record) {
   OrderedJson j;
-  j["format"] = kRecordFormat;
+  j["format"] = record.unsynced ? kUnsyncedRecordFormat : kRecordFormat;
   j["manifest"] = record.manifest.ToHex();
   if (record.committed) {
     const CommitInfo& c = *record.committed;
@@ -148,6 +151,10 @@ std::string EncodeVersionRecord(const VersionRecord& record) {
                                    {"started_at", p.started_at}};
   } else {
     j["in_progress"] = nullptr;
+  }
+  if (record.unsynced) {
+    j["unsynced"] = OrderedJson{{"boot_id", record.unsynced->boot_id},
+                                {"since", record.unsynced->since}};
   }
   // Timestamps come from strftime, so the dump cannot meet invalid UTF-8;
   // replace rather than throw if a caller passes something odd.
@@ -173,13 +180,19 @@ Result<VersionRecord> DecodeVersionRecord(std::string_view text,
   auto format = j.find("format");
   if (format == j.end()) return r.Error("", "lacks key 'format'");
   DCR_ASSIGN_OR_RETURN(uint64_t fmt, r.U64(*format, "format"));
-  if (fmt != kRecordFormat) {
+  if (fmt != kRecordFormat && fmt != kUnsyncedRecordFormat) {
     return Status::Unsupported(w + ": record format " + std::to_string(fmt) +
-                               " (this build reads format " +
-                               std::to_string(kRecordFormat) + ")");
+                               " (this build reads formats " +
+                               std::to_string(kRecordFormat) + " and " +
+                               std::to_string(kUnsyncedRecordFormat) + ")");
   }
-  DCR_RETURN_IF_ERROR(
-      r.ExpectKeys(j, "", {"format", "manifest", "committed", "in_progress"}));
+  if (fmt == kRecordFormat) {
+    DCR_RETURN_IF_ERROR(r.ExpectKeys(
+        j, "", {"format", "manifest", "committed", "in_progress"}));
+  } else {
+    DCR_RETURN_IF_ERROR(r.ExpectKeys(
+        j, "", {"format", "manifest", "committed", "in_progress", "unsynced"}));
+  }
   VersionRecord rec;
   DCR_ASSIGN_OR_RETURN(rec.manifest, r.Digest(j["manifest"], "manifest"));
 
@@ -210,6 +223,19 @@ Result<VersionRecord> DecodeVersionRecord(std::string_view text,
     DCR_ASSIGN_OR_RETURN(info.started_at,
                          r.String(p["started_at"], "in_progress.started_at"));
     rec.in_progress = std::move(info);
+  }
+
+  if (fmt == kUnsyncedRecordFormat) {
+    const Json& u = j["unsynced"];
+    DCR_RETURN_IF_ERROR(r.ExpectKeys(u, "unsynced", {"boot_id", "since"}));
+    DataUnsynced info;
+    DCR_ASSIGN_OR_RETURN(info.boot_id,
+                         r.String(u["boot_id"], "unsynced.boot_id"));
+    if (info.boot_id.size() != 36) {
+      return r.Error("unsynced.boot_id", "is not a 36-character boot id");
+    }
+    DCR_ASSIGN_OR_RETURN(info.since, r.String(u["since"], "unsynced.since"));
+    rec.unsynced = std::move(info);
   }
   return rec;
 }

@@ -61,6 +61,15 @@ full_node() {  # full_node CKPT: dcr refit --full --node VIC at CKPT, exit 0
   fault_refit "$1" --full --node "$VIC"
   [[ $RC -eq 0 ]] || { cat "$T/refit.err" "$T/report.json" >&2; fail "--full --node $VIC exited $RC"; }
   expect 0 "$DCR" verify "$T/$VIC.safetensors" "$1"
+  synced
+}
+synced() {  # synced: the leaf's background write-back dropped its record's mark
+  local i
+  for ((i = 0; i < 200; i++)); do
+    grep -qF '"unsynced"' "$REC" || return 0
+    sleep 0.05
+  done
+  fail "$VIC's record is still marked unsynced after 10 s: $(cat "$REC")"
 }
 
 fault_start_all

@@ -14,6 +14,10 @@
 #      decision durable; the relays, whose parent left before COMMIT,
 #      restore v0 and go idle
 #   e. without failpoints the same tree then commits v1 everywhere
+#   f. store.data_sync=delay on a1: its record stays marked "unsynced"
+#      after the commit; a kill -9 then loses nothing; a mark from another
+#      boot makes the restart check the bits, and a lost write costs the
+#      version until --full --node repairs it
 # Usage: failpoint_test.sh DCR_BINARY DCR_RELAY_BINARY TRAINGEN_BINARY
 set -euo pipefail
 DCR=$1
@@ -236,4 +240,75 @@ expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v1.safetensors" --full \
   --timeout 10s --progress never -o json
 json 'd["outcome"] == "committed"' 'all(n["committed"] for n in d["nodes"])'
 verify_all "$V/v1.safetensors" "${RELAYS[@]}" base
+
+# --- f. The store's background write-back (--data-sync background) ---------
+# a1's write-back is held 4 s (store.data_sync=delay): once the refit back
+# to v0 commits, a1's record names v0 marked "unsynced" with this boot's id,
+# and its metrics say so. A kill -9 in that window loses nothing (the page
+# cache holds the bits): the restart writes them back and drops the mark.
+# A mark from another boot is what a host crash leaves: the restart hashes
+# the store; bits that hold the version keep it, a store that lost a write
+# loses it, and dcr refit --full --node repairs it.
+a1_record() {  # a1_record EXPR: EXPR holds for r = a1's version record
+  python3 -S - "$T/a1.safetensors.dcr-version" "$1" <<'PY' || { cat "$T/a1.safetensors.dcr-version" >&2; fail "a1's record: $1"; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+sys.exit(0 if eval(sys.argv[2]) else 1)
+PY
+}
+a1_metric() {  # a1_metric NAME: the value of a1's metric NAME on stdout
+  python3 -S - "$T/a1.ready" "$1" <<'PY'
+import json, re, sys, urllib.request
+port = json.load(open(sys.argv[1]))["metrics_port"]
+text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+print(re.search("^" + sys.argv[2] + r"\{[^}]*\} (\S+)$", text, re.M).group(1))
+PY
+}
+stop_relay a1
+RELAY_ARGS=(--prepared-wait 2s --metrics-port 0)
+start_relay a1 "store.data_sync=delay(4000)"
+refit 0 --full  # v1 again, so that a1's write-back starts from a commit
+expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v0.safetensors" \
+  --timeout 10s --progress never -o json
+json 'd["outcome"] == "committed"'
+a1_record 'r["format"] == 2 and r["unsynced"]["boot_id"] == boot and r["committed"] is not None'
+[[ $(a1_metric dcr_relay_store_unsynced) == 1 ]] || fail "a1 does not report its pending write-back"
+kill -KILL "${PID[a1]}"
+wait "${PID[a1]}" || true
+unset "PID[a1]"
+start_relay a1
+a1_record 'r["format"] == 1 and "unsynced" not in r and r["committed"] is not None'
+[[ $(a1_metric dcr_relay_store_unsynced) == 0 ]] || fail "a1 still reports a pending write-back"
+verify_all "$V/v0.safetensors" "${RELAYS[@]}"
+mark_other_boot() {  # the record as a crash of the host would leave it
+  python3 -S - "$T/a1.safetensors.dcr-version" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+r["format"] = 2
+r["unsynced"] = {"boot_id": "00000000-1111-2222-3333-444444444444", "since": "2026-01-01T00:00:00Z"}
+open(sys.argv[1], "w").write(json.dumps(r, separators=(",", ":")) + "\n")
+PY
+}
+stop_relay a1
+mark_other_boot
+start_relay a1
+grep -qF "the bits were checked and hold it" "$T/a1.log" || { cat "$T/a1.log" >&2; fail "a1 did not check its bits"; }
+a1_record '"unsynced" not in r and r["committed"] is not None'
+stop_relay a1
+mark_other_boot
+python3 -S - "$T/a1.safetensors" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:  # a write-back that never happened
+    f.seek(-1, 2)
+    b = f.read(1)
+    f.seek(-1, 2)
+    f.write(bytes([b[0] ^ 0x40]))
+PY
+start_relay a1
+grep -qF "the bits on disk do not hold it" "$T/a1.log" || { cat "$T/a1.log" >&2; fail "a1 did not find its lost write"; }
+a1_record '"unsynced" not in r and r["committed"] is None'
+expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v0.safetensors" --full \
+  --node a1 --timeout 10s --progress never -o json
+verify_all "$V/v0.safetensors" "${RELAYS[@]}" base
 echo "failpoints: ok"

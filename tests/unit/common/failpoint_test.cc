@@ -31,7 +31,7 @@ constexpr bool NamesAreUnique() {
   return true;
 }
 static_assert(NamesAreUnique());
-static_assert(static_cast<size_t>(FailpointIdOf("coord.after_commit")) ==
+static_assert(static_cast<size_t>(FailpointIdOf("store.data_sync")) ==
               kFailpoints.size() - 1);
 
 class FailpointTest : public ::testing::Test {
@@ -72,7 +72,7 @@ TEST_F(FailpointTest, BadSpecsAreRefusedWithOneLineMessages) {
   const std::string known =
       "relay.plan, relay.apply_chunk, relay.forward, relay.vote, "
       "relay.commit, relay.abort, coord.before_plan, coord.after_stream, "
-      "coord.before_commit, coord.after_commit";
+      "coord.before_commit, coord.after_commit, store.data_sync";
   const std::string actions =
       "exit, hang, drop, delay(MS), corrupt, cut(BYTES), forge";
   const std::pair<std::string, std::string> cases[] = {

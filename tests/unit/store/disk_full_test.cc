@@ -126,7 +126,10 @@ TEST_F(DiskFullTest, RecordWritesFailCleanlyAndResumeWhenSpaceIsFreed) {
   const Version v2{2, Digest128{2, 2}};
   const Version v3{3, Digest128{3, 3}};
   ASSERT_TRUE((*store)->Commit(v1, IdOf(1)).ok());
+  // The write-back drops the record's "unsynced" mark.
+  ASSERT_TRUE((*store)->WaitDataSync().ok());
   const std::string committed_v1 = ReadAll(record_path);
+  EXPECT_THAT(committed_v1, HasSubstr("\"format\":1,"));
 
   // Full before a refit starts: BeginRefit fails, nothing changes.
   ASSERT_NO_FATAL_FAILURE(Fill());

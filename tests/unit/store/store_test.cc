@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/failpoint.h"
 #include "common/file.h"
 #include "dcr/checkpoint.h"
 #include "dcr/thread_pool.h"
@@ -499,6 +500,7 @@ TEST_F(StoreTest, RecordIsReplacedAtomically) {
   const Version v1{1, Digest128{1, 1}};
   const Version v2{2, Digest128{2, 2}};
   ASSERT_TRUE(s.Commit(v1, IdOf(1)).ok());
+  ASSERT_TRUE(s.WaitDataSync().ok());  // its record update is done too
   const std::string first = ReadAll(s.record_path());
   // A reader holding the old record keeps seeing all of it: the new one
   // arrives by rename, never by rewriting the file in place.
@@ -507,6 +509,7 @@ TEST_F(StoreTest, RecordIsReplacedAtomically) {
   struct stat before;
   ASSERT_EQ(::fstat(old_fd.get(), &before), 0);
   ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  ASSERT_TRUE(s.WaitDataSync().ok());
   struct stat after;
   ASSERT_EQ(::stat(s.record_path().c_str(), &after), 0);
   EXPECT_NE(before.st_ino, after.st_ino);
@@ -529,6 +532,7 @@ TEST_F(StoreTest, FailedRecordWriteKeepsPreviousRecord) {
   WeightStore& s = **store;
   const Version v1{1, Digest128{1, 1}};
   ASSERT_TRUE(s.Commit(v1, IdOf(1)).ok());
+  ASSERT_TRUE(s.WaitDataSync().ok());
   const std::string first = ReadAll(s.record_path());
 
   // The temporary file cannot be created (as on a full disk), so neither
@@ -759,6 +763,229 @@ TEST_F(StoreTest, ShmStoreWithNoTensors) {
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   EXPECT_EQ((*store)->manifest().size(), 0u);
   EXPECT_EQ((*store)->Digests().manifest, empty.digest());
+}
+
+// ------------------------------------------------- background write-back
+
+// A boot id that is not this one.
+constexpr const char* kOtherBoot = "00000000-1111-2222-3333-444444444444";
+
+class DataSyncTest : public StoreTest {
+ protected:
+  void TearDown() override {
+    DisarmFailpoints();
+    StoreTest::TearDown();
+  }
+  // A file store of Fixture(1) committed at its own digest (step 1), the
+  // write-back finished.
+  StoreSpec Committed(const Fixture& f, Version* v) {
+    const StoreSpec spec = WriteFixture(f, "p.safetensors");
+    auto store = OpenStore(spec);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    *v = Version{1, (*store)->Digests().version};
+    EXPECT_TRUE((*store)->Commit(*v, IdOf(1)).ok());
+    EXPECT_TRUE((*store)->WaitDataSync().ok());
+    return spec;
+  }
+  // Rewrites the record at `path` with an "unsynced" mark of `boot`.
+  static void Mark(const std::string& path, const std::string& boot) {
+    auto rec = ReadVersionRecord(path);
+    ASSERT_TRUE(rec.ok() && rec->has_value());
+    VersionRecord r = **rec;
+    r.unsynced = DataUnsynced{boot, "2026-01-01T00:00:00Z"};
+    ASSERT_TRUE(WriteVersionRecord(path, r).ok());
+  }
+  static std::optional<VersionRecord> OnDisk(const std::string& path) {
+    auto rec = ReadVersionRecord(path);
+    EXPECT_TRUE(rec.ok()) << rec.status().ToString();
+    return rec.ok() ? *rec : std::nullopt;
+  }
+};
+
+TEST_F(DataSyncTest, ACommitIsMarkedUntilTheWriteBackClearsIt) {
+  auto boot = CurrentBootId();
+  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  WeightStore& s = **store;
+  // Hold the write-back, so the marked record can be seen.
+  ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(300)").ok());
+  const Version v{1, s.Digests().version};
+  ASSERT_TRUE(s.Commit(v, IdOf(1)).ok());
+  auto marked = OnDisk(s.record_path());
+  ASSERT_TRUE(marked && marked->unsynced);
+  EXPECT_EQ(marked->unsynced->boot_id, *boot);
+  EXPECT_EQ(marked->committed->version, v);
+  EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":2,"));
+  ASSERT_TRUE(s.WaitDataSync().ok());
+  auto cleared = OnDisk(s.record_path());
+  ASSERT_TRUE(cleared);
+  EXPECT_FALSE(cleared->unsynced);
+  EXPECT_EQ(cleared->committed->version, v);
+  EXPECT_FALSE(s.record().unsynced);
+  EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":1,"));
+}
+
+TEST_F(DataSyncTest, SyncingAtCommitNeverMarks) {
+  Fixture f;
+  StoreSpec spec = WriteFixture(f, "p.safetensors");
+  spec.data_sync = StoreSpec::DataSync::kAtCommit;
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(ArmFailpoints("store.data_sync=drop").ok());  // never reached
+  const Version v{1, (*store)->Digests().version};
+  ASSERT_TRUE((*store)->Commit(v, IdOf(1)).ok());
+  auto rec = OnDisk((*store)->record_path());
+  ASSERT_TRUE(rec);
+  EXPECT_FALSE(rec->unsynced);
+  EXPECT_EQ(rec->committed->version, v);
+  EXPECT_TRUE((*store)->WaitDataSync().ok());
+}
+
+TEST_F(DataSyncTest, ARecordWrittenDuringTheWriteBackKeepsTheMark) {
+  Fixture f;
+  Version v1;
+  const StoreSpec spec = Committed(f, &v1);
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  WeightStore& s = **store;
+  const Version v2{2, Digest128{2, 2}};
+  ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(300)").ok());
+  ASSERT_TRUE(s.BeginRefit(IdOf(2), v1, v2).ok());
+  ASSERT_TRUE(s.EndRefit().ok());  // base restored: marked, write-back held
+  // The next refit starts while the write-back runs: what that write-back
+  // covered is not known, so the mark must stay.
+  ASSERT_TRUE(s.BeginRefit(IdOf(3), v1, v2).ok());
+  ASSERT_TRUE(s.WaitDataSync().ok());
+  auto rec = OnDisk(s.record_path());
+  ASSERT_TRUE(rec && rec->unsynced && rec->in_progress);
+  EXPECT_EQ(rec->in_progress->refit, IdOf(3));
+  // Its commit queues another write-back, which clears it.
+  ASSERT_TRUE(s.Commit(v2, IdOf(3)).ok());
+  ASSERT_TRUE(s.WaitDataSync().ok());
+  rec = OnDisk(s.record_path());
+  ASSERT_TRUE(rec);
+  EXPECT_FALSE(rec->unsynced);
+  EXPECT_FALSE(rec->in_progress);
+  EXPECT_EQ(rec->committed->version, v2);
+}
+
+TEST_F(DataSyncTest, AFailedWriteBackIsReportedAndKeepsTheMark) {
+  Fixture f;
+  Version v1;
+  const StoreSpec spec = Committed(f, &v1);
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  WeightStore& s = **store;
+  ASSERT_TRUE(ArmFailpoints("store.data_sync=drop").ok());
+  const Version v2{2, Digest128{2, 2}};
+  ASSERT_TRUE(s.BeginRefit(IdOf(2), v1, v2).ok());
+  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  Status st = s.WaitDataSync();
+  EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();
+  EXPECT_THAT(st.ToString(), HasSubstr("store.data_sync"));
+  EXPECT_TRUE(s.WaitDataSync().ok());  // reported once
+  auto rec = OnDisk(s.record_path());
+  ASSERT_TRUE(rec && rec->unsynced);
+  EXPECT_EQ(rec->committed->version, v2);
+}
+
+TEST_F(DataSyncTest, DestroyingAStoreFinishesItsWriteBack) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  std::string record_path;
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok());
+    record_path = (*store)->record_path();
+    ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(200)").ok());
+    ASSERT_TRUE((*store)
+                    ->Commit(Version{1, (*store)->Digests().version}, IdOf(1))
+                    .ok());
+  }
+  auto rec = OnDisk(record_path);
+  ASSERT_TRUE(rec && rec->committed);
+  EXPECT_FALSE(rec->unsynced);
+}
+
+TEST_F(DataSyncTest, AMarkOfThisBootIsWrittenBackAtOpen) {
+  auto boot = CurrentBootId();
+  ASSERT_TRUE(boot.ok());
+  Fixture f;
+  Version v1;
+  const StoreSpec spec = Committed(f, &v1);
+  ASSERT_NO_FATAL_FAILURE(Mark(spec.path + ".dcr-version", *boot));
+  // Only the process stopped: the version holds without hashing. Even a
+  // store whose bits differ keeps it (the page cache is the truth here).
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->committed(), v1);
+  EXPECT_FALSE((*store)->record().unsynced);
+  auto rec = OnDisk(spec.path + ".dcr-version");
+  ASSERT_TRUE(rec);
+  EXPECT_FALSE(rec->unsynced);
+}
+
+TEST_F(DataSyncTest, AMarkOfAnotherBootIsCheckedAgainstTheBits) {
+  Fixture f;
+  Version v1;
+  const StoreSpec spec = Committed(f, &v1);
+  const std::string record_path = spec.path + ".dcr-version";
+  // The bits hold the committed version: it stays, unmarked.
+  ASSERT_NO_FATAL_FAILURE(Mark(record_path, kOtherBoot));
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_EQ((*store)->committed(), v1);
+    EXPECT_FALSE((*store)->record().unsynced);
+  }
+  auto rec = OnDisk(record_path);
+  ASSERT_TRUE(rec && rec->committed);
+  EXPECT_FALSE(rec->unsynced);
+
+  // The write-back was lost: one byte on disk is not the committed bits.
+  // The store counts as never committed, so no delta binds to it.
+  ASSERT_NO_FATAL_FAILURE(Mark(record_path, kOtherBoot));
+  {
+    auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadWrite);
+    ASSERT_TRUE(cp.ok());
+    const int64_t ids = (*cp)->manifest().Find("ids");
+    ASSERT_GE(ids, 0);
+    (*cp)->MutableTensorData(ids)[3] ^= std::byte{0x10};
+    ASSERT_TRUE((*cp)->Flush().ok());
+  }
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_FALSE((*store)->committed().has_value());
+    EXPECT_FALSE((*store)->record().unsynced);
+  }
+  rec = OnDisk(record_path);
+  ASSERT_TRUE(rec);
+  EXPECT_FALSE(rec->committed);
+  EXPECT_FALSE(rec->unsynced);
+}
+
+TEST_F(DataSyncTest, AMarkOfAnotherBootBesideARefitInProgressKeepsTheRefit) {
+  Fixture f;
+  Version v1;
+  const StoreSpec spec = Committed(f, &v1);
+  const Version v2{2, Digest128{2, 2}};
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v2).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(Mark(spec.path + ".dcr-version", kOtherBoot));
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  // The record already says the bits are a mix: nothing to hash.
+  ASSERT_TRUE((*store)->InProgress().has_value());
+  EXPECT_EQ((*store)->InProgress()->refit, IdOf(2));
+  EXPECT_EQ((*store)->committed(), v1);
+  EXPECT_FALSE((*store)->record().unsynced);
 }
 
 }  // namespace

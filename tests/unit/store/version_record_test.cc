@@ -130,10 +130,73 @@ TEST(VersionRecordTest, RejectsMalformedRecords) {
 }
 
 TEST(VersionRecordTest, NewerFormatIsUnsupported) {
-  auto r = DecodeVersionRecord("{\"format\":2,\"whatever\":true}", "rec");
+  auto r = DecodeVersionRecord("{\"format\":3,\"whatever\":true}", "rec");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("format 2"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("format 3"));
+}
+
+VersionRecord UnsyncedRecord() {
+  VersionRecord r = FullRecord();
+  r.in_progress.reset();
+  r.unsynced = DataUnsynced{"591d10e2-3430-4a89-b5d5-a8e923fe2051",
+                            "2025-01-31T12:01:00Z"};
+  return r;
+}
+
+TEST(VersionRecordTest, AnUnsyncedMarkIsFormatTwo) {
+  // The example in docs/FORMAT.md §version record.
+  const std::string text = EncodeVersionRecord(UnsyncedRecord());
+  EXPECT_EQ(text,
+            "{\"format\":2,\"manifest\":\"0123456789abcdeffedcba9876543210\","
+            "\"committed\":{\"step\":41,\"digest\":"
+            "\"00000000000000010000000000000002\",\"refit\":"
+            "\"101112131415161718191a1b1c1d1e1f\",\"committed_at\":"
+            "\"2025-01-31T12:00:00Z\"},\"in_progress\":null,\"unsynced\":{"
+            "\"boot_id\":\"591d10e2-3430-4a89-b5d5-a8e923fe2051\",\"since\":"
+            "\"2025-01-31T12:01:00Z\"}}\n");
+  auto back = DecodeVersionRecord(text, "test");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, UnsyncedRecord());
+  // Without the mark the same record is format 1, for older readers.
+  VersionRecord synced = UnsyncedRecord();
+  synced.unsynced.reset();
+  EXPECT_THAT(EncodeVersionRecord(synced), HasSubstr("{\"format\":1,"));
+
+  auto replaced = [&text](const std::string& from, const std::string& to) {
+    std::string s = text;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  struct Case {
+    std::string text;
+    std::string expect;
+  };
+  const Case cases[] = {
+      // Format 1 has no such key; format 2 must carry it, not null.
+      {replaced("\"format\":2", "\"format\":1"), "unexpected key 'unsynced'"},
+      {replaced(",\"unsynced\":{\"boot_id\":\"591d10e2-3430-4a89-b5d5-"
+                "a8e923fe2051\",\"since\":\"2025-01-31T12:01:00Z\"}",
+                ""),
+       "lacks key 'unsynced'"},
+      {replaced("\"unsynced\":{\"boot_id\":\"591d10e2-3430-4a89-b5d5-"
+                "a8e923fe2051\",\"since\":\"2025-01-31T12:01:00Z\"}",
+                "\"unsynced\":null"),
+       "not an object"},
+      {replaced("a8e923fe2051", "a8e9"), "unsynced.boot_id"},
+      {replaced("\"since\":\"2025-01-31T12:01:00Z\"", "\"since\":1"),
+       "unsynced.since"},
+      {replaced(",\"since\":\"2025-01-31T12:01:00Z\"", ""),
+       "lacks key 'since'"},
+  };
+  for (const Case& c : cases) {
+    auto r = DecodeVersionRecord(c.text, "rec.dcr-version");
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.expect))
+        << c.text;
+  }
 }
 
 TEST(VersionRecordTest, FileMissingWrittenCorrupt) {
