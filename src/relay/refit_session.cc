@@ -33,6 +33,7 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
         new RefitSession(store, node, refit, plan));
     session->keep_undo_ = false;
     session->rejoined_ = true;
+    session->hash_ahead_ = options.hash_ahead;
     return session;
   }
   if (store->manifest().digest() != plan.manifest) {
@@ -90,6 +91,7 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
   std::unique_ptr<RefitSession> session(
       new RefitSession(store, node, refit, plan));
   session->keep_undo_ = !options.fresh_store;
+  session->hash_ahead_ = options.hash_ahead;
   session->undo_ = std::move(undo);
   session->unfinished_ = std::move(unfinished);
   return session;
@@ -147,25 +149,58 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   }
   Applied a;
   std::vector<std::byte> replaced;
-  Status s = ApplyChunk(c, SpanOf(c.header),
-                        is_xor || !keep_undo_ ? nullptr : &replaced);
-  if (s.ok() && keep_undo_) {
-    auto record = undo_->Append(chunk, replaced);
-    if (record.ok()) {
-      a.record = *record;
-      a.chunk_size = chunk.size();
-    } else {
-      // The span is changed and cannot be undone: put it back first.
-      Status back = UndoChunk(c, replaced, SpanOf(c.header));
-      s = back.ok() ? record.status() : back;
+  Status s;
+  {
+    TensorHash& th = hashes_[c.header.id.tensor];
+    std::shared_lock<std::shared_mutex> writing(th.mu);
+    th.writes.fetch_add(1, std::memory_order_relaxed);
+    s = ApplyChunk(c, SpanOf(c.header),
+                   is_xor || !keep_undo_ ? nullptr : &replaced);
+    if (s.ok() && keep_undo_) {
+      auto record = undo_->Append(chunk, replaced);
+      if (record.ok()) {
+        a.record = *record;
+        a.chunk_size = chunk.size();
+      } else {
+        // The span is changed and cannot be undone: put it back first.
+        Status back = UndoChunk(c, replaced, SpanOf(c.header));
+        s = back.ok() ? record.status() : back;
+      }
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  SpanState& st = spans_[c.header.id];
-  st.in_flight = false;
-  if (!s.ok()) return s;
-  st.stack.push_back(a);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    SpanState& st = spans_[c.header.id];
+    st.in_flight = false;
+    if (!s.ok()) return s;
+    st.stack.push_back(a);
+  }
+  if (hash_ahead_) HashBehind(c.header.id.tensor);
   return ApplyOutcome::kApplied;
+}
+
+void RefitSession::HashBehind(uint32_t tensor) {
+  uint32_t from = hash_frontier_.load(std::memory_order_relaxed);
+  do {
+    if (from >= tensor) return;  // offered already, by this call or another
+  } while (!hash_frontier_.compare_exchange_weak(from, tensor));
+  // This call owns [from, tensor). A tensor an Apply is writing now is
+  // skipped: it is not complete, and the vote hashes it.
+  for (uint32_t i = from; i < tensor; ++i) {
+    TensorHash& th = hashes_[i];
+    std::unique_lock<std::shared_mutex> hashing(th.mu, std::try_to_lock);
+    if (!hashing.owns_lock()) continue;
+    const uint64_t writes = th.writes.load(std::memory_order_relaxed);
+    if (th.hashed_writes == writes) continue;
+    th.digest = Hash128(store_->Tensor(i));
+    th.hashed_writes = writes;
+    hashed_ahead_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+RefitSession::HashCounts RefitSession::hash_counts() const {
+  return HashCounts{hashed_ahead_.load(std::memory_order_relaxed),
+                    hashed_at_vote_};
 }
 
 uint64_t RefitSession::chunks_applied() const {
@@ -188,10 +223,33 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
   r.chunks_applied = ids.size();
   bool complete = ids.size() == end.chunk_count &&
                   ChunkIdsDigest(ids) == end.chunk_ids_digest;
-  // Every tensor is hashed at every vote, repair rounds included: bits
-  // that changed outside the refit (a flipped bit) must not slip through.
+  // The first vote takes the digests hashed ahead of tensors no Apply
+  // touched since; every later vote (a repair round) hashes every tensor,
+  // so that bits changed outside the refit (a flipped bit) cannot slip
+  // through twice.
   const Manifest& m = store_->manifest();
-  std::vector<Digest128> tensor_digests = store_->Digests(pool).tensors;
+  const bool use_ahead = hash_ahead_ && votes_++ == 0;
+  std::vector<uint32_t> stale;
+  for (size_t i = 0; i < m.size(); ++i) {
+    TensorHash& th = hashes_[i];
+    if (!use_ahead ||
+        th.hashed_writes != th.writes.load(std::memory_order_relaxed)) {
+      stale.push_back(static_cast<uint32_t>(i));
+    }
+  }
+  auto body = [this, &stale](size_t k, size_t /*worker*/) {
+    TensorHash& th = hashes_[stale[k]];
+    th.digest = Hash128(store_->Tensor(stale[k]));
+    th.hashed_writes = th.writes.load(std::memory_order_relaxed);
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(stale.size(), body);
+  } else {
+    for (size_t k = 0; k < stale.size(); ++k) body(k, 0);
+  }
+  hashed_at_vote_ += stale.size();
+  std::vector<Digest128> tensor_digests(m.size());
+  for (size_t i = 0; i < m.size(); ++i) tensor_digests[i] = hashes_[i].digest;
   r.version =
       Version{plan_.target.step, VersionDigest(m.digest(), tensor_digests)};
   // The bits decide (DESIGN.md §4, invariant 1): a store at the target

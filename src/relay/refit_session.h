@@ -10,16 +10,31 @@
 // reload (5). What Abort needs is kept in an undo log on disk beside the
 // store, not on the heap.
 //
+// Hashing ahead: the vote needs every tensor's digest, and hashing the
+// whole store after the last chunk is the tail of every refit (a second or
+// more per GB on a busy node). The root streams tensors in manifest order,
+// so once an Apply reaches tensor t, the tensors below t are usually
+// complete: that Apply hashes them (on the applying thread, which waits on
+// the network most of the time) and keeps each digest with the count of
+// applies the tensor had. The first vote re-hashes only the tensors an
+// Apply touched since (or never hashed); later votes (repair rounds) hash
+// everything again. So the first vote's digest of a tensor is taken after
+// the session's last write to it, not necessarily at the vote: a change
+// made by something other than this session between the two is seen by the
+// next vote, not this one.
+//
 // Thread safety: Apply may be called concurrently from worker threads
 // (chunks of distinct spans, or duplicates of one); Vote, Commit and Abort
 // require that no Apply is running.
 #ifndef DCR_RELAY_REFIT_SESSION_H_
 #define DCR_RELAY_REFIT_SESSION_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,6 +74,8 @@ class RefitSession {
     // already), overwrites apply; Abort cannot restore the base and leaves
     // the record saying the refit is unfinished (repair: a full refit).
     bool rejoin = false;
+    // Hash tensors the stream has moved past (see "Hashing ahead").
+    bool hash_ahead = true;
   };
   static std::unique_ptr<RefitSession> Begin(
       WeightStore* store, const std::string& node, const RefitId& refit,
@@ -83,8 +100,16 @@ class RefitSession {
   // After END: yes (kOk, version = target) iff the store's digest is the
   // target digest. Otherwise kIncomplete (chunks the root sent are missing)
   // or kDigestMismatch, with `repair` naming the tensors that differ from
-  // the plan's target_tensor_digests. Every vote hashes the whole store.
+  // the plan's target_tensor_digests. The first vote hashes what was not
+  // hashed ahead; every later one hashes the whole store.
   NodeResult Vote(const EndMsg& end, ThreadPool* pool);
+
+  // Tensors hashed by Apply ahead of the vote, and by votes.
+  struct HashCounts {
+    uint64_t ahead = 0;
+    uint64_t at_vote = 0;
+  };
+  HashCounts hash_counts() const;
 
   // Persists the target version (data, then the version record).
   Status Commit();
@@ -103,9 +128,22 @@ class RefitSession {
       : store_(store),
         node_(std::move(node)),
         refit_(refit),
-        plan_(std::move(plan)) {}
+        plan_(std::move(plan)),
+        hashes_(std::make_unique<TensorHash[]>(store->manifest().size())) {}
   Status Check(const ChunkHeader& h) const;
   std::span<std::byte> SpanOf(const ChunkHeader& h);
+  // Hashes the tensors below `tensor` not yet offered for hashing ahead.
+  void HashBehind(uint32_t tensor);
+
+  // A tensor's digest, taken while no Apply wrote to it. Applies hold `mu`
+  // shared and count themselves in `writes` before writing; hashing holds
+  // it exclusively, so `writes` then counts every write in the bits.
+  struct TensorHash {
+    std::shared_mutex mu;
+    std::atomic<uint64_t> writes{0};
+    uint64_t hashed_writes = ~uint64_t{0};  // `writes` at `digest`; ~0: none
+    Digest128 digest;
+  };
 
   // One application of a chunk to a span, enough to reverse it: a record
   // of the undo log holding the encoded chunk (XOR: reapply it) followed,
@@ -131,6 +169,14 @@ class RefitSession {
   PlanMsg plan_;
   mutable std::mutex mu_;
   std::map<ChunkId, SpanState> spans_;  // guarded by mu_
+
+  bool hash_ahead_ = true;
+  std::unique_ptr<TensorHash[]> hashes_;  // one per tensor of the manifest
+  // Tensors below it were offered for hashing ahead.
+  std::atomic<uint32_t> hash_frontier_{0};
+  std::atomic<uint64_t> hashed_ahead_{0};
+  uint64_t hashed_at_vote_ = 0;  // Vote only
+  uint64_t votes_ = 0;           // Vote only
 };
 
 }  // namespace dcr

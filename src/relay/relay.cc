@@ -1335,6 +1335,9 @@ void Relay::Impl::Step() {
             vote.chunks_applied = r.tracker->applied;
           } else {
             vote = r.session->Vote(*r.end, hash_pool_.get());
+            const RefitSession::HashCounts hc = r.session->hash_counts();
+            spdlog::debug("{}: vote hashed {} tensors; {} were hashed ahead",
+                          options_.name, hc.at_vote, hc.ahead);
             // The bits decide: a chunk that failed (checksum, bounds) left
             // its span as it was, which the digests show, and a repair
             // round overwrites it.

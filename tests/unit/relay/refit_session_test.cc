@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -21,7 +22,9 @@ using Bytes = std::vector<std::byte>;
 class RefitSessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    infos_ = {{"a", DType::kBF16, {3000}}, {"b", DType::kF32, {500}}};
+    if (infos_.empty()) {
+      infos_ = {{"a", DType::kBF16, {3000}}, {"b", DType::kF32, {500}}};
+    }
     std::mt19937 rng(1);
     for (const auto& t : infos_) {
       Bytes b(t.NumBytes());
@@ -102,9 +105,10 @@ class RefitSessionTest : public ::testing::Test {
     }
     return EndMsg{ids.size(), ChunkIdsDigest(ids)};
   }
-  std::unique_ptr<RefitSession> Begin() {
+  std::unique_ptr<RefitSession> Begin(RefitSession::Options options = {}) {
     NodeResult refusal;
-    auto s = RefitSession::Begin(store_.get(), "n0", refit_, plan_, &refusal);
+    auto s = RefitSession::Begin(store_.get(), "n0", refit_, plan_, &refusal,
+                                 options);
     EXPECT_TRUE(s) << refusal.detail;
     return s;
   }
@@ -292,6 +296,111 @@ TEST_F(RefitSessionTest, ChunksThatDoNotFitAreRefused) {
   Bytes bad = xor_chunks_[0];
   bad[bad.size() / 2] ^= std::byte{1};
   EXPECT_FALSE(s->Apply(bad, decoder_.get()).ok());
+}
+
+// Four tensors of several spans each, streamed in manifest order.
+class HashAheadTest : public RefitSessionTest {
+ protected:
+  void SetUp() override {
+    infos_ = {{"t0", DType::kBF16, {3000}},
+              {"t1", DType::kF32, {2500}},
+              {"t2", DType::kBF16, {4096}},
+              {"t3", DType::kF16, {1500}}};
+    RefitSessionTest::SetUp();
+  }
+  uint32_t TensorOf(const Bytes& chunk) {
+    return PeekChunkHeader(chunk)->id.tensor;
+  }
+};
+
+TEST_F(HashAheadTest, AnOrderedStreamLeavesOnlyTheLastTensorToTheVote) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  for (const auto& c : xor_chunks_)
+    ASSERT_TRUE(s->Apply(c, decoder_.get()).ok());
+  EXPECT_EQ(s->hash_counts().ahead, 3u);
+  NodeResult v = s->Vote(End(xor_chunks_), nullptr);
+  EXPECT_EQ(v.code, NodeCode::kOk) << v.detail;
+  EXPECT_EQ(v.version, target_v_);
+  EXPECT_EQ(s->hash_counts().at_vote, 1u);
+}
+
+TEST_F(HashAheadTest, AChunkThatLandsAfterItsTensorWasHashedIsHashedAgain) {
+  // t0's first chunk comes last (a resend, or a slow worker): t0 was hashed
+  // without it when the stream moved on, so that digest must not be used.
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  ASSERT_EQ(TensorOf(xor_chunks_[0]), 0u);
+  for (size_t i = 1; i < xor_chunks_.size(); ++i) {
+    ASSERT_TRUE(s->Apply(xor_chunks_[i], decoder_.get()).ok());
+  }
+  EXPECT_EQ(s->hash_counts().ahead, 3u);
+  ASSERT_TRUE(s->Apply(xor_chunks_[0], decoder_.get()).ok());
+  NodeResult v = s->Vote(End(xor_chunks_), nullptr);
+  EXPECT_EQ(v.code, NodeCode::kOk) << v.detail;
+  EXPECT_EQ(s->hash_counts().at_vote, 2u);  // t0 again, and t3
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
+TEST_F(HashAheadTest, LaterVotesHashEveryTensor) {
+  auto t = Checkpoint::Open(dir_.Path("target.safetensors"),
+                            Checkpoint::Mode::kReadOnly);
+  ASSERT_TRUE(t.ok());
+  plan_.target_tensor_digests = (*t)->ComputeDigests().tensors;
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  for (const auto& c : xor_chunks_)
+    ASSERT_TRUE(s->Apply(c, decoder_.get()).ok());
+  ASSERT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
+  // A bit flipped outside the session in t1, hashed ahead and not written
+  // since: the next vote (a repair round's) sees it.
+  store_->MutableTensor(1)[9] ^= std::byte{0x04};
+  NodeResult v = s->Vote(End(xor_chunks_), nullptr);
+  EXPECT_EQ(v.code, NodeCode::kDigestMismatch);
+  EXPECT_EQ(v.repair, std::vector<uint32_t>{1});
+  EXPECT_EQ(s->hash_counts().at_vote, 1u + 4u);
+}
+
+TEST_F(HashAheadTest, OffHashesEverythingAtTheVote) {
+  RefitSession::Options options;
+  options.hash_ahead = false;
+  auto s = Begin(options);
+  ASSERT_TRUE(s);
+  for (const auto& c : xor_chunks_)
+    ASSERT_TRUE(s->Apply(c, decoder_.get()).ok());
+  EXPECT_EQ(s->hash_counts().ahead, 0u);
+  EXPECT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
+  EXPECT_EQ(s->hash_counts().at_vote, 4u);
+}
+
+TEST_F(HashAheadTest, ConcurrentAppliesInAnyOrderVoteTheTarget) {
+  // Three workers race through the chunks in different orders, duplicates
+  // included: whatever was hashed ahead, the vote must see the target.
+  for (int round = 0; round < 20; ++round) {
+    Reopen();
+    plan_.base = base_v_;
+    auto s = Begin();
+    ASSERT_TRUE(s);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        auto dec = std::move(*ChunkDecoder::Create());
+        std::vector<size_t> order(xor_chunks_.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::mt19937 rng(round * 3 + t);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (size_t i : order) {
+          ASSERT_TRUE(s->Apply(overwrite_chunks_[i], dec.get()).ok());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    NodeResult v = s->Vote(End(overwrite_chunks_), nullptr);
+    ASSERT_EQ(v.code, NodeCode::kOk) << "round " << round << ": " << v.detail;
+    // Back to the base for the next round.
+    ASSERT_TRUE(s->Abort(decoder_.get()).ok());
+    ASSERT_TRUE(StoreHolds(base_));
+  }
 }
 
 TEST_F(RefitSessionTest, ConcurrentAppliesWithDuplicates) {
