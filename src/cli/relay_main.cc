@@ -43,6 +43,7 @@ struct Args {
   std::string apply_window = "64MiB";
   std::string memory_limit;
   std::string data_sync = "background";
+  std::string undo_dir;
   std::string link_rate;
   std::string connect_timeout = "5s";
   std::string prepared_wait = "10min";
@@ -307,6 +308,7 @@ int Run(const Args& a) {
     if (!spec.ok()) return ReportError(spec.status());
     o.store = *spec;
   }
+  o.undo_dir = a.undo_dir;
   o.store.data_sync = a.data_sync == "commit"
                           ? StoreSpec::DataSync::kAtCommit
                           : StoreSpec::DataSync::kBackground;
@@ -478,6 +480,11 @@ int main(int argc, char** argv) {
                  "and a restart after a reboot re-checks the bits) or "
                  "commit (before the commit is acknowledged)")
       ->check(CLI::IsMember({"background", "commit"}));
+  app.add_option("--undo-dir", a.undo_dir,
+                 "Directory for refits' undo logs (default: beside the "
+                 "store's version record). A full refit's undo log holds "
+                 "every value it replaces, up to the store's size: keep it "
+                 "on a disk when the store is in shared memory");
   app.add_option("--link-rate", a.link_rate,
                  "Pace each link to children to this bandwidth, e.g. "
                  "500Mbps (testing without tc)");

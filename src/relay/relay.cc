@@ -472,6 +472,15 @@ Status Relay::Impl::Init() {
     frames.first_frame_max_payload =
         std::min(frames.max_payload, kFirstFrameMaxPayload);
   }
+  if (!options_.undo_dir.empty()) {
+    // Found out now, not at the first refit: the directory takes an undo log.
+    auto probe = UndoLog::Create(options_.undo_dir);
+    if (!probe.ok()) {
+      return Status::InvalidArgument(
+          "undo directory '" + options_.undo_dir +
+          "' cannot hold an undo log: " + probe.status().ToString());
+    }
+  }
   auto store = OpenStore(options_.store);
   if (store.ok()) {
     store_ = *std::move(store);
@@ -946,7 +955,9 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
         RefitSession::Begin(store_.get(), options_.name, r.id, r.plan, &r.own,
                             {.pool = hash_pool_.get(),
                              .fresh_store = fresh,
-                             .undo_dir = std::nullopt,
+                             .undo_dir = options_.undo_dir.empty()
+                                             ? std::nullopt
+                                             : std::optional(options_.undo_dir),
                              .rejoin = rejoin});
     if (rejoin && r.session) {
       spdlog::warn(

@@ -104,6 +104,12 @@ struct RelayOptions {
   // (relay/memory_budget.h), each lowered, never raised, and refuses a cap
   // too small to work.
   uint64_t memory_limit_bytes = 0;
+  // Where a refit's undo log lives (an unlinked file); empty: the
+  // directory of the store's version record. A full refit's undo log holds
+  // every value it replaced, up to the store's size: a store in shared
+  // memory keeps it on a disk this way. Start fails if the directory is
+  // not writable.
+  std::string undo_dir;
 };
 
 // A snapshot for metrics and tests.

@@ -2,6 +2,7 @@
 // transport: real Relay engines with file stores in a temp dir, a real
 // RunRefit, and faults injected on the simulated links.
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -132,6 +133,7 @@ clusters:
     o.apply_window_bytes = 256 << 10;
     o.prepared_wait = prepared_wait_;
     o.resend_buffer_bytes = resend_buffer_bytes_;
+    o.undo_dir = undo_dir_;
     auto r = Relay::Start(o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     relays_[node] = *std::move(r);
@@ -208,6 +210,7 @@ clusters:
   std::shared_ptr<FakeNetwork> network_;
   std::map<std::string, std::unique_ptr<Relay>> relays_;
   std::chrono::milliseconds prepared_wait_{600000};
+  std::string undo_dir_;  // RelayOptions::undo_dir of relays started next
   std::optional<uint64_t> resend_buffer_bytes_;  // relays' (unset: default)
 };
 
@@ -547,7 +550,24 @@ TEST_F(RelayTreeTest, ShmStoreIsSeededAndRefitLikeAFileStore) {
   for (const auto& n : kRelays) {
     if (n != "b1") StartRelay(n);
   }
+  // Its undo logs go to a directory of their own (on a disk, in real use),
+  // which Start checks.
+  {
+    RelayOptions bad;
+    bad.name = "b1";
+    bad.store = spec;
+    bad.transport = "fake";
+    bad.transport_options.fake_network = network_;
+    bad.undo_dir = dir_.Path("no-such-dir");
+    auto r = Relay::Start(bad);
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(std::string(r.status().message()),
+                ::testing::HasSubstr("undo directory '" + bad.undo_dir + "'"));
+  }
+  undo_dir_ = dir_.Path("undo");
+  ASSERT_TRUE(std::filesystem::create_directory(undo_dir_));
   StartRelay("b1", "shm:" + name);
+  undo_dir_.clear();
   EXPECT_EQ(relays_["b1"]->Stats().state, "no store");
   RefitReport seed = Refit(0, RefitMode::kFull);
   ASSERT_EQ(seed.outcome, RefitOutcome::kCommitted) << seed.reason;
