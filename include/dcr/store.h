@@ -226,11 +226,19 @@ class WeightStore {
   // making the data durable like Commit(); OK if none is in progress.
   Status EndRefit();
 
-  // Blocks until no background write-back is queued or running. Returns
-  // the error of the last one that failed since the previous call (its
-  // record keeps the "unsynced" mark), else OK. Destroying a store waits
-  // for its write-back too.
+  // Blocks until no background write-back is queued or running (or
+  // DetachDataSync was called). Returns the error of the last one that
+  // failed since the previous call, else OK. After a failure the record
+  // keeps its "unsynced" mark for the rest of the process: the kernel
+  // reports a write-back error once, so a later write-back that succeeds
+  // does not prove the failed pages reached the disk. Destroying a store
+  // waits for its write-back too, unless detached.
   Status WaitDataSync();
+  // For a short-lived process (dcr refit and its root.baseline): the
+  // destructor does not wait for queued write-backs. The record keeps its
+  // mark and the next open settles it (this boot: a write-back; another
+  // boot: a digest check).
+  void DetachDataSync();
 
  protected:
   // `record` is the state found at open; `record_path` empty keeps it in

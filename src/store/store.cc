@@ -89,14 +89,23 @@ WeightStore::WeightStore(std::string describe, std::string record_path,
 // The background write-back: one thread per store, started by
 // EnableBackgroundSync. `requested` counts write-backs asked for, `done`
 // those finished; a request that arrives during one is served by the next
-// (which covers every write before it).
+// (which covers every write before it). Each request names the record
+// generation it follows: its write-back may drop the record's mark only if
+// no record was written since, since every data write follows a record
+// write (BeginRefit) and may have been missed.
 struct WeightStore::Syncer {
   std::string boot_id;
   std::mutex mu;
   std::condition_variable cv;
   uint64_t requested = 0;
   uint64_t done = 0;
+  uint64_t generation = 0;  // of the latest request
   bool stop = false;
+  bool detached = false;  // DetachDataSync: stopping skips queued requests
+  // A write-back failed: Linux reports a write-back error once and may mark
+  // the failed pages clean, so a later msync that succeeds does not prove
+  // they reached the disk. The mark stays for the rest of the process.
+  bool poisoned = false;
   Status failed;  // the last failure not yet returned by WaitDataSync
   std::thread thread;
 };
@@ -141,9 +150,16 @@ Status WeightStore::WaitDataSync() {
   if (!syncer_) return Status::OK();
   std::unique_lock<std::mutex> lock(syncer_->mu);
   syncer_->cv.wait(lock, [this] {
-    return syncer_->done == syncer_->requested || !syncer_->thread.joinable();
+    return syncer_->done == syncer_->requested || syncer_->detached;
   });
   return std::exchange(syncer_->failed, Status::OK());
+}
+
+void WeightStore::DetachDataSync() {
+  if (!syncer_) return;
+  std::lock_guard<std::mutex> lock(syncer_->mu);
+  syncer_->detached = true;
+  syncer_->cv.notify_all();
 }
 
 void WeightStore::SyncLoop() {
@@ -151,18 +167,13 @@ void WeightStore::SyncLoop() {
   std::unique_lock<std::mutex> lock(s.mu);
   for (;;) {
     // Stopping still finishes a queued write-back: a clean shutdown leaves
-    // the data on disk and the record unmarked.
+    // the data on disk and the record unmarked (unless detached: the next
+    // open settles the mark).
     s.cv.wait(lock, [&s] { return s.stop || s.requested > s.done; });
-    if (s.requested == s.done) return;
+    if (s.requested == s.done || (s.stop && s.detached)) return;
     const uint64_t serving = s.requested;
+    const uint64_t generation = s.generation;
     lock.unlock();
-    // The record generation this write-back covers: a record written after
-    // this point describes writes the write-back may have missed.
-    uint64_t generation;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      generation = generation_;
-    }
     Status st;
     if (DCR_FAILPOINT("store.data_sync").drop()) {
       st = Status::IOError("write-back skipped (failpoint store.data_sync)");
@@ -177,7 +188,12 @@ void WeightStore::SyncLoop() {
         std::lock_guard<std::mutex> g(mu_);
         current = generation_ == generation;
       }
-      if (current && next.unsynced) {
+      bool poisoned;
+      {
+        std::lock_guard<std::mutex> g(s.mu);
+        poisoned = s.poisoned;
+      }
+      if (current && next.unsynced && !poisoned) {
         next.unsynced.reset();
         st = Persist(next);
       }
@@ -185,12 +201,16 @@ void WeightStore::SyncLoop() {
     if (!st.ok()) {
       spdlog::error(
           "{}: background write-back failed: {}; the record keeps its "
-          "\"unsynced\" mark, so a restart after a reboot re-checks the bits",
+          "\"unsynced\" mark from now on, so a restart after a reboot "
+          "re-checks the bits",
           describe_, st.ToString());
     }
     lock.lock();
     s.done = serving;
-    if (!st.ok()) s.failed = st;
+    if (!st.ok()) {
+      s.failed = st;
+      s.poisoned = true;
+    }
     s.cv.notify_all();
   }
 }
@@ -251,9 +271,15 @@ Status WeightStore::SyncThenPersist(VersionRecord next, const char* what) {
     next.unsynced = DataUnsynced{syncer_->boot_id, NowIso8601()};
   }
   DCR_RETURN_IF_ERROR(Persist(next));
+  uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation = generation_;
+  }
   {
     std::lock_guard<std::mutex> lock(syncer_->mu);
     ++syncer_->requested;
+    syncer_->generation = generation;
   }
   syncer_->cv.notify_all();
   return Status::OK();

@@ -285,6 +285,7 @@ TEST_F(StoreTest, FileStoreCommitSurvivesReopen) {
     ASSERT_TRUE(s.Commit(target_version, IdOf(9)).ok());
     EXPECT_EQ(s.committed(), target_version);
     EXPECT_TRUE(fs::exists(record_path));
+    ASSERT_TRUE(s.WaitDataSync().ok());  // it rewrites the record too
     EXPECT_FALSE(fs::exists(record_path + ".tmp"));
   }
   // The data reached the file.
@@ -890,23 +891,74 @@ TEST_F(DataSyncTest, AFailedWriteBackIsReportedAndKeepsTheMark) {
   auto rec = OnDisk(s.record_path());
   ASSERT_TRUE(rec && rec->unsynced);
   EXPECT_EQ(rec->committed->version, v2);
+  // A later write-back that succeeds does not prove the failed pages
+  // reached the disk (the kernel reports such an error once): the mark
+  // stays for the rest of the process.
+  DisarmFailpoints();
+  const Version v3{3, Digest128{3, 3}};
+  ASSERT_TRUE(s.BeginRefit(IdOf(3), v2, v3).ok());
+  ASSERT_TRUE(s.Commit(v3, IdOf(3)).ok());
+  EXPECT_TRUE(s.WaitDataSync().ok());
+  rec = OnDisk(s.record_path());
+  ASSERT_TRUE(rec && rec->unsynced);
+  EXPECT_EQ(rec->committed->version, v3);
 }
 
 TEST_F(DataSyncTest, DestroyingAStoreFinishesItsWriteBack) {
   Fixture f;
-  const StoreSpec spec = WriteFixture(f, "p.safetensors");
+  Version v1;
+  const StoreSpec spec = Committed(f, &v1);
   std::string record_path;
   {
     auto store = OpenStore(spec);
     ASSERT_TRUE(store.ok());
-    record_path = (*store)->record_path();
-    ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(200)").ok());
-    ASSERT_TRUE((*store)
-                    ->Commit(Version{1, (*store)->Digests().version}, IdOf(1))
-                    .ok());
+    WeightStore& s = **store;
+    record_path = s.record_path();
+    // The first write-back is held; the second commit's request queues
+    // behind it and is still pending when the store is destroyed.
+    ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(300)@1").ok());
+    const Version v2{2, Digest128{2, 2}};
+    ASSERT_TRUE(s.BeginRefit(IdOf(2), v1, v2).ok());
+    ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+    const Version v3{3, Digest128{3, 3}};
+    ASSERT_TRUE(s.BeginRefit(IdOf(3), v2, v3).ok());
+    ASSERT_TRUE(s.Commit(v3, IdOf(3)).ok());
   }
+  // The held write-back saw a newer record and kept the mark; the queued
+  // one, served on the way out, dropped it.
   auto rec = OnDisk(record_path);
   ASSERT_TRUE(rec && rec->committed);
+  EXPECT_EQ(rec->committed->version.step, 3u);
+  EXPECT_FALSE(rec->unsynced);
+}
+
+TEST_F(DataSyncTest, ADetachedStoreLeavesItsMarkToTheNextOpen) {
+  Fixture f;
+  Version v1;
+  const StoreSpec spec = Committed(f, &v1);
+  const Version v2{2, Digest128{2, 2}};
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok());
+    (*store)->DetachDataSync();
+    ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(300)").ok());
+    ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v2).ok());
+    ASSERT_TRUE((*store)->Commit(v2, IdOf(2)).ok());
+    ASSERT_TRUE((*store)->BeginRefit(IdOf(3), v2, v2).ok());
+    ASSERT_TRUE((*store)->EndRefit().ok());  // a second request, queued
+    // Destroying it waits for a write-back in flight (if the thread took
+    // the first request already), not for the queued one.
+  }
+  DisarmFailpoints();
+  auto rec = OnDisk(spec.path + ".dcr-version");
+  ASSERT_TRUE(rec && rec->unsynced);
+  EXPECT_EQ(rec->committed->version, v2);
+  auto store = OpenStore(spec);  // this boot: written back, mark dropped
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->committed(), v2);
+  EXPECT_FALSE((*store)->record().unsynced);
+  rec = OnDisk(spec.path + ".dcr-version");
+  ASSERT_TRUE(rec);
   EXPECT_FALSE(rec->unsynced);
 }
 
@@ -917,8 +969,16 @@ TEST_F(DataSyncTest, AMarkOfThisBootIsWrittenBackAtOpen) {
   Version v1;
   const StoreSpec spec = Committed(f, &v1);
   ASSERT_NO_FATAL_FAILURE(Mark(spec.path + ".dcr-version", *boot));
-  // Only the process stopped: the version holds without hashing. Even a
-  // store whose bits differ keeps it (the page cache is the truth here).
+  // Only the process stopped: the page cache holds what it wrote, so the
+  // open writes it back and keeps the version without hashing. (A byte
+  // changed behind dcr's back shows that no hash was taken.)
+  {
+    auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadWrite);
+    ASSERT_TRUE(cp.ok());
+    const int64_t ids = (*cp)->manifest().Find("ids");
+    ASSERT_GE(ids, 0);
+    (*cp)->MutableTensorData(ids)[3] ^= std::byte{0x10};
+  }
   auto store = OpenStore(spec);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   EXPECT_EQ((*store)->committed(), v1);
