@@ -68,7 +68,11 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
   double hops = shape.depth * p.hop_overhead_s + shape.path_latency_s;
   e.stream_s = slowest + hops;
   e.prepare_s = shape.model_bytes / (p.hash_rate * p.root_cores);
-  e.verify_s = shape.model_bytes / (p.hash_rate * p.relay_cores);
+  // Relays hash each tensor once the stream has moved past it
+  // (relay/refit_session.h, "Hashing ahead"), in the time applying leaves
+  // their cores idle; what does not fit there is the vote's tail.
+  const double hash_s = shape.model_bytes / (p.hash_rate * p.relay_cores);
+  e.verify_s = std::max(0.0, hash_s - std::max(0.0, slowest - e.apply_s));
   e.commit_s =
       p.commit_sync_rate > 0 ? shape.model_bytes / p.commit_sync_rate : 0;
   e.control_s = 3 * 2 * hops + p.fixed_overhead_s;

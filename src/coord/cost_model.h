@@ -57,7 +57,9 @@ struct CostParameters {
   double full_apply_rate = 0.67e9;   // decompress + copy, per core
   double hash_rate = 3.4e9;          // store digest at the vote, per core
   double efficiency = 0.93;          // achieved / nominal link bandwidth
-  // Bytes/s a relay's store syncs at commit; 0: no sync (shm or tmpfs).
+  // Bytes/s a relay's store syncs at commit; 0: no sync (shm or tmpfs
+  // stores, or file stores with dcr-relay --data-sync background, the
+  // default: the write-back follows the commit).
   double commit_sync_rate = 0;
   double hop_overhead_s = 0.002;    // per hop, beyond the link latency
   double fixed_overhead_s = 0.05;   // connect, hello, durable decision
@@ -80,6 +82,8 @@ struct RefitEstimate {
   double apply_s = 0;
   double stream_s = 0;  // max(transfer, encode, apply) + pipeline fill
   double prepare_s = 0;
+  // The relays' hashing for the vote that the stream could not hide:
+  // max(0, store hash - (stream body - apply)).
   double verify_s = 0;
   double commit_s = 0;
   double control_s = 0;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace dcr {
 namespace {
 
@@ -65,6 +67,11 @@ TEST(CostModelTest, TransferBoundRefitScalesWithPayloadAndBandwidth) {
   EXPECT_DOUBLE_EQ(e->delta.total_s, e->delta.prepare_s + e->delta.control_s +
                                          e->delta.stream_s + e->delta.verify_s);
   EXPECT_EQ(e->delta.commit_s, 0);  // no sync rate: a shm store
+  // The relays hash their 2 TB while the transfer-bound stream leaves them
+  // idle: nothing is left for the vote.
+  EXPECT_GT(e->delta.transfer_s - e->delta.apply_s,
+            tb2 / (p.hash_rate * p.relay_cores));
+  EXPECT_EQ(e->delta.verify_s, 0);
   CostParameters disk = p;
   disk.commit_sync_rate = 1e9;
   auto synced = EstimateRefit(TwoRegion(3'050'000'000), tb2, 0.03, disk);
@@ -97,6 +104,18 @@ TEST(CostModelTest, FastLinksMakeTheRefitComputeBound) {
   EXPECT_EQ(e->delta.bottleneck, "encode");
   EXPECT_NEAR(e->delta.encode_s, 2e12 / 1.32e9, 1e-3);
   EXPECT_GT(e->delta.stream_s, e->delta.encode_s);  // plus pipeline fill
+  // One relay core: applying is the slowest stage and leaves no idle time,
+  // so the hashing waits for the vote.
+  CostParameters one;
+  one.relay_cores = 1;
+  auto busy = EstimateRefit(TwoRegion(400'000'000'000), 2e12, 0.05, one);
+  ASSERT_TRUE(busy.ok());
+  const double hash_s = 2e12 / one.hash_rate;
+  const double idle_s = std::max({busy->delta.transfer_s, busy->delta.encode_s,
+                                  busy->delta.apply_s}) -
+                        busy->delta.apply_s;
+  EXPECT_NEAR(busy->delta.verify_s, hash_s - idle_s, 1e-6);
+  EXPECT_GT(busy->delta.verify_s, 0);
 }
 
 TEST(CostModelTest, BadInputsAreRefused) {
