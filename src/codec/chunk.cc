@@ -127,13 +127,12 @@ struct ChunkEncoder::Impl {
     PlaneEncoding enc = PlaneEncoding::kRaw;
     const uint8_t* src = data;
     size_t len = n;
-    if (!options.compress) {
-      // Stored as they are.
-    } else if (n > 0 && std::all_of(data, data + n,
-                                    [&](uint8_t b) { return b == data[0]; })) {
+    // Without compression every plane is stored as it is (kRaw).
+    if (options.compress && n > 0 &&
+        std::all_of(data, data + n, [&](uint8_t b) { return b == data[0]; })) {
       enc = PlaneEncoding::kConstant;
       len = 1;
-    } else if (n >= 16) {
+    } else if (options.compress && n >= 16) {
       // Order of trials, from the order-0 entropy H of the plane: Huffman
       // costs at least one bit per byte and lands within a few percent of
       // H, so where H >= 1 bit it goes first and zstd is tried only if

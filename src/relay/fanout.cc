@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string_view>
+#include <utility>
 
 namespace dcr {
 namespace {
@@ -318,14 +319,15 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
     if (c.adoption) {
       spdlog::info("{}: adopted {}", options_.hello.node, name);
     }
+    // From now on it takes what it is sent.
+    std::vector<FramePosition> sent = std::exchange(c.sent_unaccepted, {});
     // A node still receiving says what it took last: it gets what it
     // missed from the resend buffer first (chunks flow in these phases).
     if (results->received_through && c.takes_chunks && !c.rejoin_of &&
         kept_limit_ != 0 &&
         (expected_ == FrameType::kPlanReply || expected_ == FrameType::kVote)) {
-      Resend(c, *results->received_through);
+      Resend(c, *results->received_through, std::move(sent));
     }
-    c.sent_unaccepted = {};  // from now on it takes what it is sent
     if (expected_ != FrameType::kPlanReply) {
       // Adopted in a later phase: the phase's control frame (END, COMMIT,
       // ABORT) if it went out already; its answer counts for the phase.
@@ -566,11 +568,10 @@ void Fanout::Keep(const FrameBuffer& frame,
   }
 }
 
-void Fanout::Resend(Child& c, const FramePosition& after) {
+void Fanout::Resend(Child& c, const FramePosition& after,
+                    std::vector<FramePosition> sent) {
   const std::string& name = c.sub.nodes[0].name;
   uint64_t chunks = 0, bytes = 0;
-  std::vector<FramePosition> sent = std::move(c.sent_unaccepted);
-  c.sent_unaccepted = {};
   std::sort(sent.begin(), sent.end());
   for (const Kept& k : kept_) {
     // What it took before, and what went on its link since it connected.

@@ -262,7 +262,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
             bool keep);
   // A PLAN on its live link naming its current subtree (placements).
   void SendAmendment(Child& c, uint32_t depth);
-  void Resend(Child& c, const FramePosition& after);
+  // Sends `c` what the resend buffer holds after `after`, except the
+  // positions in `sent` (forwarded on its link before it was accepted).
+  void Resend(Child& c, const FramePosition& after,
+              std::vector<FramePosition> sent);
   void Connect(size_t child);
   void OnConnected(size_t child, Result<std::shared_ptr<Link>> link);
   void OnFrame(size_t child, const Frame& frame);
