@@ -796,6 +796,15 @@ class DataSyncTest : public StoreTest {
     r.unsynced = DataUnsynced{boot, "2026-01-01T00:00:00Z"};
     ASSERT_TRUE(WriteVersionRecord(path, r).ok());
   }
+  // Flips one bit of the "ids" tensor in the store file, behind dcr's back.
+  static void FlipAByte(const std::string& path) {
+    auto cp = Checkpoint::Open(path, Checkpoint::Mode::kReadWrite);
+    ASSERT_TRUE(cp.ok());
+    const int64_t ids = (*cp)->manifest().Find("ids");
+    ASSERT_GE(ids, 0);
+    (*cp)->MutableTensorData(ids)[3] ^= std::byte{0x10};
+    ASSERT_TRUE((*cp)->Flush().ok());
+  }
   static std::optional<VersionRecord> OnDisk(const std::string& path) {
     auto rec = ReadVersionRecord(path);
     EXPECT_TRUE(rec.ok()) << rec.status().ToString();
@@ -972,13 +981,7 @@ TEST_F(DataSyncTest, AMarkOfThisBootIsWrittenBackAtOpen) {
   // Only the process stopped: the page cache holds what it wrote, so the
   // open writes it back and keeps the version without hashing. (A byte
   // changed behind dcr's back shows that no hash was taken.)
-  {
-    auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadWrite);
-    ASSERT_TRUE(cp.ok());
-    const int64_t ids = (*cp)->manifest().Find("ids");
-    ASSERT_GE(ids, 0);
-    (*cp)->MutableTensorData(ids)[3] ^= std::byte{0x10};
-  }
+  ASSERT_NO_FATAL_FAILURE(FlipAByte(spec.path));
   auto store = OpenStore(spec);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   EXPECT_EQ((*store)->committed(), v1);
@@ -1008,14 +1011,7 @@ TEST_F(DataSyncTest, AMarkOfAnotherBootIsCheckedAgainstTheBits) {
   // The write-back was lost: one byte on disk is not the committed bits.
   // The store counts as never committed, so no delta binds to it.
   ASSERT_NO_FATAL_FAILURE(Mark(record_path, kOtherBoot));
-  {
-    auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadWrite);
-    ASSERT_TRUE(cp.ok());
-    const int64_t ids = (*cp)->manifest().Find("ids");
-    ASSERT_GE(ids, 0);
-    (*cp)->MutableTensorData(ids)[3] ^= std::byte{0x10};
-    ASSERT_TRUE((*cp)->Flush().ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(FlipAByte(spec.path));
   {
     auto store = OpenStore(spec);
     ASSERT_TRUE(store.ok()) << store.status().ToString();

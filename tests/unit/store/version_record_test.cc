@@ -37,6 +37,19 @@ void WriteText(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
+// Decoding `text` fails as Corruption, the message holding `expect` (and
+// `name`, when given, which names the record).
+void ExpectCorrupt(const std::string& text, const std::string& expect,
+                   const std::string& name = "") {
+  auto r = DecodeVersionRecord(text, "rec.dcr-version");
+  ASSERT_FALSE(r.ok()) << text;
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(expect)) << text;
+  if (!name.empty()) {
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(name));
+  }
+}
+
 TEST(RefitIdTest, HexRoundTrip) {
   const RefitId id = IdOf(0xf0);
   EXPECT_EQ(id.ToHex(), "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff");
@@ -119,13 +132,7 @@ TEST(VersionRecordTest, RejectsMalformedRecords) {
       {std::string(kMaxVersionRecordBytes + 1, ' '), "more than the limit"},
   };
   for (const Case& c : cases) {
-    auto r = DecodeVersionRecord(c.text, "rec.dcr-version");
-    ASSERT_FALSE(r.ok()) << c.text;
-    EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
-    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.expect))
-        << c.text;
-    EXPECT_THAT(std::string(r.status().message()),
-                HasSubstr("rec.dcr-version"));
+    ASSERT_NO_FATAL_FAILURE(ExpectCorrupt(c.text, c.expect, "rec.dcr-version"));
   }
 }
 
@@ -191,11 +198,7 @@ TEST(VersionRecordTest, AnUnsyncedMarkIsFormatTwo) {
        "lacks key 'since'"},
   };
   for (const Case& c : cases) {
-    auto r = DecodeVersionRecord(c.text, "rec.dcr-version");
-    ASSERT_FALSE(r.ok()) << c.text;
-    EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
-    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.expect))
-        << c.text;
+    ASSERT_NO_FATAL_FAILURE(ExpectCorrupt(c.text, c.expect));
   }
 }
 
