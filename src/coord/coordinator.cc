@@ -980,6 +980,7 @@ Result<RefitReport> RefitRun::Run() {
   DCR_FAILPOINT("coord.before_plan");
   fanout_->Start(deadline());
   WaitPhase([&] { return fanout_->Complete(); });
+  fanout_->Stream();
   std::vector<NodeResult> plan_results = fanout_->Results();
   for (const NodeResult& r : plan_results) {
     if (r.code == NodeCode::kNeedsCatchUp) behind_.push_back(r);

@@ -630,6 +630,8 @@ void Fanout::Expect(FrameType reply, Clock::time_point deadline) {
   for (Child& c : children_) c.reply = c.refused;
 }
 
+void Fanout::Stream() { deadline_ = Clock::time_point::max(); }
+
 bool Fanout::Complete() const {
   bool rejoining = plan_.heartbeat_ms != 0 && expected_ == FrameType::kVote;
   return std::all_of(children_.begin(), children_.end(), [&](const Child& c) {

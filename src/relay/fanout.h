@@ -104,6 +104,11 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // Starts a phase: every live child must answer with `reply` before
   // `deadline`.
   void Expect(FrameType reply, Clock::time_point deadline);
+  // The plan phase is answered and chunks flow until the next Expect: no
+  // phase deadline applies. A node adopted now answers its PLAN_REPLY
+  // whenever the plan's deadline was (heartbeats bound a live child, the
+  // connect timeout an adoption), not against a deadline long past.
+  void Stream();
   // True when every child of the current phase answered or failed.
   bool Complete() const;
   // Marks late children timed out (closing their links) once `now` is past

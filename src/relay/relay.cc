@@ -1003,6 +1003,7 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
       if (r.phase == Phase::kVoted) {
         r.phase = Phase::kReceiving;
         r.voted_yes = false;  // the bits change: only a new vote counts
+        r.fanout->Stream();
       }
       if (r.phase != Phase::kReceiving) {
         chunks_dropped_ += 1;
@@ -1312,6 +1313,7 @@ void Relay::Impl::Step() {
       if (r.fanout->Complete()) {
         ReplyResults(FrameType::kPlanReply, {r.own});
         r.phase = Phase::kReceiving;
+        r.fanout->Stream();
       }
       break;
     case Phase::kReceiving:

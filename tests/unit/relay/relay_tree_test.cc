@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -843,13 +845,19 @@ clusters:
   // children arrive 2 s late, so c1's queues fill past the window and
   // backpressure holds the rest of the stream (END too) above it; then c1
   // stops, and c0 re-parents c3 and c4, which miss what c1 held.
-  RefitReport StopC1MidStream() {
+  // With `phase_timeout`, c1 stops no earlier than `not_before` after the
+  // refit began.
+  RefitReport StopC1MidStream(
+      std::optional<std::chrono::seconds> phase_timeout = std::nullopt,
+      std::chrono::milliseconds not_before = 0ms) {
     for (const auto& n : kNodes) StartRelay(n);
     FakeFaults late;
     late.delay = 2s;
     network_->SetFaults("c1", "c3", late);
     network_->SetFaults("c1", "c4", late);
     RefitOptions o = Options();
+    if (phase_timeout) o.phase_timeout = *phase_timeout;
+    auto started = std::chrono::steady_clock::now();
     auto refit = std::async(std::launch::async, [&] { return RunRefit(o); });
     WaitFor(
         [&] {
@@ -860,6 +868,7 @@ clusters:
           return false;
         },
         "c1's queue did not fill");
+    std::this_thread::sleep_until(started + not_before);
     EXPECT_EQ(relays_["c0"]->Stats().state, "receiving");
     relays_["c1"]->Stop();
     auto r = refit.get();
@@ -916,6 +925,19 @@ TEST_F(ReparentTest, OrphansArePlacedWithinFanoutAndResentWhatTheyMissed) {
   EXPECT_GT(c0.resent_chunks, 0u);
   EXPECT_GT(c0.resent_bytes, 0u);
   EXPECT_EQ(c0.resend_misses, 0u);
+}
+
+// The plan phase's deadline is long past when c1 stops: c0 adopts c3 and
+// c4 all the same (once a stale deadline failed each adoption at once, and
+// the refit aborted when a loaded machine filled c1's queue slowly).
+TEST_F(ReparentTest, OrphansAreAdoptedAfterThePlanPhaseDeadline) {
+  resend_buffer_bytes_ = 64 << 20;
+  // Planning takes 2 s (c1's PLANs to c3 and c4 are late); c1's own
+  // deadline for them is 0.8 x 5 s.
+  RefitReport r = StopC1MidStream(5s, 6500ms);
+  ExpectEveryoneButC1Committed(r);
+  ExpectFanoutKept();
+  EXPECT_EQ(r.repair_rounds, 0) << r.ToJson();
 }
 
 TEST_F(ReparentTest, ATinyResendBufferFallsBackToTheRepairRound) {
