@@ -112,6 +112,12 @@ class Checkpoint {
   std::span<const std::byte> TensorData(size_t index) const;
   // Requires mode() == kReadWrite.
   std::span<std::byte> MutableTensorData(size_t index);
+  // Writes `bytes` into tensor `index` at byte `offset` (kReadWrite; the
+  // range must lie inside the tensor): the bits of a copy into
+  // MutableTensorData(), by write(2) where that is cheaper (a disk
+  // filesystem; see MappedFile::Write).
+  Status WriteTensorData(size_t index, uint64_t offset,
+                         std::span<const std::byte> bytes);
 
   // Digests of every tensor; parallel over tensors when `pool` is given.
   CheckpointDigests ComputeDigests(ThreadPool* pool = nullptr) const;

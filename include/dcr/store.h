@@ -192,6 +192,13 @@ class WeightStore {
   // Views stay valid for the store's lifetime.
   virtual std::span<const std::byte> Tensor(size_t i) const = 0;
   virtual std::span<std::byte> MutableTensor(size_t i) = 0;
+  // Copies `bytes` into tensor `i` at byte `offset` (the range must lie
+  // inside the tensor): the bits of a copy into MutableTensor(i), by the
+  // backend's cheaper path (a file store on a disk filesystem uses write(2):
+  // rewriting a mapped page faults). Like a write through MutableTensor()
+  // for thread safety.
+  virtual Status WriteTensor(size_t i, uint64_t offset,
+                             std::span<const std::byte> bytes);
 
   // Digests of the current bits, parallel over tensors when `pool` is
   // given; equal to Checkpoint::ComputeDigests() of a checkpoint with the

@@ -1,11 +1,14 @@
 #include "common/file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 namespace dcr {
@@ -42,8 +45,46 @@ Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
     }
     f->data_ = static_cast<std::byte*>(p);
   }
+  if (struct statfs fs; rw && ::fstatfs(fd.get(), &fs) == 0) {
+    f->write_through_map_ =
+        fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
+  }
   f->fd_ = std::move(fd);
   return f;
+}
+
+Status MappedFile::Write(uint64_t offset, std::span<const std::byte> bytes) {
+  if (mode_ != Mode::kReadWrite) {
+    return Status::InvalidArgument("'" + path_ + "' is open read-only");
+  }
+  if (offset > size_ || bytes.size() > size_ - offset) {
+    return Status::InvalidArgument(
+        "write of " + std::to_string(bytes.size()) + " bytes at offset " +
+        std::to_string(offset) + " is past the end of '" + path_ + "'");
+  }
+  if (bytes.empty()) return Status::OK();
+  if (write_through_map_) {
+    std::memcpy(data_ + offset, bytes.data(), bytes.size());
+    return Status::OK();
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::pwrite(fd_.get(), bytes.data() + done, bytes.size() - done,
+                         static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(
+          "cannot write " + std::to_string(bytes.size() - done) +
+              " bytes at offset " + std::to_string(offset + done) + " of '" +
+              path_ + "'",
+          errno);
+    }
+    if (n == 0) {
+      return Status::IOError("write to '" + path_ + "' made no progress");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
 }
 
 MappedFile::~MappedFile() {

@@ -59,6 +59,15 @@ class MappedFile {
   std::span<const std::byte> data() const { return {data_, size_}; }
   // Requires kReadWrite.
   std::span<std::byte> mutable_data() { return {data_, size_}; }
+  // Writes `bytes` at `offset` (kReadWrite only; the range must lie inside
+  // the file). The bits are those of a copy into mutable_data() (one page
+  // cache backs both), by the cheaper path: on a disk filesystem each page
+  // of a shared mapping faults the first time it is dirtied, and write(2)
+  // does not (1 GB rewritten on ext4 by 2 threads: 0.34 s through the
+  // mapping, 0.13 s by pwrite); on tmpfs and ramfs the copy through the
+  // mapping is the cheaper one (0.07 s against 0.14 s). Safe to call
+  // concurrently for disjoint ranges.
+  Status Write(uint64_t offset, std::span<const std::byte> bytes);
   // msync(MS_SYNC) of the whole mapping (kReadWrite only).
   Status Sync();
   // Hints that the mapping will be read sequentially once.
@@ -71,6 +80,7 @@ class MappedFile {
   UniqueFd fd_;
   std::byte* data_ = nullptr;
   size_t size_ = 0;
+  bool write_through_map_ = false;  // memory-backed filesystem
 };
 
 // Reads a whole (small) file.

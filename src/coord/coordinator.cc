@@ -223,7 +223,11 @@ class RefitRun {
   Status CheckManifestFits(uint64_t chunks) const;
   void Finish(FrameType type, const std::vector<std::byte>& payload,
               FrameType reply);
-  Status AdvanceBaseline();
+  // The baseline takes the target's bits and is checked against the target
+  // digest, with the refit recorded in progress in its record; the caller
+  // commits it (baseline_->Commit). OK without doing anything when no
+  // root.baseline is configured (baseline_ stays null).
+  Status UpdateBaseline();
   void Summarize(const std::vector<NodeResult>& plan,
                  const std::vector<NodeResult>& votes,
                  const std::vector<NodeResult>& final_replies,
@@ -269,8 +273,12 @@ class RefitRun {
   // kept if it commits.
   std::unique_ptr<DeltaWriter> record_;
   std::vector<NodeResult> behind_;
-  // The history record of this refit, once committed.
-  void KeepRecord();
+  // Makes the history record of this refit durable, once committed;
+  // returns its path (nullopt, with a warning, if there is none or it
+  // failed).
+  std::optional<std::string> FinishRecord();
+  // Removes history files beyond root.keep_deltas.
+  void PruneHistory();
 };
 
 Status RefitRun::Prepare() {
@@ -837,7 +845,7 @@ std::map<std::string, NodeResult> RefitRun::ByNode(
   return out;
 }
 
-Status RefitRun::AdvanceBaseline() {
+Status RefitRun::UpdateBaseline() {
   if (baseline_spec_.path.empty()) {
     spdlog::warn("no root.baseline configured; the next delta refit needs one");
     return Status::OK();
@@ -852,60 +860,109 @@ Status RefitRun::AdvanceBaseline() {
   DCR_RETURN_IF_ERROR(
       baseline_->BeginRefit(report_.refit, report_.base, report_.target));
   const auto t_begun = Clock::now();
+  // One pass per tensor, span by span: a span the refit changed (every
+  // span of a full refit) is written from the target, then hashed from the
+  // baseline while it is still in cache; an unchanged span is hashed as it
+  // is. The digest is of the baseline's own bits, as a separate hash would
+  // be, for one read of the memory instead of two; the writes go by
+  // WriteTensor (pwrite on a disk filesystem, where rewriting a mapped
+  // page faults).
   const Manifest& m = target_->manifest();
-  auto copy_span = [&](uint32_t t, uint64_t first, uint64_t count) {
-    size_t es = DTypeSize(m[t].dtype);
-    auto src = target_->TensorData(t).subspan(first * es, count * es);
-    auto dst = baseline_->MutableTensor(t).subspan(first * es, count * es);
-    std::memcpy(dst.data(), src.data(), src.size());
-  };
-  if (options_.mode == RefitMode::kFull || copy_all_) {
-    pool_->ParallelFor(m.size(), [&](size_t t, size_t) {
-      copy_span(static_cast<uint32_t>(t), 0, m[t].NumElements());
-    });
-  } else {
-    pool_->ParallelFor(ids_.size(), [&](size_t i, size_t) {
-      auto [t, s] = ids_[i];
-      uint64_t first = uint64_t{s} * plan_.span_elems;
-      copy_span(
-          t, first,
-          std::min<uint64_t>(plan_.span_elems, m[t].NumElements() - first));
-    });
+  const bool all = options_.mode == RefitMode::kFull || copy_all_;
+  std::vector<std::pair<uint32_t, uint32_t>> ids;
+  if (!all) {
+    ids = ids_;
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   }
-  const auto t_copied = Clock::now();
-  Digest128 digest = baseline_->Digests(pool_.get()).version;
-  const auto t_hashed = Clock::now();
-  spdlog::debug("root.baseline: record {:.3f} s, copy {:.3f} s, hash {:.3f} s",
-                Seconds(t0, t_begun), Seconds(t_begun, t_copied),
-                Seconds(t_copied, t_hashed));
+  const uint64_t span = std::max<uint64_t>(plan_.span_elems, 1);
+  std::vector<Digest128> digests(m.size());
+  std::vector<Status> errors(m.size());
+  uint64_t written = 0;
+  std::mutex written_mu;
+  pool_->ParallelFor(m.size(), [&](size_t ti, size_t) {
+    const auto t = static_cast<uint32_t>(ti);
+    const size_t es = DTypeSize(m[t].dtype);
+    const uint64_t n = m[t].NumElements();
+    std::span<const std::byte> src = target_->TensorData(t);
+    std::span<const std::byte> dst = baseline_->Tensor(t);
+    auto next = std::lower_bound(ids.begin(), ids.end(),
+                                 std::pair<uint32_t, uint32_t>{t, 0});
+    Hasher128 h;
+    uint64_t mine = 0;
+    uint32_t s = 0;
+    for (uint64_t first = 0; first < n; first += span, ++s) {
+      const uint64_t bytes = std::min(span, n - first) * es;
+      const uint64_t at = first * es;
+      bool changed = all;
+      if (next != ids.end() && next->first == t && next->second == s) {
+        changed = true;
+        ++next;
+      }
+      if (changed) {
+        Status w = baseline_->WriteTensor(t, at, src.subspan(at, bytes));
+        if (!w.ok()) {
+          errors[t] = std::move(w);
+          return;
+        }
+        mine += bytes;
+      }
+      h.Update(dst.subspan(at, bytes));
+    }
+    digests[t] = h.Finish();
+    std::lock_guard lock(written_mu);
+    written += mine;
+  });
+  for (const Status& e : errors) DCR_RETURN_IF_ERROR(e);
+  Digest128 digest = VersionDigest(m.digest(), digests);
+  const auto t_done = Clock::now();
+  spdlog::debug(
+      "root.baseline: record {:.3f} s, {:.1f} MB written and hashed in "
+      "{:.3f} s",
+      Seconds(t0, t_begun), static_cast<double>(written) / 1e6,
+      Seconds(t_begun, t_done));
   if (digest != report_.target.digest) {
+    std::string which;
+    for (size_t t = 0; t < m.size() && t < plan_.target_tensor_digests.size();
+         ++t) {
+      if (digests[t] != plan_.target_tensor_digests[t]) {
+        which = fmt::format(" (first differing tensor: '{}')", m[t].name);
+        break;
+      }
+    }
     return Status::Internal(fmt::format(
         "the baseline does not have the target digest after the update ({} "
-        "vs {})",
-        digest.ShortHex(), report_.target.digest.ShortHex()));
+        "vs {}){}; did the target file change during the refit?",
+        digest.ShortHex(), report_.target.digest.ShortHex(), which));
   }
-  return baseline_->Commit(report_.target, report_.refit);
+  return Status::OK();
 }
 
-void RefitRun::KeepRecord() {
+std::optional<std::string> RefitRun::FinishRecord() {
+  if (!record_) return std::nullopt;
+  DeltaHeader h;
+  h.base = report_.base;
+  h.target = report_.target;
+  h.manifest = target_->manifest().digest();
+  h.span_elems = plan_.span_elems;
+  h.tensor_count = target_->manifest().size();
+  h.total_elements = report_.total_elements;
+  h.total_bytes = report_.checkpoint_bytes;
+  h.changed_elements = sizes_.changed;
+  Status s = record_->Finish(h);
+  record_.reset();
+  if (!s.ok()) {
+    spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
+    return std::nullopt;
+  }
+  return DeltaHistory(state_dir_ + "/history",
+                      options_.topology.root.keep_deltas)
+      .PathFor(report_.target);
+}
+
+void RefitRun::PruneHistory() {
   DeltaHistory history(state_dir_ + "/history",
                        options_.topology.root.keep_deltas);
-  if (record_) {
-    DeltaHeader h;
-    h.base = report_.base;
-    h.target = report_.target;
-    h.manifest = target_->manifest().digest();
-    h.span_elems = plan_.span_elems;
-    h.tensor_count = target_->manifest().size();
-    h.total_elements = report_.total_elements;
-    h.total_bytes = report_.checkpoint_bytes;
-    h.changed_elements = sizes_.changed;
-    Status s = record_->Finish(h);
-    record_.reset();
-    if (!s.ok()) {
-      spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
-    }
-  }
   if (Status s = history.Prune(); !s.ok()) {
     spdlog::warn("cannot prune the delta history: {}", s.ToString());
   }
@@ -1086,21 +1143,40 @@ Result<RefitReport> RefitRun::Conclude(
                                                            commit_set.end())};
     DCR_FAILPOINT("coord.before_commit");
     fanout_->Expect(FrameType::kCommitReply, deadline());
+    const auto t_sent = Clock::now();
     Status s = SendDown(FrameType::kCommit, EncodeCommit(msg));
     // The decision is durable: the baseline takes the target's bits while
-    // the relays commit.
+    // the relays commit. (Named nodes only: the baseline already holds the
+    // target, and the history does not change.)
+    const bool whole_tree = options_.only_nodes.empty();
     Status b;
-    // (Named nodes only: the baseline already holds the target.)
     std::thread baseline([&] {
-      if (options_.only_nodes.empty() && target_) b = AdvanceBaseline();
+      if (whole_tree && target_) b = UpdateBaseline();
     });
     if (s.ok()) WaitPhase([&] { return fanout_->Complete(); });
+    const auto t_replies = Clock::now();
+    // The history file is made durable while the baseline pass runs: once
+    // the baseline commits, its write-back (a checkpoint's worth of dirty
+    // pages on a disk) would hold the fsync up behind it.
+    std::optional<std::string> recorded;
+    if (whole_tree) recorded = FinishRecord();
+    record_.reset();
+    const auto t_recorded = Clock::now();
     baseline.join();
-    if (b.ok() && options_.only_nodes.empty()) {
-      KeepRecord();
-    } else {
-      record_.reset();
+    if (b.ok() && whole_tree && target_ && baseline_) {
+      b = baseline_->Commit(report_.target, report_.refit);
     }
+    if (!b.ok() && recorded) {
+      // The history must end at the baseline's version.
+      std::error_code ec;
+      std::filesystem::remove(*recorded, ec);
+    }
+    if (whole_tree) PruneHistory();
+    spdlog::debug(
+        "commit phase: decision recorded {:.3f} s, replies {:.3f} s, delta "
+        "history {:.3f} s, baseline done {:.3f} s later",
+        Seconds(t_decide, t_sent), Seconds(t_sent, t_replies),
+        Seconds(t_replies, t_recorded), Seconds(t_recorded, Clock::now()));
     DCR_FAILPOINT("coord.after_commit");
     final_replies = fanout_->Results();
     // Committed everywhere only if every receiver confirmed it: a node that

@@ -532,6 +532,22 @@ std::span<std::byte> Checkpoint::MutableTensorData(size_t index) {
   return files_[loc.file]->map->mutable_data().subspan(loc.offset, loc.size);
 }
 
+Status Checkpoint::WriteTensorData(size_t index, uint64_t offset,
+                                   std::span<const std::byte> bytes) {
+  if (mode_ != Mode::kReadWrite) {
+    return Status::InvalidArgument("checkpoint '" + path_ +
+                                   "' is open read-only");
+  }
+  const Location& loc = locations_.at(index);
+  if (offset > loc.size || bytes.size() > loc.size - offset) {
+    return Status::InvalidArgument(
+        "write of " + std::to_string(bytes.size()) + " bytes at offset " +
+        std::to_string(offset) + " is past the end of tensor '" +
+        manifest_[index].name + "' (" + std::to_string(loc.size) + " bytes)");
+  }
+  return files_[loc.file]->map->Write(loc.offset + offset, bytes);
+}
+
 CheckpointDigests Checkpoint::ComputeDigests(ThreadPool* pool) const {
   CheckpointDigests d;
   d.tensors.resize(manifest_.size());

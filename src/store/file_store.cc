@@ -52,6 +52,10 @@ class FileStore final : public WeightStore {
   std::span<std::byte> MutableTensor(size_t i) override {
     return checkpoint_->MutableTensorData(i);
   }
+  Status WriteTensor(size_t i, uint64_t offset,
+                     std::span<const std::byte> bytes) override {
+    return checkpoint_->WriteTensorData(i, offset, bytes);
+  }
 
  protected:
   Status SyncData() override { return checkpoint_->Flush(); }

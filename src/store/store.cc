@@ -215,6 +215,20 @@ void WeightStore::SyncLoop() {
   }
 }
 
+Status WeightStore::WriteTensor(size_t i, uint64_t offset,
+                                std::span<const std::byte> bytes) {
+  std::span<std::byte> t = MutableTensor(i);
+  if (offset > t.size() || bytes.size() > t.size() - offset) {
+    return Status::InvalidArgument(
+        "write of " + std::to_string(bytes.size()) + " bytes at offset " +
+        std::to_string(offset) + " is past the end of tensor '" +
+        manifest()[i].name + "' (" + std::to_string(t.size()) + " bytes)");
+  }
+  if (!bytes.empty())
+    std::memcpy(t.data() + offset, bytes.data(), bytes.size());
+  return Status::OK();
+}
+
 CheckpointDigests WeightStore::Digests(ThreadPool* pool) const {
   const Manifest& m = manifest();
   CheckpointDigests d;

@@ -15,6 +15,8 @@
 #include <random>
 #include <thread>
 
+#include "common/failpoint.h"
+#include "common/file.h"
 #include "coord/coordinator.h"
 #include "dcr/checkpoint.h"
 #include "dcr/store.h"
@@ -256,6 +258,71 @@ TEST_F(RelayTreeTest, ConsecutiveDeltaRefitsCommitEverywhere) {
     ASSERT_TRUE(s.committed) << s.node;
     EXPECT_EQ(s.committed->step, 2u);
   }
+}
+
+// The target file changes after the decision (the trainer wrote the next
+// step over it): the relays hold what they verified and commit; the
+// baseline pass finds its bits off the target digest, names the tensor,
+// is not committed (the next refit refuses until it is restored) and the
+// history keeps no delta that would end past the baseline.
+TEST_F(RelayTreeTest, ATargetChangedAfterTheVoteLeavesTheBaselineUncommitted) {
+  SeedAll(0);
+  StartAll();
+  // A byte the refit changes: the baseline pass writes it from the target.
+  std::string a = *ReadFileToString(Ckpt(0)), b = *ReadFileToString(Ckpt(1));
+  ASSERT_EQ(a.size(), b.size());
+  size_t at = a.size() - 1;
+  while (at > 0 && a[at] == b[at]) --at;
+  ASSERT_NE(a[at], b[at]);
+  const std::string v1_copy = dir_.Path("v1-copy.safetensors");
+  std::filesystem::copy_file(Ckpt(1), v1_copy);
+  ASSERT_TRUE(ArmFailpoints("coord.before_commit=delay(1500)").ok());
+  auto refit = std::async(std::launch::async, [&] {
+    return Refit(1, RefitMode::kDelta, 0,
+                 [&](RefitOptions& o) { o.target = v1_copy; });
+  });
+  const std::string decisions = dir_.Path("state/decisions");
+  for (int i = 0; i < 1000; ++i) {
+    std::error_code ec;
+    if (std::filesystem::exists(decisions, ec) &&
+        !std::filesystem::is_empty(decisions, ec)) {
+      break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  {
+    std::fstream f(v1_copy, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(b[at] ^ 0x01));
+  }
+  RefitReport r = refit.get();
+  DisarmFailpoints();
+  EXPECT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  EXPECT_THAT(r.reason, ::testing::HasSubstr("baseline not advanced"));
+  EXPECT_THAT(r.reason, ::testing::HasSubstr("did the target file change"));
+  EXPECT_THAT(r.reason, ::testing::HasSubstr("first differing tensor"));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), DigestOf(Ckpt(1))) << n;
+  }
+  // No history file for step 1.
+  std::error_code ec;
+  for (const auto& e :
+       std::filesystem::directory_iterator(dir_.Path("state/history"), ec)) {
+    EXPECT_EQ(e.path().filename().string().find("000000000001-"),
+              std::string::npos)
+        << e.path();
+  }
+  // The baseline is left marked in progress: the next refit refuses.
+  RefitOptions o;
+  o.topology = MakeTopology();
+  o.target = Ckpt(1);
+  o.transport = "fake";
+  o.transport_options.fake_network = network_;
+  auto next = RunRefit(o);
+  ASSERT_FALSE(next.ok());
+  EXPECT_THAT(next.status().ToString(),
+              ::testing::HasSubstr("holds an unfinished update"));
 }
 
 TEST_F(RelayTreeTest, BaseMismatchAbortsAndLeavesEveryStoreAtItsBase) {

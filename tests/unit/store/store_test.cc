@@ -633,6 +633,89 @@ TEST_F(StoreTest, ConcurrentDisjointWrites) {
   }
 }
 
+// WriteTensor leaves the bits a copy through MutableTensor would, on every
+// backend and both of a file store's paths (pwrite on a disk filesystem,
+// the mapping on tmpfs), and refuses a range past the tensor's end without
+// writing anything.
+TEST_F(StoreTest, WriteTensorWritesTheBitsOnEveryBackend) {
+  Fixture f;
+  Fixture g(2);              // the bits to write
+  testing::TempDir shm_dir;  // a file store on tmpfs too, where there is one
+  std::vector<std::pair<std::string, StoreSpec>> specs;
+  specs.emplace_back("file", WriteFixture(f, "w.safetensors"));
+  StoreSpec sharded = FileSpec("w-sharded");
+  ASSERT_TRUE(
+      WriteShardedSafetensors(sharded.path, f.tensors, f.metadata, 300).ok());
+  specs.emplace_back("sharded", sharded);
+  if (fs::is_directory("/dev/shm")) {
+    StoreSpec t;
+    t.kind = StoreSpec::Kind::kFile;
+    t.path = "/dev/shm/dcr_store_test_" + std::to_string(::getpid()) +
+             ".safetensors";
+    t.record_path = Path("tmpfs.dcr-version");
+    ASSERT_TRUE(WriteSafetensors(t.path, f.tensors, f.metadata).ok());
+    specs.emplace_back("file on tmpfs", t);
+  }
+  ShmName shm(Path("w-shm.dcr-version"));
+  specs.emplace_back("shm", shm.spec());
+  for (auto& [what, spec] : specs) {
+    SCOPED_TRACE(what);
+    auto store = spec.kind == StoreSpec::Kind::kShm
+                     ? CreateStore(spec, f.manifest(), f.metadata)
+                     : OpenStore(spec);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    WeightStore& s = **store;
+    // g's bits of the store's tensor i (the manifest is in canonical order).
+    auto bits = [&](size_t i) -> std::span<const std::byte> {
+      for (size_t k = 0; k < g.infos.size(); ++k) {
+        if (g.infos[k].name == s.manifest()[i].name) return g.data[k];
+      }
+      return {};
+    };
+    for (size_t i = 0; i < s.manifest().size(); ++i) {
+      std::span<const std::byte> src = bits(i);
+      // Two writes: the second half, then the first.
+      size_t half = src.size() / 2;
+      ASSERT_TRUE(s.WriteTensor(i, half, src.subspan(half)).ok());
+      ASSERT_TRUE(s.WriteTensor(i, 0, src.first(half)).ok());
+      ASSERT_EQ(s.Tensor(i).size(), src.size());
+      EXPECT_TRUE(std::equal(src.begin(), src.end(), s.Tensor(i).begin()))
+          << s.manifest()[i].name;
+    }
+    // Past the end: refused, nothing written.
+    std::vector<std::byte> before(s.Tensor(0).begin(), s.Tensor(0).end());
+    std::vector<std::byte> ones(before.size(), std::byte{0xff});
+    Status past = s.WriteTensor(0, 1, ones);
+    EXPECT_TRUE(past.IsInvalidArgument()) << past.ToString();
+    EXPECT_THAT(past.ToString(), HasSubstr(s.manifest()[0].name));
+    EXPECT_TRUE(s.WriteTensor(0, before.size() + 1, {}).IsInvalidArgument());
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), s.Tensor(0).begin()));
+    if (spec.kind == StoreSpec::Kind::kFile) {
+      // The file holds the bits (read past the store's mapping).
+      store->reset();
+      auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly);
+      ASSERT_TRUE(cp.ok());
+      for (size_t k = 0; k < g.infos.size(); ++k) {
+        int64_t i = (*cp)->manifest().Find(g.infos[k].name);
+        ASSERT_GE(i, 0);
+        EXPECT_TRUE(std::equal(g.data[k].begin(), g.data[k].end(),
+                               (*cp)->TensorData(i).begin()))
+            << g.infos[k].name;
+      }
+    }
+  }
+  if (fs::is_directory("/dev/shm")) fs::remove(specs[2].second.path);
+  // A memory store takes the default path.
+  auto mem = CreateStore(StoreSpec{}, f.manifest());
+  ASSERT_TRUE(mem.ok());
+  const int64_t embed = (*mem)->manifest().Find("model.embed");
+  ASSERT_GE(embed, 0);
+  ASSERT_TRUE((*mem)->WriteTensor(embed, 0, g.data[1]).ok());
+  EXPECT_TRUE(std::equal(g.data[1].begin(), g.data[1].end(),
+                         (*mem)->Tensor(embed).begin()));
+  EXPECT_TRUE((*mem)->WriteTensor(embed, 1, g.data[1]).IsInvalidArgument());
+}
+
 // --------------------------------------------------------------------- shm
 
 TEST_F(StoreTest, ShmStoreCreateCommitReopen) {
