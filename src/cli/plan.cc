@@ -55,11 +55,17 @@ std::string Secs(double s) {
 }
 
 nlohmann::json EstimateJson(const RefitEstimate& e) {
-  return {{"payload_bytes", e.payload_bytes}, {"transfer_s", e.transfer_s},
-          {"encode_s", e.encode_s},           {"apply_s", e.apply_s},
-          {"stream_s", e.stream_s},           {"prepare_s", e.prepare_s},
-          {"verify_s", e.verify_s},           {"commit_s", e.commit_s},
-          {"control_s", e.control_s},         {"total_s", e.total_s},
+  return {{"payload_bytes", e.payload_bytes},
+          {"transfer_s", e.transfer_s},
+          {"encode_s", e.encode_s},
+          {"apply_s", e.apply_s},
+          {"stream_s", e.stream_s},
+          {"prepare_s", e.prepare_s},
+          {"verify_s", e.verify_s},
+          {"baseline_s", e.baseline_s},
+          {"commit_s", e.commit_s},
+          {"control_s", e.control_s},
+          {"total_s", e.total_s},
           {"bottleneck", e.bottleneck}};
 }
 
@@ -179,14 +185,16 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
   std::printf("model %s, %.2f%% of elements change; calibration: %s\n\n",
               HumanBytes(static_cast<uint64_t>(bytes)).c_str(), *rate * 100,
               p.source.c_str());
-  std::printf("%-6s %10s %10s %10s %10s %10s %10s  %s\n", "refit", "payload",
-              "transfer", "encode", "apply", "verify", "total", "bound by");
+  std::printf("%-6s %10s %10s %10s %10s %10s %10s %10s  %s\n", "refit",
+              "payload", "transfer", "encode", "apply", "verify", "commit",
+              "total", "bound by");
   for (auto [name, r] : {std::pair{"delta", &e->delta}, {"full", &e->full}}) {
-    std::printf("%-6s %10s %10s %10s %10s %10s %10s  %s\n", name,
+    std::printf("%-6s %10s %10s %10s %10s %10s %10s %10s  %s\n", name,
                 HumanBytes(static_cast<uint64_t>(r->payload_bytes)).c_str(),
                 Secs(r->transfer_s).c_str(), Secs(r->encode_s).c_str(),
                 Secs(r->apply_s).c_str(), Secs(r->verify_s).c_str(),
-                Secs(r->total_s).c_str(), r->bottleneck.c_str());
+                Secs(r->commit_s).c_str(), Secs(r->total_s).c_str(),
+                r->bottleneck.c_str());
   }
   std::printf("\ndelta refit predicted %.1fx faster than the full checkpoint\n",
               e->speedup);

@@ -67,14 +67,18 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
                                          : "apply";
   double hops = shape.depth * p.hop_overhead_s + shape.path_latency_s;
   e.stream_s = slowest + hops;
-  e.prepare_s = shape.model_bytes / (p.hash_rate * p.root_cores);
+  const double root_hash_rate =
+      p.root_hash_rate > 0 ? p.root_hash_rate : p.hash_rate;
+  e.prepare_s = shape.model_bytes / (root_hash_rate * p.root_cores);
   // Relays hash each tensor once the stream has moved past it
   // (relay/refit_session.h, "Hashing ahead"), in the time applying leaves
   // their cores idle; what does not fit there is the vote's tail.
   const double hash_s = shape.model_bytes / (p.hash_rate * p.relay_cores);
   e.verify_s = std::max(0.0, hash_s - std::max(0.0, slowest - e.apply_s));
-  e.commit_s =
-      p.commit_sync_rate > 0 ? shape.model_bytes / p.commit_sync_rate : 0;
+  e.baseline_s = shape.model_bytes / (p.baseline_rate * p.root_cores);
+  e.commit_s = std::max(
+      p.commit_sync_rate > 0 ? shape.model_bytes / p.commit_sync_rate : 0,
+      e.baseline_s);
   e.control_s = 3 * 2 * hops + p.fixed_overhead_s;
   e.total_s = e.prepare_s + e.control_s + e.stream_s + e.verify_s + e.commit_s;
   return e;
@@ -94,7 +98,8 @@ Result<CostParameters> CostParameters::FromJson(const std::string& text,
       "payload_ratio",    "encode_rate",
       "apply_rate",       "full_ratio",
       "full_encode_rate", "full_apply_rate",
-      "hash_rate",        "efficiency",
+      "hash_rate",        "root_hash_rate",
+      "baseline_rate",    "efficiency",
       "hop_overhead_s",   "fixed_overhead_s",
       "commit_sync_rate", "root_cores",
       "relay_cores",      "note"};
@@ -118,6 +123,8 @@ Result<CostParameters> CostParameters::FromJson(const std::string& text,
                           {"full_encode_rate", &p.full_encode_rate},
                           {"full_apply_rate", &p.full_apply_rate},
                           {"hash_rate", &p.hash_rate},
+                          {"baseline_rate", &p.baseline_rate},
+                          {"root_hash_rate", &p.root_hash_rate},
                           {"efficiency", &p.efficiency},
                           {"hop_overhead_s", &p.hop_overhead_s},
                           {"fixed_overhead_s", &p.fixed_overhead_s},
@@ -125,7 +132,8 @@ Result<CostParameters> CostParameters::FromJson(const std::string& text,
     if (!j.contains(key)) continue;
     const auto& v = j[key];
     bool may_be_zero = std::string_view(key).ends_with("_s") ||
-                       std::string_view(key) == "commit_sync_rate";
+                       std::string_view(key) == "commit_sync_rate" ||
+                       std::string_view(key) == "root_hash_rate";
     if (!v.is_number() || v.get<double>() < 0 ||
         (!may_be_zero && v.get<double>() == 0)) {
       return Status::InvalidArgument(

@@ -11,13 +11,18 @@
 //   apply          = model_bytes / (apply rate(change rate) * relay cores)
 //   stream         = max(transfer, encode, apply)
 //                    + depth * (hop latency + hop overhead)   (pipeline fill)
-//   prepare        = model_bytes / (hash rate * root cores)  (the root
-//                    hashes the target)
+//   prepare        = model_bytes / (root hash rate * root cores)  (the
+//                    root hashes the target)
 //   verify         = model_bytes / (hash rate * relay cores)  (every vote
 //                    hashes the whole store)
-//   commit         = model_bytes / commit sync rate  (a file store syncs
-//                    its dirty pages: at 1% or more of BF16 elements
-//                    changed, nearly every page; 0 for shm/tmpfs stores)
+//   baseline       = model_bytes / (baseline rate * root cores)  (the
+//                    root writes the spans the refit changed into
+//                    root.baseline and hashes it; at 1% or more of BF16
+//                    elements changed, every span)
+//   commit         = max(model_bytes / commit sync rate, baseline)  (a
+//                    file store syncs its dirty pages, nearly every page,
+//                    while the root updates its baseline; no sync for
+//                    shm/tmpfs stores or background write-back)
 //   control        = 3 round trips (PLAN, END/VOTE, COMMIT) of the deepest
 //                    path + fixed overhead
 //   total          = prepare + control + stream + verify + commit
@@ -56,7 +61,14 @@ struct CostParameters {
   double full_encode_rate = 0.24e9;  // zstd-1 of dense spans, per core
   double full_apply_rate = 0.67e9;   // decompress + copy, per core
   double hash_rate = 3.4e9;          // store digest at the vote, per core
-  double efficiency = 0.93;          // achieved / nominal link bandwidth
+  // The root's hash of the target before PLAN, per core; 0: hash_rate.
+  // (On a shared test machine the relays hash at a fraction of a core
+  // while the root, hashing before any relay works, has its cores.)
+  double root_hash_rate = 0;
+  // The root's pass over root.baseline at commit (write the changed spans,
+  // hash every span), per core.
+  double baseline_rate = 3.0e9;
+  double efficiency = 0.93;  // achieved / nominal link bandwidth
   // Bytes/s a relay's store syncs at commit; 0: no sync (shm or tmpfs
   // stores, or file stores with dcr-relay --data-sync background, the
   // default: the write-back follows the commit).
@@ -85,6 +97,7 @@ struct RefitEstimate {
   // The relays' hashing for the vote that the stream could not hide:
   // max(0, store hash - (stream body - apply)).
   double verify_s = 0;
+  double baseline_s = 0;  // the root's baseline pass (within commit_s)
   double commit_s = 0;
   double control_s = 0;
   double total_s = 0;

@@ -65,8 +65,21 @@ TEST(CostModelTest, TransferBoundRefitScalesWithPayloadAndBandwidth) {
   // ratio, less the fixed costs (the vote hashes the whole store).
   EXPECT_DOUBLE_EQ(e->speedup, e->full.total_s / e->delta.total_s);
   EXPECT_DOUBLE_EQ(e->delta.total_s, e->delta.prepare_s + e->delta.control_s +
-                                         e->delta.stream_s + e->delta.verify_s);
-  EXPECT_EQ(e->delta.commit_s, 0);  // no sync rate: a shm store
+                                         e->delta.stream_s + e->delta.verify_s +
+                                         e->delta.commit_s);
+  // No sync rate (a shm store): the commit is the root's baseline pass.
+  EXPECT_NEAR(e->delta.baseline_s, tb2 / (p.baseline_rate * p.root_cores),
+              1e-9);
+  EXPECT_DOUBLE_EQ(e->delta.commit_s, e->delta.baseline_s);
+  EXPECT_DOUBLE_EQ(e->full.baseline_s, e->delta.baseline_s);
+  // The root hashes the target at the relays' rate unless told its own.
+  EXPECT_NEAR(e->delta.prepare_s, tb2 / (p.hash_rate * p.root_cores), 1e-9);
+  CostParameters root = p;
+  root.root_hash_rate = 2 * p.hash_rate;
+  auto faster = EstimateRefit(TwoRegion(3'050'000'000), tb2, 0.03, root);
+  ASSERT_TRUE(faster.ok());
+  EXPECT_NEAR(faster->delta.prepare_s, e->delta.prepare_s / 2, 1e-9);
+  EXPECT_DOUBLE_EQ(faster->delta.verify_s, e->delta.verify_s);
   // The relays hash their 2 TB while the transfer-bound stream leaves them
   // idle: nothing is left for the vote.
   EXPECT_GT(e->delta.transfer_s - e->delta.apply_s,
@@ -76,8 +89,10 @@ TEST(CostModelTest, TransferBoundRefitScalesWithPayloadAndBandwidth) {
   disk.commit_sync_rate = 1e9;
   auto synced = EstimateRefit(TwoRegion(3'050'000'000), tb2, 0.03, disk);
   ASSERT_TRUE(synced.ok());
+  // The relays' sync outlasts the baseline pass, which runs beside it.
   EXPECT_NEAR(synced->delta.commit_s, 2000, 1e-6);
-  EXPECT_NEAR(synced->delta.total_s, e->delta.total_s + 2000, 1e-6);
+  EXPECT_NEAR(synced->delta.total_s,
+              e->delta.total_s - e->delta.baseline_s + 2000, 1e-6);
   EXPECT_GT(e->speedup, 0.5 * p.full_ratio / 0.01803);
   EXPECT_LT(e->speedup, p.full_ratio / 0.01803);
   // Half the bandwidth, twice the transfer.
@@ -133,7 +148,7 @@ TEST(CostModelTest, CalibrationJsonOverridesAndIsChecked) {
   auto c = CostParameters::FromJson(
       R"({"payload_ratio": [[0.05, 0.03], [0.01, 0.01]], "efficiency": 0.5,
           "relay_cores": 4, "hop_overhead_s": 0, "note": "lab",
-          "commit_sync_rate": 0})",
+          "commit_sync_rate": 0, "baseline_rate": 5e9})",
       "cal.json");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->source, "cal.json");
@@ -142,13 +157,15 @@ TEST(CostModelTest, CalibrationJsonOverridesAndIsChecked) {
   EXPECT_EQ(c->efficiency, 0.5);
   EXPECT_EQ(c->relay_cores, 4u);
   EXPECT_EQ(c->hop_overhead_s, 0);
+  EXPECT_EQ(c->baseline_rate, 5e9);
   EXPECT_EQ(c->full_ratio, CostParameters().full_ratio);  // untouched
   for (const char* bad :
        {"[]", "{", R"({"efficiency": 1.5})", R"({"efficiency": 0})",
         R"({"payload_ratio": []})", R"({"payload_ratio": [[0.01]]})",
         R"({"payload_ratio": [[0.01, 0.1], [0.01, 0.2]]})",
         R"({"hash_rate": "fast"})", R"({"relay_cores": 0})",
-        R"({"root_cores": 2.5})", R"({"efficency": 0.9})"}) {
+        R"({"root_cores": 2.5})", R"({"efficency": 0.9})",
+        R"({"baseline_rate": 0})"}) {
     auto r = CostParameters::FromJson(bad, "cal.json");
     EXPECT_TRUE(r.status().IsInvalidArgument()) << bad;
     EXPECT_NE(r.status().message().find("cal.json"), std::string::npos)
