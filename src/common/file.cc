@@ -45,9 +45,16 @@ Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
     }
     f->data_ = static_cast<std::byte*>(p);
   }
+  // write(2) only where it shares the page cache with the mapping (local
+  // disk filesystems); elsewhere (tmpfs and ramfs, where the mapping is
+  // cheaper, and network or FUSE filesystems, where they may not be
+  // coherent) through the mapping.
   if (struct statfs fs; rw && ::fstatfs(fd.get(), &fs) == 0) {
-    f->write_through_map_ =
-        fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
+    f->write_through_map_ = fs.f_type != EXT4_SUPER_MAGIC &&
+                            fs.f_type != XFS_SUPER_MAGIC &&
+                            fs.f_type != BTRFS_SUPER_MAGIC;
+  } else {
+    f->write_through_map_ = true;
   }
   f->fd_ = std::move(fd);
   return f;

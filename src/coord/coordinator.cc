@@ -698,6 +698,7 @@ void RefitRun::Stream(bool repair) {
       fanout_->Forward(o->frame, /*chunk=*/true);
     }
     mailbox_.RunUntil(Clock::now() + std::chrono::milliseconds(idle ? 20 : 0));
+    fanout_->ExpireIfDue(Clock::now());  // adoptions: no phase deadline here
     fanout_->Tick(Clock::now());
     if (fanout_->live_children() == 0) {
       queue_->Cancel();
@@ -1170,6 +1171,10 @@ Result<RefitReport> RefitRun::Conclude(
       // The history must end at the baseline's version.
       std::error_code ec;
       std::filesystem::remove(*recorded, ec);
+      if (ec) {
+        spdlog::warn("cannot remove {} (the baseline is not at its target): {}",
+                     *recorded, ec.message());
+      }
     }
     if (whole_tree) PruneHistory();
     spdlog::debug(

@@ -644,6 +644,7 @@ bool Fanout::Complete() const {
 }
 
 void Fanout::ExpireIfDue(Clock::time_point now) {
+  ExpireAdoptions(now);
   if (now < deadline_) return;
   for (size_t i = 0; i < children_.size(); ++i) {
     Child& c = children_[i];
@@ -651,6 +652,20 @@ void Fanout::ExpireIfDue(Clock::time_point now) {
     Fail(i, NodeCode::kTimeout,
          fmt::format("no {} within the phase deadline",
                      FrameTypeName(expected_)));
+  }
+}
+
+void Fanout::ExpireAdoptions(Clock::time_point now) {
+  if (closing_) return;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    Child& c = children_[i];
+    if (c.failed || !c.link || !c.adoption || c.accepted) continue;
+    if (now - c.started > options_.connect_timeout) {
+      Fail(i, NodeCode::kTimeout,
+           fmt::format("did not accept the adoption within {:.1f} s",
+                       Secs(now - c.started)),
+           FailKind::kAdoption);
+    }
   }
 }
 
@@ -688,14 +703,6 @@ void Fanout::Tick(Clock::time_point now) {
     if (c.failed) continue;
     if (!c.link) {
       continue;  // connecting: the connect timeout covers it
-    }
-    if (c.adoption && !c.accepted &&
-        now - c.started > options_.connect_timeout) {
-      Fail(i, NodeCode::kTimeout,
-           fmt::format("did not accept the adoption within {:.1f} s",
-                       Secs(now - c.started)),
-           FailKind::kAdoption);
-      continue;
     }
     // A child that owes its PLAN_REPLY or its decision reply may be busy
     // creating or hashing its store, or syncing it (its event thread

@@ -112,7 +112,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // True when every child of the current phase answered or failed.
   bool Complete() const;
   // Marks late children timed out (closing their links) once `now` is past
-  // the phase deadline.
+  // the phase deadline, and, in any phase, a node that has not accepted its
+  // adoption within the connect timeout (with or without heartbeats).
   void ExpireIfDue(Clock::time_point now);
   Clock::time_point deadline() const { return deadline_; }
 
@@ -120,8 +121,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // every child, fails a child silent for 4 intervals (a hung or stopped
   // process; not while it owes its PLAN_REPLY or decision reply, when it
   // may be creating, hashing or syncing a large store: the phase deadline
-  // bounds that), a child whose adoption is not accepted within the connect
-  // timeout, and a slow child: one whose send queue stayed above the
+  // bounds that), and a slow child: one whose send queue stayed above the
   // plan's window (the tree waits for it) for 8 intervals while it took
   // bytes at under a tenth of its link's bandwidth (PlanNode::link_bps;
   // 0: never slow). Call at least every interval / 2.
@@ -252,6 +252,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // Its sub-plan from the current tree (placements included).
   void RefreshSub(Child& c);
   void NotePeak();
+  // Fails adoptions not accepted within the connect timeout.
+  void ExpireAdoptions(Clock::time_point now);
   // The entry standing for plan node `index` (not superseded; not a rejoin
   // attempt), if any.
   std::optional<size_t> EntryOf(size_t index) const;
