@@ -99,4 +99,26 @@ expect_err "missing.yaml"
 cp "$T/bad.yaml" "$T/bad-before.yaml"
 expect 2 "$DCR" topo set "$T/bad.yaml" root.port=17000
 cmp -s "$T/bad.yaml" "$T/bad-before.yaml" || fail "an invalid file was rewritten"
+# dcr plan: the projection SCALE.md shows, text and JSON, and bad inputs.
+expect 0 "$DCR" plan --help
+grep -q "commit column" "$T/out" || fail "plan --help does not explain the commit column"
+expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
+  --change-rate 3% --wan 3.048Gbps --lan 100Gbps
+grep -q "commit" "$T/out" || fail "plan prints no commit column"
+grep -q "delta refit predicted" "$T/out" || fail "plan prints no speedup"
+expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
+  --change-rate 3% --wan 3.048Gbps --lan 100Gbps -o json
+json 'd["receivers"] == 8 and d["speedup"] > 10 and d["delta"]["baseline_s"] > 0 and d["delta"]["commit_s"] >= d["delta"]["baseline_s"] and abs(d["delta"]["total_s"] - sum(d["delta"][k] for k in ("prepare_s", "control_s", "stream_s", "verify_s", "commit_s"))) < 1e-6 * d["delta"]["total_s"]'
+# A calibration that names its own rates changes the prediction.
+echo '{"baseline_rate": 1.5e9, "note": "half as fast"}' >"$T/cal.json"
+cp "$T/out" "$T/plan-builtin.json"
+expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
+  --change-rate 3% --wan 3.048Gbps --lan 100Gbps -o json --calibration "$T/cal.json"
+python3 -c "import json; a=json.load(open('$T/plan-builtin.json')); b=json.load(open('$T/out')); assert abs(b['delta']['baseline_s'] - 2 * a['delta']['baseline_s']) < 1e-6, (a, b)"
+expect 2 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T --change-rate 150%
+expect_err "--change-rate '150%'"
+echo '{"baseline_rte": 1e9}' >"$T/badcal.json"
+expect 2 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
+  --change-rate 3% --calibration "$T/badcal.json"
+expect_err "unknown field 'baseline_rte'"
 echo "topo CLI: ok"
