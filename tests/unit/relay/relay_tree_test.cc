@@ -650,6 +650,11 @@ TEST_F(RelayTreeTest, ShmStoreIsSeededAndRefitLikeAFileStore) {
   EXPECT_EQ(DigestOf("/dev/shm" + name), DigestOf(Ckpt(1)));
   relays_.clear();
   EXPECT_TRUE(RemoveStore(spec).ok());
+  // The relay's epoch file is its own, beside the store's record: not the
+  // store's to remove.
+  std::error_code ec;
+  EXPECT_TRUE(std::filesystem::remove("/dev/shm" + name + ".dcr-epoch", ec))
+      << ec.message();
 }
 
 TEST_F(RelayTreeTest, OlderCoordinatorEpochIsFencedAcrossRelayRestarts) {
