@@ -170,17 +170,22 @@ clusters:
     network_->Resume("root", "a0");
     return r;
   }
-  RefitReport Refit(int target, RefitMode mode = RefitMode::kDelta,
-                    uint32_t min_commit = 0,
-                    const std::function<void(RefitOptions&)>& tweak = {}) {
+  // A refit to Ckpt(target) through this tree over the fake network.
+  RefitOptions OptionsFor(int target, uint32_t min_commit = 0) {
     RefitOptions o;
     o.topology = MakeTopology(min_commit);
     o.target = Ckpt(target);
+    o.transport = "fake";
+    o.transport_options.fake_network = network_;
+    return o;
+  }
+  RefitReport Refit(int target, RefitMode mode = RefitMode::kDelta,
+                    uint32_t min_commit = 0,
+                    const std::function<void(RefitOptions&)>& tweak = {}) {
+    RefitOptions o = OptionsFor(target, min_commit);
     o.mode = mode;
     o.phase_timeout = 10s;
     o.threads = 2;
-    o.transport = "fake";
-    o.transport_options.fake_network = network_;
     if (tweak) tweak(o);
     auto report = RunRefit(o);
     EXPECT_TRUE(report.ok()) << report.status().ToString();
@@ -316,12 +321,7 @@ TEST_F(RelayTreeTest, ATargetChangedAfterTheVoteLeavesTheBaselineUncommitted) {
         << e.path();
   }
   // The baseline is left marked in progress: the next refit refuses.
-  RefitOptions o;
-  o.topology = MakeTopology();
-  o.target = Ckpt(1);
-  o.transport = "fake";
-  o.transport_options.fake_network = network_;
-  auto next = RunRefit(o);
+  auto next = RunRefit(OptionsFor(1));
   ASSERT_FALSE(next.ok());
   EXPECT_THAT(next.status().ToString(),
               ::testing::HasSubstr("holds an unfinished update"));
@@ -706,12 +706,8 @@ TEST_F(RelayTreeTest, FullRefitOfANamedNodeSeedsItAtTheCurrentVersion) {
   auto only_a1 = [](RefitOptions& o) { o.only_nodes = {"a1"}; };
   // The target must be the tree's current version.
   {
-    RefitOptions o;
-    o.topology = MakeTopology();
-    o.target = Ckpt(2);
+    RefitOptions o = OptionsFor(2);
     o.mode = RefitMode::kFull;
-    o.transport = "fake";
-    o.transport_options.fake_network = network_;
     only_a1(o);
     auto bad = RunRefit(o);
     ASSERT_FALSE(bad.ok());
@@ -763,12 +759,7 @@ TEST_F(RelayTreeTest, ResumeCommitsWhatTheStoppedCoordinatorDecided) {
   }
   // A new refit is refused until the interrupted one is finished.
   {
-    RefitOptions o;
-    o.topology = MakeTopology();
-    o.target = Ckpt(2);
-    o.transport = "fake";
-    o.transport_options.fake_network = network_;
-    auto refused = RunRefit(o);
+    auto refused = RunRefit(OptionsFor(2));
     ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.status().message().find("dcr refit --resume"),
               std::string::npos);
