@@ -22,9 +22,9 @@
 #include "dcr/codec.h"
 #include "dcr/store.h"
 #include "dcr/thread_pool.h"
-#include "relay/fanout.h"
-#include "relay/mailbox.h"
-#include "relay/refit_manifest.h"
+#include "protocol/fanout.h"
+#include "protocol/mailbox.h"
+#include "protocol/refit_manifest.h"
 #include "wire/signature.h"
 
 namespace dcr {

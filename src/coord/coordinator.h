@@ -50,7 +50,7 @@
 #include "dcr/topology.h"
 #include "dcr/transport.h"
 #include "dcr/version.h"
-#include "relay/messages.h"
+#include "protocol/messages.h"
 
 namespace dcr {
 

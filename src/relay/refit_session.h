@@ -44,7 +44,7 @@
 #include "dcr/store.h"
 #include "dcr/thread_pool.h"
 #include "dcr/version.h"
-#include "relay/messages.h"
+#include "protocol/messages.h"
 #include "relay/undo_log.h"
 
 namespace dcr {

@@ -18,12 +18,12 @@
 #include "common/file.h"
 #include "dcr/codec.h"
 #include "dcr/thread_pool.h"
-#include "relay/fanout.h"
-#include "relay/mailbox.h"
+#include "protocol/fanout.h"
+#include "protocol/mailbox.h"
+#include "protocol/messages.h"
+#include "protocol/refit_manifest.h"
 #include "relay/memory_budget.h"
-#include "relay/messages.h"
 #include "relay/read_gate.h"
-#include "relay/refit_manifest.h"
 #include "relay/refit_session.h"
 
 namespace dcr {

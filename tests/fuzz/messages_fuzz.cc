@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "relay/messages.h"
-#include "relay/refit_manifest.h"
+#include "protocol/messages.h"
+#include "protocol/refit_manifest.h"
 
 namespace {
 

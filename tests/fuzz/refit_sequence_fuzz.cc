@@ -73,7 +73,7 @@
 #include "dcr/digest.h"
 #include "dcr/store.h"
 #include "dcr/wire.h"
-#include "relay/messages.h"
+#include "protocol/messages.h"
 #include "relay/refit_session.h"
 
 namespace dcr {

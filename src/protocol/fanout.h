@@ -15,8 +15,8 @@
 // Thread safety: none. Every method runs on the owner's thread; link events
 // reach the Fanout through the owner's Mailbox (they hold a weak reference,
 // so events of a finished Fanout are dropped).
-#ifndef DCR_RELAY_FANOUT_H_
-#define DCR_RELAY_FANOUT_H_
+#ifndef DCR_PROTOCOL_FANOUT_H_
+#define DCR_PROTOCOL_FANOUT_H_
 
 #include <chrono>
 #include <cstdint>
@@ -29,8 +29,8 @@
 
 #include "dcr/transport.h"
 #include "dcr/wire.h"
-#include "relay/mailbox.h"
-#include "relay/messages.h"
+#include "protocol/mailbox.h"
+#include "protocol/messages.h"
 #include "transport/transport_set.h"
 
 namespace dcr {
@@ -315,4 +315,4 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
 
 }  // namespace dcr
 
-#endif  // DCR_RELAY_FANOUT_H_
+#endif  // DCR_PROTOCOL_FANOUT_H_

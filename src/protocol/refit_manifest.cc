@@ -1,4 +1,4 @@
-#include "relay/refit_manifest.h"
+#include "protocol/refit_manifest.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "relay/mailbox.h"
+#include "protocol/mailbox.h"
 
 namespace dcr {
 

@@ -1,6 +1,6 @@
 // The signed refit manifest: its encoding (bounded, exact) and the check a
 // relay makes at vote time (signature, refit binding, applied chunks).
-#include "relay/refit_manifest.h"
+#include "protocol/refit_manifest.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

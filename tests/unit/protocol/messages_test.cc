@@ -1,4 +1,4 @@
-#include "relay/messages.h"
+#include "protocol/messages.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "relay/fanout.h"
+#include "protocol/fanout.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>

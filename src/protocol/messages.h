@@ -9,8 +9,8 @@
 // bytes: a payload decodes completely or not at all.
 //
 // Thread safety: values and pure functions.
-#ifndef DCR_RELAY_MESSAGES_H_
-#define DCR_RELAY_MESSAGES_H_
+#ifndef DCR_PROTOCOL_MESSAGES_H_
+#define DCR_PROTOCOL_MESSAGES_H_
 
 #include <compare>
 #include <cstdint>
@@ -218,4 +218,4 @@ PlanMsg SubPlan(const PlanMsg& plan, size_t index);
 
 }  // namespace dcr
 
-#endif  // DCR_RELAY_MESSAGES_H_
+#endif  // DCR_PROTOCOL_MESSAGES_H_

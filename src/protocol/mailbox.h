@@ -6,8 +6,8 @@
 //
 // Thread safety: Post and Close may be called from any thread; RunUntil only
 // from the owner thread.
-#ifndef DCR_RELAY_MAILBOX_H_
-#define DCR_RELAY_MAILBOX_H_
+#ifndef DCR_PROTOCOL_MAILBOX_H_
+#define DCR_PROTOCOL_MAILBOX_H_
 
 #include <chrono>
 #include <condition_variable>
@@ -45,4 +45,4 @@ class Mailbox {
 
 }  // namespace dcr
 
-#endif  // DCR_RELAY_MAILBOX_H_
+#endif  // DCR_PROTOCOL_MAILBOX_H_

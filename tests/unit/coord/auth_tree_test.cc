@@ -18,7 +18,7 @@
 #include "dcr/checkpoint.h"
 #include "dcr/store.h"
 #include "dcr/topology.h"
-#include "relay/messages.h"
+#include "protocol/messages.h"
 #include "relay/relay.h"
 #include "testing/temp_dir.h"
 #include "transport/fake_transport.h"

@@ -24,8 +24,8 @@
 // followed by the encoded manifest, exactly the bytes END carries.
 //
 // Thread safety: values and pure functions.
-#ifndef DCR_RELAY_REFIT_MANIFEST_H_
-#define DCR_RELAY_REFIT_MANIFEST_H_
+#ifndef DCR_PROTOCOL_REFIT_MANIFEST_H_
+#define DCR_PROTOCOL_REFIT_MANIFEST_H_
 
 #include <cstdint>
 #include <span>
@@ -35,7 +35,7 @@
 #include "dcr/codec.h"
 #include "dcr/status.h"
 #include "dcr/version.h"
-#include "relay/messages.h"
+#include "protocol/messages.h"
 #include "wire/signature.h"
 
 namespace dcr {
@@ -101,4 +101,4 @@ Status VerifyRefitManifest(const EndMsg& end, const Ed25519PublicKey& key,
 
 }  // namespace dcr
 
-#endif  // DCR_RELAY_REFIT_MANIFEST_H_
+#endif  // DCR_PROTOCOL_REFIT_MANIFEST_H_
