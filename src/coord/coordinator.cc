@@ -22,7 +22,9 @@
 #include "dcr/codec.h"
 #include "dcr/store.h"
 #include "dcr/thread_pool.h"
+#include "protocol/epoch_file.h"
 #include "protocol/fanout.h"
+#include "protocol/frame_sender.h"
 #include "protocol/mailbox.h"
 #include "protocol/refit_manifest.h"
 #include "wire/signature.h"
@@ -58,28 +60,6 @@ std::string NowIso8601() {
 Status WriteText(const std::string& path, const std::string& text) {
   return WriteFileAtomic(
       path, std::as_bytes(std::span<const char>(text.data(), text.size())));
-}
-
-// The coordinator run's epoch: one more than the last one persisted in
-// state_dir, written durably before any frame carries it.
-Result<uint64_t> NextEpoch(const std::string& state_dir) {
-  std::string path = state_dir + "/epoch";
-  uint64_t last = 0;
-  std::error_code ec;
-  bool exists = std::filesystem::exists(path, ec);
-  auto text = exists ? ReadFileToString(path)
-                     : Result<std::string>(Status::NotFound(path));
-  if (text.ok()) {
-    try {
-      last = std::stoull(*text);
-    } catch (...) {
-      return Status::Corruption(path + ": not an epoch number");
-    }
-  } else if (!text.status().IsNotFound()) {
-    return text.status();
-  }
-  DCR_RETURN_IF_ERROR(WriteText(path, std::to_string(last + 1) + "\n"));
-  return last + 1;
 }
 
 // The tree as PLAN nodes (each after its parent, as BuildTree orders them).
@@ -247,7 +227,7 @@ class RefitRun {
   std::unique_ptr<TransportSet> transports_;
   Mailbox mailbox_;
   std::shared_ptr<Fanout> fanout_;
-  uint64_t sequence_ = 1;  // the next frame the root sends (PLAN is 0)
+  std::optional<FrameSender> sender_;  // once the epoch is known
   // Filled by the encoder thread; read after it joined.
   std::vector<std::pair<uint32_t, uint32_t>> ids_;
   // Chunks of repair rounds (overwrites), and what they repair.
@@ -255,7 +235,6 @@ class RefitRun {
   std::vector<uint32_t> repair_tensors_;
   std::string target_path_;  // the target checkpoint (resume: as recorded)
   bool copy_all_ = false;    // the baseline takes every tensor of the target
-  uint64_t chunk_sequence_ = 1;  // the next CHUNK's frame sequence
   // With a signing key: every chunk sent and its SHA-256, for the signed
   // manifest in END.
   std::vector<ManifestEntry> sent_;
@@ -444,7 +423,10 @@ Status RefitRun::Prepare() {
         "stopped); run dcr refit --resume to commit or abort it first",
         state_dir_));
   }
-  DCR_ASSIGN_OR_RETURN(report_.epoch, NextEpoch(state_dir_));
+  DCR_ASSIGN_OR_RETURN(report_.epoch, EpochFile(state_dir_ + "/epoch").Next());
+  // PLAN is frame 0 (the fan-out's); everything after it is numbered from 1.
+  sender_.emplace(options_.transport_options.frames,
+                  FrameContext{report_.epoch, report_.refit}, 1);
   if (options_.mode == RefitMode::kDelta && options_.only_nodes.empty() &&
       baseline_) {
     DeltaHistory history(state_dir_ + "/history", topo.root.keep_deltas);
@@ -490,14 +472,7 @@ void RefitRun::WaitPhase(const std::function<bool()>& done) {
 
 Status RefitRun::SendDown(FrameType type,
                           const std::vector<std::byte>& payload) {
-  FrameHeader h;
-  h.type = type;
-  h.epoch = report_.epoch;
-  h.refit_id = report_.refit;
-  h.sequence = sequence_++;
-  DCR_ASSIGN_OR_RETURN(
-      FrameBuffer frame,
-      EncodeFrame(h, payload, options_.transport_options.frames));
+  DCR_ASSIGN_OR_RETURN(FrameBuffer frame, sender_->Next(type, payload));
   report_.stream_bytes += frame->size();
   fanout_->Forward(frame);
   return Status::OK();
@@ -641,12 +616,9 @@ void RefitRun::Produce(bool repair) {
         return;
       }
       if (out[i].empty()) continue;
-      FrameHeader h;
-      h.type = FrameType::kChunk;
-      h.epoch = report_.epoch;
-      h.refit_id = report_.refit;
-      h.sequence = chunk_sequence_++;  // PLAN is 0; chunks follow in order
-      auto frame = EncodeFrame(h, out[i], options_.transport_options.frames);
+      // Numbered in the order queued: the coordinator thread sends nothing
+      // else while the encoder runs.
+      auto frame = sender_->Next(FrameType::kChunk, out[i]);
       if (!frame.ok()) {
         produce_error_ = frame.status();
         produce_done_ = true;
@@ -682,7 +654,6 @@ void RefitRun::Produce(bool repair) {
 void RefitRun::Stream(bool repair) {
   queue_ = std::make_unique<ChunkQueue>(window_);
   produce_done_ = false;
-  chunk_sequence_ = sequence_;  // the encoder thread numbers the chunks
   std::thread producer([this, repair] { Produce(repair); });
   auto last_progress = Clock::now();
   uint64_t payload = 0, chunks = 0;
@@ -739,7 +710,6 @@ void RefitRun::Stream(bool repair) {
     }
   }
   producer.join();
-  sequence_ = chunk_sequence_;
   if (repair) {
     report_.repair_chunks += chunks;
     report_.repair_bytes += payload;
@@ -1401,7 +1371,10 @@ Result<RefitReport> RefitRun::Resume() {
       if (Status s = baseline_->EndRefit(); !s.ok()) return s;
     }
   }
-  DCR_ASSIGN_OR_RETURN(report_.epoch, NextEpoch(state_dir_));
+  DCR_ASSIGN_OR_RETURN(report_.epoch, EpochFile(state_dir_ + "/epoch").Next());
+  // PLAN is frame 0 (the fan-out's); everything after it is numbered from 1.
+  sender_.emplace(options_.transport_options.frames,
+                  FrameContext{report_.epoch, report_.refit}, 1);
 
   plan_.mode = report_.mode;
   plan_.base = report_.base;
@@ -1692,14 +1665,12 @@ std::vector<NodeStatus> QueryStatus(const Topology& topology,
                                return;
                              }
                              links[i] = *l;
-                             FrameHeader h;
-                             h.type = FrameType::kHello;
-                             auto hello = EncodeFrame(
-                                 h, EncodeHello(HelloMsg{"", kRoleClient, 0}),
-                                 options.frames);
-                             h.type = FrameType::kStatusRequest;
-                             h.sequence = 1;
-                             auto req = EncodeFrame(h, {}, options.frames);
+                             FrameSender sender(options.frames);
+                             auto hello = sender.Next(
+                                 FrameType::kHello,
+                                 EncodeHello(HelloMsg{"", kRoleClient, 0}));
+                             auto req =
+                                 sender.Next(FrameType::kStatusRequest, {});
                              if (hello.ok() && req.ok()) {
                                links[i]->Send(*hello);
                                links[i]->Send(*req);

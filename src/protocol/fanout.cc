@@ -27,29 +27,6 @@ double Secs(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-uint64_t LoadLE(const std::vector<std::byte>& b, size_t offset, size_t n) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; ++i) {
-    v |= static_cast<uint64_t>(b[offset + i]) << (8 * i);
-  }
-  return v;
-}
-
-// The (epoch, sequence) of `b` if it is exactly one whole frame (header,
-// payload, tag); the checksum is the receiver's to check.
-std::optional<FramePosition> WholeFramePosition(
-    const std::vector<std::byte>& b) {
-  if (b.size() < kFrameHeaderSize ||
-      !std::equal(kFrameMagic.begin(), kFrameMagic.end(), b.begin())) {
-    return std::nullopt;
-  }
-  uint64_t flags = LoadLE(b, 6, 2);
-  uint64_t size = kFrameHeaderSize + LoadLE(b, 8, 4) +
-                  ((flags & kFrameFlagAuthTag) != 0 ? kAuthTagSize : 0);
-  if (b.size() != size) return std::nullopt;
-  return FramePosition{LoadLE(b, 16, 8), LoadLE(b, 24, 8)};
-}
-
 }  // namespace
 
 // Delivers one child link's events to the owner's mailbox.
@@ -82,7 +59,10 @@ std::shared_ptr<Fanout> Fanout::Create(Options options, PlanMsg plan) {
 }
 
 Fanout::Fanout(Options options, PlanMsg plan)
-    : options_(std::move(options)), plan_(std::move(plan)) {
+    : options_(std::move(options)),
+      plan_(std::move(plan)),
+      sender_(options_.frames,
+              FrameContext{options_.header.epoch, options_.header.refit_id}) {
   plan_.adopt = false;
   plan_.resend = false;
   planned_children_.assign(plan_.nodes.size(), 0);
@@ -238,11 +218,9 @@ void Fanout::Connect(size_t i) {
 
 Status Fanout::SendTo(Child& c, FrameType type,
                       const std::vector<std::byte>& body) {
-  FrameHeader h = options_.header;
-  h.type = type;
-  h.flags &= kFrameFlagsMessageMask;  // wire bits (the tag) are the encoder's
-  DCR_ASSIGN_OR_RETURN(FrameBuffer frame,
-                       EncodeFrame(h, body, options_.frames));
+  DCR_ASSIGN_OR_RETURN(
+      FrameBuffer frame,
+      sender_.At(type, options_.header.sequence, body, options_.header.flags));
   c.link->Send(std::move(frame));
   return Status::OK();
 }
@@ -526,7 +504,7 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
   std::optional<FramePosition> position;
   chunks_seen_ |= chunk;
   if (chunk) {
-    position = WholeFramePosition(*frame);
+    position = WholeFramePosition(*frame, options_.frames);
     Keep(frame, position, keep);
   } else {
     control_ = frame;

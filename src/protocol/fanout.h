@@ -29,6 +29,7 @@
 
 #include "dcr/transport.h"
 #include "dcr/wire.h"
+#include "protocol/frame_sender.h"
 #include "protocol/mailbox.h"
 #include "protocol/messages.h"
 #include "transport/transport_set.h"
@@ -287,6 +288,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
 
   Options options_;
   PlanMsg plan_;
+  FrameSender sender_;  // HELLO and PLAN at options_.header's position
   // A deque: adoption appends while references to other entries are held.
   std::deque<Child> children_;
   FrameType expected_ = FrameType::kPlanReply;

@@ -18,7 +18,9 @@
 #include "common/file.h"
 #include "dcr/codec.h"
 #include "dcr/thread_pool.h"
+#include "protocol/epoch_file.h"
 #include "protocol/fanout.h"
+#include "protocol/frame_sender.h"
 #include "protocol/mailbox.h"
 #include "protocol/messages.h"
 #include "protocol/refit_manifest.h"
@@ -358,7 +360,7 @@ class Relay::Impl {
   Status PersistEpoch(uint64_t epoch);
 
   RelayOptions options_;
-  std::string epoch_path_;
+  EpochFile epoch_file_{""};
   std::unique_ptr<WeightStore> store_;  // null until a full refit creates it
   // The node's transports: the one it listens on (listener_, of
   // options_.transport) and those its children's links need.
@@ -385,7 +387,8 @@ class Relay::Impl {
   };
   std::optional<Finished> finished_;
   uint64_t max_epoch_ = 0;
-  uint64_t sequence_ = 0;  // frames this relay originates
+  // Frames this relay originates; made once Init fixed the frame options.
+  std::optional<FrameSender> sender_;
   uint64_t last_chunks_applied_ = 0;
 
   // Counters (written by the actor, read by Stats).
@@ -472,6 +475,7 @@ Status Relay::Impl::Init() {
     frames.first_frame_max_payload =
         std::min(frames.max_payload, kFirstFrameMaxPayload);
   }
+  sender_.emplace(frames);
   if (!options_.undo_dir.empty()) {
     // Found out now, not at the first refit: the directory takes an undo log.
     auto probe = UndoLog::Create(options_.undo_dir);
@@ -490,7 +494,10 @@ Status Relay::Impl::Init() {
   } else {
     return store.status();
   }
-  epoch_path_ = EpochPath(options_.store);
+  epoch_file_ = EpochFile(
+      EpochPath(options_.store),
+      "it holds the highest coordinator epoch this relay accepted (delete "
+      "it only if no older coordinator can come back)");
   DCR_RETURN_IF_ERROR(LoadEpoch());
   if (store_ && store_->InProgress()) {
     spdlog::warn(
@@ -548,34 +555,13 @@ Status Relay::Impl::ApplyMemoryLimit() {
 }
 
 Status Relay::Impl::LoadEpoch() {
-  if (epoch_path_.empty()) return Status::OK();
-  std::error_code ec;
-  if (!std::filesystem::exists(epoch_path_, ec)) return Status::OK();
-  DCR_ASSIGN_OR_RETURN(std::string text, ReadFileToString(epoch_path_));
-  uint64_t epoch = 0;
-  auto [end, err] =
-      std::from_chars(text.data(), text.data() + text.size(), epoch);
-  if (err != std::errc() || end == text.data() ||
-      std::string_view(end, text.data() + text.size())
-              .find_first_not_of("\n") != std::string_view::npos) {
-    return Status::Corruption(fmt::format(
-        "{}: not an epoch number; it holds the highest coordinator epoch "
-        "this relay accepted (delete it only if no older coordinator can "
-        "come back)",
-        epoch_path_));
-  }
-  max_epoch_ = epoch;
+  DCR_ASSIGN_OR_RETURN(max_epoch_, epoch_file_.Read());
   return Status::OK();
 }
 
 Status Relay::Impl::PersistEpoch(uint64_t epoch) {
   if (epoch <= max_epoch_) return Status::OK();
-  if (!epoch_path_.empty()) {
-    std::string text = std::to_string(epoch) + "\n";
-    DCR_RETURN_IF_ERROR(WriteFileAtomic(
-        epoch_path_,
-        std::as_bytes(std::span<const char>(text.data(), text.size()))));
-  }
+  DCR_RETURN_IF_ERROR(epoch_file_.Write(epoch));
   max_epoch_ = epoch;
   return Status::OK();
 }
@@ -619,23 +605,15 @@ void Relay::Impl::Stop() {
 }
 
 void Relay::Impl::SendError(Link& link, const std::string& message) {
-  FrameHeader h;
-  h.type = FrameType::kError;
-  h.sequence = sequence_++;
-  auto frame = EncodeFrame(
-      h, std::as_bytes(std::span<const char>(message.data(), message.size())),
-      options_.transport_options.frames);
+  auto frame = sender_->Next(
+      FrameType::kError,
+      std::as_bytes(std::span<const char>(message.data(), message.size())));
   if (frame.ok()) link.Send(*frame);
 }
 
 void Relay::Impl::Reply(Link& link, FrameType type, const FrameHeader& about,
                         const std::vector<std::byte>& payload) {
-  FrameHeader h;
-  h.type = type;
-  h.epoch = about.epoch;
-  h.refit_id = about.refit_id;
-  h.sequence = sequence_++;
-  auto frame = EncodeFrame(h, payload, options_.transport_options.frames);
+  auto frame = sender_->Reply(type, about, payload);
   if (!frame.ok()) {
     spdlog::error("{}: cannot encode {}: {}", options_.name,
                   FrameTypeName(type), frame.status().ToString());
@@ -879,13 +857,14 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
   if (frame.header.epoch <= max_epoch_ && !rejoin) {
     return refuse(
         NodeCode::kRejected,
-        fmt::format("stale coordinator epoch {}: this relay has accepted "
-                    "epoch {} ({}); a newer coordinator ran since, or its "
-                    "state_dir was reset (then write an epoch above {} into "
-                    "state_dir/epoch)",
-                    frame.header.epoch, max_epoch_,
-                    epoch_path_.empty() ? "in memory" : epoch_path_,
-                    max_epoch_));
+        fmt::format(
+            "stale coordinator epoch {}: this relay has accepted "
+            "epoch {} ({}); a newer coordinator ran since, or its "
+            "state_dir was reset (then write an epoch above {} into "
+            "state_dir/epoch)",
+            frame.header.epoch, max_epoch_,
+            epoch_file_.path().empty() ? "in memory" : epoch_file_.path(),
+            max_epoch_));
   }
   // An orphan of a run that a newer coordinator run replaced: that run is
   // over (the coordinator starts a refit only once the last one is
