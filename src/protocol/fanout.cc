@@ -12,12 +12,6 @@
 namespace dcr {
 namespace {
 
-// A silent link is dead after this many heartbeat intervals; a child that
-// alone holds the tree back is dropped after twice as many.
-constexpr int kSilentIntervals = 4;
-constexpr int kSlowIntervals = 8;
-// ... if it took bytes at under 1/kSlowFraction of its link's bandwidth.
-constexpr double kSlowFraction = 10;
 // A failed node is tried again this many times (every half interval): a
 // relay that restarts within a few heartbeats rejoins its refit. The vote
 // phase waits for these tries.
@@ -60,25 +54,16 @@ std::shared_ptr<Fanout> Fanout::Create(Options options, PlanMsg plan) {
 
 Fanout::Fanout(Options options, PlanMsg plan)
     : options_(std::move(options)),
-      plan_(std::move(plan)),
+      tree_(PlanTree::Of(std::move(plan), options_.depth == 0)),
       sender_(options_.frames,
-              FrameContext{options_.header.epoch, options_.header.refit_id}) {
-  plan_.adopt = false;
-  plan_.resend = false;
-  planned_children_.assign(plan_.nodes.size(), 0);
-  for (size_t i = 1; i < plan_.nodes.size(); ++i) {
-    planned_children_[static_cast<size_t>(plan_.nodes[i].parent)] += 1;
-  }
-  // The root's own child count (cluster heads) is no relay's fanout.
-  for (size_t i = options_.depth == 0 ? 1 : 0; i < plan_.nodes.size(); ++i) {
-    plan_fanout_ = std::max(plan_fanout_, planned_children_[i]);
-  }
-  kept_limit_ = options_.resend_buffer_bytes.value_or(
-      plan_.chunk_window_bytes != 0 ? kResendWindows * plan_.chunk_window_bytes
-                                    : kResendDefaultBytes);
-  for (size_t i = 1; i < plan_.nodes.size(); ++i) {
-    if (plan_.nodes[i].parent == 0) AddChild(i, false, false);
-  }
+              FrameContext{options_.header.epoch, options_.header.refit_id}),
+      resend_(options_.resend_buffer_bytes.value_or(
+          tree_.plan.chunk_window_bytes != 0
+              ? kResendWindows * tree_.plan.chunk_window_bytes
+              : kResendDefaultBytes)) {
+  tree_.plan.adopt = false;
+  tree_.plan.resend = false;
+  for (size_t i : tree_.Children(0)) AddChild(i, false, false);
 }
 
 Fanout::~Fanout() {
@@ -91,13 +76,13 @@ size_t Fanout::AddChild(size_t plan_index, bool adoption, bool retried,
                         std::optional<uint32_t> delegated_depth) {
   Child c;
   c.plan_index = plan_index;
-  c.sub = SubPlan(plan_, plan_index);
+  c.sub = SubPlan(tree_.plan, plan_index);
   c.sub.phase_timeout_ms = std::max<uint32_t>(
-      200, static_cast<uint32_t>(plan_.phase_timeout_ms *
+      200, static_cast<uint32_t>(tree_.plan.phase_timeout_ms *
                                  options_.child_timeout_fraction));
   c.sub.adopt = adoption || options_.resume;
   c.sub.resume = options_.resume;
-  c.sub.resend = adoption && kept_limit_ != 0;
+  c.sub.resend = adoption && resend_.enabled();
   c.sub.sender_depth = delegated_depth.value_or(options_.depth);
   c.adoption = adoption;
   c.retried = retried;
@@ -117,62 +102,13 @@ void Fanout::NotePeak() {
 
 void Fanout::RefreshSub(Child& c) {
   if (c.rejoin_of) return;  // alone: its children are ours
-  c.sub.nodes = SubPlan(plan_, c.plan_index).nodes;
+  c.sub.nodes = SubPlan(tree_.plan, c.plan_index).nodes;
 }
 
 std::optional<size_t> Fanout::EntryOf(size_t index) const {
   for (size_t k = children_.size(); k-- > 0;) {
     const Child& c = children_[k];
     if (c.plan_index == index && !c.superseded && !c.rejoin_of) return k;
-  }
-  return std::nullopt;
-}
-
-std::vector<size_t> Fanout::PlanChildren(size_t index) const {
-  std::vector<size_t> out;
-  for (size_t k = index + 1; k < plan_.nodes.size(); ++k) {
-    if (plan_.nodes[k].parent == static_cast<int32_t>(index)) out.push_back(k);
-  }
-  return out;
-}
-
-size_t Fanout::Capacity(size_t index) const {
-  if (index == 0 && options_.depth == 0) return planned_children_[0];
-  return std::max(planned_children_[index], plan_fanout_);
-}
-
-size_t Fanout::MoveUnder(size_t index, size_t host) {
-  // Appended after the host, so every node still follows its parent (what
-  // SubPlan needs); the detached originals are in no subtree.
-  PlanMsg sub = SubPlan(plan_, index);
-  size_t base = plan_.nodes.size();
-  for (size_t k = 0; k < sub.nodes.size(); ++k) {
-    PlanNode n = sub.nodes[k];
-    n.parent = k == 0 ? static_cast<int32_t>(host)
-                      : static_cast<int32_t>(base) + n.parent;
-    plan_.nodes.push_back(std::move(n));
-    planned_children_.push_back(static_cast<size_t>(std::count_if(
-        sub.nodes.begin(), sub.nodes.end(), [&](const PlanNode& m) {
-          return m.parent == static_cast<int32_t>(k);
-        })));
-  }
-  plan_.nodes[index].parent = -1;
-  return base;
-}
-
-std::optional<size_t> Fanout::FindHost(const std::vector<size_t>& roots) const {
-  std::vector<std::vector<size_t>> kids(plan_.nodes.size());
-  for (size_t k = 1; k < plan_.nodes.size(); ++k) {
-    if (plan_.nodes[k].parent >= 0) {
-      kids[static_cast<size_t>(plan_.nodes[k].parent)].push_back(k);
-    }
-  }
-  std::deque<size_t> queue(roots.begin(), roots.end());
-  while (!queue.empty()) {
-    size_t x = queue.front();
-    queue.pop_front();
-    if (kids[x].size() < Capacity(x)) return x;
-    queue.insert(queue.end(), kids[x].begin(), kids[x].end());
   }
   return std::nullopt;
 }
@@ -187,7 +123,7 @@ void Fanout::Connect(size_t i) {
   Child& c = children_[i];
   c.started = Clock::now();
   NotePeak();
-  if (plan_.heartbeat_ms != 0) {
+  if (tree_.plan.heartbeat_ms != 0) {
     next_tick_ = std::min(next_tick_, c.started + heartbeat());
   }
   const PlanNode& n = c.sub.nodes[0];
@@ -302,7 +238,7 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
     // A node still receiving says what it took last: it gets what it
     // missed from the resend buffer first (chunks flow in these phases).
     if (results->received_through && c.takes_chunks && !c.rejoin_of &&
-        kept_limit_ != 0 &&
+        resend_.enabled() &&
         (expected_ == FrameType::kPlanReply || expected_ == FrameType::kVote)) {
       Resend(c, *results->received_through, std::move(sent));
     }
@@ -379,44 +315,34 @@ void Fanout::Fail(size_t i, NodeCode code, std::string why, FailKind kind) {
 void Fanout::AdoptChildrenOf(size_t i) {
   Child& c = children_[i];
   c.split = true;
-  if (plan_.heartbeat_ms != 0) c.rejoin_at = Clock::now() + heartbeat() / 2;
+  if (tree_.plan.heartbeat_ms != 0) {
+    c.rejoin_at = Clock::now() + heartbeat() / 2;
+  }
   const std::string failed = c.sub.nodes[0].name;
-  std::vector<size_t> orphans = PlanChildren(c.plan_index);
   // Within capacity while chunks stream: chunks went out, so the owner's
   // plan phase is over (no PLAN_REPLY is pending that a placed node would
   // be missing from), and END did not (nobody voted).
+  std::vector<size_t> orphans = tree_.Children(c.plan_index);
   bool streaming = chunks_seen_ && expected_ == FrameType::kPlanReply;
-  size_t live = live_children(), cap = Capacity(0);
+  size_t live = live_children(), cap = tree_.Capacity(0);
   size_t free = !streaming ? orphans.size() : cap > live ? cap - live : 0;
-  std::vector<size_t> direct;
-  std::vector<size_t> hosts;
-  for (size_t o : orphans) {
-    if (direct.size() < free) {
-      direct.push_back(o);
-      continue;
+  std::vector<size_t> roots;
+  for (const Child& e : children_) {
+    // Not under a subtree that refused the plan: it takes no chunks.
+    if (!e.failed && !e.superseded && !e.rejoin_of && e.takes_chunks) {
+      roots.push_back(e.plan_index);
     }
-    std::vector<size_t> roots = direct;
-    for (const Child& e : children_) {
-      // Not under a subtree that refused the plan: it takes no chunks.
-      if (!e.failed && !e.superseded && !e.rejoin_of && e.takes_chunks) {
-        roots.push_back(e.plan_index);
-      }
-    }
-    std::optional<size_t> host = FindHost(roots);
-    if (!host) {
-      direct.push_back(o);  // no free slot anywhere: ours
-      continue;
-    }
-    spdlog::info("{}: placing {}, a child of {}, under {} (fanout {})",
-                 options_.hello.node, plan_.nodes[o].name, failed,
-                 plan_.nodes[*host].name, Capacity(*host));
-    MoveUnder(o, *host);
-    ++adoptions_;
-    hosts.push_back(*host);
   }
-  for (size_t o : direct) {
+  OrphanPlacement placement = PlaceOrphans(tree_, orphans, free, roots);
+  for (const auto& [moved, host] : placement.placed) {
+    spdlog::info("{}: placing {}, a child of {}, under {} (fanout {})",
+                 options_.hello.node, tree_.plan.nodes[moved].name, failed,
+                 tree_.plan.nodes[host].name, tree_.Capacity(host));
+    ++adoptions_;
+  }
+  for (size_t o : placement.adopt) {
     spdlog::info("{}: adopting {}, a child of {}", options_.hello.node,
-                 plan_.nodes[o].name, failed);
+                 tree_.plan.nodes[o].name, failed);
     size_t n = AddChild(o, /*adoption=*/true, /*retried=*/false);
     ++adoptions_;
     Connect(n);
@@ -424,12 +350,9 @@ void Fanout::AdoptChildrenOf(size_t i) {
   // A live child whose subtree took an orphan learns it from a PLAN on its
   // link (one just adopted has it in its adoption PLAN).
   std::vector<size_t> told;
-  for (size_t h : hosts) {
-    std::optional<size_t> e;
-    for (size_t x = h; !e && x != 0;
-         x = static_cast<size_t>(plan_.nodes[x].parent)) {
-      e = EntryOf(x);
-    }
+  for (const auto& [moved, host] : placement.placed) {
+    std::optional<size_t> e =
+        tree_.NearestEntry(host, [this](size_t x) { return EntryOf(x); });
     if (!e || std::find(told.begin(), told.end(), *e) != told.end()) continue;
     told.push_back(*e);
     SendAmendment(children_[*e], options_.depth);
@@ -450,46 +373,16 @@ void Fanout::SendAmendment(Child& c, uint32_t depth) {
 }
 
 void Fanout::Amend(const PlanMsg& plan) {
-  // This Fanout's tree: the nodes reachable from nodes[0], by name.
-  std::map<std::string, size_t> index{{plan_.nodes[0].name, 0}};
-  for (size_t k = 1; k < plan_.nodes.size(); ++k) {
-    int32_t p = plan_.nodes[k].parent;
-    if (p >= 0 && index.contains(plan_.nodes[static_cast<size_t>(p)].name) &&
-        index[plan_.nodes[static_cast<size_t>(p)].name] ==
-            static_cast<size_t>(p)) {
-      index[plan_.nodes[k].name] = k;
-    }
-  }
-  std::vector<size_t> tops;  // the first node of each new subtree
-  size_t first_new = plan_.nodes.size();
-  for (size_t i = 1; i < plan.nodes.size(); ++i) {
-    const PlanNode& n = plan.nodes[i];
-    if (index.contains(n.name)) continue;
-    auto parent = index.find(plan.nodes[static_cast<size_t>(n.parent)].name);
-    if (parent == index.end()) continue;  // parents come first: not reached
-    PlanNode copy = n;
-    copy.parent = static_cast<int32_t>(parent->second);
-    plan_.nodes.push_back(std::move(copy));
-    planned_children_.push_back(static_cast<size_t>(std::count_if(
-        plan.nodes.begin(), plan.nodes.end(), [&](const PlanNode& m) {
-          return m.parent == static_cast<int32_t>(i);
-        })));
-    index[n.name] = plan_.nodes.size() - 1;
-    if (parent->second < first_new) tops.push_back(plan_.nodes.size() - 1);
-  }
   std::vector<size_t> told;
-  for (size_t t : tops) {
-    size_t host = static_cast<size_t>(plan_.nodes[t].parent);
-    std::optional<size_t> e;
-    for (size_t x = host; !e && x != 0;
-         x = static_cast<size_t>(plan_.nodes[x].parent)) {
-      e = EntryOf(x);
-    }
+  for (size_t t : MergePlan(tree_, plan)) {
+    size_t host = static_cast<size_t>(tree_.plan.nodes[t].parent);
+    std::optional<size_t> e =
+        tree_.NearestEntry(host, [this](size_t x) { return EntryOf(x); });
     const Child* c = e ? &children_[*e] : nullptr;
     if (host == 0 || !c || !c->takes_chunks ||
         (c->failed && c->split && c->plan_index == host)) {
       spdlog::info("{}: adopting {}, placed here by an ancestor",
-                   options_.hello.node, plan_.nodes[t].name);
+                   options_.hello.node, tree_.plan.nodes[t].name);
       size_t k =
           AddChild(t, /*adoption=*/true, /*retried=*/false, plan.sender_depth);
       Connect(k);
@@ -505,7 +398,7 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
   chunks_seen_ |= chunk;
   if (chunk) {
     position = WholeFramePosition(*frame, options_.frames);
-    Keep(frame, position, keep);
+    resend_.Keep(frame, position, keep);
   } else {
     control_ = frame;
   }
@@ -522,82 +415,25 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
   return n;
 }
 
-void Fanout::Keep(const FrameBuffer& frame,
-                  std::optional<FramePosition> position, bool keep) {
-  if (kept_limit_ == 0) return;
-  if (!position) {  // not whole: say it is the one after the last seen
-    position = last_seen_.value_or(FramePosition{});
-    position->sequence += 1;
-    keep = false;
-  }
-  last_seen_ = position;
-  if (!keep) {
-    lost_through_ = std::max(lost_through_.value_or(*position), *position);
-    return;
-  }
-  kept_.push_back(Kept{frame, *position});
-  kept_bytes_ += frame->size();
-  while (kept_bytes_ > kept_limit_ && !kept_.empty()) {
-    const Kept& old = kept_.front();
-    lost_through_ =
-        std::max(lost_through_.value_or(old.position), old.position);
-    kept_bytes_ -= old.frame->size();
-    kept_.pop_front();
-  }
-}
-
 void Fanout::Resend(Child& c, const FramePosition& after,
                     std::vector<FramePosition> sent) {
   const std::string& name = c.sub.nodes[0].name;
-  uint64_t chunks = 0, bytes = 0;
-  std::sort(sent.begin(), sent.end());
-  for (const Kept& k : kept_) {
-    // What it took before, and what went on its link since it connected.
-    if (k.position <= after) continue;
-    if (std::binary_search(sent.begin(), sent.end(), k.position)) continue;
-    c.link->Send(k.frame);
-    ++chunks;
-    bytes += k.frame->size();
-  }
-  resent_chunks_ += chunks;
-  resent_bytes_ += bytes;
-  if (chunks != 0) {
+  ResendBuffer::Resend r = resend_.For(after, std::move(sent));
+  for (const FrameBuffer& f : r.frames) c.link->Send(f);
+  resent_chunks_ += r.frames.size();
+  resent_bytes_ += r.bytes;
+  if (!r.frames.empty()) {
     spdlog::info("{}: resent {} chunks ({} bytes) to {} after sequence {}",
-                 options_.hello.node, chunks, bytes, name, after.sequence);
+                 options_.hello.node, r.frames.size(), r.bytes, name,
+                 after.sequence);
   }
-  if (lost_through_ && *lost_through_ > after) {
+  if (r.miss) {
     ++resend_misses_;
     spdlog::warn(
         "{}: {} may miss chunks the resend buffer no longer holds (through "
         "sequence {}; it took up to {}): the root's repair round resends them",
-        options_.hello.node, name, lost_through_->sequence, after.sequence);
+        options_.hello.node, name, r.lost_through->sequence, after.sequence);
   }
-}
-
-size_t Fanout::MaxQueuedBytes() const {
-  size_t most = 0;
-  for (const Child& c : children_) {
-    if (!c.failed && c.link) most = std::max(most, c.link->QueuedBytes());
-  }
-  return most;
-}
-
-std::vector<std::pair<std::string, size_t>> Fanout::QueueDepths() const {
-  std::vector<std::pair<std::string, size_t>> out;
-  for (const Child& c : children_) {
-    if (c.superseded) continue;
-    out.emplace_back(c.sub.nodes[0].name,
-                     !c.failed && c.link ? c.link->QueuedBytes() : 0);
-  }
-  return out;
-}
-
-uint64_t Fanout::BytesSent() const {
-  uint64_t total = bytes_sent_closed_;
-  for (const Child& c : children_) {
-    if (c.link) total += c.link->stats().bytes_sent;
-  }
-  return total;
 }
 
 void Fanout::Expect(FrameType reply, Clock::time_point deadline) {
@@ -611,7 +447,8 @@ void Fanout::Expect(FrameType reply, Clock::time_point deadline) {
 void Fanout::Stream() { deadline_ = Clock::time_point::max(); }
 
 bool Fanout::Complete() const {
-  bool rejoining = plan_.heartbeat_ms != 0 && expected_ == FrameType::kVote;
+  bool rejoining =
+      tree_.plan.heartbeat_ms != 0 && expected_ == FrameType::kVote;
   return std::all_of(children_.begin(), children_.end(), [&](const Child& c) {
     if (rejoining && c.failed && c.split && !c.superseded &&
         c.rejoin_tries < kRejoinTries) {
@@ -648,11 +485,11 @@ void Fanout::ExpireAdoptions(Clock::time_point now) {
 }
 
 void Fanout::Tick(Clock::time_point now) {
-  if (plan_.heartbeat_ms == 0 || closing_) return;
+  if (tree_.plan.heartbeat_ms == 0 || closing_) return;
   if (now < next_tick_) return;
   auto interval = heartbeat();
   next_tick_ = now + interval / 2;
-  const uint64_t window = plan_.chunk_window_bytes;
+  const uint64_t window = tree_.plan.chunk_window_bytes;
   // A node whose children were adopted may come back (a restart): try
   // it again, alone, every half interval, kRejoinTries times, until the
   // decision.
@@ -688,37 +525,18 @@ void Fanout::Tick(Clock::time_point now) {
     bool owes_slow_reply = !c.reply && (expected_ == FrameType::kPlanReply ||
                                         expected_ == FrameType::kCommitReply ||
                                         expected_ == FrameType::kAbortReply);
-    if (now - c.last_rx > kSilentIntervals * interval && !owes_slow_reply) {
-      Fail(i, NodeCode::kTimeout,
-           fmt::format("silent for {:.1f} s (heartbeat every {} ms)",
-                       Secs(now - c.last_rx), plan_.heartbeat_ms),
+    LivenessVerdict v = CheckLiveness(
+        c.liveness, LivenessPolicy{interval, window},
+        LinkObservation{now, c.last_rx, owes_slow_reply, c.link->QueuedBytes(),
+                        c.link->stats().bytes_sent, c.sub.nodes[0].link_bps});
+    if (v.kind == LivenessVerdict::Kind::kSilent) {
+      Fail(i, NodeCode::kTimeout, std::move(v.why),
            c.adoption && !c.accepted ? FailKind::kAdoption : FailKind::kLink);
       continue;
     }
-    // Slow: it held its queue above the window (so the tree waited for
-    // it) for 8 intervals, taking bytes at under a tenth of its link's
-    // bandwidth in the topology (unknown bandwidth: never slow).
-    size_t queued = c.link->QueuedBytes();
-    uint64_t sent = c.link->stats().bytes_sent;
-    uint64_t link_bps = c.sub.nodes[0].link_bps;
-    if (queued > window && link_bps != 0) {
-      if (!c.blocked_since) {
-        c.blocked_since = now;
-        c.blocked_sent = sent;
-      }
-      double held = Secs(now - *c.blocked_since);
-      double bps = 8.0 * static_cast<double>(sent - c.blocked_sent) / held;
-      if (now - *c.blocked_since > kSlowIntervals * interval &&
-          bps < static_cast<double>(link_bps) / kSlowFraction) {
-        Fail(i, NodeCode::kTimeout,
-             fmt::format("too slow: it held the tree back for {:.1f} s, "
-                         "taking {:.3g} Mbit/s on a {:.3g} Mbit/s link",
-                         held, bps / 1e6, static_cast<double>(link_bps) / 1e6),
-             FailKind::kSlow);
-        continue;
-      }
-    } else if (queued <= window / 2) {
-      c.blocked_since.reset();
+    if (v.kind == LivenessVerdict::Kind::kSlow) {
+      Fail(i, NodeCode::kTimeout, std::move(v.why), FailKind::kSlow);
+      continue;
     }
     if (now - c.last_heartbeat >= interval) {
       c.last_heartbeat = now;
@@ -728,53 +546,6 @@ void Fanout::Tick(Clock::time_point now) {
       }
     }
   }
-}
-
-std::vector<NodeResult> Fanout::Results() const {
-  std::vector<NodeResult> out;
-  for (const Child& c : children_) {
-    if (c.superseded) continue;
-    if (c.reply) {  // it answered this phase, even if its link went after
-      out.insert(out.end(), c.reply->nodes.begin(), c.reply->nodes.end());
-      // A node placed in its subtree after it answered: no answer yet.
-      if (c.reply->nodes.size() < c.sub.nodes.size()) {
-        std::set<std::string_view> named;
-        for (const NodeResult& r : c.reply->nodes) named.insert(r.node);
-        for (const PlanNode& n : c.sub.nodes) {
-          if (named.contains(n.name)) continue;
-          NodeResult r;
-          r.node = n.name;
-          r.code = NodeCode::kTimeout;
-          r.detail = "placed under " + c.sub.nodes[0].name +
-                     " after it answered; no answer yet";
-          out.push_back(std::move(r));
-        }
-      }
-      continue;
-    }
-    const std::string& head = c.sub.nodes[0].name;
-    // A split node's children were adopted and report for themselves.
-    size_t count = c.split ? 1 : c.sub.nodes.size();
-    for (size_t k = 0; k < count; ++k) {
-      NodeResult r;
-      r.node = c.sub.nodes[k].name;
-      r.code = c.failed ? c.failure : NodeCode::kTimeout;
-      r.detail =
-          k == 0 ? (c.failed ? c.why : "no answer yet")
-                 : fmt::format("behind {}, which is out of the refit", head);
-      if (k == 0 && c.split && c.failed) {
-        r.detail += "; its children were adopted";
-      }
-      out.push_back(std::move(r));
-    }
-  }
-  return out;
-}
-
-size_t Fanout::live_children() const {
-  return static_cast<size_t>(
-      std::count_if(children_.begin(), children_.end(),
-                    [](const Child& c) { return !c.failed; }));
 }
 
 void Fanout::CutLinks() {

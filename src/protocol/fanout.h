@@ -30,8 +30,11 @@
 #include "dcr/transport.h"
 #include "dcr/wire.h"
 #include "protocol/frame_sender.h"
+#include "protocol/liveness.h"
 #include "protocol/mailbox.h"
 #include "protocol/messages.h"
+#include "protocol/plan_tree.h"
+#include "protocol/resend_buffer.h"
 #include "transport/transport_set.h"
 
 namespace dcr {
@@ -224,14 +227,13 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     Clock::time_point started;  // connect began
     Clock::time_point last_rx;  // last frame from it
     Clock::time_point last_heartbeat;  // last HEARTBEAT to it
-    std::optional<Clock::time_point> blocked_since;
+    LivenessState liveness;            // protocol/liveness.h
     // A split node is tried again now and then (it may restart and rejoin
     // its refit): when, how often so far, and for a rejoin entry, which
     // entry it would replace.
     Clock::time_point rejoin_at = Clock::time_point::max();
     int rejoin_tries = 0;
     std::optional<size_t> rejoin_of;
-    uint64_t blocked_sent = 0;  // bytes sent to it when it got blocked
     // The CHUNKs forwarded on its link before it accepted its plan, in
     // sending order: the resend at acceptance skips them. (Not a single
     // "first chunk" bound: a node that was adopted itself takes its own
@@ -239,11 +241,6 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     std::vector<FramePosition> sent_unaccepted;
     // Adopting on behalf of an ancestor (Amend): the depth it sends.
     std::optional<uint32_t> delegated_depth;
-  };
-  // A CHUNK frame in the resend buffer.
-  struct Kept {
-    FrameBuffer frame;
-    FramePosition position;
   };
   class ChildHandler;
 
@@ -258,16 +255,6 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // The entry standing for plan node `index` (not superseded; not a rejoin
   // attempt), if any.
   std::optional<size_t> EntryOf(size_t index) const;
-  std::vector<size_t> PlanChildren(size_t index) const;
-  size_t Capacity(size_t index) const;
-  // Moves plan node `index` and its subtree under `host` (copies appended
-  // to plan_, the originals detached); returns the moved node's index.
-  size_t MoveUnder(size_t index, size_t host);
-  // The first node with a free slot, breadth-first from `roots`.
-  std::optional<size_t> FindHost(const std::vector<size_t>& roots) const;
-  // Into the resend buffer, or counted as lost (`keep` false, not whole).
-  void Keep(const FrameBuffer& frame, std::optional<FramePosition> position,
-            bool keep);
   // A PLAN on its live link naming its current subtree (placements).
   void SendAmendment(Child& c, uint32_t depth);
   // Sends `c` what the resend buffer holds after `after`, except the
@@ -283,11 +270,11 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   void AdoptChildrenOf(size_t child);
   Status SendTo(Child& c, FrameType type, const std::vector<std::byte>& body);
   std::chrono::milliseconds heartbeat() const {
-    return std::chrono::milliseconds(plan_.heartbeat_ms);
+    return std::chrono::milliseconds(tree_.plan.heartbeat_ms);
   }
 
   Options options_;
-  PlanMsg plan_;
+  PlanTree tree_;  // the plan, re-parenting included (protocol/plan_tree.h)
   FrameSender sender_;  // HELLO and PLAN at options_.header's position
   // A deque: adoption appends while references to other entries are held.
   std::deque<Child> children_;
@@ -300,16 +287,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   size_t peak_children_ = 0;
   bool closing_ = false;      // Close() ran: closed links are normal
   bool chunks_seen_ = false;  // Forward had a CHUNK
-  // Per plan_ node: its child count in the plan as received (capacity).
-  std::vector<size_t> planned_children_;
-  size_t plan_fanout_ = 1;  // the largest planned child count, at least 1
-  // The resend buffer, oldest first; the newest position it lacks
-  // (evicted, or not kept), and the last one it saw.
-  std::deque<Kept> kept_;
-  uint64_t kept_bytes_ = 0;
-  uint64_t kept_limit_ = 0;
-  std::optional<FramePosition> lost_through_;
-  std::optional<FramePosition> last_seen_;
+  ResendBuffer resend_;
   uint64_t resent_chunks_ = 0;
   uint64_t resent_bytes_ = 0;
   uint64_t resend_misses_ = 0;
