@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/bytes.h"
+#include "common/cleanup.h"
 #include "common/file.h"
 #include "dcr/checkpoint.h"
 #include "format/safetensors_header.h"
@@ -113,21 +114,6 @@ Result<std::string> BuildHeader(
   }
 }
 
-// Removes a temporary file unless Release() was called.
-class TempFile {
- public:
-  explicit TempFile(std::string path) : path_(std::move(path)) {}
-  ~TempFile() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  void Release() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
 Status WriteAll(int fd, std::span<const std::byte> data,
                 const std::string& path) {
   while (!data.empty()) {
@@ -163,7 +149,7 @@ Status WriteSorted(const std::string& path,
   if (!fd.valid()) {
     return Status::FromErrno("cannot create '" + tmp + "'", errno);
   }
-  TempFile guard(tmp);
+  Cleanup guard([&tmp] { ::unlink(tmp.c_str()); });
   DCR_RETURN_IF_ERROR(
       WriteAll(fd.get(), std::as_bytes(std::span<const char>(prefix)), tmp));
   for (const TensorToWrite* t : sorted) {
@@ -179,7 +165,7 @@ Status WriteSorted(const std::string& path,
     return Status::FromErrno("cannot rename '" + tmp + "' to '" + path + "'",
                              errno);
   }
-  guard.Release();
+  guard.Cancel();
   std::string dir = fs::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/bytes.h"
+#include "common/cleanup.h"
 #include "common/file.h"
 #include "dcr/store.h"
 #include "format/safetensors_header.h"
@@ -49,21 +50,6 @@ class SharedMapping {
  private:
   std::byte* data_ = nullptr;
   size_t size_ = 0;
-};
-
-// Unlinks a shm object being created unless Release() was called.
-class UnlinkGuard {
- public:
-  explicit UnlinkGuard(std::string name) : name_(std::move(name)) {}
-  ~UnlinkGuard() {
-    if (!name_.empty()) ::shm_unlink(name_.c_str());
-  }
-  UnlinkGuard(const UnlinkGuard&) = delete;
-  UnlinkGuard& operator=(const UnlinkGuard&) = delete;
-  void Release() { name_.clear(); }
-
- private:
-  std::string name_;
 };
 
 class ShmStore final : public WeightStore {
@@ -280,7 +266,7 @@ Result<std::unique_ptr<WeightStore>> CreateShmStore(
     }
     return Status::FromErrno("cannot create store '" + describe + "'", errno);
   }
-  UnlinkGuard guard(name);
+  Cleanup guard([&name] { ::shm_unlink(name.c_str()); });
   DCR_RETURN_IF_ERROR(LockExclusive(fd.get(), "store '" + describe + "'"));
   // Reserve the memory now: a full tmpfs then fails here with ENOSPC
   // instead of raising SIGBUS on some later write through the mapping.
@@ -297,7 +283,7 @@ Result<std::unique_ptr<WeightStore>> CreateShmStore(
   DCR_ASSIGN_OR_RETURN(
       std::unique_ptr<WeightStore> store,
       FinishOpen(name, record_path, std::move(fd), std::move(map), &manifest));
-  guard.Release();
+  guard.Cancel();
   return store;
 }
 

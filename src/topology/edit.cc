@@ -11,23 +11,11 @@ namespace {
 
 using topology_internal::ClosestKey;
 using topology_internal::JoinKeys;
+using topology_internal::kDefaultsKeys;
+using topology_internal::kRootKeys;
 
 using Keys = std::span<const std::string_view>;
 
-constexpr std::string_view kDefaultsKeys[] = {
-    "transport",    "span_elems",
-    "fanout",       "window_bytes",
-    "min_commit",   "auth_key_file",
-    "tls_ca_file",  "tls_cert_file",
-    "tls_key_file", "signing_public_key_file"};
-constexpr std::string_view kRootKeys[] = {"name",
-                                          "host",
-                                          "port",
-                                          "cluster",
-                                          "state_dir",
-                                          "baseline",
-                                          "signing_key_file",
-                                          "keep_deltas"};
 constexpr std::string_view kClusterKeys[] = {"name", "region", "fanout",
                                              "bandwidth", "transport"};
 constexpr std::string_view kNodeKeys[] = {

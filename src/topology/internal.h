@@ -47,6 +47,23 @@ std::string JoinKeys(std::span<const std::string_view> known);
 // Escapes "$" so that ExpandEnv returns `s` unchanged.
 std::string EscapeEnv(std::string_view s);
 
+// The keys of the `defaults` and `root` mappings (topology/README.md), for
+// the parser's and the editor's unknown-field errors.
+inline constexpr std::string_view kDefaultsKeys[] = {
+    "transport",    "span_elems",
+    "fanout",       "window_bytes",
+    "min_commit",   "auth_key_file",
+    "tls_ca_file",  "tls_cert_file",
+    "tls_key_file", "signing_public_key_file"};
+inline constexpr std::string_view kRootKeys[] = {"name",
+                                                 "host",
+                                                 "port",
+                                                 "cluster",
+                                                 "state_dir",
+                                                 "baseline",
+                                                 "signing_key_file",
+                                                 "keep_deltas"};
+
 }  // namespace dcr::topology_internal
 
 #endif  // DCR_TOPOLOGY_INTERNAL_H_

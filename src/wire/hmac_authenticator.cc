@@ -18,8 +18,12 @@
 #include <string>
 
 #include "common/file.h"
+#include "wire/openssl_util.h"
 
 namespace dcr {
+
+using wire_internal::ModeText;
+using wire_internal::OpenSslError;
 namespace {
 
 struct MacDeleter {
@@ -31,28 +35,12 @@ struct MacCtxDeleter {
 using MacPtr = std::unique_ptr<EVP_MAC, MacDeleter>;
 using MacCtxPtr = std::unique_ptr<EVP_MAC_CTX, MacCtxDeleter>;
 
-// The oldest queued OpenSSL error of this thread, and clears the queue.
-std::string OpenSslError() {
-  unsigned long e = ERR_get_error();
-  ERR_clear_error();
-  if (e == 0) return "unknown OpenSSL error";
-  char buf[256];
-  ERR_error_string_n(e, buf, sizeof(buf));
-  return buf;
-}
-
 // A read buffer that is wiped when it goes: it holds key bytes.
 struct KeyBuffer {
   std::array<std::byte, kMaxFrameKeyBytes + 1> bytes;
   size_t size = 0;
   ~KeyBuffer() { OPENSSL_cleanse(bytes.data(), bytes.size()); }
 };
-
-std::string ModeText(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof(buf), "%04o", static_cast<unsigned>(mode & 07777));
-  return buf;
-}
 
 }  // namespace
 

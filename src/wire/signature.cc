@@ -17,8 +17,12 @@
 #include <vector>
 
 #include "common/file.h"
+#include "wire/openssl_util.h"
 
 namespace dcr {
+
+using wire_internal::ModeText;
+using wire_internal::OpenSslError;
 
 struct PkeyHandle {
   struct Deleter {
@@ -41,22 +45,6 @@ struct PkeyCtxDeleter {
 using BioPtr = std::unique_ptr<BIO, BioDeleter>;
 using MdCtxPtr = std::unique_ptr<EVP_MD_CTX, MdCtxDeleter>;
 using PkeyCtxPtr = std::unique_ptr<EVP_PKEY_CTX, PkeyCtxDeleter>;
-
-// The oldest queued OpenSSL error of this thread, and clears the queue.
-std::string OpenSslError() {
-  unsigned long e = ERR_get_error();
-  ERR_clear_error();
-  if (e == 0) return "unknown OpenSSL error";
-  char buf[256];
-  ERR_error_string_n(e, buf, sizeof(buf));
-  return buf;
-}
-
-std::string ModeText(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof(buf), "%04o", static_cast<unsigned>(mode & 07777));
-  return buf;
-}
 
 // A read buffer wiped when it goes: it may hold a private key.
 struct WipedText {
