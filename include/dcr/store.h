@@ -66,7 +66,6 @@
 #include <cstddef>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -270,23 +269,16 @@ class WeightStore {
   Status RecoverUnsynced(const std::string& boot_id);
 
  private:
-  Status Persist(const VersionRecord& record);
-  // Commit and EndRefit: sync now or mark the record and queue a
-  // write-back. Called with persist_mu_ held; `next` is the record to write.
-  Status SyncThenPersist(VersionRecord next, const char* what);
+  // The record, the locks that serialize its updates and the functions
+  // that write it; defined in store.cc, so this public header holds no
+  // lock type.
+  struct Records;
+
   void SyncLoop();
 
   const std::string describe_;
   const std::string record_path_;
-  // Serializes Commit, BeginRefit, EndRefit and the write-back's record
-  // update (held across I/O).
-  std::mutex persist_mu_;
-  // Guards record_ and generation_ (never held across I/O).
-  mutable std::mutex mu_;
-  VersionRecord record_;
-  // Counts record writes; a write-back clears the mark only if no record
-  // was written since it started.
-  uint64_t generation_ = 0;
+  const std::unique_ptr<Records> records_;
 
   // Background write-back (kBackground on a store that syncs data).
   struct Syncer;

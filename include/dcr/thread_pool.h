@@ -7,14 +7,9 @@
 #ifndef DCR_THREAD_POOL_H_
 #define DCR_THREAD_POOL_H_
 
-#include <condition_variable>
 #include <cstddef>
-#include <cstdint>
-#include <exception>
 #include <functional>
-#include <mutex>
-#include <thread>
-#include <vector>
+#include <memory>
 
 namespace dcr {
 
@@ -38,22 +33,12 @@ class ThreadPool {
   void ParallelFor(size_t n, const std::function<void(size_t, size_t)>& body);
 
  private:
-  void WorkerLoop(size_t worker);
-  void RunItems(size_t worker);
+  // The workers and the state they share with ParallelFor, behind a pointer
+  // so this public header holds no lock type (see src/common/mutex.h).
+  class Workers;
 
   size_t size_;
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  // Guarded by mu_.
-  const std::function<void(size_t, size_t)>* body_ = nullptr;
-  size_t n_ = 0;
-  size_t next_ = 0;
-  size_t running_ = 0;
-  uint64_t generation_ = 0;
-  std::exception_ptr error_;
-  bool stop_ = false;
+  std::unique_ptr<Workers> workers_;
 };
 
 }  // namespace dcr

@@ -5,10 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <optional>
 
 #include "common/bytes.h"
+#include "common/mutex.h"
 #include "dcr/delta.h"
 #include "dcr/thread_pool.h"
 
@@ -50,19 +50,19 @@ class FirstError {
  public:
   void Set(Status s) {
     if (s.ok()) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (status_.ok()) status_ = std::move(s);
     failed_.store(true, std::memory_order_relaxed);
   }
   bool failed() const { return failed_.load(std::memory_order_relaxed); }
   Status Take() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return std::move(status_);
   }
 
  private:
-  std::mutex mu_;
-  Status status_;
+  Mutex mu_;
+  Status status_ DCR_GUARDED_BY(mu_);
   std::atomic<bool> failed_{false};
 };
 

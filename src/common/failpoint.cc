@@ -7,11 +7,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace dcr {
 namespace {
@@ -39,7 +40,7 @@ class Registry {
   }
 
   void Replace(Rules rules) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     rules_ = std::move(rules);
     hits_.fill(0);
     bool any = false;
@@ -50,7 +51,7 @@ class Registry {
   // Counts a hit of point `i`; returns the rule that fires (its `fired`
   // after this hit) and the hit number.
   std::optional<std::pair<Rule, uint64_t>> Count(size_t i) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     uint64_t n = ++hits_[i];
     for (Rule& r : rules_[i]) {
       if (r.nth != 0 && r.nth != n) continue;
@@ -61,14 +62,14 @@ class Registry {
   }
 
   uint64_t Hits(size_t i) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     return hits_[i];
   }
 
  private:
-  std::mutex mu_;
-  Rules rules_;                                      // guarded by mu_
-  std::array<uint64_t, kFailpoints.size()> hits_{};  // guarded by mu_
+  Mutex mu_;
+  Rules rules_ DCR_GUARDED_BY(mu_);
+  std::array<uint64_t, kFailpoints.size()> hits_ DCR_GUARDED_BY(mu_) = {};
 };
 
 std::string_view Trim(std::string_view s) {

@@ -291,14 +291,15 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   std::unique_ptr<MetricsServer> server(new MetricsServer(
       std::move(fd), std::move(wake), bound_port, std::move(render)));
   MetricsServer* s = server.get();
-  server->thread_ = std::thread([s] { s->Run(); });
+  MutexLock lock(&s->stop_mu_);
+  s->thread_ = std::thread([s] { s->Run(); });
   return server;
 }
 
 MetricsServer::~MetricsServer() { Stop(); }
 
 void MetricsServer::Stop() {
-  std::lock_guard<std::mutex> lock(stop_mu_);
+  MutexLock lock(&stop_mu_);
   if (!thread_.joinable()) return;
   // The eventfd stays readable from here on: every wait below sees it.
   uint64_t one = 1;

@@ -17,7 +17,6 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -26,6 +25,7 @@
 #include <utility>
 
 #include "common/file.h"
+#include "common/mutex.h"
 #include "dcr/status.h"
 
 namespace dcr {
@@ -120,8 +120,8 @@ class MetricsServer {
   UniqueFd wake_fd_;  // an eventfd; readable once Stop was called
   const uint16_t port_;
   std::function<std::string()> render_;
-  std::mutex stop_mu_;  // serializes Stop
-  std::thread thread_;
+  Mutex stop_mu_;  // serializes Stop
+  std::thread thread_ DCR_GUARDED_BY(stop_mu_);
 };
 
 }  // namespace dcr

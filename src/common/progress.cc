@@ -23,22 +23,24 @@ void Progress::Add(uint64_t bytes) {
   done_.fetch_add(bytes, std::memory_order_relaxed);
   if (!enabled_) return;
   auto now = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock() || finished_) return;
+  // Whoever holds the lock is printing already: skip rather than queue.
+  if (!mu_.TryLock()) return;
   auto interval =
       tty_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(5000);
-  if (now - last_print_ < interval) return;
-  last_print_ = now;
-  Print(false);
+  if (!finished_ && now - last_print_ >= interval) {
+    last_print_ = now;
+    Print(false);
+  }
+  mu_.Unlock();
 }
 
 void Progress::SetDetail(std::string detail) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   detail_ = std::move(detail);
 }
 
 void Progress::Finish() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (finished_) return;
   finished_ = true;
   // Short operations finish silently unless something was already drawn.

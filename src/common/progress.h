@@ -9,8 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
+
+#include "common/mutex.h"
 
 namespace dcr {
 
@@ -31,7 +32,7 @@ class Progress {
   void Finish();
 
  private:
-  void Print(bool final_line);
+  void Print(bool final_line) DCR_REQUIRES(mu_);
 
   std::string what_;
   uint64_t total_;
@@ -39,10 +40,10 @@ class Progress {
   bool tty_;
   std::atomic<uint64_t> done_{0};
   std::chrono::steady_clock::time_point start_;
-  std::mutex mu_;
-  std::chrono::steady_clock::time_point last_print_;  // guarded by mu_
-  bool finished_ = false;                             // guarded by mu_
-  std::string detail_;                                // guarded by mu_
+  Mutex mu_;
+  std::chrono::steady_clock::time_point last_print_ DCR_GUARDED_BY(mu_);
+  bool finished_ DCR_GUARDED_BY(mu_) = false;
+  std::string detail_ DCR_GUARDED_BY(mu_);
 };
 
 }  // namespace dcr

@@ -4,20 +4,21 @@ namespace dcr {
 
 bool Mailbox::Post(std::function<void()> fn) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_) return false;
     queue_.push_back(std::move(fn));
   }
-  cv_.notify_one();
+  cv_.Signal();
   return true;
 }
 
 size_t Mailbox::RunUntil(Clock::time_point deadline) {
   std::deque<std::function<void()>> batch;
   {
-    std::unique_lock lock(mu_);
-    cv_.wait_until(lock, deadline,
-                   [&] { return closed_ || woken_ || !queue_.empty(); });
+    MutexLock lock(&mu_);
+    while (!closed_ && !woken_ && queue_.empty()) {
+      if (cv_.WaitUntil(&mu_, deadline)) break;
+    }
     woken_ = false;
     batch.swap(queue_);
   }
@@ -27,20 +28,20 @@ size_t Mailbox::RunUntil(Clock::time_point deadline) {
 
 void Mailbox::Wake() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     woken_ = true;
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void Mailbox::Close() {
   std::deque<std::function<void()>> dropped;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     closed_ = true;
     dropped.swap(queue_);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 }  // namespace dcr

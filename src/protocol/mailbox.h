@@ -10,10 +10,10 @@
 #define DCR_PROTOCOL_MAILBOX_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
+
+#include "common/mutex.h"
 
 namespace dcr {
 
@@ -36,11 +36,11 @@ class Mailbox {
   void Close();
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool closed_ = false;                      // guarded by mu_
-  bool woken_ = false;                       // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;  // signalled when queue_, closed_ or woken_ changes
+  std::deque<std::function<void()>> queue_ DCR_GUARDED_BY(mu_);
+  bool closed_ DCR_GUARDED_BY(mu_) = false;
+  bool woken_ DCR_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace dcr

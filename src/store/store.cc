@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -16,6 +15,7 @@
 
 #include "common/failpoint.h"
 #include "common/file.h"
+#include "common/mutex.h"
 #include "dcr/thread_pool.h"
 #include "store/store_internal.h"
 
@@ -80,11 +80,44 @@ std::string ResolvedRecordPath(const StoreSpec& spec) {
 
 // ------------------------------------------------------------- WeightStore
 
+// The version record and its locks. persist_mu is taken before mu, never
+// after.
+struct WeightStore::Records {
+  explicit Records(VersionRecord found) : record(std::move(found)) {}
+
+  // A copy of the record.
+  VersionRecord Get() const DCR_EXCLUDES(mu) {
+    MutexLock lock(&mu);
+    return record;
+  }
+
+  // Writes `next` to the store's record file (if any), then makes it
+  // current.
+  Status Persist(const WeightStore& store, const VersionRecord& next)
+      DCR_REQUIRES(persist_mu) DCR_EXCLUDES(mu);
+  // Commit and EndRefit: sync the store's data now, or mark the record and
+  // queue a write-back; `next` is the record to write.
+  Status SyncThenPersist(WeightStore& store, VersionRecord next,
+                         const char* what) DCR_REQUIRES(persist_mu)
+      DCR_EXCLUDES(mu);
+
+  // Serializes Commit, BeginRefit, EndRefit, RecoverUnsynced and the
+  // write-back's record update, each a read-modify-write of the record
+  // (held across I/O).
+  Mutex persist_mu;
+  // Never held across I/O.
+  mutable Mutex mu DCR_ACQUIRED_AFTER(persist_mu);
+  VersionRecord record DCR_GUARDED_BY(mu);
+  // Counts record writes; a write-back clears the mark only if no record
+  // was written since it started.
+  uint64_t generation DCR_GUARDED_BY(mu) = 0;
+};
+
 WeightStore::WeightStore(std::string describe, std::string record_path,
                          VersionRecord record)
     : describe_(std::move(describe)),
       record_path_(std::move(record_path)),
-      record_(std::move(record)) {}
+      records_(std::make_unique<Records>(std::move(record))) {}
 
 // The background write-back: one thread per store, started by
 // EnableBackgroundSync. `requested` counts write-backs asked for, `done`
@@ -95,18 +128,20 @@ WeightStore::WeightStore(std::string describe, std::string record_path,
 // write (BeginRefit) and may have been missed.
 struct WeightStore::Syncer {
   std::string boot_id;
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t requested = 0;
-  uint64_t done = 0;
-  uint64_t generation = 0;  // of the latest request
-  bool stop = false;
-  bool detached = false;  // DetachDataSync: stopping skips queued requests
+  Mutex mu;
+  CondVar cv;  // signalled when requested, done, stop or detached changes
+  uint64_t requested DCR_GUARDED_BY(mu) = 0;
+  uint64_t done DCR_GUARDED_BY(mu) = 0;
+  uint64_t generation DCR_GUARDED_BY(mu) = 0;  // of the latest request
+  bool stop DCR_GUARDED_BY(mu) = false;
+  // DetachDataSync: stopping skips queued requests.
+  bool detached DCR_GUARDED_BY(mu) = false;
   // A write-back failed: Linux reports a write-back error once and may mark
   // the failed pages clean, so a later msync that succeeds does not prove
   // they reached the disk. The mark stays for the rest of the process.
-  bool poisoned = false;
-  Status failed;  // the last failure not yet returned by WaitDataSync
+  bool poisoned DCR_GUARDED_BY(mu) = false;
+  // The last failure not yet returned by WaitDataSync.
+  Status failed DCR_GUARDED_BY(mu);
   std::thread thread;
 };
 
@@ -139,41 +174,41 @@ Status WeightStore::EnableBackgroundSync() {
 void WeightStore::StopDataSync() {
   if (!syncer_ || !syncer_->thread.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(syncer_->mu);
+    MutexLock lock(&syncer_->mu);
     syncer_->stop = true;
   }
-  syncer_->cv.notify_all();
+  syncer_->cv.SignalAll();
   syncer_->thread.join();
 }
 
 Status WeightStore::WaitDataSync() {
   if (!syncer_) return Status::OK();
-  std::unique_lock<std::mutex> lock(syncer_->mu);
-  syncer_->cv.wait(lock, [this] {
-    return syncer_->done == syncer_->requested || syncer_->detached;
-  });
-  return std::exchange(syncer_->failed, Status::OK());
+  Syncer& s = *syncer_;
+  MutexLock lock(&s.mu);
+  while (s.done != s.requested && !s.detached) s.cv.Wait(&s.mu);
+  return std::exchange(s.failed, Status::OK());
 }
 
 void WeightStore::DetachDataSync() {
   if (!syncer_) return;
-  std::lock_guard<std::mutex> lock(syncer_->mu);
+  MutexLock lock(&syncer_->mu);
   syncer_->detached = true;
-  syncer_->cv.notify_all();
+  syncer_->cv.SignalAll();
 }
 
 void WeightStore::SyncLoop() {
   Syncer& s = *syncer_;
-  std::unique_lock<std::mutex> lock(s.mu);
+  Records& r = *records_;
+  MutexLock lock(&s.mu);
   for (;;) {
     // Stopping still finishes a queued write-back: a clean shutdown leaves
     // the data on disk and the record unmarked (unless detached: the next
     // open settles the mark).
-    s.cv.wait(lock, [&s] { return s.stop || s.requested > s.done; });
+    while (!s.stop && s.requested <= s.done) s.cv.Wait(&s.mu);
     if (s.requested == s.done || (s.stop && s.detached)) return;
     const uint64_t serving = s.requested;
     const uint64_t generation = s.generation;
-    lock.unlock();
+    lock.Unlock();
     Status st;
     if (DCR_FAILPOINT("store.data_sync").drop()) {
       st = Status::IOError("write-back skipped (failpoint store.data_sync)");
@@ -181,21 +216,21 @@ void WeightStore::SyncLoop() {
       st = SyncData();
     }
     if (st.ok()) {
-      std::lock_guard<std::mutex> persist(persist_mu_);
-      VersionRecord next = record();
+      MutexLock persist(&r.persist_mu);
+      VersionRecord next = r.Get();
       bool current;
       {
-        std::lock_guard<std::mutex> g(mu_);
-        current = generation_ == generation;
+        MutexLock g(&r.mu);
+        current = r.generation == generation;
       }
       bool poisoned;
       {
-        std::lock_guard<std::mutex> g(s.mu);
+        MutexLock g(&s.mu);
         poisoned = s.poisoned;
       }
       if (current && next.unsynced && !poisoned) {
         next.unsynced.reset();
-        st = Persist(next);
+        st = r.Persist(*this, next);
       }
     }
     if (!st.ok()) {
@@ -205,13 +240,13 @@ void WeightStore::SyncLoop() {
           "re-checks the bits",
           describe_, st.ToString());
     }
-    lock.lock();
+    lock.Lock();
     s.done = serving;
     if (!st.ok()) {
       s.failed = st;
       s.poisoned = true;
     }
-    s.cv.notify_all();
+    s.cv.SignalAll();
   }
 }
 
@@ -247,59 +282,64 @@ CheckpointDigests WeightStore::Digests(ThreadPool* pool) const {
 }
 
 std::optional<Version> WeightStore::committed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!record_.committed) return std::nullopt;
-  return record_.committed->version;
+  MutexLock lock(&records_->mu);
+  if (!records_->record.committed) return std::nullopt;
+  return records_->record.committed->version;
 }
 
 std::optional<RefitInProgress> WeightStore::InProgress() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return record_.in_progress;
+  MutexLock lock(&records_->mu);
+  return records_->record.in_progress;
 }
 
-VersionRecord WeightStore::record() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return record_;
-}
+VersionRecord WeightStore::record() const { return records_->Get(); }
 
-Status WeightStore::Persist(const VersionRecord& next) {
-  if (!record_path_.empty()) {
-    DCR_RETURN_IF_ERROR(
-        WriteVersionRecord(record_path_, next).WithContext(describe_));
+Status WeightStore::Records::Persist(const WeightStore& store,
+                                     const VersionRecord& next) {
+  if (!store.record_path_.empty()) {
+    DCR_RETURN_IF_ERROR(WriteVersionRecord(store.record_path_, next)
+                            .WithContext(store.describe_));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  record_ = next;
-  ++generation_;
+  MutexLock lock(&mu);
+  record = next;
+  ++generation;
   return Status::OK();
 }
 
-Status WeightStore::SyncThenPersist(VersionRecord next, const char* what) {
-  if (!syncer_) {
-    DCR_RETURN_IF_ERROR(SyncData().WithContext(describe_ + ": " + what));
+Status WeightStore::Records::SyncThenPersist(WeightStore& store,
+                                             VersionRecord next,
+                                             const char* what) {
+  Syncer* syncer = store.syncer_.get();
+  if (syncer == nullptr) {
+    DCR_RETURN_IF_ERROR(
+        store.SyncData().WithContext(store.describe_ + ": " + what));
     next.unsynced.reset();
-    return Persist(next);
+    return Persist(store, next);
   }
   // Mark the record, keeping the earliest unsynced time of this boot: the
   // data has been unsynced since then.
-  if (!next.unsynced || next.unsynced->boot_id != syncer_->boot_id) {
-    next.unsynced = DataUnsynced{syncer_->boot_id, NowIso8601()};
+  if (!next.unsynced || next.unsynced->boot_id != syncer->boot_id) {
+    next.unsynced = DataUnsynced{syncer->boot_id, NowIso8601()};
   }
-  DCR_RETURN_IF_ERROR(Persist(next));
-  uint64_t generation;
+  DCR_RETURN_IF_ERROR(Persist(store, next));
+  uint64_t written;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    generation = generation_;
+    MutexLock lock(&mu);
+    written = generation;
   }
   {
-    std::lock_guard<std::mutex> lock(syncer_->mu);
-    ++syncer_->requested;
-    syncer_->generation = generation;
+    MutexLock lock(&syncer->mu);
+    ++syncer->requested;
+    syncer->generation = written;
   }
-  syncer_->cv.notify_all();
+  syncer->cv.SignalAll();
   return Status::OK();
 }
 
 Status WeightStore::RecoverUnsynced(const std::string& boot_id) {
+  // At open, before the store is shared; locked all the same, since
+  // Persist requires it.
+  MutexLock persist(&records_->persist_mu);
   const VersionRecord found = record();
   if (!found.unsynced) return Status::OK();
   VersionRecord next = found;
@@ -309,7 +349,7 @@ Status WeightStore::RecoverUnsynced(const std::string& boot_id) {
     // it back now, then drop the mark.
     DCR_RETURN_IF_ERROR(SyncData().WithContext(
         describe_ + ": writing back the data of the last commit"));
-    return Persist(next);
+    return records_->Persist(*this, next);
   }
   // The host restarted before the write-back finished: the disk may hold
   // older bits than the record says. A refit in progress already says the
@@ -334,11 +374,11 @@ Status WeightStore::RecoverUnsynced(const std::string& boot_id) {
       next.committed.reset();
     }
   }
-  return Persist(next);
+  return records_->Persist(*this, next);
 }
 
 Status WeightStore::Commit(const Version& version, const RefitId& refit) {
-  std::lock_guard<std::mutex> persist(persist_mu_);
+  MutexLock persist(&records_->persist_mu);
   VersionRecord next = record();
   if (next.in_progress) {
     const RefitInProgress& p = *next.in_progress;
@@ -351,23 +391,23 @@ Status WeightStore::Commit(const Version& version, const RefitId& refit) {
   }
   next.committed = CommitInfo{version, refit, NowIso8601()};
   next.in_progress.reset();
-  return SyncThenPersist(std::move(next), "commit");
+  return records_->SyncThenPersist(*this, std::move(next), "commit");
 }
 
 Status WeightStore::BeginRefit(const RefitId& refit, const Version& base,
                                const Version& target) {
-  std::lock_guard<std::mutex> persist(persist_mu_);
+  MutexLock persist(&records_->persist_mu);
   VersionRecord next = record();
   next.in_progress = RefitInProgress{refit, base, target, NowIso8601()};
-  return Persist(next);
+  return records_->Persist(*this, next);
 }
 
 Status WeightStore::EndRefit() {
-  std::lock_guard<std::mutex> persist(persist_mu_);
+  MutexLock persist(&records_->persist_mu);
   VersionRecord next = record();
   if (!next.in_progress) return Status::OK();
   next.in_progress.reset();
-  return SyncThenPersist(std::move(next), "end refit");
+  return records_->SyncThenPersist(*this, std::move(next), "end refit");
 }
 
 // ------------------------------------------------------------------- specs

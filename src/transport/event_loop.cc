@@ -45,7 +45,7 @@ void EventLoop::Run() {
 }
 
 bool EventLoop::Post(std::function<void()> fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stopping_) return false;
   asio::post(io_, std::move(fn));
   return true;
@@ -70,13 +70,13 @@ bool EventLoop::RunSync(const std::function<void()>& fn) {
 }
 
 bool EventLoop::stopping() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stopping_;
 }
 
 void EventLoop::Shutdown(std::function<void()> closer) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!stopping_) {
       stopping_ = true;
       asio::post(io_, std::move(closer));
@@ -84,7 +84,7 @@ void EventLoop::Shutdown(std::function<void()> closer) {
     }
   }
   if (InThread()) return;
-  std::lock_guard<std::mutex> lock(join_mu_);
+  MutexLock lock(&join_mu_);
   if (thread_.joinable()) thread_.join();
 }
 

@@ -8,10 +8,11 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+
+#include "common/mutex.h"
 
 namespace dcr::transport_internal {
 
@@ -49,12 +50,12 @@ class EventLoop {
   void Run();
 
   asio::io_context io_{1};
+  mutable Mutex mu_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>>
-      guard_;
-  mutable std::mutex mu_;  // guards stopping_ and guard_
-  bool stopping_ = false;
-  std::mutex join_mu_;  // serializes joins
-  std::thread thread_;
+      guard_ DCR_GUARDED_BY(mu_);
+  bool stopping_ DCR_GUARDED_BY(mu_) = false;
+  Mutex join_mu_;  // serializes joins
+  std::thread thread_ DCR_GUARDED_BY(join_mu_);
   std::thread::id thread_id_;
   std::string thread_name_;
 };

@@ -13,7 +13,7 @@ TransportSet::~TransportSet() { Stop(); }
 
 Result<Transport*> TransportSet::Get(std::string_view kind) {
   if (!force_kind_.empty()) kind = force_kind_;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (stopped_) {
     return Status::Aborted(
         fmt::format("the {} transport is stopped (shutting down)", kind));
@@ -40,7 +40,7 @@ Result<Transport*> TransportSet::Get(std::string_view kind) {
 
 Transport* TransportSet::Find(std::string_view kind) const {
   if (!force_kind_.empty()) kind = force_kind_;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = transports_.find(kind);
   return it == transports_.end() ? nullptr : it->second.get();
 }
@@ -51,7 +51,7 @@ void TransportSet::Stop() {
   // reference their transport) until the set goes.
   std::vector<Transport*> all;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopped_ = true;
     for (auto& [kind, t] : transports_) all.push_back(t.get());
   }

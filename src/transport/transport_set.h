@@ -11,10 +11,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "common/mutex.h"
 #include "dcr/status.h"
 #include "dcr/transport.h"
 
@@ -45,10 +45,10 @@ class TransportSet {
  private:
   TransportOptions options_;
   std::string force_kind_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Transport>, std::less<>>
-      transports_;        // guarded by mu_
-  bool stopped_ = false;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, std::unique_ptr<Transport>, std::less<>> transports_
+      DCR_GUARDED_BY(mu_);
+  bool stopped_ DCR_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace dcr

@@ -33,13 +33,13 @@
 #include <cstring>
 #include <deque>
 #include <future>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transport/ucx/ucx_context.h"
 
 namespace dcr {
@@ -218,9 +218,9 @@ struct UcxShared {
   std::atomic<uint64_t> next_link_id{1};
   std::atomic<uint16_t> bound_port{0};
 
-  std::mutex mu;  // guards posted, stop_requested
-  std::deque<std::function<void()>> posted;
-  bool stop_requested = false;
+  Mutex mu;
+  std::deque<std::function<void()>> posted DCR_GUARDED_BY(mu);
+  bool stop_requested DCR_GUARDED_BY(mu) = false;
 
   // Event thread only.
   std::deque<Event> events;
@@ -238,7 +238,7 @@ struct UcxShared {
 
   bool Post(std::function<void()> fn) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (stop_requested) return false;
       posted.push_back(std::move(fn));
     }
@@ -903,7 +903,7 @@ void RunLoop(const std::shared_ptr<UcxShared>& shared) {
     std::deque<std::function<void()>> work;
     bool stop = false;
     {
-      std::lock_guard<std::mutex> lock(s.mu);
+      MutexLock lock(&s.mu);
       work.swap(s.posted);
       stop = s.stop_requested;
     }
@@ -930,7 +930,7 @@ void RunLoop(const std::shared_ptr<UcxShared>& shared) {
       }
     }
     {
-      std::lock_guard<std::mutex> lock(s.mu);
+      MutexLock lock(&s.mu);
       if (!s.posted.empty() || (s.stop_requested && !s.closing_all)) continue;
     }
     const ucs_status_t armed = ucp_worker_arm(s.worker.get());
@@ -1046,12 +1046,12 @@ class UcxTransport final : public Transport {
 
   void Stop() override {
     {
-      std::lock_guard<std::mutex> lock(shared_->mu);
+      MutexLock lock(&shared_->mu);
       shared_->stop_requested = true;
     }
     shared_->Wake();
     if (InEventThread()) return;  // the thread ends after this handler
-    std::lock_guard<std::mutex> lock(join_mu_);
+    MutexLock lock(&join_mu_);
     if (thread_.joinable()) thread_.join();
   }
 
@@ -1102,8 +1102,8 @@ class UcxTransport final : public Transport {
   }
 
   std::shared_ptr<UcxShared> shared_;
-  std::mutex join_mu_;
-  std::thread thread_;
+  Mutex join_mu_;  // serializes joins
+  std::thread thread_ DCR_GUARDED_BY(join_mu_);
 };
 
 }  // namespace
