@@ -24,7 +24,10 @@
 #include "protocol/mailbox.h"
 #include "protocol/messages.h"
 #include "protocol/refit_manifest.h"
+#include "relay/apply_workers.h"
+#include "relay/chunk_forward.h"
 #include "relay/memory_budget.h"
+#include "relay/plan_decision.h"
 #include "relay/read_gate.h"
 #include "relay/refit_session.h"
 
@@ -35,106 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 // The bound on a link's first frame (HELLO or ERROR, both small).
 constexpr uint32_t kFirstFrameMaxPayload = 64u << 10;
-
-// What the apply workers report back about one refit.
-struct ApplyTracker {
-  std::atomic<uint64_t> in_flight{0};
-  std::atomic<uint64_t> backlog_bytes{0};
-  std::atomic<uint64_t> applied{0};
-  std::atomic<uint64_t> duplicates{0};
-  std::mutex mu;
-  Status first_error;  // guarded by mu
-  // With a signing public key: every chunk applied, for the manifest check
-  // at vote time.
-  std::vector<AppliedChunk> applied_chunks;  // guarded by mu
-};
-
-// Applies chunks on a few threads, each with its own decoder.
-class ApplyWorkers {
- public:
-  struct Job {
-    FrameBuffer buffer;  // keeps `chunk` alive
-    std::span<const std::byte> chunk;
-    RefitSession* session = nullptr;
-    std::shared_ptr<ApplyTracker> tracker;
-    bool hash = false;  // record the SHA-256 of the chunk once applied
-  };
-
-  ApplyWorkers(size_t threads, Mailbox* mailbox) : mailbox_(mailbox) {
-    for (size_t i = 0; i < std::max<size_t>(1, threads); ++i) {
-      threads_.emplace_back([this] { Loop(); });
-    }
-  }
-  ~ApplyWorkers() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-
-  void Submit(Job job) {
-    job.tracker->in_flight += 1;
-    job.tracker->backlog_bytes += job.chunk.size();
-    {
-      std::lock_guard lock(mu_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-  }
-
- private:
-  void Loop() {
-    auto decoder = ChunkDecoder::Create();
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stop_ and nothing left
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      Status error;
-      if (!decoder.ok()) {
-        error = decoder.status();
-      } else {
-        auto outcome = job.session->Apply(job.chunk, decoder->get());
-        if (!outcome.ok()) {
-          error = outcome.status();
-        } else if (*outcome == RefitSession::ApplyOutcome::kApplied) {
-          if (job.hash) Record(job);
-          job.tracker->applied += 1;
-        } else {
-          job.tracker->duplicates += 1;
-        }
-      }
-      if (!error.ok()) {
-        std::lock_guard lock(job.tracker->mu);
-        if (job.tracker->first_error.ok()) job.tracker->first_error = error;
-      }
-      job.tracker->backlog_bytes -= job.chunk.size();
-      job.tracker->in_flight -= 1;
-      mailbox_->Wake();
-    }
-  }
-
-  // Hashes an applied chunk here, on the worker, not on the actor thread.
-  static void Record(const Job& job) {
-    auto header = PeekChunkHeader(job.chunk);  // valid: it was applied
-    AppliedChunk a{header.ok() ? header->id : ChunkId{}, Sha256(job.chunk)};
-    std::lock_guard lock(job.tracker->mu);
-    job.tracker->applied_chunks.push_back(a);
-  }
-
-  Mailbox* mailbox_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;  // guarded by mu_
-  bool stop_ = false;     // guarded by mu_
-  std::vector<std::thread> threads_;
-};
 
 enum class Phase {
   kPlanning,    // waiting for the children's PLAN_REPLY
@@ -164,96 +67,6 @@ const char* PhaseName(Phase p) {
       return "aborting";
   }
   return "?";
-}
-
-// A damaged copy of `bytes` for a corrupt failpoint: the original buffer is
-// shared with the other children's queues and is never written.
-FrameBuffer CorruptedCopy(std::span<const std::byte> bytes,
-                          const FailpointHit& fp) {
-  auto copy =
-      std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());
-  fp.Corrupt(*copy);
-  return copy;
-}
-
-// A well-formed forgery of a CHUNK frame for the forge failpoint, what a
-// relay holding the hop key but not the root's signing key can make: the
-// chunk decoded, the low bit of its first value flipped, re-encoded with a
-// valid chunk checksum and framed (tagged with this relay's frame key) as
-// the original was. Null if the frame is not a chunk that decodes. A test
-// hook: it makes its codec contexts per call.
-FrameBuffer ForgedCopy(const FrameBuffer& frame, const FrameOptions& options) {
-  auto parsed = ParseFrame(*frame);  // no key: the tag is kept, unchecked
-  auto decoder = ChunkDecoder::Create();
-  auto encoder = ChunkEncoder::Create(EncodeOptions{});
-  DecodedChunk c;
-  if (!parsed.ok() || !decoder.ok() || !encoder.ok() ||
-      !(*decoder)->Decode(parsed->payload, &c).ok() || c.values.empty()) {
-    return nullptr;
-  }
-  const ChunkHeader& h = c.header;
-  size_t es = h.elem_size;
-  // Flip a low bit of the first value, keeping it non-zero so that an XOR
-  // chunk still changes that element.
-  c.values[0] ^= std::byte{1};
-  if (std::all_of(c.values.begin(), c.values.begin() + es,
-                  [](std::byte b) { return b == std::byte{0}; })) {
-    c.values[0] ^= std::byte{3};
-  }
-  std::vector<uint32_t> positions = c.positions;
-  if (h.encoding == ChunkEncoding::kDense) {
-    positions.resize(h.span_elems);
-    for (uint32_t i = 0; i < h.span_elems; ++i) positions[i] = i;
-  }
-  std::vector<std::byte> payload;
-  Status s;
-  if (h.kind == ChunkKind::kOverwrite) {
-    s = (*encoder)->EncodeOverwrite(h.id, es, h.span_elems, positions, c.values,
-                                    &payload);
-  } else {
-    // XOR against zeros: the target holds the (forged) XOR values.
-    std::vector<std::byte> zeros(size_t{h.span_elems} * es);
-    std::vector<std::byte> target = zeros;
-    for (size_t k = 0; k < positions.size(); ++k) {
-      std::copy_n(c.values.begin() + k * es, es,
-                  target.begin() + size_t{positions[k]} * es);
-    }
-    auto changed = (*encoder)->EncodeDiff(ChunkKind::kXor, h.id, es, zeros,
-                                          target, &payload);
-    if (!changed.ok() || !*changed) return nullptr;
-  }
-  if (!s.ok()) return nullptr;
-  FrameHeader header = parsed->header;
-  header.flags &= static_cast<uint16_t>(~kFrameFlagsWireMask);
-  auto forged = EncodeFrame(header, payload, options);
-  return forged.ok() ? *forged : nullptr;
-}
-
-// Forwards a CHUNK to the children as the relay.forward failpoint says: as
-// is, not at all (drop), a damaged copy (corrupt), a forged chunk (forge;
-// `frames` keys it), or its first bytes and then every child link closed
-// (cut). A damaged or cut chunk is a fault in this node's forward path: not
-// kept for resends either (the repair round covers it). Returns the chunk
-// sends.
-size_t ForwardChunk(Fanout& fanout, const FrameBuffer& frame,
-                    const FailpointHit& fp, const FrameOptions& frames) {
-  if (fp.drop()) return 0;
-  if (fp.corrupt()) {
-    return fanout.Forward(CorruptedCopy(*frame, fp), /*chunk=*/true,
-                          /*keep=*/false);
-  }
-  if (fp.forge()) {
-    FrameBuffer forged = ForgedCopy(frame, frames);
-    if (!forged) spdlog::error("forge failpoint: cannot forge this chunk");
-    return fanout.Forward(forged ? forged : frame, /*chunk=*/true);
-  }
-  if (!fp.cut()) return fanout.Forward(frame, /*chunk=*/true);
-  size_t keep = static_cast<size_t>(std::min<uint64_t>(fp.arg, frame->size()));
-  size_t n = fanout.Forward(std::make_shared<std::vector<std::byte>>(
-                                frame->begin(), frame->begin() + keep),
-                            /*chunk=*/true, /*keep=*/false);
-  fanout.CutLinks();
-  return n;
 }
 
 // Where a relay persists the highest coordinator epoch it accepted: beside
@@ -391,24 +204,8 @@ class Relay::Impl {
   std::optional<FrameSender> sender_;
   uint64_t last_chunks_applied_ = 0;
 
-  // Counters (written by the actor, read by Stats).
-  std::atomic<uint64_t> bytes_in_{0};
-  std::atomic<uint64_t> bytes_out_closed_{0};
-  std::atomic<uint64_t> chunks_received_{0};
-  std::atomic<uint64_t> chunks_applied_{0};
-  std::atomic<uint64_t> chunks_forwarded_{0};
-  std::atomic<uint64_t> chunks_dropped_{0};
-  std::atomic<uint64_t> refits_committed_{0};
-  std::atomic<uint64_t> refits_aborted_{0};
-  std::atomic<uint64_t> links_refused_{0};
-  std::atomic<uint64_t> inbound_pauses_{0};
-  // Of refits that ended (the current one's are its Fanout's).
-  uint64_t adoptions_closed_ = 0;
-  uint64_t resent_chunks_closed_ = 0;
-  uint64_t resent_bytes_closed_ = 0;
-  uint64_t resend_misses_closed_ = 0;
-  mutable std::mutex stats_mu_;
-  RelayStats published_;  // guarded by stats_mu_
+  RelayCounters counters_;
+  StatsBoard board_;
 };
 
 // Every callback runs on the listening transport's event thread; gates_
@@ -419,7 +216,7 @@ class Relay::Impl::InboundHandler : public LinkHandler {
   void OnOpen(Link& link) override {
     const size_t most = impl_->options_.max_inbound_links;
     if (most != 0 && gates_.size() >= most) {
-      uint64_t n = ++impl_->links_refused_;
+      uint64_t n = ++impl_->counters_.links_refused;
       if ((n & (n - 1)) == 0) {  // the 1st, 2nd, 4th, ... time
         spdlog::warn(
             "{}: closing a connection from {}: {} links are open, the most "
@@ -444,7 +241,7 @@ class Relay::Impl::InboundHandler : public LinkHandler {
     auto it = gates_.find(link.id());
     if (it == gates_.end()) return;  // refused in OnOpen
     const uint64_t bytes = frame.bytes.size();
-    if (it->second->Queued(bytes)) ++impl_->inbound_pauses_;
+    if (it->second->Queued(bytes)) ++impl_->counters_.inbound_pauses;
     impl_->mailbox_.Post([impl = impl_, l = link.shared_from_this(), frame,
                           buffer, gate = it->second, bytes] {
       impl->OnInboundFrame(l, frame, buffer);
@@ -511,7 +308,8 @@ Status Relay::Impl::Init() {
       to, to.fake_network ? std::string("fake") : std::string());
   DCR_ASSIGN_OR_RETURN(listener_, transports_->Get(options_.transport));
   DCR_ASSIGN_OR_RETURN(decoder_, ChunkDecoder::Create());
-  workers_ = std::make_unique<ApplyWorkers>(options_.apply_threads, &mailbox_);
+  workers_ = std::make_unique<ApplyWorkers>(options_.apply_threads,
+                                            [this] { mailbox_.Wake(); });
   hash_pool_ = std::make_unique<ThreadPool>(options_.apply_threads);
   Status s = listener_->Listen(options_.listen_host, options_.listen_port,
                                std::make_shared<InboundHandler>(this));
@@ -583,9 +381,7 @@ void Relay::Impl::Run() {
   // Shutdown: let the applies of a refit in progress finish, then restore
   // the base bits.
   if (refit_) {
-    while (refit_->tracker->in_flight > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    refit_->tracker->WaitIdle();
     LocalFinish(/*commit=*/false);  // no-op once committed
     EndRefit("aborted: the relay stopped", false);
   }
@@ -680,12 +476,10 @@ void Relay::Impl::OnInboundFrame(const std::shared_ptr<Link>& link,
         r.code = NodeCode::kNeedsCatchUp;
       }
       r.chunks_applied = last_chunks_applied_;
-      {
-        std::lock_guard lock(stats_mu_);
-        r.detail = published_.state;
-        if (!published_.last_result.empty()) {
-          r.detail += "; last refit " + published_.last_result;
-        }
+      const RelayStats published = board_.Get();
+      r.detail = published.state;
+      if (!published.last_result.empty()) {
+        r.detail += "; last refit " + published.last_result;
       }
       Reply(*link, FrameType::kStatusReply, frame.header,
             EncodeResults(ResultsMsg{{r}}));
@@ -718,11 +512,9 @@ void Relay::Impl::OnInboundFrame(const std::shared_ptr<Link>& link,
       if (auto c = store_->committed()) r.version = *c;
     }
     r.detail = "the refit had already ended here";
-    {
-      std::lock_guard lock(stats_mu_);
-      if (!published_.last_result.empty()) {
-        r.detail += ": " + published_.last_result;
-      }
+    if (const RelayStats published = board_.Get();
+        !published.last_result.empty()) {
+      r.detail += ": " + published.last_result;
     }
     Reply(*link, want, frame.header, EncodeResults(ResultsMsg{{r}}));
     return;
@@ -730,7 +522,7 @@ void Relay::Impl::OnInboundFrame(const std::shared_ptr<Link>& link,
   if (!refit_ || refit_->up.get() != link.get() ||
       frame.header.refit_id != refit_->id ||
       frame.header.epoch < refit_->epoch) {
-    if (frame.type() == FrameType::kChunk) chunks_dropped_ += 1;
+    if (frame.type() == FrameType::kChunk) counters_.chunks_dropped += 1;
     spdlog::debug("{}: dropping {} outside its refit", options_.name,
                   FrameTypeName(frame.type()));
     return;
@@ -740,7 +532,7 @@ void Relay::Impl::OnInboundFrame(const std::shared_ptr<Link>& link,
     if (!PersistEpoch(frame.header.epoch).ok()) return;
     refit_->epoch = frame.header.epoch;
   }
-  bytes_in_ += buffer->size();
+  counters_.bytes_in += buffer->size();
   OnRefitFrame(frame, buffer);
 }
 
@@ -762,7 +554,7 @@ std::vector<NodeResult> Relay::Impl::RefuseWhole(const PlanMsg& plan,
 
 void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
                          const Frame& frame) {
-  bytes_in_ += frame.bytes.size();
+  counters_.bytes_in += frame.bytes.size();
   auto plan = DecodePlan(frame.payload);
   if (!plan.ok()) {
     SendError(*link, plan.status().ToString());
@@ -776,103 +568,65 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
     Reply(*link, FrameType::kPlanReply, frame.header,
           EncodeResults(ResultsMsg{RefuseWhole(*plan, code, detail)}));
   };
-  // An adoption into the refit this relay holds may come from any node of
-  // the topology (peer_addresses): an ancestor may place it under another
-  // node (docs/PROTOCOL.md §"Heartbeats and re-parenting").
-  bool holds = refit_ && plan->adopt && refit_->id == frame.header.refit_id &&
-               frame.header.epoch == refit_->epoch;
-  if (!holds && !options_.plan_senders.empty() &&
-      std::find(options_.plan_senders.begin(), options_.plan_senders.end(),
-                inbound_[link->id()].hello.node) ==
-          options_.plan_senders.end()) {
-    return refuse(
-        NodeCode::kRejected,
-        fmt::format("plans are taken only from {}'s ancestors in "
-                    "the topology ({}); '{}' is not one",
-                    options_.name, fmt::join(options_.plan_senders, ", "),
-                    inbound_[link->id()].hello.node));
+  PlanFacts facts;
+  facts.node = options_.name;
+  facts.plan_senders = options_.plan_senders;
+  facts.max_epoch = max_epoch_;
+  facts.epoch_file = epoch_file_.path();
+  facts.refit = frame.header.refit_id;
+  facts.epoch = frame.header.epoch;
+  facts.sender = inbound_[link->id()].hello.node;
+  facts.receiver = plan->nodes[0].name;
+  facts.adopt = plan->adopt;
+  facts.resume = plan->resume;
+  if (refit_) {
+    facts.held = PlanFacts::Held{refit_->id, refit_->epoch,
+                                 link.get() == refit_->up.get(),
+                                 refit_->orphaned, refit_->tracker->idle()};
   }
-  if (plan->nodes[0].name != options_.name) {
-    return refuse(NodeCode::kRejected,
-                  fmt::format("this is node '{}', the plan is for '{}'",
-                              options_.name, plan->nodes[0].name));
+  if (finished_)
+    facts.ended = PlanFacts::Ended{finished_->id, finished_->epoch};
+  if (store_ && store_->InProgress()) {
+    facts.unfinished = store_->InProgress()->refit;
   }
-  if (refit_ && refit_->id == frame.header.refit_id &&
-      frame.header.epoch == refit_->epoch) {
-    if (link.get() == refit_->up.get()) {
-      // Our parent placed orphans in our subtree; else a duplicate.
-      if (plan->adopt) refit_->fanout->Amend(*plan);
+  const PlanDecision d = DecidePlan(facts);
+  switch (d.outcome) {
+    case PlanDecision::Outcome::kRefuse:
+      return refuse(d.code, d.detail);
+    case PlanDecision::Outcome::kAmend:
+      refit_->fanout->Amend(*plan);
       return;
-    }
-    return OnAdoption(link, frame, *plan);
+    case PlanDecision::Outcome::kDuplicate:
+      return;
+    case PlanDecision::Outcome::kAdopt:
+      return OnAdoption(link, frame, *plan);
+    case PlanDecision::Outcome::kResume:
+      if (Status s = PersistEpoch(frame.header.epoch); !s.ok()) {
+        return refuse(NodeCode::kStoreError,
+                      "cannot persist the coordinator epoch: " + s.ToString());
+      }
+      spdlog::info("{}: refit {} resumed at epoch {} (was {})", options_.name,
+                   refit_->id.ToHex(), frame.header.epoch, refit_->epoch);
+      refit_->epoch = frame.header.epoch;
+      return OnAdoption(link, frame, *plan);
+    case PlanDecision::Outcome::kAnswerAgain:
+      if (d.raise_epoch) {
+        (void)PersistEpoch(frame.header.epoch);
+        finished_->epoch = frame.header.epoch;
+      }
+      spdlog::info("{}: refit {} ended here; answering {} again", options_.name,
+                   finished_->id.ToHex(), facts.sender);
+      Reply(*link, FrameType::kPlanReply, frame.header, finished_->plan_reply);
+      if (finished_->last_reply) {
+        Reply(*link, finished_->last_reply->first, frame.header,
+              finished_->last_reply->second);
+      }
+      return;
+    case PlanDecision::Outcome::kAccept:
+      break;
   }
-  if (refit_ && refit_->id == frame.header.refit_id && plan->resume &&
-      frame.header.epoch > refit_->epoch) {
-    // dcr refit --resume: a new coordinator run takes the refit over; its
-    // epoch fences the old one off from now on.
-    if (Status s = PersistEpoch(frame.header.epoch); !s.ok()) {
-      return refuse(NodeCode::kStoreError,
-                    "cannot persist the coordinator epoch: " + s.ToString());
-    }
-    spdlog::info("{}: refit {} resumed at epoch {} (was {})", options_.name,
-                 refit_->id.ToHex(), frame.header.epoch, refit_->epoch);
-    refit_->epoch = frame.header.epoch;
-    return OnAdoption(link, frame, *plan);
-  }
-  if (!refit_ && (plan->adopt || plan->resume) && finished_ &&
-      finished_->id == frame.header.refit_id &&
-      (finished_->epoch == frame.header.epoch ||
-       (plan->resume && frame.header.epoch > finished_->epoch))) {
-    // Our parent lost our last reply (and its link to us), or a resumed
-    // coordinator asks: answer again.
-    if (frame.header.epoch > finished_->epoch) {
-      (void)PersistEpoch(frame.header.epoch);
-      finished_->epoch = frame.header.epoch;
-    }
-    spdlog::info("{}: refit {} ended here; answering {} again", options_.name,
-                 finished_->id.ToHex(), inbound_[link->id()].hello.node);
-    Reply(*link, FrameType::kPlanReply, frame.header, finished_->plan_reply);
-    if (finished_->last_reply) {
-      Reply(*link, finished_->last_reply->first, frame.header,
-            finished_->last_reply->second);
-    }
-    return;
-  }
-  // Restarted mid-refit: the store's record names this refit (unfinished)
-  // and the parent reconnects with an adoption PLAN of the same run. The
-  // relay rejoins; what it applied before is unknown, so it takes only
-  // overwrites from now on and the root's repair round fixes the rest.
-  bool rejoin = !refit_ && plan->adopt && store_ && store_->InProgress() &&
-                store_->InProgress()->refit == frame.header.refit_id &&
-                frame.header.epoch == max_epoch_;
-  if (plan->resume && !rejoin) {
-    return refuse(NodeCode::kRejected,
-                  fmt::format("refit {} is not in progress here (it never "
-                              "started here, or the relay restarted since)",
-                              frame.header.refit_id.ToHex()));
-  }
-  // Every coordinator run takes a new epoch: a PLAN at an epoch this relay
-  // already accepted is a replay or comes from a coordinator that another
-  // one has since replaced (fencing).
-  if (frame.header.epoch <= max_epoch_ && !rejoin) {
-    return refuse(
-        NodeCode::kRejected,
-        fmt::format(
-            "stale coordinator epoch {}: this relay has accepted "
-            "epoch {} ({}); a newer coordinator ran since, or its "
-            "state_dir was reset (then write an epoch above {} into "
-            "state_dir/epoch)",
-            frame.header.epoch, max_epoch_,
-            epoch_file_.path().empty() ? "in memory" : epoch_file_.path(),
-            max_epoch_));
-  }
-  // An orphan of a run that a newer coordinator run replaced: that run is
-  // over (the coordinator starts a refit only once the last one is
-  // decided and concluded, or resumed), so the relay stops waiting for it,
-  // restores its base and takes the new plan; if the old run committed,
-  // the new one finds this relay behind and catches it up.
-  if (refit_ && refit_->orphaned && !plan->adopt && !plan->resume &&
-      frame.header.epoch > refit_->epoch && refit_->tracker->in_flight == 0) {
+  const bool rejoin = d.rejoin;
+  if (d.replace_orphan) {
     Refit& old = *refit_;
     spdlog::warn(
         "{}: refit {} (epoch {}) was replaced by a newer coordinator run "
@@ -882,10 +636,6 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
     old.fanout->Close();
     old.local = LocalFinish(false);
     EndRefit("aborted: replaced by a newer coordinator run", false);
-  }
-  if (refit_) {
-    return refuse(NodeCode::kBusy,
-                  fmt::format("refit {} is in progress", refit_->id.ToHex()));
   }
   if (Status s = PersistEpoch(frame.header.epoch); !s.ok()) {
     return refuse(NodeCode::kStoreError,
@@ -977,7 +727,7 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
   };
   switch (frame.type()) {
     case FrameType::kChunk: {
-      chunks_received_ += 1;
+      counters_.chunks_received += 1;
       // After a vote, chunks are a repair round: receiving again.
       if (r.phase == Phase::kVoted) {
         r.phase = Phase::kReceiving;
@@ -985,13 +735,13 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
         r.fanout->Stream();
       }
       if (r.phase != Phase::kReceiving) {
-        chunks_dropped_ += 1;
+        counters_.chunks_dropped += 1;
         return;
       }
       r.received_through =
           std::max(r.received_through,
                    FramePosition{frame.header.epoch, frame.header.sequence});
-      chunks_forwarded_ +=
+      counters_.chunks_forwarded +=
           ForwardChunk(*r.fanout, buffer, DCR_FAILPOINT("relay.forward"),
                        options_.transport_options.frames);
       if (r.session) {
@@ -1074,7 +824,7 @@ void Relay::Impl::MaybePause() {
   Refit& r = *refit_;
   if (r.paused) return;
   if (r.fanout->MaxQueuedBytes() > r.plan.chunk_window_bytes ||
-      r.tracker->backlog_bytes > options_.apply_window_bytes) {
+      r.tracker->backlog_bytes() > options_.apply_window_bytes) {
     r.up_gate->Set(ReadGate::kWindows, true);
     r.paused = true;
   }
@@ -1084,7 +834,7 @@ void Relay::Impl::MaybeResume() {
   Refit& r = *refit_;
   if (!r.paused) return;
   if (r.fanout->MaxQueuedBytes() <= r.plan.chunk_window_bytes / 2 &&
-      r.tracker->backlog_bytes <= options_.apply_window_bytes / 2) {
+      r.tracker->backlog_bytes() <= options_.apply_window_bytes / 2) {
     r.up_gate->Set(ReadGate::kWindows, false);
     r.paused = false;
     r.last_up_rx = Clock::now();  // its frames waited in the socket
@@ -1094,7 +844,7 @@ void Relay::Impl::MaybeResume() {
 NodeResult Relay::Impl::LocalFinish(bool commit) {
   Refit& r = *refit_;
   NodeResult out = r.own;
-  out.chunks_applied = r.tracker->applied;
+  out.chunks_applied = r.tracker->applied();
   if (!r.session) return out;
   Status s;
   if (commit) {
@@ -1245,22 +995,15 @@ void Relay::Impl::EndRefit(const std::string& result, bool committed) {
   finished_ = Finished{r.id, r.epoch, r.plan_reply, r.last_reply};
   double seconds =
       std::chrono::duration<double>(Clock::now() - r.started).count();
-  last_chunks_applied_ = r.tracker->applied;
-  chunks_dropped_ += r.tracker->duplicates;  // Stats() added them so far
-  bytes_out_closed_ += r.fanout->BytesSent();
-  adoptions_closed_ += r.fanout->adoptions();
-  resent_chunks_closed_ += r.fanout->resent_chunks();
-  resent_bytes_closed_ += r.fanout->resent_bytes();
-  resend_misses_closed_ += r.fanout->resend_misses();
+  last_chunks_applied_ = r.tracker->applied();
+  counters_.chunks_dropped +=
+      r.tracker->duplicates();  // Stats() added them so far
+  counters_.CloseRefit(*r.fanout);
   r.fanout->Close();
-  (committed ? refits_committed_ : refits_aborted_) += 1;
+  (committed ? counters_.refits_committed : counters_.refits_aborted) += 1;
   spdlog::info("{}: refit {} {} in {:.3f} s ({} chunks applied)", options_.name,
-               r.id.ToHex(), result, seconds, r.tracker->applied.load());
-  {
-    std::lock_guard lock(stats_mu_);
-    published_.last_refit_seconds = seconds;
-    published_.last_result = fmt::format("{} {}", r.id.ToHex(), result);
-  }
+               r.id.ToHex(), result, seconds, r.tracker->applied());
+  board_.EndRefit(seconds, fmt::format("{} {}", r.id.ToHex(), result));
   refit_.reset();
   // Give the refit's buffers back to the system: a relay idles between
   // refits, and glibc keeps freed arenas otherwise.
@@ -1285,8 +1028,8 @@ void Relay::Impl::Step() {
   }
   Heartbeats(now);
   r.fanout->Tick(now);
-  chunks_applied_ = r.tracker->applied.load();
-  bool drained = r.tracker->in_flight == 0;
+  counters_.chunks_applied = r.tracker->applied();
+  bool drained = r.tracker->idle();
   switch (r.phase) {
     case Phase::kPlanning:
       if (r.fanout->Complete()) {
@@ -1303,15 +1046,10 @@ void Relay::Impl::Step() {
       if (!r.local && drained) {
         NodeResult vote = r.own;
         if (r.session) {
-          Status apply_error;
+          Status apply_error = r.tracker->TakeFirstError();  // per vote
           std::vector<AppliedChunk> applied;
-          {
-            std::lock_guard lock(r.tracker->mu);
-            apply_error = r.tracker->first_error;
-            r.tracker->first_error = Status::OK();  // per vote
-            if (options_.signing_public_key) {
-              applied = r.tracker->applied_chunks;
-            }
+          if (options_.signing_public_key) {
+            applied = r.tracker->AppliedChunks();
           }
           // With the root's public key, what was applied must be what the
           // root signed, whichever relay delivered it; checked first, so a
@@ -1324,7 +1062,7 @@ void Relay::Impl::Step() {
           if (!manifest.ok()) {
             vote.code = NodeCode::kRejected;
             vote.detail = std::string(manifest.message());
-            vote.chunks_applied = r.tracker->applied;
+            vote.chunks_applied = r.tracker->applied();
           } else {
             vote = r.session->Vote(*r.end, hash_pool_.get());
             const RefitSession::HashCounts hc = r.session->hash_counts();
@@ -1400,55 +1138,19 @@ void Relay::Impl::Step() {
 }
 
 void Relay::Impl::PublishStats() {
-  RelayStats s;
-  s.bytes_in = bytes_in_;
-  s.bytes_out = bytes_out_closed_;
-  s.chunks_received = chunks_received_;
-  s.chunks_applied = chunks_applied_;
-  s.chunks_forwarded = chunks_forwarded_;
-  s.chunks_dropped = chunks_dropped_;
-  s.refits_committed = refits_committed_;
-  s.refits_aborted = refits_aborted_;
-  s.links_refused = links_refused_;
-  s.inbound_pauses = inbound_pauses_;
-  s.adoptions = adoptions_closed_;
-  s.resent_chunks = resent_chunks_closed_;
-  s.resent_bytes = resent_bytes_closed_;
-  s.resend_misses = resend_misses_closed_;
-  if (store_) {
-    const VersionRecord rec = store_->record();
-    if (rec.committed) s.committed = rec.committed->version;
-    s.store_unsynced = rec.unsynced.has_value();
-  }
+  RelayStats s =
+      counters_.Snapshot(store_.get(), refit_ ? refit_->fanout.get() : nullptr);
   if (refit_) {
-    const Fanout& f = *refit_->fanout;
     s.state = PhaseName(refit_->phase);
-    s.bytes_out += f.BytesSent();
-    s.adoptions += f.adoptions();
-    s.resent_chunks += f.resent_chunks();
-    s.resent_bytes += f.resent_bytes();
-    s.resend_misses += f.resend_misses();
-    s.live_children = f.live_children();
-    s.peak_children = f.peak_children();
-    s.apply_backlog_bytes = refit_->tracker->backlog_bytes;
-    s.chunks_dropped += refit_->tracker->duplicates;
-    for (auto& [name, bytes] : refit_->fanout->QueueDepths()) {
-      s.child_queue_bytes.emplace_back(name, bytes);
-    }
+    s.apply_backlog_bytes = refit_->tracker->backlog_bytes();
+    s.chunks_dropped += refit_->tracker->duplicates();
   } else {
     s.state = store_ ? "idle" : "no store";
   }
-  std::lock_guard lock(stats_mu_);
-  s.last_refit_seconds = published_.last_refit_seconds;
-  s.last_result = published_.last_result;
-  if (!refit_) s.peak_children = published_.peak_children;  // the last refit's
-  published_ = std::move(s);
+  board_.Publish(std::move(s), refit_.has_value());
 }
 
-RelayStats Relay::Impl::Stats() const {
-  std::lock_guard lock(stats_mu_);
-  return published_;
-}
+RelayStats Relay::Impl::Stats() const { return board_.Get(); }
 
 Result<std::unique_ptr<Relay>> Relay::Start(RelayOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options));
