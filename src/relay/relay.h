@@ -43,6 +43,7 @@
 #include "dcr/store.h"
 #include "dcr/transport.h"
 #include "dcr/version.h"
+#include "relay/relay_stats.h"
 #include "wire/signature.h"
 
 namespace dcr {
@@ -110,41 +111,6 @@ struct RelayOptions {
   // memory keeps it on a disk this way. Start fails if the directory is
   // not writable.
   std::string undo_dir;
-};
-
-// A snapshot for metrics and tests.
-struct RelayStats {
-  uint64_t bytes_in = 0;   // from the parent, all frames
-  uint64_t bytes_out = 0;  // to children, all frames
-  uint64_t chunks_received = 0;
-  uint64_t chunks_applied = 0;
-  uint64_t chunks_forwarded = 0;  // chunk sends, one per child
-  uint64_t chunks_dropped = 0;    // duplicates and refused chunks
-  uint64_t refits_committed = 0;
-  uint64_t refits_aborted = 0;
-  double last_refit_seconds = 0;  // PLAN to the final reply
-  std::optional<Version> committed;
-  // The store's record is marked "unsynced": its data's background
-  // write-back has not finished (dcr/store.h "Durability").
-  bool store_unsynced = false;
-  std::string state;  // "idle", "planned", "receiving", "voted", "no store"
-  std::string last_result;  // e.g. "committed step 3 (refit 1a2b...)"
-  uint64_t apply_backlog_bytes = 0;
-  std::vector<std::pair<std::string, uint64_t>> child_queue_bytes;
-  // Re-parenting (relay/fanout.h): children now (during a refit), the
-  // most at once in the current or last refit, adoptions started or
-  // placed, and chunks resent to adopted children from the resend buffer
-  // (frames, bytes; misses: adoptions it could not cover).
-  uint64_t live_children = 0;
-  uint64_t peak_children = 0;
-  uint64_t adoptions = 0;
-  uint64_t resent_chunks = 0;
-  uint64_t resent_bytes = 0;
-  uint64_t resend_misses = 0;
-  // Inbound links closed as they opened (max_inbound_links), and times a
-  // link was paused because its frames waited (inbound_quota_bytes).
-  uint64_t links_refused = 0;
-  uint64_t inbound_pauses = 0;
 };
 
 class Relay {

@@ -1,0 +1,146 @@
+// Relay::Impl, the wiring behind the Relay facade (relay.h): it owns the
+// store, the transports, the apply workers and the actor thread, and drives
+// the refit in progress (relay_refit.h) with the events that reach its
+// Mailbox (frames, link closes, apply completions) and the deadlines that
+// the refit's parts name (phase deadline, heartbeats, orphan wait). Private
+// to src/relay: relay.cc holds the event loop and the routing of frames,
+// relay_plan.cc carries out PLAN decisions (plan_decision.h).
+//
+// Thread safety: Init, Stop and Stats may be called from any thread (Stop
+// once at a time); every other member runs on the actor thread (`actor_`),
+// which alone touches the refit state; transport callbacks and apply
+// workers reach it through `mailbox_`.
+#ifndef DCR_RELAY_RELAY_IMPL_H_
+#define DCR_RELAY_RELAY_IMPL_H_
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dcr/codec.h"
+#include "dcr/thread_pool.h"
+#include "protocol/epoch_file.h"
+#include "protocol/fanout.h"
+#include "protocol/frame_sender.h"
+#include "protocol/mailbox.h"
+#include "relay/apply_workers.h"
+#include "relay/inbound_links.h"
+#include "relay/parent_link.h"
+#include "relay/plan_decision.h"
+#include "relay/relay.h"
+#include "relay/relay_refit.h"
+#include "relay/relay_stats.h"
+
+namespace dcr {
+
+class Relay::Impl {
+ public:
+  explicit Impl(RelayOptions options) : options_(std::move(options)) {}
+  ~Impl() { Stop(); }
+
+  Status Init();
+  uint16_t port() const { return listener_->BoundPort(); }
+  RelayStats Stats() const { return board_.Get(); }
+  void Stop();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  // The refit in progress: its state machine and its two directions.
+  struct Current {
+    std::unique_ptr<RelayRefit> refit;
+    std::unique_ptr<ParentLink> parent;
+    std::shared_ptr<Fanout> fanout;
+    Clock::time_point started;
+  };
+  // The refit that ended last and what we answered in it: a parent that
+  // lost our final reply reconnects (an adoption PLAN) and gets it again.
+  struct Finished {
+    RefitId id;
+    uint64_t epoch = 0;
+    std::vector<std::byte> plan_reply;
+    std::optional<ParentLink::CachedReply> last_reply;
+  };
+
+  // relay.cc: the event loop, frame routing, the refit's progress.
+  void Run();
+  Clock::time_point NextDeadline(Clock::time_point now) const;
+  void OnTimers(Clock::time_point now);
+  void Advance();
+  void OnFrame(const std::shared_ptr<Link>& link, const Frame& frame,
+               const FrameBuffer& buffer);
+  void OnClosed(uint64_t link_id, const Status& why);
+  void AnswerStatus(Link& link, const Frame& frame);
+  bool AnswerEnded(Link& link, const Frame& frame);
+  void OnRefitFrame(const Frame& frame, const FrameBuffer& buffer);
+  void OnChunk(const Frame& frame, const FrameBuffer& buffer);
+  void Orphan(const std::string& why);
+  void AnswerUp(FrameType type, const NodeResult& own);
+  void Conclude();
+  void EndRefit(const std::string& result, bool committed);
+  void MaybePause();
+  void MaybeResume();
+  void PublishStats();
+  FrameHeader About() const;
+  void Reply(Link& link, FrameType type, const FrameHeader& about,
+             std::span<const std::byte> payload);
+  // Sizes the bounds from options_.memory_limit_bytes (RelayOptions).
+  Status ApplyMemoryLimit();
+  Status PersistEpoch(uint64_t epoch);
+
+  // relay_plan.cc: carrying out what DecidePlan decided.
+  void OnPlan(const std::shared_ptr<Link>& link, const Frame& frame);
+  PlanFacts Facts(const Link& link, const FrameHeader& header,
+                  const PlanMsg& plan) const;
+  void Refuse(Link& link, const FrameHeader& header, const PlanMsg& plan,
+              NodeCode code, const std::string& detail);
+  void AnswerAgain(Link& link, const FrameHeader& header, bool raise_epoch);
+  void ReplaceOrphan(uint64_t epoch);
+  void StartRefit(const std::shared_ptr<Link>& link, const FrameHeader& header,
+                  PlanMsg plan, bool rejoin);
+  // This node's part of a new refit: the session on its store (created for
+  // a full refit if missing), or null with the refusal in `own`.
+  std::unique_ptr<RefitSession> BeginSession(const RefitId& id,
+                                             const PlanMsg& plan, bool rejoin,
+                                             NodeResult* own);
+  void OnAdoption(const std::shared_ptr<Link>& link, const Frame& frame,
+                  const PlanMsg& plan);
+
+  RelayOptions options_;
+  EpochFile epoch_file_{""};
+  std::unique_ptr<WeightStore> store_;  // null until a full refit creates it
+  // The node's transports: the one it listens on (listener_, of
+  // options_.transport) and those its children's links need.
+  std::unique_ptr<TransportSet> transports_;
+  Transport* listener_ = nullptr;
+  Mailbox mailbox_;
+  std::unique_ptr<ApplyWorkers> workers_;
+  std::unique_ptr<ThreadPool> hash_pool_;
+  std::unique_ptr<ChunkDecoder> decoder_;  // for restores on the actor thread
+  RelayRefit::Env env_;
+  std::unique_ptr<InboundLinks> inbound_;
+  std::thread actor_;
+  std::atomic<bool> stopping_{false};
+  std::once_flag stop_once_;
+
+  // Actor state.
+  std::optional<Current> current_;
+  std::optional<Finished> finished_;
+  uint64_t max_epoch_ = 0;
+  // Frames this relay originates; made once Init fixed the frame options.
+  std::optional<FrameSender> sender_;
+  uint64_t last_chunks_applied_ = 0;
+  Clock::time_point timers_ran_;  // the last OnTimers
+
+  RelayCounters counters_;
+  StatsBoard board_;
+};
+
+}  // namespace dcr
+
+#endif  // DCR_RELAY_RELAY_IMPL_H_

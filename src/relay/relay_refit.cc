@@ -1,0 +1,272 @@
+#include "relay/relay_refit.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "common/failpoint.h"
+#include "protocol/refit_manifest.h"
+#include "relay/chunk_forward.h"
+
+namespace dcr {
+
+using P = RefitPhase;
+
+const char* RefitPhaseName(RefitPhase phase) {
+  switch (phase) {
+    case P::kPlanning:
+      return "planned";
+    case P::kReceiving:
+      return "receiving";
+    case P::kVoting:
+      return "voting";
+    case P::kVoted:
+      return "voted";
+    case P::kCommitting:
+      return "committing";
+    case P::kAborting:
+    case P::kOrphaned:
+      return "aborting";
+    case P::kEnded:
+      return "ended";
+  }
+  return "?";
+}
+
+RelayRefit::RelayRefit(const Env* env, const RefitId& id, uint64_t epoch,
+                       PlanMsg plan, NodeResult own,
+                       std::unique_ptr<RefitSession> session)
+    : env_(env),
+      id_(id),
+      epoch_(epoch),
+      plan_(std::move(plan)),
+      own_(std::move(own)),
+      session_(std::move(session)),
+      tracker_(std::make_shared<ApplyTracker>()) {}
+
+RelayRefit::~RelayRefit() { tracker_->WaitIdle(); }
+
+Status RelayRefit::From(std::initializer_list<RefitPhase> sources,
+                        const char* transition) const {
+  if (std::find(sources.begin(), sources.end(), phase_) != sources.end()) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(
+      fmt::format("refit {}: {} is not a transition out of {}", id_.ToHex(),
+                  transition, RefitPhaseName(phase_)));
+}
+
+bool RelayRefit::WantsLocalWork() const {
+  if (local_ || !tracker_->idle()) return false;
+  return phase_ == P::kVoting || phase_ == P::kCommitting ||
+         phase_ == P::kAborting || phase_ == P::kOrphaned;
+}
+
+Status RelayRefit::Planned() {
+  DCR_RETURN_IF_ERROR(From({P::kPlanning}, "Planned"));
+  phase_ = P::kReceiving;
+  return Status::OK();
+}
+
+Result<bool> RelayRefit::Chunk() {
+  DCR_RETURN_IF_ERROR(From({P::kReceiving, P::kVoted}, "Chunk"));
+  if (phase_ == P::kReceiving) return false;
+  // After a vote, chunks are a repair round: receiving again.
+  phase_ = P::kReceiving;
+  voted_yes_ = false;  // the bits change: only a new vote counts
+  return true;
+}
+
+void RelayRefit::Apply(const FrameBuffer& buffer,
+                       std::span<const std::byte> payload) {
+  if (!session_) return;
+  FailpointHit fp = DCR_FAILPOINT("relay.apply_chunk");
+  const bool hash = env_->signing_key != nullptr;
+  if (fp.corrupt()) {
+    FrameBuffer copy = CorruptedCopy(payload, fp);
+    env_->workers->Submit({copy, *copy, session_.get(), tracker_, hash});
+  } else if (!fp.drop()) {
+    env_->workers->Submit({buffer, payload, session_.get(), tracker_, hash});
+  }
+}
+
+Status RelayRefit::End(const EndMsg& end) {
+  // A second END (after a repair round without chunks for this subtree)
+  // asks for a new vote.
+  DCR_RETURN_IF_ERROR(From({P::kReceiving, P::kVoted}, "End"));
+  end_ = end;
+  phase_ = P::kVoting;
+  local_.reset();
+  return Status::OK();
+}
+
+Status RelayRefit::Vote() {
+  DCR_RETURN_IF_ERROR(From({P::kVoting}, "Vote"));
+  if (local_) return Status::InvalidArgument("already voted");
+  if (!tracker_->idle()) {
+    return Status::InvalidArgument("applies are in flight");
+  }
+  NodeResult vote = own_;
+  if (session_) {
+    Status apply_error = tracker_->TakeFirstError();  // per vote
+    // With the root's public key, what was applied must be what the root
+    // signed, whichever relay delivered it; checked first, so a forged
+    // chunk is named as such rather than as a digest mismatch.
+    Status manifest = Status::OK();
+    if (env_->signing_key) {
+      manifest = VerifyRefitManifest(*end_, *env_->signing_key, id_, epoch_,
+                                     plan_, tracker_->AppliedChunks());
+    }
+    if (!manifest.ok()) {
+      vote.code = NodeCode::kRejected;
+      vote.detail = std::string(manifest.message());
+      vote.chunks_applied = tracker_->applied();
+    } else {
+      vote = session_->Vote(*end_, env_->hash_pool);
+      const RefitSession::HashCounts hc = session_->hash_counts();
+      spdlog::debug("{}: vote hashed {} tensors; {} were hashed ahead",
+                    env_->node, hc.at_vote, hc.ahead);
+      // The bits decide: a chunk that failed (checksum, bounds) left its
+      // span as it was, which the digests show, and a repair round
+      // overwrites it.
+      if (!apply_error.ok()) {
+        spdlog::warn("{}: refused a chunk since the last vote: {}", env_->node,
+                     apply_error.ToString());
+        if (vote.code != NodeCode::kOk) {
+          vote.detail += "; first error: " + apply_error.ToString();
+        }
+      }
+    }
+  } else if (vote.code == NodeCode::kOk) {
+    vote.code = NodeCode::kStoreError;
+    vote.detail = "no session";
+  }
+  local_ = vote;
+  voted_yes_ = vote.code == NodeCode::kOk;
+  spdlog::info(
+      "{}: vote {} ({})", env_->node, vote.code == NodeCode::kOk ? "yes" : "no",
+      vote.code == NodeCode::kOk ? "digest matches the target" : vote.detail);
+  return Status::OK();
+}
+
+Result<NodeResult> RelayRefit::Voted() {
+  DCR_RETURN_IF_ERROR(From({P::kVoting}, "Voted"));
+  if (!local_) return Status::InvalidArgument("no vote yet");
+  phase_ = P::kVoted;
+  return *local_;
+}
+
+Status RelayRefit::Commit(const CommitMsg& commit) {
+  DCR_RETURN_IF_ERROR(
+      From({P::kPlanning, P::kReceiving, P::kVoting, P::kVoted}, "Commit"));
+  commit_ = commit;
+  phase_ = P::kCommitting;
+  local_.reset();
+  return Status::OK();
+}
+
+Status RelayRefit::Abort() {
+  DCR_RETURN_IF_ERROR(
+      From({P::kPlanning, P::kReceiving, P::kVoting, P::kVoted}, "Abort"));
+  phase_ = P::kAborting;
+  local_.reset();
+  return Status::OK();
+}
+
+Status RelayRefit::GiveUp() {
+  DCR_RETURN_IF_ERROR(
+      From({P::kPlanning, P::kReceiving, P::kVoting, P::kVoted}, "GiveUp"));
+  phase_ = P::kOrphaned;
+  local_.reset();
+  return Status::OK();
+}
+
+Status RelayRefit::Finish() {
+  DCR_RETURN_IF_ERROR(
+      From({P::kCommitting, P::kAborting, P::kOrphaned}, "Finish"));
+  if (local_) return Status::InvalidArgument("already finished");
+  if (!tracker_->idle()) {
+    return Status::InvalidArgument("applies are in flight");
+  }
+  if (phase_ != P::kCommitting) {
+    local_ = LocalFinish(false);
+    return Status::OK();
+  }
+  const bool in_set =
+      commit_ && session_ && voted_yes_ &&
+      std::find(commit_->commit_set.begin(), commit_->commit_set.end(),
+                env_->node) != commit_->commit_set.end();
+  NodeResult done = LocalFinish(in_set);
+  if (!in_set && done.code == NodeCode::kOk) {
+    done.detail = "not in the commit set; base restored";
+  }
+  local_ = done;
+  return Status::OK();
+}
+
+Result<RelayRefit::Conclusion> RelayRefit::Conclude() {
+  DCR_RETURN_IF_ERROR(
+      From({P::kCommitting, P::kAborting, P::kOrphaned}, "Conclude"));
+  if (!local_) return Status::InvalidArgument("not finished");
+  Conclusion c;
+  c.local = *local_;
+  switch (phase_) {
+    case P::kCommitting:
+      c.reply = FrameType::kCommitReply;
+      c.committed =
+          local_->code == NodeCode::kOk && local_->version == plan_.target;
+      c.summary = c.committed
+                      ? fmt::format("committed step {}", plan_.target.step)
+                      : "aborted (not committed here)";
+      break;
+    case P::kAborting:
+      c.reply = FrameType::kAbortReply;
+      c.summary = "aborted by the root";
+      break;
+    default:
+      c.summary = "aborted: parent link lost and not adopted";
+      break;
+  }
+  phase_ = P::kEnded;
+  return c;
+}
+
+Status RelayRefit::Shutdown() {
+  DCR_RETURN_IF_ERROR(From({P::kPlanning, P::kReceiving, P::kVoting, P::kVoted,
+                            P::kCommitting, P::kAborting, P::kOrphaned},
+                           "Shutdown"));
+  // Let the applies in progress finish, then restore the base bits (a
+  // no-op once committed: the session is gone).
+  tracker_->WaitIdle();
+  LocalFinish(/*commit=*/false);
+  phase_ = P::kEnded;
+  return Status::OK();
+}
+
+NodeResult RelayRefit::LocalFinish(bool commit) {
+  NodeResult out = own_;
+  out.chunks_applied = tracker_->applied();
+  if (!session_) return out;
+  Status s;
+  if (commit) {
+    s = session_->Commit();
+    if (s.ok()) out.version = plan_.target;
+  } else {
+    s = session_->Abort(env_->decoder);
+    if (s.ok()) {
+      out.version = plan_.base;
+      out.detail = "base restored";
+    }
+  }
+  if (!s.ok()) {
+    out.code = NodeCode::kStoreError;
+    out.detail = s.ToString();
+    spdlog::error("{}: {} failed: {}", env_->node,
+                  commit ? "commit" : "restore", s.ToString());
+  }
+  session_.reset();
+  return out;
+}
+
+}  // namespace dcr

@@ -1,0 +1,154 @@
+// One refit as a relay sees it, as an explicit state machine: the phases of
+// docs/PROTOCOL.md §"Relay states" and one function per transition. Each
+// transition names its source phases and returns InvalidArgument (and
+// changes nothing) when called from any other, so a frame out of order,
+// a late timer or a second completion cannot move the refit sideways.
+//
+//   kPlanning  --Planned (children answered PLAN)-------------> kReceiving
+//   kReceiving --Chunk--------------------------------------------> kReceiving
+//   kVoted     --Chunk (a repair round: the vote no longer holds)--->
+//   kReceiving kReceiving, kVoted --End (END: vote, again after a repair)--->
+//   kVoting kVoting    --Vote (applies drained: digests, manifest)---->
+//   kVoting, voted kVoting    --Voted (own vote and the children's are
+//   in)-----> kVoted kPlanning..kVoted --Commit
+//   (COMMIT)---------------------------> kCommitting kPlanning..kVoted --Abort
+//   (ABORT)-----------------------------> kAborting kPlanning..kVoted --GiveUp
+//   (orphan wait over, or replaced)---> kOrphaned kCommitting, kAborting,
+//   kOrphaned --Finish (applies drained:
+//                      commit if in the commit set, else restore)-> same, done
+//   kCommitting, kAborting, kOrphaned --Conclude (done, children
+//                      answered)---------------------------------> kEnded
+//   any but kEnded --Shutdown (the relay stops: restore)---------> kEnded
+//
+// Events drive it: frames (Chunk, End, Commit, Abort), apply completions
+// (Vote, Finish: their guard is ApplyTracker::idle()), the children's
+// replies (Planned, Voted, Conclude: the caller checks Fanout::Complete)
+// and deadline timers (GiveUp). What to send and to whom (the fan-out, the
+// parent link) is the caller's (relay.cc); this class owns the local half:
+// the RefitSession on the store, the apply tracker and the decision.
+//
+// Thread safety: every method runs on the relay's actor thread. The apply
+// workers run jobs that point at this refit's session; Vote, Finish,
+// Shutdown and the destructor act only once no job is in flight (the
+// destructor and Shutdown wait for that on the tracker's condition
+// variable).
+#ifndef DCR_RELAY_RELAY_REFIT_H_
+#define DCR_RELAY_RELAY_REFIT_H_
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "dcr/codec.h"
+#include "dcr/status.h"
+#include "dcr/thread_pool.h"
+#include "dcr/transport.h"
+#include "protocol/messages.h"
+#include "relay/apply_workers.h"
+#include "relay/refit_session.h"
+#include "wire/signature.h"
+
+namespace dcr {
+
+enum class RefitPhase {
+  kPlanning,    // waiting for the children's PLAN_REPLY
+  kReceiving,   // chunks flow
+  kVoting,      // END arrived: drain applies, vote, wait for children
+  kVoted,       // VOTE sent; waiting for COMMIT or ABORT
+  kCommitting,  // COMMIT arrived: commit or restore, wait for children
+  kAborting,    // ABORT arrived: restore, wait for children
+  kOrphaned,    // the parent left before COMMIT: restore, then end
+  kEnded,       // concluded; the relay drops it
+};
+
+// The name Stats() and `dcr status` show ("planned", "receiving", ...).
+const char* RefitPhaseName(RefitPhase phase);
+
+class RelayRefit {
+ public:
+  // What every refit of a relay shares; outlives the refit.
+  struct Env {
+    std::string node;
+    ApplyWorkers* workers = nullptr;
+    ThreadPool* hash_pool = nullptr;  // votes
+    ChunkDecoder* decoder = nullptr;  // restores, on the actor thread
+    // With it, a vote checks END's signed manifest against the chunks
+    // applied (docs/PROTOCOL.md §"Signed refits"); null: not checked.
+    const Ed25519PublicKey* signing_key = nullptr;
+  };
+
+  // `own`: this node's PLAN result (a refusal, if any); `session` null:
+  // forward-only (nothing is applied, the vote is a refusal).
+  RelayRefit(const Env* env, const RefitId& id, uint64_t epoch, PlanMsg plan,
+             NodeResult own, std::unique_ptr<RefitSession> session);
+  ~RelayRefit();  // waits for this refit's applies
+  RelayRefit(const RelayRefit&) = delete;
+  RelayRefit& operator=(const RelayRefit&) = delete;
+
+  // The outcome of Conclude: the reply the parent gets (kCommitReply,
+  // kAbortReply; kError: none, the parent is gone), this node's result,
+  // whether it committed and a line for logs and Stats.
+  struct Conclusion {
+    FrameType reply = FrameType::kError;
+    NodeResult local;
+    bool committed = false;
+    std::string summary;
+  };
+
+  // Transitions (see the diagram above).
+  Status Planned();
+  // True iff a repair round began (from kVoted): the caller streams again.
+  Result<bool> Chunk();
+  Status End(const EndMsg& end);
+  Status Vote();
+  Result<NodeResult> Voted();
+  Status Commit(const CommitMsg& commit);
+  Status Abort();
+  Status GiveUp();
+  Status Finish();
+  Result<Conclusion> Conclude();
+  Status Shutdown();
+
+  // Hands a received chunk (`payload` viewing into `buffer`) to the apply
+  // workers, after the relay.apply_chunk failpoint; nothing without a
+  // session. Call after Chunk() succeeded.
+  void Apply(const FrameBuffer& buffer, std::span<const std::byte> payload);
+
+  const RefitId& id() const { return id_; }
+  uint64_t epoch() const { return epoch_; }
+  // A resumed coordinator's higher epoch (fencing the old one off).
+  void set_epoch(uint64_t epoch) { epoch_ = epoch; }
+  const PlanMsg& plan() const { return plan_; }
+  RefitPhase phase() const { return phase_; }
+  const NodeResult& own() const { return own_; }
+  const ApplyTracker& tracker() const { return *tracker_; }
+  // The phase's own result is in (Vote or Finish ran).
+  bool local_done() const { return local_.has_value(); }
+  // Vote or Finish may run now: the phase wants it and no apply is in
+  // flight.
+  bool WantsLocalWork() const;
+
+ private:
+  NodeResult LocalFinish(bool commit);
+  Status From(std::initializer_list<RefitPhase> sources,
+              const char* transition) const;
+
+  // Twelve fields: the refit state of issue 14's done-when.
+  const Env* env_;
+  RefitId id_;
+  uint64_t epoch_;
+  PlanMsg plan_;
+  NodeResult own_;                         // PLAN result (refusal if any)
+  std::unique_ptr<RefitSession> session_;  // null: forward-only, or done
+  std::shared_ptr<ApplyTracker> tracker_;  // shared with in-flight jobs
+  RefitPhase phase_ = RefitPhase::kPlanning;
+  std::optional<EndMsg> end_;
+  std::optional<CommitMsg> commit_;
+  std::optional<NodeResult> local_;  // this phase's own result, once done
+  bool voted_yes_ = false;           // commit only what this node verified
+};
+
+}  // namespace dcr
+
+#endif  // DCR_RELAY_RELAY_REFIT_H_

@@ -1,0 +1,59 @@
+#include "relay/test_chunk_forgery.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "dcr/codec.h"
+#include "dcr/wire.h"
+
+namespace dcr {
+
+FrameBuffer TEST_ForgeChunkFrame(const FrameBuffer& frame,
+                                 const FrameOptions& options) {
+  auto parsed = ParseFrame(*frame);  // no key: the tag is kept, unchecked
+  auto decoder = ChunkDecoder::Create();
+  auto encoder = ChunkEncoder::Create(EncodeOptions{});
+  DecodedChunk c;
+  if (!parsed.ok() || !decoder.ok() || !encoder.ok() ||
+      !(*decoder)->Decode(parsed->payload, &c).ok() || c.values.empty()) {
+    return nullptr;
+  }
+  const ChunkHeader& h = c.header;
+  size_t es = h.elem_size;
+  // Flip a low bit of the first value, keeping it non-zero so that an XOR
+  // chunk still changes that element.
+  c.values[0] ^= std::byte{1};
+  if (std::all_of(c.values.begin(), c.values.begin() + es,
+                  [](std::byte b) { return b == std::byte{0}; })) {
+    c.values[0] ^= std::byte{3};
+  }
+  std::vector<uint32_t> positions = c.positions;
+  if (h.encoding == ChunkEncoding::kDense) {
+    positions.resize(h.span_elems);
+    for (uint32_t i = 0; i < h.span_elems; ++i) positions[i] = i;
+  }
+  std::vector<std::byte> payload;
+  Status s;
+  if (h.kind == ChunkKind::kOverwrite) {
+    s = (*encoder)->EncodeOverwrite(h.id, es, h.span_elems, positions, c.values,
+                                    &payload);
+  } else {
+    // XOR against zeros: the target holds the (forged) XOR values.
+    std::vector<std::byte> zeros(size_t{h.span_elems} * es);
+    std::vector<std::byte> target = zeros;
+    for (size_t k = 0; k < positions.size(); ++k) {
+      std::copy_n(c.values.begin() + k * es, es,
+                  target.begin() + size_t{positions[k]} * es);
+    }
+    auto changed = (*encoder)->EncodeDiff(ChunkKind::kXor, h.id, es, zeros,
+                                          target, &payload);
+    if (!changed.ok() || !*changed) return nullptr;
+  }
+  if (!s.ok()) return nullptr;
+  FrameHeader header = parsed->header;
+  header.flags &= static_cast<uint16_t>(~kFrameFlagsWireMask);
+  auto forged = EncodeFrame(header, payload, options);
+  return forged.ok() ? *forged : nullptr;
+}
+
+}  // namespace dcr
