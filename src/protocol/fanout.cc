@@ -470,6 +470,16 @@ void Fanout::ExpireIfDue(Clock::time_point now) {
   }
 }
 
+Fanout::Clock::time_point Fanout::adoption_deadline() const {
+  Clock::time_point next = Clock::time_point::max();
+  if (closing_) return next;
+  for (const Child& c : children_) {
+    if (c.failed || !c.link || !c.adoption || c.accepted) continue;
+    next = std::min(next, c.started + options_.connect_timeout);
+  }
+  return next;
+}
+
 void Fanout::ExpireAdoptions(Clock::time_point now) {
   if (closing_) return;
   for (size_t i = 0; i < children_.size(); ++i) {

@@ -120,6 +120,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // adoption within the connect timeout (with or without heartbeats).
   void ExpireIfDue(Clock::time_point now);
   Clock::time_point deadline() const { return deadline_; }
+  // When the oldest adoption not yet accepted runs out of its connect
+  // timeout (ExpireIfDue fails it then); max() when none is pending.
+  Clock::time_point adoption_deadline() const;
 
   // Link liveness, every plan.heartbeat_ms (0: off): sends a HEARTBEAT to
   // every child, fails a child silent for 4 intervals (a hung or stopped

@@ -183,12 +183,11 @@ Clock::time_point Relay::Impl::NextDeadline(Clock::time_point now) const {
   if (c.parent->orphaned() && c.refit->phase() <= RefitPhase::kVoted) {
     next = std::min(next, c.parent->orphan_deadline());
   }
-  if (c.fanout->child_count() != 0) {
-    // Fanout names no deadline for an adoption that has not been accepted
-    // (it fails it after the connect timeout, in ExpireIfDue): check a
-    // tenth of that timeout late at most.
-    next = std::min(next, now + std::max(std::chrono::milliseconds(5),
-                                         options_.connect_timeout / 10));
+  // An adoption not accepted within the connect timeout (ExpireIfDue fails
+  // it); strictly later than its start, so it is never acted on early.
+  if (Clock::time_point t = c.fanout->adoption_deadline();
+      t != Clock::time_point::max()) {
+    next = std::min(next, t + std::chrono::milliseconds(1));
   }
   if (c.parent->paused()) {
     // Reading from the parent resumes once the children's queues fall to

@@ -4,21 +4,24 @@
 // changes nothing) when called from any other, so a frame out of order,
 // a late timer or a second completion cannot move the refit sideways.
 //
-//   kPlanning  --Planned (children answered PLAN)-------------> kReceiving
-//   kReceiving --Chunk--------------------------------------------> kReceiving
-//   kVoted     --Chunk (a repair round: the vote no longer holds)--->
-//   kReceiving kReceiving, kVoted --End (END: vote, again after a repair)--->
-//   kVoting kVoting    --Vote (applies drained: digests, manifest)---->
-//   kVoting, voted kVoting    --Voted (own vote and the children's are
-//   in)-----> kVoted kPlanning..kVoted --Commit
-//   (COMMIT)---------------------------> kCommitting kPlanning..kVoted --Abort
-//   (ABORT)-----------------------------> kAborting kPlanning..kVoted --GiveUp
-//   (orphan wait over, or replaced)---> kOrphaned kCommitting, kAborting,
-//   kOrphaned --Finish (applies drained:
-//                      commit if in the commit set, else restore)-> same, done
-//   kCommitting, kAborting, kOrphaned --Conclude (done, children
-//                      answered)---------------------------------> kEnded
-//   any but kEnded --Shutdown (the relay stops: restore)---------> kEnded
+//   transition  from                          to          event
+//   Planned     kPlanning                     kReceiving  children answered
+//                                                         PLAN
+//   Chunk       kReceiving, kVoted            kReceiving  CHUNK (in kVoted:
+//                                                         a repair round)
+//   End         kReceiving, kVoted            kVoting     END
+//   Vote        kVoting (applies drained)     kVoting     own vote made
+//   Voted       kVoting (own vote made)       kVoted      children voted
+//   Commit      kPlanning..kVoted             kCommitting COMMIT
+//   Abort       kPlanning..kVoted             kAborting   ABORT
+//   GiveUp      kPlanning..kVoted             kOrphaned   no new parent in
+//                                                         time, or replaced
+//   Finish      kCommitting, kAborting,       (same)      applies drained:
+//               kOrphaned                                 commit or restore
+//   Conclude    kCommitting, kAborting,       kEnded      finished, children
+//               kOrphaned                                 answered
+//   Shutdown    any but kEnded                kEnded      the relay stops:
+//                                                         restore
 //
 // Events drive it: frames (Chunk, End, Commit, Abort), apply completions
 // (Vote, Finish: their guard is ApplyTracker::idle()), the children's
