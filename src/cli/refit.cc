@@ -1,4 +1,6 @@
 // `dcr refit` and `dcr status`: the coordinator's commands (src/coord).
+#include "dcr/refit.h"
+
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -8,7 +10,7 @@
 #include "common/bytes.h"
 #include "common/file.h"
 #include "common/progress.h"
-#include "coord/coordinator.h"
+#include "coord/coordinator.h"  // QueryStatus
 #include "dcr/store.h"
 #include "dcr/topology.h"
 #include "wire/hmac_authenticator.h"

@@ -1,6 +1,7 @@
 #include "coord/history.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
@@ -35,7 +36,7 @@ std::string DeltaHistory::PathFor(const Version& target) const {
 }
 
 Result<std::unique_ptr<DeltaWriter>> DeltaHistory::Record(
-    const Version& target) {
+    const Version& target) const {
   if (keep_ == 0) return std::unique_ptr<DeltaWriter>();
   std::error_code ec;
   fs::create_directories(dir_, ec);
@@ -72,6 +73,37 @@ Status DeltaHistory::Prune() {
     if (e.path().extension() == ".tmp") remove(e.path());
   }
   return first_error;
+}
+
+HistoryRecording::HistoryRecording(const DeltaHistory& history,
+                                   const Version& target) {
+  auto record = history.Record(target);
+  if (!record.ok()) {
+    spdlog::warn("not recording this delta for catch-up: {}",
+                 record.status().ToString());
+    return;
+  }
+  writer_ = *std::move(record);
+  if (writer_) path_ = history.PathFor(target);
+}
+
+void HistoryRecording::Append(std::span<const std::byte> chunk) {
+  if (!writer_) return;
+  if (Status s = writer_->Append(chunk); !s.ok()) {
+    spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
+    writer_.reset();
+  }
+}
+
+std::optional<std::string> HistoryRecording::Finish(const DeltaHeader& header) {
+  if (!writer_) return std::nullopt;
+  Status s = writer_->Finish(header);
+  writer_.reset();
+  if (!s.ok()) {
+    spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
+    return std::nullopt;
+  }
+  return path_;
 }
 
 Result<std::vector<std::string>> DeltaHistory::Chain(const Version& from,

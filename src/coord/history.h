@@ -13,14 +13,15 @@
 // from the current bits (the last overwrite wins, and the root holds the
 // result).
 //
-// Thread safety: DeltaHistory is not thread-safe. ComposedDelta::Encode may
-// run on several threads at once for distinct indices, each with its own
-// encoder, decoder and scratch.
+// Thread safety: DeltaHistory and HistoryRecording are not thread-safe.
+// ComposedDelta::Encode may run on several threads at once for distinct
+// indices, each with its own encoder, decoder and scratch.
 #ifndef DCR_COORD_HISTORY_H_
 #define DCR_COORD_HISTORY_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,7 +48,7 @@ class DeltaHistory {
   // A writer for the delta base -> target of the refit in progress (the
   // chunks in stream order; Finish with the header once committed). Null
   // when keep() is 0.
-  Result<std::unique_ptr<DeltaWriter>> Record(const Version& target);
+  Result<std::unique_ptr<DeltaWriter>> Record(const Version& target) const;
 
   // Removes every delta file but the `keep` with the highest target steps
   // (and temporary files of refits that never finished).
@@ -62,6 +63,32 @@ class DeltaHistory {
  private:
   std::string dir_;
   uint32_t keep_;
+};
+
+// The history record of one refit in progress: its chunks as they are
+// streamed, kept only if the refit commits. Recording is best effort: a
+// failure logs a warning and the refit goes on without a record (relays
+// behind it then catch up with a dense copy).
+class HistoryRecording {
+ public:
+  // Records nothing.
+  HistoryRecording() = default;
+  // Records the delta to `target` in `history` (nothing when it keeps
+  // none).
+  HistoryRecording(const DeltaHistory& history, const Version& target);
+
+  bool active() const { return writer_ != nullptr; }
+  // Appends one chunk, in stream order.
+  void Append(std::span<const std::byte> chunk);
+  // Makes the record durable under `header`; its path, or nullopt when
+  // nothing was recorded or it failed.
+  std::optional<std::string> Finish(const DeltaHeader& header);
+  // Drops the record (removes its temporary file).
+  void Discard() { writer_.reset(); }
+
+ private:
+  std::unique_ptr<DeltaWriter> writer_;
+  std::string path_;
 };
 
 // The composition of a chain of deltas (DeltaHistory::Chain): one chunk per

@@ -745,7 +745,7 @@ TEST_F(RelayTreeTest, ResumeCommitsWhatTheStoppedCoordinatorDecided) {
   SeedAll(0);
   StartAll();
   RefitReport stopped = Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
-    o.crash_after_decision = true;
+    o.TEST_crash_after_decision = true;
   });
   EXPECT_TRUE(std::filesystem::exists(dir_.Path("state/current.json")));
   // The relays voted and wait for the decision (prepared), at the target's
@@ -791,7 +791,7 @@ TEST_F(RelayTreeTest, ResumeWithoutADecisionAbortsAndRestoresEveryBase) {
   SeedAll(0);
   StartAll();
   RefitReport stopped = Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
-    o.crash_after_decision = true;
+    o.TEST_crash_after_decision = true;
   });
   // As if it had stopped just before writing its decision.
   std::filesystem::remove(
