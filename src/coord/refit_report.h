@@ -1,11 +1,12 @@
 // The refit report (dcr/refit.h RefitReport): its JSON (RefitReport::ToJson,
-// also state_dir/last-refit.json), the per-node summary of a refit from the
-// replies of its phases, and the reason a partial commit gives.
+// also state_dir/last-refit.json) and back, the per-node summary of a refit
+// from the replies of its phases, and the reason a partial commit gives.
 //
 // Thread safety: pure functions over values.
 #ifndef DCR_COORD_REFIT_REPORT_H_
 #define DCR_COORD_REFIT_REPORT_H_
 
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,6 +33,12 @@ struct PhaseReplies {
 void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
                     const std::set<std::string>& commit_set,
                     RefitReport* report);
+
+// The report RefitReport::ToJson wrote (state_dir/last-refit.json, which
+// adds "format"), read strictly: Corruption naming `file` and the field
+// for anything missing, mistyped, unknown or out of its enum.
+Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
+                                        const std::string& file);
 
 // "excluded, now stale: a (timeout at vote), b": who a partial commit left
 // out, and why.

@@ -379,6 +379,9 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
   DCR_RETURN_IF_ERROR(phases_.Finish());
   setup_.state.WriteLastRefit(report_);
   setup_.state.RemoveCurrent();
+  if (Status s = setup_.state.PruneDecisions(); !s.ok()) {
+    spdlog::warn("cannot prune the decisions: {}", s.ToString());
+  }
   return report_;
 }
 

@@ -10,7 +10,13 @@
 //   last-refit.json       the report of the last refit (RefitReport::ToJson)
 //   history/              the delta history (coord/history.h)
 //
-// Every write is atomic (a temporary file renamed over the old one, synced).
+// Every JSON file carries "format" (kStateFormat; a file without it, from
+// an older build, reads as format 1) and is read strictly: a malformed,
+// missing or unknown field is Corruption naming the file and the field
+// (state_json.h), never skipped. Every write is atomic (a temporary file
+// renamed over the old one, synced). decisions/ keeps the decisions of the
+// kDecisionsKept newest refits (by epoch) and of the refit current.json
+// names (PruneDecisions).
 //
 // Thread safety: values; concurrent coordinators need distinct directories.
 #ifndef DCR_COORD_STATE_DIR_H_
@@ -53,6 +59,9 @@ struct Decision {
 // {"step": n, "digest": hex}: a version in every state_dir file.
 nlohmann::json VersionJson(const Version& v);
 
+// How many refits' decisions decisions/ keeps (besides current.json's).
+inline constexpr size_t kDecisionsKept = 32;
+
 class StateDir {
  public:
   explicit StateDir(std::string dir) : dir_(std::move(dir)) {}
@@ -81,9 +90,17 @@ class StateDir {
   // nullopt when no decision was recorded for `refit`.
   Result<std::optional<Decision>> ReadDecision(const RefitId& refit) const;
 
-  // Writes the report, or logs a warning (a report is never worth failing
-  // a refit that already ended).
+  // Removes the decisions of all but the `keep` newest refits (by their
+  // epoch) and the refit current.json names. A decision it cannot read is
+  // kept and logged (naming file and field), as is an unknown entry.
+  // IOError when a file cannot be removed.
+  Status PruneDecisions(size_t keep = kDecisionsKept) const;
+
+  // Writes the report (RefitReport::ToJson plus "format"), or logs a
+  // warning (a report is never worth failing a refit that already ended).
   void WriteLastRefit(const RefitReport& report) const;
+  // NotFound when no refit wrote one; Corruption naming file and field.
+  Result<RefitReport> ReadLastRefit() const;
 
  private:
   std::string dir_;
