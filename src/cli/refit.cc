@@ -1,4 +1,6 @@
 // `dcr refit` and `dcr status`: the coordinator's commands (src/coord).
+#include "dcr/refit.h"
+
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -8,7 +10,8 @@
 #include "common/bytes.h"
 #include "common/file.h"
 #include "common/progress.h"
-#include "coord/coordinator.h"
+#include "coord/coordinator.h"  // QueryStatus
+#include "coord/state_dir.h"
 #include "dcr/store.h"
 #include "dcr/topology.h"
 #include "wire/hmac_authenticator.h"
@@ -270,9 +273,13 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
   }
   json last;
   if (!topo->root.state_dir.empty()) {
-    auto text = ReadFileToString(topo->root.state_dir + "/last-refit.json");
-    if (text.ok()) last = json::parse(*text, nullptr, false);
-    if (last.is_discarded()) last = json();
+    auto report = StateDir(topo->root.state_dir).ReadLastRefit();
+    if (report.ok()) {
+      last = json::parse(report->ToJson());
+    } else if (!report.status().IsNotFound()) {
+      std::fprintf(stderr, "dcr: last refit not shown: %s\n",
+                   report.status().ToString().c_str());
+    }
   }
   // A relay is stale when it holds another version than the baseline.
   std::optional<Version> baseline_version;

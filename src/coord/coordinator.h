@@ -1,210 +1,26 @@
-// The coordinator: the root of the relay tree, beside the trainer. It runs
-// one refit from its baseline to a target checkpoint through the tree of a
-// topology (what `dcr refit` does), and asks relays for their state (what
-// `dcr status` does).
+// The coordinator's entry points (the root of the relay tree, beside the
+// trainer): RunRefit and ResumeRefit (declared in dcr/refit.h, the public
+// API a trainer library calls; implemented over the parts of src/coord:
+// refit_setup, refit_run, chunk_producer, root_tree, baseline_update,
+// catch_up, refit_report, state_dir), and QueryStatus, which asks relays
+// for their state (what `dcr status` does; status_query.cc).
 //
-// One refit (docs/PROTOCOL.md):
-//  1. Plan. Loads the baseline (root.baseline, a file store whose version
-//     record names its step) and the target; the target version is
-//     (base step + 1, target digest). Persists a new epoch in state_dir,
-//     connects to the heads of the clusters and sends each its sub-plan;
-//     waits for the PLAN_REPLY of every node (or the phase deadline).
-//  2. Stream. Encoder threads diff base and target span by span (XOR
-//     chunks; dense overwrites for --full) while the coordinator thread
-//     sends the chunks down: construction overlaps transfer, and both the
-//     encoded-but-unsent queue and each child's send queue are bounded by
-//     the window. END carries the chunk count and the digest of the ids.
-//  3. Vote. Every node reports whether its store now has the target digest;
-//     a node whose bits differ names the tensors, which the root resends
-//     as overwrite chunks before asking again (repair rounds). A link that
-//     fails is reconnected, or the failed node's children are adopted
-//     (docs/PROTOCOL.md §"Re-parenting").
-//  4. Decide. If at least min_commit receivers (topology defaults; 0 =
-//     all) voted yes, the decision and its commit set are written durably to
-//     state_dir/decisions/<refit>.json before COMMIT is sent; otherwise
-//     ABORT, and every relay restores its base bits.
-//     The refit in progress is recorded in state_dir/current.json (see
-//     ResumeRefit).
-//  5. Commit. COMMIT_REPLY from every node; then the baseline store takes the
-//     target bits and records the target version: the base of the next
-//     refit, and the delta joins state_dir/history. state_dir/last-refit.json
-//     keeps the report.
-//  6. Catch up (RefitOptions::catch_up): relays that were versions behind
-//     are brought to the target (src/coord/history.h).
-//
-// Thread safety: RunRefit and QueryStatus are blocking calls that own their
-// threads; concurrent calls need distinct state_dirs and baselines.
+// Thread safety: QueryStatus is a blocking call that owns its threads.
 #ifndef DCR_COORD_COORDINATOR_H_
 #define DCR_COORD_COORDINATOR_H_
 
 #include <chrono>
-#include <cstdint>
-#include <functional>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "dcr/status.h"
-#include "dcr/store.h"
+#include "dcr/refit.h"
+#include "dcr/refit_codes.h"
 #include "dcr/topology.h"
 #include "dcr/transport.h"
 #include "dcr/version.h"
-#include "protocol/messages.h"
 
 namespace dcr {
-
-struct RefitOptions {
-  Topology topology;
-  std::string target;  // safetensors file, sharded directory or index
-  RefitMode mode = RefitMode::kDelta;
-  // A full refit of these relays only (each fed directly by the root),
-  // to seed or repair them at the tree's current version: the target must
-  // hold the baseline's bits, the target version is the baseline's, and
-  // the baseline does not move. Empty: the whole tree.
-  std::vector<std::string> only_nodes;
-  std::chrono::milliseconds phase_timeout{60000};
-  std::chrono::milliseconds connect_timeout{5000};
-  // Every tree link carries a HEARTBEAT this often; a link silent for 4
-  // intervals is dropped and its subtree re-parented (0: no heartbeats).
-  std::chrono::milliseconds heartbeat{1000};
-  // After the vote, receivers whose bits differ from the target name the
-  // tensors; the root resends them as overwrites and asks for a new vote,
-  // at most this many times, then excludes whoever still differs.
-  int repair_rounds = 2;
-  // After a refit that committed, relays that refused its plan because they
-  // hold an older version ("needs catch-up") are brought to the new one,
-  // each fed directly by the root: with the composition of the deltas
-  // recorded in state_dir/history (root.keep_deltas) when it holds the
-  // whole chain from their version, else with a dense copy. A store
-  // without a record, left unfinished, or missing is left alone (seed or
-  // repair it with a full refit of that node).
-  // Relays behind at an older step of this tree count towards min_commit
-  // (they are expected at the target once caught up; if a catch-up fails
-  // the refit ends committed-partial).
-  bool catch_up = true;
-  // A full refit's dense overwrites with raw value planes: the checkpoint's
-  // bytes as they are (the transport-only reference; no compression work
-  // at the root). Deltas are always compressed.
-  bool compress_full = true;
-  // When root.baseline's data is written back (dcr/store.h "Durability").
-  StoreSpec::DataSync baseline_data_sync = StoreSpec::DataSync::kBackground;
-  // Tests only: return right after the commit decision is durable, without
-  // sending COMMIT, as if the coordinator had died there.
-  bool crash_after_decision = false;
-  size_t threads = 0;  // encoder threads; 0: hardware count
-  // Every link's kind; empty: each link the kind the topology gives it
-  // (`transport` on defaults, a cluster, a node or a link). Tests set
-  // "fake" (with transport_options.fake_network).
-  std::string transport;
-  // Transport options for the root's links (frames, send rate limit).
-  TransportOptions transport_options;
-  // The root's Ed25519 private key (root.signing_key_file; empty: none).
-  // With it the encoder hashes every chunk and END carries the refit
-  // manifest signed with it (docs/PROTOCOL.md §"Signed refits").
-  std::string signing_key_file;
-  // Called on the coordinator thread about every 100 ms while chunks flow.
-  struct Progress {
-    uint64_t scanned_bytes = 0;  // target bytes diffed so far
-    uint64_t total_bytes = 0;    // checkpoint bytes
-    uint64_t payload_bytes = 0;  // chunk bytes sent so far
-    uint64_t chunks = 0;
-    std::string slowest;  // the child with the longest send queue
-    uint64_t slowest_queue_bytes = 0;
-  };
-  std::function<void(const Progress&)> on_progress;
-};
-
-enum class RefitOutcome {
-  kCommitted,  // every receiver committed
-  kPartial,    // committed; some receivers were excluded (stale)
-  kAborted,    // nothing committed; every reachable relay restored its base
-};
-std::string_view RefitOutcomeName(RefitOutcome o);
-
-struct NodeOutcome {
-  std::string node;
-  std::string cluster;
-  bool committed = false;
-  NodeCode code = NodeCode::kOk;  // the first phase that failed, else kOk
-  std::string phase;              // "plan", "vote", "commit" or ""
-  std::string detail;
-  uint64_t chunks_applied = 0;
-};
-
-// One catch-up after the refit (RefitOptions::catch_up).
-struct CatchUpReport {
-  RefitId refit;  // its own refit id and epoch
-  uint64_t epoch = 0;
-  std::vector<std::string> nodes;  // the relays it fed
-  Version from;                    // their version (history catch-up)
-  std::string method;              // "history" or "dense"
-  uint64_t deltas = 0;             // history deltas composed
-  uint64_t chunks = 0;
-  uint64_t payload_bytes = 0;
-  double seconds = 0;
-  RefitOutcome outcome = RefitOutcome::kAborted;
-  std::string reason;  // why some of them did not catch up
-};
-
-struct RefitReport {
-  RefitId refit;
-  uint64_t epoch = 0;
-  RefitMode mode = RefitMode::kDelta;
-  RefitOutcome outcome = RefitOutcome::kAborted;
-  std::string reason;  // why it aborted, or who was excluded
-  Version base;
-  Version target;
-  uint64_t checkpoint_bytes = 0;
-  uint64_t total_elements = 0;
-  uint64_t changed_elements = 0;
-  uint64_t chunks = 0;
-  uint64_t payload_bytes = 0;  // encoded chunk bytes
-  uint64_t stream_bytes = 0;   // all frames the root sent down one edge
-  int repair_rounds = 0;       // repair rounds run (see RefitOptions)
-  uint64_t repair_chunks = 0;  // overwrite chunks they sent
-  uint64_t repair_bytes = 0;   // their encoded bytes
-  uint64_t adoptions = 0;      // nodes the root re-parented
-  // Chunks the root resent from its resend buffer to nodes it adopted, and
-  // adoptions whose missed chunks the buffer no longer held (those come
-  // back in a repair round).
-  uint64_t resent_chunks = 0;
-  uint64_t resent_bytes = 0;
-  uint64_t resend_misses = 0;
-  // Bytes carried per link class ("wan", "lan") by the tree's edges that
-  // reached a node in the refit: each edge carries the stream once.
-  std::map<std::string, uint64_t> link_class_bytes;
-  double prepare_seconds = 0;  // load and hash target (and baseline)
-  double plan_seconds = 0;     // PLAN sent to the last PLAN_REPLY
-  double stream_seconds = 0;   // first chunk to END sent
-  double vote_seconds = 0;     // END sent to the last vote
-  double commit_seconds = 0;   // decision to the last COMMIT_REPLY (and the
-                               // baseline updated, in parallel)
-  double total_seconds = 0;
-  std::vector<NodeOutcome> nodes;  // every receiver in tree order
-  std::vector<CatchUpReport> catch_up;
-
-  std::string ToJson() const;  // one object, keys documented in README
-};
-
-// Runs one refit. Errors (not a report) for what stops it before any relay
-// is asked: a bad topology, a missing state_dir or baseline, a target whose
-// tensors differ from the baseline (InvalidArgument, FailedPrecondition,
-// NotFound). Everything after that ends in a report, aborted or not.
-Result<RefitReport> RunRefit(const RefitOptions& options);
-
-// `dcr refit --resume`: finishes the refit a coordinator left unfinished
-// (state_dir/current.json, written before its PLAN, removed with its
-// report). With a durable commit decision (decisions/<refit>.json) it
-// sends COMMIT to the same commit set, else ABORT. It runs at a new epoch:
-// every relay that holds the refit accepts it as its new parent (an
-// adoption PLAN with `resume`) and from then on refuses the old run's
-// frames; a relay that finished the refit reports how it ended. The
-// baseline is advanced from the recorded target path if the interrupted
-// run had not done it. Uses options' topology, timeouts, transport and
-// heartbeat; target and mode come from current.json. NotFound when there
-// is nothing to resume.
-Result<RefitReport> ResumeRefit(const RefitOptions& options);
 
 struct NodeStatus {
   std::string node;

@@ -1,6 +1,7 @@
 #include "coord/history.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
@@ -14,20 +15,77 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::string_view kSuffix = ".dcr";
+constexpr std::string_view kQuarantine = "quarantine";
 
-// Every finished delta file of `dir` (temporary files excluded).
-std::vector<fs::path> DeltaFiles(const std::string& dir) {
-  std::vector<fs::path> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.is_regular_file(ec) && e.path().extension() == kSuffix) {
-      out.push_back(e.path());
-    }
+// Reads every chunk's framing to the end (payloads are not decoded): a
+// file torn after its header fails here, not halfway through a catch-up.
+Status CheckChunks(const std::string& path) {
+  DCR_ASSIGN_OR_RETURN(auto reader, DeltaReader::Open(path));
+  std::span<const std::byte> chunk;
+  for (;;) {
+    DCR_ASSIGN_OR_RETURN(bool more, reader->Next(&chunk));
+    if (!more) return Status::OK();
   }
-  return out;
 }
 
 }  // namespace
+
+std::string DeltaHistory::QuarantineDir() const {
+  return dir_ + "/" + std::string(kQuarantine);
+}
+
+void DeltaHistory::Quarantine(const std::string& path,
+                              const std::string& why) const {
+  std::error_code ec;
+  fs::create_directories(QuarantineDir(), ec);
+  const std::string to =
+      QuarantineDir() + "/" + fs::path(path).filename().string();
+  if (!ec) fs::rename(path, to, ec);
+  if (ec) {
+    spdlog::warn("{}: {}; cannot move it to {} ({}), ignoring it", path, why,
+                 QuarantineDir(), ec.message());
+    return;
+  }
+  spdlog::warn("{}: {}; moved to {} and treated as absent", path, why, to);
+}
+
+std::vector<DeltaHistory::Entry> DeltaHistory::Entries() const {
+  std::vector<Entry> out;
+  std::error_code ec;
+  if (!fs::exists(dir_, ec)) return out;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const fs::path& p = e.path();
+    if (p.extension() == ".tmp") continue;  // a refit in progress, or Prune's
+    if (p.filename() == kQuarantine && e.is_directory(ec)) continue;
+    if (p.extension() == kSuffix && e.is_regular_file(ec)) {
+      files.push_back(p);
+    } else {
+      spdlog::warn(
+          "{}: not a delta file of the history (<step>-<digest>{}); "
+          "ignoring it",
+          p.string(), kSuffix);
+    }
+  }
+  for (const fs::path& p : files) {
+    auto reader = DeltaReader::Open(p.string());
+    if (!reader.ok()) {
+      Quarantine(p.string(), reader.status().ToString());
+      continue;
+    }
+    const DeltaHeader& h = (*reader)->header();
+    // The name is the index: it must be the one PathFor gives its target.
+    if (fs::path(PathFor(h.target)).filename() != p.filename()) {
+      Quarantine(p.string(),
+                 fmt::format("its header's target (step {}, {}) is not the "
+                             "one its name says",
+                             h.target.step, h.target.digest.ShortHex()));
+      continue;
+    }
+    out.push_back(Entry{p.string(), h});
+  }
+  return out;
+}
 
 std::string DeltaHistory::PathFor(const Version& target) const {
   return fmt::format("{}/{:012}-{}{}", dir_, target.step,
@@ -35,7 +93,7 @@ std::string DeltaHistory::PathFor(const Version& target) const {
 }
 
 Result<std::unique_ptr<DeltaWriter>> DeltaHistory::Record(
-    const Version& target) {
+    const Version& target) const {
   if (keep_ == 0) return std::unique_ptr<DeltaWriter>();
   std::error_code ec;
   fs::create_directories(dir_, ec);
@@ -49,14 +107,10 @@ Result<std::unique_ptr<DeltaWriter>> DeltaHistory::Record(
 Status DeltaHistory::Prune() {
   std::error_code ec;
   if (!fs::exists(dir_, ec)) return Status::OK();
-  std::vector<std::pair<uint64_t, fs::path>> files;
-  for (const fs::path& p : DeltaFiles(dir_)) {
-    auto reader = DeltaReader::Open(p.string());
-    // An unreadable file is of no use to a chain: it goes first.
-    files.emplace_back(reader.ok() ? (*reader)->header().target.step : 0, p);
-  }
-  std::sort(files.begin(), files.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<Entry> files = Entries();  // quarantines unreadable files
+  std::sort(files.begin(), files.end(), [](const Entry& a, const Entry& b) {
+    return a.header.target.step > b.header.target.step;
+  });
   Status first_error;
   auto remove = [&](const fs::path& p) {
     std::error_code e;
@@ -66,12 +120,53 @@ Status DeltaHistory::Prune() {
           fmt::format("cannot remove {}: {}", p.string(), e.message()));
     }
   };
-  for (size_t i = keep_; i < files.size(); ++i) remove(files[i].second);
+  for (size_t i = keep_; i < files.size(); ++i) remove(files[i].path);
   // Temporary files of refits that did not commit (a crashed coordinator).
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     if (e.path().extension() == ".tmp") remove(e.path());
   }
+  // The quarantine keeps the newest kQuarantineKept files, for a look.
+  std::vector<std::pair<fs::file_time_type, fs::path>> quarantined;
+  for (const auto& e : fs::directory_iterator(QuarantineDir(), ec)) {
+    quarantined.emplace_back(e.last_write_time(ec), e.path());
+  }
+  std::sort(quarantined.begin(), quarantined.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = kQuarantineKept; i < quarantined.size(); ++i) {
+    remove(quarantined[i].second);
+  }
   return first_error;
+}
+
+HistoryRecording::HistoryRecording(const DeltaHistory& history,
+                                   const Version& target) {
+  auto record = history.Record(target);
+  if (!record.ok()) {
+    spdlog::warn("not recording this delta for catch-up: {}",
+                 record.status().ToString());
+    return;
+  }
+  writer_ = *std::move(record);
+  if (writer_) path_ = history.PathFor(target);
+}
+
+void HistoryRecording::Append(std::span<const std::byte> chunk) {
+  if (!writer_) return;
+  if (Status s = writer_->Append(chunk); !s.ok()) {
+    spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
+    writer_.reset();
+  }
+}
+
+std::optional<std::string> HistoryRecording::Finish(const DeltaHeader& header) {
+  if (!writer_) return std::nullopt;
+  Status s = writer_->Finish(header);
+  writer_.reset();
+  if (!s.ok()) {
+    spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
+    return std::nullopt;
+  }
+  return path_;
 }
 
 Result<std::vector<std::string>> DeltaHistory::Chain(const Version& from,
@@ -79,17 +174,31 @@ Result<std::vector<std::string>> DeltaHistory::Chain(const Version& from,
   if (from == to) {
     return Status::InvalidArgument("catch-up from a version to itself");
   }
-  // base version -> (target version, path) of every readable file.
+  for (;;) {
+    auto chain = ChainOf(Entries(), from, to);
+    if (!chain.ok()) return chain;
+    // A file torn after its header leaves the history, and the chain is
+    // looked for again without it.
+    bool whole = true;
+    for (const std::string& path : *chain) {
+      if (Status s = CheckChunks(path); !s.ok()) {
+        Quarantine(path, s.ToString());
+        whole = false;
+      }
+    }
+    if (whole) return chain;
+  }
+}
+
+Result<std::vector<std::string>> DeltaHistory::ChainOf(
+    const std::vector<Entry>& entries, const Version& from,
+    const Version& to) const {
+  // base version -> (target version, path).
   std::map<std::pair<uint64_t, std::string>, std::pair<Version, std::string>>
       by_base;
-  std::error_code ec;
-  if (fs::exists(dir_, ec)) {
-    for (const fs::path& p : DeltaFiles(dir_)) {
-      auto reader = DeltaReader::Open(p.string());
-      if (!reader.ok()) continue;
-      const DeltaHeader& h = (*reader)->header();
-      by_base[{h.base.step, h.base.digest.ToHex()}] = {h.target, p.string()};
-    }
+  for (const Entry& e : entries) {
+    by_base[{e.header.base.step, e.header.base.digest.ToHex()}] = {
+        e.header.target, e.path};
   }
   std::vector<std::string> chain;
   Version at = from;

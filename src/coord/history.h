@@ -13,14 +13,21 @@
 // from the current bits (the last overwrite wins, and the root holds the
 // result).
 //
-// Thread safety: DeltaHistory is not thread-safe. ComposedDelta::Encode may
-// run on several threads at once for distinct indices, each with its own
-// encoder, decoder and scratch.
+// The file names are the history's index: <target step, 12 digits>-<short
+// digest>.dcr. A delta file that cannot be read (a torn write, a header
+// that fails its checks, chunks cut short) or whose name is not its
+// header's target is moved to history/quarantine/ with a logged reason and
+// treated as absent: one bad file costs a dense catch-up, never a refit.
+//
+// Thread safety: DeltaHistory and HistoryRecording are not thread-safe.
+// ComposedDelta::Encode may run on several threads at once for distinct
+// indices, each with its own encoder, decoder and scratch.
 #ifndef DCR_COORD_HISTORY_H_
 #define DCR_COORD_HISTORY_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,21 +54,67 @@ class DeltaHistory {
   // A writer for the delta base -> target of the refit in progress (the
   // chunks in stream order; Finish with the header once committed). Null
   // when keep() is 0.
-  Result<std::unique_ptr<DeltaWriter>> Record(const Version& target);
+  Result<std::unique_ptr<DeltaWriter>> Record(const Version& target) const;
 
   // Removes every delta file but the `keep` with the highest target steps
-  // (and temporary files of refits that never finished).
+  // (and temporary files of refits that never finished), and quarantined
+  // files but the kQuarantineKept newest.
   Status Prune();
 
   // The recorded deltas that lead from `from` to `to`, in order: NotFound
   // (naming the first missing step) when the history does not hold the
-  // whole chain. `from` == `to` is InvalidArgument.
+  // whole chain. `from` == `to` is InvalidArgument. Every file of the
+  // chain returned reads to its end.
   Result<std::vector<std::string>> Chain(const Version& from,
                                          const Version& to) const;
 
+  // Where unreadable delta files go (docs/FORMAT.md §"State directory").
+  std::string QuarantineDir() const;
+  static constexpr size_t kQuarantineKept = 8;
+
  private:
+  struct Entry {
+    std::string path;
+    DeltaHeader header;
+  };
+  // Every delta file of the history by its header. A delta file that does
+  // not open, or whose name is not the one PathFor gives its target, is
+  // quarantined (moved to QuarantineDir with a logged reason) and left
+  // out; any other entry is logged and left out.
+  std::vector<Entry> Entries() const;
+  Result<std::vector<std::string>> ChainOf(const std::vector<Entry>& entries,
+                                           const Version& from,
+                                           const Version& to) const;
+  void Quarantine(const std::string& path, const std::string& why) const;
+
   std::string dir_;
   uint32_t keep_;
+};
+
+// The history record of one refit in progress: its chunks as they are
+// streamed, kept only if the refit commits. Recording is best effort: a
+// failure logs a warning and the refit goes on without a record (relays
+// behind it then catch up with a dense copy).
+class HistoryRecording {
+ public:
+  // Records nothing.
+  HistoryRecording() = default;
+  // Records the delta to `target` in `history` (nothing when it keeps
+  // none).
+  HistoryRecording(const DeltaHistory& history, const Version& target);
+
+  bool active() const { return writer_ != nullptr; }
+  // Appends one chunk, in stream order.
+  void Append(std::span<const std::byte> chunk);
+  // Makes the record durable under `header`; its path, or nullopt when
+  // nothing was recorded or it failed.
+  std::optional<std::string> Finish(const DeltaHeader& header);
+  // Drops the record (removes its temporary file).
+  void Discard() { writer_.reset(); }
+
+ private:
+  std::unique_ptr<DeltaWriter> writer_;
+  std::string path_;
 };
 
 // The composition of a chain of deltas (DeltaHistory::Chain): one chunk per

@@ -22,6 +22,7 @@
 
 #include "dcr/checkpoint.h"
 #include "dcr/digest.h"
+#include "dcr/refit_codes.h"  // RefitMode, NodeCode
 #include "dcr/status.h"
 #include "dcr/version.h"
 #include "dcr/wire.h"
@@ -52,11 +53,6 @@ struct PlanNode {
   int32_t parent = -1;    // index in PlanMsg::nodes; -1 only for nodes[0]
   uint64_t link_bps = 0;  // the topology's bandwidth into it (0: unknown)
   friend bool operator==(const PlanNode&, const PlanNode&) = default;
-};
-
-enum class RefitMode : uint8_t {
-  kDelta = 1,  // XOR chunks (overwrites on retry) against the base version
-  kFull = 2,   // dense overwrite chunks of every span; the base is ignored
 };
 
 // Starts a refit. nodes[0] is the receiver itself; the rest is its subtree,
@@ -101,22 +97,6 @@ struct PlanMsg {
   uint32_t sender_depth = 0;
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
 };
-
-// How one node fared in a phase. Replies aggregate their subtree: a relay
-// answers with its own result followed by its children's.
-enum class NodeCode : uint8_t {
-  kOk = 0,
-  kNeedsCatchUp = 1,      // committed version is not the plan's base
-  kManifestMismatch = 2,  // the store holds other tensors
-  kBusy = 3,              // another refit is in progress
-  kUnreachable = 4,       // its parent could not reach it
-  kStoreError = 5,        // applying or persisting failed
-  kDigestMismatch = 6,    // after END the bits are not the target's
-  kIncomplete = 7,        // END arrived but chunks are missing
-  kTimeout = 8,           // it did not answer within the phase deadline
-  kRejected = 9,          // the frame or plan was refused (reason in detail)
-};
-std::string_view NodeCodeName(NodeCode code);
 
 struct NodeResult {
   std::string node;

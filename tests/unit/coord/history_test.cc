@@ -191,6 +191,62 @@ TEST_F(HistoryTest, MissingLinksAndBadChainsAreRefused) {
   EXPECT_TRUE(history_.Chain(V(0), V(2)).status().IsNotFound());
 }
 
+// A file torn after its header, or misnamed, leaves the history for
+// history/quarantine/ and is treated as absent; a stray file is left alone.
+TEST_F(HistoryTest, UnreadableFilesAreQuarantinedAndTreatedAsAbsent) {
+  Model v0(1), v1 = v0.Step(0.03, 2), v2 = v1.Step(0.03, 3),
+               v3 = v2.Step(0.03, 4);
+  Record(v0, v1, 0, 1);
+  Record(v1, v2, 1, 2);
+  Record(v2, v3, 2, 3);
+  const std::string torn = history_.PathFor(V(2));
+  fs::resize_file(torn, kDeltaHeaderBytes + 5);
+  std::ofstream(dir_.Path("history/README")) << "mine";
+  auto chain = history_.Chain(V(0), V(3));
+  EXPECT_TRUE(chain.status().IsNotFound()) << chain.status().ToString();
+  EXPECT_FALSE(fs::exists(torn));
+  const std::string moved =
+      history_.QuarantineDir() + "/" + fs::path(torn).filename().string();
+  EXPECT_TRUE(fs::exists(moved));
+  EXPECT_TRUE(fs::exists(dir_.Path("history/README")));
+  // The rest of the history still serves: v2 -> v3 reads whole.
+  auto rest = history_.Chain(V(2), V(3));
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  EXPECT_EQ(Compose(*rest, v2, v3).t, v3.t);
+  // Recording the lost link again mends the chain.
+  Record(v1, v2, 1, 2);
+  auto mended = history_.Chain(V(0), V(3));
+  ASSERT_TRUE(mended.ok()) << mended.status().ToString();
+  EXPECT_EQ(Compose(*mended, v0, v3).t, v3.t);
+  // A file whose name is not its header's target is no index entry.
+  fs::rename(history_.PathFor(V(1)), dir_.Path("history/000000000007-ab.dcr"));
+  EXPECT_TRUE(history_.Chain(V(0), V(3)).status().IsNotFound());
+  EXPECT_TRUE(fs::exists(history_.QuarantineDir() + "/000000000007-ab.dcr"));
+  // A broken header is quarantined by Prune too.
+  std::ofstream(history_.PathFor(V(9)), std::ios::binary) << "garbage";
+  ASSERT_TRUE(history_.Prune().ok());
+  EXPECT_FALSE(fs::exists(history_.PathFor(V(9))));
+  EXPECT_TRUE(fs::exists(history_.QuarantineDir() + "/" +
+                         fs::path(history_.PathFor(V(9))).filename().string()));
+}
+
+TEST_F(HistoryTest, PruneBoundsTheQuarantine) {
+  fs::create_directories(history_.QuarantineDir());
+  for (int i = 0; i < 12; ++i) {
+    std::string p = history_.QuarantineDir() + "/" + std::to_string(i) + ".dcr";
+    std::ofstream(p) << i;
+    fs::last_write_time(
+        p, fs::file_time_type::clock::now() - std::chrono::hours(12 - i));
+  }
+  ASSERT_TRUE(history_.Prune().ok());
+  size_t left = 0;
+  for (const auto& e : fs::directory_iterator(history_.QuarantineDir())) {
+    ++left;
+    EXPECT_GE(std::stoi(e.path().stem().string()), 4) << e.path();
+  }
+  EXPECT_EQ(left, DeltaHistory::kQuarantineKept);
+}
+
 TEST_F(HistoryTest, PruneKeepsTheNewestAndDropsTemporaryFiles) {
   Model m(1);
   Model prev = m;

@@ -20,6 +20,7 @@
 #include "common/file.h"
 #include "coord/coordinator.h"
 #include "dcr/checkpoint.h"
+#include "dcr/delta.h"
 #include "dcr/store.h"
 #include "dcr/topology.h"
 #include "relay/relay.h"
@@ -611,6 +612,47 @@ TEST_F(RelayTreeTest, AnOrphanTakesTheNextRefitAndCatchesUp) {
   }
 }
 
+// A history file torn after its header (a crash mid-write, a bad disk) is
+// moved to history/quarantine/ and treated as absent: the relay that
+// needed it is caught up with a dense copy, and the refit commits.
+TEST_F(RelayTreeTest,
+       ATornHistoryFileIsQuarantinedAndTheNextRefitStillCommits) {
+  SeedAll(0);
+  StartAll();
+  ASSERT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
+  for (const auto& n : kRelays) WaitIdle(n);
+  // a2 (a leaf) misses the refit to step 2 (its relay is down).
+  relays_.erase("a2");
+  RefitReport two = Refit(2, RefitMode::kDelta, /*min_commit=*/4);
+  ASSERT_EQ(two.outcome, RefitOutcome::kPartial) << two.ToJson();
+  const std::string history = dir_.Path("state/history");
+  std::string torn;
+  for (const auto& e : std::filesystem::directory_iterator(history)) {
+    if (e.path().filename().string().rfind("000000000002-", 0) == 0) {
+      torn = e.path().string();
+    }
+  }
+  ASSERT_FALSE(torn.empty());
+  std::filesystem::resize_file(torn, kDeltaHeaderBytes + 10);
+  // a2 comes back at step 1; the next refit (to step 3, v0's bits) finds
+  // it behind, and the chain from step 1 runs through the torn file.
+  StartRelay("a2");
+  RefitReport three = Refit(0);
+  ASSERT_EQ(three.outcome, RefitOutcome::kCommitted) << three.ToJson();
+  ASSERT_EQ(three.catch_up.size(), 1u) << three.ToJson();
+  EXPECT_EQ(three.catch_up[0].method, "dense");
+  EXPECT_EQ(three.catch_up[0].nodes, std::vector<std::string>{"a2"});
+  EXPECT_FALSE(std::filesystem::exists(torn));
+  EXPECT_TRUE(
+      std::filesystem::exists(history + "/quarantine/" +
+                              std::filesystem::path(torn).filename().string()));
+  Digest128 v3 = DigestOf(Ckpt(0));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v3) << n;
+  }
+}
+
 TEST_F(RelayTreeTest, ShmStoreIsSeededAndRefitLikeAFileStore) {
   // b1 keeps its weights in POSIX shared memory, as a serving process on
   // the node would map them: created by a full refit, then refit in place.
@@ -745,7 +787,7 @@ TEST_F(RelayTreeTest, ResumeCommitsWhatTheStoppedCoordinatorDecided) {
   SeedAll(0);
   StartAll();
   RefitReport stopped = Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
-    o.crash_after_decision = true;
+    o.TEST_crash_after_decision = true;
   });
   EXPECT_TRUE(std::filesystem::exists(dir_.Path("state/current.json")));
   // The relays voted and wait for the decision (prepared), at the target's
@@ -791,7 +833,7 @@ TEST_F(RelayTreeTest, ResumeWithoutADecisionAbortsAndRestoresEveryBase) {
   SeedAll(0);
   StartAll();
   RefitReport stopped = Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
-    o.crash_after_decision = true;
+    o.TEST_crash_after_decision = true;
   });
   // As if it had stopped just before writing its decision.
   std::filesystem::remove(

@@ -1,0 +1,49 @@
+// The root's baseline pass after a commit decision (DESIGN.md invariant 8:
+// the baseline advances only on commit, to exactly the target bits): the
+// baseline store takes the target's bits of every span the refit changed
+// (every span when `all`), recorded as the refit in progress in its version
+// record, and is checked against the target digest. The caller commits the
+// store (WeightStore::Commit) once the history record is durable.
+//
+// Thread safety: runs on the calling thread and the pool's workers; the
+// pool must not be used by anyone else meanwhile.
+#ifndef DCR_COORD_BASELINE_UPDATE_H_
+#define DCR_COORD_BASELINE_UPDATE_H_
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "dcr/checkpoint.h"
+#include "dcr/digest.h"
+#include "dcr/status.h"
+#include "dcr/store.h"
+#include "dcr/thread_pool.h"
+#include "dcr/version.h"
+
+namespace dcr {
+
+struct BaselineUpdate {
+  const Checkpoint* target = nullptr;
+  ThreadPool* pool = nullptr;
+  RefitId refit;
+  Version base;
+  Version to;  // the target version
+  // The target's per-tensor digests, to name the first tensor that differs.
+  const std::vector<Digest128>* tensor_digests = nullptr;
+  uint64_t span_elems = 0;
+  bool all = false;  // every span (a full refit, or resume)
+  // Else the spans the refit changed: (tensor, span), sorted and distinct.
+  std::vector<std::pair<uint32_t, uint32_t>> changed;
+};
+
+// Writes and checks the baseline. `*baseline` null: created from `spec` at
+// the target's manifest (the first full refit seeds it). `spec.path`
+// empty (no root.baseline): OK with a warning, nothing done.
+Status UpdateBaseline(const BaselineUpdate& update, const StoreSpec& spec,
+                      std::unique_ptr<WeightStore>* baseline);
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_BASELINE_UPDATE_H_

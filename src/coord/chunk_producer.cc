@@ -1,0 +1,89 @@
+#include "coord/chunk_producer.h"
+
+#include <algorithm>
+
+namespace dcr {
+
+bool ChunkQueue::Push(Outgoing o) {
+  std::unique_lock lock(mu_);
+  space_.wait(lock, [&] { return cancelled_ || bytes_ < capacity_; });
+  if (cancelled_) return false;
+  bytes_ += o.frame->size();
+  items_.push_back(std::move(o));
+  return true;
+}
+
+std::optional<Outgoing> ChunkQueue::Pop() {
+  std::lock_guard lock(mu_);
+  if (items_.empty()) return std::nullopt;
+  Outgoing o = std::move(items_.front());
+  items_.pop_front();
+  bytes_ -= o.frame->size();
+  space_.notify_one();
+  return o;
+}
+
+void ChunkQueue::Cancel() {
+  std::lock_guard lock(mu_);
+  cancelled_ = true;
+  space_.notify_all();
+}
+
+uint64_t ChunkQueue::bytes() const {
+  std::lock_guard lock(mu_);
+  return bytes_;
+}
+
+ChunkProducer::ChunkProducer(ThreadPool* pool, uint64_t capacity,
+                             std::function<void()> wake)
+    : pool_(pool), queue_(capacity), wake_(std::move(wake)) {}
+
+ChunkProducer::~ChunkProducer() {
+  Cancel();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ChunkProducer::Start(ChunkJob job) {
+  job_ = std::move(job);
+  thread_ = std::thread([this] { Run(); });
+}
+
+Status ChunkProducer::Join() {
+  if (thread_.joinable()) thread_.join();
+  return error_;
+}
+
+void ChunkProducer::Stop(Status why) {
+  error_ = std::move(why);
+  done_.store(true, std::memory_order_release);
+  if (wake_) wake_();
+}
+
+void ChunkProducer::Run() {
+  if (job_.prepare) {
+    if (Status s = job_.prepare(); !s.ok()) return Stop(std::move(s));
+  }
+  const size_t batch = std::max<size_t>(4, pool_->size() * 4);
+  std::vector<EncodedChunk> out(batch);
+  std::vector<Status> errors(batch);
+  for (size_t begin = 0; begin < job_.items; begin += batch) {
+    const size_t n = std::min(batch, job_.items - begin);
+    pool_->ParallelFor(n, [&](size_t i, size_t worker) {
+      out[i].bytes.clear();
+      out[i].sizes = ChunkSizes();
+      errors[i] = job_.encode(begin + i, worker, &out[i]);
+    });
+    for (size_t i = 0; i < n; ++i) {
+      if (!errors[i].ok()) return Stop(std::move(errors[i]));
+      if (out[i].bytes.empty()) continue;
+      Result<Outgoing> o = job_.emit(begin + i, out[i]);
+      if (!o.ok()) return Stop(o.status());
+      // False: cancelled by the consumer, which is not waiting for more.
+      if (!queue_.Push(*std::move(o))) return Stop(Status::OK());
+      if (wake_) wake_();
+    }
+  }
+  Stop(Status::OK());
+}
+
+}  // namespace dcr

@@ -1,0 +1,117 @@
+// The root's encoder pipeline: a producer thread hands the items of a job
+// (the spans of a refit, in canonical order) a batch at a time to a thread
+// pool to encode, then frames the encoded chunks in item order and queues
+// them for the coordinator thread, which sends them down the tree.
+// Construction overlaps transfer and runs at most one window ahead of it:
+// the queue holds at most `capacity` bytes of frames (Push blocks).
+//
+// Contract: Start once; the coordinator thread Pops until done() and the
+// queue is empty, or Cancels. The producer stops at its first failure (a
+// job's prepare, encode or emit error) with one exit: the failure is kept
+// for Join, done() turns true, nothing more is queued, and `wake` runs.
+//
+// Thread safety: ChunkQueue is thread-safe. ChunkProducer: Pop, done,
+// Cancel and Join from one (the consumer's) thread; the job's encode runs
+// on the pool's workers (several at once, distinct items), prepare and emit
+// on the producer thread.
+#ifndef DCR_COORD_CHUNK_PRODUCER_H_
+#define DCR_COORD_CHUNK_PRODUCER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "dcr/codec.h"
+#include "dcr/status.h"
+#include "dcr/thread_pool.h"
+#include "dcr/wire.h"
+#include "wire/signature.h"
+
+namespace dcr {
+
+// One encoded chunk framed and waiting to be sent.
+struct Outgoing {
+  FrameBuffer frame;
+  uint64_t payload = 0;  // the chunk's encoded bytes (without the frame)
+};
+
+// Frames between the producer and the sender; Push blocks while `capacity`
+// bytes or more wait.
+class ChunkQueue {
+ public:
+  explicit ChunkQueue(uint64_t capacity) : capacity_(capacity) {}
+  // False (and nothing queued) once cancelled.
+  bool Push(Outgoing o);
+  std::optional<Outgoing> Pop();
+  // Wakes a blocked Push; every later Push returns false.
+  void Cancel();
+  uint64_t bytes() const;
+
+ private:
+  const uint64_t capacity_;
+  mutable std::mutex mu_;
+  std::condition_variable space_;
+  std::deque<Outgoing> items_;  // guarded by mu_
+  uint64_t bytes_ = 0;          // guarded by mu_
+  bool cancelled_ = false;      // guarded by mu_
+};
+
+// One item's encoding: empty `bytes` when the item has nothing to send.
+struct EncodedChunk {
+  std::vector<std::byte> bytes;
+  ChunkSizes sizes;
+  Sha256Digest sha256{};  // set by jobs that sign what they send
+};
+
+struct ChunkJob {
+  size_t items = 0;
+  // Runs first, on the producer thread (per-worker encoders, say).
+  std::function<Status()> prepare;
+  // Encodes item `i` on pool worker `worker` into `out` (cleared).
+  std::function<Status(size_t i, size_t worker, EncodedChunk* out)> encode;
+  // Frames encoded item `i`, in item order, on the producer thread.
+  std::function<Result<Outgoing>(size_t i, const EncodedChunk& chunk)> emit;
+};
+
+class ChunkProducer {
+ public:
+  // `wake` runs on the producer thread after every chunk queued and once
+  // when it stops (the consumer's mailbox wake-up).
+  ChunkProducer(ThreadPool* pool, uint64_t capacity,
+                std::function<void()> wake);
+  // Cancels and joins.
+  ~ChunkProducer();
+  ChunkProducer(const ChunkProducer&) = delete;
+  ChunkProducer& operator=(const ChunkProducer&) = delete;
+
+  void Start(ChunkJob job);
+  std::optional<Outgoing> Pop() { return queue_.Pop(); }
+  // The producer stopped: every item queued, a failure, or cancelled. What
+  // it queued before stays to be popped.
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  void Cancel() { queue_.Cancel(); }
+  // Waits for the producer thread; its failure, or OK.
+  Status Join();
+
+ private:
+  void Run();
+  void Stop(Status why);  // the one exit of Run
+
+  ThreadPool* pool_;
+  ChunkQueue queue_;
+  std::function<void()> wake_;
+  ChunkJob job_;
+  std::thread thread_;
+  Status error_;  // written by the producer thread before done_
+  std::atomic<bool> done_{false};
+};
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_CHUNK_PRODUCER_H_

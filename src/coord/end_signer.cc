@@ -1,0 +1,47 @@
+#include "coord/end_signer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace dcr {
+
+Result<std::unique_ptr<EndSigner>> EndSigner::Load(const std::string& key_file,
+                                                   const FrameOptions& frames,
+                                                   uint64_t span_elems) {
+  DCR_ASSIGN_OR_RETURN(auto key, Ed25519PrivateKey::Load(key_file));
+  return std::unique_ptr<EndSigner>(
+      new EndSigner(std::move(key), frames, span_elems));
+}
+
+Status EndSigner::CheckFits(uint64_t chunks) const {
+  // END: version, chunk count, ids digest, manifest length (varint), the
+  // manifest, the signature.
+  constexpr uint64_t kOverhead =
+      1 + 8 + 16 + 10 + kManifestFixedBytes + kEd25519SignatureSize;
+  uint64_t limit =
+      std::min<uint64_t>(frames_.max_payload, kMaxEndManifestBytes);
+  uint64_t max_chunks = std::min<uint64_t>(
+      kMaxManifestChunks,
+      limit > kOverhead ? (limit - kOverhead) / kManifestEntryBytes : 0);
+  if (chunks > max_chunks) {
+    return Status::ResourceExhausted(fmt::format(
+        "a signed refit of {} chunks needs an END of about {} bytes, above "
+        "the frame payload limit of {} bytes ({} chunks at most); raise "
+        "defaults.span_elems (now {})",
+        chunks, kOverhead + chunks * kManifestEntryBytes, limit, max_chunks,
+        span_elems_));
+  }
+  return Status::OK();
+}
+
+Status EndSigner::Sign(const RefitManifest& manifest, EndMsg* end) const {
+  DCR_RETURN_IF_ERROR(CheckFits(manifest.chunks.size()));
+  end->manifest = EncodeManifest(manifest);
+  DCR_ASSIGN_OR_RETURN(Ed25519Signature sig,
+                       SignManifest(end->manifest, *key_));
+  end->signature.assign(sig.begin(), sig.end());
+  return Status::OK();
+}
+
+}  // namespace dcr

@@ -1,0 +1,309 @@
+#include "coord/refit_report.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "coord/state_dir.h"
+#include "coord/state_json.h"
+
+namespace dcr {
+namespace {
+
+std::map<std::string, NodeResult> ByNode(const std::vector<NodeResult>& v) {
+  std::map<std::string, NodeResult> out;
+  for (const NodeResult& r : v) out.emplace(r.node, r);
+  return out;
+}
+
+Result<RefitOutcome> Outcome(const StateJson& f, const char* key) {
+  DCR_ASSIGN_OR_RETURN(std::string name, f.String(key));
+  for (RefitOutcome o : {RefitOutcome::kCommitted, RefitOutcome::kPartial,
+                         RefitOutcome::kAborted}) {
+    if (RefitOutcomeName(o) == name) return o;
+  }
+  return f.Bad(key, "unknown outcome '" + name + "'");
+}
+
+Result<NodeCode> Code(const StateJson& f, const char* key) {
+  DCR_ASSIGN_OR_RETURN(std::string name, f.String(key));
+  for (int c = 0; c <= static_cast<int>(NodeCode::kRejected); ++c) {
+    if (NodeCodeName(static_cast<NodeCode>(c)) == name) {
+      return static_cast<NodeCode>(c);
+    }
+  }
+  return f.Bad(key, "unknown node code '" + name + "'");
+}
+
+Result<NodeOutcome> NodeFromJson(const StateJson& f) {
+  DCR_RETURN_IF_ERROR(f.OnlyFields({"node", "cluster", "committed", "code",
+                                    "phase", "detail", "chunks_applied"}));
+  NodeOutcome n;
+  DCR_ASSIGN_OR_RETURN(n.node, f.String("node"));
+  DCR_ASSIGN_OR_RETURN(n.cluster, f.String("cluster"));
+  DCR_ASSIGN_OR_RETURN(n.committed, f.Bool("committed"));
+  DCR_ASSIGN_OR_RETURN(n.code, Code(f, "code"));
+  DCR_ASSIGN_OR_RETURN(n.phase, f.String("phase"));
+  DCR_ASSIGN_OR_RETURN(n.detail, f.String("detail"));
+  DCR_ASSIGN_OR_RETURN(n.chunks_applied, f.Uint("chunks_applied"));
+  return n;
+}
+
+Result<CatchUpReport> CatchUpFromJson(const StateJson& f) {
+  DCR_RETURN_IF_ERROR(f.OnlyFields({"refit", "epoch", "nodes", "method", "from",
+                                    "deltas", "chunks", "payload_bytes",
+                                    "seconds", "outcome", "reason"}));
+  CatchUpReport c;
+  DCR_ASSIGN_OR_RETURN(c.refit, f.Refit("refit"));
+  DCR_ASSIGN_OR_RETURN(c.epoch, f.Uint("epoch"));
+  DCR_ASSIGN_OR_RETURN(c.nodes, f.Strings("nodes"));
+  DCR_ASSIGN_OR_RETURN(c.method, f.String("method"));
+  if (c.method != "history" && c.method != "dense") {
+    return f.Bad("method", "unknown method '" + c.method + "'");
+  }
+  DCR_ASSIGN_OR_RETURN(c.from, f.VersionField("from"));
+  DCR_ASSIGN_OR_RETURN(c.deltas, f.Uint("deltas"));
+  DCR_ASSIGN_OR_RETURN(c.chunks, f.Uint("chunks"));
+  DCR_ASSIGN_OR_RETURN(c.payload_bytes, f.Uint("payload_bytes"));
+  DCR_ASSIGN_OR_RETURN(c.seconds, f.Number("seconds"));
+  DCR_ASSIGN_OR_RETURN(c.outcome, Outcome(f, "outcome"));
+  DCR_ASSIGN_OR_RETURN(c.reason, f.String("reason"));
+  return c;
+}
+
+}  // namespace
+
+std::string_view RefitOutcomeName(RefitOutcome o) {
+  switch (o) {
+    case RefitOutcome::kCommitted:
+      return "committed";
+    case RefitOutcome::kPartial:
+      return "committed-partial";
+    case RefitOutcome::kAborted:
+      return "aborted";
+  }
+  return "?";
+}
+
+std::string RefitReport::ToJson() const {
+  nlohmann::json nodes_json = nlohmann::json::array();
+  for (const NodeOutcome& n : nodes) {
+    nodes_json.push_back({{"node", n.node},
+                          {"cluster", n.cluster},
+                          {"committed", n.committed},
+                          {"code", std::string(NodeCodeName(n.code))},
+                          {"phase", n.phase},
+                          {"detail", n.detail},
+                          {"chunks_applied", n.chunks_applied}});
+  }
+  nlohmann::json j = {
+      {"refit", refit.ToHex()},
+      {"epoch", epoch},
+      {"mode", mode == RefitMode::kFull ? "full" : "delta"},
+      {"outcome", std::string(RefitOutcomeName(outcome))},
+      {"reason", reason},
+      {"base", VersionJson(base)},
+      {"target", VersionJson(target)},
+      {"checkpoint_bytes", checkpoint_bytes},
+      {"total_elements", total_elements},
+      {"changed_elements", changed_elements},
+      {"change_rate",
+       total_elements ? double(changed_elements) / total_elements : 0.0},
+      {"chunks", chunks},
+      {"payload_bytes", payload_bytes},
+      {"stream_bytes", stream_bytes},
+      {"repair_rounds", repair_rounds},
+      {"repair_chunks", repair_chunks},
+      {"repair_bytes", repair_bytes},
+      {"adoptions", adoptions},
+      {"resent_chunks", resent_chunks},
+      {"resent_bytes", resent_bytes},
+      {"resend_misses", resend_misses},
+      {"link_class_bytes", link_class_bytes},
+      {"seconds",
+       {{"prepare", prepare_seconds},
+        {"plan", plan_seconds},
+        {"stream", stream_seconds},
+        {"vote", vote_seconds},
+        {"commit", commit_seconds},
+        {"total", total_seconds}}},
+      {"nodes", nodes_json}};
+  nlohmann::json catch_up_json = nlohmann::json::array();
+  for (const CatchUpReport& c : catch_up) {
+    catch_up_json.push_back(
+        {{"refit", c.refit.ToHex()},
+         {"epoch", c.epoch},
+         {"nodes", c.nodes},
+         {"method", c.method},
+         {"from", VersionJson(c.from)},
+         {"deltas", c.deltas},
+         {"chunks", c.chunks},
+         {"payload_bytes", c.payload_bytes},
+         {"seconds", c.seconds},
+         {"outcome", std::string(RefitOutcomeName(c.outcome))},
+         {"reason", c.reason}});
+  }
+  j["catch_up"] = std::move(catch_up_json);
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
+                                        const std::string& file) {
+  StateJson f(j, file);
+  DCR_RETURN_IF_ERROR(f.OnlyFields({"format",
+                                    "refit",
+                                    "epoch",
+                                    "mode",
+                                    "outcome",
+                                    "reason",
+                                    "base",
+                                    "target",
+                                    "checkpoint_bytes",
+                                    "total_elements",
+                                    "changed_elements",
+                                    "change_rate",
+                                    "chunks",
+                                    "payload_bytes",
+                                    "stream_bytes",
+                                    "repair_rounds",
+                                    "repair_chunks",
+                                    "repair_bytes",
+                                    "adoptions",
+                                    "resent_chunks",
+                                    "resent_bytes",
+                                    "resend_misses",
+                                    "link_class_bytes",
+                                    "seconds",
+                                    "nodes",
+                                    "catch_up"}));
+  DCR_RETURN_IF_ERROR(f.Format().status());
+  RefitReport r;
+  DCR_ASSIGN_OR_RETURN(r.refit, f.Refit("refit"));
+  DCR_ASSIGN_OR_RETURN(r.epoch, f.Uint("epoch"));
+  DCR_ASSIGN_OR_RETURN(r.mode, f.Mode("mode"));
+  DCR_ASSIGN_OR_RETURN(r.outcome, Outcome(f, "outcome"));
+  DCR_ASSIGN_OR_RETURN(r.reason, f.String("reason"));
+  DCR_ASSIGN_OR_RETURN(r.base, f.VersionField("base"));
+  DCR_ASSIGN_OR_RETURN(r.target, f.VersionField("target"));
+  struct {
+    const char* key;
+    uint64_t* to;
+  } counts[] = {{"checkpoint_bytes", &r.checkpoint_bytes},
+                {"total_elements", &r.total_elements},
+                {"changed_elements", &r.changed_elements},
+                {"chunks", &r.chunks},
+                {"payload_bytes", &r.payload_bytes},
+                {"stream_bytes", &r.stream_bytes},
+                {"repair_chunks", &r.repair_chunks},
+                {"repair_bytes", &r.repair_bytes},
+                {"adoptions", &r.adoptions},
+                {"resent_chunks", &r.resent_chunks},
+                {"resent_bytes", &r.resent_bytes},
+                {"resend_misses", &r.resend_misses}};
+  for (const auto& c : counts) {
+    DCR_ASSIGN_OR_RETURN(*c.to, f.Uint(c.key));
+  }
+  DCR_RETURN_IF_ERROR(f.Number("change_rate").status());
+  DCR_ASSIGN_OR_RETURN(uint64_t rounds, f.Uint("repair_rounds"));
+  r.repair_rounds = static_cast<int>(rounds);
+  DCR_ASSIGN_OR_RETURN(const nlohmann::json* links,
+                       f.Object("link_class_bytes"));
+  StateJson lf(*links, file, "link_class_bytes.");
+  DCR_RETURN_IF_ERROR(lf.OnlyFields({"none", "lan", "wan"}));
+  for (const auto& item : links->items()) {
+    DCR_ASSIGN_OR_RETURN(r.link_class_bytes[item.key()],
+                         lf.Uint(item.key().c_str()));
+  }
+  DCR_ASSIGN_OR_RETURN(const nlohmann::json* seconds, f.Object("seconds"));
+  StateJson sf(*seconds, file, "seconds.");
+  DCR_RETURN_IF_ERROR(
+      sf.OnlyFields({"prepare", "plan", "stream", "vote", "commit", "total"}));
+  DCR_ASSIGN_OR_RETURN(r.prepare_seconds, sf.Number("prepare"));
+  DCR_ASSIGN_OR_RETURN(r.plan_seconds, sf.Number("plan"));
+  DCR_ASSIGN_OR_RETURN(r.stream_seconds, sf.Number("stream"));
+  DCR_ASSIGN_OR_RETURN(r.vote_seconds, sf.Number("vote"));
+  DCR_ASSIGN_OR_RETURN(r.commit_seconds, sf.Number("commit"));
+  DCR_ASSIGN_OR_RETURN(r.total_seconds, sf.Number("total"));
+  DCR_ASSIGN_OR_RETURN(const nlohmann::json* nodes, f.Array("nodes"));
+  for (size_t i = 0; i < nodes->size(); ++i) {
+    std::string at = fmt::format("nodes[{}]", i);
+    if (!(*nodes)[i].is_object()) return f.Bad(at, "not an object");
+    DCR_ASSIGN_OR_RETURN(NodeOutcome n,
+                         NodeFromJson(StateJson((*nodes)[i], file, at + ".")));
+    r.nodes.push_back(std::move(n));
+  }
+  DCR_ASSIGN_OR_RETURN(const nlohmann::json* catch_up, f.Array("catch_up"));
+  for (size_t i = 0; i < catch_up->size(); ++i) {
+    std::string at = fmt::format("catch_up[{}]", i);
+    if (!(*catch_up)[i].is_object()) return f.Bad(at, "not an object");
+    DCR_ASSIGN_OR_RETURN(CatchUpReport c, CatchUpFromJson(StateJson(
+                                              (*catch_up)[i], file, at + ".")));
+    r.catch_up.push_back(std::move(c));
+  }
+  return r;
+}
+
+void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
+                    const std::set<std::string>& commit_set,
+                    RefitReport* report) {
+  auto p = ByNode(replies.plan), v = ByNode(replies.votes),
+       f = ByNode(replies.final);
+  const uint64_t per_edge = report->stream_bytes;
+  for (size_t i = 1; i < tree.nodes.size(); ++i) {
+    const TreeNode& n = tree.nodes[i];
+    NodeOutcome o;
+    o.node = n.name;
+    o.cluster = n.cluster;
+    o.committed = commit_set.count(n.name) && f.count(n.name) &&
+                  f[n.name].code == NodeCode::kOk &&
+                  f[n.name].version == report->target;
+    auto first_failure = [&](std::map<std::string, NodeResult>& m,
+                             const char* phase) {
+      if (!o.phase.empty()) return;
+      auto it = m.find(n.name);
+      if (it == m.end()) return;
+      if (it->second.code != NodeCode::kOk) {
+        o.code = it->second.code;
+        o.phase = phase;
+        o.detail = it->second.detail;
+      }
+    };
+    first_failure(p, "plan");
+    first_failure(v, "vote");
+    first_failure(
+        f, report->outcome == RefitOutcome::kAborted ? "abort" : "commit");
+    if (f.count(n.name)) o.chunks_applied = f[n.name].chunks_applied;
+    if (!o.committed && o.phase.empty() &&
+        report->outcome != RefitOutcome::kAborted) {
+      o.phase = "commit";
+      o.detail = commit_set.count(n.name) ? "no commit reply"
+                                          : "not in the commit set";
+    }
+    report->nodes.push_back(std::move(o));
+    // The stream crossed this node's link if a node of its subtree took
+    // the plan (a parent sends chunks only towards such subtrees).
+    bool carried = false;
+    for (int k : tree.Subtree(static_cast<int>(i))) {
+      auto it = p.find(tree.nodes[k].name);
+      carried |= it != p.end() && it->second.code == NodeCode::kOk;
+    }
+    if (carried) {
+      report->link_class_bytes[std::string(LinkClassName(n.link))] += per_edge;
+    }
+  }
+}
+
+std::string ExcludedReason(const RefitReport& report) {
+  std::vector<std::string> excluded;
+  for (const NodeOutcome& n : report.nodes) {
+    if (n.committed) continue;
+    excluded.push_back(n.phase.empty()
+                           ? n.node
+                           : fmt::format("{} ({} at {})", n.node,
+                                         NodeCodeName(n.code), n.phase));
+  }
+  return fmt::format("excluded, now stale: {}", fmt::join(excluded, ", "));
+}
+
+}  // namespace dcr

@@ -1,0 +1,418 @@
+#include "coord/refit_run.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <thread>
+
+#include "common/failpoint.h"
+#include "coord/baseline_update.h"
+#include "coord/catch_up.h"
+#include "coord/chunk_producer.h"
+#include "coord/span_encoder.h"
+
+namespace dcr {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point from,
+               std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+RefitRun::RefitRun(const RefitOptions& options,
+                   std::vector<std::string> catch_up_chain)
+    : options_(options), chain_(std::move(catch_up_chain)) {}
+
+RefitRun::~RefitRun() = default;
+
+Status RefitRun::WriteCurrent() {
+  std::error_code ec;
+  std::string target = std::filesystem::absolute(options_.target, ec);
+  return setup_.state.WriteCurrent(
+      CurrentRefit{report_.refit, report_.epoch, report_.mode, report_.base,
+                   report_.target, ec ? options_.target : target});
+}
+
+Result<RefitReport> RefitRun::Run() {
+  auto t0 = Clock::now();
+  DCR_ASSIGN_OR_RETURN(setup_, SetUpRefit(options_, chain_, &report_));
+  const Topology& topo = options_.topology;
+  sent_.set_sign(setup_.signer != nullptr);
+  if (options_.mode == RefitMode::kDelta && options_.only_nodes.empty() &&
+      setup_.baseline) {
+    record_ = HistoryRecording(
+        DeltaHistory(setup_.state.HistoryDir(), topo.root.keep_deltas),
+        report_.target);
+  }
+  DCR_RETURN_IF_ERROR(WriteCurrent());
+  DCR_RETURN_IF_ERROR(phases_.Prepared());
+  auto t_prepared = Clock::now();
+  report_.prepare_seconds = Seconds(t0, t_prepared);
+  const Tree& tree = setup_.tree;
+  spdlog::info("refit {} (epoch {}): {} step {} -> {} ({}), {} receivers",
+               report_.refit.ToHex(), report_.epoch,
+               options_.mode == RefitMode::kFull ? "full" : "delta",
+               report_.base.step, report_.target.step,
+               report_.target.digest.ShortHex(), tree.nodes.size() - 1);
+  root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
+                                     report_.refit, /*resume=*/false);
+
+  // 1. Plan.
+  DCR_FAILPOINT("coord.before_plan");
+  DCR_RETURN_IF_ERROR(phases_.Plan());
+  replies_.plan = root_->Plan();
+  root_->BeginStream();
+  for (const NodeResult& r : replies_.plan) {
+    if (r.code == NodeCode::kNeedsCatchUp) behind_.push_back(r);
+  }
+  auto t_plan = Clock::now();
+  report_.plan_seconds = Seconds(t_prepared, t_plan);
+  size_t receivers = tree.nodes.size() - 1;
+  // Named nodes are all required; min_commit is about the whole tree.
+  size_t required =
+      topo.defaults.min_commit == 0 || !options_.only_nodes.empty()
+          ? receivers
+          : topo.defaults.min_commit;
+  size_t planned = std::count_if(
+      replies_.plan.begin(), replies_.plan.end(),
+      [](const NodeResult& r) { return r.code == NodeCode::kOk; });
+  // Relays behind at an older step of this tree are brought to the target
+  // after the commit (RunRefit's catch-up): they count towards min_commit.
+  size_t catching_up = 0;
+  if (options_.catch_up && options_.only_nodes.empty()) {
+    DeltaHistory history(setup_.state.HistoryDir(), topo.root.keep_deltas);
+    catching_up =
+        std::count_if(behind_.begin(), behind_.end(), [&](const NodeResult& r) {
+          return HowToCatchUp(history, r.version, report_.base,
+                              report_.target.step) != CatchUpBy::kNone;
+        });
+  }
+  std::set<std::string> commit_set;
+  bool commit = false;
+  if (planned + catching_up < required) {
+    report_.reason =
+        fmt::format("{} of {} receivers took the plan; min_commit needs {}",
+                    planned, receivers, required);
+  } else {
+    // 2. Stream.
+    DCR_RETURN_IF_ERROR(phases_.Stream());
+    Status produced = Stream(/*repair=*/false);
+    DCR_FAILPOINT("coord.after_stream");
+    auto t_stream = Clock::now();
+    report_.stream_seconds = Seconds(t_plan, t_stream);
+    if (!produced.ok()) {
+      report_.reason = "encoding failed: " + produced.ToString();
+    } else {
+      // 3. Vote (and repair).
+      DCR_RETURN_IF_ERROR(phases_.Vote());
+      DCR_ASSIGN_OR_RETURN(bool sent, Vote());
+      report_.vote_seconds = Seconds(t_stream, Clock::now());
+      commit_set = YesVotes(replies_.votes, report_.target);
+      commit = sent && !commit_set.empty() &&
+               commit_set.size() + catching_up >= required;
+      if (!commit && report_.reason.empty()) {
+        report_.reason = fmt::format(
+            "{} of {} receivers verified the target; min_commit needs {}",
+            commit_set.size(), receivers, required);
+      }
+    }
+  }
+
+  // 4. Decide, durably, then tell the tree.
+  auto t_decide = Clock::now();
+  if (commit) {
+    Status s = setup_.state.WriteDecision(Decision{
+        report_.refit, report_.epoch, true, report_.base, report_.target,
+        std::vector<std::string>(commit_set.begin(), commit_set.end())});
+    if (!s.ok()) {
+      commit = false;
+      report_.reason = "cannot record the commit decision: " + s.ToString();
+    }
+  }
+  DCR_RETURN_IF_ERROR(phases_.Decide(commit));
+  if (commit && options_.TEST_crash_after_decision) {
+    // Tests: the coordinator "dies" with its decision durable.
+    DCR_RETURN_IF_ERROR(phases_.Stop());
+    root_->Stop();
+    report_.stream_bytes = root_->stream_bytes();
+    report_.reason = "stopped after the decision (TEST_crash_after_decision)";
+    return report_;
+  }
+  return Conclude(commit, std::move(commit_set), t0, t_decide);
+}
+
+Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
+  SpanEncoder::Options eo;
+  eo.target = setup_.target.get();
+  eo.baseline = setup_.baseline.get();
+  eo.composed = setup_.composed.get();
+  eo.span_elems = setup_.plan.span_elems;
+  eo.compress = options_.mode != RefitMode::kFull || options_.compress_full;
+  eo.hash = setup_.signer != nullptr;
+  eo.scanned = repair ? nullptr : sent_.scanned();
+  SpanEncoder::Kind kind = repair            ? SpanEncoder::Kind::kFull
+                           : setup_.composed ? SpanEncoder::Kind::kCompose
+                           : options_.mode == RefitMode::kFull
+                               ? SpanEncoder::Kind::kFull
+                               : SpanEncoder::Kind::kDiff;
+  SpanEncoder encoder(eo, kind, std::move(tensors));
+  const uint64_t window = setup_.plan.chunk_window_bytes;
+  ChunkProducer producer(setup_.pool.get(), window, [this] { root_->Wake(); });
+  ChunkJob job;
+  job.items = encoder.size();
+  job.prepare = [&] { return encoder.Prepare(setup_.pool->size()); };
+  job.encode = [&](size_t i, size_t worker, EncodedChunk* out) {
+    return encoder.Encode(i, worker, out);
+  };
+  job.emit = [&](size_t i, const EncodedChunk& chunk) -> Result<Outgoing> {
+    // Numbered in the order queued: the coordinator thread sends nothing
+    // else while the producer runs.
+    DCR_ASSIGN_OR_RETURN(FrameBuffer frame,
+                         root_->sender().Next(FrameType::kChunk, chunk.bytes));
+    sent_.Add(encoder.id(i), chunk.sha256, chunk.sizes, repair);
+    if (!repair) record_.Append(chunk.bytes);
+    return Outgoing{std::move(frame), chunk.bytes.size()};
+  };
+  auto progress = [&](RefitOptions::Progress* p) {
+    p->scanned_bytes = *sent_.scanned();
+    p->total_bytes = report_.checkpoint_bytes;
+    options_.on_progress(*p);
+  };
+  producer.Start(std::move(job));
+  RootTree::Streamed streamed = root_->StreamFrom(
+      &producer, window,
+      options_.on_progress
+          ? std::function<void(RefitOptions::Progress*)>(progress)
+          : nullptr);
+  Status produced = producer.Join();
+  if (repair) {
+    report_.repair_chunks += streamed.chunks;
+    report_.repair_bytes += streamed.payload_bytes;
+    if (!produced.ok()) {
+      spdlog::warn("encoding the repair round failed: {}", produced.ToString());
+    }
+    return produced;
+  }
+  report_.chunks = streamed.chunks;
+  report_.payload_bytes = streamed.payload_bytes;
+  report_.changed_elements = sent_.changed_elements();
+  if (options_.on_progress) {
+    RefitOptions::Progress p;
+    p.payload_bytes = streamed.payload_bytes;
+    p.chunks = streamed.chunks;
+    progress(&p);
+  }
+  return produced;
+}
+
+Status RefitRun::SignEnd(EndMsg* end) const {
+  if (!setup_.signer) return Status::OK();
+  RefitManifest m;
+  m.refit = report_.refit;
+  m.epoch = report_.epoch;
+  m.mode = setup_.plan.mode;
+  m.base = setup_.plan.base;
+  m.target = setup_.plan.target;
+  m.chunks = sent_.manifest();
+  return setup_.signer->Sign(m, end);
+}
+
+Result<bool> RefitRun::Vote() {
+  for (int round = 0;; ++round) {
+    // END names every distinct chunk id sent so far.
+    EndMsg end = sent_.End();
+    root_->Expect(FrameType::kVote);
+    Status s = SignEnd(&end);
+    if (s.ok()) s = root_->SendDown(FrameType::kEnd, EncodeEnd(end));
+    if (!s.ok()) {
+      report_.reason = s.ToString();
+      replies_.votes = root_->Results();
+      return false;  // no END went down: no vote will come
+    }
+    root_->WaitPhase();
+    replies_.votes = root_->Results();
+    // Receivers whose bits differ name the tensors; overwrite chunks of
+    // those tensors (idempotent, whatever each receiver applied before)
+    // go down the whole tree, and everyone votes again.
+    RepairRequest want = RepairsWanted(replies_.votes);
+    if (want.tensors.empty()) return true;
+    if (round >= options_.repair_rounds) {
+      spdlog::warn("{} still differ after {} repair rounds; excluding them",
+                   fmt::join(want.nodes, ", "), round);
+      return true;
+    }
+    report_.repair_rounds = round + 1;
+    spdlog::warn(
+        "repair round {}: {} tensors differ on {}; resending them as "
+        "overwrites",
+        round + 1, want.tensors.size(), fmt::join(want.nodes, ", "));
+    DCR_RETURN_IF_ERROR(phases_.Repair());
+    (void)Stream(/*repair=*/true, std::move(want.tensors));
+    DCR_RETURN_IF_ERROR(phases_.Vote());
+    if (root_->live_children() == 0) return true;
+  }
+}
+
+Status RefitRun::AdvanceBaselineAndHistory(bool commit_sent,
+                                           Clock::time_point t_decide) {
+  // The decision is durable: the baseline takes the target's bits while
+  // the relays commit. (Named nodes only: the baseline already holds the
+  // target, and the history does not change.)
+  const bool whole_tree = options_.only_nodes.empty();
+  const auto t_sent = Clock::now();
+  Status b;
+  std::thread baseline([&] {
+    if (!whole_tree || !setup_.target) return;
+    BaselineUpdate u;
+    u.target = setup_.target.get();
+    u.pool = setup_.pool.get();
+    u.refit = report_.refit;
+    u.base = report_.base;
+    u.to = report_.target;
+    u.tensor_digests = &setup_.plan.target_tensor_digests;
+    u.span_elems = setup_.plan.span_elems;
+    u.all = report_.mode == RefitMode::kFull || copy_all_;
+    if (!u.all) u.changed = sent_.StreamIds();
+    b = UpdateBaseline(u, setup_.baseline_spec, &setup_.baseline);
+  });
+  if (commit_sent) root_->WaitPhase();
+  const auto t_replies = Clock::now();
+  // The history file is made durable while the baseline pass runs: once
+  // the baseline commits, its write-back (a checkpoint's worth of dirty
+  // pages on a disk) would hold the fsync up behind it.
+  std::optional<std::string> recorded;
+  if (whole_tree && record_.active()) {
+    const Manifest& m = setup_.target->manifest();
+    DeltaHeader h;
+    h.base = report_.base;
+    h.target = report_.target;
+    h.manifest = m.digest();
+    h.span_elems = setup_.plan.span_elems;
+    h.tensor_count = m.size();
+    h.total_elements = report_.total_elements;
+    h.total_bytes = report_.checkpoint_bytes;
+    h.changed_elements = sent_.changed_elements();
+    recorded = record_.Finish(h);
+  }
+  record_.Discard();
+  const auto t_recorded = Clock::now();
+  baseline.join();
+  if (b.ok() && whole_tree && setup_.target && setup_.baseline) {
+    b = setup_.baseline->Commit(report_.target, report_.refit);
+  }
+  if (!b.ok() && recorded) {
+    // The history must end at the baseline's version.
+    std::error_code ec;
+    std::filesystem::remove(*recorded, ec);
+    if (ec) {
+      spdlog::warn("cannot remove {} (the baseline is not at its target): {}",
+                   *recorded, ec.message());
+    }
+  }
+  if (whole_tree) {
+    DeltaHistory history(setup_.state.HistoryDir(),
+                         options_.topology.root.keep_deltas);
+    if (Status s = history.Prune(); !s.ok()) {
+      spdlog::warn("cannot prune the delta history: {}", s.ToString());
+    }
+  }
+  spdlog::debug(
+      "commit phase: decision recorded {:.3f} s, replies {:.3f} s, delta "
+      "history {:.3f} s, baseline done {:.3f} s later",
+      Seconds(t_decide, t_sent), Seconds(t_sent, t_replies),
+      Seconds(t_replies, t_recorded), Seconds(t_recorded, Clock::now()));
+  return b;
+}
+
+Result<RefitReport> RefitRun::Conclude(bool commit,
+                                       std::set<std::string> commit_set,
+                                       Clock::time_point t0,
+                                       Clock::time_point t_decide) {
+  const size_t receivers = setup_.tree.nodes.size() - 1;
+  if (commit) {
+    CommitMsg msg{report_.target, std::vector<std::string>(commit_set.begin(),
+                                                           commit_set.end())};
+    DCR_FAILPOINT("coord.before_commit");
+    root_->Expect(FrameType::kCommitReply);
+    Status s = root_->SendDown(FrameType::kCommit, EncodeCommit(msg));
+    Status b = AdvanceBaselineAndHistory(s.ok(), t_decide);
+    DCR_FAILPOINT("coord.after_commit");
+    replies_.final = root_->Results();
+    // Committed everywhere only if every receiver confirmed it: a node that
+    // voted yes and then vanished before its COMMIT_REPLY is stale.
+    size_t confirmed = std::count_if(
+        replies_.final.begin(), replies_.final.end(), [&](const NodeResult& r) {
+          return commit_set.count(r.node) && r.code == NodeCode::kOk &&
+                 r.version == report_.target;
+        });
+    report_.outcome = confirmed == receivers ? RefitOutcome::kCommitted
+                                             : RefitOutcome::kPartial;
+    if (!b.ok()) {
+      spdlog::error("the refit committed but the baseline was not advanced: {}",
+                    b.ToString());
+      report_.reason = "baseline not advanced: " + b.ToString();
+    }
+  } else {
+    root_->Expect(FrameType::kAbortReply);
+    Status s = root_->SendDown(FrameType::kAbort,
+                               EncodeAbort(AbortMsg{report_.reason}));
+    if (s.ok()) root_->WaitPhase();
+    replies_.final = root_->Results();
+    report_.outcome = RefitOutcome::kAborted;
+    commit_set.clear();
+    record_.Discard();  // removes the temporary file
+  }
+  report_.commit_seconds = Seconds(t_decide, Clock::now());
+  root_->CountAdoptions(&report_);
+  report_.stream_bytes = root_->stream_bytes();
+  root_->Close();
+  SummarizeNodes(setup_.tree, replies_, commit_set, &report_);
+  if (report_.outcome == RefitOutcome::kPartial && report_.reason.empty()) {
+    report_.reason = ExcludedReason(report_);
+  }
+  report_.total_seconds = Seconds(t0, Clock::now());
+  root_->FlushAndStop();
+  DCR_RETURN_IF_ERROR(phases_.Finish());
+  setup_.state.WriteLastRefit(report_);
+  setup_.state.RemoveCurrent();
+  if (Status s = setup_.state.PruneDecisions(); !s.ok()) {
+    spdlog::warn("cannot prune the decisions: {}", s.ToString());
+  }
+  return report_;
+}
+
+Result<RefitReport> RefitRun::Resume() {
+  auto t0 = Clock::now();
+  Resumption r;
+  DCR_ASSIGN_OR_RETURN(setup_, SetUpResume(options_, &report_, &r));
+  // Resuming a commit redoes the baseline's update whole.
+  copy_all_ = setup_.target != nullptr;
+  DCR_RETURN_IF_ERROR(phases_.Prepared());
+  spdlog::info("resuming refit {} (epoch {}): {} step {} -> {}",
+               report_.refit.ToHex(), report_.epoch,
+               r.commit ? "commit" : "abort (no decision was recorded)",
+               report_.base.step, report_.target.step);
+  report_.prepare_seconds = Seconds(t0, Clock::now());
+  root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
+                                     report_.refit, /*resume=*/true);
+  // Every relay that holds the refit takes this run as its parent (an
+  // adoption at the new epoch) and says where it is; then the decision.
+  auto t_plan = Clock::now();
+  DCR_RETURN_IF_ERROR(phases_.Plan());
+  replies_.plan = root_->Plan();
+  report_.plan_seconds = Seconds(t_plan, Clock::now());
+  if (!r.commit) {
+    report_.reason =
+        "the coordinator stopped before deciding; aborted by dcr refit "
+        "--resume";
+  }
+  if (r.baseline_done) setup_.target.reset();
+  DCR_RETURN_IF_ERROR(phases_.Decide(r.commit));
+  return Conclude(r.commit, std::move(r.commit_set), t0, Clock::now());
+}
+
+}  // namespace dcr

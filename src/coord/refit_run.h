@@ -1,0 +1,85 @@
+// One coordinator run of a refit, as a phase driver (root_phase.h): it
+// sets up (refit_setup.h), plans, streams, votes with repair rounds,
+// decides durably (state_dir.h) and concludes over the parts that do each
+// job: the root's links (root_tree.h), the encoder pipeline
+// (chunk_producer.h, span_encoder.h), what was sent (sent_chunks.h), the
+// signed END (end_signer.h), the history record (history.h), the baseline
+// pass (baseline_update.h) and the report (refit_report.h).
+//
+// Thread safety: a RefitRun is used once (Run or Resume) by one thread.
+#ifndef DCR_COORD_REFIT_RUN_H_
+#define DCR_COORD_REFIT_RUN_H_
+
+#include <chrono>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "coord/history.h"
+#include "coord/refit_report.h"
+#include "coord/refit_setup.h"
+#include "coord/root_phase.h"
+#include "coord/root_tree.h"
+#include "coord/sent_chunks.h"
+#include "dcr/refit.h"
+#include "protocol/messages.h"
+
+namespace dcr {
+
+class RefitRun {
+ public:
+  // With `catch_up_chain` (history delta files, options.only_nodes set):
+  // feeds the named relays the chain's composition, from its base to the
+  // baseline's version. `options` must outlive the run.
+  explicit RefitRun(const RefitOptions& options,
+                    std::vector<std::string> catch_up_chain = {});
+  ~RefitRun();
+
+  Result<RefitReport> Run();
+  // dcr refit --resume: finishes the refit state_dir/current.json names.
+  Result<RefitReport> Resume();
+  // After Run: the PLAN_REPLY of every receiver that needs catch-up.
+  const std::vector<NodeResult>& behind() const { return behind_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  Status WriteCurrent();
+  // Streams chunks down the tree: the delta (or every span for --full, or
+  // the composed history chain), or with `repair` dense overwrites of every
+  // span of `tensors`. The producer's failure, if any.
+  Status Stream(bool repair, std::vector<uint32_t> tensors = {});
+  // END, then the votes of every receiver (into replies_.votes); repair
+  // rounds while some receivers name tensors that differ and the budget
+  // lasts. Whether END went out.
+  Result<bool> Vote();
+  Status SignEnd(EndMsg* end) const;
+  // Sends COMMIT (to commit_set) or ABORT down, collects the replies,
+  // advances the baseline on commit, and writes the report.
+  Result<RefitReport> Conclude(bool commit, std::set<std::string> commit_set,
+                               Clock::time_point t0,
+                               Clock::time_point t_decide);
+  // The commit phase's baseline pass, history record and pruning; the
+  // baseline's error, if any.
+  Status AdvanceBaselineAndHistory(bool commit_sent,
+                                   Clock::time_point t_decide);
+
+  const RefitOptions& options_;
+  std::vector<std::string> chain_;
+  RootPhases phases_;
+  RefitSetup setup_;
+  RefitReport report_;
+  std::unique_ptr<RootTree> root_;
+  SentChunks sent_;
+  // A delta refit of the whole tree records its chunks for the history;
+  // kept if it commits.
+  HistoryRecording record_;
+  PhaseReplies replies_;
+  std::vector<NodeResult> behind_;
+  bool copy_all_ = false;  // resume: the baseline takes every span
+};
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_REFIT_RUN_H_

@@ -1,0 +1,299 @@
+#include "coord/refit_setup.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <random>
+
+#include "coord/root_tree.h"
+
+namespace dcr {
+namespace {
+
+RefitId NewRefitId() {
+  std::random_device rd;
+  RefitId id;
+  for (size_t i = 0; i < id.bytes.size(); i += 4) {
+    uint32_t v = rd();
+    for (size_t k = 0; k < 4; ++k) id.bytes[i + k] = uint8_t(v >> (8 * k));
+  }
+  return id;
+}
+
+// The tree of the topology or, with options.only_nodes, a star of the root
+// feeding each named relay directly (with a full refit, or a catch-up
+// from the history: `from_history`).
+Result<Tree> RefitTree(const RefitOptions& options, bool from_history) {
+  const Topology& topo = options.topology;
+  DCR_ASSIGN_OR_RETURN(Tree tree, BuildTree(topo));
+  if (options.only_nodes.empty()) return tree;
+  if (options.mode != RefitMode::kFull && !from_history) {
+    return Status::InvalidArgument(
+        "refitting named nodes needs a full refit (--full)");
+  }
+  Tree star;
+  star.nodes.push_back(tree.nodes[0]);
+  star.nodes[0].children.clear();
+  for (const std::string& name : options.only_nodes) {
+    int i = tree.Find(name);
+    if (i <= 0) {
+      std::vector<std::string> names;
+      for (size_t k = 1; k < tree.nodes.size(); ++k) {
+        names.push_back(tree.nodes[k].name);
+      }
+      return Status::InvalidArgument(
+          fmt::format("{}: no relay named '{}' (relays: {})", topo.source, name,
+                      fmt::join(names, ", ")));
+    }
+    if (star.Find(name) >= 0) continue;
+    TreeNode n = tree.nodes[static_cast<size_t>(i)];
+    n.parent = 0;
+    n.children.clear();
+    n.depth = 1;
+    star.nodes[0].children.push_back(static_cast<int>(star.nodes.size()));
+    star.nodes.push_back(std::move(n));
+  }
+  return star;
+}
+
+// Opens root.baseline into setup (nothing when none is configured). With
+// `strict`, a baseline that cannot be opened is an error, but for a
+// missing one before a full refit (it seeds it); without, it is left
+// closed.
+Status OpenBaseline(const RefitOptions& options, bool strict,
+                    RefitSetup* setup) {
+  const Topology& topo = options.topology;
+  if (topo.root.baseline.empty()) return Status::OK();
+  setup->baseline_spec.kind = StoreSpec::Kind::kFile;
+  setup->baseline_spec.path = topo.root.baseline;
+  setup->baseline_spec.data_sync = options.baseline_data_sync;
+  auto store = OpenStore(setup->baseline_spec);
+  if (store.ok()) {
+    setup->baseline = *std::move(store);
+    // This process ends with the refit: the next one settles the
+    // write-back (dcr/store.h, DetachDataSync).
+    setup->baseline->DetachDataSync();
+    return Status::OK();
+  }
+  const Status& e = store.status();
+  if (!strict || (e.IsNotFound() && options.mode != RefitMode::kDelta)) {
+    return Status::OK();
+  }
+  std::string msg = fmt::format(
+      "root.baseline: {}{}", e.message(),
+      e.IsNotFound() ? " (copy the checkpoint the relays hold there, or "
+                       "seed the tree with dcr refit --full)"
+                     : "");
+  return e.IsNotFound()     ? Status::NotFound(msg)
+         : e.IsCorruption() ? Status::Corruption(msg)
+                            : Status::IOError(msg);
+}
+
+// The PLAN fields a refit and a resume share.
+void FillPlan(const RefitOptions& options, const RefitReport& report,
+              RefitSetup* setup) {
+  const Topology& topo = options.topology;
+  PlanMsg& plan = setup->plan;
+  plan.mode = report.mode;
+  plan.base = report.base;
+  plan.target = report.target;
+  plan.span_elems = topo.defaults.span_elems;
+  plan.chunk_window_bytes =
+      std::max<uint64_t>(topo.defaults.window_bytes, 1u << 20);
+  plan.phase_timeout_ms = static_cast<uint32_t>(options.phase_timeout.count());
+  plan.heartbeat_ms = static_cast<uint32_t>(options.heartbeat.count());
+  plan.nodes = PlanNodes(setup->tree);
+}
+
+// Checks what only a refit (not a resume) needs of target and baseline,
+// and sets the report's versions.
+Status CheckVersions(const RefitOptions& options,
+                     std::vector<std::string> chain,
+                     CheckpointDigests* target_digests, RefitSetup* setup,
+                     RefitReport* report) {
+  const Topology& topo = options.topology;
+  WeightStore* baseline = setup->baseline.get();
+  const Checkpoint& target = *setup->target;
+  if (baseline && baseline->manifest().digest() != target.manifest().digest()) {
+    return Status::InvalidArgument(fmt::format(
+        "the target {} does not have the baseline's tensors: {}",
+        options.target,
+        Manifest::Difference(baseline->manifest(), target.manifest())));
+  }
+  if (baseline && baseline->InProgress()) {
+    return Status::InvalidArgument(fmt::format(
+        "root.baseline {} holds an unfinished update (refit {}); restore it "
+        "from the last committed checkpoint",
+        baseline->describe(), baseline->InProgress()->refit.ToHex()));
+  }
+  setup->pool = std::make_unique<ThreadPool>(options.threads);
+  report->checkpoint_bytes = target.manifest().TotalBytes();
+  report->total_elements = target.manifest().TotalElements();
+  if (baseline) {
+    if (auto c = baseline->committed()) {
+      report->base = *c;
+    } else {
+      report->base = Version{0, baseline->Digests(setup->pool.get()).version};
+    }
+  }
+  *target_digests = target.ComputeDigests(setup->pool.get());
+  report->target = Version{report->base.step + 1, target_digests->version};
+  if (!options.only_nodes.empty()) {
+    if (!baseline || target_digests->version != report->base.digest) {
+      return Status::InvalidArgument(fmt::format(
+          "refitting named nodes seeds them with the tree's current version: "
+          "the target {} must hold the bits of root.baseline (step {}); "
+          "refit the whole tree to move to another version",
+          options.target, report->base.step));
+    }
+    report->target = report->base;
+    if (!chain.empty()) {
+      DCR_ASSIGN_OR_RETURN(
+          setup->composed,
+          ComposedDelta::Open(chain, target.manifest().digest(),
+                              topo.defaults.span_elems));
+      if (setup->composed->target() != report->target) {
+        return Status::InvalidArgument(fmt::format(
+            "the history chain ends at step {}, the baseline is step {}",
+            setup->composed->target().step, report->target.step));
+      }
+      report->base = setup->composed->base();
+    }
+  }
+  if (options.mode == RefitMode::kDelta && baseline &&
+      report->target.digest == report->base.digest) {
+    return Status::InvalidArgument(fmt::format(
+        "the target {} holds the same bits as the baseline (step {}): "
+        "nothing to refit",
+        options.target, report->base.step));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<RefitSetup> SetUpRefit(const RefitOptions& options,
+                              std::vector<std::string> chain,
+                              RefitReport* report) {
+  const Topology& topo = options.topology;
+  RefitSetup setup;
+  DCR_ASSIGN_OR_RETURN(setup.tree, RefitTree(options, !chain.empty()));
+  if (setup.tree.nodes.size() < 2) {
+    return Status::InvalidArgument(topo.source +
+                                   ": the topology has no relays to refit");
+  }
+  if (topo.root.state_dir.empty()) {
+    return Status::InvalidArgument(
+        topo.source +
+        ": root.state_dir is required for a refit (the coordinator keeps its "
+        "epoch and commit decisions there)");
+  }
+  setup.state = StateDir(topo.root.state_dir);
+  DCR_RETURN_IF_ERROR(setup.state.Create());
+  if (!options.signing_key_file.empty()) {
+    auto signer = EndSigner::Load(options.signing_key_file,
+                                  options.transport_options.frames,
+                                  topo.defaults.span_elems);
+    if (!signer.ok()) {
+      return signer.status().WithContext(topo.source +
+                                         ": root.signing_key_file");
+    }
+    setup.signer = *std::move(signer);
+  }
+  DCR_ASSIGN_OR_RETURN(
+      setup.target,
+      Checkpoint::Open(options.target, Checkpoint::Mode::kReadOnly));
+  if (topo.root.baseline.empty() && options.mode == RefitMode::kDelta) {
+    return Status::InvalidArgument(
+        topo.source +
+        ": root.baseline is required for a delta refit (the checkpoint "
+        "every relay holds now)");
+  }
+  DCR_RETURN_IF_ERROR(OpenBaseline(options, /*strict=*/true, &setup));
+  report->mode = options.mode;
+  report->refit = NewRefitId();
+  CheckpointDigests target_digests;
+  DCR_RETURN_IF_ERROR(CheckVersions(options, std::move(chain), &target_digests,
+                                    &setup, report));
+  if (setup.signer) {
+    // END carries a manifest entry per chunk: refuse now, before any relay
+    // is asked, a refit whose manifest could not fit in one frame.
+    uint64_t spans = 0;
+    for (const TensorInfo& t : setup.target->manifest().tensors()) {
+      spans += SpanCount(t.NumElements(), topo.defaults.span_elems);
+    }
+    if (Status s = setup.signer->CheckFits(spans); !s.ok()) {
+      return Status::InvalidArgument(topo.source + ": " +
+                                     std::string(s.message()));
+    }
+  }
+  if (setup.state.HasCurrent()) {
+    return Status::InvalidArgument(fmt::format(
+        "{} names a refit that did not finish (the coordinator "
+        "stopped); run dcr refit --resume to commit or abort it first",
+        setup.state.CurrentPath()));
+  }
+  DCR_ASSIGN_OR_RETURN(report->epoch, setup.state.NextEpoch());
+  FillPlan(options, *report, &setup);
+  setup.plan.manifest = setup.target->manifest().digest();
+  if (options.mode == RefitMode::kFull) {
+    setup.plan.tensors = setup.target->manifest().tensors();
+  }
+  setup.plan.target_tensor_digests = std::move(target_digests.tensors);
+  return setup;
+}
+
+Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
+                               Resumption* resumption) {
+  const Topology& topo = options.topology;
+  RefitSetup setup;
+  DCR_ASSIGN_OR_RETURN(setup.tree, BuildTree(topo));
+  if (topo.root.state_dir.empty()) {
+    return Status::InvalidArgument(topo.source +
+                                   ": root.state_dir is required to resume");
+  }
+  setup.state = StateDir(topo.root.state_dir);
+  DCR_ASSIGN_OR_RETURN(CurrentRefit current, setup.state.ReadCurrent());
+  report->refit = current.refit;
+  report->mode = current.mode;
+  report->base = current.base;
+  report->target = current.target;
+  resumption->target_path = current.target_path;
+  // The decision, if the interrupted run reached one.
+  DCR_ASSIGN_OR_RETURN(std::optional<Decision> decision,
+                       setup.state.ReadDecision(current.refit));
+  if (decision) {
+    resumption->commit = decision->commit;
+    resumption->commit_set.insert(decision->commit_set.begin(),
+                                  decision->commit_set.end());
+  }
+  setup.pool = std::make_unique<ThreadPool>(options.threads);
+  DCR_RETURN_IF_ERROR(OpenBaseline(options, /*strict=*/false, &setup));
+  // The baseline moves to the target on commit, from the target file.
+  resumption->baseline_done =
+      setup.baseline && setup.baseline->committed() == report->target;
+  if (resumption->commit && !resumption->baseline_done &&
+      !topo.root.baseline.empty()) {
+    auto t = Checkpoint::Open(current.target_path, Checkpoint::Mode::kReadOnly);
+    if (!t.ok()) {
+      return t.status().WithContext(
+          "the interrupted refit's target (needed to advance root.baseline)");
+    }
+    setup.target = *std::move(t);
+    if (setup.baseline && setup.baseline->InProgress()) {
+      // An update the interrupted run began: it is redone whole.
+      DCR_RETURN_IF_ERROR(setup.baseline->EndRefit());
+    }
+  }
+  DCR_ASSIGN_OR_RETURN(report->epoch, setup.state.NextEpoch());
+  FillPlan(options, *report, &setup);
+  if (setup.baseline) {
+    setup.plan.manifest = setup.baseline->manifest().digest();
+  } else if (setup.target) {
+    setup.plan.manifest = setup.target->manifest().digest();
+  }
+  return setup;
+}
+
+}  // namespace dcr

@@ -1,0 +1,68 @@
+// Everything a coordinator run needs before it asks any relay, shared by a
+// refit and `dcr refit --resume`: the tree, the state directory, the
+// baseline store (root.baseline), the target checkpoint, the thread pool,
+// the signing key, a new epoch and the PLAN. Every error here comes before
+// the tree is touched (RunRefit's "errors, not a report").
+//
+// Thread safety: functions of their arguments; RefitSetup is owned by one
+// coordinator run.
+#ifndef DCR_COORD_REFIT_SETUP_H_
+#define DCR_COORD_REFIT_SETUP_H_
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "coord/end_signer.h"
+#include "coord/history.h"
+#include "coord/state_dir.h"
+#include "dcr/checkpoint.h"
+#include "dcr/refit.h"
+#include "dcr/store.h"
+#include "dcr/thread_pool.h"
+#include "dcr/topology.h"
+#include "protocol/messages.h"
+
+namespace dcr {
+
+struct RefitSetup {
+  Tree tree;
+  StateDir state{""};
+  StoreSpec baseline_spec;  // path empty: no root.baseline configured
+  std::unique_ptr<WeightStore> baseline;
+  std::unique_ptr<Checkpoint> target;
+  std::unique_ptr<ComposedDelta> composed;  // catch-up from the history
+  std::unique_ptr<EndSigner> signer;        // null: END is unsigned
+  std::unique_ptr<ThreadPool> pool;
+  PlanMsg plan;
+};
+
+// A refit of options (RunRefit): `chain` (history delta files, with
+// options.only_nodes) feeds the named relays the chain's composition. Fills
+// report's refit, epoch, mode, base, target, checkpoint and element
+// counts. InvalidArgument, NotFound, Corruption or IOError as RunRefit
+// documents.
+Result<RefitSetup> SetUpRefit(const RefitOptions& options,
+                              std::vector<std::string> chain,
+                              RefitReport* report);
+
+// What `dcr refit --resume` resumes: the interrupted refit and its
+// decision, if it reached one.
+struct Resumption {
+  bool commit = false;
+  std::set<std::string> commit_set;
+  // The baseline already holds the target (nothing to advance).
+  bool baseline_done = false;
+  std::string target_path;
+};
+
+// The refit state_dir/current.json names (NotFound: none), at a new epoch:
+// report gets its refit, mode, base, target and the epoch. The target is
+// opened only when the baseline must still be advanced to it.
+Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
+                               Resumption* resumption);
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_REFIT_SETUP_H_

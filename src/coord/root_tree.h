@@ -1,0 +1,120 @@
+// The root's end of the relay tree for one coordinator run: its links to
+// the cluster heads (a Fanout over a TransportSet, events delivered to the
+// coordinator thread's Mailbox) and the frames it originates (one
+// FrameSender at the run's epoch and refit: PLAN is frame 0, the fan-out's;
+// everything after it is numbered from 1).
+//
+// A phase is: Expect the reply type with a deadline, send the frame down,
+// WaitPhase until every child's subtree answered or the deadline passed,
+// then Results. StreamFrom sends a producer's chunks down with
+// backpressure: no more while a child's send queue is over the window.
+//
+// Thread safety: everything on the coordinator thread, but for sender()
+// (FrameSender::Next), which the producer thread uses while the
+// coordinator thread sends nothing else, and Wake, callable from any.
+#ifndef DCR_COORD_ROOT_TREE_H_
+#define DCR_COORD_ROOT_TREE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "coord/chunk_producer.h"
+#include "dcr/refit.h"
+#include "dcr/topology.h"
+#include "protocol/fanout.h"
+#include "protocol/frame_sender.h"
+#include "protocol/mailbox.h"
+#include "protocol/messages.h"
+#include "transport/transport_set.h"
+
+namespace dcr {
+
+// The tree as PLAN nodes (each after its parent, as BuildTree orders them).
+std::vector<PlanNode> PlanNodes(const Tree& tree);
+
+// What a vote round asks for: the tensors (manifest indices, ascending)
+// some receiver named as differing, and who named them. Empty tensors: no
+// repair wanted.
+struct RepairRequest {
+  std::vector<uint32_t> tensors;
+  std::vector<std::string> nodes;
+};
+// Receivers whose bits differ (incomplete or digest mismatch) and that
+// named tensors; overwrites of those tensors repair every one of them.
+RepairRequest RepairsWanted(const std::vector<NodeResult>& votes);
+
+// The nodes that voted yes with the target's version.
+std::set<std::string> YesVotes(const std::vector<NodeResult>& votes,
+                               const Version& target);
+
+class RootTree {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Links of the root (options' transport, frames, timeouts, heartbeat)
+  // for this run; `resume`: every PLAN is a resume adoption (PlanMsg).
+  RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
+           const RefitId& refit, bool resume);
+  ~RootTree();
+  RootTree(const RootTree&) = delete;
+  RootTree& operator=(const RootTree&) = delete;
+
+  // PLAN to the cluster heads; waits for every PLAN_REPLY (or the phase
+  // deadline) and returns them.
+  std::vector<NodeResult> Plan();
+  // After Plan, before the first chunk (Fanout::Stream).
+  void BeginStream() { fanout_->Stream(); }
+
+  // Expects `reply` from every node within the phase timeout.
+  void Expect(FrameType reply);
+  // Sends a frame down to every child.
+  Status SendDown(FrameType type, const std::vector<std::byte>& payload);
+  // Runs link events until every child's subtree answered the expected
+  // reply, or the deadline.
+  void WaitPhase();
+  std::vector<NodeResult> Results() const { return fanout_->Results(); }
+
+  struct Streamed {
+    uint64_t chunks = 0;
+    uint64_t payload_bytes = 0;
+  };
+  // Sends what `producer` queues until it is done and drained, or until
+  // no child is left (then it cancels the producer). `progress`, if set,
+  // gets payload, chunk count and the slowest child about every 100 ms.
+  Streamed StreamFrom(
+      ChunkProducer* producer, uint64_t window,
+      const std::function<void(RefitOptions::Progress*)>& progress);
+
+  FrameSender& sender() { return sender_; }
+  void Wake() { mailbox_.Wake(); }
+  size_t live_children() const { return fanout_->live_children(); }
+  // Bytes of every frame the root sent down one edge.
+  uint64_t stream_bytes() const { return stream_bytes_; }
+  // Re-parenting counters (RefitReport's adoptions, resent_*).
+  void CountAdoptions(RefitReport* report) const;
+
+  // Closes the fan-out: links that close from now on are normal.
+  void Close();
+  // Lets the last frames leave (at most 2 s), then stops the links.
+  void FlushAndStop();
+  // Stops the links at once (a coordinator that "dies", for tests).
+  void Stop();
+
+ private:
+  const RefitOptions& options_;
+  Mailbox mailbox_;
+  std::unique_ptr<TransportSet> transports_;
+  std::shared_ptr<Fanout> fanout_;
+  FrameSender sender_;
+  uint64_t stream_bytes_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_ROOT_TREE_H_

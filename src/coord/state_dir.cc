@@ -1,0 +1,236 @@
+#include "coord/state_dir.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <ctime>
+#include <filesystem>
+
+#include "common/file.h"
+#include "coord/refit_report.h"
+#include "coord/state_json.h"
+#include "protocol/epoch_file.h"
+
+namespace dcr {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string NowIso8601() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+Status WriteText(const std::string& path, const std::string& text) {
+  return WriteFileAtomic(
+      path, std::as_bytes(std::span<const char>(text.data(), text.size())));
+}
+
+Status WriteJson(const std::string& path, const nlohmann::json& j) {
+  return WriteText(
+      path,
+      j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+Result<nlohmann::json> ReadJson(const std::string& path) {
+  DCR_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return StateJson::Parse(text, path);
+}
+
+// decisions/<refit>.json, strictly; `expect` is the refit its name says.
+Result<Decision> ParseDecision(const nlohmann::json& j, const std::string& path,
+                               const RefitId& expect) {
+  StateJson f(j, path);
+  DCR_RETURN_IF_ERROR(
+      f.OnlyFields({"format", "refit", "epoch", "decision", "base", "target",
+                    "commit_set", "decided_at"}));
+  DCR_RETURN_IF_ERROR(f.Format().status());
+  Decision d;
+  DCR_ASSIGN_OR_RETURN(d.refit, f.Refit("refit"));
+  if (d.refit != expect) {
+    return f.Bad("refit", "names refit " + d.refit.ToHex() +
+                              ", the file name refit " + expect.ToHex());
+  }
+  DCR_ASSIGN_OR_RETURN(d.epoch, f.Uint("epoch"));
+  DCR_ASSIGN_OR_RETURN(std::string decision, f.String("decision"));
+  if (decision != "commit" && decision != "abort") {
+    return f.Bad(
+        "decision",
+        fmt::format("unknown decision '{}' (commit or abort)", decision));
+  }
+  d.commit = decision == "commit";
+  DCR_ASSIGN_OR_RETURN(d.base, f.VersionField("base"));
+  DCR_ASSIGN_OR_RETURN(d.target, f.VersionField("target"));
+  DCR_ASSIGN_OR_RETURN(d.commit_set, f.Strings("commit_set"));
+  std::sort(d.commit_set.begin(), d.commit_set.end());
+  DCR_RETURN_IF_ERROR(f.String("decided_at").status());
+  return d;
+}
+
+}  // namespace
+
+nlohmann::json VersionJson(const Version& v) {
+  return {{"step", v.step}, {"digest", v.digest.ToHex()}};
+}
+
+std::string StateDir::DecisionPath(const RefitId& refit) const {
+  return dir_ + "/decisions/" + refit.ToHex() + ".json";
+}
+
+Status StateDir::Create() const {
+  std::error_code ec;
+  fs::create_directories(dir_ + "/decisions", ec);
+  if (ec) {
+    return Status::IOError(
+        fmt::format("cannot create state_dir {}: {}", dir_, ec.message()));
+  }
+  return Status::OK();
+}
+
+Result<uint64_t> StateDir::NextEpoch() const {
+  return EpochFile(EpochPath()).Next();
+}
+
+bool StateDir::HasCurrent() const {
+  std::error_code ec;
+  return fs::exists(CurrentPath(), ec);
+}
+
+Status StateDir::WriteCurrent(const CurrentRefit& c) const {
+  return WriteJson(CurrentPath(), {{"format", kStateFormat},
+                                   {"refit", c.refit.ToHex()},
+                                   {"epoch", c.epoch},
+                                   {"mode", RefitModeName(c.mode)},
+                                   {"base", VersionJson(c.base)},
+                                   {"target", VersionJson(c.target)},
+                                   {"target_path", c.target_path},
+                                   {"started_at", NowIso8601()}});
+}
+
+Result<CurrentRefit> StateDir::ReadCurrent() const {
+  const std::string path = CurrentPath();
+  if (!HasCurrent()) {
+    return Status::NotFound(
+        fmt::format("{} does not exist: no interrupted refit to resume", path));
+  }
+  DCR_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(path));
+  StateJson f(j, path);
+  DCR_RETURN_IF_ERROR(f.OnlyFields({"format", "refit", "epoch", "mode", "base",
+                                    "target", "target_path", "started_at"}));
+  DCR_RETURN_IF_ERROR(f.Format().status());
+  CurrentRefit c;
+  DCR_ASSIGN_OR_RETURN(c.refit, f.Refit("refit"));
+  DCR_ASSIGN_OR_RETURN(c.epoch, f.Uint("epoch"));
+  DCR_ASSIGN_OR_RETURN(c.mode, f.Mode("mode"));
+  DCR_ASSIGN_OR_RETURN(c.base, f.VersionField("base"));
+  DCR_ASSIGN_OR_RETURN(c.target, f.VersionField("target"));
+  DCR_ASSIGN_OR_RETURN(c.target_path, f.String("target_path"));
+  DCR_RETURN_IF_ERROR(f.String("started_at").status());
+  return c;
+}
+
+void StateDir::RemoveCurrent() const {
+  std::error_code ec;
+  fs::remove(CurrentPath(), ec);
+}
+
+Status StateDir::WriteDecision(const Decision& d) const {
+  return WriteJson(DecisionPath(d.refit),
+                   {{"format", kStateFormat},
+                    {"refit", d.refit.ToHex()},
+                    {"epoch", d.epoch},
+                    {"decision", d.commit ? "commit" : "abort"},
+                    {"base", VersionJson(d.base)},
+                    {"target", VersionJson(d.target)},
+                    {"commit_set", d.commit_set},
+                    {"decided_at", NowIso8601()}});
+}
+
+Result<std::optional<Decision>> StateDir::ReadDecision(
+    const RefitId& refit) const {
+  const std::string path = DecisionPath(refit);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::optional<Decision>();
+  DCR_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(path));
+  DCR_ASSIGN_OR_RETURN(Decision d, ParseDecision(j, path, refit));
+  return std::optional<Decision>(std::move(d));
+}
+
+Status StateDir::PruneDecisions(size_t keep) const {
+  const std::string dir = dir_ + "/decisions";
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return Status::OK();
+  std::optional<RefitId> current;
+  if (HasCurrent()) {
+    auto c = ReadCurrent();
+    if (!c.ok()) {
+      // Without knowing which refit current.json names, remove nothing.
+      spdlog::warn("not pruning {}: {}", dir, c.status().ToString());
+      return Status::OK();
+    }
+    current = c->refit;
+  }
+  std::vector<std::pair<uint64_t, fs::path>> decisions;  // (epoch, path)
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const fs::path& p = e.path();
+    std::optional<RefitId> id;
+    if (p.extension() == ".json" && e.is_regular_file(ec)) {
+      if (auto r = RefitId::FromHex(p.stem().string()); r.ok()) id = *r;
+    }
+    if (!id) {
+      spdlog::warn("{}: not a decision (decisions/<refit id>.json); left alone",
+                   p.string());
+      continue;
+    }
+    if (current && *id == *current) continue;
+    auto j = ReadJson(p.string());
+    auto d = j.ok() ? ParseDecision(*j, p.string(), *id)
+                    : Result<Decision>(j.status());
+    if (!d.ok()) {
+      spdlog::warn("keeping a decision it cannot read: {}",
+                   d.status().ToString());
+      continue;
+    }
+    decisions.emplace_back(d->epoch, p);
+  }
+  if (ec) {
+    return Status::IOError(
+        fmt::format("cannot list {}: {}", dir, ec.message()));
+  }
+  std::sort(decisions.begin(), decisions.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = keep; i < decisions.size(); ++i) {
+    fs::remove(decisions[i].second, ec);
+    if (ec) {
+      return Status::IOError(fmt::format(
+          "cannot remove {}: {}", decisions[i].second.string(), ec.message()));
+    }
+  }
+  return Status::OK();
+}
+
+void StateDir::WriteLastRefit(const RefitReport& report) const {
+  nlohmann::json j = nlohmann::json::parse(report.ToJson());
+  j["format"] = kStateFormat;
+  Status w = WriteText(
+      LastRefitPath(),
+      j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  if (!w.ok()) spdlog::warn("cannot write last-refit.json: {}", w.ToString());
+}
+
+Result<RefitReport> StateDir::ReadLastRefit() const {
+  const std::string path = LastRefitPath();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return Status::NotFound(path + " does not exist: no refit ended here");
+  }
+  DCR_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(path));
+  return RefitReportFromJson(j, path);
+}
+
+}  // namespace dcr

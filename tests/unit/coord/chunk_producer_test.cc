@@ -1,0 +1,203 @@
+// The root's encoder pipeline without a tree: the bounded queue blocks at
+// its capacity, chunks come out in item order whatever order the workers
+// finish in, and the first failure (prepare, encode or emit) stops the
+// producer once, with nothing queued after it.
+#include "coord/chunk_producer.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace dcr {
+namespace {
+
+using namespace std::chrono_literals;
+
+Outgoing Frame(size_t bytes, uint8_t tag = 0) {
+  auto b = std::make_shared<std::vector<std::byte>>(bytes, std::byte{tag});
+  return Outgoing{b, bytes};
+}
+
+// A job of `n` items; item i encodes to one byte i (or nothing when
+// `skip(i)`), after a pseudo-random delay so that workers finish out of
+// order.
+ChunkJob CountingJob(size_t n, std::function<bool(size_t)> skip = nullptr) {
+  ChunkJob job;
+  job.items = n;
+  job.encode = [skip](size_t i, size_t, EncodedChunk* out) {
+    std::this_thread::sleep_for(std::chrono::microseconds((i * 7919) % 300));
+    if (!skip || !skip(i)) out->bytes.push_back(std::byte(i & 0xff));
+    out->sizes.changed = 1;
+    return Status::OK();
+  };
+  job.emit = [](size_t i, const EncodedChunk& c) -> Result<Outgoing> {
+    EXPECT_EQ(c.bytes.size(), 1u);
+    return Frame(16, static_cast<uint8_t>(i));
+  };
+  return job;
+}
+
+// Pops everything until the producer is done; the tags in order.
+std::vector<uint8_t> Drain(ChunkProducer& p) {
+  std::vector<uint8_t> tags;
+  for (;;) {
+    bool done = p.done();
+    while (auto o = p.Pop()) tags.push_back(uint8_t((*o->frame)[0]));
+    if (done) break;
+    std::this_thread::sleep_for(100us);
+  }
+  return tags;
+}
+
+TEST(ChunkQueueTest, PushBlocksAtCapacityUntilPopped) {
+  ChunkQueue q(/*capacity=*/20);
+  std::atomic<int> pushed{0};
+  std::thread t([&] {
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(q.Push(Frame(10)));
+      ++pushed;
+    }
+  });
+  // Two frames fill it (10, then 20 >= capacity); the third waits.
+  for (int i = 0; i < 2000 && pushed < 2; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(pushed, 2);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(pushed, 2) << "Push went past the capacity";
+  EXPECT_EQ(q.bytes(), 20u);
+  ASSERT_TRUE(q.Pop().has_value());
+  t.join();
+  EXPECT_EQ(pushed, 3);
+  EXPECT_EQ(q.bytes(), 20u);
+}
+
+TEST(ChunkQueueTest, CancelWakesABlockedPushAndRefusesMore) {
+  ChunkQueue q(10);
+  ASSERT_TRUE(q.Push(Frame(10)));
+  std::atomic<bool> result{true};
+  std::thread t([&] { result = q.Push(Frame(10)); });
+  std::this_thread::sleep_for(20ms);
+  q.Cancel();
+  t.join();
+  EXPECT_FALSE(result);
+  EXPECT_FALSE(q.Push(Frame(1)));
+  // What was queued before stays.
+  EXPECT_TRUE(q.Pop().has_value());
+  EXPECT_FALSE(q.Pop().has_value());
+}
+
+TEST(ChunkProducerTest, QueuesInItemOrderAndSkipsEmptyChunks) {
+  ThreadPool pool(4);
+  std::atomic<int> wakes{0};
+  ChunkProducer p(&pool, 1 << 20, [&] { ++wakes; });
+  p.Start(CountingJob(100, [](size_t i) { return i % 10 == 3; }));
+  std::vector<uint8_t> tags = Drain(p);
+  EXPECT_TRUE(p.Join().ok());
+  std::vector<uint8_t> want;
+  for (size_t i = 0; i < 100; ++i) {
+    if (i % 10 != 3) want.push_back(uint8_t(i));
+  }
+  EXPECT_EQ(tags, want);
+  // Once per chunk queued and once when it stopped.
+  EXPECT_EQ(wakes, 91);
+}
+
+TEST(ChunkProducerTest, RunsAtMostOneWindowAhead) {
+  ThreadPool pool(2);
+  ChunkProducer p(&pool, /*capacity=*/64, nullptr);
+  ChunkJob job = CountingJob(50);
+  std::atomic<int> emitted{0};
+  auto emit = job.emit;
+  job.emit = [&, emit](size_t i, const EncodedChunk& c) {
+    ++emitted;
+    return emit(i, c);
+  };
+  p.Start(std::move(job));
+  // 16-byte frames: four fill the window, the fifth waits to be queued;
+  // nobody pops, so nothing more is framed.
+  for (int i = 0; i < 2000 && emitted < 5; ++i)
+    std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(emitted, 5);
+  EXPECT_FALSE(p.done());
+  std::vector<uint8_t> all = Drain(p);
+  EXPECT_TRUE(p.Join().ok());
+  EXPECT_EQ(all.size(), 50u);
+}
+
+TEST(ChunkProducerTest, AnEncodeFailureStopsEverythingOnce) {
+  ThreadPool pool(4);
+  std::atomic<int> wakes{0};
+  std::atomic<int> emitted_after{0};
+  ChunkProducer p(&pool, 1 << 20, [&] { ++wakes; });
+  ChunkJob job = CountingJob(200);
+  auto encode = job.encode;
+  job.encode = [encode](size_t i, size_t w, EncodedChunk* out) {
+    if (i == 37) return Status::Corruption("span 37 does not decode");
+    return encode(i, w, out);
+  };
+  auto emit = job.emit;
+  job.emit = [&, emit](size_t i, const EncodedChunk& c) {
+    if (i > 37) ++emitted_after;
+    return emit(i, c);
+  };
+  p.Start(std::move(job));
+  std::vector<uint8_t> tags = Drain(p);
+  Status s = p.Join();
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_NE(s.message().find("span 37"), std::string::npos);
+  EXPECT_EQ(tags.size(), 37u);  // items 0..36, none after the failure
+  EXPECT_EQ(emitted_after, 0);
+  EXPECT_EQ(wakes, 38);
+}
+
+TEST(ChunkProducerTest, PrepareAndEmitFailuresTakeTheSameExit) {
+  ThreadPool pool(2);
+  {
+    ChunkProducer p(&pool, 1 << 20, nullptr);
+    ChunkJob job = CountingJob(10);
+    std::atomic<int> encoded{0};
+    job.prepare = [] { return Status::IOError("no encoder"); };
+    auto encode = job.encode;
+    job.encode = [&, encode](size_t i, size_t w, EncodedChunk* out) {
+      ++encoded;
+      return encode(i, w, out);
+    };
+    p.Start(std::move(job));
+    EXPECT_TRUE(Drain(p).empty());
+    EXPECT_EQ(p.Join().code(), StatusCode::kIOError);
+    EXPECT_EQ(encoded, 0);
+  }
+  {
+    ChunkProducer p(&pool, 1 << 20, nullptr);
+    ChunkJob job = CountingJob(10);
+    auto emit = job.emit;
+    job.emit = [emit](size_t i, const EncodedChunk& c) -> Result<Outgoing> {
+      if (i == 5) return Status::ResourceExhausted("frame too large");
+      return emit(i, c);
+    };
+    p.Start(std::move(job));
+    EXPECT_EQ(Drain(p).size(), 5u);
+    EXPECT_EQ(p.Join().code(), StatusCode::kResourceExhausted);
+  }
+}
+
+TEST(ChunkProducerTest, CancelStopsABlockedProducerWithoutAnError) {
+  ThreadPool pool(2);
+  ChunkProducer p(&pool, /*capacity=*/16, nullptr);
+  p.Start(CountingJob(1000));
+  std::this_thread::sleep_for(20ms);
+  p.Cancel();
+  EXPECT_TRUE(p.Join().ok());
+  EXPECT_TRUE(p.done());
+  size_t left = 0;
+  while (p.Pop()) ++left;
+  EXPECT_LE(left, 1u);
+}
+
+}  // namespace
+}  // namespace dcr

@@ -1,0 +1,163 @@
+// The refit report: its JSON keys and values, the per-node summary of the
+// phases' replies (first failing phase, commit set, confirmation), the
+// link-class bytes, and the reason of a partial commit.
+#include "coord/refit_report.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace dcr {
+namespace {
+
+// root -> head (wan) -> {a, b} (lan).
+Tree SmallTree() {
+  Tree t;
+  auto add = [&](const std::string& name, int parent, LinkClass link) {
+    TreeNode n;
+    n.name = name;
+    n.cluster = parent < 0 ? "" : "c1";
+    n.parent = parent;
+    n.link = link;
+    if (parent >= 0) t.nodes[parent].children.push_back(int(t.nodes.size()));
+    t.nodes.push_back(n);
+  };
+  add("root", -1, LinkClass::kNone);
+  add("head", 0, LinkClass::kWan);
+  add("a", 1, LinkClass::kLan);
+  add("b", 1, LinkClass::kLan);
+  return t;
+}
+
+NodeResult R(const std::string& node, NodeCode code, Version v = {},
+             std::string detail = "") {
+  NodeResult r;
+  r.node = node;
+  r.code = code;
+  r.version = v;
+  r.detail = std::move(detail);
+  r.chunks_applied = 7;
+  return r;
+}
+
+const Version kTarget{2, Digest128{3, 4}};
+
+TEST(RefitReportTest, JsonCarriesEveryField) {
+  RefitReport r;
+  r.epoch = 5;
+  r.mode = RefitMode::kFull;
+  r.outcome = RefitOutcome::kCommitted;
+  r.base = Version{1, Digest128{1, 2}};
+  r.target = kTarget;
+  r.total_elements = 200;
+  r.changed_elements = 50;
+  r.chunks = 9;
+  r.link_class_bytes["wan"] = 100;
+  r.total_seconds = 1.5;
+  r.nodes.push_back(
+      NodeOutcome{"a", "c1", false, NodeCode::kTimeout, "vote", "late", 3});
+  CatchUpReport c;
+  c.nodes = {"b"};
+  c.method = "history";
+  c.deltas = 2;
+  c.outcome = RefitOutcome::kCommitted;
+  r.catch_up.push_back(c);
+  auto j = nlohmann::json::parse(r.ToJson());
+  EXPECT_EQ(j["epoch"], 5);
+  EXPECT_EQ(j["mode"], "full");
+  EXPECT_EQ(j["outcome"], "committed");
+  EXPECT_EQ(j["base"]["step"], 1);
+  EXPECT_EQ(j["target"]["digest"], kTarget.digest.ToHex());
+  EXPECT_DOUBLE_EQ(j["change_rate"].get<double>(), 0.25);
+  EXPECT_EQ(j["chunks"], 9);
+  EXPECT_EQ(j["link_class_bytes"]["wan"], 100);
+  EXPECT_DOUBLE_EQ(j["seconds"]["total"].get<double>(), 1.5);
+  ASSERT_EQ(j["nodes"].size(), 1u);
+  EXPECT_EQ(j["nodes"][0]["code"], "timeout");
+  EXPECT_EQ(j["nodes"][0]["phase"], "vote");
+  EXPECT_EQ(j["nodes"][0]["chunks_applied"], 3);
+  ASSERT_EQ(j["catch_up"].size(), 1u);
+  EXPECT_EQ(j["catch_up"][0]["method"], "history");
+  EXPECT_EQ(j["catch_up"][0]["deltas"], 2);
+  EXPECT_EQ(j["catch_up"][0]["nodes"][0], "b");
+  // No elements: a change rate of 0, not a division by zero.
+  EXPECT_EQ(nlohmann::json::parse(RefitReport().ToJson())["change_rate"], 0.0);
+}
+
+TEST(RefitReportTest, OutcomeNames) {
+  EXPECT_EQ(RefitOutcomeName(RefitOutcome::kCommitted), "committed");
+  EXPECT_EQ(RefitOutcomeName(RefitOutcome::kPartial), "committed-partial");
+  EXPECT_EQ(RefitOutcomeName(RefitOutcome::kAborted), "aborted");
+}
+
+TEST(RefitReportTest, SummaryNamesTheFirstFailingPhase) {
+  RefitReport r;
+  r.target = kTarget;
+  r.outcome = RefitOutcome::kPartial;
+  r.stream_bytes = 1000;
+  PhaseReplies p;
+  p.plan = {R("head", NodeCode::kOk), R("a", NodeCode::kOk),
+            R("b", NodeCode::kBusy, {}, "another refit")};
+  p.votes = {R("head", NodeCode::kOk, kTarget),
+             R("a", NodeCode::kDigestMismatch, {}, "bits differ")};
+  p.final = {R("head", NodeCode::kOk, kTarget)};
+  SummarizeNodes(SmallTree(), p, {"head"}, &r);
+  ASSERT_EQ(r.nodes.size(), 3u);
+  EXPECT_EQ(r.nodes[0].node, "head");
+  EXPECT_TRUE(r.nodes[0].committed);
+  EXPECT_EQ(r.nodes[0].chunks_applied, 7u);
+  EXPECT_FALSE(r.nodes[1].committed);
+  EXPECT_EQ(r.nodes[1].phase, "vote");
+  EXPECT_EQ(r.nodes[1].code, NodeCode::kDigestMismatch);
+  EXPECT_EQ(r.nodes[1].detail, "bits differ");
+  EXPECT_EQ(r.nodes[2].phase, "plan");
+  EXPECT_EQ(r.nodes[2].code, NodeCode::kBusy);
+  // The stream crossed the WAN edge to head and the LAN edge to a (which
+  // took the plan), not the edge to b.
+  EXPECT_EQ(r.link_class_bytes["wan"], 1000u);
+  EXPECT_EQ(r.link_class_bytes["lan"], 1000u);
+  EXPECT_EQ(ExcludedReason(r),
+            "excluded, now stale: a (digest mismatch at vote), b (busy at "
+            "plan)");
+}
+
+TEST(RefitReportTest, SummaryOfACommitWithoutReplies) {
+  RefitReport r;
+  r.target = kTarget;
+  r.outcome = RefitOutcome::kPartial;
+  PhaseReplies p;
+  p.plan = {R("head", NodeCode::kOk), R("a", NodeCode::kOk),
+            R("b", NodeCode::kOk)};
+  p.votes = {R("head", NodeCode::kOk, kTarget), R("a", NodeCode::kOk, kTarget),
+             R("b", NodeCode::kOk, kTarget)};
+  // b voted yes but never confirmed; a confirmed another version.
+  p.final = {R("head", NodeCode::kOk, kTarget),
+             R("a", NodeCode::kOk, Version{9, Digest128{9, 9}})};
+  SummarizeNodes(SmallTree(), p, {"head", "a", "b"}, &r);
+  EXPECT_TRUE(r.nodes[0].committed);
+  EXPECT_FALSE(r.nodes[1].committed);
+  EXPECT_EQ(r.nodes[1].phase, "commit");
+  EXPECT_EQ(r.nodes[1].detail, "no commit reply");
+  EXPECT_FALSE(r.nodes[2].committed);
+  EXPECT_EQ(r.nodes[2].detail, "no commit reply");
+}
+
+TEST(RefitReportTest, AnAbortBlamesTheAbortPhaseOnly) {
+  RefitReport r;
+  r.target = kTarget;
+  r.outcome = RefitOutcome::kAborted;
+  PhaseReplies p;
+  p.plan = {R("head", NodeCode::kOk), R("a", NodeCode::kOk),
+            R("b", NodeCode::kOk)};
+  p.final = {R("head", NodeCode::kOk), R("a", NodeCode::kStoreError)};
+  SummarizeNodes(SmallTree(), p, {}, &r);
+  EXPECT_EQ(r.nodes[0].phase, "");
+  EXPECT_EQ(r.nodes[1].phase, "abort");
+  EXPECT_EQ(r.nodes[1].code, NodeCode::kStoreError);
+  // Aborted: a node without a failure is not "not in the commit set".
+  EXPECT_EQ(r.nodes[2].phase, "");
+  for (const NodeOutcome& n : r.nodes) EXPECT_FALSE(n.committed);
+}
+
+}  // namespace
+}  // namespace dcr
