@@ -188,11 +188,11 @@ class Transport {
   virtual uint16_t BoundPort() const = 0;
 
   // Opens a link to host:port served by `handler`, waiting up to `timeout`.
-  // The error names host:port. Not from the event thread.
+  // The error names host:port. Not from the event thread (InvalidArgument
+  // there). The default runs AsyncConnect and waits for its callback.
   virtual Result<std::shared_ptr<Link>> Connect(
       std::string_view host, uint16_t port,
-      std::shared_ptr<LinkHandler> handler,
-      std::chrono::milliseconds timeout) = 0;
+      std::shared_ptr<LinkHandler> handler, std::chrono::milliseconds timeout);
   // As Connect, but returns at once; `done` runs exactly once, on the event
   // thread (with Aborted if the transport stops first), or at once on the
   // calling thread if the transport has already stopped.

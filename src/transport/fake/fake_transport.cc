@@ -11,7 +11,6 @@
 #include <asio/steady_timer.hpp>
 #include <atomic>
 #include <deque>
-#include <future>
 #include <map>
 #include <set>
 #include <string>
@@ -19,12 +18,14 @@
 #include <vector>
 
 #include "transport/event_loop.h"
+#include "transport/link_lifecycle.h"
 
 namespace dcr {
 namespace fake_internal {
 
 using Clock = std::chrono::steady_clock;
 using transport_internal::EventLoop;
+using transport_internal::LinkLifecycle;
 
 class FakeLink;
 
@@ -69,17 +70,17 @@ struct Core {
   uint16_t next_port = 40000;
 };
 
-class FakeLink final : public Link {
+class FakeLink final : public LinkLifecycle {
  public:
   FakeLink(std::shared_ptr<Core> core, std::shared_ptr<Endpoint> endpoint,
            std::string remote_name, std::string peer,
            std::shared_ptr<LinkHandler> handler)
-      : core_(std::move(core)),
+      : LinkLifecycle(std::move(handler)),
+        core_(std::move(core)),
         endpoint_(std::move(endpoint)),
         remote_name_(std::move(remote_name)),
         peer_(std::move(peer)),
         id_(endpoint_->next_link_id++),
-        handler_(std::move(handler)),
         decoder_(endpoint_->options.frames),
         timer_(core_->loop.io()) {}
 
@@ -90,7 +91,7 @@ class FakeLink final : public Link {
     endpoint_->links.insert(self);
     std::erase_if(core_->links, [](const auto& w) { return w.expired(); });
     core_->links.push_back(self);
-    handler_->OnOpen(*this);
+    handler().OnOpen(*this);
   }
 
   const std::string& local_name() const { return endpoint_->name; }
@@ -115,40 +116,6 @@ class FakeLink final : public Link {
 
   size_t QueuedBytes() const override { return queued_.load(); }
 
-  void Close() override {
-    if (core_->loop.InThread()) closing_ = true;
-    auto self = Self();
-    core_->loop.Post([self] { self->DoClose(Status::OK()); });
-  }
-
-  void CloseAfterFlush() override {
-    auto self = Self();
-    core_->loop.Post([self] {
-      if (self->closed_) return;
-      self->flush_close_ = true;
-      if (self->out_.empty()) self->DoClose(Status::OK());
-    });
-  }
-
-  void PauseReading() override {
-    if (core_->loop.InThread()) {
-      read_paused_ = true;
-      return;
-    }
-    auto self = Self();
-    core_->loop.Post([self] { self->read_paused_ = true; });
-  }
-
-  void ResumeReading() override {
-    auto self = Self();
-    core_->loop.Post([self] {
-      if (!self->read_paused_) return;
-      self->read_paused_ = false;
-      self->Deliver();
-      if (auto remote = self->remote_.lock()) remote->SchedulePump();
-    });
-  }
-
   const std::string& peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
   LinkStats stats() const override {
@@ -156,21 +123,21 @@ class FakeLink final : public Link {
                      frames_received_.load(), bytes_received_.load()};
   }
 
-  void DoClose(Status why) {
-    if (closed_) return;
-    closed_ = closing_ = true;
-    auto self = Self();
+  // Event thread (DoClose). Drops the frames not delivered yet.
+  void TearDown(const Status& /*why*/) override {
     timer_.cancel();
     size_t dropped = 0;
     for (const Pending& p : out_) dropped += p.frame->size();
     queued_ -= dropped;
     out_.clear();
-    endpoint_->links.erase(self);
+    endpoint_->links.erase(Self());
+  }
+
+  // Event thread (DoClose, after the handler heard of it).
+  void AfterClosed() override {
     std::shared_ptr<FakeLink> remote = remote_.lock();
     remote_.reset();
-    std::shared_ptr<LinkHandler> handler = std::move(handler_);
-    handler->OnClosed(*this, why);
-    if (remote && !remote->closed_) {
+    if (remote && !remote->closed()) {
       // The peer learns of it a turn later, as over a network.
       std::string msg = "peer " + local_name() + " closed the link";
       asio::post(core_->loop.io(),
@@ -179,7 +146,7 @@ class FakeLink final : public Link {
   }
 
   void SchedulePump() {
-    if (pump_posted_ || closed_) return;
+    if (pump_posted_ || closed()) return;
     pump_posted_ = true;
     asio::post(core_->loop.io(), [self = Self()] {
       self->pump_posted_ = false;
@@ -188,6 +155,16 @@ class FakeLink final : public Link {
   }
 
  private:
+  bool OnEventThread() const override { return core_->loop.InThread(); }
+  bool PostToEventThread(std::function<void()> fn) override {
+    return core_->loop.Post(std::move(fn));
+  }
+  bool Flushed() const override { return out_.empty(); }
+  // The peer end may pump the frames it held back for this end again.
+  void AfterResume() override {
+    if (auto remote = remote_.lock()) remote->SchedulePump();
+  }
+
   struct Pending {
     FrameBuffer frame;
     Clock::time_point due;
@@ -199,7 +176,7 @@ class FakeLink final : public Link {
 
   void DoSend(FrameBuffer frame) {
     const size_t size = frame->size();
-    if (closing_ || flush_close_) {
+    if (closing() || flush_close()) {
       queued_ -= size;
       return;
     }
@@ -219,14 +196,14 @@ class FakeLink final : public Link {
 
   // Delivers bytes that arrived from the peer.
   void Receive(std::span<const std::byte> bytes) {
-    if (closing_) return;
+    if (closing()) return;
     bytes_received_ += bytes.size();
     decoder_.Feed(bytes);
     Deliver();
   }
 
-  void Deliver() {
-    while (!closing_ && !read_paused_) {
+  void Deliver() override {
+    while (!closing() && !read_paused()) {
       Result<std::optional<DecodedFrame>> next = decoder_.Next();
       if (!next.ok()) {
         DoClose(next.status().WithContext("frame from " + peer_));
@@ -235,7 +212,7 @@ class FakeLink final : public Link {
       if (!next->has_value()) return;
       ++frames_received_;
       const DecodedFrame& f = **next;
-      handler_->OnFrame(*this, f.frame, f.buffer);
+      handler().OnFrame(*this, f.frame, f.buffer);
     }
   }
 
@@ -264,11 +241,11 @@ class FakeLink final : public Link {
   // One delivery step: takes the next frame the peer can take, applies the
   // faults, and hands the bytes over.
   void PumpOne() {
-    if (closed_ || out_.empty()) return;
+    if (closed() || out_.empty()) return;
     std::shared_ptr<FakeLink> remote = remote_.lock();
-    if (!remote || remote->closing_) return;
+    if (!remote || remote->closing()) return;
     Direction& dir = core_->Dir(local_name(), remote_name_);
-    if (dir.paused || remote->read_paused_) return;  // Resume pumps again
+    if (dir.paused || remote->read_paused()) return;  // Resume pumps again
     if (out_.front().due > Clock::now()) {
       ArmTimer(out_.front().due);
       return;
@@ -321,21 +298,18 @@ class FakeLink final : public Link {
       Cut(dir, *cut);
       return;
     }
-    if (closed_ || CutByFrames(dir)) return;
+    if (closed() || CutByFrames(dir)) return;
     AfterSend();
   }
 
   void AfterSend() {
-    if (closed_) return;
+    if (closed()) return;
     if (above_high_ && queued_.load() <= endpoint_->options.low_watermark) {
       above_high_ = false;
-      handler_->OnDrained(*this);
-      if (closed_) return;
+      handler().OnDrained(*this);
+      if (closed()) return;
     }
-    if (flush_close_ && out_.empty()) {
-      DoClose(Status::OK());
-      return;
-    }
+    if (FinishFlushClose()) return;
     SchedulePump();
   }
 
@@ -355,16 +329,11 @@ class FakeLink final : public Link {
   const std::string peer_;
   const uint64_t id_;
   std::weak_ptr<FakeLink> remote_;
-  std::shared_ptr<LinkHandler> handler_;  // reset once closed
   FrameDecoder decoder_;
   asio::steady_timer timer_;
   std::deque<Pending> out_;
   bool pump_posted_ = false;
   bool timer_armed_ = false;
-  bool read_paused_ = false;
-  bool closing_ = false;
-  bool closed_ = false;
-  bool flush_close_ = false;
   bool above_high_ = false;
 
   std::atomic<size_t> queued_{0};
@@ -431,24 +400,6 @@ class FakeTransport final : public Transport {
   }
 
   uint16_t BoundPort() const override { return ep_->bound_port.load(); }
-
-  Result<std::shared_ptr<Link>> Connect(
-      std::string_view host, uint16_t port,
-      std::shared_ptr<LinkHandler> handler,
-      std::chrono::milliseconds timeout) override {
-    if (InEventThread()) {
-      return Status::InvalidArgument(
-          "Transport::Connect called on the event thread; use AsyncConnect");
-    }
-    auto promise =
-        std::make_shared<std::promise<Result<std::shared_ptr<Link>>>>();
-    auto future = promise->get_future();
-    AsyncConnect(host, port, std::move(handler), timeout,
-                 [promise](Result<std::shared_ptr<Link>> r) {
-                   promise->set_value(std::move(r));
-                 });
-    return future.get();
-  }
 
   // The fake connects at once or is refused; `timeout` is not needed.
   void AsyncConnect(std::string_view host, uint16_t port,

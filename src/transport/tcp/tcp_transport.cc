@@ -26,19 +26,20 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
-#include <future>
 #include <string>
 #include <system_error>
 #include <unordered_set>
 #include <vector>
 
 #include "transport/event_loop.h"
+#include "transport/link_lifecycle.h"
 
 namespace dcr {
 namespace {
 
 using asio::ip::tcp;
 using transport_internal::EventLoop;
+using transport_internal::LinkLifecycle;
 using TlsStream = asio::ssl::stream<tcp::socket>;
 
 // An accepted socket that has not finished its TLS handshake within this
@@ -284,7 +285,7 @@ class SendPacer {
   Clock::time_point last_;
 };
 
-class TcpLink final : public Link {
+class TcpLink final : public LinkLifecycle {
  public:
   // A plain link on `socket`.
   TcpLink(std::shared_ptr<TcpShared> shared, tcp::socket socket,
@@ -301,12 +302,12 @@ class TcpLink final : public Link {
   TcpLink(std::shared_ptr<TcpShared> shared, tcp::socket socket,
           std::unique_ptr<TlsStream> tls, std::string peer,
           std::shared_ptr<LinkHandler> handler)
-      : shared_(std::move(shared)),
+      : LinkLifecycle(std::move(handler)),
+        shared_(std::move(shared)),
         socket_(std::move(socket)),
         tls_(std::move(tls)),
         peer_(std::move(peer)),
         id_(shared_->next_link_id++),
-        handler_(std::move(handler)),
         decoder_(shared_->options.frames),
         read_buf_(std::max<size_t>(shared_->options.read_buffer_bytes, 4096)),
         pacer_(shared_->options.max_send_bps),
@@ -316,7 +317,7 @@ class TcpLink final : public Link {
   // Event thread: registers the link, announces it and starts reading.
   void Start() {
     shared_->links.insert(Self());
-    handler_->OnOpen(*this);
+    handler().OnOpen(*this);
     Deliver();
   }
 
@@ -338,39 +339,6 @@ class TcpLink final : public Link {
 
   size_t QueuedBytes() const override { return queued_.load(); }
 
-  void Close() override {
-    if (shared_->loop.InThread()) closing_ = true;  // no OnFrame after this
-    auto self = Self();
-    shared_->loop.Post([self] { self->DoClose(Status::OK()); });
-  }
-
-  void CloseAfterFlush() override {
-    auto self = Self();
-    shared_->loop.Post([self] {
-      if (self->closed_) return;
-      self->flush_close_ = true;
-      if (self->queue_.empty()) self->DoClose(Status::OK());
-    });
-  }
-
-  void PauseReading() override {
-    if (shared_->loop.InThread()) {
-      read_paused_ = true;
-      return;
-    }
-    auto self = Self();
-    shared_->loop.Post([self] { self->read_paused_ = true; });
-  }
-
-  void ResumeReading() override {
-    auto self = Self();
-    shared_->loop.Post([self] {
-      if (!self->read_paused_) return;
-      self->read_paused_ = false;
-      self->Deliver();
-    });
-  }
-
   const std::string& peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
   LinkStats stats() const override {
@@ -378,11 +346,8 @@ class TcpLink final : public Link {
                      frames_received_.load(), bytes_received_.load()};
   }
 
-  // Event thread. Closes the socket, drops the queue, reports `why` once.
-  void DoClose(Status why) {
-    if (closed_) return;
-    closed_ = closing_ = true;
-    auto self = Self();
+  // Event thread (DoClose). Closes the socket and drops the queue.
+  void TearDown(const Status& why) override {
     asio::error_code ignored;
     // TLS: no close_notify; frames carry their own bounds, so a cut record
     // stream shows as a connection closed mid-frame.
@@ -396,23 +361,28 @@ class TcpLink final : public Link {
     head_offset_ = 0;
     // The buffers of the write in flight stay until its handler runs.
     queue_.resize(in_flight_);
-    shared_->links.erase(self);
+    shared_->links.erase(Self());
     if (!why.ok()) {
       spdlog::debug("dcr: link {} to {} closed: {}", id_, peer_,
                     why.ToString());
     }
-    std::shared_ptr<LinkHandler> handler = std::move(handler_);
-    handler->OnClosed(*this, why);
   }
 
  private:
+  bool OnEventThread() const override { return shared_->loop.InThread(); }
+  bool PostToEventThread(std::function<void()> fn) override {
+    return shared_->loop.Post(std::move(fn));
+  }
+  // The frames being written are still in queue_.
+  bool Flushed() const override { return queue_.empty(); }
+
   std::shared_ptr<TcpLink> Self() {
     return std::static_pointer_cast<TcpLink>(shared_from_this());
   }
 
   void DoSend(FrameBuffer frame) {
     const size_t size = frame->size();
-    if (closing_ || flush_close_) {
+    if (closing() || flush_close()) {
       queued_ -= size;
       return;
     }
@@ -484,13 +454,13 @@ class TcpLink final : public Link {
     pace_timer_.async_wait([self = Self()](const asio::error_code& ec) {
       self->pace_waiting_ = false;
       // Cancelled, or expired just before the close cancelled it.
-      if (ec || self->closing_) return;
+      if (ec || self->closing()) return;
       if (!self->queue_.empty() && self->in_flight_ == 0) self->DoWrite();
     });
   }
 
   void OnWrite(const asio::error_code& ec, size_t bytes) {
-    if (closed_) {
+    if (closed()) {
       queue_.clear();
       in_flight_ = 0;
       return;
@@ -517,18 +487,18 @@ class TcpLink final : public Link {
     in_flight_ = 0;
     if (above_high_ && queued_.load() <= shared_->options.low_watermark) {
       above_high_ = false;
-      handler_->OnDrained(*this);
-      if (closed_) return;
+      handler().OnDrained(*this);
+      if (closed()) return;
     }
-    if (!queue_.empty() && !closing_) {
+    if (!queue_.empty() && !closing()) {
       DoWrite();
-    } else if (flush_close_ && queue_.empty()) {
-      DoClose(Status::OK());
+    } else {
+      FinishFlushClose();
     }
   }
 
   void DoRead() {
-    if (closing_ || read_paused_ || reading_) return;
+    if (closing() || read_paused() || reading_) return;
     reading_ = true;
     auto on_read = [self = Self()](const asio::error_code& ec, size_t n) {
       self->OnRead(ec, n);
@@ -542,7 +512,7 @@ class TcpLink final : public Link {
 
   void OnRead(const asio::error_code& ec, size_t n) {
     reading_ = false;
-    if (closed_) return;
+    if (closed()) return;
     if (n > 0) {
       bytes_received_ += n;
       decoder_.Feed(std::span<const std::byte>(read_buf_.data(), n));
@@ -579,8 +549,8 @@ class TcpLink final : public Link {
 
   // Hands decoded frames to the handler until paused or out of frames,
   // then reads more (or closes if the peer is gone).
-  void Deliver() {
-    while (!closing_ && !read_paused_) {
+  void Deliver() override {
+    while (!closing() && !read_paused()) {
       Result<std::optional<DecodedFrame>> next = decoder_.Next();
       if (!next.ok()) {
         DoClose(next.status().WithContext("frame from " + peer_));
@@ -589,9 +559,9 @@ class TcpLink final : public Link {
       if (!next->has_value()) break;
       ++frames_received_;
       const DecodedFrame& f = **next;
-      handler_->OnFrame(*this, f.frame, f.buffer);
+      handler().OnFrame(*this, f.frame, f.buffer);
     }
-    if (closing_ || read_paused_) return;
+    if (closing() || read_paused()) return;
     if (pending_close_) {
       Status why = std::move(*pending_close_);
       pending_close_.reset();
@@ -607,7 +577,6 @@ class TcpLink final : public Link {
   std::vector<std::byte> tls_stage_;  // TLS: small frames written together
   const std::string peer_;
   const uint64_t id_;
-  std::shared_ptr<LinkHandler> handler_;  // reset once closed
   FrameDecoder decoder_;
   std::vector<std::byte> read_buf_;
   // Frames to write; the first in_flight_ are being written. The first
@@ -622,10 +591,6 @@ class TcpLink final : public Link {
   bool pace_waiting_ = false;
   std::optional<Status> pending_close_;  // the peer is gone; deliver first
   bool reading_ = false;
-  bool read_paused_ = false;
-  bool closing_ = false;  // Close was called or closed_
-  bool closed_ = false;   // OnClosed has been (is being) called
-  bool flush_close_ = false;
   bool above_high_ = false;
 
   std::atomic<size_t> queued_{0};
@@ -866,24 +831,6 @@ class TcpTransport final : public Transport {
   }
 
   uint16_t BoundPort() const override { return shared_->bound_port.load(); }
-
-  Result<std::shared_ptr<Link>> Connect(
-      std::string_view host, uint16_t port,
-      std::shared_ptr<LinkHandler> handler,
-      std::chrono::milliseconds timeout) override {
-    if (InEventThread()) {
-      return Status::InvalidArgument(
-          "Transport::Connect called on the event thread; use AsyncConnect");
-    }
-    auto promise =
-        std::make_shared<std::promise<Result<std::shared_ptr<Link>>>>();
-    auto future = promise->get_future();
-    AsyncConnect(host, port, std::move(handler), timeout,
-                 [promise](Result<std::shared_ptr<Link>> r) {
-                   promise->set_value(std::move(r));
-                 });
-    return future.get();
-  }
 
   void AsyncConnect(std::string_view host, uint16_t port,
                     std::shared_ptr<LinkHandler> handler,

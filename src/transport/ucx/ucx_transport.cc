@@ -40,12 +40,14 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "transport/link_lifecycle.h"
 #include "transport/ucx/ucx_context.h"
 
 namespace dcr {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using transport_internal::LinkLifecycle;
 using ucx_internal::ContextPtr;
 using ucx_internal::UcsText;
 using ucx_internal::WorkerPtr;
@@ -362,22 +364,22 @@ struct UcxShared {
   }
 };
 
-class UcxLink final : public Link {
+class UcxLink final : public LinkLifecycle {
  public:
   UcxLink(std::shared_ptr<UcxShared> shared, ucp_ep_h ep, std::string peer,
           std::shared_ptr<LinkHandler> handler)
-      : shared_(std::move(shared)),
+      : LinkLifecycle(std::move(handler)),
+        shared_(std::move(shared)),
         ep_(ep),
         peer_(std::move(peer)),
         id_(shared_->next_link_id++),
-        handler_(std::move(handler)),
         decoder_(shared_->options.frames),
         read_buf_(std::max<size_t>(shared_->options.read_buffer_bytes, 4096)) {}
 
   // Event thread: registers the link, announces it and starts reading.
   void Start() {
     shared_->links[ep_] = Self();
-    handler_->OnOpen(*this);
+    handler().OnOpen(*this);
     Deliver();
   }
 
@@ -399,41 +401,6 @@ class UcxLink final : public Link {
 
   size_t QueuedBytes() const override { return queued_.load(); }
 
-  void Close() override {
-    if (shared_->InThread()) closing_ = true;  // no OnFrame after this
-    auto self = Self();
-    shared_->Post([self] { self->DoClose(Status::OK()); });
-  }
-
-  void CloseAfterFlush() override {
-    auto self = Self();
-    shared_->Post([self] {
-      if (self->closed_) return;
-      self->flush_close_ = true;
-      if (self->queue_.empty() && self->in_flight_ == 0) {
-        self->DoClose(Status::OK());
-      }
-    });
-  }
-
-  void PauseReading() override {
-    if (shared_->InThread()) {
-      read_paused_ = true;
-      return;
-    }
-    auto self = Self();
-    shared_->Post([self] { self->read_paused_ = true; });
-  }
-
-  void ResumeReading() override {
-    auto self = Self();
-    shared_->Post([self] {
-      if (!self->read_paused_) return;
-      self->read_paused_ = false;
-      self->Deliver();
-    });
-  }
-
   const std::string& peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
   LinkStats stats() const override {
@@ -441,13 +408,10 @@ class UcxLink final : public Link {
                      frames_received_.load(), bytes_received_.load()};
   }
 
-  // Event thread. Reports `why` once and lets the endpoint go: after a
-  // bye (local close, OK) it lingers until the peer has read everything;
-  // otherwise it is cut.
-  void DoClose(Status why) {
-    if (closed_) return;
-    closed_ = closing_ = true;
-    auto self = Self();
+  // Event thread (DoClose). Lets the endpoint go: after a bye (local
+  // close, OK) it lingers until the peer has read everything; otherwise it
+  // is cut.
+  void TearDown(const Status& why) override {
     // Sends still posted to this link's DoSend subtract their own bytes.
     size_t dropped = in_flight_bytes_;
     for (const FrameBuffer& f : queue_) dropped += f->size();
@@ -470,13 +434,11 @@ class UcxLink final : public Link {
       spdlog::debug("dcr: ucx link {} to {} closed: {}", id_, peer_,
                     why.ToString());
     }
-    std::shared_ptr<LinkHandler> handler = std::move(handler_);
-    handler->OnClosed(*this, why);
   }
 
   void OnSendDone(const Op& op) {
     --in_flight_;
-    if (closed_) return;
+    if (closed()) return;
     if (op.status != UCS_OK) {
       ep_failed_ = true;
       DoClose(Status::IOError("send to " + peer_ +
@@ -489,15 +451,15 @@ class UcxLink final : public Link {
     queued_ -= op.frame->size();
     if (above_high_ && queued_.load() <= shared_->options.low_watermark) {
       above_high_ = false;
-      handler_->OnDrained(*this);
-      if (closed_) return;
+      handler().OnDrained(*this);
+      if (closed()) return;
     }
     Pump();
   }
 
   void OnRecvDone(const Op& op) {
     reading_ = false;
-    if (closed_) return;
+    if (closed()) return;
     if (op.status != UCS_OK) {
       if (!pending_close_) pending_close_ = PeerGone(op.status);
     } else if (op.length > 0) {
@@ -514,7 +476,7 @@ class UcxLink final : public Link {
   }
 
   void OnCtl(const CtlMsg& m) {
-    if (closed_) return;
+    if (closed()) return;
     if (m.kind == static_cast<uint32_t>(CtlKind::kCredit)) {
       credited_total_ += m.value;
       Pump();
@@ -528,7 +490,7 @@ class UcxLink final : public Link {
 
   void OnEpError(ucs_status_t status) {
     ep_failed_ = true;
-    if (closed_) return;
+    if (closed()) return;
     if (!pending_close_) pending_close_ = PeerGone(status);
     // Frames already decoded are delivered first (once resumed if paused);
     // what UCX had not handed over is lost with the endpoint.
@@ -536,6 +498,12 @@ class UcxLink final : public Link {
   }
 
  private:
+  bool OnEventThread() const override { return shared_->InThread(); }
+  bool PostToEventThread(std::function<void()> fn) override {
+    return shared_->Post(std::move(fn));
+  }
+  bool Flushed() const override { return queue_.empty() && in_flight_ == 0; }
+
   std::shared_ptr<UcxLink> Self() {
     return std::static_pointer_cast<UcxLink>(shared_from_this());
   }
@@ -560,7 +528,7 @@ class UcxLink final : public Link {
 
   void DoSend(FrameBuffer frame) {
     const size_t size = frame->size();
-    if (closing_ || flush_close_) {
+    if (closing() || flush_close()) {
       queued_ -= size;
       return;
     }
@@ -582,7 +550,7 @@ class UcxLink final : public Link {
   void Pump() {
     const size_t max_in_flight =
         std::max<size_t>(shared_->options.max_write_gather, 1);
-    while (!closed_ && !ep_failed_ && !queue_.empty() &&
+    while (!closed() && !ep_failed_ && !queue_.empty() &&
            in_flight_ < max_in_flight &&
            sent_total_ - credited_total_ < kWindowBytes) {
       auto* op = new Op(Op::kSend);
@@ -596,13 +564,11 @@ class UcxLink final : public Link {
       shared_->Submit(op, ucp_stream_send_nbx(ep_, op->frame->data(),
                                               op->frame->size(), &p));
     }
-    if (flush_close_ && queue_.empty() && in_flight_ == 0) {
-      DoClose(Status::OK());
-    }
+    FinishFlushClose();
   }
 
   void DoRead() {
-    if (closing_ || read_paused_ || reading_ || ep_failed_) return;
+    if (closing() || read_paused() || reading_ || ep_failed_) return;
     reading_ = true;
     auto* op = new Op(Op::kRecv);
     op->link = Self();
@@ -614,8 +580,8 @@ class UcxLink final : public Link {
 
   // Hands decoded frames to the handler until paused or out of frames,
   // then reads more (or closes if the peer is gone).
-  void Deliver() {
-    while (!closing_ && !read_paused_) {
+  void Deliver() override {
+    while (!closing() && !read_paused()) {
       Result<std::optional<DecodedFrame>> next = decoder_.Next();
       if (!next.ok()) {
         DoClose(next.status().WithContext("frame from " + peer_));
@@ -624,9 +590,9 @@ class UcxLink final : public Link {
       if (!next->has_value()) break;
       ++frames_received_;
       const DecodedFrame& f = **next;
-      handler_->OnFrame(*this, f.frame, f.buffer);
+      handler().OnFrame(*this, f.frame, f.buffer);
     }
-    if (closing_ || read_paused_) return;
+    if (closing() || read_paused()) return;
     if (pending_close_) {
       Status why = std::move(*pending_close_);
       pending_close_.reset();
@@ -640,7 +606,6 @@ class UcxLink final : public Link {
   ucp_ep_h ep_;  // null once closed
   const std::string peer_;
   const uint64_t id_;
-  std::shared_ptr<LinkHandler> handler_;  // reset once closed
   FrameDecoder decoder_;
   std::vector<std::byte> read_buf_;  // the one receive in flight fills it
   std::deque<FrameBuffer> queue_;    // not yet handed to UCX
@@ -653,11 +618,7 @@ class UcxLink final : public Link {
   bool peer_bye_ = false;
   std::optional<Status> pending_close_;  // the peer is gone; deliver first
   bool reading_ = false;
-  bool read_paused_ = false;
   bool ep_failed_ = false;
-  bool closing_ = false;
-  bool closed_ = false;
-  bool flush_close_ = false;
   bool above_high_ = false;
 
   std::atomic<size_t> queued_{0};
@@ -998,24 +959,6 @@ class UcxTransport final : public Transport {
   }
 
   uint16_t BoundPort() const override { return shared_->bound_port.load(); }
-
-  Result<std::shared_ptr<Link>> Connect(
-      std::string_view host, uint16_t port,
-      std::shared_ptr<LinkHandler> handler,
-      std::chrono::milliseconds timeout) override {
-    if (InEventThread()) {
-      return Status::InvalidArgument(
-          "Transport::Connect called on the event thread; use AsyncConnect");
-    }
-    auto promise =
-        std::make_shared<std::promise<Result<std::shared_ptr<Link>>>>();
-    auto future = promise->get_future();
-    AsyncConnect(host, port, std::move(handler), timeout,
-                 [promise](Result<std::shared_ptr<Link>> r) {
-                   promise->set_value(std::move(r));
-                 });
-    return future.get();
-  }
 
   void AsyncConnect(std::string_view host, uint16_t port,
                     std::shared_ptr<LinkHandler> handler,

@@ -1,0 +1,58 @@
+#include "transport/link_lifecycle.h"
+
+#include <utility>
+
+namespace dcr::transport_internal {
+
+void LinkLifecycle::Close() {
+  if (OnEventThread()) closing_ = true;  // no OnFrame after this
+  PostToEventThread([self = std::static_pointer_cast<LinkLifecycle>(
+                         shared_from_this())] { self->DoClose(Status::OK()); });
+}
+
+void LinkLifecycle::CloseAfterFlush() {
+  PostToEventThread(
+      [self = std::static_pointer_cast<LinkLifecycle>(shared_from_this())] {
+        if (self->closed_) return;
+        self->flush_close_ = true;
+        if (self->Flushed()) self->DoClose(Status::OK());
+      });
+}
+
+void LinkLifecycle::PauseReading() {
+  if (OnEventThread()) {
+    read_paused_ = true;
+    return;
+  }
+  PostToEventThread([self = std::static_pointer_cast<LinkLifecycle>(
+                         shared_from_this())] { self->read_paused_ = true; });
+}
+
+void LinkLifecycle::ResumeReading() {
+  PostToEventThread(
+      [self = std::static_pointer_cast<LinkLifecycle>(shared_from_this())] {
+        if (!self->read_paused_) return;
+        self->read_paused_ = false;
+        self->Deliver();
+        self->AfterResume();
+      });
+}
+
+void LinkLifecycle::DoClose(Status why) {
+  if (closed_) return;
+  closed_ = closing_ = true;
+  // The handler may drop the last other reference to this link.
+  auto self = shared_from_this();
+  TearDown(why);
+  std::shared_ptr<LinkHandler> handler = std::move(handler_);
+  handler->OnClosed(*this, why);
+  AfterClosed();
+}
+
+bool LinkLifecycle::FinishFlushClose() {
+  if (!flush_close_ || closed_ || !Flushed()) return false;
+  DoClose(Status::OK());
+  return true;
+}
+
+}  // namespace dcr::transport_internal

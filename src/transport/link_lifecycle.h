@@ -1,0 +1,92 @@
+// The lifecycle every link backend shares (TCP, UCX, the fake): Close,
+// CloseAfterFlush, PauseReading and ResumeReading as include/dcr/transport.h
+// specifies them, and a close that happens once and reports its reason to
+// the handler once. A backend derives from LinkLifecycle, implements the
+// hooks below and calls DoClose to close the link for any reason.
+//
+// Thread safety: the Link overrides may be called from any thread; they
+// post to the event thread, where everything else here runs (the flags have
+// no lock: only the event thread reads or writes them).
+#ifndef DCR_TRANSPORT_LINK_LIFECYCLE_H_
+#define DCR_TRANSPORT_LINK_LIFECYCLE_H_
+
+#include <functional>
+#include <memory>
+#include <utility>
+
+#include "dcr/status.h"
+#include "dcr/transport.h"
+
+namespace dcr::transport_internal {
+
+class LinkLifecycle : public Link {
+ public:
+  // DoClose(OK) on the event thread. Called there, no frame is sent or
+  // delivered from the call on.
+  void Close() final;
+  // From the event thread's next turn, Send is refused (the backend's send
+  // path checks flush_close()); closes with OK once Flushed().
+  void CloseAfterFlush() final;
+  // Stops handing frames to the handler (on the event thread: from the
+  // call on) until ResumeReading.
+  void PauseReading() final;
+  // On the event thread: hands over the frames that waited (Deliver), then
+  // AfterResume.
+  void ResumeReading() final;
+
+  // Event thread. Closes the link for good, once: marks it closed, lets the
+  // backend release what it holds (TearDown), reports `why` to the handler
+  // (OK: closed by this side) and drops it, then AfterClosed. Later calls do
+  // nothing.
+  void DoClose(Status why);
+
+ protected:
+  explicit LinkLifecycle(std::shared_ptr<LinkHandler> handler)
+      : handler_(std::move(handler)) {}
+
+  // ---- hooks, implemented by the backend
+  // True iff called on the event thread of the link's transport.
+  virtual bool OnEventThread() const = 0;
+  // Runs `fn` on the event thread; false (dropping it) once stopping.
+  virtual bool PostToEventThread(std::function<void()> fn) = 0;
+  // Event thread. Nothing is queued or being written: a pending
+  // CloseAfterFlush may close.
+  virtual bool Flushed() const = 0;
+  // Event thread. Hands decoded frames to the handler until paused or out
+  // of frames (and reads more).
+  virtual void Deliver() = 0;
+  // Event thread, after a ResumeReading's Deliver. The default does nothing.
+  virtual void AfterResume() {}
+  // Event thread, from DoClose before the handler hears of it: release the
+  // socket or endpoint, drop the send queue. `why` is DoClose's.
+  virtual void TearDown(const Status& why) = 0;
+  // Event thread, from DoClose after the handler heard of it (the fake
+  // tells its peer end here). The default does nothing.
+  virtual void AfterClosed() {}
+
+  // Event thread. After a write completes: closes with OK if a
+  // CloseAfterFlush is pending and Flushed(). Returns true if it closed.
+  bool FinishFlushClose();
+
+  // Close was called on the event thread, or the link is closed: no more
+  // frames in or out.
+  bool closing() const { return closing_; }
+  // DoClose has run (or is running): the handler is gone.
+  bool closed() const { return closed_; }
+  bool read_paused() const { return read_paused_; }
+  // CloseAfterFlush was called: Send is refused.
+  bool flush_close() const { return flush_close_; }
+  // The handler; only while !closed().
+  LinkHandler& handler() const { return *handler_; }
+
+ private:
+  std::shared_ptr<LinkHandler> handler_;  // reset once closed
+  bool closing_ = false;
+  bool closed_ = false;
+  bool read_paused_ = false;
+  bool flush_close_ = false;
+};
+
+}  // namespace dcr::transport_internal
+
+#endif  // DCR_TRANSPORT_LINK_LIFECYCLE_H_
