@@ -49,6 +49,15 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(
     std::span<const std::byte> bytes, uint64_t file_size,
     std::string_view file_name);
 
+// The header JSON (unpadded) of a safetensors file holding `tensors` in
+// this order, packed from offset 0, with `metadata` ("__metadata__" when
+// not empty). Written by hand rather than through an ordered JSON object,
+// whose key lookups are linear. InvalidArgument when a name or metadata is
+// not valid UTF-8.
+Result<std::string> BuildSafetensorsHeaderJson(
+    std::span<const TensorInfo> tensors,
+    const std::map<std::string, std::string>& metadata);
+
 // Sets *elements to the product of `shape` and *bytes to that times the
 // dtype's width (each output may be null). Returns false, leaving both
 // untouched, if either overflows 64 bits.

@@ -72,46 +72,13 @@ Result<std::vector<const TensorToWrite*>> SortAndValidate(
   return sorted;
 }
 
-// Builds the header JSON (unpadded) for tensors already in canonical order.
-// Written by hand rather than through an ordered JSON object, whose key
-// lookups are linear.
 Result<std::string> BuildHeader(
     const std::vector<const TensorToWrite*>& sorted,
     const std::map<std::string, std::string>& metadata) {
-  try {
-    std::string h = "{";
-    bool first = true;
-    if (!metadata.empty()) {
-      h += "\"__metadata__\":";
-      h += Json(metadata).dump();
-      first = false;
-    }
-    uint64_t offset = 0;
-    for (const TensorToWrite* t : sorted) {
-      if (!first) h += ",";
-      first = false;
-      h += Json(t->info.name).dump();
-      h += ":{\"dtype\":\"";
-      h += DTypeName(t->info.dtype);
-      h += "\",\"shape\":[";
-      for (size_t i = 0; i < t->info.shape.size(); ++i) {
-        if (i > 0) h += ",";
-        h += std::to_string(t->info.shape[i]);
-      }
-      h += "],\"data_offsets\":[";
-      h += std::to_string(offset);
-      h += ",";
-      offset += t->data.size();
-      h += std::to_string(offset);
-      h += "]}";
-    }
-    h += "}";
-    return h;
-  } catch (const Json::exception& e) {
-    // dump() throws on strings that are not valid UTF-8.
-    return Status::InvalidArgument(
-        std::string("tensor name or metadata is not valid UTF-8: ") + e.what());
-  }
+  std::vector<TensorInfo> infos;
+  infos.reserve(sorted.size());
+  for (const TensorToWrite* t : sorted) infos.push_back(t->info);
+  return BuildSafetensorsHeaderJson(infos, metadata);
 }
 
 Status WriteAll(int fd, std::span<const std::byte> data,
@@ -180,6 +147,45 @@ std::string ShardName(size_t i, size_t n) {
 }
 
 }  // namespace
+
+Result<std::string> BuildSafetensorsHeaderJson(
+    std::span<const TensorInfo> tensors,
+    const std::map<std::string, std::string>& metadata) {
+  try {
+    std::string h = "{";
+    bool first = true;
+    if (!metadata.empty()) {
+      h += "\"__metadata__\":";
+      h += Json(metadata).dump();
+      first = false;
+    }
+    uint64_t offset = 0;
+    for (const TensorInfo& t : tensors) {
+      if (!first) h += ",";
+      first = false;
+      h += Json(t.name).dump();
+      h += ":{\"dtype\":\"";
+      h += DTypeName(t.dtype);
+      h += "\",\"shape\":[";
+      for (size_t i = 0; i < t.shape.size(); ++i) {
+        if (i > 0) h += ",";
+        h += std::to_string(t.shape[i]);
+      }
+      h += "],\"data_offsets\":[";
+      h += std::to_string(offset);
+      h += ",";
+      offset += t.NumBytes();
+      h += std::to_string(offset);
+      h += "]}";
+    }
+    h += "}";
+    return h;
+  } catch (const Json::exception& e) {
+    // dump() throws on strings that are not valid UTF-8.
+    return Status::InvalidArgument(
+        std::string("tensor name or metadata is not valid UTF-8: ") + e.what());
+  }
+}
 
 Status WriteSafetensors(const std::string& path,
                         std::span<const TensorToWrite> tensors,

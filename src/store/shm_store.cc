@@ -17,7 +17,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 
@@ -30,8 +29,6 @@
 
 namespace dcr::store_internal {
 namespace {
-
-using Json = nlohmann::json;
 
 // A shared read-write mapping, unmapped on destruction.
 class SharedMapping {
@@ -175,38 +172,8 @@ Status ValidateShmName(std::string_view name) {
 Result<std::string> SafetensorsPrefix(
     const Manifest& manifest,
     const std::map<std::string, std::string>& metadata) {
-  std::string h = "{";
-  try {
-    bool first = true;
-    if (!metadata.empty()) {
-      h += "\"__metadata__\":";
-      h += Json(metadata).dump();
-      first = false;
-    }
-    uint64_t offset = 0;
-    for (const TensorInfo& t : manifest.tensors()) {
-      if (!first) h += ",";
-      first = false;
-      h += Json(t.name).dump();
-      h += ":{\"dtype\":\"";
-      h += DTypeName(t.dtype);
-      h += "\",\"shape\":[";
-      for (size_t i = 0; i < t.shape.size(); ++i) {
-        if (i > 0) h += ",";
-        h += std::to_string(t.shape[i]);
-      }
-      h += "],\"data_offsets\":[";
-      h += std::to_string(offset);
-      h += ",";
-      offset += t.NumBytes();
-      h += std::to_string(offset);
-      h += "]}";
-    }
-  } catch (const Json::exception& e) {
-    return Status::InvalidArgument(
-        std::string("tensor name or metadata is not valid UTF-8: ") + e.what());
-  }
-  h += "}";
+  DCR_ASSIGN_OR_RETURN(
+      std::string h, BuildSafetensorsHeaderJson(manifest.tensors(), metadata));
   h.append((8 - h.size() % 8) % 8, ' ');
   if (h.size() > kMaxSafetensorsHeaderBytes) {
     return Status::InvalidArgument("safetensors header would be " +

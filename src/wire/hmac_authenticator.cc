@@ -18,12 +18,12 @@
 #include <string>
 
 #include "common/file.h"
-#include "wire/openssl_util.h"
+#include "wire/key_files.h"
 
 namespace dcr {
 
-using wire_internal::ModeText;
 using wire_internal::OpenSslError;
+using wire_internal::ReadKeyFile;
 namespace {
 
 struct MacDeleter {
@@ -131,38 +131,9 @@ bool HmacFrameAuthenticator::Verify(
 Result<std::shared_ptr<const FrameAuthenticator>> LoadFrameKey(
     const std::string& path) {
   const std::string what = "auth key file '" + path + "'";
-  // O_NONBLOCK: a FIFO at the path must not hang the open; the file-type
-  // check below refuses it.
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return Status::NotFound(what + " does not exist");
-    return Status::FromErrno("cannot open " + what, errno);
-  }
-  // fstat of the opened file: the checks apply to the bytes read.
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
-    return Status::FromErrno("cannot stat " + what, errno);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return Status::InvalidArgument(what + " is not a regular file");
-  }
-  if ((st.st_mode & 077) != 0) {
-    return Status::InvalidArgument(
-        what + " has mode " + ModeText(st.st_mode) +
-        ": a key must not be accessible by group or others; run chmod 600 " +
-        path);
-  }
   KeyBuffer key;
-  while (key.size < key.bytes.size()) {
-    ssize_t n = ::read(fd.get(), key.bytes.data() + key.size,
-                       key.bytes.size() - key.size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno("cannot read " + what, errno);
-    }
-    if (n == 0) break;
-    key.size += static_cast<size_t>(n);
-  }
+  DCR_ASSIGN_OR_RETURN(key.size, ReadKeyFile(path, what, "a key",
+                                             /*secret=*/true, key.bytes));
   if (key.size < kMinFrameKeyBytes) {
     return Status::InvalidArgument(
         what + " holds " + std::to_string(key.size) + " bytes; a key needs " +

@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "common/file.h"
-#include "wire/openssl_util.h"
+#include "wire/key_files.h"
 
 namespace dcr {
 
-using wire_internal::ModeText;
 using wire_internal::OpenSslError;
+using wire_internal::ReadKeyFile;
 
 struct PkeyHandle {
   struct Deleter {
@@ -54,41 +54,13 @@ struct WipedText {
 
 // Reads a key file of at most kMaxKeyFileBytes. `secret`: the file must
 // give group and others no permission.
-Status ReadKeyFile(const std::string& path, const std::string& what,
+Status ReadKeyText(const std::string& path, const std::string& what,
                    bool secret, WipedText* out) {
-  // O_NONBLOCK: a FIFO at the path must not hang the open; the file-type
-  // check below refuses it.
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return Status::NotFound(what + " does not exist");
-    return Status::FromErrno("cannot open " + what, errno);
-  }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
-    return Status::FromErrno("cannot stat " + what, errno);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return Status::InvalidArgument(what + " is not a regular file");
-  }
-  if (secret && (st.st_mode & 077) != 0) {
-    return Status::InvalidArgument(
-        what + " has mode " + ModeText(st.st_mode) +
-        ": a private key must not be accessible by group or others; run "
-        "chmod 600 " +
-        path);
-  }
   out->text.assign(kMaxKeyFileBytes + 1, '\0');
-  size_t have = 0;
-  while (have < out->text.size()) {
-    ssize_t n =
-        ::read(fd.get(), out->text.data() + have, out->text.size() - have);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno("cannot read " + what, errno);
-    }
-    if (n == 0) break;
-    have += static_cast<size_t>(n);
-  }
+  DCR_ASSIGN_OR_RETURN(
+      size_t have,
+      ReadKeyFile(path, what, "a private key", secret,
+                  std::as_writable_bytes(std::span<char>(out->text))));
   if (have > kMaxKeyFileBytes) {
     return Status::InvalidArgument(what + " holds more than " +
                                    std::to_string(kMaxKeyFileBytes) +
@@ -223,7 +195,7 @@ Result<std::unique_ptr<Ed25519PrivateKey>> Ed25519PrivateKey::Load(
     const std::string& path) {
   const std::string what = "signing key file '" + path + "'";
   WipedText pem;
-  DCR_RETURN_IF_ERROR(ReadKeyFile(path, what, /*secret=*/true, &pem));
+  DCR_RETURN_IF_ERROR(ReadKeyText(path, what, /*secret=*/true, &pem));
   BioPtr bio(
       BIO_new_mem_buf(pem.text.data(), static_cast<int>(pem.text.size())));
   if (!bio) return Status::Internal("BIO_new_mem_buf: " + OpenSslError());
@@ -299,7 +271,7 @@ Result<std::unique_ptr<Ed25519PublicKey>> Ed25519PublicKey::Load(
     const std::string& path) {
   const std::string what = "signing public key file '" + path + "'";
   WipedText pem;
-  DCR_RETURN_IF_ERROR(ReadKeyFile(path, what, /*secret=*/false, &pem));
+  DCR_RETURN_IF_ERROR(ReadKeyText(path, what, /*secret=*/false, &pem));
   return FromPem(pem.text, what);
 }
 
