@@ -5,7 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
+
+#include "common/mutex.h"
 
 namespace dcr {
 namespace {
@@ -15,6 +16,23 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
+
+// A byte count the pool's workers add to.
+class ByteTally {
+ public:
+  void Add(uint64_t n) DCR_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    total_ += n;
+  }
+  uint64_t total() const DCR_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return total_;
+  }
+
+ private:
+  mutable Mutex mu_;
+  uint64_t total_ DCR_GUARDED_BY(mu_) = 0;
+};
 
 }  // namespace
 
@@ -46,8 +64,7 @@ Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
   const uint64_t span = std::max<uint64_t>(u.span_elems, 1);
   std::vector<Digest128> digests(m.size());
   std::vector<Status> errors(m.size());
-  uint64_t written = 0;
-  std::mutex written_mu;
+  ByteTally written;
   u.pool->ParallelFor(m.size(), [&](size_t ti, size_t) {
     const auto t = static_cast<uint32_t>(ti);
     const size_t es = DTypeSize(m[t].dtype);
@@ -78,8 +95,7 @@ Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
       h.Update(dst.subspan(at, bytes));
     }
     digests[t] = h.Finish();
-    std::lock_guard lock(written_mu);
-    written += mine;
+    written.Add(mine);
   });
   for (const Status& e : errors) DCR_RETURN_IF_ERROR(e);
   Digest128 digest = VersionDigest(m.digest(), digests);
@@ -87,7 +103,7 @@ Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
   spdlog::debug(
       "root.baseline: record {:.3f} s, {:.1f} MB written and hashed in "
       "{:.3f} s",
-      Seconds(t0, t_begun), static_cast<double>(written) / 1e6,
+      Seconds(t0, t_begun), static_cast<double>(written.total()) / 1e6,
       Seconds(t_begun, t_done));
   if (digest != u.to.digest) {
     std::string which;

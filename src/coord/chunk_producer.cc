@@ -5,8 +5,8 @@
 namespace dcr {
 
 bool ChunkQueue::Push(Outgoing o) {
-  std::unique_lock lock(mu_);
-  space_.wait(lock, [&] { return cancelled_ || bytes_ < capacity_; });
+  MutexLock lock(&mu_);
+  while (!cancelled_ && bytes_ >= capacity_) space_.Wait(&mu_);
   if (cancelled_) return false;
   bytes_ += o.frame->size();
   items_.push_back(std::move(o));
@@ -14,23 +14,23 @@ bool ChunkQueue::Push(Outgoing o) {
 }
 
 std::optional<Outgoing> ChunkQueue::Pop() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (items_.empty()) return std::nullopt;
   Outgoing o = std::move(items_.front());
   items_.pop_front();
   bytes_ -= o.frame->size();
-  space_.notify_one();
+  space_.Signal();
   return o;
 }
 
 void ChunkQueue::Cancel() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   cancelled_ = true;
-  space_.notify_all();
+  space_.SignalAll();
 }
 
 uint64_t ChunkQueue::bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return bytes_;
 }
 

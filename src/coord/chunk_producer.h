@@ -18,15 +18,14 @@
 #define DCR_COORD_CHUNK_PRODUCER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "dcr/codec.h"
 #include "dcr/status.h"
 #include "dcr/thread_pool.h"
@@ -47,19 +46,19 @@ class ChunkQueue {
  public:
   explicit ChunkQueue(uint64_t capacity) : capacity_(capacity) {}
   // False (and nothing queued) once cancelled.
-  bool Push(Outgoing o);
-  std::optional<Outgoing> Pop();
+  bool Push(Outgoing o) DCR_EXCLUDES(mu_);
+  std::optional<Outgoing> Pop() DCR_EXCLUDES(mu_);
   // Wakes a blocked Push; every later Push returns false.
-  void Cancel();
-  uint64_t bytes() const;
+  void Cancel() DCR_EXCLUDES(mu_);
+  uint64_t bytes() const DCR_EXCLUDES(mu_);
 
  private:
   const uint64_t capacity_;
-  mutable std::mutex mu_;
-  std::condition_variable space_;
-  std::deque<Outgoing> items_;  // guarded by mu_
-  uint64_t bytes_ = 0;          // guarded by mu_
-  bool cancelled_ = false;      // guarded by mu_
+  mutable Mutex mu_;
+  CondVar space_;  // bytes_ fell below capacity_, or cancelled_
+  std::deque<Outgoing> items_ DCR_GUARDED_BY(mu_);
+  uint64_t bytes_ DCR_GUARDED_BY(mu_) = 0;
+  bool cancelled_ DCR_GUARDED_BY(mu_) = false;
 };
 
 // One item's encoding: empty `bytes` when the item has nothing to send.

@@ -7,25 +7,25 @@
 namespace dcr {
 
 void ApplyTracker::WaitIdle() {
-  std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [&] { return in_flight_.load() == 0; });
+  MutexLock lock(&mu_);
+  while (in_flight_.load() != 0) idle_cv_.Wait(&mu_);
 }
 
 Status ApplyTracker::TakeFirstError() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Status out = first_error_;
   first_error_ = Status::OK();
   return out;
 }
 
 std::vector<AppliedChunk> ApplyTracker::AppliedChunks() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return applied_chunks_;
 }
 
 void ApplyTracker::Started(uint64_t bytes) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     in_flight_ += 1;
   }
   backlog_bytes_ += bytes;
@@ -39,11 +39,11 @@ void ApplyTracker::Done(uint64_t bytes,
                                                       : duplicates_) += 1;
   }
   backlog_bytes_ -= bytes;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!outcome.ok() && first_error_.ok()) first_error_ = outcome.status();
   if (hashed) applied_chunks_.push_back(*hashed);
   in_flight_ -= 1;
-  if (in_flight_.load() == 0) idle_cv_.notify_all();
+  if (in_flight_.load() == 0) idle_cv_.SignalAll();
 }
 
 ApplyWorkers::ApplyWorkers(size_t threads, std::function<void()> on_done)
@@ -55,20 +55,20 @@ ApplyWorkers::ApplyWorkers(size_t threads, std::function<void()> on_done)
 
 ApplyWorkers::~ApplyWorkers() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (auto& t : threads_) t.join();
 }
 
 void ApplyWorkers::Submit(Job job) {
   job.tracker->Started(job.chunk.size());
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     jobs_.push_back(std::move(job));
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void ApplyWorkers::Loop() {
@@ -76,8 +76,8 @@ void ApplyWorkers::Loop() {
   for (;;) {
     Job job;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stop_ && jobs_.empty()) cv_.Wait(&mu_);
       if (jobs_.empty()) return;  // stop_ and nothing left
       job = std::move(jobs_.front());
       jobs_.pop_front();

@@ -18,16 +18,15 @@
 #define DCR_RELAY_APPLY_WORKERS_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "dcr/status.h"
 #include "dcr/transport.h"
 #include "protocol/refit_manifest.h"
@@ -45,27 +44,29 @@ class ApplyTracker {
   uint64_t duplicates() const { return duplicates_.load(); }
 
   // Blocks until no job of this refit is in flight.
-  void WaitIdle();
+  void WaitIdle() DCR_EXCLUDES(mu_);
 
   // The first apply error since the last call, which clears it (one per
   // vote), and a copy of the chunks applied so far (signed refits).
-  Status TakeFirstError();
-  std::vector<AppliedChunk> AppliedChunks();
+  Status TakeFirstError() DCR_EXCLUDES(mu_);
+  std::vector<AppliedChunk> AppliedChunks() DCR_EXCLUDES(mu_);
 
  private:
   friend class ApplyWorkers;
-  void Started(uint64_t bytes);
+  void Started(uint64_t bytes) DCR_EXCLUDES(mu_);
   void Done(uint64_t bytes, Result<RefitSession::ApplyOutcome> outcome,
-            std::optional<AppliedChunk> hashed);
+            std::optional<AppliedChunk> hashed) DCR_EXCLUDES(mu_);
 
-  std::atomic<uint64_t> in_flight_{0};  // written under mu_
+  // Written under mu_ (so that WaitIdle cannot miss the last Done), read
+  // without it by in_flight() and idle(): an atomic, not DCR_GUARDED_BY.
+  std::atomic<uint64_t> in_flight_{0};
   std::atomic<uint64_t> backlog_bytes_{0};
   std::atomic<uint64_t> applied_{0};
   std::atomic<uint64_t> duplicates_{0};
-  std::mutex mu_;
-  std::condition_variable idle_cv_;
-  Status first_error_;                        // guarded by mu_
-  std::vector<AppliedChunk> applied_chunks_;  // guarded by mu_
+  Mutex mu_;
+  CondVar idle_cv_;  // in_flight_ reached 0
+  Status first_error_ DCR_GUARDED_BY(mu_);
+  std::vector<AppliedChunk> applied_chunks_ DCR_GUARDED_BY(mu_);
 };
 
 // Applies chunks on a few threads, each with its own decoder.
@@ -85,16 +86,16 @@ class ApplyWorkers {
   ApplyWorkers(const ApplyWorkers&) = delete;
   ApplyWorkers& operator=(const ApplyWorkers&) = delete;
 
-  void Submit(Job job);
+  void Submit(Job job) DCR_EXCLUDES(mu_);
 
  private:
-  void Loop();
+  void Loop() DCR_EXCLUDES(mu_);
 
   std::function<void()> on_done_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;  // guarded by mu_
-  bool stop_ = false;     // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;  // a job was queued, or stop_ set
+  std::deque<Job> jobs_ DCR_GUARDED_BY(mu_);
+  bool stop_ DCR_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

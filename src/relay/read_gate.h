@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
+#include "common/mutex.h"
 #include "dcr/transport.h"
 
 namespace dcr {
@@ -31,31 +31,33 @@ class ReadGate {
 
   // Adds frames handed to the relay's thread; true iff that made kQueued
   // hold.
-  bool Queued(uint64_t bytes) {
-    std::lock_guard lock(mu_);
+  bool Queued(uint64_t bytes) DCR_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     queued_ += bytes;
     if (quota_ == 0 || queued_ <= quota_ || (reasons_ & kQueued)) return false;
     Change(reasons_ | kQueued);
     return true;
   }
-  void Handled(uint64_t bytes) {
-    std::lock_guard lock(mu_);
+  void Handled(uint64_t bytes) DCR_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     queued_ -= std::min(queued_, bytes);
     if ((reasons_ & kQueued) && queued_ <= quota_ / 2) {
       Change(reasons_ & ~unsigned{kQueued});
     }
   }
-  void Set(Reason why, bool on) {
-    std::lock_guard lock(mu_);
+  void Set(Reason why, bool on) DCR_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     Change(on ? (reasons_ | why) : (reasons_ & ~unsigned{why}));
   }
-  bool paused(Reason why) const {
-    std::lock_guard lock(mu_);
+  bool paused(Reason why) const DCR_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return (reasons_ & why) != 0;
   }
 
  private:
-  void Change(unsigned reasons) {
+  // Pauses or resumes the link with the lock held, so that the link sees
+  // the decisions in the order they were made.
+  void Change(unsigned reasons) DCR_REQUIRES(mu_) {
     const bool was = reasons_ != 0;
     reasons_ = reasons;
     if (was == (reasons_ != 0)) return;
@@ -68,11 +70,11 @@ class ReadGate {
     }
   }
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::weak_ptr<Link> link_;
   const uint64_t quota_;
-  uint64_t queued_ = 0;   // guarded by mu_
-  unsigned reasons_ = 0;  // guarded by mu_
+  uint64_t queued_ DCR_GUARDED_BY(mu_) = 0;
+  unsigned reasons_ DCR_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dcr

@@ -32,13 +32,12 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "dcr/codec.h"
 #include "dcr/status.h"
 #include "dcr/store.h"
@@ -95,14 +94,14 @@ class RefitSession {
   // is applied again (idempotent). `decoder` belongs to the calling
   // thread.
   Result<ApplyOutcome> Apply(std::span<const std::byte> chunk,
-                             ChunkDecoder* decoder);
+                             ChunkDecoder* decoder) DCR_EXCLUDES(mu_);
 
   // After END: yes (kOk, version = target) iff the store's digest is the
   // target digest. Otherwise kIncomplete (chunks the root sent are missing)
   // or kDigestMismatch, with `repair` naming the tensors that differ from
   // the plan's target_tensor_digests. The first vote hashes what was not
   // hashed ahead; every later one hashes the whole store.
-  NodeResult Vote(const EndMsg& end, ThreadPool* pool);
+  NodeResult Vote(const EndMsg& end, ThreadPool* pool) DCR_EXCLUDES(mu_);
 
   // Tensors hashed by Apply ahead of the vote, and by votes.
   struct HashCounts {
@@ -112,14 +111,14 @@ class RefitSession {
   HashCounts hash_counts() const;
 
   // Persists the target version (data, then the version record).
-  Status Commit();
+  Status Commit() DCR_EXCLUDES(mu_);
   // Restores the base bits: XOR chunks are applied again, overwrite
   // chunks write back the values they replaced. Then clears the
   // in-progress record, or, when this refit took over one left unfinished,
   // records that one again (the bits are its mix again).
-  Status Abort(ChunkDecoder* decoder);
+  Status Abort(ChunkDecoder* decoder) DCR_EXCLUDES(mu_);
 
-  uint64_t chunks_applied() const;
+  uint64_t chunks_applied() const DCR_EXCLUDES(mu_);
   const PlanMsg& plan() const { return plan_; }
 
  private:
@@ -139,10 +138,11 @@ class RefitSession {
   // shared and count themselves in `writes` before writing; hashing holds
   // it exclusively, so `writes` then counts every write in the bits.
   struct TensorHash {
-    std::shared_mutex mu;
+    SharedMutex mu;
     std::atomic<uint64_t> writes{0};
-    uint64_t hashed_writes = ~uint64_t{0};  // `writes` at `digest`; ~0: none
-    Digest128 digest;
+    // `writes` at `digest`; ~0: none.
+    uint64_t hashed_writes DCR_GUARDED_BY(mu) = ~uint64_t{0};
+    Digest128 digest DCR_GUARDED_BY(mu);
   };
 
   // One application of a chunk to a span, enough to reverse it: a record
@@ -167,8 +167,8 @@ class RefitSession {
   std::string node_;
   RefitId refit_;
   PlanMsg plan_;
-  mutable std::mutex mu_;
-  std::map<ChunkId, SpanState> spans_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<ChunkId, SpanState> spans_ DCR_GUARDED_BY(mu_);
 
   bool hash_ahead_ = true;
   std::unique_ptr<TensorHash[]> hashes_;  // one per tensor of the manifest

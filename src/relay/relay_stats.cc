@@ -55,7 +55,7 @@ RelayStats RelayCounters::Snapshot(const WeightStore* store,
 }
 
 void StatsBoard::Publish(RelayStats s, bool in_refit) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   s.last_refit_seconds = published_.last_refit_seconds;
   s.last_result = published_.last_result;
   if (!in_refit) s.peak_children = published_.peak_children;  // the last's
@@ -63,13 +63,13 @@ void StatsBoard::Publish(RelayStats s, bool in_refit) {
 }
 
 void StatsBoard::EndRefit(double seconds, std::string result) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   published_.last_refit_seconds = seconds;
   published_.last_result = std::move(result);
 }
 
 RelayStats StatsBoard::Get() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return published_;
 }
 

@@ -14,12 +14,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "dcr/version.h"
 
 namespace dcr {
@@ -93,13 +93,13 @@ class StatsBoard {
  public:
   // `in_refit`: s describes a refit in progress (its peak_children is
   // live); else the last refit's peak is kept.
-  void Publish(RelayStats s, bool in_refit);
-  void EndRefit(double seconds, std::string result);
-  RelayStats Get() const;
+  void Publish(RelayStats s, bool in_refit) DCR_EXCLUDES(mu_);
+  void EndRefit(double seconds, std::string result) DCR_EXCLUDES(mu_);
+  RelayStats Get() const DCR_EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  RelayStats published_;  // guarded by mu_
+  mutable Mutex mu_;
+  RelayStats published_ DCR_GUARDED_BY(mu_);
 };
 
 // The process's resident anonymous memory (RssAnon of /proc/self/status):

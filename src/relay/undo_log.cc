@@ -27,7 +27,7 @@ Result<UndoLog::Ref> UndoLog::Append(std::span<const std::byte> a,
   Ref r;
   r.size = a.size() + b.size();
   if (!fd_.valid()) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     r.offset = heap_.size();
     heap_.insert(heap_.end(), a.begin(), a.end());
     heap_.insert(heap_.end(), b.begin(), b.end());
@@ -56,7 +56,7 @@ Result<UndoLog::Ref> UndoLog::Append(std::span<const std::byte> a,
 Status UndoLog::Read(const Ref& r, std::vector<std::byte>* out) const {
   out->resize(r.size);
   if (!fd_.valid()) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (r.offset + r.size > heap_.size()) {
       return Status::Internal("undo record past the end of the log");
     }

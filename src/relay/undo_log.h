@@ -12,12 +12,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "common/file.h"
+#include "common/mutex.h"
 #include "dcr/status.h"
 
 namespace dcr {
@@ -37,10 +37,11 @@ class UndoLog {
     uint64_t size = 0;
   };
   // Appends one record, `a` followed by `b`.
-  Result<Ref> Append(std::span<const std::byte> a,
-                     std::span<const std::byte> b);
+  Result<Ref> Append(std::span<const std::byte> a, std::span<const std::byte> b)
+      DCR_EXCLUDES(mu_);
   // Reads record `r` into `out` (resized).
-  Status Read(const Ref& r, std::vector<std::byte>* out) const;
+  Status Read(const Ref& r, std::vector<std::byte>* out) const
+      DCR_EXCLUDES(mu_);
   // Bytes appended so far.
   uint64_t bytes() const { return end_.load(); }
 
@@ -50,8 +51,8 @@ class UndoLog {
   UniqueFd fd_;  // invalid: heap-backed
   std::string where_;
   std::atomic<uint64_t> end_{0};
-  mutable std::mutex mu_;        // heap backend only
-  std::vector<std::byte> heap_;  // guarded by mu_
+  mutable Mutex mu_;  // heap backend only
+  std::vector<std::byte> heap_ DCR_GUARDED_BY(mu_);
 };
 
 }  // namespace dcr

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -136,6 +137,116 @@ TEST(CondVarTest, WaitForReturnsEarlyWhenSignalled) {
     }
   }
   signaller.join();
+}
+
+// Whether `mu` could be taken exclusively / shared by another thread (which
+// releases it again at once).
+bool WriterCouldLock(SharedMutex* mu) {
+  bool free = false;
+  std::thread([&] {
+    WriterMutexLock lock(mu, std::defer_lock);
+    free = lock.TryLock();
+  }).join();
+  return free;
+}
+
+bool ReaderCouldLock(SharedMutex* mu) {
+  bool free = false;
+  std::thread([&] {
+    ReaderMutexLock lock(mu, std::defer_lock);
+    free = lock.TryLock();
+  }).join();
+  return free;
+}
+
+TEST(SharedMutexTest, ReadersShareAndExcludeWriters) {
+  SharedMutex mu;
+  {
+    ReaderMutexLock reading(&mu);
+    EXPECT_TRUE(ReaderCouldLock(&mu));
+    EXPECT_FALSE(WriterCouldLock(&mu));
+  }
+  EXPECT_TRUE(WriterCouldLock(&mu));
+}
+
+TEST(SharedMutexTest, WriterExcludesEveryone) {
+  SharedMutex mu;
+  {
+    WriterMutexLock writing(&mu);
+    EXPECT_FALSE(ReaderCouldLock(&mu));
+    EXPECT_FALSE(WriterCouldLock(&mu));
+  }
+  EXPECT_TRUE(ReaderCouldLock(&mu));
+  EXPECT_TRUE(WriterCouldLock(&mu));
+}
+
+TEST(SharedMutexTest, AFailedTryLockReleasesNothing) {
+  SharedMutex mu;
+  ReaderMutexLock reading(&mu);
+  EXPECT_FALSE(WriterCouldLock(&mu));
+  // Had the failed lock's destructor released `mu`, a writer could take it.
+  EXPECT_FALSE(WriterCouldLock(&mu));
+  EXPECT_TRUE(ReaderCouldLock(&mu));
+}
+
+TEST(SharedMutexTest, ScopedTryLockTakesAFreeLockUntilItsScopeEnds) {
+  SharedMutex mu;
+  {
+    WriterMutexLock writing(&mu, std::defer_lock);
+    ASSERT_TRUE(writing.TryLock());
+    EXPECT_FALSE(ReaderCouldLock(&mu));
+  }
+  EXPECT_TRUE(WriterCouldLock(&mu));
+  {
+    ReaderMutexLock reading(&mu, std::defer_lock);
+    ASSERT_TRUE(reading.TryLock());
+    EXPECT_TRUE(ReaderCouldLock(&mu));
+    EXPECT_FALSE(WriterCouldLock(&mu));
+  }
+  EXPECT_TRUE(WriterCouldLock(&mu));
+}
+
+// A pair whose invariant (two fields equal) readers check while writers
+// update it.
+class Pair {
+ public:
+  void Add() DCR_EXCLUDES(mu_) {
+    WriterMutexLock lock(&mu_);
+    ++a_;
+    ++b_;
+  }
+  bool Consistent() DCR_EXCLUDES(mu_) {
+    ReaderMutexLock lock(&mu_);
+    return a_ == b_;
+  }
+  int value() DCR_EXCLUDES(mu_) {
+    ReaderMutexLock lock(&mu_);
+    return a_;
+  }
+
+ private:
+  SharedMutex mu_;
+  int a_ DCR_GUARDED_BY(mu_) = 0;
+  int b_ DCR_GUARDED_BY(mu_) = 0;
+};
+
+TEST(SharedMutexTest, ReadersNeverSeeAHalfWrite) {
+  Pair p;
+  std::atomic<bool> torn{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&p] {
+      for (int i = 0; i < 10000; ++i) p.Add();
+    });
+    threads.emplace_back([&p, &torn] {
+      for (int i = 0; i < 10000; ++i) {
+        if (!p.Consistent()) torn = true;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(torn);
+  EXPECT_EQ(p.value(), 20000);
 }
 
 }  // namespace
