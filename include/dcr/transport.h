@@ -13,8 +13,9 @@
 // with Post().
 //
 // Thread safety: Link::Send, Link::Close, Link::CloseAfterFlush,
-// Link::PauseReading, Link::ResumeReading, Link::QueuedBytes, Link::stats
-// and Link::peer may be called from any thread; the actions are posted to
+// Link::PauseReading, Link::ResumeReading, Link::QueuedBytes,
+// Link::SetWatermarks, Link::stats and Link::peer may be called from any
+// thread; the actions are posted to
 // the event thread. Transport::Post, Connect, AsyncConnect and Stop may be
 // called from any thread, except that Connect and Stop must not be called
 // from the event thread (Connect would wait on itself; use AsyncConnect).
@@ -67,6 +68,14 @@ class Link : public std::enable_shared_from_this<Link> {
   // tells when it falls again.
   virtual size_t QueuedBytes() const = 0;
 
+  // This link's drain watermarks (until now the transport's
+  // TransportOptions::high_watermark and low_watermark; low <= high): from
+  // the call on, OnDrained fires when QueuedBytes() falls to `low` or below
+  // after it had reached `high` (a Send that brought it to `high` or above).
+  // An owner that bounds its sends by a window sets (window, window / 2) to
+  // hear when the link has room again.
+  virtual void SetWatermarks(size_t high, size_t low) = 0;
+
   // Closes the link now; queued frames are discarded. OnClosed follows with
   // an OK status. Idempotent.
   virtual void Close() = 0;
@@ -114,8 +123,8 @@ class LinkHandler {
   //   ResourceExhausted  the send queue passed max_queued_bytes.
   virtual void OnClosed(Link& link, const Status& why) = 0;
 
-  // QueuedBytes() fell to low_watermark or below after it had reached
-  // high_watermark.
+  // QueuedBytes() fell to the link's low watermark or below after it had
+  // reached its high watermark (TransportOptions, or Link::SetWatermarks).
   virtual void OnDrained(Link& link) { (void)link; }
 };
 

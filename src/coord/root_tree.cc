@@ -85,13 +85,34 @@ Status RootTree::SendDown(FrameType type,
   return Status::OK();
 }
 
+RootTree::Clock::time_point RootTree::NextTimer() const {
+  Clock::time_point next = Clock::time_point::max();
+  // A deadline already acted on (ExpireIfDue failed the late children; a
+  // closed Fanout's tick, which Tick no longer moves) is not waited for
+  // again.
+  for (Clock::time_point t : {fanout_->deadline(), fanout_->next_tick()}) {
+    if (t > timers_ran_) next = std::min(next, t);
+  }
+  // An adoption not accepted within the connect timeout; strictly later
+  // than its start, so that ExpireIfDue acts on it.
+  if (Clock::time_point t = fanout_->adoption_deadline();
+      t != Clock::time_point::max()) {
+    next = std::min(next, t + std::chrono::milliseconds(1));
+  }
+  return next;
+}
+
+void RootTree::RunTimers() {
+  timers_ran_ = Clock::now();
+  fanout_->ExpireIfDue(timers_ran_);
+  fanout_->Tick(timers_ran_);
+}
+
 void RootTree::WaitPhase() {
+  // Waits for events (replies, link failures) and the phase's timers.
   while (!fanout_->Complete()) {
-    Clock::time_point next = std::min(
-        fanout_->deadline(), Clock::now() + std::chrono::milliseconds(50));
-    mailbox_.RunUntil(next);
-    fanout_->ExpireIfDue(Clock::now());
-    fanout_->Tick(Clock::now());
+    mailbox_.RunUntil(NextTimer());
+    RunTimers();
   }
 }
 
@@ -116,10 +137,22 @@ RootTree::Streamed RootTree::StreamFrom(
   for (;;) {
     const uint64_t before = out.chunks;
     send_queued();
-    const bool idle = out.chunks == before;
-    mailbox_.RunUntil(Clock::now() + std::chrono::milliseconds(idle ? 20 : 0));
-    fanout_->ExpireIfDue(Clock::now());  // adoptions: no phase deadline here
-    fanout_->Tick(Clock::now());
+    // Nothing sent (no chunk queued, or a child's queue over the window):
+    // wait for what changes that, each of which wakes the mailbox: a chunk
+    // queued or the producer done (ChunkProducer's wake), a child's queue
+    // down to half the window (Fanout), a frame or a link event; or for a
+    // timer: adoptions and heartbeats (no phase deadline here), and, with
+    // `progress`, its report interval (a periodic timer by design: the
+    // callback wants regular updates, not events).
+    Clock::time_point wait_until = Clock::now();
+    if (out.chunks == before) {
+      wait_until = NextTimer();
+      if (progress) {
+        wait_until = std::min(wait_until, last_progress + kProgressInterval);
+      }
+    }
+    mailbox_.RunUntil(wait_until);
+    RunTimers();
     if (fanout_->live_children() == 0) {
       producer->Cancel();
       spdlog::error("every cluster head left the refit; stopping the stream");
@@ -127,8 +160,7 @@ RootTree::Streamed RootTree::StreamFrom(
     }
     // Drain what the producer queued after its last wake-up.
     if (producer->done() && send_queued()) break;
-    if (progress &&
-        Clock::now() - last_progress > std::chrono::milliseconds(100)) {
+    if (progress && Clock::now() - last_progress >= kProgressInterval) {
       last_progress = Clock::now();
       RefitOptions::Progress p;
       p.payload_bytes = out.payload_bytes;
@@ -155,9 +187,12 @@ void RootTree::CountAdoptions(RefitReport* report) const {
 void RootTree::Close() { fanout_->Close(); }
 
 void RootTree::FlushAndStop() {
+  // Each link closes once flushed (Fanout::Close: CloseAfterFlush), and
+  // its OnClosed, posted here, drops it from MaxQueuedBytes.
+  fanout_->Close();
   auto flush_until = Clock::now() + std::chrono::seconds(2);
   while (fanout_->MaxQueuedBytes() > 0 && Clock::now() < flush_until) {
-    mailbox_.RunUntil(Clock::now() + std::chrono::milliseconds(5));
+    mailbox_.RunUntil(flush_until);
   }
   Stop();
 }

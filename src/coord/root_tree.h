@@ -100,12 +100,22 @@ class RootTree {
 
   // Closes the fan-out: links that close from now on are normal.
   void Close();
-  // Lets the last frames leave (at most 2 s), then stops the links.
+  // Closes the fan-out, lets the last frames leave (at most 2 s), then
+  // stops the links.
   void FlushAndStop();
   // Stops the links at once (a coordinator that "dies", for tests).
   void Stop();
 
  private:
+  // How often StreamFrom reports progress.
+  static constexpr std::chrono::milliseconds kProgressInterval{100};
+
+  // The next timer of the Fanout not yet acted on (phase deadline,
+  // heartbeat tick, adoption timeout); max() when none.
+  Clock::time_point NextTimer() const;
+  // Acts on the Fanout's timers that are due.
+  void RunTimers();
+
   const RefitOptions& options_;
   Mailbox mailbox_;
   std::unique_ptr<TransportSet> transports_;
@@ -113,6 +123,7 @@ class RootTree {
   FrameSender sender_;
   uint64_t stream_bytes_ = 0;
   bool stopped_ = false;
+  Clock::time_point timers_ran_;  // RunTimers last ran
 };
 
 }  // namespace dcr

@@ -139,8 +139,7 @@ std::vector<NodeStatus> QueryStatus(const Topology& topology,
   }
   while (Clock::now() < deadline &&
          !std::all_of(done.begin(), done.end(), [](bool d) { return d; })) {
-    mailbox.RunUntil(
-        std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
+    mailbox.RunUntil(deadline);  // every answer and failure is posted
   }
   for (size_t k = 0; k < out.size(); ++k) {
     if (!done[k]) out[k].error = "no answer within the timeout";

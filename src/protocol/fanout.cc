@@ -39,6 +39,7 @@ class Fanout::ChildHandler : public LinkHandler {
       if (auto fanout = f.lock()) fanout->OnClosed(c, why);
     });
   }
+  // The owner re-checks its backpressure on every wake-up.
   void OnDrained(Link&) override { mailbox_->Wake(); }
 
  private:
@@ -173,6 +174,16 @@ void Fanout::OnConnected(size_t i, Result<std::shared_ptr<Link>> link) {
     c.link->Close();
     return;
   }
+  // The owner stops feeding children while a queue is above the plan's
+  // window and goes on once every queue is at or below half of it: each
+  // link tells (OnDrained, a mailbox wake-up) when it falls to half after
+  // being above half. Not after being above the window: a queue that
+  // stayed between half and the window may be the last one holding a
+  // paused owner back. (No window, 0: the owners pause on any queued byte
+  // and go on at none; (1, 0) says when a queue empties.)
+  const uint64_t window = tree_.plan.chunk_window_bytes;
+  c.link->SetWatermarks(static_cast<size_t>(window / 2 + 1),
+                        static_cast<size_t>(window / 2));
   c.last_rx = c.last_heartbeat = Clock::now();
   Status s = SendTo(c, FrameType::kHello, EncodeHello(options_.hello));
   if (s.ok()) s = SendTo(c, FrameType::kPlan, EncodePlan(c.sub));

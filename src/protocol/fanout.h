@@ -98,7 +98,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   size_t Forward(const FrameBuffer& frame, bool chunk = false,
                  bool keep = true);
 
-  // The largest send queue among live children (backpressure).
+  // The largest send queue among live children (backpressure). When a
+  // child's queue falls to half the plan's window (from above half), the
+  // owner's mailbox is woken (Mailbox::Wake): an owner paused on this can
+  // wait for events instead of polling.
   size_t MaxQueuedBytes() const;
   // Per child (name, queued bytes); 0 for children out of the refit.
   std::vector<std::pair<std::string, size_t>> QueueDepths() const;

@@ -189,12 +189,9 @@ Clock::time_point Relay::Impl::NextDeadline(Clock::time_point now) const {
       t != Clock::time_point::max()) {
     next = std::min(next, t + std::chrono::milliseconds(1));
   }
-  if (c.parent->paused()) {
-    // Reading from the parent resumes once the children's queues fall to
-    // half the window, which raises no event (a link's OnDrained follows
-    // the transport's own watermarks): look every 5 ms while paused.
-    next = std::min(next, now + std::chrono::milliseconds(5));
-  }
+  // No timer while paused: reading from the parent resumes (MaybeResume)
+  // on the events that lower what paused it, a child's queue falling to
+  // half the window (Fanout wakes the mailbox) and an apply completion.
   return next;
 }
 

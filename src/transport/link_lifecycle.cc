@@ -49,6 +49,28 @@ void LinkLifecycle::DoClose(Status why) {
   AfterClosed();
 }
 
+void LinkLifecycle::SetWatermarks(size_t high, size_t low) {
+  low_.store(low, std::memory_order_relaxed);
+  high_.store(high, std::memory_order_relaxed);
+}
+
+void LinkLifecycle::NoteQueued(size_t queued) {
+  if (queued >= high_.load(std::memory_order_relaxed)) {
+    above_high_.store(true, std::memory_order_release);
+  }
+}
+
+bool LinkLifecycle::NoteWritten(size_t queued) {
+  if (closed_) return true;
+  if (queued > low_.load(std::memory_order_relaxed) ||
+      !above_high_.load(std::memory_order_acquire) ||
+      !above_high_.exchange(false, std::memory_order_acq_rel)) {
+    return false;
+  }
+  handler_->OnDrained(*this);
+  return closed_;
+}
+
 bool LinkLifecycle::FinishFlushClose() {
   if (!flush_close_ || closed_ || !Flushed()) return false;
   DoClose(Status::OK());

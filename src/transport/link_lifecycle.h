@@ -4,12 +4,18 @@
 // the handler once. A backend derives from LinkLifecycle, implements the
 // hooks below and calls DoClose to close the link for any reason.
 //
+// It also keeps the link's drain watermarks and decides when OnDrained
+// fires, so the hysteresis has one copy for every backend.
+//
 // Thread safety: the Link overrides may be called from any thread; they
 // post to the event thread, where everything else here runs (the flags have
-// no lock: only the event thread reads or writes them).
+// no lock: only the event thread reads or writes them), except NoteQueued
+// and SetWatermarks, which use atomics: Send runs on any thread.
 #ifndef DCR_TRANSPORT_LINK_LIFECYCLE_H_
 #define DCR_TRANSPORT_LINK_LIFECYCLE_H_
 
+#include <atomic>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -33,6 +39,8 @@ class LinkLifecycle : public Link {
   // On the event thread: hands over the frames that waited (Deliver), then
   // AfterResume.
   void ResumeReading() final;
+  // Any thread; see Link::SetWatermarks.
+  void SetWatermarks(size_t high, size_t low) final;
 
   // Event thread. Closes the link for good, once: marks it closed, lets the
   // backend release what it holds (TearDown), reports `why` to the handler
@@ -41,8 +49,23 @@ class LinkLifecycle : public Link {
   void DoClose(Status why);
 
  protected:
-  explicit LinkLifecycle(std::shared_ptr<LinkHandler> handler)
-      : handler_(std::move(handler)) {}
+  // `high` and `low`: the transport's watermarks (TransportOptions), until
+  // SetWatermarks.
+  LinkLifecycle(std::shared_ptr<LinkHandler> handler, size_t high, size_t low)
+      : handler_(std::move(handler)), high_(high), low_(low) {}
+
+  // ---- drain watermarks, called by the backend
+  // Any thread, from Send, with QueuedBytes() just after adding the frame
+  // and before the frame is handed to the event thread: arms OnDrained if
+  // it reached the high watermark. (Armed here rather than on the event
+  // thread, so that a caller who saw the queue above `high` is sure to
+  // hear when it drains: the frame's own write completion follows.)
+  void NoteQueued(size_t queued);
+  // Event thread, after a write completed and QueuedBytes() fell to
+  // `queued`: calls OnDrained if armed and `queued` is at or below the low
+  // watermark. Returns true if the link is closed after it (the handler
+  // may close it): the caller then stops.
+  [[nodiscard]] bool NoteWritten(size_t queued);
 
   // ---- hooks, implemented by the backend
   // True iff called on the event thread of the link's transport.
@@ -85,6 +108,10 @@ class LinkLifecycle : public Link {
   bool closed_ = false;
   bool read_paused_ = false;
   bool flush_close_ = false;
+  std::atomic<size_t> high_;
+  std::atomic<size_t> low_;
+  // The queue reached high_ since OnDrained last fired.
+  std::atomic<bool> above_high_{false};
 };
 
 }  // namespace dcr::transport_internal

@@ -75,7 +75,8 @@ class FakeLink final : public LinkLifecycle {
   FakeLink(std::shared_ptr<Core> core, std::shared_ptr<Endpoint> endpoint,
            std::string remote_name, std::string peer,
            std::shared_ptr<LinkHandler> handler)
-      : LinkLifecycle(std::move(handler)),
+      : LinkLifecycle(std::move(handler), endpoint->options.high_watermark,
+                      endpoint->options.low_watermark),
         core_(std::move(core)),
         endpoint_(std::move(endpoint)),
         remote_name_(std::move(remote_name)),
@@ -101,7 +102,7 @@ class FakeLink final : public LinkLifecycle {
   void Send(FrameBuffer frame) override {
     if (!frame || frame->empty()) return;
     const size_t size = frame->size();
-    queued_ += size;
+    NoteQueued(queued_ += size);
     if (core_->loop.InThread()) {
       DoSend(std::move(frame));
       return;
@@ -190,7 +191,6 @@ class FakeLink final : public LinkLifecycle {
     }
     const Direction& dir = core_->Dir(local_name(), remote_name_);
     out_.push_back(Pending{std::move(frame), Clock::now() + dir.faults.delay});
-    if (queued_.load() >= o.high_watermark) above_high_ = true;
     SchedulePump();
   }
 
@@ -304,11 +304,7 @@ class FakeLink final : public LinkLifecycle {
 
   void AfterSend() {
     if (closed()) return;
-    if (above_high_ && queued_.load() <= endpoint_->options.low_watermark) {
-      above_high_ = false;
-      handler().OnDrained(*this);
-      if (closed()) return;
-    }
+    if (NoteWritten(queued_.load())) return;
     if (FinishFlushClose()) return;
     SchedulePump();
   }
@@ -334,7 +330,6 @@ class FakeLink final : public LinkLifecycle {
   std::deque<Pending> out_;
   bool pump_posted_ = false;
   bool timer_armed_ = false;
-  bool above_high_ = false;
 
   std::atomic<size_t> queued_{0};
   std::atomic<uint64_t> frames_sent_{0}, bytes_sent_{0};

@@ -302,7 +302,8 @@ class TcpLink final : public LinkLifecycle {
   TcpLink(std::shared_ptr<TcpShared> shared, tcp::socket socket,
           std::unique_ptr<TlsStream> tls, std::string peer,
           std::shared_ptr<LinkHandler> handler)
-      : LinkLifecycle(std::move(handler)),
+      : LinkLifecycle(std::move(handler), shared->options.high_watermark,
+                      shared->options.low_watermark),
         shared_(std::move(shared)),
         socket_(std::move(socket)),
         tls_(std::move(tls)),
@@ -324,7 +325,7 @@ class TcpLink final : public LinkLifecycle {
   void Send(FrameBuffer frame) override {
     if (!frame || frame->empty()) return;
     const size_t size = frame->size();
-    queued_ += size;
+    NoteQueued(queued_ += size);
     if (shared_->loop.InThread()) {
       DoSend(std::move(frame));
       return;
@@ -395,7 +396,6 @@ class TcpLink final : public LinkLifecycle {
       return;
     }
     queue_.push_back(std::move(frame));
-    if (queued_.load() >= o.high_watermark) above_high_ = true;
     if (in_flight_ == 0 && !pace_waiting_) DoWrite();
   }
 
@@ -485,11 +485,7 @@ class TcpLink final : public LinkLifecycle {
     bytes_sent_ += bytes;
     queued_ -= bytes;
     in_flight_ = 0;
-    if (above_high_ && queued_.load() <= shared_->options.low_watermark) {
-      above_high_ = false;
-      handler().OnDrained(*this);
-      if (closed()) return;
-    }
+    if (NoteWritten(queued_.load())) return;
     if (!queue_.empty() && !closing()) {
       DoWrite();
     } else {
@@ -591,7 +587,6 @@ class TcpLink final : public LinkLifecycle {
   bool pace_waiting_ = false;
   std::optional<Status> pending_close_;  // the peer is gone; deliver first
   bool reading_ = false;
-  bool above_high_ = false;
 
   std::atomic<size_t> queued_{0};
   std::atomic<uint64_t> frames_sent_{0}, bytes_sent_{0};

@@ -368,7 +368,8 @@ class UcxLink final : public LinkLifecycle {
  public:
   UcxLink(std::shared_ptr<UcxShared> shared, ucp_ep_h ep, std::string peer,
           std::shared_ptr<LinkHandler> handler)
-      : LinkLifecycle(std::move(handler)),
+      : LinkLifecycle(std::move(handler), shared->options.high_watermark,
+                      shared->options.low_watermark),
         shared_(std::move(shared)),
         ep_(ep),
         peer_(std::move(peer)),
@@ -386,7 +387,7 @@ class UcxLink final : public LinkLifecycle {
   void Send(FrameBuffer frame) override {
     if (!frame || frame->empty()) return;
     const size_t size = frame->size();
-    queued_ += size;
+    NoteQueued(queued_ += size);
     if (shared_->InThread()) {
       DoSend(std::move(frame));
       return;
@@ -449,11 +450,7 @@ class UcxLink final : public LinkLifecycle {
     bytes_sent_ += op.frame->size();
     in_flight_bytes_ -= op.frame->size();
     queued_ -= op.frame->size();
-    if (above_high_ && queued_.load() <= shared_->options.low_watermark) {
-      above_high_ = false;
-      handler().OnDrained(*this);
-      if (closed()) return;
-    }
+    if (NoteWritten(queued_.load())) return;
     Pump();
   }
 
@@ -541,7 +538,6 @@ class UcxLink final : public LinkLifecycle {
       return;
     }
     queue_.push_back(std::move(frame));
-    if (queued_.load() >= o.high_watermark) above_high_ = true;
     Pump();
   }
 
@@ -619,7 +615,6 @@ class UcxLink final : public LinkLifecycle {
   std::optional<Status> pending_close_;  // the peer is gone; deliver first
   bool reading_ = false;
   bool ep_failed_ = false;
-  bool above_high_ = false;
 
   std::atomic<size_t> queued_{0};
   std::atomic<uint64_t> frames_sent_{0}, bytes_sent_{0};

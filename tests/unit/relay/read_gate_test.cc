@@ -15,6 +15,7 @@ class CountingLink : public Link {
  public:
   void Send(FrameBuffer) override {}
   size_t QueuedBytes() const override { return 0; }
+  void SetWatermarks(size_t, size_t) override {}
   void Close() override {}
   void CloseAfterFlush() override {}
   void PauseReading() override {

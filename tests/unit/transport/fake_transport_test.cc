@@ -194,6 +194,33 @@ TEST_F(FakeTransportTest, PauseBuildsBackpressureAndResumeDrains) {
   EXPECT_EQ(link_->QueuedBytes(), 0u);
 }
 
+// A link's own watermarks (a plan's window and half of it) replace the
+// transport's: OnDrained once the queue fell to half the window after it
+// passed the window, and not for a queue that never reached the window.
+TEST_F(FakeTransportTest, OwnWatermarksFireAtHalfTheWindow) {
+  constexpr size_t kSize = 100u << 10;
+  const size_t frame = TestFrame(0, kSize)->size();
+  const size_t window = 5 * frame;
+  link_->SetWatermarks(window, window / 2);
+  net_->Pause("root", "child");
+  SendFrames(0, 4, kSize);  // below the window
+  net_->Sync();
+  net_->Resume("root", "child");
+  ASSERT_TRUE(child_rec_->WaitFrames(4));
+  net_->Sync();
+  EXPECT_EQ(root_rec_->drained(), 0);
+  net_->Pause("root", "child");
+  SendFrames(4, 6, kSize);  // 6 frames: above the window
+  net_->Sync();
+  EXPECT_GE(link_->QueuedBytes(), window);
+  net_->Resume("root", "child");
+  ASSERT_TRUE(child_rec_->WaitFrames(10));
+  ASSERT_TRUE(root_rec_->WaitFor([&] { return root_rec_->drained() == 1; }));
+  net_->Sync();
+  EXPECT_EQ(root_rec_->drained(), 1);
+  EXPECT_EQ(link_->QueuedBytes(), 0u);
+}
+
 TEST_F(FakeTransportTest, ReceiverPauseReadingBackpressuresTheSender) {
   ASSERT_TRUE(child_rec_->WaitOpened(1));
   std::shared_ptr<Link> child_end = child_rec_->opened()[0];

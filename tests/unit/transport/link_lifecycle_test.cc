@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +26,9 @@ class RecordingHandler : public LinkHandler {
   void OnClosed(Link&, const Status& why) override {
     log_->push_back("closed:" + std::string(StatusCodeName(why.code())));
   }
+  void OnDrained(Link& link) override {
+    log_->push_back("drained:" + std::to_string(link.QueuedBytes()));
+  }
 
  private:
   std::vector<std::string>* log_;
@@ -33,12 +37,14 @@ class RecordingHandler : public LinkHandler {
 class TestLink final : public LinkLifecycle {
  public:
   TestLink(EventLoop* loop, std::vector<std::string>* log)
-      : LinkLifecycle(std::make_shared<RecordingHandler>(log)),
+      : LinkLifecycle(std::make_shared<RecordingHandler>(log), kHigh, kLow),
         loop_(loop),
         log_(log) {}
 
+  static constexpr size_t kHigh = 16u << 20, kLow = 4u << 20;
+
   void Send(FrameBuffer) override {}
-  size_t QueuedBytes() const override { return 0; }
+  size_t QueuedBytes() const override { return queued_; }
   const std::string& peer() const override { return peer_; }
   uint64_t id() const override { return 1; }
   LinkStats stats() const override { return {}; }
@@ -49,6 +55,12 @@ class TestLink final : public LinkLifecycle {
     if (FinishFlushClose()) log_->push_back("flush-closed");
   }
   void set_unwritten(int n) { unwritten_ = n; }
+  // As a backend's Send (any thread) and write completion (event thread)
+  // move its queue.
+  void Queue(size_t bytes) { NoteQueued(queued_ += bytes); }
+  void Written(size_t bytes) {
+    if (NoteWritten(queued_ -= bytes)) log_->push_back("stopped");
+  }
 
   using LinkLifecycle::closed;
   using LinkLifecycle::closing;
@@ -72,6 +84,7 @@ class TestLink final : public LinkLifecycle {
   std::vector<std::string>* log_;
   const std::string peer_ = "test-peer";
   int unwritten_ = 0;
+  std::atomic<size_t> queued_{0};
 };
 
 class LinkLifecycleTest : public ::testing::Test {
@@ -199,6 +212,50 @@ class AnswerTransport final : public Transport {
 
   bool on_event_thread = false;
 };
+
+// A window's watermarks (window, window / 2): OnDrained once the queue
+// falls to half the window after it exceeded the window, once per crossing,
+// and never for a queue that stayed below the window.
+TEST_F(LinkLifecycleTest, OwnWatermarksDrainAtHalfAfterReachingHigh) {
+  constexpr size_t kWindow = 1000;
+  link_->SetWatermarks(kWindow, kWindow / 2);
+  link_->Queue(900);  // below the window
+  OnLoop([&] { link_->Written(800); });
+  link_->Queue(1100);  // 1200: above
+  OnLoop([&] {
+    link_->Written(600);  // 600: not yet half
+    link_->Written(100);  // 500: half
+    link_->Written(100);  // 400: fired already
+  });
+  link_->Queue(300);  // 700: above half, below the window: not armed
+  OnLoop([&] { link_->Written(700); });
+  EXPECT_EQ(Log(), (std::vector<std::string>{"drained:500"}));
+}
+
+TEST_F(LinkLifecycleTest, DefaultWatermarksAreTheTransports) {
+  link_->Queue(TestLink::kHigh - 1);
+  OnLoop([&] { link_->Written(TestLink::kHigh - 1); });
+  link_->Queue(TestLink::kHigh);
+  OnLoop([&] {
+    link_->Written(TestLink::kHigh - TestLink::kLow - 1);  // kLow + 1
+    link_->Written(1);
+  });
+  EXPECT_EQ(Log(), (std::vector<std::string>{"drained:" +
+                                             std::to_string(TestLink::kLow)}));
+}
+
+// A handler that closes the link from OnDrained stops the backend's write
+// path.
+TEST_F(LinkLifecycleTest, NoteWrittenReportsAClosedLink) {
+  link_->SetWatermarks(10, 5);
+  link_->Queue(10);
+  OnLoop([&] {
+    link_->DoClose(Status::OK());
+    link_->Written(10);
+  });
+  EXPECT_EQ(Log(), (std::vector<std::string>{"teardown:ok", "closed:ok",
+                                             "after-closed", "stopped"}));
+}
 
 TEST(TransportConnectTest, WaitsForAsyncConnectsAnswer) {
   AnswerTransport t;
