@@ -1,5 +1,6 @@
 #include "transport/link_lifecycle.h"
 
+#include <string>
 #include <utility>
 
 namespace dcr::transport_internal {
@@ -47,6 +48,36 @@ void LinkLifecycle::DoClose(Status why) {
   std::shared_ptr<LinkHandler> handler = std::move(handler_);
   handler->OnClosed(*this, why);
   AfterClosed();
+}
+
+void LinkLifecycle::Send(FrameBuffer frame) {
+  if (!frame || frame->empty()) return;
+  const size_t size = frame->size();
+  NoteQueued(queued_ += size);
+  if (OnEventThread()) {
+    Admit(std::move(frame));
+    return;
+  }
+  if (!PostToEventThread(
+          [self = std::static_pointer_cast<LinkLifecycle>(shared_from_this()),
+           f = std::move(frame)]() mutable { self->Admit(std::move(f)); })) {
+    queued_ -= size;
+  }
+}
+
+void LinkLifecycle::Admit(FrameBuffer frame) {
+  const size_t size = frame->size();
+  if (closing_ || flush_close_) {
+    queued_ -= size;
+    return;
+  }
+  if (max_queued_ != 0 && queued_.load() > max_queued_) {
+    queued_ -= size;
+    DoClose(Status::ResourceExhausted("send queue to " + peer() + " exceeded " +
+                                      std::to_string(max_queued_) + " bytes"));
+    return;
+  }
+  Enqueue(std::move(frame));
 }
 
 void LinkLifecycle::SetWatermarks(size_t high, size_t low) {

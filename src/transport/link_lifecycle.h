@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "dcr/status.h"
@@ -41,6 +42,16 @@ class LinkLifecycle : public Link {
   void ResumeReading() final;
   // Any thread; see Link::SetWatermarks.
   void SetWatermarks(size_t high, size_t low) final;
+  // Any thread: counts the frame as queued and hands it to the event
+  // thread, where a link that is closing drops it, one whose queue went
+  // over `max_queued` bytes closes (ResourceExhausted), and any other
+  // passes it to the backend (Enqueue).
+  void Send(FrameBuffer frame) final;
+  size_t QueuedBytes() const final { return queued_.load(); }
+  LinkStats stats() const final {
+    return LinkStats{frames_sent_.load(), bytes_sent_.load(),
+                     frames_received_.load(), bytes_received_.load()};
+  }
 
   // Event thread. Closes the link for good, once: marks it closed, lets the
   // backend release what it holds (TearDown), reports `why` to the handler
@@ -49,10 +60,14 @@ class LinkLifecycle : public Link {
   void DoClose(Status why);
 
  protected:
-  // `high` and `low`: the transport's watermarks (TransportOptions), until
-  // SetWatermarks.
-  LinkLifecycle(std::shared_ptr<LinkHandler> handler, size_t high, size_t low)
-      : handler_(std::move(handler)), high_(high), low_(low) {}
+  // From the transport's options: `high` and `low`, its watermarks (until
+  // SetWatermarks); `max_queued`, its send queue bound (0: none).
+  LinkLifecycle(std::shared_ptr<LinkHandler> handler, size_t high, size_t low,
+                size_t max_queued)
+      : handler_(std::move(handler)),
+        high_(high),
+        low_(low),
+        max_queued_(max_queued) {}
 
   // ---- drain watermarks, called by the backend
   // Any thread, from Send, with QueuedBytes() just after adding the frame
@@ -68,6 +83,10 @@ class LinkLifecycle : public Link {
   [[nodiscard]] bool NoteWritten(size_t queued);
 
   // ---- hooks, implemented by the backend
+  // Event thread. Queues a frame Send accepted (counted in queued_) and
+  // starts writing if idle. The backend takes its bytes off queued_ as
+  // they are written (or dropped at TearDown).
+  virtual void Enqueue(FrameBuffer frame) = 0;
   // True iff called on the event thread of the link's transport.
   virtual bool OnEventThread() const = 0;
   // Runs `fn` on the event thread; false (dropping it) once stopping.
@@ -102,7 +121,17 @@ class LinkLifecycle : public Link {
   // The handler; only while !closed().
   LinkHandler& handler() const { return *handler_; }
 
+ protected:
+  // The bytes Send queued and not yet written; the counters of stats().
+  // The backend updates them as frames are written and read.
+  std::atomic<size_t> queued_{0};
+  std::atomic<uint64_t> frames_sent_{0}, bytes_sent_{0};
+  std::atomic<uint64_t> frames_received_{0}, bytes_received_{0};
+
  private:
+  // Event thread: Send's checks, then Enqueue.
+  void Admit(FrameBuffer frame);
+
   std::shared_ptr<LinkHandler> handler_;  // reset once closed
   bool closing_ = false;
   bool closed_ = false;
@@ -110,6 +139,7 @@ class LinkLifecycle : public Link {
   bool flush_close_ = false;
   std::atomic<size_t> high_;
   std::atomic<size_t> low_;
+  const size_t max_queued_;
   // The queue reached high_ since OnDrained last fired.
   std::atomic<bool> above_high_{false};
 };

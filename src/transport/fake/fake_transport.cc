@@ -76,7 +76,8 @@ class FakeLink final : public LinkLifecycle {
            std::string remote_name, std::string peer,
            std::shared_ptr<LinkHandler> handler)
       : LinkLifecycle(std::move(handler), endpoint->options.high_watermark,
-                      endpoint->options.low_watermark),
+                      endpoint->options.low_watermark,
+                      endpoint->options.max_queued_bytes),
         core_(std::move(core)),
         endpoint_(std::move(endpoint)),
         remote_name_(std::move(remote_name)),
@@ -99,30 +100,9 @@ class FakeLink final : public LinkLifecycle {
   const std::string& remote_name() const { return remote_name_; }
 
   // Any thread.
-  void Send(FrameBuffer frame) override {
-    if (!frame || frame->empty()) return;
-    const size_t size = frame->size();
-    NoteQueued(queued_ += size);
-    if (core_->loop.InThread()) {
-      DoSend(std::move(frame));
-      return;
-    }
-    auto self = Self();
-    if (!core_->loop.Post([self, f = std::move(frame)]() mutable {
-          self->DoSend(std::move(f));
-        })) {
-      queued_ -= size;
-    }
-  }
-
-  size_t QueuedBytes() const override { return queued_.load(); }
 
   const std::string& peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
-  LinkStats stats() const override {
-    return LinkStats{frames_sent_.load(), bytes_sent_.load(),
-                     frames_received_.load(), bytes_received_.load()};
-  }
 
   // Event thread (DoClose). Drops the frames not delivered yet.
   void TearDown(const Status& /*why*/) override {
@@ -175,20 +155,7 @@ class FakeLink final : public LinkLifecycle {
     return std::static_pointer_cast<FakeLink>(shared_from_this());
   }
 
-  void DoSend(FrameBuffer frame) {
-    const size_t size = frame->size();
-    if (closing() || flush_close()) {
-      queued_ -= size;
-      return;
-    }
-    const TransportOptions& o = endpoint_->options;
-    if (o.max_queued_bytes != 0 && queued_.load() > o.max_queued_bytes) {
-      queued_ -= size;
-      DoClose(Status::ResourceExhausted(
-          "send queue to " + peer_ + " exceeded " +
-          std::to_string(o.max_queued_bytes) + " bytes"));
-      return;
-    }
+  void Enqueue(FrameBuffer frame) override {
     const Direction& dir = core_->Dir(local_name(), remote_name_);
     out_.push_back(Pending{std::move(frame), Clock::now() + dir.faults.delay});
     SchedulePump();
@@ -330,10 +297,6 @@ class FakeLink final : public LinkLifecycle {
   std::deque<Pending> out_;
   bool pump_posted_ = false;
   bool timer_armed_ = false;
-
-  std::atomic<size_t> queued_{0};
-  std::atomic<uint64_t> frames_sent_{0}, bytes_sent_{0};
-  std::atomic<uint64_t> frames_received_{0}, bytes_received_{0};
 };
 
 // Closes `endpoint`'s listener and links.

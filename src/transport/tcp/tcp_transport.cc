@@ -303,7 +303,8 @@ class TcpLink final : public LinkLifecycle {
           std::unique_ptr<TlsStream> tls, std::string peer,
           std::shared_ptr<LinkHandler> handler)
       : LinkLifecycle(std::move(handler), shared->options.high_watermark,
-                      shared->options.low_watermark),
+                      shared->options.low_watermark,
+                      shared->options.max_queued_bytes),
         shared_(std::move(shared)),
         socket_(std::move(socket)),
         tls_(std::move(tls)),
@@ -322,30 +323,8 @@ class TcpLink final : public LinkLifecycle {
     Deliver();
   }
 
-  void Send(FrameBuffer frame) override {
-    if (!frame || frame->empty()) return;
-    const size_t size = frame->size();
-    NoteQueued(queued_ += size);
-    if (shared_->loop.InThread()) {
-      DoSend(std::move(frame));
-      return;
-    }
-    auto self = Self();
-    if (!shared_->loop.Post([self, f = std::move(frame)]() mutable {
-          self->DoSend(std::move(f));
-        })) {
-      queued_ -= size;
-    }
-  }
-
-  size_t QueuedBytes() const override { return queued_.load(); }
-
   const std::string& peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
-  LinkStats stats() const override {
-    return LinkStats{frames_sent_.load(), bytes_sent_.load(),
-                     frames_received_.load(), bytes_received_.load()};
-  }
 
   // Event thread (DoClose). Closes the socket and drops the queue.
   void TearDown(const Status& why) override {
@@ -381,20 +360,7 @@ class TcpLink final : public LinkLifecycle {
     return std::static_pointer_cast<TcpLink>(shared_from_this());
   }
 
-  void DoSend(FrameBuffer frame) {
-    const size_t size = frame->size();
-    if (closing() || flush_close()) {
-      queued_ -= size;
-      return;
-    }
-    const TransportOptions& o = shared_->options;
-    if (o.max_queued_bytes != 0 && queued_.load() > o.max_queued_bytes) {
-      queued_ -= size;
-      DoClose(Status::ResourceExhausted(
-          "send queue to " + peer_ + " exceeded " +
-          std::to_string(o.max_queued_bytes) + " bytes"));
-      return;
-    }
+  void Enqueue(FrameBuffer frame) override {
     queue_.push_back(std::move(frame));
     if (in_flight_ == 0 && !pace_waiting_) DoWrite();
   }
@@ -587,10 +553,6 @@ class TcpLink final : public LinkLifecycle {
   bool pace_waiting_ = false;
   std::optional<Status> pending_close_;  // the peer is gone; deliver first
   bool reading_ = false;
-
-  std::atomic<size_t> queued_{0};
-  std::atomic<uint64_t> frames_sent_{0}, bytes_sent_{0};
-  std::atomic<uint64_t> frames_received_{0}, bytes_received_{0};
 };
 
 // One connect attempt, alive while its handlers are in flight.

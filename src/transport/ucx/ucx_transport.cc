@@ -369,7 +369,8 @@ class UcxLink final : public LinkLifecycle {
   UcxLink(std::shared_ptr<UcxShared> shared, ucp_ep_h ep, std::string peer,
           std::shared_ptr<LinkHandler> handler)
       : LinkLifecycle(std::move(handler), shared->options.high_watermark,
-                      shared->options.low_watermark),
+                      shared->options.low_watermark,
+                      shared->options.max_queued_bytes),
         shared_(std::move(shared)),
         ep_(ep),
         peer_(std::move(peer)),
@@ -384,36 +385,15 @@ class UcxLink final : public LinkLifecycle {
     Deliver();
   }
 
-  void Send(FrameBuffer frame) override {
-    if (!frame || frame->empty()) return;
-    const size_t size = frame->size();
-    NoteQueued(queued_ += size);
-    if (shared_->InThread()) {
-      DoSend(std::move(frame));
-      return;
-    }
-    auto self = Self();
-    if (!shared_->Post([self, f = std::move(frame)]() mutable {
-          self->DoSend(std::move(f));
-        })) {
-      queued_ -= size;
-    }
-  }
-
-  size_t QueuedBytes() const override { return queued_.load(); }
-
   const std::string& peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
-  LinkStats stats() const override {
-    return LinkStats{frames_sent_.load(), bytes_sent_.load(),
-                     frames_received_.load(), bytes_received_.load()};
-  }
 
   // Event thread (DoClose). Lets the endpoint go: after a bye (local
   // close, OK) it lingers until the peer has read everything; otherwise it
   // is cut.
   void TearDown(const Status& why) override {
-    // Sends still posted to this link's DoSend subtract their own bytes.
+    // Sends still posted to this link (LinkLifecycle::Admit) subtract their own
+    // bytes.
     size_t dropped = in_flight_bytes_;
     for (const FrameBuffer& f : queue_) dropped += f->size();
     queue_.clear();
@@ -523,20 +503,7 @@ class UcxLink final : public LinkLifecycle {
     }
   }
 
-  void DoSend(FrameBuffer frame) {
-    const size_t size = frame->size();
-    if (closing() || flush_close()) {
-      queued_ -= size;
-      return;
-    }
-    const TransportOptions& o = shared_->options;
-    if (o.max_queued_bytes != 0 && queued_.load() > o.max_queued_bytes) {
-      queued_ -= size;
-      DoClose(Status::ResourceExhausted(
-          "send queue to " + peer_ + " exceeded " +
-          std::to_string(o.max_queued_bytes) + " bytes"));
-      return;
-    }
+  void Enqueue(FrameBuffer frame) override {
     queue_.push_back(std::move(frame));
     Pump();
   }
@@ -615,10 +582,6 @@ class UcxLink final : public LinkLifecycle {
   std::optional<Status> pending_close_;  // the peer is gone; deliver first
   bool reading_ = false;
   bool ep_failed_ = false;
-
-  std::atomic<size_t> queued_{0};
-  std::atomic<uint64_t> frames_sent_{0}, bytes_sent_{0};
-  std::atomic<uint64_t> frames_received_{0}, bytes_received_{0};
 };
 
 // --- the loop ---------------------------------------------------------------

@@ -37,17 +37,16 @@ class RecordingHandler : public LinkHandler {
 class TestLink final : public LinkLifecycle {
  public:
   TestLink(EventLoop* loop, std::vector<std::string>* log)
-      : LinkLifecycle(std::make_shared<RecordingHandler>(log), kHigh, kLow),
+      : LinkLifecycle(std::make_shared<RecordingHandler>(log), kHigh, kLow,
+                      kMaxQueued),
         loop_(loop),
         log_(log) {}
 
   static constexpr size_t kHigh = 16u << 20, kLow = 4u << 20;
+  static constexpr size_t kMaxQueued = 64u << 20;
 
-  void Send(FrameBuffer) override {}
-  size_t QueuedBytes() const override { return queued_; }
   const std::string& peer() const override { return peer_; }
   uint64_t id() const override { return 1; }
-  LinkStats stats() const override { return {}; }
 
   // Event thread: the write in flight completes.
   void WriteDone() {
@@ -74,6 +73,9 @@ class TestLink final : public LinkLifecycle {
   }
   bool Flushed() const override { return unwritten_ == 0; }
   void Deliver() override { log_->push_back("deliver"); }
+  void Enqueue(FrameBuffer frame) override {
+    log_->push_back("enqueue:" + std::to_string(frame->size()));
+  }
   void AfterResume() override { log_->push_back("after-resume"); }
   void TearDown(const Status& why) override {
     log_->push_back("teardown:" + std::string(StatusCodeName(why.code())));
@@ -84,8 +86,11 @@ class TestLink final : public LinkLifecycle {
   std::vector<std::string>* log_;
   const std::string peer_ = "test-peer";
   int unwritten_ = 0;
-  std::atomic<size_t> queued_{0};
 };
+
+FrameBuffer Bytes(size_t n) {
+  return std::make_shared<const std::vector<std::byte>>(n);
+}
 
 class LinkLifecycleTest : public ::testing::Test {
  protected:
@@ -277,6 +282,39 @@ TEST(TransportConnectTest, RefusedOnTheEventThread) {
                 std::chrono::milliseconds(100));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(LinkLifecycleTest, SendCountsTheFrameAndHandsItToTheEventThread) {
+  link_->Send(Bytes(100));                 // from this thread: posted
+  OnLoop([&] { link_->Send(Bytes(7)); });  // on the event thread: at once
+  link_->Send(nullptr);                    // nothing to send: ignored
+  link_->Send(Bytes(0));
+  EXPECT_EQ(Log(), (std::vector<std::string>{"enqueue:100", "enqueue:7"}));
+  EXPECT_EQ(link_->QueuedBytes(), 107u);  // until the backend writes them
+  LinkStats st = link_->stats();
+  EXPECT_EQ(st.frames_sent, 0u);
+  EXPECT_EQ(st.bytes_received, 0u);
+}
+
+TEST_F(LinkLifecycleTest, AClosingLinkDropsWhatIsSentAndUncountsIt) {
+  link_->CloseAfterFlush();
+  link_->Send(Bytes(50));
+  EXPECT_EQ(Log(), (std::vector<std::string>{"teardown:ok", "closed:ok",
+                                             "after-closed"}));
+  EXPECT_EQ(link_->QueuedBytes(), 0u);
+}
+
+TEST_F(LinkLifecycleTest, AQueueOverItsBoundClosesTheLink) {
+  // On the event thread each Send is admitted before the next is counted.
+  OnLoop([&] {
+    link_->Send(Bytes(TestLink::kMaxQueued));  // at the bound: taken
+    link_->Send(Bytes(1));                     // over it: the link closes
+  });
+  EXPECT_EQ(Log(), (std::vector<std::string>{
+                       "enqueue:67108864", "teardown:resource exhausted",
+                       "closed:resource exhausted", "after-closed"}));
+  EXPECT_EQ(link_->QueuedBytes(), TestLink::kMaxQueued);  // the refused byte
+                                                          // is not counted
 }
 
 }  // namespace
