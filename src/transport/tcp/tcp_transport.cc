@@ -33,6 +33,8 @@
 
 #include "transport/event_loop.h"
 #include "transport/link_lifecycle.h"
+#include "transport/tcp/send_pacer.h"
+#include "transport/tcp/tls_context.h"
 
 namespace dcr {
 namespace {
@@ -40,6 +42,9 @@ namespace {
 using asio::ip::tcp;
 using transport_internal::EventLoop;
 using transport_internal::LinkLifecycle;
+using transport_internal::MakeTlsContext;
+using transport_internal::SendPacer;
+using transport_internal::TlsErrorText;
 using TlsStream = asio::ssl::stream<tcp::socket>;
 
 // An accepted socket that has not finished its TLS handshake within this
@@ -96,136 +101,6 @@ struct TcpShared {
   std::unordered_set<std::shared_ptr<PendingTlsAccept>> tls_accepts;
 };
 
-// --- TLS -----------------------------------------------------------------
-
-// Why a TLS operation failed, in words: OpenSSL's reason without the
-// library name, and for a certificate the chain check's verdict.
-std::string TlsErrorText(const asio::error_code& ec, SSL* ssl) {
-  std::string why;
-  if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated) {
-    why = "the peer closed the connection";
-  } else if (ec.category() == asio::error::get_ssl_category()) {
-    const char* reason =
-        ERR_reason_error_string(static_cast<unsigned long>(ec.value()));
-    why = reason ? reason : ec.message();
-  } else {
-    why = ec.message();
-  }
-  if (ssl) {
-    const long verdict = SSL_get_verify_result(ssl);
-    if (verdict != X509_V_OK) {
-      why += std::string(" (") + X509_verify_cert_error_string(verdict) + ")";
-    }
-  }
-  return why;
-}
-
-// The reason of the first error on OpenSSL's queue, which it clears.
-std::string TakeOpenSslError() {
-  const unsigned long e = ERR_peek_error();
-  const char* reason = e ? ERR_reason_error_string(e) : nullptr;
-  ERR_clear_error();
-  return reason ? reason : "unknown OpenSSL error";
-}
-
-// `path` names a regular file; the error names `what` and the path.
-Status CheckTlsFile(const char* what, const std::string& path) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(st)) {
-    return Status::NotFound(std::string("TLS ") + what + " '" + path +
-                            "' does not exist");
-  }
-  if (!std::filesystem::is_regular_file(st)) {
-    return Status::InvalidArgument(std::string("TLS ") + what + " '" + path +
-                                   "' is not a regular file");
-  }
-  return Status::OK();
-}
-
-// The context every link of a transport shares: TLS 1.2 at least, each end
-// verifies the other's chain against the CA, no compression, no
-// renegotiation, no session tickets (links are long-lived and never
-// resumed). Every error names the file at fault.
-Result<std::unique_ptr<asio::ssl::context>> MakeTlsContext(
-    const TlsOptions& t) {
-  const std::pair<const char*, const std::string*> keys[] = {
-      {"ca_file", &t.ca_file},
-      {"cert_file", &t.cert_file},
-      {"key_file", &t.key_file}};
-  for (const auto& [name, value] : keys) {
-    if (value->empty()) {
-      return Status::InvalidArgument(
-          std::string("TLS needs ca_file, cert_file and key_file together; "
-                      "tls.") +
-          name + " is not set");
-    }
-  }
-  DCR_RETURN_IF_ERROR(CheckTlsFile("CA file", t.ca_file));
-  DCR_RETURN_IF_ERROR(CheckTlsFile("certificate file", t.cert_file));
-  DCR_RETURN_IF_ERROR(CheckTlsFile("key file", t.key_file));
-  ERR_clear_error();
-  std::unique_ptr<asio::ssl::context> ctx;
-  try {
-    ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls);
-  } catch (const std::system_error& e) {
-    return Status::Internal(std::string("TLS context: ") + e.what());
-  }
-  SSL_CTX* native = ctx->native_handle();
-  if (SSL_CTX_set_min_proto_version(native, TLS1_2_VERSION) != 1) {
-    return Status::Internal("TLS context: cannot require TLS 1.2: " +
-                            TakeOpenSslError());
-  }
-  SSL_CTX_set_options(native, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION |
-                                  SSL_OP_NO_TICKET);
-  SSL_CTX_set_num_tickets(native, 0);
-  asio::error_code ec;
-  // An encrypted key fails to load instead of prompting on the terminal.
-  ctx->set_password_callback(
-      [](size_t, asio::ssl::context::password_purpose) {
-        return std::string();
-      },
-      ec);
-  ctx->load_verify_file(t.ca_file, ec);
-  if (ec) {
-    return Status::InvalidArgument("TLS CA file '" + t.ca_file +
-                                   "': no PEM certificate could be loaded (" +
-                                   TlsErrorText(ec, nullptr) + ")");
-  }
-  ctx->use_certificate_chain_file(t.cert_file, ec);
-  if (ec) {
-    return Status::InvalidArgument("TLS certificate file '" + t.cert_file +
-                                   "': no PEM certificate could be loaded (" +
-                                   TlsErrorText(ec, nullptr) + ")");
-  }
-  ctx->use_private_key_file(t.key_file, asio::ssl::context::pem, ec);
-  if (!ec && SSL_CTX_check_private_key(native) != 1) {
-    ec.assign(static_cast<int>(ERR_peek_error()),
-              asio::error::get_ssl_category());
-  }
-  if (ec) {
-    const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
-    ERR_clear_error();
-    if (reason == X509_R_KEY_VALUES_MISMATCH ||
-        reason == X509_R_KEY_TYPE_MISMATCH ||
-        reason == SSL_R_PRIVATE_KEY_MISMATCH) {
-      return Status::InvalidArgument("TLS key file '" + t.key_file +
-                                     "' does not match the certificate in '" +
-                                     t.cert_file + "'");
-    }
-    return Status::InvalidArgument(
-        "TLS key file '" + t.key_file +
-        "': no unencrypted PEM private key could be loaded (" +
-        TlsErrorText(ec, nullptr) + ")");
-  }
-  ctx->set_verify_mode(
-      asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert, ec);
-  if (ec) {
-    return Status::Internal("TLS context: " + TlsErrorText(ec, nullptr));
-  }
-  return ctx;
-}
-
 void ConfigureSocket(tcp::socket& s, const TransportOptions& o) {
   asio::error_code ignored;  // the kernel may clamp or refuse; not fatal
   s.set_option(tcp::no_delay(true), ignored);
@@ -237,53 +112,6 @@ void ConfigureSocket(tcp::socket& s, const TransportOptions& o) {
                  ignored);
   }
 }
-
-// A token bucket in bytes that paces a link's writes to
-// TransportOptions::max_send_bps. Event thread only.
-class SendPacer {
- public:
-  using Clock = std::chrono::steady_clock;
-
-  // `bits_per_second` 0: unlimited (enabled() is false).
-  explicit SendPacer(uint64_t bits_per_second)
-      : rate_(static_cast<double>(bits_per_second) / 8),
-        burst_(std::max(64.0 * 1024, rate_ / 50)),
-        tokens_(burst_),
-        last_(Clock::now()) {}
-
-  bool enabled() const { return rate_ > 0; }
-
-  // Bytes worth waiting for before a write: enough to keep timer wakeups
-  // and small writes rare, small enough to keep the pace smooth.
-  size_t quantum() const {
-    return static_cast<size_t>(std::min(burst_ / 4, 64.0 * 1024));
-  }
-
-  // Whole bytes that may be written now.
-  size_t Available() {
-    const Clock::time_point now = Clock::now();
-    const double elapsed = std::chrono::duration<double>(now - last_).count();
-    last_ = now;
-    tokens_ = std::min(burst_, tokens_ + elapsed * rate_);
-    return static_cast<size_t>(tokens_);
-  }
-
-  void Spend(size_t bytes) { tokens_ -= static_cast<double>(bytes); }
-
-  // How long until `bytes` (at most the burst) may be written.
-  std::chrono::microseconds TimeUntil(size_t bytes) const {
-    const double missing = static_cast<double>(bytes) - tokens_;
-    if (missing <= 0) return std::chrono::microseconds(0);
-    return std::chrono::microseconds(
-        static_cast<int64_t>(std::ceil(missing / rate_ * 1e6)));
-  }
-
- private:
-  const double rate_;   // bytes per second
-  const double burst_;  // the most tokens saved up
-  double tokens_;
-  Clock::time_point last_;
-};
 
 class TcpLink final : public LinkLifecycle {
  public:
@@ -883,11 +711,6 @@ class TcpTransport final : public Transport {
 };
 
 }  // namespace
-
-Status CheckTlsOptions(const TlsOptions& tls) {
-  if (!tls.enabled()) return Status::OK();
-  return MakeTlsContext(tls).status();
-}
 
 Result<std::unique_ptr<Transport>> CreateTcpTransport(
     const TransportOptions& options) {
