@@ -6,7 +6,11 @@ namespace dcr {
 
 bool ChunkQueue::Push(Outgoing o) {
   MutexLock lock(&mu_);
-  while (!cancelled_ && bytes_ >= capacity_) space_.Wait(&mu_);
+  while (!cancelled_ && bytes_ >= capacity_) {
+    ++blocked_;
+    space_.Wait(&mu_);
+    --blocked_;
+  }
   if (cancelled_) return false;
   bytes_ += o.frame->size();
   items_.push_back(std::move(o));
@@ -32,6 +36,11 @@ void ChunkQueue::Cancel() {
 uint64_t ChunkQueue::bytes() const {
   MutexLock lock(&mu_);
   return bytes_;
+}
+
+size_t ChunkQueue::blocked() const {
+  MutexLock lock(&mu_);
+  return blocked_;
 }
 
 ChunkProducer::ChunkProducer(ThreadPool* pool, uint64_t capacity,

@@ -51,6 +51,8 @@ class ChunkQueue {
   // Wakes a blocked Push; every later Push returns false.
   void Cancel() DCR_EXCLUDES(mu_);
   uint64_t bytes() const DCR_EXCLUDES(mu_);
+  // Pushes waiting for space now (tests synchronize on it).
+  size_t blocked() const DCR_EXCLUDES(mu_);
 
  private:
   const uint64_t capacity_;
@@ -59,6 +61,7 @@ class ChunkQueue {
   std::deque<Outgoing> items_ DCR_GUARDED_BY(mu_);
   uint64_t bytes_ DCR_GUARDED_BY(mu_) = 0;
   bool cancelled_ DCR_GUARDED_BY(mu_) = false;
+  size_t blocked_ DCR_GUARDED_BY(mu_) = 0;
 };
 
 // One item's encoding: empty `bytes` when the item has nothing to send.
@@ -95,6 +98,8 @@ class ChunkProducer {
   // it queued before stays to be popped.
   bool done() const { return done_.load(std::memory_order_acquire); }
   void Cancel() { queue_.Cancel(); }
+  // The producer waits for the consumer: the queue is full.
+  bool blocked() const { return queue_.blocked() != 0; }
   // Waits for the producer thread; its failure, or OK.
   Status Join();
 

@@ -42,6 +42,15 @@ ChunkJob CountingJob(size_t n, std::function<bool(size_t)> skip = nullptr) {
   return job;
 }
 
+// Waits (at most 5 s) until `ready()`; false if it never was.
+bool WaitFor(const std::function<bool()>& ready) {
+  for (int i = 0; i < 5000; ++i) {
+    if (ready()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return ready();
+}
+
 // Pops everything until the producer is done; the tags in order.
 std::vector<uint8_t> Drain(ChunkProducer& p) {
   std::vector<uint8_t> tags;
@@ -64,9 +73,7 @@ TEST(ChunkQueueTest, PushBlocksAtCapacityUntilPopped) {
     }
   });
   // Two frames fill it (10, then 20 >= capacity); the third waits.
-  for (int i = 0; i < 2000 && pushed < 2; ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_EQ(pushed, 2);
-  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(WaitFor([&] { return q.blocked() == 1; }));
   EXPECT_EQ(pushed, 2) << "Push went past the capacity";
   EXPECT_EQ(q.bytes(), 20u);
   ASSERT_TRUE(q.Pop().has_value());
@@ -80,7 +87,7 @@ TEST(ChunkQueueTest, CancelWakesABlockedPushAndRefusesMore) {
   ASSERT_TRUE(q.Push(Frame(10)));
   std::atomic<bool> result{true};
   std::thread t([&] { result = q.Push(Frame(10)); });
-  std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(WaitFor([&] { return q.blocked() == 1; }));
   q.Cancel();
   t.join();
   EXPECT_FALSE(result);
@@ -119,9 +126,7 @@ TEST(ChunkProducerTest, RunsAtMostOneWindowAhead) {
   p.Start(std::move(job));
   // 16-byte frames: four fill the window, the fifth waits to be queued;
   // nobody pops, so nothing more is framed.
-  for (int i = 0; i < 2000 && emitted < 5; ++i)
-    std::this_thread::sleep_for(1ms);
-  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(WaitFor([&] { return p.blocked(); }));
   EXPECT_EQ(emitted, 5);
   EXPECT_FALSE(p.done());
   std::vector<uint8_t> all = Drain(p);
@@ -190,7 +195,7 @@ TEST(ChunkProducerTest, CancelStopsABlockedProducerWithoutAnError) {
   ThreadPool pool(2);
   ChunkProducer p(&pool, /*capacity=*/16, nullptr);
   p.Start(CountingJob(1000));
-  std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(WaitFor([&] { return p.blocked(); }));
   p.Cancel();
   EXPECT_TRUE(p.Join().ok());
   EXPECT_TRUE(p.done());
