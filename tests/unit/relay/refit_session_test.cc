@@ -12,6 +12,7 @@
 #include "dcr/checkpoint.h"
 #include "relay/undo_log.h"
 #include "testing/temp_dir.h"
+#include "unit/relay/store_pair.h"
 
 namespace dcr {
 namespace {
@@ -25,14 +26,9 @@ class RefitSessionTest : public ::testing::Test {
     if (infos_.empty()) {
       infos_ = {{"a", DType::kBF16, {3000}}, {"b", DType::kF32, {500}}};
     }
-    std::mt19937 rng(1);
-    for (const auto& t : infos_) {
-      Bytes b(t.NumBytes());
-      for (auto& x : b) x = static_cast<std::byte>(rng());
-      base_.push_back(b);
-      for (size_t i = 0; i < b.size(); i += 7) b[i] ^= std::byte{1};
-      target_.push_back(b);
-    }
+    testing::StorePair pair = testing::MakeStorePair(infos_);
+    base_ = std::move(pair.base);
+    target_ = std::move(pair.target);
     path_ = dir_.Path("node.safetensors");
     Write(path_, base_);
     Reopen();
@@ -113,13 +109,7 @@ class RefitSessionTest : public ::testing::Test {
     return s;
   }
   bool StoreHolds(const std::vector<Bytes>& data) {
-    for (size_t i = 0; i < data.size(); ++i) {
-      auto t = store_->Tensor(i);
-      if (!std::equal(t.begin(), t.end(), data[i].begin(), data[i].end())) {
-        return false;
-      }
-    }
-    return true;
+    return testing::StoreHolds(*store_, data);
   }
 
   testing::TempDir dir_;

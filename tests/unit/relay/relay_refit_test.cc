@@ -13,6 +13,7 @@
 
 #include "dcr/checkpoint.h"
 #include "dcr/store.h"
+#include "unit/relay/store_pair.h"
 
 namespace dcr {
 namespace {
@@ -194,15 +195,14 @@ class RelayRefitStoreTest : public RelayRefitTest {
     store_ = *std::move(store);
     auto target = CreateStore(*ParseStoreSpec("memory:"), *manifest);
     ASSERT_TRUE(target.ok());
-    std::mt19937 rng(1);
+    testing::StorePair pair = testing::MakeStorePair(infos_);
+    base_ = std::move(pair.base);
+    target_ = std::move(pair.target);
     for (size_t t = 0; t < infos_.size(); ++t) {
-      Bytes b(infos_[t].NumBytes());
-      for (auto& x : b) x = static_cast<std::byte>(rng());
-      std::copy(b.begin(), b.end(), store_->MutableTensor(t).begin());
-      base_.push_back(b);
-      for (size_t i = 0; i < b.size(); i += 7) b[i] ^= std::byte{1};
-      std::copy(b.begin(), b.end(), (*target)->MutableTensor(t).begin());
-      target_.push_back(b);
+      std::copy(base_[t].begin(), base_[t].end(),
+                store_->MutableTensor(t).begin());
+      std::copy(target_[t].begin(), target_[t].end(),
+                (*target)->MutableTensor(t).begin());
     }
     plan_.mode = RefitMode::kDelta;
     plan_.base = Version{1, store_->Digests().version};
@@ -256,13 +256,7 @@ class RelayRefitStoreTest : public RelayRefitTest {
   }
 
   bool StoreHolds(const std::vector<Bytes>& data) {
-    for (size_t i = 0; i < data.size(); ++i) {
-      auto t = store_->Tensor(i);
-      if (!std::equal(t.begin(), t.end(), data[i].begin(), data[i].end())) {
-        return false;
-      }
-    }
-    return true;
+    return testing::StoreHolds(*store_, data);
   }
 
   std::vector<TensorInfo> infos_;
