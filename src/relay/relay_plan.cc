@@ -153,9 +153,9 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
                  store_->describe());
   } else if (!store_) {
     own->code = NodeCode::kNeedsCatchUp;
-    own->detail = fmt::format(
-        "{} does not exist; seed it with a full refit (dcr refit --full)",
-        options_.store.ToString());
+    own->store.missing = true;
+    own->detail = fmt::format("{} does not exist; the root seeds it",
+                              options_.store.ToString());
     return nullptr;
   }
   auto session = RefitSession::Begin(
