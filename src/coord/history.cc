@@ -100,8 +100,8 @@ std::string DeltaHistory::AbortedPathFor(const RefitId& refit) const {
 }
 
 Result<std::string> DeltaHistory::Aborted(const RefitId& refit,
-                                          const Version& base,
-                                          const Version& target) const {
+                                          const Version& target,
+                                          Version* base) const {
   const std::string path = AbortedPathFor(refit);
   std::error_code ec;
   if (!fs::exists(path, ec)) {
@@ -110,11 +110,12 @@ Result<std::string> DeltaHistory::Aborted(const RefitId& refit,
                     refit.ToHex()));
   }
   DCR_ASSIGN_OR_RETURN(auto reader, DeltaReader::Open(path));
-  if (reader->header().base != base || reader->header().target != target) {
+  if (reader->header().target != target) {
     return Status::NotFound(
-        fmt::format("{} is not the delta of refit {} from step {} to step {}",
-                    path, refit.ToHex(), base.step, target.step));
+        fmt::format("{} is not the delta of refit {} to step {} ({})", path,
+                    refit.ToHex(), target.step, target.digest.ShortHex()));
   }
+  *base = reader->header().base;
   reader.reset();
   if (Status s = CheckChunks(path); !s.ok()) {
     return Status::Corruption(s.ToString());

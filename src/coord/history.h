@@ -73,11 +73,11 @@ class DeltaHistory {
   // is repaired with its change set (coord/repair.h).
   std::string AbortedDir() const;
   std::string AbortedPathFor(const RefitId& refit) const;
-  // The kept delta of the aborted refit `refit` from `base` to `target`:
-  // NotFound when none is kept (or it is not that refit's), Corruption
-  // naming it when it does not read to its end.
-  Result<std::string> Aborted(const RefitId& refit, const Version& base,
-                              const Version& target) const;
+  // The kept delta of the aborted refit `refit` to `target` (its base in
+  // *base): NotFound when none is kept (or it is not that refit's),
+  // Corruption naming it when it does not read to its end.
+  Result<std::string> Aborted(const RefitId& refit, const Version& target,
+                              Version* base) const;
 
   // Where unreadable delta files go (docs/FORMAT.md §"State directory").
   std::string QuarantineDir() const;

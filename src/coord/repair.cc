@@ -29,7 +29,7 @@ RepairPlan PlanRepair(const DeltaHistory& history, const StoreCondition& c,
   }
   // The chain from R's base to the tree's version.
   std::vector<std::string> chain;
-  std::vector<Version> reached;  // every version the chain passes
+  std::vector<Version> reached{base};  // every version the chain passes
   if (base != to) {
     auto found = history.Chain(base, to);
     if (!found.ok()) return dense(found.status().ToString());
@@ -43,11 +43,19 @@ RepairPlan PlanRepair(const DeltaHistory& history, const StoreCondition& c,
   // R's own change set, unless the chain covers it (R committed, or R went
   // between two versions of the chain).
   const bool covered =
-      target == base ||
       std::find(reached.begin(), reached.end(), target) != reached.end();
   if (!covered) {
-    auto aborted = history.Aborted(*c.unfinished, base, target);
+    // Its base is the record's, or a later version of the chain (after a
+    // crash of the host the record's base is the last version on disk).
+    Version from;
+    auto aborted = history.Aborted(*c.unfinished, target, &from);
     if (!aborted.ok()) return dense(aborted.status().ToString());
+    if (std::find(reached.begin(), reached.end(), from) == reached.end()) {
+      return dense(fmt::format(
+          "{} starts from step {}, which the chain from step {} does not "
+          "pass",
+          *aborted, from.step, base.step));
+    }
     plan.files.push_back(*std::move(aborted));
   }
   plan.files.insert(plan.files.end(), chain.begin(), chain.end());
