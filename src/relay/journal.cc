@@ -30,7 +30,9 @@
 //     0 u32 tensor, 4 u32 span, 8 u64 byte offset of the span in the tensor,
 //     16 u32 count (positions, or the span's elements when dense),
 //     20 u8 elem size, 21 u8 flags (bit 0: dense), 22 u16 zero,
-//     24 positions (u32 each; sparse only), then count * elem size old bytes
+//     24 positions (sparse only): count LEB128 gaps, each position minus
+//        the previous one minus 1 (the first: the position itself),
+//     then count * elem size old bytes (the payload's last bytes)
 //   voted-yes payload: the target digest (high u64, low u64)
 namespace dcr {
 namespace {
@@ -171,21 +173,56 @@ Status ParseApply(std::span<const std::byte> p, JournalApply* out) {
   out->elem_size = static_cast<uint8_t>(p[20]);
   out->dense = (static_cast<uint8_t>(p[21]) & 1) != 0;
   const uint64_t w = out->elem_size;
-  const uint64_t want =
-      kApplyFixed + (out->dense ? 0 : uint64_t{4} * count) + count * w;
-  if (w == 0 || w > 8 || p.size() != want) {
+  const uint64_t values = count * w;
+  if (w == 0 || w > 8 || p.size() < kApplyFixed + values ||
+      (out->dense && p.size() != kApplyFixed + values)) {
     return Status::Corruption("journal apply record of the wrong size");
   }
+  const size_t at = p.size() - values;
   out->positions.clear();
   if (!out->dense) {
-    out->positions.resize(count);
-    std::memcpy(out->positions.data(), p.data() + kApplyFixed,
-                uint64_t{4} * count);
+    out->positions.reserve(count);
+    ByteReader r(p.subspan(kApplyFixed, at - kApplyFixed));
+    uint64_t next = 0;  // the smallest value the next position may take
+    for (uint32_t i = 0; i < count; ++i) {
+      uint64_t gap = 0;
+      if (!r.GetVarint(&gap) || gap >= kMaxSpanElems ||
+          next + gap >= kMaxSpanElems) {
+        return Status::Corruption("journal apply record: bad positions");
+      }
+      out->positions.push_back(static_cast<uint32_t>(next + gap));
+      next += gap + 1;
+    }
+    if (r.remaining() != 0) {
+      return Status::Corruption("journal apply record: bad positions");
+    }
   }
-  const size_t at = kApplyFixed + (out->dense ? 0 : 4 * size_t{count});
   out->old_values.assign(p.begin() + static_cast<ptrdiff_t>(at), p.end());
   return Status::OK();
 }
+
+// Appends `v` as LEB128 at `p`; returns the byte after it.
+std::byte* PutVarint(std::byte* p, uint32_t v) {
+  while (v >= 0x80) {
+    *p++ = static_cast<std::byte>(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = static_cast<std::byte>(v);
+  return p;
+}
+
+// A thread's record buffer, grown without zero-filling.
+struct Scratch {
+  std::unique_ptr<std::byte[]> data;
+  size_t capacity = 0;
+  std::byte* Get(size_t n) {
+    if (n > capacity) {
+      capacity = std::max(n, capacity * 2);
+      data.reset(new std::byte[capacity]);
+    }
+    return data.get();
+  }
+};
 
 template <size_t W>
 void Gather(std::span<const uint32_t> positions, const std::byte* span,
@@ -314,13 +351,12 @@ Result<Journal::Ref> Journal::AppendApply(const DecodedChunk& chunk,
        chunk.positions.back() >= h.span_elems)) {
     return Status::InvalidArgument("journal: the chunk does not fit its span");
   }
-  const uint64_t payload = kApplyFixed + (dense ? 0 : 4 * count) + count * w;
-  thread_local std::vector<std::byte> rec;
-  rec.resize(kRecordHead + payload + kRecordTail);
-  std::byte* p = rec.data();
-  StoreLE<uint32_t>(p, kTypeApply);
-  StoreLE<uint32_t>(p + 4, static_cast<uint32_t>(payload));
-  p += kRecordHead;
+  thread_local Scratch scratch;
+  // At most 5 bytes per position gap.
+  std::byte* const rec = scratch.Get(kRecordHead + kApplyFixed +
+                                     (dense ? 0 : 5 * count) + count * w +
+                                     kRecordTail);
+  std::byte* p = rec + kRecordHead;
   StoreLE<uint32_t>(p, h.id.tensor);
   StoreLE<uint32_t>(p + 4, h.id.span);
   StoreLE<uint64_t>(p + 8, offset);
@@ -331,9 +367,16 @@ Result<Journal::Ref> Journal::AppendApply(const DecodedChunk& chunk,
   p += kApplyFixed;
   if (dense) {
     std::memcpy(p, span.data(), span.size());
+    p += span.size();
   } else {
-    std::memcpy(p, chunk.positions.data(), 4 * count);
-    p += 4 * count;
+    uint32_t next = 0;  // positions are strictly ascending (decoded chunk)
+    for (uint32_t pos : chunk.positions) {
+      if (pos < next) {
+        return Status::InvalidArgument("journal: positions not ascending");
+      }
+      p = PutVarint(p, pos - next);
+      next = pos + 1;
+    }
     switch (w) {
       case 1:
         Gather<1>(chunk.positions, span.data(), p);
@@ -350,10 +393,13 @@ Result<Journal::Ref> Journal::AppendApply(const DecodedChunk& chunk,
       default:
         return Status::InvalidArgument("journal: unsupported element size");
     }
+    p += count * w;
   }
-  StoreLE<uint64_t>(rec.data() + kRecordHead + payload,
-                    Hash64(std::span(rec).first(kRecordHead + payload)));
-  return AppendRecord(rec);
+  const uint64_t payload = static_cast<uint64_t>(p - rec) - kRecordHead;
+  StoreLE<uint32_t>(rec, kTypeApply);
+  StoreLE<uint32_t>(rec + 4, static_cast<uint32_t>(payload));
+  StoreLE<uint64_t>(p, Hash64({rec, kRecordHead + payload}));
+  return AppendRecord({rec, kRecordHead + payload + kRecordTail});
 }
 
 Status Journal::AppendVotedYes(const Digest128& digest) {
