@@ -1,6 +1,7 @@
 #include "relay/journal.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -268,9 +269,13 @@ std::string JournalPath(const std::string& record_path,
   if (stem.size() > kSuffix.size() && stem.ends_with(kSuffix)) {
     stem.resize(stem.size() - kSuffix.size());
   }
-  stem += ".dcr-journal";
-  if (dir.empty()) return stem;
-  return (std::filesystem::path(dir) / std::filesystem::path(stem).filename())
+  if (dir.empty()) return stem + ".dcr-journal";
+  // Stores of one name in different directories may share `dir`: the
+  // name carries a hash of the whole record path.
+  const uint64_t h = Hash64(std::as_bytes(std::span(record_path)));
+  return (std::filesystem::path(dir) /
+          (std::filesystem::path(stem).filename().string() +
+           fmt::format(".{:016x}.dcr-journal", h)))
       .string();
 }
 
@@ -353,9 +358,9 @@ Result<Journal::Ref> Journal::AppendApply(const DecodedChunk& chunk,
   }
   thread_local Scratch scratch;
   // At most 5 bytes per position gap.
-  std::byte* const rec = scratch.Get(kRecordHead + kApplyFixed +
-                                     (dense ? 0 : 5 * count) + count * w +
-                                     kRecordTail);
+  std::byte* const rec =
+      scratch.Get(kRecordHead + kApplyFixed + (dense ? 0 : 5 * count) +
+                  count * w + kRecordTail);
   std::byte* p = rec + kRecordHead;
   StoreLE<uint32_t>(p, h.id.tensor);
   StoreLE<uint32_t>(p + 4, h.id.span);

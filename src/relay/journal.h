@@ -83,9 +83,10 @@ struct JournalApply {
 Status RestoreApply(const JournalApply& a, std::span<std::byte> tensor);
 
 // Where the journal of a store whose version record is `record_path` lives:
-// "<record without .dcr-version>.dcr-journal" beside it, or that file name
-// in `dir` when `dir` is not empty. Empty when `record_path` is (a memory
-// store: the journal lives on the heap).
+// "<record without .dcr-version>.dcr-journal" beside it, or, when `dir` is
+// not empty, "<that file name without .dcr-journal>.<16 hex digits of the
+// XXH3-64 of record_path>.dcr-journal" in `dir`. Empty when `record_path` is (a
+// memory store: the journal lives on the heap).
 std::string JournalPath(const std::string& record_path, const std::string& dir);
 
 class Journal {

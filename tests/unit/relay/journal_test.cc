@@ -233,8 +233,14 @@ TEST(JournalTest, ConcurrentAppendsLeaveAScannableFile) {
 TEST(JournalTest, PathsAndProbe) {
   EXPECT_EQ(JournalPath("/s/m.safetensors.dcr-version", ""),
             "/s/m.safetensors.dcr-journal");
-  EXPECT_EQ(JournalPath("/dev/shm/p.dcr-version", "/disk/undo"),
-            "/disk/undo/p.dcr-journal");
+  // In a shared directory: named after the whole record path too.
+  const std::string a = JournalPath("/dev/shm/p.dcr-version", "/disk/undo");
+  const std::string b = JournalPath("/other/p.dcr-version", "/disk/undo");
+  EXPECT_TRUE(a.starts_with("/disk/undo/p.")) << a;
+  EXPECT_TRUE(a.ends_with(".dcr-journal")) << a;
+  EXPECT_EQ(a.size(), std::string("/disk/undo/p.").size() + 16 +
+                          std::string(".dcr-journal").size());
+  EXPECT_NE(a, b);
   EXPECT_EQ(JournalPath("", "/disk/undo"), "");
   testing::TempDir dir;
   EXPECT_TRUE(Journal::ProbeDir(dir.path().string()).ok());
