@@ -108,15 +108,24 @@ void PrintReport(const RefitReport& r) {
       r.prepare_seconds, r.plan_seconds, r.stream_seconds, r.vote_seconds,
       r.commit_seconds);
   for (const CatchUpReport& c : r.catch_up) {
-    std::printf("  catch-up of %s: %s, %s in %llu chunks, %.3f s: %s\n",
-                fmt::format("{}", fmt::join(c.nodes, ", ")).c_str(),
-                c.method == "history" ? fmt::format("{} deltas from step {}",
-                                                    c.deltas, c.from.step)
-                                            .c_str()
-                                      : "dense copy",
-                HumanBytes(c.payload_bytes).c_str(),
-                static_cast<unsigned long long>(c.chunks), c.seconds,
-                std::string(RefitOutcomeName(c.outcome)).c_str());
+    std::string how =
+        c.method == "history"
+            ? fmt::format("{} deltas from step {}", c.deltas, c.from.step)
+        : c.method == "repair"
+            ? fmt::format("overwrites of the change sets of {} deltas",
+                          c.deltas)
+        : c.method == "seed" ? std::string("dense copy into a new store")
+                             : std::string("dense copy");
+    std::printf(
+        "  %s of %s: %s, %s in %llu chunks, %.3f s: %s\n",
+        c.repaired.IsZero()
+            ? (c.method == "seed" ? "seeding" : "catch-up")
+            : fmt::format("repair (refit {})", c.repaired.ToHex().substr(0, 8))
+                  .c_str(),
+        fmt::format("{}", fmt::join(c.nodes, ", ")).c_str(), how.c_str(),
+        HumanBytes(c.payload_bytes).c_str(),
+        static_cast<unsigned long long>(c.chunks), c.seconds,
+        std::string(RefitOutcomeName(c.outcome)).c_str());
   }
   size_t w = 4;
   for (const NodeOutcome& n : r.nodes) w = std::max(w, n.node.size());

@@ -98,6 +98,26 @@ struct PlanMsg {
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
 };
 
+// What a relay's store holds besides its committed version, as its
+// PLAN_REPLY and STATUS_REPLY say (docs/PROTOCOL.md §"Repair of a mixed
+// store"): a refit left unfinished (the relay died mid-refit; the bits are
+// a mix of `base` and `target`, per element), or no store at all (a shared
+// memory store gone with a reboot, a store never seeded).
+struct StoreCondition {
+  // The store's record names this refit unfinished.
+  std::optional<RefitId> unfinished;
+  Version base;    // with `unfinished`
+  Version target;  // with `unfinished`
+  // With `unfinished`: the relay's journal shows it voted yes, and the
+  // bits were verified to be `target` since; it waits for the decision.
+  bool prepared = false;
+  // The store does not exist (a full refit seeds it).
+  bool missing = false;
+  bool empty() const { return !unfinished && !missing; }
+  friend bool operator==(const StoreCondition&,
+                         const StoreCondition&) = default;
+};
+
 struct NodeResult {
   std::string node;
   NodeCode code = NodeCode::kOk;
@@ -107,6 +127,9 @@ struct NodeResult {
   // VOTE only: the tensors (manifest indices, ascending) whose bits differ
   // from the target; the root may resend them as overwrites.
   std::vector<uint32_t> repair;
+  // PLAN_REPLY and STATUS_REPLY: the store's own condition, when it is not
+  // simply a committed version.
+  StoreCondition store;
   friend bool operator==(const NodeResult&, const NodeResult&) = default;
 };
 
@@ -124,6 +147,10 @@ struct FramePosition {
 // position of the last CHUNK its sender accepted from its parent
 // ({0, 0}: none). The message is then version 2: the version-1 fields,
 // then u64 epoch, u64 sequence. Without it, version 1 byte for byte.
+// A node whose StoreCondition is not empty makes it version 3: the
+// version-1 fields, then per node u8 flags (1: unfinished, 2: prepared,
+// 4: missing) and, with flag 1, the refit id, base and target; then u8 1
+// and the position, or u8 0.
 struct ResultsMsg {
   std::vector<NodeResult> nodes;
   std::optional<FramePosition> received_through = std::nullopt;

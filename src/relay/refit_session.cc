@@ -75,10 +75,16 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
   // (which XOR chunks were applied before is not known).
   std::optional<RefitInProgress> unfinished = store->InProgress();
   if (auto& busy = unfinished; busy && plan.mode != RefitMode::kFull) {
+    // The root repairs it (docs/PROTOCOL.md §"Repair of a mixed store"):
+    // the reply says which refit, so that it can find that refit's change
+    // set.
+    refusal->store.unfinished = busy->refit;
+    refusal->store.base = busy->base;
+    refusal->store.target = busy->target;
     return refuse(
         NodeCode::kNeedsCatchUp,
         fmt::format("{} holds the unfinished refit {} (a mix of step {} and "
-                    "{}); repair it with dcr refit --full",
+                    "{}); the root repairs it",
                     store->describe(), busy->refit.ToHex(), busy->base.step,
                     busy->target.step));
   }
@@ -112,10 +118,19 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
       return refuse(NodeCode::kStoreError, created.status().ToString());
     journal = *std::move(created);
   }
-  Status s = store->BeginRefit(refit, plan.base, plan.target);
-  if (!s.ok()) {
-    if (journal) (void)journal->Remove();
-    return refuse(NodeCode::kStoreError, s.ToString());
+  // Over an unfinished refit's mix (a repair: a full refit), the record
+  // keeps naming that refit until this one commits: should the relay die
+  // again, the root's next repair covers the elements that refit changed
+  // and those the tree changed since its base, which include this one's
+  // target (a version of the tree); see coord/repair.h. (This refit's
+  // journal then names another refit than the record: a restart ignores
+  // it.)
+  if (!unfinished) {
+    Status s = store->BeginRefit(refit, plan.base, plan.target);
+    if (!s.ok()) {
+      if (journal) (void)journal->Remove();
+      return refuse(NodeCode::kStoreError, s.ToString());
+    }
   }
   std::unique_ptr<RefitSession> session(
       new RefitSession(store, node, refit, plan));
@@ -329,6 +344,12 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
 }
 
 Status RefitSession::Commit() {
+  // Over an unfinished refit's mix the record still names that refit (see
+  // Begin): the bits are verified to be the target now, so the record
+  // names this refit, then commits it.
+  if (unfinished_ && !rejoined_) {
+    DCR_RETURN_IF_ERROR(store_->BeginRefit(refit_, plan_.base, plan_.target));
+  }
   DCR_RETURN_IF_ERROR(store_->Commit(plan_.target, refit_));
   MutexLock lock(&mu_);
   spans_.clear();

@@ -154,9 +154,9 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
                  store_->describe());
   } else if (!store_) {
     own->code = NodeCode::kNeedsCatchUp;
-    own->detail = fmt::format(
-        "{} does not exist; seed it with a full refit (dcr refit --full)",
-        options_.store.ToString());
+    own->store.missing = true;
+    own->detail = fmt::format("{} does not exist; the root seeds it",
+                              options_.store.ToString());
     return nullptr;
   }
   auto session = RefitSession::Begin(
@@ -180,6 +180,11 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
     // The store is the session's now: what the start found is history.
     restored_from_.reset();
     prepared_.reset();
+  } else if (own->store.unfinished && prepared_ && prepared_->verified &&
+             prepared_->refit == *own->store.unfinished) {
+    // Restarted after a yes vote, bits verified at the target: only the
+    // root's decision of that refit may end it (StoreCondition::prepared).
+    own->store.prepared = true;
   }
   return session;
 }

@@ -385,18 +385,18 @@ TEST_F(RelayTreeTest, UnreachableRelayAndItsSubtreeAreReported) {
   EXPECT_EQ(DigestOf(StorePath("b1")), DigestOf(Ckpt(0)));
 }
 
-TEST_F(RelayTreeTest, FullRefitSeedsAMissingStore) {
+TEST_F(RelayTreeTest, AMissingStoreIsSeededByTheNextRefit) {
   SeedAll(0);
   std::filesystem::remove(StorePath("b1"));
   StartAll();
   EXPECT_EQ(relays_["b1"]->Stats().state, "no store");
+  // A delta refit (min_commit: all) counts the missing store as one the
+  // root seeds, commits the others, then seeds b1 with a dense copy.
   RefitReport delta = Refit(1);
-  EXPECT_EQ(delta.outcome, RefitOutcome::kAborted);
-  EXPECT_EQ(Node(delta, "b1")->code, NodeCode::kNeedsCatchUp);
-  for (const auto& n : kRelays) WaitIdle(n);
-
-  RefitReport full = Refit(1, RefitMode::kFull);
-  ASSERT_EQ(full.outcome, RefitOutcome::kCommitted) << full.reason;
+  ASSERT_EQ(delta.outcome, RefitOutcome::kCommitted) << delta.reason;
+  ASSERT_EQ(delta.catch_up.size(), 1u);
+  EXPECT_EQ(delta.catch_up[0].method, "seed");
+  EXPECT_EQ(delta.catch_up[0].nodes, std::vector<std::string>{"b1"});
   Digest128 v1 = DigestOf(Ckpt(1));
   for (const auto& n : kRelays) {
     WaitIdle(n);

@@ -193,11 +193,15 @@ TEST_F(RefitSessionTest, ManifestMismatchAndUnfinishedRefitAreRefused) {
   RefitId another;
   another.bytes[0] = 8;
   // Another refit left unfinished (as after a crash): a delta cannot
-  // apply to the mixed bits; the refusal says how to repair it.
+  // apply to the mixed bits; the refusal names the unfinished refit, for
+  // the root to repair it (coord/repair.h).
   EXPECT_FALSE(
       RefitSession::Begin(store_.get(), "n0", another, plan_, &refusal));
   EXPECT_EQ(refusal.code, NodeCode::kNeedsCatchUp);
-  EXPECT_NE(refusal.detail.find("--full"), std::string::npos) << refusal.detail;
+  EXPECT_EQ(refusal.store.unfinished, refit_);
+  EXPECT_EQ(refusal.store.base, plan_.base);
+  EXPECT_EQ(refusal.store.target, plan_.target);
+  EXPECT_FALSE(refusal.store.prepared);
   // A full refit overwrites every span, so it may take over.
   PlanMsg full = plan_;
   full.mode = RefitMode::kFull;
