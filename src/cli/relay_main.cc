@@ -377,8 +377,8 @@ int main(int argc, char** argv) {
                  "commit (before the commit is acknowledged)")
       ->check(CLI::IsMember({"background", "commit"}));
   app.add_option("--undo-dir", a.undo_dir,
-                 "Directory for refits' undo logs (default: beside the "
-                 "store's version record). A full refit's undo log holds "
+                 "Directory for refits' journals (default: beside the "
+                 "store's version record). A full refit's journal holds "
                  "every value it replaces, up to the store's size: keep it "
                  "on a disk when the store is in shared memory");
   app.add_option("--link-rate", a.link_rate,

@@ -53,12 +53,12 @@ Status Relay::Impl::Init() {
   }
   sender_.emplace(frames);
   if (!options_.undo_dir.empty()) {
-    // Found out now, not at the first refit: the directory takes an undo log.
-    auto probe = UndoLog::Create(options_.undo_dir);
+    // Found out now, not at the first refit: the directory takes journals.
+    Status probe = Journal::ProbeDir(options_.undo_dir);
     if (!probe.ok()) {
       return Status::InvalidArgument(
           "undo directory '" + options_.undo_dir +
-          "' cannot hold an undo log: " + probe.status().ToString());
+          "' cannot hold a refit's journal: " + probe.ToString());
     }
   }
   auto store = OpenStore(options_.store);
@@ -75,12 +75,6 @@ Status Relay::Impl::Init() {
       "it holds the highest coordinator epoch this relay accepted (delete "
       "it only if no older coordinator can come back)");
   DCR_ASSIGN_OR_RETURN(max_epoch_, epoch_file_.Read());
-  if (store_ && store_->InProgress()) {
-    spdlog::warn(
-        "{}: {} holds an unfinished refit ({}); it takes no delta refit "
-        "until a full refit repairs it",
-        options_.name, store_->describe(), store_->InProgress()->refit.ToHex());
-  }
   TransportOptions to = options_.transport_options;
   to.name = options_.name;
   transports_ = std::make_unique<TransportSet>(
@@ -91,6 +85,7 @@ Status Relay::Impl::Init() {
   workers_ = std::make_unique<ApplyWorkers>(options_.apply_threads,
                                             [this] { mailbox_.Wake(); });
   hash_pool_ = std::make_unique<ThreadPool>(options_.apply_threads);
+  RecoverStore();
   env_ = RelayRefit::Env{options_.name, workers_.get(), hash_pool_.get(),
                          decoder_.get(), options_.signing_public_key.get()};
   inbound_ = std::make_unique<InboundLinks>(
@@ -116,6 +111,48 @@ Status Relay::Impl::Init() {
                options_.listen_host, port(), listener_->kind(),
                store_ ? store_->describe() : options_.store.ToString());
   return Status::OK();
+}
+
+void Relay::Impl::RecoverStore() {
+  if (!store_) return;
+  Result<std::string> boot = CurrentBootId();
+  using Outcome = RefitSession::CrashRecovery::Outcome;
+  const RefitSession::CrashRecovery r = RefitSession::RecoverAfterCrash(
+      store_.get(), JournalPath(store_->record_path(), options_.undo_dir),
+      boot.ok() ? *boot : std::string(), hash_pool_.get());
+  if (r.outcome == Outcome::kNothing) return;
+  const RefitInProgress& u = *r.unfinished;
+  const std::string id = u.refit.ToHex();
+  switch (r.outcome) {
+    case Outcome::kNothing:
+      return;
+    case Outcome::kRestored:
+      restored_from_ = u.refit;
+      spdlog::warn(
+          "{}: restored step {} after a crash mid-refit {}: {} spans, {} bytes",
+          options_.name, u.base.step, id, r.spans, r.bytes);
+      return;
+    case Outcome::kPrepared:
+    case Outcome::kPreparedMix:
+      prepared_ = PreparedAfterCrash{u.refit, u.target,
+                                     r.outcome == Outcome::kPrepared};
+      spdlog::warn(
+          "{}: {} holds refit {} (step {} -> {}) prepared: {}; it stays "
+          "unfinished until the root's decision (it is never restored "
+          "here after a yes vote)",
+          options_.name, store_->describe(), id, u.base.step, u.target.step,
+          r.detail);
+      return;
+    case Outcome::kRestoreFailed:
+    case Outcome::kNoJournal:
+      spdlog::warn(
+          "{}: {} holds an unfinished refit {} (a mix of step {} and {}) and "
+          "could not restore its base ({}); it takes no delta refit until "
+          "the root repairs it",
+          options_.name, store_->describe(), id, u.base.step, u.target.step,
+          r.detail);
+      return;
+  }
 }
 
 Status Relay::Impl::ApplyMemoryLimit() {
