@@ -344,11 +344,14 @@ void InboundLinks::Sweep(SteadyTime now) {
                           it->second.hello.node, Seconds(e.silence)));
     link.Close();
   }
-  summary_waiting_ = cutoffs_.Flush(now);
-  if (closed_frame_bytes_ >= kTrimAfterBytes &&
-      now - last_trim_ >= kTrimInterval) {
-    closed_frame_bytes_ = 0;
+  cutoffs_.Flush(now);
+  // Once more a second after a trim: a closed link's last buffers may be
+  // freed on the transport's thread after the trim ran.
+  if (trim_at_ && now >= *trim_at_ && now - last_trim_ >= kTrimInterval) {
     last_trim_ = now;
+    trim_at_.reset();
+    if (closed_frame_bytes_ > 0) trim_at_ = now + kTrimInterval;
+    closed_frame_bytes_ = 0;
 #if !defined(__SANITIZE_ADDRESS__) && !defined(DCR_SANITIZED)
     ::malloc_trim(0);  // glibc's; under ASan malloc is not glibc's
 #endif
@@ -449,6 +452,9 @@ void InboundLinks::OnClosed(uint64_t link_id, const Status& why) {
   if (auto it = inbound_.find(link_id);
       it != inbound_.end() && it->second.link) {
     closed_frame_bytes_ += it->second.link->stats().bytes_received;
+    if (closed_frame_bytes_ >= kTrimAfterBytes && !trim_at_) {
+      trim_at_ = std::chrono::steady_clock::now();
+    }
   }
   inbound_.erase(link_id);
   on_closed_(link_id, why);

@@ -202,9 +202,9 @@ class InboundLinks {
   std::string PeerNode(uint64_t link_id) const;
   // Cuts the links past their HELLO or idle deadline, logs the summary of
   // suppressed cut-off lines, and gives freed frame memory back to the
-  // system (malloc_trim, at most once a second) after links that had
-  // received large frames closed. Cheap when nothing is due; call it on
-  // every turn of the actor's loop.
+  // system (malloc_trim, at most once a second, and once more a second
+  // later) after links that had received 16 MiB or more of frames closed. Cheap
+  // when nothing is due; call it on every turn of the actor's loop.
   void Sweep(SteadyTime now);
 
  private:
@@ -235,11 +235,11 @@ class InboundLinks {
   mutable Mutex mu_;  // event and actor threads
   LinkDeadlines deadlines_ DCR_GUARDED_BY(mu_);
   // Actor thread: the next Sweep that does work; frame bytes received by
-  // links closed since the last malloc_trim.
+  // links closed since the last malloc_trim, and when the next one runs.
   SteadyTime next_sweep_{};
   SteadyTime last_trim_{};
+  std::optional<SteadyTime> trim_at_;
   uint64_t closed_frame_bytes_ = 0;
-  bool summary_waiting_ = false;
 };
 
 }  // namespace dcr

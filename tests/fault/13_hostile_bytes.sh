@@ -21,6 +21,10 @@
 # links that never greet: those beyond the default limit's slots are
 # closed as they open (links_full, summarized once the log's rate is
 # spent) and the rest at the HELLO deadline (hello_timeout), RSS flat.
+# Frames above the default cap's bound (40 MiB) are refused at their
+# header, and after 12 links sent 32 MiB of frames each and closed, b1's
+# RssAnon returns to within 32 MiB of where it was (freed frames given
+# back to the system).
 # Then 80 links that greet and stay silent fill every slot: `dcr status`
 # still gets in within a few seconds, taking the slot of one silent for
 # 2 s (evicted).
@@ -83,6 +87,23 @@ json 'd["opened"] >= 100' 'd["open_at_end"] == 0' 'd["refused"] >= 1' \
 RSS2=$(rss)
 ((RSS2 - RSS0 < 16384)) || fail "b1's RSS grew from $RSS0 kB to $RSS2 kB after 200 idle links"
 fault_wait_log b1 "more peers cut off and not logged: links_full " 5
+
+# Frames are bounded without --memory-limit: a 40 MiB frame is refused at
+# its header (the default cap's frame bound is at most 31 MiB).
+python3 "$FAULT_DIR/wire.py" flood --port "${SPARE[b1]}" --conns 4 --frame-mib 40 --whole 0 \
+  --hold 1 >"$T/out" || fail "flood client"
+json 'd["open"] == 0 and d["closed"] == 4'
+# Links that sent 32 MiB of frames each, then closed: their memory goes
+# back to the system (RssAnon back within 32 MiB of where it was; without
+# it glibc kept about 57 MiB).
+anon() { awk '/^RssAnon/ {print $2}' "/proc/${PID[b1]}/status"; }
+ANON0=$(anon)
+python3 "$FAULT_DIR/wire.py" flood --port "${SPARE[b1]}" --conns 12 --frame-mib 8 --whole 3 \
+  --hold 1 >"$T/out" || fail "flood client"
+json 'd["sent_bytes"] >= (4 * 32) << 20'
+for _ in $(seq 50); do (($(anon) - ANON0 < 32768)) && break; sleep 0.1; done
+ANON1=$(anon)
+((ANON1 - ANON0 < 32768)) || fail "b1 still holds $(((ANON1 - ANON0) / 1024)) MiB more RssAnon 5 s after the flood's links closed"
 
 # Links that greet and stay silent hold every slot; a real peer still gets
 # in (dcr status through the proxy), taking a silent one's slot.
