@@ -27,7 +27,9 @@
 # back to the system).
 # Then 80 links that greet and stay silent fill every slot: `dcr status`
 # still gets in within a few seconds, taking the slot of one silent for
-# 2 s (evicted).
+# 2 s (evicted). b2 applies slowly (25 ms a chunk) under a 300 ms idle
+# timeout, and the last refit runs without heartbeats: its parent link,
+# silent while b2 applies, is never cut.
 # Usage: 13_hostile_bytes.sh [DCR DCR_RELAY TRAINGEN]
 set -euo pipefail
 ROW=13
@@ -39,6 +41,8 @@ fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
 for n in "${RELAYS[@]}"; do
   if [[ $n == b1 ]]; then
     fault_start b1 "" --behind-proxy --hello-timeout 1s
+  elif [[ $n == b2 ]]; then
+    fault_start b2 "relay.apply_chunk=delay(25)" --idle-timeout 300ms
   else
     fault_start "$n"
   fi
@@ -149,10 +153,13 @@ node_json b1 'n["committed"]'
 RSS3=$(rss)
 ((RSS3 - RSS0 < 65536)) || fail "b1's RSS grew from $RSS0 kB to $RSS3 kB after the bomb"
 
-# The next refit, nothing injected (the proxy only passes frames now).
+# The next refit, nothing injected (the proxy only passes frames now), and
+# no heartbeats: b2's parent link is silent while b2 applies (about 1 s)
+# and b2's idle timeout is 300 ms, yet the refit's parent keeps its link.
 kill -KILL "${XPID[b1]}"
 fault_proxy b1
-fault_refit "$V/v2.safetensors"
+fault_refit "$V/v2.safetensors" --heartbeat 0
 [[ $RC -eq 0 ]] || { cat "$T/report.json" "$T/refit.err" >&2; fail "the refit after the hostile bytes exited $RC"; }
+! grep "cut off" "$T/b2.log" || fail "b2 cut a link off during the refit without heartbeats"
 verify_all "$V/v2.safetensors" "${RELAYS[@]}" base
 echo "row 13 (SEED=$SEED, bomb after chunk $K; RSS $RSS0 -> $RSS1 -> $RSS2 -> $RSS3 kB; dcr status in after $in_after ms, $tries tries, past 80 silent links): ok"
