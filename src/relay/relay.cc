@@ -89,12 +89,17 @@ Status Relay::Impl::Init() {
   env_ = RelayRefit::Env{options_.name, workers_.get(), hash_pool_.get(),
                          decoder_.get(), options_.signing_public_key.get()};
   inbound_ = std::make_unique<InboundLinks>(
-      InboundLinks::Options{options_.name, options_.peer_addresses,
-                            options_.max_inbound_links,
-                            options_.inbound_quota_bytes},
+      InboundLinks::Options{
+          options_.name, options_.peer_addresses, options_.max_inbound_links,
+          options_.inbound_quota_bytes, options_.known_nodes,
+          options_.hello_timeout, options_.idle_timeout,
+          [this](uint64_t id) {
+            return current_ && current_->parent->link_id() == id;
+          }},
       &mailbox_, &*sender_,
       InboundLinks::Counters{&counters_.links_refused,
-                             &counters_.inbound_pauses},
+                             &counters_.inbound_pauses,
+                             counters_.peers_cut.data()},
       [this](const std::shared_ptr<Link>& link, const Frame& frame,
              const FrameBuffer& buffer) { OnFrame(link, frame, buffer); },
       [this](uint64_t id, const Status& why) { OnClosed(id, why); });
@@ -194,6 +199,7 @@ void Relay::Impl::Run() {
   while (!stopping_) {
     mailbox_.RunUntil(NextDeadline(Clock::now()));
     if (current_) OnTimers(Clock::now());
+    inbound_->Sweep(Clock::now());
     Advance();
     PublishStats();
   }

@@ -79,6 +79,15 @@ struct RelayOptions {
   // frame. Empty: no limit.
   std::vector<std::string> plan_senders;
   std::vector<std::string> peer_addresses;
+  // The topology's node names (root included): a HELLO naming another
+  // node is refused (relay/inbound_links.h). Empty: any name.
+  std::vector<std::string> known_nodes;
+  // An inbound link that has not sent a valid HELLO within hello_timeout,
+  // or that greeted and then sent no frame for idle_timeout (unless it is
+  // the refit's parent, or the relay stopped reading it), is cut off
+  // (0: never).
+  std::chrono::milliseconds hello_timeout{10000};
+  std::chrono::milliseconds idle_timeout{60000};
   // The root's Ed25519 public key (defaults.signing_public_key_file,
   // --signing-public-key-file). With it the apply workers hash every chunk
   // they apply, and the relay votes yes only if END carries a manifest the
