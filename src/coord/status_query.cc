@@ -49,6 +49,7 @@ class StatusHandler : public LinkHandler {
         out_->committed = n.version;
       }
       out_->detail = n.detail;
+      out_->unfinished = n.unfinished;
       if (n.node != out_->node) {
         out_->error = fmt::format("answered as '{}'", n.node);
       }
@@ -69,6 +70,40 @@ class StatusHandler : public LinkHandler {
 };
 
 }  // namespace
+
+std::string_view NodeStateName(NodeState state) {
+  switch (state) {
+    case NodeState::kCurrent:
+      return "current";
+    case NodeState::kStale:
+      return "stale";
+    case NodeState::kEmpty:
+      return "empty";
+    case NodeState::kUnfinished:
+      return "unfinished";
+    case NodeState::kUnreachable:
+      return "unreachable";
+  }
+  return "unknown";
+}
+
+NodeState StateOf(const NodeStatus& node,
+                  const std::optional<Version>& baseline) {
+  if (!node.reachable) return NodeState::kUnreachable;
+  if (node.unfinished) return NodeState::kUnfinished;
+  if (!node.committed) return NodeState::kEmpty;
+  if (baseline && *node.committed != *baseline) return NodeState::kStale;
+  return NodeState::kCurrent;
+}
+
+bool ServingReady(NodeState state) {
+  return state == NodeState::kCurrent || state == NodeState::kStale;
+}
+
+std::string DescribeUnfinished(const UnfinishedRefit& u) {
+  return fmt::format("holds a mix of step {} and step {} (refit {})",
+                     u.base.step, u.target.step, u.refit.ToHex().substr(0, 12));
+}
 
 std::vector<NodeStatus> QueryStatus(const Topology& topology,
                                     std::chrono::milliseconds timeout,

@@ -14,6 +14,10 @@ constexpr uint8_t kMessageVersion = 1;
 // END with the signed refit manifest (EndMsg).
 constexpr uint8_t kEndSignedVersion = 2;
 constexpr uint8_t kResultsPositionVersion = 2;  // with received_through
+// With flags: received_through and/or unfinished entries (ResultsMsg).
+constexpr uint8_t kResultsFlagsVersion = 3;
+constexpr uint8_t kResultsHasPosition = 1;
+constexpr uint8_t kResultsHasUnfinished = 2;
 
 void PutString(ByteWriter* w, std::string_view s) {
   w->PutVarint(s.size());
@@ -278,8 +282,12 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
 std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
   std::vector<std::byte> out;
   ByteWriter w(&out);
-  w.Put<uint8_t>(m.received_through ? kResultsPositionVersion
-                                    : kMessageVersion);
+  const size_t unfinished = static_cast<size_t>(
+      std::count_if(m.nodes.begin(), m.nodes.end(),
+                    [](const NodeResult& n) { return n.unfinished; }));
+  w.Put<uint8_t>(unfinished > 0       ? kResultsFlagsVersion
+                 : m.received_through ? kResultsPositionVersion
+                                      : kMessageVersion);
   w.PutVarint(m.nodes.size());
   for (const NodeResult& n : m.nodes) {
     PutString(&w, n.node);
@@ -290,15 +298,30 @@ std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
     w.PutVarint(n.repair.size());
     for (uint32_t t : n.repair) w.PutVarint(t);
   }
+  if (unfinished > 0) {
+    w.Put<uint8_t>(kResultsHasUnfinished |
+                   (m.received_through ? kResultsHasPosition : 0));
+  }
   if (m.received_through) {
     w.Put<uint64_t>(m.received_through->epoch);
     w.Put<uint64_t>(m.received_through->sequence);
+  }
+  if (unfinished > 0) {
+    w.PutVarint(unfinished);
+    for (size_t i = 0; i < m.nodes.size(); ++i) {
+      const std::optional<UnfinishedRefit>& u = m.nodes[i].unfinished;
+      if (!u) continue;
+      w.PutVarint(i);
+      w.PutBytes(std::as_bytes(std::span(u->refit.bytes)));
+      PutVersion(&w, u->base);
+      PutVersion(&w, u->target);
+    }
   }
   return out;
 }
 
 Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
-  Reader r(b, "RESULTS", kResultsPositionVersion);
+  Reader r(b, "RESULTS", kResultsFlagsVersion);
   ResultsMsg m;
   uint64_t count = r.Varint("nodes", kMaxPlanNodes);
   for (uint64_t i = 0; r.ok() && i < count; ++i) {
@@ -322,11 +345,46 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
     n.code = static_cast<NodeCode>(code);
     m.nodes.push_back(std::move(n));
   }
+  uint8_t flags = 0;
   if (r.ok() && r.version() == kResultsPositionVersion) {
+    flags = kResultsHasPosition;
+  } else if (r.ok() && r.version() == kResultsFlagsVersion) {
+    flags = r.Get<uint8_t>("flags");
+    if (r.ok() &&
+        (flags & ~(kResultsHasPosition | kResultsHasUnfinished)) != 0) {
+      r.Fail("flags", "unknown bits " + std::to_string(flags));
+    }
+    if (r.ok() && (flags & kResultsHasUnfinished) == 0) {
+      // Version 3 exists for the entries; without them it is version 1 or 2.
+      r.Fail("flags", "version 3 without unfinished entries");
+    }
+  }
+  if (r.ok() && (flags & kResultsHasPosition) != 0) {
     FramePosition p;
     p.epoch = r.Get<uint64_t>("received_through.epoch");
     p.sequence = r.Get<uint64_t>("received_through.sequence");
     m.received_through = p;
+  }
+  if (r.ok() && (flags & kResultsHasUnfinished) != 0) {
+    const uint64_t n = r.Varint("unfinished", m.nodes.size());
+    if (r.ok() && n == 0) r.Fail("unfinished", "no entries");
+    uint64_t next = 0;  // the lowest index the next entry may name
+    for (uint64_t k = 0; r.ok() && k < n; ++k) {
+      const uint64_t index = r.Varint("unfinished.node", kMaxPlanNodes);
+      if (r.ok() && (index < next || index >= m.nodes.size())) {
+        r.Fail("unfinished.node",
+               "index " + std::to_string(index) +
+                   " is not ascending or not below the node count");
+      }
+      UnfinishedRefit u;
+      for (uint8_t& byte : u.refit.bytes) {
+        byte = r.Get<uint8_t>("unfinished.refit");
+      }
+      u.base = r.Ver("unfinished.base");
+      u.target = r.Ver("unfinished.target");
+      if (r.ok()) m.nodes[index].unfinished = u;
+      next = index + 1;
+    }
   }
   DCR_RETURN_IF_ERROR(r.Finish());
   return m;

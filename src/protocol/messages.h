@@ -98,6 +98,17 @@ struct PlanMsg {
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
 };
 
+// A refit a node's store records as begun and neither committed nor
+// ended (dcr/store.h RefitInProgress): its bits may be any mix of `base`
+// and `target`, and they are no version.
+struct UnfinishedRefit {
+  RefitId refit;
+  Version base;
+  Version target;
+  friend bool operator==(const UnfinishedRefit&,
+                         const UnfinishedRefit&) = default;
+};
+
 struct NodeResult {
   std::string node;
   NodeCode code = NodeCode::kOk;
@@ -107,6 +118,11 @@ struct NodeResult {
   // VOTE only: the tensors (manifest indices, ascending) whose bits differ
   // from the target; the root may resend them as overwrites.
   std::vector<uint32_t> repair;
+  // STATUS_REPLY: the refit the node's store records as unfinished, other
+  // than one the node is running now (a relay restarted after a crash
+  // mid-apply). `version` is then the last committed version, which the
+  // bits no longer are.
+  std::optional<UnfinishedRefit> unfinished = std::nullopt;
   friend bool operator==(const NodeResult&, const NodeResult&) = default;
 };
 
@@ -124,6 +140,15 @@ struct FramePosition {
 // position of the last CHUNK its sender accepted from its parent
 // ({0, 0}: none). The message is then version 2: the version-1 fields,
 // then u64 epoch, u64 sequence. Without it, version 1 byte for byte.
+//
+// A message with a node's `unfinished` entry is version 3: the version-1
+// fields, then u8 flags (bit 0: a position follows, u64 epoch, u64
+// sequence; bit 1: unfinished entries follow; other bits refused), then
+// the entries: a varint count (at least 1), each a varint node index
+// (ascending, below the node count), the 16 refit id bytes, base version,
+// target version. Without entries the encoder writes version 1 or 2 as
+// above, so a reader of an older release sees version 3 only from a node
+// whose store holds an unfinished refit.
 struct ResultsMsg {
   std::vector<NodeResult> nodes;
   std::optional<FramePosition> received_through = std::nullopt;
@@ -181,7 +206,7 @@ std::vector<std::byte> EncodeAbort(const AbortMsg& m);
 
 // Each returns Corruption naming the message and the field on any
 // malformed, truncated, oversized or trailing input, or an unknown message
-// version (1 for all; END and RESULTS also 2).
+// version (1 for all; END also 2; RESULTS also 2 and 3).
 Result<HelloMsg> DecodeHello(std::span<const std::byte> b);
 Result<PlanMsg> DecodePlan(std::span<const std::byte> b);
 Result<ResultsMsg> DecodeResults(std::span<const std::byte> b);

@@ -318,6 +318,12 @@ void Relay::Impl::AnswerStatus(Link& link, const Frame& frame) {
   r.node = options_.name;
   if (store_) {
     if (auto c = store_->committed()) r.version = *c;
+    // A refit the store records as begun, other than the one running here
+    // (one left by a crash): the bits are a mix, no version.
+    if (auto busy = store_->InProgress();
+        busy && (!current_ || busy->refit != current_->refit->id())) {
+      r.unfinished = UnfinishedRefit{busy->refit, busy->base, busy->target};
+    }
   } else {
     r.code = NodeCode::kNeedsCatchUp;
   }

@@ -86,6 +86,64 @@ TEST(MessagesTest, ResendFlagAndReceivedThrough) {
   EXPECT_LT((FramePosition{2, 0}), (FramePosition{2, 1}));
 }
 
+// A STATUS_REPLY from a node whose store holds an unfinished refit: RESULTS
+// version 3 with flags; without entries the bytes stay version 1 or 2.
+TEST(MessagesTest, ResultsCarryUnfinishedEntries) {
+  ResultsMsg r;
+  r.nodes = {{"a0", NodeCode::kOk, {5, Digest128{3, 4}}, 12, "idle", {}},
+             {"a1", NodeCode::kOk, {5, Digest128{3, 4}}, 0, "idle", {}},
+             {"a2", NodeCode::kOk, {4, Digest128{1, 2}}, 0, "idle", {}}};
+  const auto v1 = EncodeResults(r);
+  UnfinishedRefit u;
+  for (size_t i = 0; i < u.refit.bytes.size(); ++i) {
+    u.refit.bytes[i] = static_cast<uint8_t>(0xa0 + i);
+  }
+  u.base = {5, Digest128{3, 4}};
+  u.target = {6, Digest128{9, 10}};
+  r.nodes[1].unfinished = u;
+  r.nodes[2].unfinished = UnfinishedRefit{{}, {4, Digest128{1, 2}}, u.target};
+  auto v3 = EncodeResults(r);
+  EXPECT_EQ(v3[0], std::byte{3});
+  // The version-1 fields, then flags (bit 1), 2 entries of index, id and
+  // two versions.
+  ASSERT_EQ(v3.size(), v1.size() + 1 + 1 + 2 * (1 + 16 + 24 + 24));
+  EXPECT_TRUE(std::equal(v1.begin() + 1, v1.end(), v3.begin() + 1));
+  EXPECT_EQ(v3[v1.size()], std::byte{2});
+  EXPECT_EQ(*DecodeResults(v3), r);
+
+  // With a position as well: both flags, the position first.
+  r.received_through = FramePosition{3, 1234};
+  auto both = EncodeResults(r);
+  EXPECT_EQ(both[0], std::byte{3});
+  EXPECT_EQ(both[v1.size()], std::byte{3});
+  EXPECT_EQ(*DecodeResults(both), r);
+
+  // Malformed: unknown flag bits, version 3 without entries, an index past
+  // the nodes or out of order, a truncated entry, trailing bytes.
+  auto bad = v3;
+  bad[v1.size()] = std::byte{6};
+  EXPECT_TRUE(DecodeResults(bad).status().IsCorruption());
+  bad[v1.size()] = std::byte{1};
+  EXPECT_TRUE(DecodeResults(bad).status().IsCorruption());
+  bad = v3;
+  bad[v1.size() + 2] = std::byte{3};  // first entry names node 3 of 3
+  EXPECT_TRUE(DecodeResults(bad).status().IsCorruption());
+  bad = v3;
+  bad[v1.size() + 2 + 65] = std::byte{1};  // second entry names node 1 again
+  EXPECT_TRUE(DecodeResults(bad).status().IsCorruption());
+  bad = v3;
+  bad.pop_back();
+  EXPECT_TRUE(DecodeResults(bad).status().IsCorruption());
+  bad = v3;
+  bad.push_back(std::byte{0});
+  EXPECT_TRUE(DecodeResults(bad).status().IsCorruption());
+  std::vector<std::byte> empty(v1);
+  empty[0] = std::byte{3};
+  empty.push_back(std::byte{2});
+  empty.push_back(std::byte{0});  // no entries
+  EXPECT_TRUE(DecodeResults(empty).status().IsCorruption());
+}
+
 TEST(MessagesTest, SubPlanKeepsTheSubtree) {
   PlanMsg p = SamplePlan();
   PlanMsg s = SubPlan(p, 1);
