@@ -327,7 +327,8 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
           {"detail", n.detail},
           {"last_refit_result", last_for(n.node)},
           {"stale", stale(n)},
-          {"state", std::string(NodeStateName(StateOf(n, baseline_version)))}};
+          {"state", std::string(NodeStateName(StateOf(n, baseline_version)))},
+          {"serving_ready", ServingReady(StateOf(n, baseline_version))}};
       if (n.unfinished) {
         j["unfinished"] = {{"refit", n.unfinished->refit.ToHex()},
                            {"base",

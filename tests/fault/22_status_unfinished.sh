@@ -34,10 +34,10 @@ python3 -S -c "import json, sys; r = json.load(open('$T/b1.safetensors.dcr-versi
 
 fault_start b1  # back after the refit ended, as after a reboot
 expect 1 "$DCR" status --topology "$TOPO" -o json
-node_json b1 "n['reachable'] and n['state'] == 'unfinished' and n['detail'].startswith('idle')"
+node_json b1 "n['reachable'] and n['state'] == 'unfinished' and not n['serving_ready'] and n['detail'].startswith('idle')"
 node_json b1 "n['unfinished']['refit'] == '$REFIT' and n['unfinished']['base']['step'] == 0 and n['unfinished']['target']['step'] == 1"
 node_json b1 "n['committed'] is None or n['committed']['step'] == 0"
-json "all(n['state'] == 'current' and n['unfinished'] is None for n in d['nodes'] if n['node'] != 'b1')"
+json "all(n['state'] == 'current' and n['serving_ready'] and n['unfinished'] is None for n in d['nodes'] if n['node'] != 'b1')"
 expect 1 "$DCR" status --topology "$TOPO"
 grep -qE "^b1 .* - +- +UNFINISHED: holds a mix of step 0 and step 1 \(refit ${REFIT:0:12}\)" "$T/out" ||
   { cat "$T/out" >&2; fail "dcr status text does not show b1 unfinished"; }
