@@ -18,6 +18,7 @@ constexpr uint8_t kResultsStoreVersion = 3;     // with StoreCondition
 constexpr uint8_t kStoreUnfinished = 1;
 constexpr uint8_t kStorePrepared = 2;
 constexpr uint8_t kStoreMissing = 4;
+constexpr uint8_t kStoreRepairing = 8;
 
 void PutString(ByteWriter* w, std::string_view s) {
   w->PutVarint(s.size());
@@ -303,6 +304,7 @@ std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
       const StoreCondition& c = n.store;
       w.Put<uint8_t>((c.unfinished ? kStoreUnfinished : 0) |
                      (c.unfinished && c.prepared ? kStorePrepared : 0) |
+                     (c.unfinished && c.repairing ? kStoreRepairing : 0) |
                      (c.missing ? kStoreMissing : 0));
       if (c.unfinished) {
         w.PutBytes(std::as_bytes(std::span(c.unfinished->bytes)));
@@ -348,16 +350,19 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
   if (r.ok() && r.version() == kResultsStoreVersion) {
     for (NodeResult& n : m.nodes) {
       uint8_t flags = r.Get<uint8_t>("nodes.store");
-      if (r.ok() &&
-          (flags & ~(kStoreUnfinished | kStorePrepared | kStoreMissing)) != 0) {
+      if (r.ok() && (flags & ~(kStoreUnfinished | kStorePrepared |
+                               kStoreMissing | kStoreRepairing)) != 0) {
         r.Fail("nodes.store", "unknown flags");
       }
-      if (r.ok() && (flags & kStorePrepared) && !(flags & kStoreUnfinished)) {
-        r.Fail("nodes.store", "prepared without an unfinished refit");
+      if (r.ok() && (flags & (kStorePrepared | kStoreRepairing)) &&
+          !(flags & kStoreUnfinished)) {
+        r.Fail("nodes.store",
+               "prepared or repairing without an unfinished refit");
       }
       StoreCondition& c = n.store;
       c.missing = (flags & kStoreMissing) != 0;
       c.prepared = (flags & kStorePrepared) != 0;
+      c.repairing = (flags & kStoreRepairing) != 0;
       if (r.ok() && (flags & kStoreUnfinished)) {
         RefitId id;
         for (uint8_t& byte : id.bytes) byte = r.Get<uint8_t>("nodes.store");

@@ -111,6 +111,9 @@ struct StoreCondition {
   // With `unfinished`: the relay's journal shows it voted yes, and the
   // bits were verified to be `target` since; it waits for the decision.
   bool prepared = false;
+  // With `unfinished` (STATUS_REPLY): a refit running here is repairing
+  // it (coord/repair.h).
+  bool repairing = false;
   // The store does not exist (a full refit seeds it).
   bool missing = false;
   bool empty() const { return !unfinished && !missing; }
@@ -149,8 +152,8 @@ struct FramePosition {
 // then u64 epoch, u64 sequence. Without it, version 1 byte for byte.
 // A node whose StoreCondition is not empty makes it version 3: the
 // version-1 fields, then per node u8 flags (1: unfinished, 2: prepared,
-// 4: missing) and, with flag 1, the refit id, base and target; then u8 1
-// and the position, or u8 0.
+// 4: missing, 8: repairing) and, with flag 1, the refit id, base and
+// target; then u8 1 and the position, or u8 0.
 struct ResultsMsg {
   std::vector<NodeResult> nodes;
   std::optional<FramePosition> received_through = std::nullopt;

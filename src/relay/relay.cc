@@ -361,6 +361,18 @@ void Relay::Impl::AnswerStatus(Link& link, const Frame& frame) {
   r.node = options_.name;
   if (store_) {
     if (auto c = store_->committed()) r.version = *c;
+    // A refit the store records as begun, other than the one running here
+    // (one left by a crash): the bits are a mix, no version. A refit
+    // running over it is its repair (coord/repair.h).
+    if (auto busy = store_->InProgress();
+        busy && (!current_ || busy->refit != current_->refit->id())) {
+      r.store.unfinished = busy->refit;
+      r.store.base = busy->base;
+      r.store.target = busy->target;
+      r.store.repairing = current_.has_value();
+      r.store.prepared =
+          prepared_ && prepared_->refit == busy->refit && prepared_->verified;
+    }
   } else {
     r.code = NodeCode::kNeedsCatchUp;
   }

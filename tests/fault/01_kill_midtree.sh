@@ -34,8 +34,9 @@ node_json a0 'not n["committed"] and n["code"] in ("unreachable", "timeout")'
 python3 -S -c "import json; assert json.load(open('$T/a0.safetensors.dcr-version'))['in_progress']" ||
   fail "a0's record does not say its refit is unfinished"
 fault_start a0
-expect 0 "$DCR" status --topology "$TOPO" -o json
-node_json a0 'n["reachable"]'
+# Restarted, a0 answers, and dcr status says its bits are no version (exit 1).
+expect 1 "$DCR" status --topology "$TOPO" -o json
+node_json a0 'n["reachable"] and n["state"] == "unfinished" and n["unfinished"]["target"]["step"] == 1'
 # The repair of today: a full refit of the current baseline's checkpoint.
 if [[ $want == aborted ]]; then fix=$V/v0.safetensors; else fix=$V/v1.safetensors; fi
 expect 0 "$DCR" refit --topology "$TOPO" --target "$fix" --full --progress never -o json --timeout 10s
