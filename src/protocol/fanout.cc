@@ -165,8 +165,14 @@ Status Fanout::SendTo(Child& c, FrameType type,
 void Fanout::OnConnected(size_t i, Result<std::shared_ptr<Link>> link) {
   Child& c = children_[i];
   if (!link.ok()) {
-    Fail(i, NodeCode::kUnreachable, std::string(link.status().message()),
-         c.adoption ? FailKind::kAdoption : FailKind::kFinal);
+    // A child of the plan that cannot be reached at PLAN (down before the
+    // refit) is routed around like one that fails later: its live
+    // children are adopted. A leaf has nobody to hand on.
+    FailKind kind = c.adoption ? FailKind::kAdoption
+                    : tree_.Children(c.plan_index).empty()
+                        ? FailKind::kFinal
+                        : FailKind::kUnreached;
+    Fail(i, NodeCode::kUnreachable, std::string(link.status().message()), kind);
     return;
   }
   c.link = *std::move(link);
@@ -304,13 +310,43 @@ void Fanout::Fail(size_t i, NodeCode code, std::string why, FailKind kind) {
     c.superseded = true;
     return;
   }
-  if (closing_ || !options_.adopt || kind == FailKind::kFinal) return;
+  if (closing_ || kind == FailKind::kFinal) return;
   // Nothing is left to deliver to a subtree that refused the plan or
   // answered the last phase.
   if (c.refused || (c.reply && (expected_ == FrameType::kCommitReply ||
                                 expected_ == FrameType::kAbortReply))) {
     return;
   }
+  if (!options_.adopt) {
+    // This node is an orphan: its own link may be what failed (a stopped
+    // process wakes to every link silent). Recover once adopted.
+    c.deferred = kind;
+    return;
+  }
+  Recover(i, kind);
+}
+
+void Fanout::set_adopting(bool on) {
+  options_.adopt = on;
+  if (!on || closing_) return;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    std::optional<FailKind> kind = std::exchange(children_[i].deferred, {});
+    if (!kind) continue;
+    spdlog::info("{}: adopted again; recovering {}, which failed meanwhile",
+                 options_.hello.node, children_[i].sub.nodes[0].name);
+    Recover(i, *kind);
+  }
+}
+
+void Fanout::Stalled(Clock::duration gap) {
+  const Clock::time_point now = Clock::now();
+  for (Child& c : children_) {
+    if (!c.failed) c.last_rx = std::min(now, c.last_rx + gap);
+  }
+}
+
+void Fanout::Recover(size_t i, FailKind kind) {
+  Child& c = children_[i];
   if (kind == FailKind::kLink && !c.retried) {
     // It may have lost only the link: connect to it again, once.
     c.superseded = true;
@@ -321,6 +357,8 @@ void Fanout::Fail(size_t i, NodeCode code, std::string why, FailKind kind) {
     return;
   }
   AdoptChildrenOf(i);
+  // Never reached: nothing of the refit to rejoin (it takes the next one).
+  if (kind == FailKind::kUnreached) c.rejoin_tries = kRejoinTries;
 }
 
 void Fanout::AdoptChildrenOf(size_t i) {
@@ -461,6 +499,7 @@ bool Fanout::Complete() const {
   bool rejoining =
       tree_.plan.heartbeat_ms != 0 && expected_ == FrameType::kVote;
   return std::all_of(children_.begin(), children_.end(), [&](const Child& c) {
+    if (c.deferred) return false;  // recovered once this node is adopted
     if (rejoining && c.failed && c.split && !c.superseded &&
         c.rejoin_tries < kRejoinTries) {
       return false;  // it may still come back
