@@ -326,14 +326,21 @@ void Fanout::Fail(size_t i, NodeCode code, std::string why, FailKind kind) {
   Recover(i, kind);
 }
 
-void Fanout::set_adopting(bool on) {
-  options_.adopt = on;
-  if (!on || closing_) return;
+void Fanout::RecoverDeferred(const PlanMsg* adopter) {
+  if (!options_.adopt || closing_) return;
   for (size_t i = 0; i < children_.size(); ++i) {
     std::optional<FailKind> kind = std::exchange(children_[i].deferred, {});
     if (!kind) continue;
+    const std::string& name = children_[i].sub.nodes[0].name;
+    if (adopter &&
+        std::none_of(adopter->nodes.begin(), adopter->nodes.end(),
+                     [&](const PlanNode& n) { return n.name == name; })) {
+      spdlog::info("{}: adopted without {} (its adopter took it)",
+                   options_.hello.node, name);
+      continue;
+    }
     spdlog::info("{}: adopted again; recovering {}, which failed meanwhile",
-                 options_.hello.node, children_[i].sub.nodes[0].name);
+                 options_.hello.node, name);
     Recover(i, *kind);
   }
 }
@@ -422,6 +429,7 @@ void Fanout::SendAmendment(Child& c, uint32_t depth) {
 }
 
 void Fanout::Amend(const PlanMsg& plan) {
+  RecoverDeferred(&plan);
   std::vector<size_t> told;
   for (size_t t : MergePlan(tree_, plan)) {
     size_t host = static_cast<size_t>(tree_.plan.nodes[t].parent);
@@ -509,6 +517,7 @@ bool Fanout::Complete() const {
 }
 
 void Fanout::ExpireIfDue(Clock::time_point now) {
+  RecoverDeferred(nullptr);  // adopting again without an Amend
   ExpireAdoptions(now);
   if (now < deadline_) return;
   for (size_t i = 0; i < children_.size(); ++i) {

@@ -167,11 +167,15 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // resends it. Only a node that has a parent adopts: an orphan turns this
   // off until it is adopted itself. A child that fails meanwhile is not
   // given up: its recovery (connecting to it again, or adopting its
-  // children) waits, and runs when adopting is turned on again (this node
-  // was adopted); until then the phase is not Complete (this node does not
-  // answer for a subtree it may still reach). A node never adopted gives
-  // the refit up at its orphan deadline instead.
-  void set_adopting(bool on);
+  // children) waits until adopting is turned on again (this node was
+  // adopted), and runs at the adopter's PLAN (Amend): for the children
+  // that PLAN still lists under this node; the others the adopter took
+  // itself (a rejoin PLAN lists this node alone), so they stay failed here,
+  // and their own replies reach the root. Without an Amend, the next
+  // ExpireIfDue recovers them all. Until then the phase is not Complete
+  // (this node does not answer for a subtree it may still reach). A node
+  // never adopted gives the refit up at its orphan deadline instead.
+  void set_adopting(bool on) { options_.adopt = on; }
   // The owner did not run for `gap` (its process was stopped, or its
   // thread blocked): silence measured across the gap says nothing about a
   // child, whose frames may still wait in the socket. Credits the gap to
@@ -185,6 +189,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // those placed under this node (or under a failed child of it whose
   // children it adopted), and passes the others down in a PLAN to the
   // child whose subtree takes them.
+  // Runs the recoveries deferred while this node was an orphan (see
+  // set_adopting) first.
   void Amend(const PlanMsg& plan);
   // Adoptions started, each node once per attempt; an orphan placed under
   // another node counts here, where it was placed.
@@ -264,7 +270,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     // Adopting on behalf of an ancestor (Amend): the depth it sends.
     std::optional<uint32_t> delegated_depth;
     // It failed while this node was an orphan (adopting off): the recovery
-    // Fail would have started, run by set_adopting(true).
+    // Fail would have started, run once adopted (RecoverDeferred).
     std::optional<FailKind> deferred;
   };
   class ChildHandler;
@@ -295,6 +301,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // What follows a failure of `kind` when this node adopts: connect to
   // the child again, or re-parent its children.
   void Recover(size_t child, FailKind kind);
+  // Once adopting again: recovers the deferred children that `adopter`
+  // (the adopter's PLAN) lists, every one if null; gives up the others.
+  void RecoverDeferred(const PlanMsg* adopter);
   void AdoptChildrenOf(size_t child);
   Status SendTo(Child& c, FrameType type, const std::vector<std::byte>& body);
   std::chrono::milliseconds heartbeat() const {
