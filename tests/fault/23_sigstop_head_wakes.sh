@@ -19,7 +19,7 @@ source "$(dirname "$0")/lib.sh"
 "$TRAINGEN" --out "$T/ck" --hidden 256 --layers 4 --vocab 2048 --steps 1 \
   >/dev/null 2>"$T/traingen.log" || { cat "$T/traingen.log" >&2; fail "traingen"; }
 V=$T/ck
-expect 0 "$DCR" diff "$V/v0.safetensors" "$V/v1.safetensors" -o "$T/v01.dcr" --span-elems $SPAN
+expect 0 "$DCR" diff "$V/v0.safetensors" "$V/v1.safetensors" -o "$T/v01.dcr" --span-elems "$SPAN"
 expect 0 "$DCR" inspect "$T/v01.dcr" -o json
 CHUNKS=$(python3 -S -c "import json; print(json.load(open('$T/out'))['chunks'])")
 N=$(pick "$((CHUNKS / 2))" "$((CHUNKS * 3 / 4))")
