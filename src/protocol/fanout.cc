@@ -165,10 +165,10 @@ Status Fanout::SendTo(Child& c, FrameType type,
 void Fanout::OnConnected(size_t i, Result<std::shared_ptr<Link>> link) {
   Child& c = children_[i];
   if (!link.ok()) {
-    // A child of the plan that cannot be reached at PLAN (down before the
-    // refit) is routed around like one that fails later: its live
+    // A node that cannot be reached before it took the plan (down before
+    // the refit) is routed around like one that fails later: its live
     // children are adopted. A leaf has nobody to hand on.
-    FailKind kind = c.adoption ? FailKind::kAdoption
+    FailKind kind = c.adoption && !c.unplanned ? FailKind::kAdoption
                     : tree_.Children(c.plan_index).empty()
                         ? FailKind::kFinal
                         : FailKind::kUnreached;
@@ -363,12 +363,13 @@ void Fanout::Recover(size_t i, FailKind kind) {
     Connect(k);
     return;
   }
-  AdoptChildrenOf(i);
+  const bool unreached = kind == FailKind::kUnreached;
+  AdoptChildrenOf(i, unreached);
   // Never reached: nothing of the refit to rejoin (it takes the next one).
-  if (kind == FailKind::kUnreached) c.rejoin_tries = kRejoinTries;
+  if (unreached) c.rejoin_tries = kRejoinTries;
 }
 
-void Fanout::AdoptChildrenOf(size_t i) {
+void Fanout::AdoptChildrenOf(size_t i, bool unplanned) {
   Child& c = children_[i];
   c.split = true;
   if (tree_.plan.heartbeat_ms != 0) {
@@ -400,6 +401,7 @@ void Fanout::AdoptChildrenOf(size_t i) {
     spdlog::info("{}: adopting {}, a child of {}", options_.hello.node,
                  tree_.plan.nodes[o].name, failed);
     size_t n = AddChild(o, /*adoption=*/true, /*retried=*/false);
+    children_[n].unplanned = unplanned;
     ++adoptions_;
     Connect(n);
   }

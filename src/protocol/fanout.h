@@ -269,6 +269,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     std::vector<FramePosition> sent_unaccepted;
     // Adopting on behalf of an ancestor (Amend): the depth it sends.
     std::optional<uint32_t> delegated_depth;
+    // Adopted because its parent could not be reached at PLAN: it never
+    // took this refit's plan (if it cannot be reached either, it is routed
+    // around the same way, with no rejoin tries).
+    bool unplanned = false;
     // It failed while this node was an orphan (adopting off): the recovery
     // Fail would have started, run once adopted (RecoverDeferred).
     std::optional<FailKind> deferred;
@@ -304,7 +308,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // Once adopting again: recovers the deferred children that `adopter`
   // (the adopter's PLAN) lists, every one if null; gives up the others.
   void RecoverDeferred(const PlanMsg* adopter);
-  void AdoptChildrenOf(size_t child);
+  // `unplanned`: `child` never took the plan (kUnreached), nor did they.
+  void AdoptChildrenOf(size_t child, bool unplanned = false);
   Status SendTo(Child& c, FrameType type, const std::vector<std::byte>& body);
   std::chrono::milliseconds heartbeat() const {
     return std::chrono::milliseconds(tree_.plan.heartbeat_ms);

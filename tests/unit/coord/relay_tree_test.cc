@@ -390,6 +390,22 @@ TEST_F(RelayTreeTest, AHeadDownAtPlanHasItsLiveChildrenAdopted) {
   }
 }
 
+// A whole cluster down at PLAN: the root adopts b1, which cannot be reached
+// either. Neither took the plan, so neither is tried again (the vote does
+// not wait for rejoin tries); b1 is reported unreachable, not split.
+TEST_F(RelayTreeTest, AClusterDownAtPlanIsReportedWithoutRejoinTries) {
+  SeedAll(0);
+  for (const char* n : {"a0", "a1", "a2"}) StartRelay(n);
+  RefitReport r = Refit(1, RefitMode::kDelta, /*min_commit=*/3);
+  ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.reason;
+  EXPECT_THAT(Node(r, "b0")->detail,
+              ::testing::HasSubstr("its children were adopted"));
+  EXPECT_EQ(Node(r, "b1")->code, NodeCode::kUnreachable);
+  EXPECT_EQ(Node(r, "b1")->detail.find("adopted"), std::string::npos)
+      << Node(r, "b1")->detail;
+  EXPECT_EQ(r.adoptions, 1u) << r.ToJson();
+}
+
 // A leaf that is down at PLAN has nobody to hand on: it is reported alone.
 TEST_F(RelayTreeTest, ALeafDownAtPlanIsReportedUnreachable) {
   SeedAll(0);
