@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "relay/inbound_links.h"
 
 namespace dcr {
@@ -91,6 +93,10 @@ std::optional<std::string> ParentLink::Heartbeat(const FrameHeader& about,
                        std::chrono::duration<double>(now - last_rx_).count());
   }
   return std::nullopt;
+}
+
+void ParentLink::Stalled(Clock::duration gap) {
+  last_rx_ = std::min(Clock::now(), last_rx_ + gap);
 }
 
 ParentLink::Clock::time_point ParentLink::NextHeartbeat() const {

@@ -82,6 +82,10 @@ class ParentLink {
                                        Clock::time_point now);
   // When Heartbeat wants to run next (max(): never).
   Clock::time_point NextHeartbeat() const;
+  // This relay did not run for `gap` (a stopped process, a blocked
+  // thread): the parent's frames may still wait in the socket, so the gap
+  // does not count as the parent's silence.
+  void Stalled(Clock::duration gap);
 
   // Closes the parent's link.
   void Close() { up_->Close(); }

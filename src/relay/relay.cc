@@ -239,8 +239,22 @@ Clock::time_point Relay::Impl::NextDeadline(Clock::time_point now) const {
 }
 
 void Relay::Impl::OnTimers(Clock::time_point now) {
-  timers_ran_ = now;
   Current& c = *current_;
+  // The loop runs the timers at least every half heartbeat interval; a
+  // longer gap means this relay did not run (a stopped process, a blocked
+  // thread). On waking, the timers may run before the link events that
+  // came meanwhile: silence measured across the gap is our own, not our
+  // peers'. Its events (a closed link, an adoption) decide instead.
+  const auto interval = std::chrono::milliseconds(c.refit->plan().heartbeat_ms);
+  if (interval.count() != 0 && timers_ran_ > c.started &&
+      now - timers_ran_ > interval) {
+    const Clock::duration gap = now - timers_ran_;
+    spdlog::info("{}: did not run for {:.1f} s; not counting it as silence",
+                 options_.name, std::chrono::duration<double>(gap).count());
+    c.parent->Stalled(gap);
+    c.fanout->Stalled(gap);
+  }
+  timers_ran_ = now;
   c.fanout->ExpireIfDue(now);
   if (c.parent->orphaned() && now >= c.parent->orphan_deadline() &&
       c.refit->GiveUp().ok()) {
