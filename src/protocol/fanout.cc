@@ -201,7 +201,19 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
   if (c.failed) return;
   c.last_rx = Clock::now();
   const std::string& name = c.sub.nodes[0].name;
-  if (frame.type() == FrameType::kHeartbeat) return;
+  if (frame.type() == FrameType::kHeartbeat) {
+    // A relay reports its progress in it (protocol/liveness.h); a relay of
+    // an older release sends it empty.
+    if (!frame.payload.empty()) {
+      if (auto p = DecodeProgress(frame.payload); p.ok()) {
+        c.progress = *p;
+      } else {
+        spdlog::debug("{}: bad HEARTBEAT from {}: {}", options_.hello.node,
+                      name, p.status().ToString());
+      }
+    }
+    return;
+  }
   if (frame.type() == FrameType::kHello) {
     auto hello = DecodeHello(frame.payload);
     if (!hello.ok() || hello->node != name) {
@@ -599,7 +611,12 @@ void Fanout::Tick(Clock::time_point now) {
     LivenessVerdict v = CheckLiveness(
         c.liveness, LivenessPolicy{interval, window},
         LinkObservation{now, c.last_rx, owes_slow_reply, c.link->QueuedBytes(),
-                        c.link->stats().bytes_sent, c.sub.nodes[0].link_bps});
+                        c.link->stats().bytes_sent, c.sub.nodes[0].link_bps,
+                        c.progress});
+    if (v.kind == LivenessVerdict::Kind::kSlowLink) {
+      spdlog::info("{}: link to {}: {}", options_.hello.node,
+                   c.sub.nodes[0].name, v.why);
+    }
     if (v.kind == LivenessVerdict::Kind::kSilent) {
       Fail(i, NodeCode::kTimeout, std::move(v.why),
            c.adoption && !c.accepted ? FailKind::kAdoption : FailKind::kLink);

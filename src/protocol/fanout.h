@@ -132,10 +132,16 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // every child, fails a child silent for 4 intervals (a hung or stopped
   // process; not while it owes its PLAN_REPLY or decision reply, when it
   // may be creating, hashing or syncing a large store: the phase deadline
-  // bounds that), and a slow child: one whose send queue stayed above the
-  // plan's window (the tree waits for it) for 8 intervals while it took
-  // bytes at under a tenth of its link's bandwidth (PlanNode::link_bps;
-  // 0: never slow). Call at least every interval / 2.
+  // bounds that), and a slow node: one that held the tree back (its send
+  // queue, or the backlog it reports in its HEARTBEATs, above the plan's
+  // window) for 8 intervals because it did not consume what arrived, at
+  // under a tenth of what its link carries (the topology's bandwidth,
+  // PlanNode::link_bps, or less where the link was measured slower). A
+  // child that reports it kept up is behind a slow link: it is never
+  // failed (re-parenting its children would only add crossings of that
+  // link); the link's measured rate becomes its expectation (logged once
+  // per hold). protocol/liveness.h has the rules. Call at least every
+  // interval / 2.
   void Tick(Clock::time_point now);
   // When Tick wants to run next.
   Clock::time_point next_tick() const { return next_tick_; }
@@ -254,8 +260,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     bool superseded = false;    // a newer entry stands for it: reports nothing
     Clock::time_point started;  // connect began
     Clock::time_point last_rx;  // last frame from it
-    Clock::time_point last_heartbeat;  // last HEARTBEAT to it
-    LivenessState liveness;            // protocol/liveness.h
+    Clock::time_point last_heartbeat;     // last HEARTBEAT to it
+    LivenessState liveness;               // protocol/liveness.h
+    std::optional<ProgressMsg> progress;  // its last HEARTBEAT's report
     // A split node is tried again now and then (it may restart and rejoin
     // its refit): when, how often so far, and for a rejoin entry, which
     // entry it would replace.

@@ -452,6 +452,26 @@ Result<AbortMsg> DecodeAbort(std::span<const std::byte> b) {
   return m;
 }
 
+std::vector<std::byte> EncodeProgress(const ProgressMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  w.Put<uint64_t>(m.received_bytes);
+  w.Put<uint64_t>(m.backlog_bytes);
+  w.Put<uint64_t>(m.self_held_ms);
+  return out;
+}
+
+Result<ProgressMsg> DecodeProgress(std::span<const std::byte> b) {
+  Reader r(b, "HEARTBEAT");
+  ProgressMsg m;
+  m.received_bytes = r.Get<uint64_t>("received_bytes");
+  m.backlog_bytes = r.Get<uint64_t>("backlog_bytes");
+  m.self_held_ms = r.Get<uint64_t>("self_held_ms");
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
 Digest128 ChunkIdsDigest(std::vector<std::pair<uint32_t, uint32_t>> ids) {
   std::sort(ids.begin(), ids.end());
   Hasher128 h;

@@ -202,12 +202,32 @@ struct AbortMsg {
   friend bool operator==(const AbortMsg&, const AbortMsg&) = default;
 };
 
+// HEARTBEAT from a child to its parent may carry the child's progress (a
+// parent's HEARTBEAT, and a child of an older release, send none: empty
+// payload). The parent's slow-child verdict (protocol/liveness.h) reads it
+// to tell a slow node from a slow link. Version 1: u64 received_bytes,
+// u64 backlog_bytes, u64 self_held_ms.
+struct ProgressMsg {
+  // Bytes this relay took from its parent links in this refit: CHUNK
+  // frames it handled and frames waiting for its event thread.
+  uint64_t received_bytes = 0;
+  // Bytes it received and has not consumed yet: frames waiting for its
+  // event thread and chunks waiting for its apply workers.
+  uint64_t backlog_bytes = 0;
+  // In this refit, milliseconds it kept its parent link unread for reasons
+  // of its own (its event thread behind, its apply window full), not for
+  // its children's windows.
+  uint64_t self_held_ms = 0;
+  friend bool operator==(const ProgressMsg&, const ProgressMsg&) = default;
+};
+
 std::vector<std::byte> EncodeHello(const HelloMsg& m);
 std::vector<std::byte> EncodePlan(const PlanMsg& m);
 std::vector<std::byte> EncodeResults(const ResultsMsg& m);
 std::vector<std::byte> EncodeEnd(const EndMsg& m);
 std::vector<std::byte> EncodeCommit(const CommitMsg& m);
 std::vector<std::byte> EncodeAbort(const AbortMsg& m);
+std::vector<std::byte> EncodeProgress(const ProgressMsg& m);
 
 // Each returns Corruption naming the message and the field on any
 // malformed, truncated, oversized or trailing input, or an unknown message
@@ -218,6 +238,7 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b);
 Result<EndMsg> DecodeEnd(std::span<const std::byte> b);
 Result<CommitMsg> DecodeCommit(std::span<const std::byte> b);
 Result<AbortMsg> DecodeAbort(std::span<const std::byte> b);
+Result<ProgressMsg> DecodeProgress(std::span<const std::byte> b);
 
 // The END digest of a set of chunk ids (any order; sorted here).
 Digest128 ChunkIdsDigest(std::vector<std::pair<uint32_t, uint32_t>> ids);

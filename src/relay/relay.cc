@@ -262,7 +262,11 @@ void Relay::Impl::OnTimers(Clock::time_point now) {
                  options_.name, c.refit->id().ToHex());
     c.fanout->Close();
   }
-  if (auto why = c.parent->Heartbeat(About(), now)) {
+  SampleProgress();
+  if (auto why = c.parent->Heartbeat(About(), now, [&] {
+        return c.progress.Report(Clock::now(), c.parent->waiting_bytes(),
+                                 c.refit->tracker().backlog_bytes());
+      })) {
     c.parent->Close();
     Orphan(*why);
   }
@@ -493,6 +497,8 @@ void Relay::Impl::OnChunk(const Frame& frame, const FrameBuffer& buffer) {
   if (*repair) c.fanout->Stream();
   c.parent->ReceivedChunk(
       FramePosition{frame.header.epoch, frame.header.sequence});
+  c.progress.Received(buffer->size());
+  SampleProgress();
   // Cut-through: the children get the chunk before it is applied here.
   counters_.chunks_forwarded +=
       ForwardChunk(*c.fanout, buffer, DCR_FAILPOINT("relay.forward"),
@@ -517,6 +523,17 @@ void Relay::Impl::MaybePause() {
       c.refit->tracker().backlog_bytes() > options_.apply_window_bytes) {
     c.parent->Pause();
   }
+  SampleProgress();
+}
+
+void Relay::Impl::SampleProgress() {
+  Current& c = *current_;
+  // Unread for its own work: frames wait for this thread beyond the
+  // inbound quota, or the apply window (not the children's) holds it.
+  c.progress.Sample(Clock::now(), c.parent->held_by_waiting() ||
+                                      (c.parent->paused() &&
+                                       c.refit->tracker().backlog_bytes() >
+                                           options_.apply_window_bytes / 2));
 }
 
 void Relay::Impl::MaybeResume() {
@@ -526,6 +543,7 @@ void Relay::Impl::MaybeResume() {
       c.refit->tracker().backlog_bytes() <= options_.apply_window_bytes / 2) {
     c.parent->Resume();
   }
+  SampleProgress();
 }
 
 void Relay::Impl::AnswerUp(FrameType type, const NodeResult& own) {

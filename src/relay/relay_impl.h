@@ -57,6 +57,7 @@ class Relay::Impl {
     std::unique_ptr<ParentLink> parent;
     std::shared_ptr<Fanout> fanout;
     Clock::time_point started;
+    ProgressMeter progress;  // reported in HEARTBEATs up
   };
   // The refit that ended last and what we answered in it: a parent that
   // lost our final reply reconnects (an adoption PLAN) and gets it again.
@@ -85,6 +86,8 @@ class Relay::Impl {
   void EndRefit(const std::string& result, bool committed);
   void MaybePause();
   void MaybeResume();
+  // Feeds the refit's ProgressMeter what holds its parent link now.
+  void SampleProgress();
   void PublishStats();
   FrameHeader About() const;
   void Reply(Link& link, FrameType type, const FrameHeader& about,
