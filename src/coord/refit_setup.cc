@@ -162,7 +162,10 @@ Status CheckVersions(const RefitOptions& options, const HistoryFeed& feed,
       report->base = setup->composed->base();
     }
   }
+  // (A catch-up whose relays already hold the target's bits, the tree
+  // having gone back to them, moves nothing and relabels them.)
   if (options.mode == RefitMode::kDelta && baseline &&
+      options.only_nodes.empty() &&
       report->target.digest == report->base.digest) {
     return Status::InvalidArgument(fmt::format(
         "the target {} holds the same bits as the baseline (step {}): "

@@ -1170,3 +1170,40 @@ TEST_F(ReparentTest, ATinyResendBufferFallsBackToTheRepairRound) {
 
 }  // namespace
 }  // namespace dcr
+
+namespace dcr {
+namespace {
+
+// Going back to earlier bits (v1 -> v2 -> v1's bits as step 3): a relay
+// that missed step 2 holds step 1, the same bits as the target. Its
+// catch-up composes masks that cancel: it is relabelled to step 3 with
+// nothing sent, reported as coming from step 1 (not a dense copy from
+// "step 0").
+TEST_F(RelayTreeTest, ARelayAlreadyHoldingTheTargetBitsIsRelabelled) {
+  SeedAll(0);
+  StartAll();
+  ASSERT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
+  for (const auto& n : kRelays) WaitIdle(n);
+  relays_.erase("a2");
+  ASSERT_EQ(Refit(2, RefitMode::kDelta, /*min_commit=*/4).outcome,
+            RefitOutcome::kPartial);
+  StartRelay("a2");
+  RefitReport three = Refit(1);  // step 3, v1's bits
+  ASSERT_EQ(three.outcome, RefitOutcome::kCommitted) << three.ToJson();
+  EXPECT_EQ(three.target.step, 3u);
+  ASSERT_EQ(three.catch_up.size(), 1u) << three.ToJson();
+  const CatchUpReport& c = three.catch_up[0];
+  EXPECT_EQ(c.method, "history");
+  EXPECT_EQ(c.nodes, std::vector<std::string>{"a2"});
+  EXPECT_EQ(c.from.step, 1u);
+  EXPECT_EQ(c.from.digest, DigestOf(Ckpt(1)));
+  EXPECT_EQ(c.chunks, 0u);
+  EXPECT_EQ(c.payload_bytes, 0u);
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), DigestOf(Ckpt(1))) << n;
+  }
+}
+
+}  // namespace
+}  // namespace dcr
