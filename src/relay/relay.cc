@@ -133,6 +133,7 @@ void Relay::Impl::RecoverStore() {
       return;
     case Outcome::kRestored:
       restored_from_ = u.refit;
+      counters_.repairs_restored += 1;
       spdlog::warn(
           "{}: restored step {} after a crash mid-refit {}: {} spans, {} bytes",
           options_.name, u.base.step, id, r.spans, r.bytes);
@@ -594,6 +595,7 @@ void Relay::Impl::EndRefit(const std::string& result, bool committed) {
   counters_.CloseRefit(*c.fanout);
   c.fanout->Close();
   (committed ? counters_.refits_committed : counters_.refits_aborted) += 1;
+  if (committed && c.repair) counters_.repairs_by_root += 1;
   spdlog::info("{}: refit {} {} in {:.3f} s ({} chunks applied)", options_.name,
                r.id().ToHex(), result, seconds, r.tracker().applied());
   board_.EndRefit(seconds, fmt::format("{} {}", r.id().ToHex(), result));

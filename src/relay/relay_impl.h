@@ -58,6 +58,9 @@ class Relay::Impl {
     std::shared_ptr<Fanout> fanout;
     Clock::time_point started;
     ProgressMeter progress;  // reported in HEARTBEATs up
+    // A full refit over a store its record says another refit left
+    // unfinished: the root's repair (coord/repair.h).
+    bool repair = false;
   };
   // The refit that ended last and what we answered in it: a parent that
   // lost our final reply reconnects (an adoption PLAN) and gets it again.

@@ -219,6 +219,9 @@ void Relay::Impl::StartRefit(const std::shared_ptr<Link>& link,
   fo.resend_buffer_bytes = options_.resend_buffer_bytes;
   Current c;
   c.started = started;
+  c.repair = session && plan.mode == RefitMode::kFull && store_ &&
+             store_->InProgress() &&
+             store_->InProgress()->refit != header.refit_id;
   c.parent = std::make_unique<ParentLink>(
       options_.name, &*sender_, link, inbound_->GateOf(*link),
       plan.sender_depth, std::chrono::milliseconds(plan.heartbeat_ms));

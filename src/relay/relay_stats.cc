@@ -37,6 +37,8 @@ RelayStats RelayCounters::Snapshot(const WeightStore* store,
   s.chunks_dropped = chunks_dropped;
   s.refits_committed = refits_committed;
   s.refits_aborted = refits_aborted;
+  s.repairs_restored = repairs_restored;
+  s.repairs_by_root = repairs_by_root;
   s.links_refused = links_refused;
   s.inbound_pauses = inbound_pauses;
   for (size_t i = 0; i < kCutReasons; ++i) s.peers_cut[i] = peers_cut[i];
@@ -158,6 +160,14 @@ std::string RenderRelayMetrics(const RelayStats& s, const std::string& node,
            {{"node", node}, {"result", "committed"}});
   m.Sample("dcr_relay_refits_total", s.refits_aborted,
            {{"node", node}, {"result", "aborted"}});
+  m.Family("dcr_relay_repairs_total", "counter",
+           "Stores a crash left with an unfinished refit's mix, made a "
+           "version again: by the relay at start from its journal "
+           "(restored), by the root's repair (root)");
+  m.Sample("dcr_relay_repairs_total", s.repairs_restored,
+           {{"node", node}, {"by", "restored"}});
+  m.Sample("dcr_relay_repairs_total", s.repairs_by_root,
+           {{"node", node}, {"by", "root"}});
   m.Family("dcr_relay_last_refit_duration_seconds", "gauge",
            "Duration of the last refit, PLAN to final reply");
   m.Sample("dcr_relay_last_refit_duration_seconds", s.last_refit_seconds,

@@ -58,6 +58,11 @@ struct RelayStats {
   uint64_t chunks_dropped = 0;    // duplicates and refused chunks
   uint64_t refits_committed = 0;
   uint64_t refits_aborted = 0;
+  // Stores left with an unfinished refit's mix by a crash and made a
+  // version again: by the relay itself at start (from its journal), and
+  // by the root's repairs that committed here.
+  uint64_t repairs_restored = 0;
+  uint64_t repairs_by_root = 0;
   double last_refit_seconds = 0;  // PLAN to the final reply
   std::optional<Version> committed;
   // The store's record is marked "unsynced": its data's background
@@ -94,6 +99,8 @@ struct RelayCounters {
   std::atomic<uint64_t> chunks_dropped{0};
   std::atomic<uint64_t> refits_committed{0};
   std::atomic<uint64_t> refits_aborted{0};
+  std::atomic<uint64_t> repairs_restored{0};
+  std::atomic<uint64_t> repairs_by_root{0};
   std::atomic<uint64_t> links_refused{0};   // transport thread
   std::atomic<uint64_t> inbound_pauses{0};  // transport thread
   // By CutReason; transport and actor threads.

@@ -130,9 +130,15 @@ fifo_refused "$DCR" status --topology "$T/fifo"
 cp "$V0" "$T/base.safetensors"
 fifo_refused "$DCR" refit --topology "$T/topo.yaml" --target "$T/fifo"
 if [[ -n $RELAY ]]; then
-  fifo_refused "$RELAY" --name a0 --listen 127.0.0.1:0 --store "file:$T/fifo"
-  fifo_refused "$RELAY" --topology "$T/fifo" --node a0
-  fifo_refused "$RELAY" --topology "$T/topo.yaml" --node a0
+  # The daemon logs its memory limits first: its error is the last line.
+  relay_fifo_refused() {
+    expect 2 timeout 10 "$@"
+    tail -n 1 "$T/err" | grep -qF -- "$T/fifo' is a FIFO, not a regular file" ||
+      { cat "$T/err" >&2; fail "dcr-relay does not end with the FIFO error"; }
+  }
+  relay_fifo_refused "$RELAY" --name a0 --listen 127.0.0.1:0 --store "file:$T/fifo"
+  relay_fifo_refused "$RELAY" --topology "$T/fifo" --node a0
+  relay_fifo_refused "$RELAY" --topology "$T/topo.yaml" --node a0
 fi
 
 # An unwritable target (root ignores permissions: run as nobody).

@@ -5,8 +5,8 @@
 #   a. help and usage errors (exit 2, one-line error)
 #   b. delta refits v0 -> v1 -> v2, every store verified bit for bit
 #   c. dcr status: every node at step 2 with the target's digest
-#   d. a relay whose store was deleted: the delta refit aborts (needs
-#      catch-up, every other store keeps its bits); --full reseeds it
+#   d. a relay whose store was deleted: the delta refit commits on the
+#      others and seeds it with a dense copy, no operator step
 #   e. min_commit = relays-1 and a leaf killed -9: committed-partial (3)
 #   f. Prometheus metrics of a relay started with --metrics-port 0
 #   g. SIGTERM stops a relay cleanly (exit 0, "stopping" logged)
@@ -175,7 +175,7 @@ for n in "${RELAYS[@]}"; do
     { cat "$T/out" >&2; fail "status text: no single line for $n at step 2"; }
 done
 
-# --- d. A relay that lost its store: the delta aborts, --full reseeds ----
+# --- d. A relay that lost its store: the next refit seeds it ------------
 stop_relay a1
 grep -q "stopping" "$T/a1.log" || fail "a1 did not log 'stopping'"
 rm -f "$T/a1.safetensors" "$T/a1.safetensors.dcr-version"
@@ -184,12 +184,11 @@ wait_ready a1
 expect 0 "$DCR" status --topology "$TOPO" -o json
 node_json a1 'n["reachable"] and n["committed"] is None and n["code"] == "needs catch-up"'
 
-refit_json 1 "$TOPO" --target "$V/v3.safetensors"
-json 'd["outcome"] == "aborted" and d["reason"] != ""' 'not any(n["committed"] for n in d["nodes"])'
-node_json a1 'not n["committed"] and n["code"] == "needs catch-up" and n["phase"] == "plan"'
-verify_all "$V/v2.safetensors" a0 a2 b0 b1
-expect 0 "$DCR" verify "$T/base.safetensors" "$V/v2.safetensors"
-[[ ! -e "$T/a1.safetensors" ]] || expect 1 "$DCR" verify "$T/a1.safetensors" "$V/v2.safetensors"
+refit_json 0 "$TOPO" --target "$V/v3.safetensors"
+json 'd["outcome"] == "committed"' 'all(n["committed"] for n in d["nodes"])' \
+  'd["catch_up"][0]["method"] == "seed" and d["catch_up"][0]["nodes"] == ["a1"]'
+node_json a1 'n["committed"] and n["detail"] == "seeded with a dense copy"'
+verify_all "$V/v3.safetensors" "${RELAYS[@]}" base
 
 # --no-compress belongs to full refits.
 expect 2 "$DCR" refit --topology "$TOPO" --target "$V/v2.safetensors" --no-compress
@@ -197,7 +196,7 @@ grep -q "add --full" "$T/err" || { cat "$T/err" >&2; fail "--no-compress without
 # This one in text: a summary line, then one line per node. Uncompressed
 # (the transport-only reference): the same bits.
 expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v2.safetensors" --full --no-compress --progress never
-grep -qE "^refit [0-9a-f]+ committed: step 2 -> 3 " "$T/out" || { cat "$T/out" >&2; fail "refit text summary"; }
+grep -qE "^refit [0-9a-f]+ committed: step 3 -> 4 " "$T/out" || { cat "$T/out" >&2; fail "refit text summary"; }
 grep -q "full refit" "$T/out" || { cat "$T/out" >&2; fail "refit text does not say full"; }
 for n in "${RELAYS[@]}"; do
   [[ $(grep -cE "^  $n +rollout-[ab] +committed \([1-9][0-9]* chunks applied\)$" "$T/out") -eq 1 ]] ||
@@ -206,8 +205,8 @@ done
 verify_all "$V/v2.safetensors" "${RELAYS[@]}"
 expect 0 "$DCR" status --topology "$TOPO" -o json
 json 'd["last_refit"]["outcome"] == "committed" and d["last_refit"]["mode"] == "full" and d["last_refit"]["chunks"] > 0' \
-  "d['last_refit']['base']['step'] == 2 and d['last_refit']['target'] == {'step': 3, 'digest': '$V2_DIGEST'}" \
-  "all(n['committed'] == {'step': 3, 'digest': '$V2_DIGEST'} for n in d['nodes'])"
+  "d['last_refit']['base']['step'] == 3 and d['last_refit']['target'] == {'step': 4, 'digest': '$V2_DIGEST'}" \
+  "all(n['committed'] == {'step': 4, 'digest': '$V2_DIGEST'} for n in d['nodes'])"
 
 # --- e. Partial commit: min_commit = relays-1, a leaf killed -9 ----------
 disown "${PID[a2]}"  # no "Killed" notice from bash
@@ -217,7 +216,7 @@ kill -0 "${PID[a2]}" 2>/dev/null && fail "a2 survived SIGKILL"
 unset "PID[a2]"
 refit_json 3 "$TOPO_MC" --target "$V/v3.safetensors"
 json 'd["outcome"] == "committed-partial" and "a2" in d["reason"]' \
-  "d['base']['step'] == 3 and d['target']['step'] == 4" \
+  "d['base']['step'] == 4 and d['target']['step'] == 5" \
   'all(n["committed"] for n in d["nodes"] if n["node"] != "a2")'
 node_json a2 'not n["committed"] and n["code"] == "unreachable"'
 V3_DIGEST=$(python3 -S -c "import json; print(json.load(open('$T/last-refit.json'))['target']['digest'])")
@@ -230,8 +229,8 @@ node_json a2 'not n["reachable"] and n["error"] != ""'
 start_relay a2  # comes back at its old version
 wait_ready a2
 expect 0 "$DCR" status --topology "$TOPO_MC" -o json
-node_json a2 "n['reachable'] and n['committed'] == {'step': 3, 'digest': '$V2_DIGEST'}"
-json "all(n['committed'] == {'step': 4, 'digest': '$V3_DIGEST'} for n in d['nodes'] if n['node'] != 'a2')"
+node_json a2 "n['reachable'] and n['committed'] == {'step': 4, 'digest': '$V2_DIGEST'}"
+json "all(n['committed'] == {'step': 5, 'digest': '$V3_DIGEST'} for n in d['nodes'] if n['node'] != 'a2')"
 
 # --- f. Metrics of b1 (started with --metrics-port 0) --------------------
 MPORT=$(python3 -S -c "import json; print(json.load(open('$T/b1.ready'))['metrics_port'])")
@@ -253,7 +252,7 @@ for fam in ("dcr_relay_chunks_applied_total", "dcr_relay_committed_step",
     assert f"# HELP {fam} " in text, f"no HELP for {fam}"
     assert re.search(rf"^# TYPE {fam} (counter|gauge)$", text, re.M), f"no TYPE for {fam}"
 assert value("dcr_relay_chunks_applied_total") > 0
-assert value("dcr_relay_committed_step") == 4, value("dcr_relay_committed_step")
+assert value("dcr_relay_committed_step") == 5, value("dcr_relay_committed_step")
 assert value("dcr_relay_bytes_in_total") > 0
 assert re.search(r'^dcr_relay_refits_total\{node="b1",result="committed"\} [1-9]', text, re.M)
 PY
