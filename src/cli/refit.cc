@@ -237,6 +237,7 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
     case RefitOutcome::kPartial:
       return kExitCommittedPartial;
     case RefitOutcome::kAborted:
+    case RefitOutcome::kUnfinished:  // the reason says: --resume
       return kExitFailed;
   }
   return kExitFailed;
@@ -296,10 +297,10 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
   };
   bool all_reachable = true;
   for (const NodeStatus& n : nodes) all_reachable &= n.reachable;
-  auto last_for = [&](const std::string& node) -> std::string {
+  auto last_for = [&](const NodeStatus& s) -> std::string {
     if (!last.is_object() || !last.contains("nodes")) return "";
     for (const json& n : last["nodes"]) {
-      if (n.value("node", "") != node) continue;
+      if (n.value("node", "") != s.node) continue;
       return n.value("committed", false)
                  ? "committed"
                  : n.value("code", "") + (n.value("phase", "").empty()
@@ -308,7 +309,19 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
     }
     return "";
   };
+  // A coordinator run holding root.state_dir (read without locking it).
+  std::optional<LockHolder> running;
+  if (!topo->root.state_dir.empty()) {
+    running = StateDir(topo->root.state_dir).Running();
+  }
   if (g.format() == OutputFormat::kJson) {
+    if (running) {
+      root["running"] = {{"pid", running->pid},
+                         {"command", running->command},
+                         {"since", running->since}};
+    } else {
+      root["running"] = nullptr;
+    }
     json out = {{"root", root}, {"nodes", json::array()}};
     if (!last.is_null()) out["last_refit"] = last;
     for (const NodeStatus& n : nodes) {
@@ -316,7 +329,7 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
           {"node", n.node},       {"cluster", n.cluster},
           {"address", n.address}, {"reachable", n.reachable},
           {"error", n.error},     {"code", std::string(NodeCodeName(n.code))},
-          {"detail", n.detail},   {"last_refit_result", last_for(n.node)},
+          {"detail", n.detail},   {"last_refit_result", last_for(n)},
           {"stale", stale(n)}};
       if (n.committed) {
         j["committed"] = {{"step", n.committed->step},
@@ -335,6 +348,11 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
       std::printf("root %s: baseline step %llu (%s)\n", topo->root.name.c_str(),
                   static_cast<unsigned long long>(v.value("step", uint64_t{0})),
                   v.value("digest", "").substr(0, 12).c_str());
+    }
+    if (running) {
+      std::printf("a refit is running (pid %lld, %s, since %s)\n",
+                  static_cast<long long>(running->pid),
+                  running->command.c_str(), running->since.c_str());
     }
     if (last.is_object()) {
       std::printf("last refit %s: %s, step %llu -> %llu\n",
@@ -398,7 +416,8 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
     cmd->add_flag("--resume", a->resume,
                   "Finish the refit a stopped coordinator left in "
                   "root.state_dir: commit it if its decision was recorded, "
-                  "else abort it (exit 0 if there is none)");
+                  "else abort it (exit 0 if there is none); refused while "
+                  "another coordinator runs there");
     cmd->add_option("--node", a->nodes,
                     "With --full: refit only this relay (repeatable), fed "
                     "directly by the root, to seed or repair it at the "
@@ -439,9 +458,11 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "--full -o json\n\n"
         "Progress goes to stderr: a bar on a terminal, a line every 5 s "
         "otherwise\n(--progress never or -q to silence it).\n\n"
-        "Exit codes: 0 committed everywhere, 3 committed with nodes excluded, "
-        "1 aborted\n(every relay restored its base), 2 usage or configuration "
-        "error.\n");
+        "Exit codes: 0 committed everywhere, 3 committed with nodes "
+        "excluded,\n1 aborted (every relay restored its base) or "
+        "unfinished (the commit reached no\nrelay: dcr refit --resume "
+        "finishes it), 2 usage or configuration error, or\nanother "
+        "coordinator is running on root.state_dir (its pid is named).\n");
     cmd->callback([=] { *exit_code = RunRefitCommand(*a, *g); });
   }
   {

@@ -36,6 +36,13 @@ class ByteTally {
 
 }  // namespace
 
+bool CommitReachedNoOne(const std::vector<NodeResult>& replies,
+                        const std::set<std::string>& commit_set) {
+  return std::none_of(replies.begin(), replies.end(), [&](const NodeResult& r) {
+    return commit_set.count(r.node) && r.code == NodeCode::kOk;
+  });
+}
+
 Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
                       std::unique_ptr<WeightStore>* baseline) {
   if (spec.path.empty()) {

@@ -20,7 +20,7 @@ std::map<std::string, NodeResult> ByNode(const std::vector<NodeResult>& v) {
 Result<RefitOutcome> Outcome(const StateJson& f, const char* key) {
   DCR_ASSIGN_OR_RETURN(std::string name, f.String(key));
   for (RefitOutcome o : {RefitOutcome::kCommitted, RefitOutcome::kPartial,
-                         RefitOutcome::kAborted}) {
+                         RefitOutcome::kAborted, RefitOutcome::kUnfinished}) {
     if (RefitOutcomeName(o) == name) return o;
   }
   return f.Bad(key, "unknown outcome '" + name + "'");
@@ -82,6 +82,8 @@ std::string_view RefitOutcomeName(RefitOutcome o) {
       return "committed-partial";
     case RefitOutcome::kAborted:
       return "aborted";
+    case RefitOutcome::kUnfinished:
+      return "unfinished";
   }
   return "?";
 }
@@ -304,6 +306,26 @@ std::string ExcludedReason(const RefitReport& report) {
                                          NodeCodeName(n.code), n.phase));
   }
   return fmt::format("excluded, now stale: {}", fmt::join(excluded, ", "));
+}
+
+std::string UnfinishedReason(const std::vector<NodeResult>& final,
+                             const RefitReport& report) {
+  std::vector<std::string> why;
+  for (const NodeResult& r : final) {
+    if (r.code == NodeCode::kOk) continue;
+    why.push_back(
+        fmt::format("{}: {} ({})", r.node, NodeCodeName(r.code), r.detail));
+    if (why.size() == 3) break;
+  }
+  return fmt::format(
+      "no relay of the commit set answered the COMMIT{}{}: another "
+      "coordinator run may have taken the refit over (its relays refuse "
+      "or drop this one's frames), or the links failed. root.baseline stays "
+      "at step {} (not step {}) and state_dir/current.json stays: dcr "
+      "refit --resume, or the next dcr refit, finishes the commit at a new "
+      "epoch",
+      why.empty() ? "" : ": ", fmt::join(why, "; "), report.base.step,
+      report.target.step);
 }
 
 }  // namespace dcr

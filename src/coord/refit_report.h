@@ -44,6 +44,12 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
 // out, and why.
 std::string ExcludedReason(const RefitReport& report);
 
+// Why a commit that reached no one (fenced off, or lost) is unfinished, and
+// what happens next (RefitOutcome::kUnfinished), from the commit phase's
+// replies.
+std::string UnfinishedReason(const std::vector<NodeResult>& final,
+                             const RefitReport& report);
+
 }  // namespace dcr
 
 #endif  // DCR_COORD_REFIT_REPORT_H_

@@ -1,6 +1,7 @@
 // The refit report: its JSON keys and values, the per-node summary of the
 // phases' replies (first failing phase, commit set, confirmation), the
-// link-class bytes, and the reason of a partial commit.
+// link-class bytes, the reason of a partial commit and of an unfinished
+// one.
 #include "coord/refit_report.h"
 
 #include <gtest/gtest.h>
@@ -88,6 +89,7 @@ TEST(RefitReportTest, OutcomeNames) {
   EXPECT_EQ(RefitOutcomeName(RefitOutcome::kCommitted), "committed");
   EXPECT_EQ(RefitOutcomeName(RefitOutcome::kPartial), "committed-partial");
   EXPECT_EQ(RefitOutcomeName(RefitOutcome::kAborted), "aborted");
+  EXPECT_EQ(RefitOutcomeName(RefitOutcome::kUnfinished), "unfinished");
 }
 
 TEST(RefitReportTest, SummaryNamesTheFirstFailingPhase) {
@@ -140,6 +142,27 @@ TEST(RefitReportTest, SummaryOfACommitWithoutReplies) {
   EXPECT_EQ(r.nodes[1].detail, "no commit reply");
   EXPECT_FALSE(r.nodes[2].committed);
   EXPECT_EQ(r.nodes[2].detail, "no commit reply");
+}
+
+TEST(RefitReportTest, UnfinishedSaysWhyAndWhatFinishesIt) {
+  RefitReport r;
+  r.base = Version{1, Digest128{1, 2}};
+  r.target = kTarget;
+  r.outcome = RefitOutcome::kUnfinished;
+  std::string why = UnfinishedReason(
+      {R("head", NodeCode::kRejected, {}, "stale coordinator epoch 4")}, r);
+  EXPECT_NE(why.find("no relay of the commit set answered the COMMIT: head: "
+                     "rejected (stale coordinator epoch 4)"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("root.baseline stays at step 1"), std::string::npos);
+  EXPECT_NE(why.find("dcr refit --resume"), std::string::npos);
+  // The outcome survives last-refit.json.
+  r.reason = why;
+  auto back = RefitReportFromJson(nlohmann::json::parse(r.ToJson()), "f");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->outcome, RefitOutcome::kUnfinished);
+  EXPECT_EQ(back->reason, why);
 }
 
 TEST(RefitReportTest, AnAbortBlamesTheAbortPhaseOnly) {
