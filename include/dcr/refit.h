@@ -202,7 +202,10 @@ struct RefitReport {
 // is asked: a bad topology, a missing state_dir or baseline, a target whose
 // tensors differ from the baseline, another coordinator running on the
 // state_dir (InvalidArgument, NotFound). Everything after that ends in a
-// report, aborted or not.
+// report, aborted or not. A refit that a stopped coordinator left in its
+// commit phase (state_dir/current.json with a commit decision, root.baseline
+// flagged mid-update for it) is finished first, as ResumeRefit would
+// (Aborted if it cannot be).
 Result<RefitReport> RunRefit(const RefitOptions& options);
 
 // `dcr refit --resume`: finishes the refit a coordinator left unfinished

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/failpoint.h"
 #include "common/mutex.h"
 
 namespace dcr {
@@ -92,6 +93,7 @@ Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
         ++next;
       }
       if (changed) {
+        DCR_FAILPOINT("coord.baseline_write");
         Status w = store.WriteTensor(t, at, src.subspan(at, bytes));
         if (!w.ok()) {
           errors[t] = std::move(w);

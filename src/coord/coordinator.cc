@@ -1,10 +1,14 @@
 #include "coord/coordinator.h"
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include <optional>
 #include <vector>
 
 #include "coord/catch_up.h"
 #include "coord/refit_run.h"
+#include "coord/refit_setup.h"
 #include "coord/state_dir.h"
 
 namespace dcr {
@@ -21,12 +25,43 @@ Result<std::optional<StateDirLock>> LockStateDir(const RefitOptions& options,
   return std::optional<StateDirLock>(std::move(lock));
 }
 
+// A refit whose coordinator stopped in its commit phase (after COMMIT went
+// down, before root.baseline committed) has nothing left to decide: it is
+// finished as `dcr refit --resume` would, before the new refit starts.
+Status FinishInterruptedCommit(const RefitOptions& options) {
+  DCR_ASSIGN_OR_RETURN(bool interrupted, CommitPhaseInterrupted(options));
+  if (!interrupted) return Status::OK();
+  spdlog::warn(
+      "{} names a refit whose coordinator stopped in its commit phase; "
+      "finishing it first (as dcr refit --resume does)",
+      StateDir(options.topology.root.state_dir).CurrentPath());
+  RefitOptions whole_tree = options;  // the interrupted refit's tree
+  whole_tree.only_nodes.clear();
+  RefitRun run(whole_tree);
+  auto r = run.Resume();
+  if (!r.ok()) {
+    return r.status().WithContext("finishing the interrupted refit");
+  }
+  if (r->outcome == RefitOutcome::kAborted ||
+      r->outcome == RefitOutcome::kUnfinished) {
+    return Status::Aborted(fmt::format(
+        "the interrupted refit {} could not be finished ({}): {}; run dcr "
+        "refit --resume once the relays answer",
+        r->refit.ToHex(), RefitOutcomeName(r->outcome), r->reason));
+  }
+  spdlog::warn(
+      "finished the interrupted refit {} ({}): root.baseline is step {}",
+      r->refit.ToHex(), RefitOutcomeName(r->outcome), r->target.step);
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<RefitReport> RunRefit(const RefitOptions& options) {
   // One coordinator per state_dir, for the whole run and its catch-ups.
   DCR_ASSIGN_OR_RETURN(std::optional<StateDirLock> lock,
                        LockStateDir(options, "dcr refit"));
+  DCR_RETURN_IF_ERROR(FinishInterruptedCommit(options));
   std::vector<NodeResult> behind;
   auto report = [&] {
     // (The run's baseline store is closed before a catch-up opens it.)
