@@ -297,15 +297,28 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
   };
   bool all_reachable = true;
   for (const NodeStatus& n : nodes) all_reachable &= n.reachable;
+  // The last refit's target, when it committed somewhere.
+  std::optional<Version> last_target;
+  if (last.is_object() && last.value("outcome", "") != "aborted" &&
+      last.contains("target")) {
+    auto d = Digest128::FromHex(last["target"].value("digest", ""));
+    if (d.ok()) {
+      last_target = Version{last["target"].value("step", uint64_t{0}), *d};
+    }
+  }
   auto last_for = [&](const NodeStatus& s) -> std::string {
     if (!last.is_object() || !last.contains("nodes")) return "";
     for (const json& n : last["nodes"]) {
       if (n.value("node", "") != s.node) continue;
-      return n.value("committed", false)
-                 ? "committed"
-                 : n.value("code", "") + (n.value("phase", "").empty()
-                                              ? ""
-                                              : " at " + n.value("phase", ""));
+      if (n.value("committed", false)) return "committed";
+      // Its COMMIT_REPLY was lost (or came late), but the version it
+      // reports now is the refit's target: it committed.
+      if (last_target && s.committed && *s.committed == *last_target) {
+        return "committed (reply lost; its version confirms it)";
+      }
+      return n.value("code", "") + (n.value("phase", "").empty()
+                                        ? ""
+                                        : " at " + n.value("phase", ""));
     }
     return "";
   };
@@ -458,8 +471,8 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "--full -o json\n\n"
         "Progress goes to stderr: a bar on a terminal, a line every 5 s "
         "otherwise\n(--progress never or -q to silence it).\n\n"
-        "Exit codes: 0 committed everywhere, 3 committed with nodes "
-        "excluded,\n1 aborted (every relay restored its base) or "
+        "Exit codes: 0 committed everywhere, 3 committed with nodes excluded "
+        "or unconfirmed,\n1 aborted (every relay restored its base) or "
         "unfinished (the commit reached no\nrelay: dcr refit --resume "
         "finishes it), 2 usage or configuration error, or\nanother "
         "coordinator is running on root.state_dir (its pid is named).\n");

@@ -282,6 +282,21 @@ void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
       o.detail = commit_set.count(n.name) ? "no commit reply"
                                           : "not in the commit set";
     }
+    // It voted yes and COMMIT went towards it, but its answer never came
+    // (its link or its parent failed, or the deadline passed first): it
+    // holds the target as soon as COMMIT reached it, not a stale version.
+    const bool unanswered = !f.count(n.name) ||
+                            f[n.name].code == NodeCode::kTimeout ||
+                            f[n.name].code == NodeCode::kUnreachable;
+    if (!o.committed && o.phase == "commit" && commit_set.count(n.name) &&
+        unanswered && report->outcome != RefitOutcome::kAborted) {
+      if (o.code == NodeCode::kOk) o.code = NodeCode::kTimeout;
+      o.detail = fmt::format(
+          "{}: it voted yes and was sent COMMIT, but its reply never came "
+          "({}); it holds the target once COMMIT reached it (dcr status "
+          "shows its version)",
+          kCommitUnconfirmed, o.detail);
+    }
     report->nodes.push_back(std::move(o));
     // The stream crossed this node's link if a node of its subtree took
     // the plan (a parent sends chunks only towards such subtrees).
@@ -297,15 +312,28 @@ void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
 }
 
 std::string ExcludedReason(const RefitReport& report) {
-  std::vector<std::string> excluded;
+  std::vector<std::string> excluded, unconfirmed;
   for (const NodeOutcome& n : report.nodes) {
     if (n.committed) continue;
-    excluded.push_back(n.phase.empty()
-                           ? n.node
-                           : fmt::format("{} ({} at {})", n.node,
-                                         NodeCodeName(n.code), n.phase));
+    std::string who = n.phase.empty()
+                          ? n.node
+                          : fmt::format("{} ({} at {})", n.node,
+                                        NodeCodeName(n.code), n.phase);
+    (n.detail.starts_with(kCommitUnconfirmed) ? unconfirmed : excluded)
+        .push_back(std::move(who));
   }
-  return fmt::format("excluded, now stale: {}", fmt::join(excluded, ", "));
+  std::vector<std::string> parts;
+  if (!excluded.empty()) {
+    parts.push_back(
+        fmt::format("excluded, now stale: {}", fmt::join(excluded, ", ")));
+  }
+  if (!unconfirmed.empty()) {
+    parts.push_back(fmt::format(
+        "{} (no reply; each holds the target once COMMIT reached it, as "
+        "dcr status shows): {}",
+        kCommitUnconfirmed, fmt::join(unconfirmed, ", ")));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
 }
 
 std::string UnfinishedReason(const std::vector<NodeResult>& final,
