@@ -4,10 +4,16 @@
 //   codec_bench speed --base B --target T [--benchmark_* flags]
 //                                            encode and decode+apply
 //                                            throughput, 1 and 2 threads
+//   codec_bench journal --base B --target T [--journal-dir D]
+//                                            decode+apply on one thread
+//                                            with and without the relay
+//                                            journal's write-ahead records
 // bench/codec_figures.py runs both on traingen pairs and prints the table.
 #include <benchmark/benchmark.h>
 #include <zstd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -18,6 +24,7 @@
 #include "dcr/codec.h"
 #include "dcr/entropy.h"
 #include "dcr/thread_pool.h"
+#include "relay/journal.h"
 
 namespace dcr {
 namespace {
@@ -37,6 +44,7 @@ struct Pair {
 
 Pair* g_pair = nullptr;
 EncodeOptions g_encode;
+uint64_t g_span_elems = kDefaultSpanElems;
 
 // Copies both checkpoints into memory so timings exclude page faults.
 Pair* LoadPair(const std::string& base_path, const std::string& target_path,
@@ -198,6 +206,90 @@ void BM_DecodeApply(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.bytes));
 }
 
+// The cost of a relay's journal (relay/journal.h) on its apply path: every
+// XOR chunk decoded and applied on one thread, as a relay's apply worker
+// does, without and then with the write-ahead record (positions and old
+// values, appended to a file in `dir`) before each apply. Runs alternate,
+// 5 of each; the medians are compared. Then the fdatasync that a yes vote
+// costs on that journal.
+int RunJournal(Pair& p, const std::string& dir) {
+  auto enc = std::move(*ChunkEncoder::Create(g_encode));
+  std::vector<std::vector<std::byte>> chunks;
+  std::vector<size_t> span_of;
+  uint64_t payload = 0;
+  for (size_t i = 0; i < p.spans.size(); ++i) {
+    std::vector<std::byte> c;
+    auto r = enc->EncodeDiff(ChunkKind::kXor, p.spans[i].id, p.spans[i].w,
+                             p.spans[i].base, p.spans[i].target, &c);
+    if (r.ok() && *r) {
+      payload += c.size();
+      chunks.push_back(std::move(c));
+      span_of.push_back(i);
+    }
+  }
+  auto dec = std::move(*ChunkDecoder::Create());
+  DecodedChunk c;
+  const std::string path = dir + "/codec_bench.dcr-journal";
+  uint64_t journal_bytes = 0;
+  std::vector<double> plain, journaled, syncs;
+  using Clock = std::chrono::steady_clock;
+  auto run = [&](bool with_journal) {
+    std::unique_ptr<Journal> j;
+    if (with_journal) {
+      auto created = Journal::Create(path, JournalHeader{});
+      if (!created.ok()) {
+        std::fprintf(stderr, "codec_bench: %s\n",
+                     created.status().ToString().c_str());
+        std::exit(2);
+      }
+      j = *std::move(created);
+    }
+    const auto t0 = Clock::now();
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Span& s = p.spans[span_of[i]];
+      if (!dec->Decode(chunks[i], &c).ok()) std::exit(3);
+      if (j &&
+          !j->AppendApply(c, uint64_t{s.id.span} * g_span_elems * s.w, s.work)
+               .ok()) {
+        std::exit(4);
+      }
+      (void)ApplyChunk(c, s.work);
+    }
+    const double secs =
+        std::chrono::duration<double>(Clock::now() - t0).count();
+    (with_journal ? journaled : plain).push_back(secs);
+    if (j) {
+      journal_bytes = j->bytes();
+      const auto s0 = Clock::now();
+      if (!j->AppendVotedYes(Digest128{}).ok()) std::exit(5);
+      syncs.push_back(std::chrono::duration<double>(Clock::now() - s0).count());
+      (void)j->Remove();
+    }
+  };
+  for (int rep = 0; rep < 5; ++rep) {
+    run(false);
+    run(true);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double a = median(plain), b = median(journaled);
+  nlohmann::ordered_json j{
+      {"checkpoint_bytes", p.bytes},
+      {"chunks", chunks.size()},
+      {"payload_bytes", payload},
+      {"journal_bytes", journal_bytes},
+      {"journal_over_payload", double(journal_bytes) / double(payload)},
+      {"decode_apply_gbps_1t", double(p.bytes) / a / 1e9},
+      {"decode_journal_apply_gbps_1t", double(p.bytes) / b / 1e9},
+      {"journal_time_ratio", b / a},
+      {"vote_fdatasync_ms", median(syncs) * 1e3},
+      {"journal_dir", dir}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
+
 BENCHMARK(BM_Encode)->Arg(1)->Arg(2)->UseRealTime()->Unit(
     benchmark::kMillisecond);
 BENCHMARK(BM_DecodeApply)
@@ -211,7 +303,7 @@ BENCHMARK(BM_DecodeApply)
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
-  std::string base, target;
+  std::string base, target, journal_dir = "/tmp";
   uint64_t span = dcr::kDefaultSpanElems;
   std::vector<char*> rest = {argv[0]};
   for (int i = 2; i < argc; ++i) {
@@ -228,20 +320,26 @@ int main(int argc, char** argv) {
       span = std::stoull(v3);
     } else if (const char* v4 = value("--level")) {
       dcr::g_encode.zstd_level = std::stoi(v4);
+    } else if (const char* v5 = value("--journal-dir")) {
+      journal_dir = v5;
     } else {
       rest.push_back(argv[i]);
     }
   }
-  if ((mode != "sizes" && mode != "speed") || base.empty() || target.empty()) {
+  if ((mode != "sizes" && mode != "speed" && mode != "journal") ||
+      base.empty() || target.empty()) {
     std::fprintf(stderr,
-                 "usage: codec_bench sizes|speed --base B --target T "
-                 "[--span-elems N] [--level L] [--benchmark_* flags]\n"
+                 "usage: codec_bench sizes|speed|journal --base B --target T "
+                 "[--span-elems N] [--level L] [--journal-dir D] "
+                 "[--benchmark_* flags]\n"
                  "see bench/README.md; bench/codec_figures.py runs it on "
                  "traingen pairs\n");
     return 2;
   }
   dcr::g_pair = dcr::LoadPair(base, target, span);
+  dcr::g_span_elems = span;
   if (mode == "sizes") return dcr::RunSizes(*dcr::g_pair);
+  if (mode == "journal") return dcr::RunJournal(*dcr::g_pair, journal_dir);
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());
   benchmark::RunSpecifiedBenchmarks();

@@ -77,6 +77,8 @@ class DeltaWriter {
   static Result<std::unique_ptr<DeltaWriter>> Create(const std::string& path);
   ~DeltaWriter();
   Status Append(std::span<const std::byte> chunk);
+  // Finish renames to `path` instead (a path on the same filesystem).
+  void set_path(std::string path) { path_ = std::move(path); }
   // Writes `header` (chunk_count is taken from the appended chunks), syncs
   // and renames.
   Status Finish(DeltaHeader header);

@@ -148,9 +148,14 @@ struct CatchUpReport {
   RefitId refit;  // its own refit id and epoch
   uint64_t epoch = 0;
   std::vector<std::string> nodes;  // the relays it fed
-  Version from;                    // their version (history catch-up)
-  std::string method;              // "history" or "dense"
-  uint64_t deltas = 0;             // history deltas composed
+  Version from;  // their version (history catch-up; repair: the
+                 // unfinished refit's target)
+  // "history" (composed deltas), "dense" (a dense copy), "repair" (the
+  // overwrites that repair a store left with a mix, coord/repair.h) or
+  // "seed" (a dense copy into a store that was missing).
+  std::string method;
+  RefitId repaired;     // "repair", or "dense" for one: the unfinished refit
+  uint64_t deltas = 0;  // history deltas composed (repair: whose union)
   uint64_t chunks = 0;
   uint64_t payload_bytes = 0;
   double seconds = 0;

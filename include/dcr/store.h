@@ -107,6 +107,12 @@ struct CommitInfo {
 struct DataUnsynced {
   std::string boot_id;  // 36 characters: a lowercase UUID
   std::string since;    // ISO 8601 UTC
+  // The version the data on disk held when the write-back began to lag
+  // (the committed version of the record the mark was first put on):
+  // after a crash of the host, every element holds it or a later version
+  // up to the one committed. Unknown (nullopt) in records written before
+  // it existed.
+  std::optional<Version> synced;
   friend bool operator==(const DataUnsynced&, const DataUnsynced&) = default;
 };
 
@@ -120,7 +126,9 @@ struct DataUnsynced {
 //                           "base": {"step": N, "digest": "<32 hex>"},
 //                           "target": {"step": N, "digest": "<32 hex>"},
 //                           "started_at": "<ISO>"},
-//    "unsynced": {"boot_id": "<uuid>", "since": "<ISO>"}}   format 2 only
+//    "unsynced": {"boot_id": "<uuid>", "since": "<ISO>",
+//                 "synced": {"step": N, "digest": "<32 hex>"}}  format 2 only
+//                                      ("synced" may be absent)
 //
 // Format 2 is format 1 plus "unsynced", which it must carry (not null).
 // EncodeVersionRecord writes format 1 whenever `unsynced` is empty, so a

@@ -108,15 +108,24 @@ void PrintReport(const RefitReport& r) {
       r.prepare_seconds, r.plan_seconds, r.stream_seconds, r.vote_seconds,
       r.commit_seconds);
   for (const CatchUpReport& c : r.catch_up) {
-    std::printf("  catch-up of %s: %s, %s in %llu chunks, %.3f s: %s\n",
-                fmt::format("{}", fmt::join(c.nodes, ", ")).c_str(),
-                c.method == "history" ? fmt::format("{} deltas from step {}",
-                                                    c.deltas, c.from.step)
-                                            .c_str()
-                                      : "dense copy",
-                HumanBytes(c.payload_bytes).c_str(),
-                static_cast<unsigned long long>(c.chunks), c.seconds,
-                std::string(RefitOutcomeName(c.outcome)).c_str());
+    std::string how =
+        c.method == "history"
+            ? fmt::format("{} deltas from step {}", c.deltas, c.from.step)
+        : c.method == "repair"
+            ? fmt::format("overwrites of the change sets of {} deltas",
+                          c.deltas)
+        : c.method == "seed" ? std::string("dense copy into a new store")
+                             : std::string("dense copy");
+    std::printf(
+        "  %s of %s: %s, %s in %llu chunks, %.3f s: %s\n",
+        c.repaired.IsZero()
+            ? (c.method == "seed" ? "seeding" : "catch-up")
+            : fmt::format("repair (refit {})", c.repaired.ToHex().substr(0, 8))
+                  .c_str(),
+        fmt::format("{}", fmt::join(c.nodes, ", ")).c_str(), how.c_str(),
+        HumanBytes(c.payload_bytes).c_str(),
+        static_cast<unsigned long long>(c.chunks), c.seconds,
+        std::string(RefitOutcomeName(c.outcome)).c_str());
   }
   size_t w = 4;
   for (const NodeOutcome& n : r.nodes) w = std::max(w, n.node.size());
@@ -295,8 +304,14 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
     return n.reachable && baseline_version &&
            (!n.committed || *n.committed != *baseline_version);
   };
-  bool all_reachable = true;
-  for (const NodeStatus& n : nodes) all_reachable &= n.reachable;
+  // Exit 1 when a relay cannot be reached or holds an unfinished refit's
+  // mix; a stale relay holds a whole (older) version.
+  bool all_whole = true;
+  for (const NodeStatus& n : nodes) {
+    const NodeState st = StateOf(n, baseline_version);
+    all_whole &= st != NodeState::kUnreachable &&
+                 st != NodeState::kUnfinished && st != NodeState::kRepairing;
+  }
   // The last refit's target, when it committed somewhere.
   std::optional<Version> last_target;
   if (last.is_object() && last.value("outcome", "") != "aborted" &&
@@ -339,11 +354,30 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
     if (!last.is_null()) out["last_refit"] = last;
     for (const NodeStatus& n : nodes) {
       json j = {
-          {"node", n.node},       {"cluster", n.cluster},
-          {"address", n.address}, {"reachable", n.reachable},
-          {"error", n.error},     {"code", std::string(NodeCodeName(n.code))},
-          {"detail", n.detail},   {"last_refit_result", last_for(n)},
-          {"stale", stale(n)}};
+          {"node", n.node},
+          {"cluster", n.cluster},
+          {"address", n.address},
+          {"reachable", n.reachable},
+          {"error", n.error},
+          {"code", std::string(NodeCodeName(n.code))},
+          {"detail", n.detail},
+          {"last_refit_result", last_for(n)},
+          {"stale", stale(n)},
+          {"state", std::string(NodeStateName(StateOf(n, baseline_version)))},
+          {"serving_ready", ServingReady(StateOf(n, baseline_version))}};
+      if (n.store.unfinished) {
+        j["unfinished"] = {{"refit", n.store.unfinished->ToHex()},
+                           {"base",
+                            {{"step", n.store.base.step},
+                             {"digest", n.store.base.digest.ToHex()}}},
+                           {"target",
+                            {{"step", n.store.target.step},
+                             {"digest", n.store.target.digest.ToHex()}}},
+                           {"prepared", n.store.prepared},
+                           {"repairing", n.store.repairing}};
+      } else {
+        j["unfinished"] = nullptr;
+      }
       if (n.committed) {
         j["committed"] = {{"step", n.committed->step},
                           {"digest", n.committed->digest.ToHex()}};
@@ -387,7 +421,16 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
                      ? n.detail
                      : fmt::format("{} ({})", NodeCodeName(n.code), n.detail))
               : "unreachable: " + n.error;
-      if (stale(n)) {
+      if (n.reachable && n.store.unfinished) {
+        // The bits are no version: no step or digest to show.
+        step = digest = "-";
+        state = fmt::format("{}: {}; last committed step {}; {}",
+                            n.store.repairing ? "REPAIRING" : "UNFINISHED",
+                            DescribeUnfinished(n.store),
+                            n.committed ? std::to_string(n.committed->step)
+                                        : std::string("none"),
+                            state);
+      } else if (stale(n)) {
         state = fmt::format("STALE (baseline is step {}) {}",
                             baseline_version->step, state);
       }
@@ -396,7 +439,7 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
                   digest.c_str(), state.c_str());
     }
   }
-  return all_reachable ? kExitOk : kExitFailed;
+  return all_whole ? kExitOk : kExitFailed;
 }
 
 }  // namespace
@@ -490,8 +533,12 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
     cmd->footer(
         "\nExamples:\n  dcr status --topology topology/local.yaml\n"
         "  dcr status --topology topology/local.yaml -o json\n\n"
-        "Exit codes: 0 every relay answered, 1 some relay is unreachable, 2 "
-        "usage.\n");
+        "Each relay's state: current (the baseline's version), stale "
+        "(another committed version), empty (none), unfinished (a mix of "
+        "an unfinished refit's base and target: no version), "
+        "unreachable.\n\n"
+        "Exit codes: 0 every relay answered and none is unfinished, 1 some "
+        "relay is unreachable or unfinished, 2 usage.\n");
     cmd->callback([=] { *exit_code = RunStatusCommand(*path, *timeout, *g); });
   }
 }

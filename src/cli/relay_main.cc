@@ -11,14 +11,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <set>
+#include <tuple>
 
 #include "cli/cli_common.h"
 #include "cli/doctor.h"
+#include "common/bytes.h"
 #include "common/failpoint.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "dcr/topology.h"
+#include "relay/memory_budget.h"
 #include "relay/relay.h"
 #include "relay/relay_stats.h"
 #include "wire/hmac_authenticator.h"
@@ -47,6 +50,8 @@ struct Args {
   std::string link_rate;
   std::string connect_timeout = "5s";
   std::string prepared_wait = "10min";
+  std::string hello_timeout = "10s";
+  std::string idle_timeout = "60s";
   std::string auth_key_file;
   std::string signing_public_key_file;
   std::vector<std::string> allow_peers;
@@ -70,6 +75,8 @@ Status UseTree(const Topology& topo, const std::vector<std::string>& extra,
   for (int i : tree.PathToRoot(self)) {
     if (i != self) o->plan_senders.push_back(tree.nodes[i].name);
   }
+  // A HELLO must name one of the tree's nodes (a CLI client names none).
+  for (const auto& n : tree.nodes) o->known_nodes.push_back(n.name);
   std::set<std::string> hosts(extra.begin(), extra.end());
   hosts.insert(topo.root.host);
   for (const ClusterSpec& c : topo.clusters) {
@@ -211,7 +218,14 @@ int Run(const Args& a) {
   auto window = ParseSize(a.apply_window);
   if (!window.ok()) return ReportError(window.status());
   o.apply_window_bytes = std::max<uint64_t>(*window, 1u << 20);
-  if (!a.memory_limit.empty()) {
+  bool default_limit = false;
+  uint64_t machine = 0;
+  if (a.memory_limit.empty() || a.memory_limit == "auto") {
+    default_limit = true;
+    machine = MachineMemoryBytes();
+    o.memory_limit_bytes = DefaultMemoryLimit(
+        machine, o.apply_threads, o.transport_options.frames.max_payload);
+  } else {
     auto limit = ParseSize(a.memory_limit);
     if (!limit.ok()) {
       return ReportError(Status::InvalidArgument(
@@ -221,7 +235,7 @@ int Run(const Args& a) {
     if (o.memory_limit_bytes == 0) {
       return ReportError(Status::InvalidArgument(
           "--memory-limit 0: give a size such as 1GiB, or leave it out for "
-          "no limit"));
+          "the default (a quarter of the machine's memory, at most 2GiB)"));
     }
   }
   if (!a.link_rate.empty()) {
@@ -240,6 +254,17 @@ int Run(const Args& a) {
                     a.prepared_wait)));
   }
   o.prepared_wait = std::chrono::milliseconds(*pw / 1000000);
+  for (auto [flag, text, out] :
+       {std::tuple{"--hello-timeout", &a.hello_timeout, &o.hello_timeout},
+        std::tuple{"--idle-timeout", &a.idle_timeout, &o.idle_timeout}}) {
+    auto ns = ParseDurationNs(*text);
+    if (!ns.ok() || *ns < 100000000) {
+      return ReportError(Status::InvalidArgument(
+          fmt::format("{} '{}': give a duration of at least 100ms, e.g. 10s",
+                      flag, *text)));
+    }
+    *out = std::chrono::milliseconds(*ns / 1000000);
+  }
   // Loaded before anything is logged, so that its error stays one line.
   if (!public_key_file.empty()) {
     auto key = Ed25519PublicKey::Load(public_key_file);
@@ -263,6 +288,13 @@ int Run(const Args& a) {
     spdlog::info(
         "{}: refits must be signed by the root (Ed25519, public key file {})",
         o.name, public_key_file);
+  }
+  if (default_limit) {
+    spdlog::info(
+        "{}: default memory limit {}: a quarter of this machine's {} (its "
+        "cgroup's limit if lower), at most {}; --memory-limit sets another",
+        o.name, HumanBytes(o.memory_limit_bytes), HumanBytes(machine),
+        HumanBytes(kDefaultMemoryLimitMax));
   }
   if (o.transport_options.tls.enabled()) {
     spdlog::info("{}: links use TLS, mutual certificates (CA {}, cert {})",
@@ -368,7 +400,17 @@ int main(int argc, char** argv) {
                  "Keep the relay's memory outside its store under this, "
                  "e.g. 1GiB: sizes the windows, the resend buffer, the frame "
                  "bound and the inbound links from it (at least about "
-                 "220MiB with 2 apply threads; default: no limit)");
+                 "220MiB with 2 apply threads; default, or auto: a quarter "
+                 "of the machine's memory, or of its cgroup's limit if "
+                 "lower, at most 2GiB)");
+  app.add_option("--hello-timeout", a.hello_timeout,
+                 "Close an inbound connection that has not sent a valid "
+                 "HELLO within this (default 10s)");
+  app.add_option("--idle-timeout", a.idle_timeout,
+                 "Close an inbound connection that greeted and then sent "
+                 "nothing for this, unless it is the refit's parent "
+                 "(default 60s). When every slot is taken, a new "
+                 "connection takes the slot of one silent for 2s");
   app.add_option("--data-sync", a.data_sync,
                  "When a file store's data reaches the disk: background "
                  "(default: the commit is acknowledged once the version "
@@ -377,8 +419,8 @@ int main(int argc, char** argv) {
                  "commit (before the commit is acknowledged)")
       ->check(CLI::IsMember({"background", "commit"}));
   app.add_option("--undo-dir", a.undo_dir,
-                 "Directory for refits' undo logs (default: beside the "
-                 "store's version record). A full refit's undo log holds "
+                 "Directory for refits' journals (default: beside the "
+                 "store's version record). A full refit's journal holds "
                  "every value it replaces, up to the store's size: keep it "
                  "on a disk when the store is in shared memory");
   app.add_option("--link-rate", a.link_rate,

@@ -18,21 +18,58 @@ void UniqueFd::Reset() {
   fd_ = -1;
 }
 
+const char* FileTypeName(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "a file of unknown type";
+}
+
+Result<UniqueFd> OpenRegularFile(const std::string& path, int flags,
+                                 struct stat* st) {
+  const bool rw = (flags & O_ACCMODE) != O_RDONLY;
+  // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer
+  // (forever); a device may block too. Neither gets past the fstat below.
+  UniqueFd fd(::open(path.c_str(), flags | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid()) {
+    // Opening a FIFO for writing without a reader fails with ENXIO.
+    const int err = errno;
+    struct stat lst;
+    if (::stat(path.c_str(), &lst) == 0 && !S_ISREG(lst.st_mode)) {
+      return Status::InvalidArgument("'" + path + "' is " +
+                                     FileTypeName(lst.st_mode) +
+                                     ", not a regular file");
+    }
+    return Status::FromErrno(
+        "cannot open '" + path + "'" + (rw ? " for writing" : ""), err);
+  }
+  struct stat own;
+  if (st == nullptr) st = &own;
+  if (::fstat(fd.get(), st) != 0) {
+    return Status::FromErrno("cannot stat '" + path + "'", errno);
+  }
+  if (!S_ISREG(st->st_mode)) {
+    return Status::InvalidArgument("'" + path + "' is " +
+                                   FileTypeName(st->st_mode) +
+                                   ", not a regular file");
+  }
+  const int fl = ::fcntl(fd.get(), F_GETFL);
+  if (fl < 0 || ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    return Status::FromErrno("cannot set '" + path + "' blocking", errno);
+  }
+  return fd;
+}
+
 Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
                                                      Mode mode) {
   bool rw = mode == Mode::kReadWrite;
-  UniqueFd fd(::open(path.c_str(), (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC));
-  if (!fd.valid()) {
-    return Status::FromErrno(
-        "cannot open '" + path + "'" + (rw ? " for writing" : ""), errno);
-  }
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
-    return Status::FromErrno("cannot stat '" + path + "'", errno);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return Status::InvalidArgument("'" + path + "' is not a regular file");
-  }
+  DCR_ASSIGN_OR_RETURN(UniqueFd fd,
+                       OpenRegularFile(path, rw ? O_RDWR : O_RDONLY, &st));
   std::unique_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->mode_ = mode;
@@ -111,9 +148,7 @@ void MappedFile::AdviseSequential() {
 }
 
 Result<std::string> ReadFileToString(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid())
-    return Status::FromErrno("cannot open '" + path + "'", errno);
+  DCR_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, O_RDONLY));
   std::string out;
   char buf[1 << 16];
   while (true) {

@@ -3,6 +3,9 @@
 #ifndef DCR_COMMON_FILE_H_
 #define DCR_COMMON_FILE_H_
 
+#include <sys/stat.h>
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,11 +46,26 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// What a file type is, for a message: "a regular file", "a directory",
+// "a FIFO", "a socket", "a character device", "a block device", "a
+// symbolic link", or "a file of unknown type"; `mode` is a stat st_mode.
+const char* FileTypeName(mode_t mode);
+
+// Opens `path` with `flags` (O_RDONLY or O_RDWR, plus others; O_CLOEXEC is
+// added) and refuses anything that is not a regular file with
+// InvalidArgument "'<path>' is a FIFO, not a regular file" (or the type
+// it is), at once: the open is non-blocking, so a FIFO without a writer
+// does not hang it, and the type is that of the file opened (fstat). The
+// descriptor returned is blocking. `st`, when given, receives the fstat.
+Result<UniqueFd> OpenRegularFile(const std::string& path, int flags,
+                                 struct stat* st = nullptr);
+
 // A whole file mapped into memory. Read-only mappings are private;
 // writable mappings are shared, so stores reach the file.
 class MappedFile {
  public:
   enum class Mode { kReadOnly, kReadWrite };
+  // Refuses a path that is not a regular file (OpenRegularFile).
   static Result<std::unique_ptr<MappedFile>> Open(const std::string& path,
                                                   Mode mode);
   ~MappedFile();
@@ -85,7 +103,7 @@ class MappedFile {
   bool write_through_map_ = true;  // not a local disk filesystem
 };
 
-// Reads a whole (small) file.
+// Reads a whole (small) regular file; refuses any other (OpenRegularFile).
 Result<std::string> ReadFileToString(const std::string& path);
 // Writes `data` to "<path>.tmp", fsyncs it, renames it over `path` and
 // fsyncs the directory: readers see the old or the new file, never a mix.

@@ -3,6 +3,8 @@
 #include <set>
 #include <vector>
 
+#include "common/printable.h"
+
 namespace dcr {
 namespace {
 
@@ -35,9 +37,10 @@ Result<nlohmann::json> ParseStrictJson(std::string_view text,
         const std::string& key = parsed.get_ref<const std::string&>();
         if (!keys.empty() && !keys.back().insert(key).second) {
           throw Rejected{depth == options.named_depth
-                             ? std::string(options.noun) + " '" + key +
-                                   "' appears twice"
-                             : "key '" + key + "' appears twice in one object"};
+                             ? std::string(options.noun) + " '" +
+                                   Printable(key) + "' appears twice"
+                             : "key '" + Abbreviated(key) +
+                                   "' appears twice in one object"};
         }
         break;
       }

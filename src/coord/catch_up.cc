@@ -9,43 +9,67 @@
 
 #include "coord/refit_report.h"
 #include "coord/refit_run.h"
+#include "coord/repair.h"
 #include "coord/state_dir.h"
 
 namespace dcr {
 namespace {
 
-// Runs one catch-up (a refit of `nodes` only, from the root) and folds its
-// outcome into `report`. Returns the nodes it did not bring up to date
-// that a dense copy may still help (they answered, with other bits).
+// What one run of named nodes is for.
+struct Feed {
+  std::string method;  // CatchUpReport::method
+  HistoryFeed history;
+  Version from;
+  RefitId repaired;
+};
+
+// Runs one catch-up, repair or seeding (a refit of `nodes` only, from the
+// root) and folds its outcome into `report`. Returns the nodes it did not
+// bring up to date that a dense copy may still help (they answered, with
+// other bits).
 std::vector<std::string> RunCatchUp(const RefitOptions& options,
-                                    std::vector<std::string> nodes,
-                                    std::vector<std::string> chain,
-                                    const Version& from, RefitReport* report) {
+                                    std::vector<std::string> nodes, Feed feed,
+                                    RefitReport* report) {
   RefitOptions o = options;
   o.only_nodes = nodes;
-  o.mode = chain.empty() ? RefitMode::kFull : RefitMode::kDelta;
+  const bool chain = feed.method == "history";
+  o.mode = chain ? RefitMode::kDelta : RefitMode::kFull;
   o.catch_up = false;
   CatchUpReport c;
   c.nodes = nodes;
-  c.method = chain.empty() ? "dense" : "history";
-  c.from = from;
-  c.deltas = chain.size();
-  spdlog::info("catching up {} from {}", fmt::join(nodes, ", "),
-               chain.empty() ? std::string("nothing (a dense copy)")
-                             : fmt::format("step {} ({} deltas)", from.step,
-                                           chain.size()));
-  RefitRun run(o, std::move(chain));
+  c.method = feed.method;
+  c.from = feed.from;
+  c.deltas = feed.history.files.size();
+  c.repaired = feed.repaired;
+  const std::string what =
+      !feed.repaired.IsZero()
+          ? fmt::format(
+                "repairing {} (unfinished refit {}) with {}",
+                fmt::join(nodes, ", "), feed.repaired.ToHex(),
+                feed.method == "repair"
+                    ? fmt::format("the change sets of {} deltas", c.deltas)
+                    : std::string("a dense copy"))
+      : feed.method == "seed"
+          ? fmt::format("seeding {} (no store) with a dense copy",
+                        fmt::join(nodes, ", "))
+          : fmt::format("catching up {} from {}", fmt::join(nodes, ", "),
+                        chain ? fmt::format("step {} ({} deltas)",
+                                            feed.from.step, c.deltas)
+                              : std::string("nothing (a dense copy)"));
+  spdlog::info("{}", what);
+  RefitRun run(o, std::move(feed.history));
   auto sub = run.Run();
   std::vector<std::string> retry;
+  const bool can_retry_dense = c.method == "history" || c.method == "repair";
   if (!sub.ok()) {
     c.reason = sub.status().ToString();
-    spdlog::warn("catch-up of {} failed: {}", fmt::join(nodes, ", "), c.reason);
+    spdlog::warn("{} failed: {}", what, c.reason);
     for (NodeOutcome& n : report->nodes) {
       if (std::count(nodes.begin(), nodes.end(), n.node)) {
-        n.detail += "; catch-up failed: " + c.reason;
+        n.detail += fmt::format("; {} failed: {}", c.method, c.reason);
       }
     }
-    if (c.method == "history") retry = nodes;
+    if (can_retry_dense) retry = nodes;
     report->catch_up.push_back(std::move(c));
     return retry;
   }
@@ -57,23 +81,42 @@ std::vector<std::string> RunCatchUp(const RefitOptions& options,
   c.outcome = sub->outcome;
   c.reason = sub->reason;
   report->total_seconds += sub->total_seconds;
+  const bool aborted = report->outcome == RefitOutcome::kAborted;
   for (const NodeOutcome& s : sub->nodes) {
     for (NodeOutcome& n : report->nodes) {
       if (n.node != s.node) continue;
       if (s.committed) {
-        n.committed = true;
-        n.code = NodeCode::kOk;
-        n.phase.clear();
-        n.chunks_applied = s.chunks_applied;
-        n.detail =
+        std::string how =
             c.method == "history"
                 ? fmt::format("caught up from step {} with {} composed deltas",
-                              from.step, c.deltas)
+                              c.from.step, c.deltas)
+            : c.method == "repair"
+                ? fmt::format(
+                      "repaired (unfinished refit {}) with the overwrites "
+                      "of {} deltas' change sets",
+                      c.repaired.ToHex().substr(0, 8), c.deltas)
+            : c.method == "seed" ? std::string("seeded with a dense copy")
+            : !c.repaired.IsZero()
+                ? fmt::format(
+                      "repaired (unfinished refit {}) with a dense "
+                      "copy",
+                      c.repaired.ToHex().substr(0, 8))
                 : std::string("caught up with a dense copy");
+        if (aborted) {
+          // This refit did not commit: the node is at the tree's version,
+          // which is this refit's base.
+          n.detail += fmt::format("; {} at step {}", how, sub->target.step);
+        } else {
+          n.committed = true;
+          n.code = NodeCode::kOk;
+          n.phase.clear();
+          n.chunks_applied = s.chunks_applied;
+          n.detail = how;
+        }
       } else {
-        n.detail += fmt::format("; catch-up: {} at {}: {}",
+        n.detail += fmt::format("; {}: {} at {}: {}", c.method,
                                 NodeCodeName(s.code), s.phase, s.detail);
-        if (c.method == "history" && s.code != NodeCode::kUnreachable &&
+        if (can_retry_dense && s.code != NodeCode::kUnreachable &&
             s.code != NodeCode::kTimeout) {
           retry.push_back(s.node);
         }
@@ -100,22 +143,54 @@ CatchUpBy HowToCatchUp(const DeltaHistory& history, const Version& v,
 }
 
 void CatchUpBehind(const RefitOptions& options,
-                   const std::vector<NodeResult>& behind, RefitReport* report) {
-  // Group the relays behind by the chain that brings them up. Those whose
-  // record names an older step of this tree that the history no longer
-  // reaches get a dense copy. A store without a record (seeded offline with
-  // other bits), left unfinished, or missing is left alone: the operator
-  // seeds or repairs it with dcr refit --full --node.
+                   const std::vector<NodeResult>& behind, const Version& to,
+                   RefitReport* report) {
+  const bool aborted = report->outcome == RefitOutcome::kAborted;
   const StateDir state(options.topology.root.state_dir);
   DeltaHistory history(state.HistoryDir(), options.topology.root.keep_deltas);
+  // The bits every run sends are the baseline's (the tree's version `to`);
+  // without a baseline, the target of a refit that committed holds them.
+  RefitOptions o = options;
+  if (!options.topology.root.baseline.empty()) {
+    o.target = options.topology.root.baseline;
+  } else if (aborted) {
+    return;
+  }
+  // Stores left with an unfinished refit's mix are repaired, missing ones
+  // seeded, whatever this refit's outcome. The relays behind at an older
+  // version of this tree are grouped by the chain that brings them up;
+  // those the history no longer reaches get a dense copy. A store without
+  // a record (seeded offline with other bits) is left alone: the operator
+  // seeds it with dcr refit --full --node.
   std::map<std::vector<std::string>,
            std::pair<Version, std::vector<std::string>>>
       groups;
   std::vector<std::string> dense;
+  std::vector<std::string> seed;
+  std::vector<std::pair<Feed, std::vector<std::string>>> repairs;
   for (const NodeResult& r : behind) {
+    if (NeedsRepair(r)) {
+      if (r.store.missing) {
+        seed.push_back(r.node);
+        continue;
+      }
+      RepairPlan plan = PlanRepair(history, r.store, to);
+      Feed f;
+      f.repaired = *r.store.unfinished;
+      f.from = r.store.target;
+      if (plan.by == RepairPlan::By::kUnion) {
+        f.method = "repair";
+        f.history =
+            HistoryFeed{std::move(plan.files), ComposedDelta::Kind::kUnion};
+      } else {
+        spdlog::info("{}: repairing with a dense copy: {}", r.node, plan.why);
+        f.method = "dense";
+      }
+      repairs.emplace_back(std::move(f), std::vector<std::string>{r.node});
+      continue;
+    }
     std::vector<std::string> chain;
-    switch (HowToCatchUp(history, r.version, report->target,
-                         report->target.step, &chain)) {
+    switch (HowToCatchUp(history, r.version, to, to.step, &chain)) {
       case CatchUpBy::kHistory: {
         auto& g = groups[chain];
         g.first = r.version;
@@ -131,17 +206,42 @@ void CatchUpBehind(const RefitOptions& options,
         break;
     }
   }
+  for (auto& [feed, nodes] : repairs) {
+    RefitId repaired = feed.repaired;
+    Version from = feed.from;
+    for (std::string& n : RunCatchUp(o, nodes, std::move(feed), report)) {
+      Feed d;
+      d.method = "dense";
+      d.repaired = repaired;
+      d.from = from;
+      RunCatchUp(o, {std::move(n)}, std::move(d), report);
+    }
+  }
+  if (!seed.empty()) {
+    Feed f;
+    f.method = "seed";
+    RunCatchUp(o, seed, std::move(f), report);
+  }
   for (auto& [chain, group] : groups) {
-    for (std::string& n :
-         RunCatchUp(options, group.second, chain, group.first, report)) {
+    Feed f;
+    f.method = "history";
+    f.history = HistoryFeed{chain, ComposedDelta::Kind::kChain};
+    f.from = group.first;
+    for (std::string& n : RunCatchUp(o, group.second, std::move(f), report)) {
       dense.push_back(std::move(n));
     }
   }
-  if (!dense.empty()) RunCatchUp(options, dense, {}, Version{}, report);
-  bool all = std::all_of(report->nodes.begin(), report->nodes.end(),
-                         [](const NodeOutcome& n) { return n.committed; });
-  report->outcome = all ? RefitOutcome::kCommitted : RefitOutcome::kPartial;
-  report->reason = all ? std::string() : ExcludedReason(*report);
+  if (!dense.empty()) {
+    Feed f;
+    f.method = "dense";
+    RunCatchUp(o, dense, std::move(f), report);
+  }
+  if (!aborted) {
+    bool all = std::all_of(report->nodes.begin(), report->nodes.end(),
+                           [](const NodeOutcome& n) { return n.committed; });
+    report->outcome = all ? RefitOutcome::kCommitted : RefitOutcome::kPartial;
+    report->reason = all ? std::string() : ExcludedReason(*report);
+  }
   state.WriteLastRefit(*report);
 }
 

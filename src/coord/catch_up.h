@@ -1,8 +1,10 @@
-// Catch-up after a refit that committed (RefitOptions::catch_up): relays
-// that refused its plan because they hold an older version are brought to
-// the tree's version, each fed directly by the root, with the composition
-// of the history's deltas from their version (coord/history.h) or with a
-// dense copy (docs/PROTOCOL.md §"Catch-up").
+// Catch-up and repair after a refit (RefitOptions::catch_up): relays that
+// refused its plan because they hold an older version, a store left with
+// an unfinished refit's mix, or no store, are brought to the tree's
+// version, each fed directly by the root, with the composition of the
+// history's deltas from their version (coord/history.h), the overwrites
+// of a repair (coord/repair.h) or a dense copy (docs/PROTOCOL.md
+// §"Catch-up", §"Repair of a mixed store").
 //
 // Thread safety: blocking calls on the caller's thread (each catch-up is a
 // refit of its own).
@@ -30,12 +32,16 @@ CatchUpBy HowToCatchUp(const DeltaHistory& history, const Version& v,
                        std::vector<std::string>* chain = nullptr);
 
 // Brings the relays `behind` (PLAN_REPLYs that need catch-up) to the
-// committed refit of `report`, grouped by the chain that brings them up,
-// then a dense copy for the rest; folds each catch-up into the report
-// (catch_up, nodes, outcome, reason, total_seconds) and rewrites
+// tree's version `to` (the baseline's, after the refit of `report`): stores
+// left with an unfinished refit's mix are repaired (coord/repair.h) and
+// missing ones seeded whatever the refit's outcome; relays at an older
+// version are caught up, grouped by the chain that brings them up, then a
+// dense copy for the rest. Folds each run into the report (catch_up,
+// nodes, outcome, reason, total_seconds) and rewrites
 // state_dir/last-refit.json.
 void CatchUpBehind(const RefitOptions& options,
-                   const std::vector<NodeResult>& behind, RefitReport* report);
+                   const std::vector<NodeResult>& behind, const Version& to,
+                   RefitReport* report);
 
 }  // namespace dcr
 

@@ -9,6 +9,7 @@
 #include "coord/catch_up.h"
 #include "coord/refit_run.h"
 #include "coord/refit_setup.h"
+#include "coord/repair.h"
 #include "coord/state_dir.h"
 
 namespace dcr {
@@ -63,20 +64,27 @@ Result<RefitReport> RunRefit(const RefitOptions& options) {
                        LockStateDir(options, "dcr refit"));
   DCR_RETURN_IF_ERROR(FinishInterruptedCommit(options));
   std::vector<NodeResult> behind;
+  Version tree_version;
   auto report = [&] {
     // (The run's baseline store is closed before a catch-up opens it.)
     RefitRun run(options);
     auto r = run.Run();
     behind = run.behind();
+    tree_version = run.baseline_version();
     return r;
   }();
   if (!report.ok() || !options.catch_up || !options.only_nodes.empty() ||
       options.TEST_crash_after_decision || behind.empty() ||
-      report->outcome == RefitOutcome::kAborted ||
       report->outcome == RefitOutcome::kUnfinished) {
     return report;
   }
-  CatchUpBehind(options, behind, &*report);
+  if (report->outcome == RefitOutcome::kAborted) {
+    // Repairs and seeds run whatever the outcome; catch-ups only follow a
+    // commit (a relay behind stays where it is).
+    std::erase_if(behind, [](const NodeResult& r) { return !NeedsRepair(r); });
+    if (behind.empty()) return report;
+  }
+  CatchUpBehind(options, behind, tree_version, &*report);
   return report;
 }
 

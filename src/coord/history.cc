@@ -16,6 +16,7 @@ namespace {
 
 constexpr std::string_view kSuffix = ".dcr";
 constexpr std::string_view kQuarantine = "quarantine";
+constexpr std::string_view kAborted = "aborted";
 
 // Reads every chunk's framing to the end (payloads are not decoded): a
 // file torn after its header fails here, not halfway through a catch-up.
@@ -57,7 +58,10 @@ std::vector<DeltaHistory::Entry> DeltaHistory::Entries() const {
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const fs::path& p = e.path();
     if (p.extension() == ".tmp") continue;  // a refit in progress, or Prune's
-    if (p.filename() == kQuarantine && e.is_directory(ec)) continue;
+    if ((p.filename() == kQuarantine || p.filename() == kAborted) &&
+        e.is_directory(ec)) {
+      continue;
+    }
     if (p.extension() == kSuffix && e.is_regular_file(ec)) {
       files.push_back(p);
     } else {
@@ -85,6 +89,38 @@ std::vector<DeltaHistory::Entry> DeltaHistory::Entries() const {
     out.push_back(Entry{p.string(), h});
   }
   return out;
+}
+
+std::string DeltaHistory::AbortedDir() const {
+  return dir_ + "/" + std::string(kAborted);
+}
+
+std::string DeltaHistory::AbortedPathFor(const RefitId& refit) const {
+  return fmt::format("{}/{}{}", AbortedDir(), refit.ToHex(), kSuffix);
+}
+
+Result<std::string> DeltaHistory::Aborted(const RefitId& refit,
+                                          const Version& target,
+                                          Version* base) const {
+  const std::string path = AbortedPathFor(refit);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return Status::NotFound(
+        fmt::format("{} keeps no delta of the aborted refit {}", AbortedDir(),
+                    refit.ToHex()));
+  }
+  DCR_ASSIGN_OR_RETURN(auto reader, DeltaReader::Open(path));
+  if (reader->header().target != target) {
+    return Status::NotFound(
+        fmt::format("{} is not the delta of refit {} to step {} ({})", path,
+                    refit.ToHex(), target.step, target.digest.ShortHex()));
+  }
+  *base = reader->header().base;
+  reader.reset();
+  if (Status s = CheckChunks(path); !s.ok()) {
+    return Status::Corruption(s.ToString());
+  }
+  return path;
 }
 
 std::string DeltaHistory::PathFor(const Version& target) const {
@@ -125,16 +161,19 @@ Status DeltaHistory::Prune() {
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     if (e.path().extension() == ".tmp") remove(e.path());
   }
-  // The quarantine keeps the newest kQuarantineKept files, for a look.
-  std::vector<std::pair<fs::file_time_type, fs::path>> quarantined;
-  for (const auto& e : fs::directory_iterator(QuarantineDir(), ec)) {
-    quarantined.emplace_back(e.last_write_time(ec), e.path());
-  }
-  std::sort(quarantined.begin(), quarantined.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = kQuarantineKept; i < quarantined.size(); ++i) {
-    remove(quarantined[i].second);
-  }
+  // The quarantine keeps the newest kQuarantineKept files, for a look;
+  // aborted deltas, the newest `keep`.
+  auto keep_newest = [&](const std::string& dir, size_t kept) {
+    std::vector<std::pair<fs::file_time_type, fs::path>> dated;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      dated.emplace_back(e.last_write_time(ec), e.path());
+    }
+    std::sort(dated.begin(), dated.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t i = kept; i < dated.size(); ++i) remove(dated[i].second);
+  };
+  keep_newest(QuarantineDir(), kQuarantineKept);
+  keep_newest(AbortedDir(), keep_);
   return first_error;
 }
 
@@ -148,6 +187,28 @@ HistoryRecording::HistoryRecording(const DeltaHistory& history,
   }
   writer_ = *std::move(record);
   if (writer_) path_ = history.PathFor(target);
+  aborted_path_ = history.AbortedDir();
+}
+
+void HistoryRecording::FinishAborted(const DeltaHeader& header,
+                                     const RefitId& refit) {
+  if (!writer_) return;
+  std::error_code ec;
+  fs::create_directories(aborted_path_, ec);
+  if (ec) {
+    spdlog::warn("not keeping the aborted delta: cannot create {}: {}",
+                 aborted_path_, ec.message());
+    writer_.reset();
+    return;
+  }
+  const std::string path =
+      fmt::format("{}/{}{}", aborted_path_, refit.ToHex(), kSuffix);
+  writer_->set_path(path);
+  Status s = writer_->Finish(header);
+  writer_.reset();
+  if (!s.ok()) {
+    spdlog::warn("not keeping the aborted delta: {}", s.ToString());
+  }
 }
 
 void HistoryRecording::Append(std::span<const std::byte> chunk) {
@@ -223,7 +284,7 @@ ComposedDelta::~ComposedDelta() = default;
 
 Result<std::unique_ptr<ComposedDelta>> ComposedDelta::Open(
     const std::vector<std::string>& chain, const Digest128& manifest,
-    uint64_t span_elems) {
+    uint64_t span_elems, Kind kind) {
   if (chain.empty()) return Status::InvalidArgument("an empty delta chain");
   std::unique_ptr<ComposedDelta> c(new ComposedDelta());
   std::map<ChunkId, std::vector<std::span<const std::byte>>> index;
@@ -236,7 +297,7 @@ Result<std::unique_ptr<ComposedDelta>> ComposedDelta::Open(
     }
     if (c->readers_.empty()) {
       c->base_ = h.base;
-    } else if (h.base != c->target_) {
+    } else if (kind == Kind::kChain && h.base != c->target_) {
       return Status::InvalidArgument(fmt::format(
           "{}: its base (step {}) is not the previous delta's target (step {})",
           path, h.base.step, c->target_.step));
@@ -295,6 +356,59 @@ Result<bool> ComposedDelta::Encode(size_t i, size_t elem_size,
   }
   return encoder->EncodeDiff(ChunkKind::kXor, id, elem_size, zeros, mask, out,
                              sizes);
+}
+
+}  // namespace dcr
+
+namespace dcr {
+
+Result<bool> ComposedDelta::EncodeUnion(size_t i, size_t elem_size,
+                                        std::span<const std::byte> target,
+                                        ChunkEncoder* encoder,
+                                        ChunkDecoder* decoder,
+                                        std::vector<std::byte>* scratch,
+                                        std::vector<std::byte>* out,
+                                        ChunkSizes* sizes) const {
+  const ChunkId id = ids_[i];
+  const size_t n = target.size();
+  const size_t elems = n / elem_size;
+  // scratch = [one byte per element: changed by some delta | values]
+  scratch->assign(elems, std::byte{0});
+  DecodedChunk chunk;
+  for (size_t k = offsets_[i]; k < offsets_[i + 1]; ++k) {
+    DCR_RETURN_IF_ERROR(decoder->Decode(parts_[k], &chunk));
+    if (chunk.header.elem_size != elem_size ||
+        uint64_t{chunk.header.span_elems} * elem_size != n) {
+      return Status::Corruption(
+          fmt::format("history chunk ({}, {}) does not fit its tensor",
+                      id.tensor, id.span));
+    }
+    const bool xor_chunk = chunk.header.kind == ChunkKind::kXor;
+    for (size_t p = 0; p < chunk.positions.size(); ++p) {
+      const uint32_t at = chunk.positions[p];
+      if (xor_chunk) {
+        const std::byte* v = chunk.values.data() + p * elem_size;
+        bool nonzero = false;
+        for (size_t b = 0; b < elem_size; ++b) nonzero |= v[b] != std::byte{0};
+        if (!nonzero) continue;
+      }
+      (*scratch)[at] = std::byte{1};
+    }
+  }
+  std::vector<uint32_t> positions;
+  for (size_t e = 0; e < elems; ++e) {
+    if ((*scratch)[e] != std::byte{0}) positions.push_back(uint32_t(e));
+  }
+  if (positions.empty()) return false;
+  std::vector<std::byte> values(positions.size() * elem_size);
+  for (size_t p = 0; p < positions.size(); ++p) {
+    std::memcpy(values.data() + p * elem_size,
+                target.data() + size_t{positions[p]} * elem_size, elem_size);
+  }
+  DCR_RETURN_IF_ERROR(encoder->EncodeOverwrite(id, elem_size,
+                                               static_cast<uint32_t>(elems),
+                                               positions, values, out, sizes));
+  return true;
 }
 
 }  // namespace dcr

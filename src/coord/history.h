@@ -68,6 +68,17 @@ class DeltaHistory {
   Result<std::vector<std::string>> Chain(const Version& from,
                                          const Version& to) const;
 
+  // Where the delta of an aborted refit is kept (docs/FORMAT.md §"State
+  // directory"), apart from the chain: a relay that died while applying it
+  // is repaired with its change set (coord/repair.h).
+  std::string AbortedDir() const;
+  std::string AbortedPathFor(const RefitId& refit) const;
+  // The kept delta of the aborted refit `refit` to `target` (its base in
+  // *base): NotFound when none is kept (or it is not that refit's),
+  // Corruption naming it when it does not read to its end.
+  Result<std::string> Aborted(const RefitId& refit, const Version& target,
+                              Version* base) const;
+
   // Where unreadable delta files go (docs/FORMAT.md §"State directory").
   std::string QuarantineDir() const;
   static constexpr size_t kQuarantineKept = 8;
@@ -109,25 +120,37 @@ class HistoryRecording {
   // Makes the record durable under `header`; its path, or nullopt when
   // nothing was recorded or it failed.
   std::optional<std::string> Finish(const DeltaHeader& header);
+  // The refit `refit` aborted: keeps the record apart from the chain
+  // (DeltaHistory::AbortedPathFor), for the repair of relays that died
+  // applying it.
+  void FinishAborted(const DeltaHeader& header, const RefitId& refit);
   // Drops the record (removes its temporary file).
   void Discard() { writer_.reset(); }
 
  private:
   std::unique_ptr<DeltaWriter> writer_;
   std::string path_;
+  std::string aborted_path_;
 };
 
 // The composition of a chain of deltas (DeltaHistory::Chain): one chunk per
 // span that any delta of the chain touches, in ascending (tensor, span)
 // order, taking a store at the chain's first base to its last target.
+//
+// Opened as a union (kUnion), the files need not form a chain: the delta
+// then stands for the union of their change sets, and EncodeUnion sends
+// every element any of them changes (the repair of a store left with a mix
+// of versions, coord/repair.h).
 class ComposedDelta {
  public:
-  // Maps every file and indexes its chunks by id. Checks that the chain is
-  // contiguous (each base is the previous target) and of one manifest
-  // (`manifest`) and span length (`span_elems`).
+  enum class Kind { kChain, kUnion };
+  // Maps every file and indexes its chunks by id. Checks that the files
+  // are of one manifest (`manifest`) and span length (`span_elems`) and,
+  // for kChain, that they are contiguous (each base is the previous
+  // target).
   static Result<std::unique_ptr<ComposedDelta>> Open(
       const std::vector<std::string>& chain, const Digest128& manifest,
-      uint64_t span_elems);
+      uint64_t span_elems, Kind kind = Kind::kChain);
   ~ComposedDelta();
 
   const Version& base() const { return base_; }
@@ -148,6 +171,17 @@ class ComposedDelta {
                       std::span<const std::byte> target, ChunkEncoder* encoder,
                       ChunkDecoder* decoder, std::vector<std::byte>* scratch,
                       std::vector<std::byte>* out, ChunkSizes* sizes) const;
+
+  // Appends to `out` an overwrite chunk that sets every element of span
+  // ids()[i] that some delta changes (a nonzero XOR value, or any element
+  // an overwrite chunk carries) to its bits in `target`. Returns false and
+  // appends nothing when no element is changed.
+  Result<bool> EncodeUnion(size_t i, size_t elem_size,
+                           std::span<const std::byte> target,
+                           ChunkEncoder* encoder, ChunkDecoder* decoder,
+                           std::vector<std::byte>* scratch,
+                           std::vector<std::byte>* out,
+                           ChunkSizes* sizes) const;
 
  private:
   ComposedDelta() = default;

@@ -51,16 +51,20 @@ Result<NodeOutcome> NodeFromJson(const StateJson& f) {
 }
 
 Result<CatchUpReport> CatchUpFromJson(const StateJson& f) {
-  DCR_RETURN_IF_ERROR(f.OnlyFields({"refit", "epoch", "nodes", "method", "from",
-                                    "deltas", "chunks", "payload_bytes",
-                                    "seconds", "outcome", "reason"}));
+  DCR_RETURN_IF_ERROR(f.OnlyFields(
+      {"refit", "epoch", "nodes", "method", "from", "deltas", "chunks",
+       "payload_bytes", "seconds", "outcome", "reason", "repaired"}));
   CatchUpReport c;
   DCR_ASSIGN_OR_RETURN(c.refit, f.Refit("refit"));
   DCR_ASSIGN_OR_RETURN(c.epoch, f.Uint("epoch"));
   DCR_ASSIGN_OR_RETURN(c.nodes, f.Strings("nodes"));
   DCR_ASSIGN_OR_RETURN(c.method, f.String("method"));
-  if (c.method != "history" && c.method != "dense") {
+  if (c.method != "history" && c.method != "dense" && c.method != "repair" &&
+      c.method != "seed") {
     return f.Bad("method", "unknown method '" + c.method + "'");
+  }
+  if (f.Has("repaired")) {
+    DCR_ASSIGN_OR_RETURN(c.repaired, f.Refit("repaired"));
   }
   DCR_ASSIGN_OR_RETURN(c.from, f.VersionField("from"));
   DCR_ASSIGN_OR_RETURN(c.deltas, f.Uint("deltas"));
@@ -145,6 +149,9 @@ std::string RefitReport::ToJson() const {
          {"seconds", c.seconds},
          {"outcome", std::string(RefitOutcomeName(c.outcome))},
          {"reason", c.reason}});
+    if (!c.repaired.IsZero()) {
+      catch_up_json.back()["repaired"] = c.repaired.ToHex();
+    }
   }
   j["catch_up"] = std::move(catch_up_json);
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -11,6 +11,7 @@
 #include "coord/baseline_update.h"
 #include "coord/catch_up.h"
 #include "coord/chunk_producer.h"
+#include "coord/repair.h"
 #include "coord/span_encoder.h"
 
 namespace dcr {
@@ -23,9 +24,8 @@ double Seconds(std::chrono::steady_clock::time_point from,
 
 }  // namespace
 
-RefitRun::RefitRun(const RefitOptions& options,
-                   std::vector<std::string> catch_up_chain)
-    : options_(options), chain_(std::move(catch_up_chain)) {}
+RefitRun::RefitRun(const RefitOptions& options, HistoryFeed feed)
+    : options_(options), feed_(std::move(feed)) {}
 
 RefitRun::~RefitRun() = default;
 
@@ -39,7 +39,7 @@ Status RefitRun::WriteCurrent() {
 
 Result<RefitReport> RefitRun::Run() {
   auto t0 = Clock::now();
-  DCR_ASSIGN_OR_RETURN(setup_, SetUpRefit(options_, chain_, &report_));
+  DCR_ASSIGN_OR_RETURN(setup_, SetUpRefit(options_, feed_, &report_));
   const Topology& topo = options_.topology;
   sent_.set_sign(setup_.signer != nullptr);
   if (options_.mode == RefitMode::kDelta && options_.only_nodes.empty() &&
@@ -81,13 +81,16 @@ Result<RefitReport> RefitRun::Run() {
       replies_.plan.begin(), replies_.plan.end(),
       [](const NodeResult& r) { return r.code == NodeCode::kOk; });
   // Relays behind at an older step of this tree are brought to the target
-  // after the commit (RunRefit's catch-up): they count towards min_commit.
+  // after the commit (RunRefit's catch-up), and relays whose store holds an
+  // unfinished refit's mix or is missing are repaired or seeded (whatever
+  // this refit's outcome): they count towards min_commit.
   size_t catching_up = 0;
   if (options_.catch_up && options_.only_nodes.empty()) {
     DeltaHistory history(setup_.state.HistoryDir(), topo.root.keep_deltas);
     catching_up =
         std::count_if(behind_.begin(), behind_.end(), [&](const NodeResult& r) {
-          return HowToCatchUp(history, r.version, report_.base,
+          return NeedsRepair(r) ||
+                 HowToCatchUp(history, r.version, report_.base,
                               report_.target.step) != CatchUpBy::kNone;
         });
   }
@@ -151,10 +154,14 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   eo.baseline = setup_.baseline.get();
   eo.composed = setup_.composed.get();
   eo.span_elems = setup_.plan.span_elems;
-  eo.compress = options_.mode != RefitMode::kFull || options_.compress_full;
+  const bool union_feed =
+      setup_.composed && feed_.kind == ComposedDelta::Kind::kUnion;
+  eo.compress =
+      options_.mode != RefitMode::kFull || options_.compress_full || union_feed;
   eo.hash = setup_.signer != nullptr;
   eo.scanned = repair ? nullptr : sent_.scanned();
   SpanEncoder::Kind kind = repair            ? SpanEncoder::Kind::kFull
+                           : union_feed      ? SpanEncoder::Kind::kRepair
                            : setup_.composed ? SpanEncoder::Kind::kCompose
                            : options_.mode == RefitMode::kFull
                                ? SpanEncoder::Kind::kFull
@@ -286,19 +293,7 @@ Status RefitRun::AdvanceBaselineAndHistory(
   // the baseline commits, its write-back (a checkpoint's worth of dirty
   // pages on a disk) would hold the fsync up behind it.
   std::optional<std::string> recorded;
-  if (whole_tree && record_.active()) {
-    const Manifest& m = setup_.target->manifest();
-    DeltaHeader h;
-    h.base = report_.base;
-    h.target = report_.target;
-    h.manifest = m.digest();
-    h.span_elems = setup_.plan.span_elems;
-    h.tensor_count = m.size();
-    h.total_elements = report_.total_elements;
-    h.total_bytes = report_.checkpoint_bytes;
-    h.changed_elements = sent_.changed_elements();
-    recorded = record_.Finish(h);
-  }
+  if (whole_tree && record_.active()) recorded = record_.Finish(RecordHeader());
   record_.Discard();
   const auto t_recorded = Clock::now();
   baseline.join();
@@ -331,6 +326,20 @@ Status RefitRun::AdvanceBaselineAndHistory(
       Seconds(t_decide, t_sent), Seconds(t_sent, t_replies),
       Seconds(t_replies, t_recorded), Seconds(t_recorded, Clock::now()));
   return b;
+}
+
+DeltaHeader RefitRun::RecordHeader() const {
+  const Manifest& m = setup_.target->manifest();
+  DeltaHeader h;
+  h.base = report_.base;
+  h.target = report_.target;
+  h.manifest = m.digest();
+  h.span_elems = setup_.plan.span_elems;
+  h.tensor_count = m.size();
+  h.total_elements = report_.total_elements;
+  h.total_bytes = report_.checkpoint_bytes;
+  h.changed_elements = sent_.changed_elements();
+  return h;
 }
 
 Result<RefitReport> RefitRun::Conclude(bool commit,
@@ -373,7 +382,14 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
     replies_.final = root_->Results();
     report_.outcome = RefitOutcome::kAborted;
     commit_set.clear();
+    // Kept apart from the chain: a relay that died applying it is repaired
+    // with its change set (coord/repair.h).
+    if (record_.active()) record_.FinishAborted(RecordHeader(), report_.refit);
     record_.Discard();  // removes the temporary file
+  }
+  baseline_version_ = commit ? report_.target : report_.base;
+  if (setup_.baseline && setup_.baseline->committed()) {
+    baseline_version_ = *setup_.baseline->committed();
   }
   report_.commit_seconds = Seconds(t_decide, Clock::now());
   root_->CountAdoptions(&report_);

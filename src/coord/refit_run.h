@@ -29,11 +29,11 @@ namespace dcr {
 
 class RefitRun {
  public:
-  // With `catch_up_chain` (history delta files, options.only_nodes set):
-  // feeds the named relays the chain's composition, from its base to the
-  // baseline's version. `options` must outlive the run.
-  explicit RefitRun(const RefitOptions& options,
-                    std::vector<std::string> catch_up_chain = {});
+  // With `feed` (history delta files, options.only_nodes set): feeds the
+  // named relays from the history, a chain's composition from its base to
+  // the baseline's version (catch-up) or the overwrites of the union of
+  // the files' change sets (repair). `options` must outlive the run.
+  explicit RefitRun(const RefitOptions& options, HistoryFeed feed = {});
   ~RefitRun();
 
   Result<RefitReport> Run();
@@ -41,6 +41,9 @@ class RefitRun {
   Result<RefitReport> Resume();
   // After Run: the PLAN_REPLY of every receiver that needs catch-up.
   const std::vector<NodeResult>& behind() const { return behind_; }
+  // After Run: the root's baseline version now (the target if the refit
+  // committed and the baseline advanced, else the base).
+  const Version& baseline_version() const { return baseline_version_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -66,9 +69,11 @@ class RefitRun {
   Status AdvanceBaselineAndHistory(bool commit_sent,
                                    const std::set<std::string>& commit_set,
                                    Clock::time_point t_decide);
+  // The history record's header for this refit's delta.
+  DeltaHeader RecordHeader() const;
 
   const RefitOptions& options_;
-  std::vector<std::string> chain_;
+  HistoryFeed feed_;
   RootPhases phases_;
   RefitSetup setup_;
   RefitReport report_;
@@ -79,6 +84,7 @@ class RefitRun {
   HistoryRecording record_;
   PhaseReplies replies_;
   std::vector<NodeResult> behind_;
+  Version baseline_version_;
   bool copy_all_ = false;  // resume: the baseline takes every span
 };
 

@@ -108,8 +108,7 @@ void FillPlan(const RefitOptions& options, const RefitReport& report,
 
 // Checks what only a refit (not a resume) needs of target and baseline,
 // and sets the report's versions.
-Status CheckVersions(const RefitOptions& options,
-                     std::vector<std::string> chain,
+Status CheckVersions(const RefitOptions& options, const HistoryFeed& feed,
                      CheckpointDigests* target_digests, RefitSetup* setup,
                      RefitReport* report) {
   const Topology& topo = options.topology;
@@ -152,11 +151,13 @@ Status CheckVersions(const RefitOptions& options,
           options.target, report->base.step));
     }
     report->target = report->base;
-    if (!chain.empty()) {
+    if (!feed.empty()) {
       DCR_ASSIGN_OR_RETURN(
           setup->composed,
-          ComposedDelta::Open(chain, target.manifest().digest(),
-                              topo.defaults.span_elems));
+          ComposedDelta::Open(feed.files, target.manifest().digest(),
+                              topo.defaults.span_elems, feed.kind));
+    }
+    if (!feed.empty() && feed.kind == ComposedDelta::Kind::kChain) {
       if (setup->composed->target() != report->target) {
         return Status::InvalidArgument(fmt::format(
             "the history chain ends at step {}, the baseline is step {}",
@@ -177,12 +178,11 @@ Status CheckVersions(const RefitOptions& options,
 
 }  // namespace
 
-Result<RefitSetup> SetUpRefit(const RefitOptions& options,
-                              std::vector<std::string> chain,
+Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
                               RefitReport* report) {
   const Topology& topo = options.topology;
   RefitSetup setup;
-  DCR_ASSIGN_OR_RETURN(setup.tree, RefitTree(options, !chain.empty()));
+  DCR_ASSIGN_OR_RETURN(setup.tree, RefitTree(options, !feed.empty()));
   if (setup.tree.nodes.size() < 2) {
     return Status::InvalidArgument(topo.source +
                                    ": the topology has no relays to refit");
@@ -218,8 +218,8 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options,
   report->mode = options.mode;
   report->refit = NewRefitId();
   CheckpointDigests target_digests;
-  DCR_RETURN_IF_ERROR(CheckVersions(options, std::move(chain), &target_digests,
-                                    &setup, report));
+  DCR_RETURN_IF_ERROR(
+      CheckVersions(options, feed, &target_digests, &setup, report));
   if (setup.signer) {
     // END carries a manifest entry per chunk: refuse now, before any relay
     // is asked, a refit whose manifest could not fit in one frame.

@@ -26,25 +26,35 @@
 
 namespace dcr {
 
+// What a run of named nodes streams from the history instead of a diff:
+// the composition of a chain of deltas (catch-up: XOR chunks from the
+// chain's base to the baseline's version), or the union of their change
+// sets (the repair of a store left with a mix: overwrites with the
+// baseline's bits, coord/repair.h).
+struct HistoryFeed {
+  std::vector<std::string> files;
+  ComposedDelta::Kind kind = ComposedDelta::Kind::kChain;
+  bool empty() const { return files.empty(); }
+};
+
 struct RefitSetup {
   Tree tree;
   StateDir state{""};
   StoreSpec baseline_spec;  // path empty: no root.baseline configured
   std::unique_ptr<WeightStore> baseline;
   std::unique_ptr<Checkpoint> target;
-  std::unique_ptr<ComposedDelta> composed;  // catch-up from the history
+  std::unique_ptr<ComposedDelta> composed;  // catch-up or repair (HistoryFeed)
   std::unique_ptr<EndSigner> signer;        // null: END is unsigned
   std::unique_ptr<ThreadPool> pool;
   PlanMsg plan;
 };
 
-// A refit of options (RunRefit): `chain` (history delta files, with
-// options.only_nodes) feeds the named relays the chain's composition. Fills
+// A refit of options (RunRefit): `feed` (history delta files, with
+// options.only_nodes) feeds the named relays from the history. Fills
 // report's refit, epoch, mode, base, target, checkpoint and element
 // counts. InvalidArgument, NotFound, Corruption or IOError as RunRefit
 // documents.
-Result<RefitSetup> SetUpRefit(const RefitOptions& options,
-                              std::vector<std::string> chain,
+Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
                               RefitReport* report);
 
 // What `dcr refit --resume` resumes: the interrupted refit and its

@@ -9,7 +9,7 @@ namespace dcr {
 SpanEncoder::SpanEncoder(Options options, Kind kind,
                          std::vector<uint32_t> tensors)
     : options_(options), kind_(kind) {
-  if (kind_ == Kind::kCompose) {
+  if (kind_ == Kind::kCompose || kind_ == Kind::kRepair) {
     items_ = options_.composed->ids();
     return;
   }
@@ -33,7 +33,8 @@ Status SpanEncoder::Prepare(size_t workers) {
     eo.compress = options_.compress;
     DCR_ASSIGN_OR_RETURN(e, ChunkEncoder::Create(eo));
   }
-  decoders_.resize(kind_ == Kind::kCompose ? workers : 0);
+  decoders_.resize(kind_ == Kind::kCompose || kind_ == Kind::kRepair ? workers
+                                                                     : 0);
   scratch_.resize(decoders_.size());
   for (auto& d : decoders_) {
     DCR_ASSIGN_OR_RETURN(d, ChunkDecoder::Create());
@@ -54,6 +55,13 @@ Status SpanEncoder::Encode(size_t i, size_t worker, EncodedChunk* out) {
   switch (kind_) {
     case Kind::kCompose: {
       auto changed = options_.composed->Encode(
+          i, es, target, encoders_[worker].get(), decoders_[worker].get(),
+          &scratch_[worker], &out->bytes, &out->sizes);
+      s = changed.ok() ? Status::OK() : changed.status();
+      break;
+    }
+    case Kind::kRepair: {
+      auto changed = options_.composed->EncodeUnion(
           i, es, target, encoders_[worker].get(), decoders_[worker].get(),
           &scratch_[worker], &out->bytes, &out->sizes);
       s = changed.ok() ? Status::OK() : changed.status();

@@ -1,8 +1,9 @@
 // What one pass of a refit encodes and how, span by span: the XOR diff of
 // baseline and target (a delta refit), dense overwrites of every span (a
 // full refit, or the tensors of a repair round), or the composed chunks of
-// a history chain (catch-up). It is the ChunkJob body of a refit: the
-// chunk producer (chunk_producer.h) runs Prepare once, then Encode for
+// a history chain (catch-up), or the overwrites that repair a store left
+// with a mix of versions (coord/repair.h). It is the ChunkJob body of a refit:
+// the chunk producer (chunk_producer.h) runs Prepare once, then Encode for
 // every item on the pool's workers.
 //
 // Thread safety: Encode may run concurrently for distinct items on
@@ -30,11 +31,12 @@ class SpanEncoder {
     kDiff,     // XOR of baseline and target, every span
     kFull,     // dense overwrites of every span of `tensors`
     kCompose,  // the composition of a history chain, its chunk ids
+    kRepair,   // overwrites of every element a union of deltas changes
   };
   struct Options {
     const Checkpoint* target = nullptr;
     const WeightStore* baseline = nullptr;    // kDiff
-    const ComposedDelta* composed = nullptr;  // kCompose
+    const ComposedDelta* composed = nullptr;  // kCompose, kRepair
     uint64_t span_elems = 0;
     bool compress = true;  // compressed value planes
     bool hash = false;     // SHA-256 of every chunk (signed refits)

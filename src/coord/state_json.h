@@ -45,6 +45,7 @@ class StateJson {
   // The file's `format` (1 when absent); Unsupported above kStateFormat.
   Result<uint64_t> Format() const;
 
+  bool Has(const char* key) const { return j_.contains(key); }
   Result<uint64_t> Uint(const char* key) const;
   Result<double> Number(const char* key) const;
   Result<bool> Bool(const char* key) const;

@@ -49,6 +49,7 @@ class StatusHandler : public LinkHandler {
         out_->committed = n.version;
       }
       out_->detail = n.detail;
+      out_->store = n.store;
       if (n.node != out_->node) {
         out_->error = fmt::format("answered as '{}'", n.node);
       }
@@ -69,6 +70,50 @@ class StatusHandler : public LinkHandler {
 };
 
 }  // namespace
+
+std::string_view NodeStateName(NodeState state) {
+  switch (state) {
+    case NodeState::kCurrent:
+      return "current";
+    case NodeState::kStale:
+      return "stale";
+    case NodeState::kEmpty:
+      return "empty";
+    case NodeState::kUnfinished:
+      return "unfinished";
+    case NodeState::kRepairing:
+      return "repairing";
+    case NodeState::kUnreachable:
+      return "unreachable";
+  }
+  return "unknown";
+}
+
+NodeState StateOf(const NodeStatus& node,
+                  const std::optional<Version>& baseline) {
+  if (!node.reachable) return NodeState::kUnreachable;
+  if (node.store.unfinished) {
+    return node.store.repairing ? NodeState::kRepairing
+                                : NodeState::kUnfinished;
+  }
+  if (!node.committed) return NodeState::kEmpty;
+  if (baseline && *node.committed != *baseline) return NodeState::kStale;
+  return NodeState::kCurrent;
+}
+
+bool ServingReady(NodeState state) {
+  return state == NodeState::kCurrent || state == NodeState::kStale;
+}
+
+std::string DescribeUnfinished(const StoreCondition& u) {
+  return fmt::format(
+      "holds a mix of step {} and step {} (refit {}){}", u.base.step,
+      u.target.step, u.unfinished ? u.unfinished->ToHex().substr(0, 12) : "?",
+      u.repairing ? "; the root is repairing it"
+      : u.prepared
+          ? "; it voted yes before a crash, bits verified at the target"
+          : "");
+}
 
 std::vector<NodeStatus> QueryStatus(const Topology& topology,
                                     std::chrono::milliseconds timeout,

@@ -1,7 +1,9 @@
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "common/printable.h"
 #include "dcr/checkpoint.h"
 #include "format/safetensors_header.h"
 
@@ -72,24 +74,32 @@ Result<Manifest> Manifest::Create(std::vector<TensorInfo> tensors) {
   uint64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorInfo& t = tensors[i];
+    // Names are shown escaped (common/printable.h) in every message.
+    auto name = [&t] { return Printable(t.name); };
+    if (std::optional<size_t> at = FindControlByte(t.name)) {
+      return Status::InvalidArgument(
+          "tensor '" + name() + "': the name holds a control character (" +
+          Printable(std::string_view(t.name).substr(*at, 1)) + " at byte " +
+          std::to_string(*at) + "); tensor names must be printable");
+    }
     if (i > 0 && tensors[i - 1].name == t.name) {
-      return Status::InvalidArgument("duplicate tensor name '" + t.name +
+      return Status::InvalidArgument("duplicate tensor name '" + name() +
                                      "' in manifest");
     }
     if (!IsValidDType(static_cast<uint8_t>(t.dtype))) {
-      return Status::InvalidArgument("tensor '" + t.name +
+      return Status::InvalidArgument("tensor '" + name() +
                                      "' has invalid dtype value " +
                                      std::to_string(static_cast<int>(t.dtype)));
     }
     if (t.shape.size() > kMaxTensorRank) {
       return Status::InvalidArgument(
-          "tensor '" + t.name + "' has rank " + std::to_string(t.shape.size()) +
+          "tensor '" + name() + "' has rank " + std::to_string(t.shape.size()) +
           ", more than the limit " + std::to_string(kMaxTensorRank));
     }
     uint64_t bytes;
     if (!CheckedNumBytes(t.dtype, t.shape, nullptr, &bytes) ||
         __builtin_add_overflow(total, bytes, &total)) {
-      return Status::InvalidArgument("tensor '" + t.name + "' with shape " +
+      return Status::InvalidArgument("tensor '" + name() + "' with shape " +
                                      ShapeString(t.shape) +
                                      " overflows a 64-bit byte count");
     }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
@@ -13,6 +14,7 @@
 
 #include "common/bytes.h"
 #include "common/file.h"
+#include "common/printable.h"
 #include "common/strict_json.h"
 #include "dcr/checkpoint.h"
 #include "dcr/thread_pool.h"
@@ -62,8 +64,10 @@ class HeaderErrors {
   Status File(const std::string& msg) const {
     return Status::Corruption(prefix_ + ": " + msg);
   }
+  // `name` is shown escaped (common/printable.h).
   Status Tensor(const std::string& name, const std::string& msg) const {
-    return Status::Corruption(prefix_ + ": tensor '" + name + "': " + msg);
+    return Status::Corruption(prefix_ + ": tensor '" + Printable(name) +
+                              "': " + msg);
   }
 
  private:
@@ -89,6 +93,14 @@ bool ReadU64Array(const Json& j, std::vector<uint64_t>* out, std::string* why) {
 Result<SafetensorsEntry> ParseEntry(const std::string& name, const Json& j,
                                     uint64_t data_size,
                                     const HeaderErrors& err) {
+  // A JSON string may hold any character; a name with a control character
+  // would break every line that prints it, and no framework writes one.
+  if (std::optional<size_t> at = FindControlByte(name)) {
+    return err.Tensor(name, "the name holds a control character (" +
+                                Printable(name.substr(*at, 1)) + " at byte " +
+                                std::to_string(*at) +
+                                "); tensor names must be printable");
+  }
   if (!j.is_object()) {
     return err.Tensor(
         name, "entry is " + std::string(j.type_name()) + ", not an object");
@@ -187,14 +199,15 @@ Status CheckCoverage(const std::vector<SafetensorsEntry>& tensors,
     if (e->begin < covered) {
       return err.Tensor(e->info.name,
                         "data_offsets " + RangeString(e->begin, e->end) +
-                            " overlap tensor '" + prev->info.name + "' at " +
-                            RangeString(prev->begin, prev->end));
+                            " overlap tensor '" + Printable(prev->info.name) +
+                            "' at " + RangeString(prev->begin, prev->end));
     }
     if (e->begin > covered) {
-      return err.File(
-          "hole in the data region: bytes [" + std::to_string(covered) + ", " +
-          std::to_string(e->begin) +
-          ") belong to no tensor (the next tensor is '" + e->info.name + "')");
+      return err.File("hole in the data region: bytes [" +
+                      std::to_string(covered) + ", " +
+                      std::to_string(e->begin) +
+                      ") belong to no tensor (the next tensor is '" +
+                      Printable(e->info.name) + "')");
     }
     covered = e->end;
     prev = e;
@@ -253,14 +266,14 @@ Result<std::map<std::string, std::string>> ReadIndex(
   for (const auto& [tensor, file] : it->items()) {
     if (!file.is_string()) {
       return Status::Corruption(what + ": weight_map entry for tensor '" +
-                                tensor + "' is " + file.dump() +
+                                Printable(tensor) + "' is " + file.dump() +
                                 ", not a file name");
     }
     const std::string& name = file.get_ref<const std::string&>();
     if (name.empty() || name == "." || name == ".." ||
         name.find('/') != std::string::npos) {
-      return Status::Corruption(what + ": weight_map maps tensor '" + tensor +
-                                "' to '" + name +
+      return Status::Corruption(what + ": weight_map maps tensor '" +
+                                Printable(tensor) + "' to '" + Printable(name) +
                                 "', which is not a plain file name");
     }
     weight_map.emplace(tensor, name);
@@ -454,28 +467,28 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
       auto [it, inserted] = holder.emplace(e.info.name, fi);
       if (!inserted) {
         return Status::Corruption(
-            "tensor '" + e.info.name + "' appears in both '" +
+            "tensor '" + Printable(e.info.name) + "' appears in both '" +
             loaded[it->second].path + "' and '" + loaded[fi].path + "'");
       }
       if (index_path.empty()) continue;
       auto wm = weight_map.find(e.info.name);
       if (wm == weight_map.end()) {
-        return Status::Corruption("tensor '" + e.info.name + "' is in '" +
-                                  loaded[fi].path + "' but not in index '" +
-                                  index_path + "'");
+        return Status::Corruption("tensor '" + Printable(e.info.name) +
+                                  "' is in '" + loaded[fi].path +
+                                  "' but not in index '" + index_path + "'");
       }
       if (wm->second != file_name) {
-        return Status::Corruption("index '" + index_path + "' maps tensor '" +
-                                  e.info.name + "' to '" + wm->second +
-                                  "' but it is stored in '" + loaded[fi].path +
-                                  "'");
+        return Status::Corruption(
+            "index '" + index_path + "' maps tensor '" +
+            Printable(e.info.name) + "' to '" + Printable(wm->second) +
+            "' but it is stored in '" + loaded[fi].path + "'");
       }
     }
   }
   for (const auto& [tensor, file] : weight_map) {
     if (holder.find(tensor) == holder.end()) {
       return Status::Corruption("index '" + index_path + "' maps tensor '" +
-                                tensor + "' to '" + file +
+                                Printable(tensor) + "' to '" + Printable(file) +
                                 "', which does not contain it");
     }
   }

@@ -15,6 +15,7 @@
 #include "common/bytes.h"
 #include "common/cleanup.h"
 #include "common/file.h"
+#include "common/printable.h"
 #include "dcr/checkpoint.h"
 #include "format/safetensors_header.h"
 
@@ -44,8 +45,10 @@ Result<std::vector<const TensorToWrite*>> SortAndValidate(
       return Status::InvalidArgument("duplicate tensor name '" + info.name +
                                      "'");
     }
-    if (info.name.empty() || info.name == "__metadata__") {
-      return Status::InvalidArgument("invalid tensor name '" + info.name + "'");
+    if (info.name.empty() || info.name == "__metadata__" ||
+        FindControlByte(info.name)) {
+      return Status::InvalidArgument("invalid tensor name '" +
+                                     Printable(info.name) + "'");
     }
     if (!IsValidDType(static_cast<uint8_t>(info.dtype))) {
       return Status::InvalidArgument("tensor '" + info.name +

@@ -165,8 +165,14 @@ Status Fanout::SendTo(Child& c, FrameType type,
 void Fanout::OnConnected(size_t i, Result<std::shared_ptr<Link>> link) {
   Child& c = children_[i];
   if (!link.ok()) {
-    Fail(i, NodeCode::kUnreachable, std::string(link.status().message()),
-         c.adoption ? FailKind::kAdoption : FailKind::kFinal);
+    // A node that cannot be reached before it took the plan (down before
+    // the refit) is routed around like one that fails later: its live
+    // children are adopted. A leaf has nobody to hand on.
+    FailKind kind = c.adoption && !c.unplanned ? FailKind::kAdoption
+                    : tree_.Children(c.plan_index).empty()
+                        ? FailKind::kFinal
+                        : FailKind::kUnreached;
+    Fail(i, NodeCode::kUnreachable, std::string(link.status().message()), kind);
     return;
   }
   c.link = *std::move(link);
@@ -195,7 +201,19 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
   if (c.failed) return;
   c.last_rx = Clock::now();
   const std::string& name = c.sub.nodes[0].name;
-  if (frame.type() == FrameType::kHeartbeat) return;
+  if (frame.type() == FrameType::kHeartbeat) {
+    // A relay reports its progress in it (protocol/liveness.h); a relay of
+    // an older release sends it empty.
+    if (!frame.payload.empty()) {
+      if (auto p = DecodeProgress(frame.payload); p.ok()) {
+        c.progress = *p;
+      } else {
+        spdlog::debug("{}: bad HEARTBEAT from {}: {}", options_.hello.node,
+                      name, p.status().ToString());
+      }
+    }
+    return;
+  }
   if (frame.type() == FrameType::kHello) {
     auto hello = DecodeHello(frame.payload);
     if (!hello.ok() || hello->node != name) {
@@ -304,13 +322,50 @@ void Fanout::Fail(size_t i, NodeCode code, std::string why, FailKind kind) {
     c.superseded = true;
     return;
   }
-  if (closing_ || !options_.adopt || kind == FailKind::kFinal) return;
+  if (closing_ || kind == FailKind::kFinal) return;
   // Nothing is left to deliver to a subtree that refused the plan or
   // answered the last phase.
   if (c.refused || (c.reply && (expected_ == FrameType::kCommitReply ||
                                 expected_ == FrameType::kAbortReply))) {
     return;
   }
+  if (!options_.adopt) {
+    // This node is an orphan: its own link may be what failed (a stopped
+    // process wakes to every link silent). Recover once adopted.
+    c.deferred = kind;
+    return;
+  }
+  Recover(i, kind);
+}
+
+void Fanout::RecoverDeferred(const PlanMsg* adopter) {
+  if (!options_.adopt || closing_) return;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    std::optional<FailKind> kind = std::exchange(children_[i].deferred, {});
+    if (!kind) continue;
+    const std::string& name = children_[i].sub.nodes[0].name;
+    if (adopter &&
+        std::none_of(adopter->nodes.begin(), adopter->nodes.end(),
+                     [&](const PlanNode& n) { return n.name == name; })) {
+      spdlog::info("{}: adopted without {} (its adopter took it)",
+                   options_.hello.node, name);
+      continue;
+    }
+    spdlog::info("{}: adopted again; recovering {}, which failed meanwhile",
+                 options_.hello.node, name);
+    Recover(i, *kind);
+  }
+}
+
+void Fanout::Stalled(Clock::duration gap) {
+  const Clock::time_point now = Clock::now();
+  for (Child& c : children_) {
+    if (!c.failed) c.last_rx = std::min(now, c.last_rx + gap);
+  }
+}
+
+void Fanout::Recover(size_t i, FailKind kind) {
+  Child& c = children_[i];
   if (kind == FailKind::kLink && !c.retried) {
     // It may have lost only the link: connect to it again, once.
     c.superseded = true;
@@ -320,10 +375,13 @@ void Fanout::Fail(size_t i, NodeCode code, std::string why, FailKind kind) {
     Connect(k);
     return;
   }
-  AdoptChildrenOf(i);
+  const bool unreached = kind == FailKind::kUnreached;
+  AdoptChildrenOf(i, unreached);
+  // Never reached: nothing of the refit to rejoin (it takes the next one).
+  if (unreached) c.rejoin_tries = kRejoinTries;
 }
 
-void Fanout::AdoptChildrenOf(size_t i) {
+void Fanout::AdoptChildrenOf(size_t i, bool unplanned) {
   Child& c = children_[i];
   c.split = true;
   if (tree_.plan.heartbeat_ms != 0) {
@@ -355,6 +413,7 @@ void Fanout::AdoptChildrenOf(size_t i) {
     spdlog::info("{}: adopting {}, a child of {}", options_.hello.node,
                  tree_.plan.nodes[o].name, failed);
     size_t n = AddChild(o, /*adoption=*/true, /*retried=*/false);
+    children_[n].unplanned = unplanned;
     ++adoptions_;
     Connect(n);
   }
@@ -384,6 +443,7 @@ void Fanout::SendAmendment(Child& c, uint32_t depth) {
 }
 
 void Fanout::Amend(const PlanMsg& plan) {
+  RecoverDeferred(&plan);
   std::vector<size_t> told;
   for (size_t t : MergePlan(tree_, plan)) {
     size_t host = static_cast<size_t>(tree_.plan.nodes[t].parent);
@@ -461,6 +521,7 @@ bool Fanout::Complete() const {
   bool rejoining =
       tree_.plan.heartbeat_ms != 0 && expected_ == FrameType::kVote;
   return std::all_of(children_.begin(), children_.end(), [&](const Child& c) {
+    if (c.deferred) return false;  // recovered once this node is adopted
     if (rejoining && c.failed && c.split && !c.superseded &&
         c.rejoin_tries < kRejoinTries) {
       return false;  // it may still come back
@@ -470,6 +531,7 @@ bool Fanout::Complete() const {
 }
 
 void Fanout::ExpireIfDue(Clock::time_point now) {
+  RecoverDeferred(nullptr);  // adopting again without an Amend
   ExpireAdoptions(now);
   if (now < deadline_) return;
   for (size_t i = 0; i < children_.size(); ++i) {
@@ -549,7 +611,12 @@ void Fanout::Tick(Clock::time_point now) {
     LivenessVerdict v = CheckLiveness(
         c.liveness, LivenessPolicy{interval, window},
         LinkObservation{now, c.last_rx, owes_slow_reply, c.link->QueuedBytes(),
-                        c.link->stats().bytes_sent, c.sub.nodes[0].link_bps});
+                        c.link->stats().bytes_sent, c.sub.nodes[0].link_bps,
+                        c.progress});
+    if (v.kind == LivenessVerdict::Kind::kSlowLink) {
+      spdlog::info("{}: link to {}: {}", options_.hello.node,
+                   c.sub.nodes[0].name, v.why);
+    }
     if (v.kind == LivenessVerdict::Kind::kSilent) {
       Fail(i, NodeCode::kTimeout, std::move(v.why),
            c.adoption && !c.accepted ? FailKind::kAdoption : FailKind::kLink);

@@ -8,8 +8,9 @@
 // then on, and every node of its subtree is reported (kRejected,
 // kTimeout). A child whose link fails is re-parented: connected to again,
 // or its own children adopted (see set_adopting), and the failed node is
-// reported alone (kUnreachable, kTimeout). Orphans are re-parented within
-// capacity (see AdoptChildrenOf below), and an adopted node gets the
+// reported alone (kUnreachable, kTimeout); so is a child that cannot be
+// reached at PLAN (its live children are adopted). Orphans are re-parented
+// within capacity (see AdoptChildrenOf below), and an adopted node gets the
 // chunks it missed again from a bounded buffer of recent CHUNK frames.
 //
 // Thread safety: none. Every method runs on the owner's thread; link events
@@ -131,10 +132,16 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // every child, fails a child silent for 4 intervals (a hung or stopped
   // process; not while it owes its PLAN_REPLY or decision reply, when it
   // may be creating, hashing or syncing a large store: the phase deadline
-  // bounds that), and a slow child: one whose send queue stayed above the
-  // plan's window (the tree waits for it) for 8 intervals while it took
-  // bytes at under a tenth of its link's bandwidth (PlanNode::link_bps;
-  // 0: never slow). Call at least every interval / 2.
+  // bounds that), and a slow node: one that held the tree back (its send
+  // queue, or the backlog it reports in its HEARTBEATs, above the plan's
+  // window) for 8 intervals because it did not consume what arrived, at
+  // under a tenth of what its link carries (the topology's bandwidth,
+  // PlanNode::link_bps, or less where the link was measured slower). A
+  // child that reports it kept up is behind a slow link: it is never
+  // failed (re-parenting its children would only add crossings of that
+  // link); the link's measured rate becomes its expectation (logged once
+  // per hold). protocol/liveness.h has the rules. Call at least every
+  // interval / 2.
   void Tick(Clock::time_point now);
   // When Tick wants to run next.
   Clock::time_point next_tick() const { return next_tick_; }
@@ -164,8 +171,23 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // again from it first; what the buffer no longer holds (evicted) shows
   // in the node's vote (tensors to repair) and the root's repair round
   // resends it. Only a node that has a parent adopts: an orphan turns this
-  // off until it is adopted itself.
+  // off until it is adopted itself. A child that fails meanwhile is not
+  // given up: its recovery (connecting to it again, or adopting its
+  // children) waits until adopting is turned on again (this node was
+  // adopted), and runs at the adopter's PLAN (Amend): for the children
+  // that PLAN still lists under this node; the others the adopter took
+  // itself (a rejoin PLAN lists this node alone), so they stay failed here,
+  // and their own replies reach the root. Without an Amend, the next
+  // ExpireIfDue recovers them all. Until then the phase is not Complete
+  // (this node does not answer for a subtree it may still reach). A node
+  // never adopted gives the refit up at its orphan deadline instead.
   void set_adopting(bool on) { options_.adopt = on; }
+  // The owner did not run for `gap` (its process was stopped, or its
+  // thread blocked): silence measured across the gap says nothing about a
+  // child, whose frames may still wait in the socket. Credits the gap to
+  // every child's silence clock. Call before Tick when the owner's timers
+  // ran late by more than a heartbeat interval.
+  void Stalled(Clock::duration gap);
   void set_depth(uint32_t depth) { options_.depth = depth; }
   // A PLAN for this node from its parent (an adoption PLAN, or one on the
   // live parent link) may carry subtrees its parent placed under nodes of
@@ -173,6 +195,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // those placed under this node (or under a failed child of it whose
   // children it adopted), and passes the others down in a PLAN to the
   // child whose subtree takes them.
+  // Runs the recoveries deferred while this node was an orphan (see
+  // set_adopting) first.
   void Amend(const PlanMsg& plan);
   // Adoptions started, each node once per attempt; an orphan placed under
   // another node counts here, where it was placed.
@@ -212,7 +236,11 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     kLink,      // its link closed or fell silent: try it again, then adopt
     kAdoption,  // it did not accept an adoption: adopt its children
     kSlow,      // dropped for holding the tree back: adopt its children
-    kFinal,     // refused, deadline, bad frame: no adoption
+    // It could not be reached at PLAN (connection refused, connect
+    // timeout): adopt its live children as for a node that fails
+    // mid-refit; it took nothing, so no rejoin tries.
+    kUnreached,
+    kFinal,  // refused, deadline, bad frame: no adoption
   };
   struct Child {
     size_t plan_index = 0;  // in plan_.nodes
@@ -232,8 +260,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     bool superseded = false;    // a newer entry stands for it: reports nothing
     Clock::time_point started;  // connect began
     Clock::time_point last_rx;  // last frame from it
-    Clock::time_point last_heartbeat;  // last HEARTBEAT to it
-    LivenessState liveness;            // protocol/liveness.h
+    Clock::time_point last_heartbeat;     // last HEARTBEAT to it
+    LivenessState liveness;               // protocol/liveness.h
+    std::optional<ProgressMsg> progress;  // its last HEARTBEAT's report
     // A split node is tried again now and then (it may restart and rejoin
     // its refit): when, how often so far, and for a rejoin entry, which
     // entry it would replace.
@@ -247,6 +276,13 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     std::vector<FramePosition> sent_unaccepted;
     // Adopting on behalf of an ancestor (Amend): the depth it sends.
     std::optional<uint32_t> delegated_depth;
+    // Adopted because its parent could not be reached at PLAN: it never
+    // took this refit's plan (if it cannot be reached either, it is routed
+    // around the same way, with no rejoin tries).
+    bool unplanned = false;
+    // It failed while this node was an orphan (adopting off): the recovery
+    // Fail would have started, run once adopted (RecoverDeferred).
+    std::optional<FailKind> deferred;
   };
   class ChildHandler;
 
@@ -273,7 +309,14 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   void OnClosed(size_t child, const Status& why);
   void Fail(size_t child, NodeCode code, std::string why,
             FailKind kind = FailKind::kFinal);
-  void AdoptChildrenOf(size_t child);
+  // What follows a failure of `kind` when this node adopts: connect to
+  // the child again, or re-parent its children.
+  void Recover(size_t child, FailKind kind);
+  // Once adopting again: recovers the deferred children that `adopter`
+  // (the adopter's PLAN) lists, every one if null; gives up the others.
+  void RecoverDeferred(const PlanMsg* adopter);
+  // `unplanned`: `child` never took the plan (kUnreached), nor did they.
+  void AdoptChildrenOf(size_t child, bool unplanned = false);
   Status SendTo(Child& c, FrameType type, const std::vector<std::byte>& body);
   std::chrono::milliseconds heartbeat() const {
     return std::chrono::milliseconds(tree_.plan.heartbeat_ms);

@@ -40,6 +40,14 @@ std::vector<NodeResult> Fanout::Results() const {
   std::vector<NodeResult> out;
   for (const Child& c : children_) {
     if (c.superseded) continue;
+    if (c.reply && c.rejoin_of) {
+      // It rejoined alone: its former children report through the nodes
+      // that adopted them, whatever it says of them.
+      for (const NodeResult& r : c.reply->nodes) {
+        if (r.node == c.sub.nodes[0].name) out.push_back(r);
+      }
+      continue;
+    }
     if (c.reply) {  // it answered this phase, even if its link went after
       out.insert(out.end(), c.reply->nodes.begin(), c.reply->nodes.end());
       // A node placed in its subtree after it answered: no answer yet.

@@ -14,6 +14,11 @@ constexpr uint8_t kMessageVersion = 1;
 // END with the signed refit manifest (EndMsg).
 constexpr uint8_t kEndSignedVersion = 2;
 constexpr uint8_t kResultsPositionVersion = 2;  // with received_through
+constexpr uint8_t kResultsStoreVersion = 3;     // with StoreCondition
+constexpr uint8_t kStoreUnfinished = 1;
+constexpr uint8_t kStorePrepared = 2;
+constexpr uint8_t kStoreMissing = 4;
+constexpr uint8_t kStoreRepairing = 8;
 
 void PutString(ByteWriter* w, std::string_view s) {
   w->PutVarint(s.size());
@@ -278,8 +283,12 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
 std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
   std::vector<std::byte> out;
   ByteWriter w(&out);
-  w.Put<uint8_t>(m.received_through ? kResultsPositionVersion
-                                    : kMessageVersion);
+  const bool conditions =
+      std::any_of(m.nodes.begin(), m.nodes.end(),
+                  [](const NodeResult& n) { return !n.store.empty(); });
+  w.Put<uint8_t>(conditions           ? kResultsStoreVersion
+                 : m.received_through ? kResultsPositionVersion
+                                      : kMessageVersion);
   w.PutVarint(m.nodes.size());
   for (const NodeResult& n : m.nodes) {
     PutString(&w, n.node);
@@ -290,6 +299,21 @@ std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
     w.PutVarint(n.repair.size());
     for (uint32_t t : n.repair) w.PutVarint(t);
   }
+  if (conditions) {
+    for (const NodeResult& n : m.nodes) {
+      const StoreCondition& c = n.store;
+      w.Put<uint8_t>((c.unfinished ? kStoreUnfinished : 0) |
+                     (c.unfinished && c.prepared ? kStorePrepared : 0) |
+                     (c.unfinished && c.repairing ? kStoreRepairing : 0) |
+                     (c.missing ? kStoreMissing : 0));
+      if (c.unfinished) {
+        w.PutBytes(std::as_bytes(std::span(c.unfinished->bytes)));
+        PutVersion(&w, c.base);
+        PutVersion(&w, c.target);
+      }
+    }
+    w.Put<uint8_t>(m.received_through ? 1 : 0);
+  }
   if (m.received_through) {
     w.Put<uint64_t>(m.received_through->epoch);
     w.Put<uint64_t>(m.received_through->sequence);
@@ -298,7 +322,7 @@ std::vector<std::byte> EncodeResults(const ResultsMsg& m) {
 }
 
 Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
-  Reader r(b, "RESULTS", kResultsPositionVersion);
+  Reader r(b, "RESULTS", kResultsStoreVersion);
   ResultsMsg m;
   uint64_t count = r.Varint("nodes", kMaxPlanNodes);
   for (uint64_t i = 0; r.ok() && i < count; ++i) {
@@ -322,7 +346,36 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
     n.code = static_cast<NodeCode>(code);
     m.nodes.push_back(std::move(n));
   }
-  if (r.ok() && r.version() == kResultsPositionVersion) {
+  bool position = r.version() == kResultsPositionVersion;
+  if (r.ok() && r.version() == kResultsStoreVersion) {
+    for (NodeResult& n : m.nodes) {
+      uint8_t flags = r.Get<uint8_t>("nodes.store");
+      if (r.ok() && (flags & ~(kStoreUnfinished | kStorePrepared |
+                               kStoreMissing | kStoreRepairing)) != 0) {
+        r.Fail("nodes.store", "unknown flags");
+      }
+      if (r.ok() && (flags & (kStorePrepared | kStoreRepairing)) &&
+          !(flags & kStoreUnfinished)) {
+        r.Fail("nodes.store",
+               "prepared or repairing without an unfinished refit");
+      }
+      StoreCondition& c = n.store;
+      c.missing = (flags & kStoreMissing) != 0;
+      c.prepared = (flags & kStorePrepared) != 0;
+      c.repairing = (flags & kStoreRepairing) != 0;
+      if (r.ok() && (flags & kStoreUnfinished)) {
+        RefitId id;
+        for (uint8_t& byte : id.bytes) byte = r.Get<uint8_t>("nodes.store");
+        c.unfinished = id;
+        c.base = r.Ver("nodes.store.base");
+        c.target = r.Ver("nodes.store.target");
+      }
+    }
+    uint8_t has = r.Get<uint8_t>("received_through");
+    if (r.ok() && has > 1) r.Fail("received_through", "flag not 0 or 1");
+    position = has == 1;
+  }
+  if (r.ok() && position) {
     FramePosition p;
     p.epoch = r.Get<uint64_t>("received_through.epoch");
     p.sequence = r.Get<uint64_t>("received_through.sequence");
@@ -395,6 +448,26 @@ Result<AbortMsg> DecodeAbort(std::span<const std::byte> b) {
   Reader r(b, "ABORT");
   AbortMsg m;
   m.reason = r.String("reason");
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
+std::vector<std::byte> EncodeProgress(const ProgressMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  w.Put<uint64_t>(m.received_bytes);
+  w.Put<uint64_t>(m.backlog_bytes);
+  w.Put<uint64_t>(m.self_held_ms);
+  return out;
+}
+
+Result<ProgressMsg> DecodeProgress(std::span<const std::byte> b) {
+  Reader r(b, "HEARTBEAT");
+  ProgressMsg m;
+  m.received_bytes = r.Get<uint64_t>("received_bytes");
+  m.backlog_bytes = r.Get<uint64_t>("backlog_bytes");
+  m.self_held_ms = r.Get<uint64_t>("self_held_ms");
   DCR_RETURN_IF_ERROR(r.Finish());
   return m;
 }

@@ -98,6 +98,29 @@ struct PlanMsg {
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
 };
 
+// What a relay's store holds besides its committed version, as its
+// PLAN_REPLY and STATUS_REPLY say (docs/PROTOCOL.md §"Repair of a mixed
+// store"): a refit left unfinished (the relay died mid-refit; the bits are
+// a mix of `base` and `target`, per element), or no store at all (a shared
+// memory store gone with a reboot, a store never seeded).
+struct StoreCondition {
+  // The store's record names this refit unfinished.
+  std::optional<RefitId> unfinished;
+  Version base;    // with `unfinished`
+  Version target;  // with `unfinished`
+  // With `unfinished`: the relay's journal shows it voted yes, and the
+  // bits were verified to be `target` since; it waits for the decision.
+  bool prepared = false;
+  // With `unfinished` (STATUS_REPLY): a refit running here is repairing
+  // it (coord/repair.h).
+  bool repairing = false;
+  // The store does not exist (a full refit seeds it).
+  bool missing = false;
+  bool empty() const { return !unfinished && !missing; }
+  friend bool operator==(const StoreCondition&,
+                         const StoreCondition&) = default;
+};
+
 struct NodeResult {
   std::string node;
   NodeCode code = NodeCode::kOk;
@@ -107,6 +130,9 @@ struct NodeResult {
   // VOTE only: the tensors (manifest indices, ascending) whose bits differ
   // from the target; the root may resend them as overwrites.
   std::vector<uint32_t> repair;
+  // PLAN_REPLY and STATUS_REPLY: the store's own condition, when it is not
+  // simply a committed version.
+  StoreCondition store;
   friend bool operator==(const NodeResult&, const NodeResult&) = default;
 };
 
@@ -124,6 +150,10 @@ struct FramePosition {
 // position of the last CHUNK its sender accepted from its parent
 // ({0, 0}: none). The message is then version 2: the version-1 fields,
 // then u64 epoch, u64 sequence. Without it, version 1 byte for byte.
+// A node whose StoreCondition is not empty makes it version 3: the
+// version-1 fields, then per node u8 flags (1: unfinished, 2: prepared,
+// 4: missing, 8: repairing) and, with flag 1, the refit id, base and
+// target; then u8 1 and the position, or u8 0.
 struct ResultsMsg {
   std::vector<NodeResult> nodes;
   std::optional<FramePosition> received_through = std::nullopt;
@@ -172,12 +202,32 @@ struct AbortMsg {
   friend bool operator==(const AbortMsg&, const AbortMsg&) = default;
 };
 
+// HEARTBEAT from a child to its parent may carry the child's progress (a
+// parent's HEARTBEAT, and a child of an older release, send none: empty
+// payload). The parent's slow-child verdict (protocol/liveness.h) reads it
+// to tell a slow node from a slow link. Version 1: u64 received_bytes,
+// u64 backlog_bytes, u64 self_held_ms.
+struct ProgressMsg {
+  // Bytes this relay took from its parent links in this refit: CHUNK
+  // frames it handled and frames waiting for its event thread.
+  uint64_t received_bytes = 0;
+  // Bytes it received and has not consumed yet: frames waiting for its
+  // event thread and chunks waiting for its apply workers.
+  uint64_t backlog_bytes = 0;
+  // In this refit, milliseconds it kept its parent link unread for reasons
+  // of its own (its event thread behind, its apply window full), not for
+  // its children's windows.
+  uint64_t self_held_ms = 0;
+  friend bool operator==(const ProgressMsg&, const ProgressMsg&) = default;
+};
+
 std::vector<std::byte> EncodeHello(const HelloMsg& m);
 std::vector<std::byte> EncodePlan(const PlanMsg& m);
 std::vector<std::byte> EncodeResults(const ResultsMsg& m);
 std::vector<std::byte> EncodeEnd(const EndMsg& m);
 std::vector<std::byte> EncodeCommit(const CommitMsg& m);
 std::vector<std::byte> EncodeAbort(const AbortMsg& m);
+std::vector<std::byte> EncodeProgress(const ProgressMsg& m);
 
 // Each returns Corruption naming the message and the field on any
 // malformed, truncated, oversized or trailing input, or an unknown message
@@ -188,6 +238,7 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b);
 Result<EndMsg> DecodeEnd(std::span<const std::byte> b);
 Result<CommitMsg> DecodeCommit(std::span<const std::byte> b);
 Result<AbortMsg> DecodeAbort(std::span<const std::byte> b);
+Result<ProgressMsg> DecodeProgress(std::span<const std::byte> b);
 
 // The END digest of a set of chunk ids (any order; sorted here).
 Digest128 ChunkIdsDigest(std::vector<std::pair<uint32_t, uint32_t>> ids);

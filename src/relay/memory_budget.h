@@ -37,7 +37,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "dcr/status.h"
 
@@ -83,6 +85,30 @@ inline constexpr size_t kMaxInboundLinks = 64;
 // small for that (the minimum links at the minimum frame size).
 Result<MemoryBudget> PlanMemoryBudget(uint64_t limit, size_t apply_threads,
                                       uint32_t max_frame_payload);
+
+// The smallest cap PlanMemoryBudget accepts for these arguments.
+uint64_t MinMemoryLimit(size_t apply_threads, uint32_t max_frame_payload);
+
+// The cap a relay takes when --memory-limit is not given: a quarter of the
+// machine's memory (`machine_bytes`, MachineMemoryBytes()), at most
+// kDefaultMemoryLimitMax, at least MinMemoryLimit. 2 GiB keeps the
+// windows near their defaults (a 64 MiB apply window; a resend buffer of
+// 250 MiB, about 4 default windows) and bounds frames to 31 MiB (a PLAN of
+// about 270,000 tensors) and inbound links to 12, with 2 apply threads.
+inline constexpr uint64_t kDefaultMemoryLimitMax = 2ull << 30;
+inline constexpr uint64_t kDefaultMemoryLimitDivisor = 4;
+uint64_t DefaultMemoryLimit(uint64_t machine_bytes, size_t apply_threads,
+                            uint32_t max_frame_payload);
+
+// The limit a cgroup file states: cgroup v2 memory.max ("max": none) or
+// v1 memory.limit_in_bytes (a value of 2^60 or more: none). Nullopt also
+// for text that is not a number.
+std::optional<uint64_t> ParseCgroupMemoryLimit(std::string_view text);
+
+// The memory this process may use: physical memory, or less where the
+// process's cgroup (v2: its own and every ancestor's memory.max; v1:
+// memory.limit_in_bytes) says so. 0 when unknown.
+uint64_t MachineMemoryBytes();
 
 }  // namespace dcr
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "relay/inbound_links.h"
 
 namespace dcr {
@@ -77,12 +79,14 @@ std::shared_ptr<Link> ParentLink::Adopt(std::shared_ptr<Link> link,
   return old && old.get() != up_.get() ? old : nullptr;
 }
 
-std::optional<std::string> ParentLink::Heartbeat(const FrameHeader& about,
-                                                 Clock::time_point now) {
+std::optional<std::string> ParentLink::Heartbeat(
+    const FrameHeader& about, Clock::time_point now,
+    const std::function<ProgressMsg()>& progress) {
   if (heartbeat_.count() == 0 || orphaned_) return std::nullopt;
   if (now - last_heartbeat_ >= heartbeat_) {
     last_heartbeat_ = now;
-    SendReply(*sender_, *up_, FrameType::kHeartbeat, about, {}, node_);
+    SendReply(*sender_, *up_, FrameType::kHeartbeat, about,
+              EncodeProgress(progress()), node_);
   }
   // While we do not read from the parent (backpressure) its frames wait in
   // the socket: silence then says nothing.
@@ -91,6 +95,10 @@ std::optional<std::string> ParentLink::Heartbeat(const FrameHeader& about,
                        std::chrono::duration<double>(now - last_rx_).count());
   }
   return std::nullopt;
+}
+
+void ParentLink::Stalled(Clock::duration gap) {
+  last_rx_ = std::min(Clock::now(), last_rx_ + gap);
 }
 
 ParentLink::Clock::time_point ParentLink::NextHeartbeat() const {

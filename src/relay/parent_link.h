@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,10 @@ class ParentLink {
   uint32_t parent_depth() const { return depth_; }
   bool orphaned() const { return orphaned_; }
   bool paused() const { return paused_; }
+  // Frames from the parent waiting for the relay's thread: their bytes, and
+  // whether they stopped reading from it (the inbound quota).
+  uint64_t waiting_bytes() const { return gate_->queued(); }
+  bool held_by_waiting() const { return gate_->paused(ReadGate::kQueued); }
   Clock::time_point orphan_deadline() const { return orphan_deadline_; }
 
   // A frame came from the parent; a CHUNK at `position`.
@@ -75,13 +80,19 @@ class ParentLink {
                               std::shared_ptr<ReadGate> gate, uint32_t depth,
                               bool resend);
 
-  // Heartbeat timer: sends a HEARTBEAT up when one is due. Returns why the
+  // Heartbeat timer: sends a HEARTBEAT up when one is due, carrying
+  // `progress()` (ProgressMsg, protocol/liveness.h). Returns why the
   // parent counts as gone (silent for 4 intervals while reading), if so;
   // the caller closes the link and orphans the refit.
-  std::optional<std::string> Heartbeat(const FrameHeader& about,
-                                       Clock::time_point now);
+  std::optional<std::string> Heartbeat(
+      const FrameHeader& about, Clock::time_point now,
+      const std::function<ProgressMsg()>& progress);
   // When Heartbeat wants to run next (max(): never).
   Clock::time_point NextHeartbeat() const;
+  // This relay did not run for `gap` (a stopped process, a blocked
+  // thread): the parent's frames may still wait in the socket, so the gap
+  // does not count as the parent's silence.
+  void Stalled(Clock::duration gap);
 
   // Closes the parent's link.
   void Close() { up_->Close(); }

@@ -71,8 +71,13 @@ PlanDecision DecidePlan(const PlanFacts& f) {
   // and the parent reconnects with an adoption PLAN of the same run. The
   // relay rejoins; what it applied before is unknown, so it takes only
   // overwrites from now on and the root's repair round fixes the rest.
-  const bool rejoin = !held && f.adopt && f.unfinished &&
-                      *f.unfinished == f.refit && f.epoch == f.max_epoch;
+  // Or it restored the refit's base from its journal at start: the same
+  // rejoin, with bits that are exactly the base again.
+  const bool rejoin_restored = !held && f.adopt && f.restored &&
+                               *f.restored == f.refit && f.epoch == f.max_epoch;
+  const bool rejoin = (!held && f.adopt && f.unfinished &&
+                       *f.unfinished == f.refit && f.epoch == f.max_epoch) ||
+                      rejoin_restored;
   if (f.resume && !rejoin) {
     return Refuse(NodeCode::kRejected,
                   fmt::format("refit {} is not in progress here (it never "
@@ -105,7 +110,8 @@ PlanDecision DecidePlan(const PlanFacts& f) {
                   fmt::format("refit {} is in progress", held->id.ToHex()));
   }
   PlanDecision d = Decided(Outcome::kAccept);
-  d.rejoin = rejoin;
+  d.rejoin = rejoin && !rejoin_restored;
+  d.rejoin_restored = rejoin_restored;
   d.replace_orphan = replace;
   return d;
 }

@@ -19,9 +19,13 @@
 //   kAnswerAgain the refit already ended here: send PLAN_REPLY and the last
 //                reply again (raise the epoch first if `raise_epoch`);
 //   kAccept      start a new refit (persist the epoch first); `rejoin`: the
-//                store's unfinished refit is this one (restarted mid-refit);
-//                `replace_orphan`: first end the orphaned refit this relay
-//                still waits in, which a newer coordinator run replaced.
+//                store's unfinished refit is this one (restarted mid-refit:
+//                overwrites only); `rejoin_restored`: this relay restarted
+//                mid-refit and restored the refit's base from its journal,
+//                so it rejoins with a normal session (XOR applies, Abort
+//                restores); `replace_orphan`: first end the orphaned refit
+//                this relay still waits in, which a newer coordinator run
+//                replaced.
 //
 // Thread safety: a pure function; call it from any thread.
 #ifndef DCR_RELAY_PLAN_DECISION_H_
@@ -67,6 +71,9 @@ struct PlanFacts {
   std::optional<Ended> ended;
   // The refit the store's record names unfinished, if any.
   std::optional<RefitId> unfinished;
+  // The refit whose base this relay restored at start from its journal
+  // (restarted mid-refit without a yes vote), if no refit ran since.
+  std::optional<RefitId> restored;
 };
 
 struct PlanDecision {
@@ -84,6 +91,7 @@ struct PlanDecision {
   std::string detail;             // kRefuse: why
   bool raise_epoch = false;       // kAnswerAgain
   bool rejoin = false;            // kAccept
+  bool rejoin_restored = false;   // kAccept
   bool replace_orphan = false;    // kAccept
 };
 

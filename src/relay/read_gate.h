@@ -49,6 +49,11 @@ class ReadGate {
     MutexLock lock(&mu_);
     Change(on ? (reasons_ | why) : (reasons_ & ~unsigned{why}));
   }
+  // Bytes of frames handed to the relay's thread and not handled yet.
+  uint64_t queued() const DCR_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return queued_;
+  }
   bool paused(Reason why) const DCR_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     return (reasons_ & why) != 0;

@@ -1,11 +1,30 @@
 #include "relay/refit_session.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
+#include <cerrno>
+#include <set>
 
 namespace dcr {
+namespace {
+
+// The refit's journal, where Options say (a memory store's on the heap).
+Result<std::unique_ptr<Journal>> CreateJournal(
+    const WeightStore& store, const RefitId& refit, const PlanMsg& plan,
+    const RefitSession::Options& options) {
+  std::string path;
+  if (!options.undo_dir || !options.undo_dir->empty()) {
+    path = JournalPath(store.record_path(), options.undo_dir.value_or(""));
+  }
+  Result<std::string> boot = CurrentBootId();
+  return Journal::Create(path,
+                         JournalHeader{refit, plan.base, plan.target,
+                                       boot.ok() ? *boot : std::string()});
+}
+
+}  // namespace
 
 std::unique_ptr<RefitSession> RefitSession::Begin(
     WeightStore* store, const std::string& node, const RefitId& refit,
@@ -29,11 +48,18 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
       refusal->detail = "the store holds other tensors";
       return nullptr;
     }
+    // Its journal takes only yes votes (what was applied before is not
+    // known, so there is nothing to restore from).
+    auto journal = CreateJournal(*store, refit, plan, options);
+    if (!journal.ok()) {
+      return refuse(NodeCode::kStoreError, journal.status().ToString());
+    }
     std::unique_ptr<RefitSession> session(
         new RefitSession(store, node, refit, plan));
     session->keep_undo_ = false;
     session->rejoined_ = true;
     session->hash_ahead_ = options.hash_ahead;
+    session->journal_ = *std::move(journal);
     return session;
   }
   if (store->manifest().digest() != plan.manifest) {
@@ -49,10 +75,16 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
   // (which XOR chunks were applied before is not known).
   std::optional<RefitInProgress> unfinished = store->InProgress();
   if (auto& busy = unfinished; busy && plan.mode != RefitMode::kFull) {
+    // The root repairs it (docs/PROTOCOL.md §"Repair of a mixed store"):
+    // the reply says which refit, so that it can find that refit's change
+    // set.
+    refusal->store.unfinished = busy->refit;
+    refusal->store.base = busy->base;
+    refusal->store.target = busy->target;
     return refuse(
         NodeCode::kNeedsCatchUp,
         fmt::format("{} holds the unfinished refit {} (a mix of step {} and "
-                    "{}); repair it with dcr refit --full",
+                    "{}); the root repairs it",
                     store->describe(), busy->refit.ToHex(), busy->base.step,
                     busy->target.step));
   }
@@ -77,22 +109,34 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
                       plan.base.step, plan.base.digest.ShortHex()));
     }
   }
-  std::unique_ptr<UndoLog> undo;
+  // The journal exists before the record says the refit is in progress,
+  // so no apply can run without it.
+  std::unique_ptr<Journal> journal;
   if (!options.fresh_store) {
-    std::string dir = options.undo_dir.value_or(
-        std::filesystem::path(store->record_path()).parent_path().string());
-    auto log = UndoLog::Create(dir);
-    if (!log.ok())
-      return refuse(NodeCode::kStoreError, log.status().ToString());
-    undo = *std::move(log);
+    auto created = CreateJournal(*store, refit, plan, options);
+    if (!created.ok())
+      return refuse(NodeCode::kStoreError, created.status().ToString());
+    journal = *std::move(created);
   }
-  Status s = store->BeginRefit(refit, plan.base, plan.target);
-  if (!s.ok()) return refuse(NodeCode::kStoreError, s.ToString());
+  // Over an unfinished refit's mix (a repair: a full refit), the record
+  // keeps naming that refit until this one commits: should the relay die
+  // again, the root's next repair covers the elements that refit changed
+  // and those the tree changed since its base, which include this one's
+  // target (a version of the tree); see coord/repair.h. (This refit's
+  // journal then names another refit than the record: a restart ignores
+  // it.)
+  if (!unfinished) {
+    Status s = store->BeginRefit(refit, plan.base, plan.target);
+    if (!s.ok()) {
+      if (journal) (void)journal->Remove();
+      return refuse(NodeCode::kStoreError, s.ToString());
+    }
+  }
   std::unique_ptr<RefitSession> session(
       new RefitSession(store, node, refit, plan));
   session->keep_undo_ = !options.fresh_store;
   session->hash_ahead_ = options.hash_ahead;
-  session->undo_ = std::move(undo);
+  session->journal_ = std::move(journal);
   session->unfinished_ = std::move(unfinished);
   return session;
 }
@@ -148,24 +192,26 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
     st.in_flight = true;
   }
   Applied a;
-  std::vector<std::byte> replaced;
   Status s;
   {
     TensorHash& th = hashes_[c.header.id.tensor];
     ReaderMutexLock writing(&th.mu);
-    th.writes.fetch_add(1, std::memory_order_relaxed);
-    s = ApplyChunk(c, SpanOf(c.header),
-                   is_xor || !keep_undo_ ? nullptr : &replaced);
-    if (s.ok() && keep_undo_) {
-      auto record = undo_->Append(chunk, replaced);
+    std::span<std::byte> span = SpanOf(c.header);
+    if (keep_undo_) {
+      // Write-ahead: the values this apply replaces are in the journal
+      // before the first byte of the span changes.
+      auto record = journal_->AppendApply(
+          c, uint64_t{c.header.id.span} * plan_.span_elems * c.header.elem_size,
+          span);
       if (record.ok()) {
         a.record = *record;
-        a.chunk_size = chunk.size();
       } else {
-        // The span is changed and cannot be undone: put it back first.
-        Status back = UndoChunk(c, replaced, SpanOf(c.header));
-        s = back.ok() ? record.status() : back;
+        s = record.status();
       }
+    }
+    if (s.ok()) {
+      th.writes.fetch_add(1, std::memory_order_relaxed);
+      s = ApplyChunk(c, span);
     }
   }
   {
@@ -263,6 +309,15 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
   // The bits decide (DESIGN.md §4, invariant 1): a store at the target
   // votes yes even if some chunk failed on the way (a repair overwrote it).
   if (r.version.digest == plan_.target.digest) {
+    // Durable before the vote leaves this relay: after a crash, the
+    // journal says this relay may be in the commit set (RecoverAfterCrash).
+    Status s =
+        journal_ ? journal_->AppendVotedYes(r.version.digest) : Status::OK();
+    if (!s.ok()) {
+      r.code = NodeCode::kStoreError;
+      r.detail = "cannot record the yes vote: " + s.ToString();
+      return r;
+    }
     r.code = NodeCode::kOk;
     return r;
   }
@@ -289,13 +344,22 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
 }
 
 Status RefitSession::Commit() {
+  // Over an unfinished refit's mix the record still names that refit (see
+  // Begin): the bits are verified to be the target now, so the record
+  // names this refit, then commits it.
+  if (unfinished_ && !rejoined_) {
+    DCR_RETURN_IF_ERROR(store_->BeginRefit(refit_, plan_.base, plan_.target));
+  }
   DCR_RETURN_IF_ERROR(store_->Commit(plan_.target, refit_));
   MutexLock lock(&mu_);
   spans_.clear();
+  // A journal left behind (the unlink failed) names a refit the record no
+  // longer does: the next start removes it.
+  if (journal_) (void)journal_->Remove();
   return Status::OK();
 }
 
-Status RefitSession::Abort(ChunkDecoder* decoder) {
+Status RefitSession::Abort(ChunkDecoder* /*decoder*/) {
   MutexLock lock(&mu_);
   if (rejoined_) {
     // What the crash left cannot be undone: the record keeps saying the
@@ -305,29 +369,120 @@ Status RefitSession::Abort(ChunkDecoder* decoder) {
         "the base cannot be restored after a restart mid-refit; the store "
         "stays marked unfinished: repair it with dcr refit --full");
   }
-  DecodedChunk c;
-  std::vector<std::byte> record;
+  JournalApply record;
   // A fresh store has no base bits to go back to: its record says it holds
   // no committed version, which is all a later refit checks.
   for (auto& [id, st] : spans_) {
     if (!keep_undo_) break;
     // Reverse the applications of this span, last first.
     for (auto it = st.stack.rbegin(); it != st.stack.rend(); ++it) {
-      DCR_RETURN_IF_ERROR(undo_->Read(it->record, &record));
-      std::span<const std::byte> bytes(record);
-      DCR_RETURN_IF_ERROR(decoder->Decode(bytes.first(it->chunk_size), &c));
+      DCR_RETURN_IF_ERROR(journal_->Read(it->record, &record));
       DCR_RETURN_IF_ERROR(
-          UndoChunk(c, bytes.subspan(it->chunk_size), SpanOf(c.header)));
+          RestoreApply(record, store_->MutableTensor(record.id.tensor)));
     }
   }
   spans_.clear();
   // Restored bits that were an unfinished refit's mix are still that mix:
   // keep it recorded, so that no delta is bound to them.
-  if (unfinished_) {
-    return store_->BeginRefit(unfinished_->refit, unfinished_->base,
-                              unfinished_->target);
+  Status s = unfinished_
+                 ? store_->BeginRefit(unfinished_->refit, unfinished_->base,
+                                      unfinished_->target)
+                 : store_->EndRefit();
+  if (s.ok() && journal_) (void)journal_->Remove();
+  return s;
+}
+
+RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
+    WeightStore* store, const std::string& journal_path,
+    const std::string& boot_id, ThreadPool* pool) {
+  using Outcome = CrashRecovery::Outcome;
+  CrashRecovery out;
+  out.unfinished = store->InProgress();
+  if (!out.unfinished) {
+    // A journal of a refit that ended (its removal did not happen).
+    if (!journal_path.empty()) (void)::unlink(journal_path.c_str());
+    return out;
   }
-  return store_->EndRefit();
+  const RefitInProgress& busy = *out.unfinished;
+  out.outcome = Outcome::kNoJournal;
+  if (journal_path.empty()) {
+    out.detail = "a memory store keeps no journal";
+    return out;
+  }
+  auto reader = JournalReader::Open(journal_path);
+  if (!reader.ok()) {
+    out.detail = reader.status().ToString();
+    return out;
+  }
+  const JournalHeader& h = (*reader)->header();
+  if (h.refit != busy.refit || h.base != busy.base || h.target != busy.target) {
+    out.detail = fmt::format("the journal {} is of refit {}, not this one",
+                             journal_path, h.refit.ToHex());
+    return out;
+  }
+  if (boot_id.empty() || h.boot_id != boot_id) {
+    // A host crash: what reached the disk of the journal and of the store
+    // is not known.
+    out.detail = fmt::format(
+        "the journal {} was written before a reboot (boot {}): not trusted",
+        journal_path, h.boot_id.empty() ? "unknown" : h.boot_id);
+    return out;
+  }
+  if (const std::optional<Digest128>& yes = (*reader)->voted_yes()) {
+    // Prepared: the root may have committed R with this vote. Only the
+    // root's decision may end R here.
+    Digest128 digest = store->Digests(pool).version;
+    out.outcome = digest == busy.target.digest ? Outcome::kPrepared
+                                               : Outcome::kPreparedMix;
+    out.detail =
+        out.outcome == Outcome::kPrepared
+            ? fmt::format("voted yes at {}; the bits are step {}'s (verified)",
+                          yes->ShortHex(), busy.target.step)
+            : fmt::format(
+                  "voted yes at {}, but the bits hash to {}: an "
+                  "unknown mix",
+                  yes->ShortHex(), digest.ShortHex());
+    return out;
+  }
+  // Never voted yes: restore the base, last record first.
+  JournalApply a;
+  std::set<ChunkId> spans;
+  const auto& applies = (*reader)->applies();
+  const Manifest& m = store->manifest();
+  for (auto it = applies.rbegin(); it != applies.rend(); ++it) {
+    Status s = (*reader)->Read(*it, &a);
+    if (s.ok() && a.id.tensor >= m.size()) {
+      s = Status::Corruption("journal record names a tensor past the manifest");
+    }
+    if (s.ok()) s = RestoreApply(a, store->MutableTensor(a.id.tensor));
+    if (!s.ok()) {
+      out.outcome = Outcome::kRestoreFailed;
+      out.detail = "cannot restore from " + journal_path + ": " + s.ToString();
+      return out;
+    }
+    spans.insert(a.id);
+    out.bytes += a.bytes();
+  }
+  out.spans = spans.size();
+  Digest128 digest = store->Digests(pool).version;
+  if (digest != busy.base.digest) {
+    out.outcome = Outcome::kRestoreFailed;
+    out.detail = fmt::format(
+        "the restored bits hash to {}, not step {}'s {} ({} records)",
+        digest.ShortHex(), busy.base.step, busy.base.digest.ShortHex(),
+        applies.size());
+    (void)::unlink(journal_path.c_str());
+    return out;
+  }
+  if (Status s = store->EndRefit(); !s.ok()) {
+    out.outcome = Outcome::kRestoreFailed;
+    out.detail = "restored, but cannot end the refit: " + s.ToString();
+    return out;
+  }
+  (void)::unlink(journal_path.c_str());
+  out.outcome = Outcome::kRestored;
+  out.detail = fmt::format("{} records", applies.size());
+  return out;
 }
 
 }  // namespace dcr

@@ -7,8 +7,14 @@
 // holds the plan's base (2); an XOR chunk is applied at most once and
 // duplicates are dropped (3); the vote is yes only if the store's digest is
 // the target's (1); Abort returns the store to the base bits without a
-// reload (5). What Abort needs is kept in an undo log on disk beside the
-// store, not on the heap.
+// reload (5). What Abort needs is kept in the refit's journal
+// (relay/journal.h), a named file beside the store's version record, not on
+// the heap: every apply is preceded by a record of the values it replaces,
+// and a yes vote by a durable "voted yes" record. The journal outlives a
+// crash of the process, so a relay restarted mid-refit recovers on its own
+// (RecoverAfterCrash): without a yes vote it restores its base; with one it
+// must not (the root may have decided to commit), and it only checks that
+// its bits are the target's.
 //
 // Hashing ahead: the vote needs every tensor's digest, and hashing the
 // whole store after the last chunk is the tail of every refit (a second or
@@ -44,7 +50,7 @@
 #include "dcr/thread_pool.h"
 #include "dcr/version.h"
 #include "protocol/messages.h"
-#include "relay/undo_log.h"
+#include "relay/journal.h"
 
 namespace dcr {
 
@@ -64,14 +70,17 @@ class RefitSession {
     // The store was created for this (full) refit: there are no base bits
     // to restore, so nothing is kept for Abort.
     bool fresh_store = false;
-    // Where the undo log lives (an unlinked file); empty: on the heap.
-    // Default: the directory of the store's version record.
+    // The directory of the refit's journal (JournalPath); empty: on the
+    // heap. Default: beside the store's version record (a memory store's
+    // journal is on the heap).
     std::optional<std::string> undo_dir;
     // The relay restarted during this refit (the store's record names it
-    // in progress): the bits are an unknown mix, the undo data is gone.
-    // No base check; XOR chunks are dropped (they may have been applied
-    // already), overwrites apply; Abort cannot restore the base and leaves
-    // the record saying the refit is unfinished (repair: a full refit).
+    // in progress) and could not restore its base at start (it had voted
+    // yes, or its journal was lost): the bits are an unknown mix. No base
+    // check; XOR chunks are dropped (they may have been applied already),
+    // overwrites apply; Abort cannot restore the base and leaves the
+    // record saying the refit is unfinished (repair: a full refit). Its
+    // journal records only its yes votes.
     bool rejoin = false;
     // Hash tensors the stream has moved past (see "Hashing ahead").
     bool hash_ahead = true;
@@ -97,7 +106,8 @@ class RefitSession {
                              ChunkDecoder* decoder) DCR_EXCLUDES(mu_);
 
   // After END: yes (kOk, version = target) iff the store's digest is the
-  // target digest. Otherwise kIncomplete (chunks the root sent are missing)
+  // target digest and "voted yes" is durable in the journal (else
+  // kStoreError). Otherwise kIncomplete (chunks the root sent are missing)
   // or kDigestMismatch, with `repair` naming the tensors that differ from
   // the plan's target_tensor_digests. The first vote hashes what was not
   // hashed ahead; every later one hashes the whole store.
@@ -110,13 +120,49 @@ class RefitSession {
   };
   HashCounts hash_counts() const;
 
-  // Persists the target version (data, then the version record).
+  // Persists the target version (data, then the version record), then
+  // removes the journal.
   Status Commit() DCR_EXCLUDES(mu_);
-  // Restores the base bits: XOR chunks are applied again, overwrite
-  // chunks write back the values they replaced. Then clears the
-  // in-progress record, or, when this refit took over one left unfinished,
-  // records that one again (the bits are its mix again).
+  // Restores the base bits: every span's journal records, last first,
+  // write back the values they replaced. Then clears the in-progress
+  // record, or, when this refit took over one left unfinished, records
+  // that one again (the bits are its mix again), and removes the journal.
+  // `decoder` is unused (kept for callers).
   Status Abort(ChunkDecoder* decoder) DCR_EXCLUDES(mu_);
+
+  // At a relay's start, before anything else touches `store`: if its
+  // record names a refit R unfinished and `journal_path` holds R's journal
+  // written during this boot (`boot_id`):
+  //   - no yes vote: writes back every record's old values, last first,
+  //     checks that the store hashes to R's base digest, then ends the
+  //     refit (the record says the base is committed, as before R) and
+  //     removes the journal (kRestored); if the digest differs the record
+  //     stays unfinished (kRestoreFailed);
+  //   - a yes vote: never restores (the root may have committed R): hashes
+  //     the store and reports kPrepared if it holds R's target, else
+  //     kPreparedMix; the record stays unfinished, the journal stays.
+  // Otherwise (no journal, a torn header, another refit's, another boot's)
+  // nothing changes (kNoJournal). A record with nothing unfinished removes
+  // a stale journal (kNothing).
+  struct CrashRecovery {
+    enum class Outcome {
+      kNothing,
+      kRestored,
+      kRestoreFailed,
+      kPrepared,
+      kPreparedMix,
+      kNoJournal,
+    };
+    Outcome outcome = Outcome::kNothing;
+    std::optional<RefitInProgress> unfinished;  // as the record named it
+    uint64_t spans = 0;  // kRestored: distinct spans written back
+    uint64_t bytes = 0;  // kRestored: bytes written back
+    std::string detail;  // why, for the log (every outcome but kNothing)
+  };
+  static CrashRecovery RecoverAfterCrash(WeightStore* store,
+                                         const std::string& journal_path,
+                                         const std::string& boot_id,
+                                         ThreadPool* pool);
 
   uint64_t chunks_applied() const DCR_EXCLUDES(mu_);
   const PlanMsg& plan() const { return plan_; }
@@ -145,12 +191,10 @@ class RefitSession {
     Digest128 digest DCR_GUARDED_BY(mu);
   };
 
-  // One application of a chunk to a span, enough to reverse it: a record
-  // of the undo log holding the encoded chunk (XOR: reapply it) followed,
-  // for an overwrite, by the values it replaced.
+  // One application of a chunk to a span, enough to reverse it: its
+  // journal record (the values it replaced).
   struct Applied {
-    UndoLog::Ref record;
-    uint64_t chunk_size = 0;
+    Journal::Ref record;
   };
   struct SpanState {
     bool in_flight = false;
@@ -163,7 +207,9 @@ class RefitSession {
   // The refit the store had left unfinished when this one began (a full
   // refit repairing it); Abort records it again with the restored mix.
   std::optional<RefitInProgress> unfinished_;
-  std::unique_ptr<UndoLog> undo_;
+  // Null only for a fresh store (nothing to restore, nothing to vote on
+  // that a restart could undo).
+  std::unique_ptr<Journal> journal_;
   std::string node_;
   RefitId refit_;
   PlanMsg plan_;

@@ -53,12 +53,12 @@ Status Relay::Impl::Init() {
   }
   sender_.emplace(frames);
   if (!options_.undo_dir.empty()) {
-    // Found out now, not at the first refit: the directory takes an undo log.
-    auto probe = UndoLog::Create(options_.undo_dir);
+    // Found out now, not at the first refit: the directory takes journals.
+    Status probe = Journal::ProbeDir(options_.undo_dir);
     if (!probe.ok()) {
       return Status::InvalidArgument(
           "undo directory '" + options_.undo_dir +
-          "' cannot hold an undo log: " + probe.status().ToString());
+          "' cannot hold a refit's journal: " + probe.ToString());
     }
   }
   auto store = OpenStore(options_.store);
@@ -75,12 +75,6 @@ Status Relay::Impl::Init() {
       "it holds the highest coordinator epoch this relay accepted (delete "
       "it only if no older coordinator can come back)");
   DCR_ASSIGN_OR_RETURN(max_epoch_, epoch_file_.Read());
-  if (store_ && store_->InProgress()) {
-    spdlog::warn(
-        "{}: {} holds an unfinished refit ({}); it takes no delta refit "
-        "until a full refit repairs it",
-        options_.name, store_->describe(), store_->InProgress()->refit.ToHex());
-  }
   TransportOptions to = options_.transport_options;
   to.name = options_.name;
   transports_ = std::make_unique<TransportSet>(
@@ -91,15 +85,21 @@ Status Relay::Impl::Init() {
   workers_ = std::make_unique<ApplyWorkers>(options_.apply_threads,
                                             [this] { mailbox_.Wake(); });
   hash_pool_ = std::make_unique<ThreadPool>(options_.apply_threads);
+  RecoverStore();
   env_ = RelayRefit::Env{options_.name, workers_.get(), hash_pool_.get(),
                          decoder_.get(), options_.signing_public_key.get()};
   inbound_ = std::make_unique<InboundLinks>(
-      InboundLinks::Options{options_.name, options_.peer_addresses,
-                            options_.max_inbound_links,
-                            options_.inbound_quota_bytes},
+      InboundLinks::Options{
+          options_.name, options_.peer_addresses, options_.max_inbound_links,
+          options_.inbound_quota_bytes, options_.known_nodes,
+          options_.hello_timeout, options_.idle_timeout,
+          [this](uint64_t id) {
+            return current_ && current_->parent->link_id() == id;
+          }},
       &mailbox_, &*sender_,
       InboundLinks::Counters{&counters_.links_refused,
-                             &counters_.inbound_pauses},
+                             &counters_.inbound_pauses,
+                             counters_.peers_cut.data()},
       [this](const std::shared_ptr<Link>& link, const Frame& frame,
              const FrameBuffer& buffer) { OnFrame(link, frame, buffer); },
       [this](uint64_t id, const Status& why) { OnClosed(id, why); });
@@ -116,6 +116,48 @@ Status Relay::Impl::Init() {
                options_.listen_host, port(), listener_->kind(),
                store_ ? store_->describe() : options_.store.ToString());
   return Status::OK();
+}
+
+void Relay::Impl::RecoverStore() {
+  if (!store_) return;
+  Result<std::string> boot = CurrentBootId();
+  using Outcome = RefitSession::CrashRecovery::Outcome;
+  const RefitSession::CrashRecovery r = RefitSession::RecoverAfterCrash(
+      store_.get(), JournalPath(store_->record_path(), options_.undo_dir),
+      boot.ok() ? *boot : std::string(), hash_pool_.get());
+  if (r.outcome == Outcome::kNothing) return;
+  const RefitInProgress& u = *r.unfinished;
+  const std::string id = u.refit.ToHex();
+  switch (r.outcome) {
+    case Outcome::kNothing:
+      return;
+    case Outcome::kRestored:
+      restored_from_ = u.refit;
+      spdlog::warn(
+          "{}: restored step {} after a crash mid-refit {}: {} spans, {} bytes",
+          options_.name, u.base.step, id, r.spans, r.bytes);
+      return;
+    case Outcome::kPrepared:
+    case Outcome::kPreparedMix:
+      prepared_ = PreparedAfterCrash{u.refit, u.target,
+                                     r.outcome == Outcome::kPrepared};
+      spdlog::warn(
+          "{}: {} holds refit {} (step {} -> {}) prepared: {}; it stays "
+          "unfinished until the root's decision (it is never restored "
+          "here after a yes vote)",
+          options_.name, store_->describe(), id, u.base.step, u.target.step,
+          r.detail);
+      return;
+    case Outcome::kRestoreFailed:
+    case Outcome::kNoJournal:
+      spdlog::warn(
+          "{}: {} holds an unfinished refit {} (a mix of step {} and {}) and "
+          "could not restore its base ({}); it takes no delta refit until "
+          "the root repairs it",
+          options_.name, store_->describe(), id, u.base.step, u.target.step,
+          r.detail);
+      return;
+  }
 }
 
 Status Relay::Impl::ApplyMemoryLimit() {
@@ -157,6 +199,7 @@ void Relay::Impl::Run() {
   while (!stopping_) {
     mailbox_.RunUntil(NextDeadline(Clock::now()));
     if (current_) OnTimers(Clock::now());
+    inbound_->Sweep(Clock::now());
     Advance();
     PublishStats();
   }
@@ -196,8 +239,22 @@ Clock::time_point Relay::Impl::NextDeadline(Clock::time_point now) const {
 }
 
 void Relay::Impl::OnTimers(Clock::time_point now) {
-  timers_ran_ = now;
   Current& c = *current_;
+  // The loop runs the timers at least every half heartbeat interval; a
+  // longer gap means this relay did not run (a stopped process, a blocked
+  // thread). On waking, the timers may run before the link events that
+  // came meanwhile: silence measured across the gap is our own, not our
+  // peers'. Its events (a closed link, an adoption) decide instead.
+  const auto interval = std::chrono::milliseconds(c.refit->plan().heartbeat_ms);
+  if (interval.count() != 0 && timers_ran_ > c.started &&
+      now - timers_ran_ > interval) {
+    const Clock::duration gap = now - timers_ran_;
+    spdlog::info("{}: did not run for {:.1f} s; not counting it as silence",
+                 options_.name, std::chrono::duration<double>(gap).count());
+    c.parent->Stalled(gap);
+    c.fanout->Stalled(gap);
+  }
+  timers_ran_ = now;
   c.fanout->ExpireIfDue(now);
   if (c.parent->orphaned() && now >= c.parent->orphan_deadline() &&
       c.refit->GiveUp().ok()) {
@@ -205,7 +262,11 @@ void Relay::Impl::OnTimers(Clock::time_point now) {
                  options_.name, c.refit->id().ToHex());
     c.fanout->Close();
   }
-  if (auto why = c.parent->Heartbeat(About(), now)) {
+  SampleProgress();
+  if (auto why = c.parent->Heartbeat(About(), now, [&] {
+        return c.progress.Report(Clock::now(), c.parent->waiting_bytes(),
+                                 c.refit->tracker().backlog_bytes());
+      })) {
     c.parent->Close();
     Orphan(*why);
   }
@@ -318,6 +379,18 @@ void Relay::Impl::AnswerStatus(Link& link, const Frame& frame) {
   r.node = options_.name;
   if (store_) {
     if (auto c = store_->committed()) r.version = *c;
+    // A refit the store records as begun, other than the one running here
+    // (one left by a crash): the bits are a mix, no version. A refit
+    // running over it is its repair (coord/repair.h).
+    if (auto busy = store_->InProgress();
+        busy && (!current_ || busy->refit != current_->refit->id())) {
+      r.store.unfinished = busy->refit;
+      r.store.base = busy->base;
+      r.store.target = busy->target;
+      r.store.repairing = current_.has_value();
+      r.store.prepared =
+          prepared_ && prepared_->refit == busy->refit && prepared_->verified;
+    }
   } else {
     r.code = NodeCode::kNeedsCatchUp;
   }
@@ -424,6 +497,8 @@ void Relay::Impl::OnChunk(const Frame& frame, const FrameBuffer& buffer) {
   if (*repair) c.fanout->Stream();
   c.parent->ReceivedChunk(
       FramePosition{frame.header.epoch, frame.header.sequence});
+  c.progress.Received(buffer->size());
+  SampleProgress();
   // Cut-through: the children get the chunk before it is applied here.
   counters_.chunks_forwarded +=
       ForwardChunk(*c.fanout, buffer, DCR_FAILPOINT("relay.forward"),
@@ -448,6 +523,17 @@ void Relay::Impl::MaybePause() {
       c.refit->tracker().backlog_bytes() > options_.apply_window_bytes) {
     c.parent->Pause();
   }
+  SampleProgress();
+}
+
+void Relay::Impl::SampleProgress() {
+  Current& c = *current_;
+  // Unread for its own work: frames wait for this thread beyond the
+  // inbound quota, or the apply window (not the children's) holds it.
+  c.progress.Sample(Clock::now(), c.parent->held_by_waiting() ||
+                                      (c.parent->paused() &&
+                                       c.refit->tracker().backlog_bytes() >
+                                           options_.apply_window_bytes / 2));
 }
 
 void Relay::Impl::MaybeResume() {
@@ -457,6 +543,7 @@ void Relay::Impl::MaybeResume() {
       c.refit->tracker().backlog_bytes() <= options_.apply_window_bytes / 2) {
     c.parent->Resume();
   }
+  SampleProgress();
 }
 
 void Relay::Impl::AnswerUp(FrameType type, const NodeResult& own) {

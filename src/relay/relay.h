@@ -79,6 +79,15 @@ struct RelayOptions {
   // frame. Empty: no limit.
   std::vector<std::string> plan_senders;
   std::vector<std::string> peer_addresses;
+  // The topology's node names (root included): a HELLO naming another
+  // node is refused (relay/inbound_links.h). Empty: any name.
+  std::vector<std::string> known_nodes;
+  // An inbound link that has not sent a valid HELLO within hello_timeout,
+  // or that greeted and then sent no frame for idle_timeout (unless it is
+  // the refit's parent, or the relay stopped reading it), is cut off
+  // (0: never).
+  std::chrono::milliseconds hello_timeout{10000};
+  std::chrono::milliseconds idle_timeout{60000};
   // The root's Ed25519 public key (defaults.signing_public_key_file,
   // --signing-public-key-file). With it the apply workers hash every chunk
   // they apply, and the relay votes yes only if END carries a manifest the
@@ -105,11 +114,11 @@ struct RelayOptions {
   // (relay/memory_budget.h), each lowered, never raised, and refuses a cap
   // too small to work.
   uint64_t memory_limit_bytes = 0;
-  // Where a refit's undo log lives (an unlinked file); empty: the
-  // directory of the store's version record. A full refit's undo log holds
-  // every value it replaced, up to the store's size: a store in shared
-  // memory keeps it on a disk this way. Start fails if the directory is
-  // not writable.
+  // Where a refit's journal lives (relay/journal.h, kept across a crash of
+  // the process); empty: beside the store's version record. A full
+  // refit's journal holds every value it replaced, up to the store's
+  // size: a store in shared memory keeps it on a disk this way. Start
+  // fails if the directory is not writable.
   std::string undo_dir;
 };
 

@@ -57,6 +57,7 @@ class Relay::Impl {
     std::unique_ptr<ParentLink> parent;
     std::shared_ptr<Fanout> fanout;
     Clock::time_point started;
+    ProgressMeter progress;  // reported in HEARTBEATs up
   };
   // The refit that ended last and what we answered in it: a parent that
   // lost our final reply reconnects (an adoption PLAN) and gets it again.
@@ -85,6 +86,8 @@ class Relay::Impl {
   void EndRefit(const std::string& result, bool committed);
   void MaybePause();
   void MaybeResume();
+  // Feeds the refit's ProgressMeter what holds its parent link now.
+  void SampleProgress();
   void PublishStats();
   FrameHeader About() const;
   void Reply(Link& link, FrameType type, const FrameHeader& about,
@@ -92,6 +95,23 @@ class Relay::Impl {
   // Sizes the bounds from options_.memory_limit_bytes (RelayOptions).
   Status ApplyMemoryLimit();
   Status PersistEpoch(uint64_t epoch);
+  // At Init, once the store is open: recovers from a refit a crash left
+  // unfinished, from its journal (RefitSession::RecoverAfterCrash).
+  void RecoverStore();
+
+  // After a restart mid-refit whose journal holds this relay's yes vote:
+  // the refit it is prepared in (its record stays unfinished; only the
+  // root's decision ends it) and whether the bits hashed to its target at
+  // start (else an unknown mix). For the PLAN reply; cleared once a refit
+  // session takes the store over.
+  struct PreparedAfterCrash {
+    RefitId refit;
+    Version target;
+    bool verified = false;
+  };
+  const std::optional<PreparedAfterCrash>& prepared_after_crash() const {
+    return prepared_;
+  }
 
   // relay_plan.cc: carrying out what DecidePlan decided.
   void OnPlan(const std::shared_ptr<Link>& link, const Frame& frame);
@@ -132,6 +152,11 @@ class Relay::Impl {
   std::optional<Current> current_;
   std::optional<Finished> finished_;
   uint64_t max_epoch_ = 0;
+  // The refit whose base this relay restored by itself at start (its
+  // journal held no yes vote): an adoption PLAN of it is a rejoin with a
+  // normal session (PlanFacts::restored). Cleared by the next refit.
+  std::optional<RefitId> restored_from_;
+  std::optional<PreparedAfterCrash> prepared_;
   // Frames this relay originates; made once Init fixed the frame options.
   std::optional<FrameSender> sender_;
   uint64_t last_chunks_applied_ = 0;

@@ -78,6 +78,7 @@ PlanFacts Relay::Impl::Facts(const Link& link, const FrameHeader& header,
   if (finished_) f.ended = PlanFacts::Ended{finished_->id, finished_->epoch};
   if (store_ && store_->InProgress())
     f.unfinished = store_->InProgress()->refit;
+  f.restored = restored_from_;
   return f;
 }
 
@@ -153,9 +154,9 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
                  store_->describe());
   } else if (!store_) {
     own->code = NodeCode::kNeedsCatchUp;
-    own->detail = fmt::format(
-        "{} does not exist; seed it with a full refit (dcr refit --full)",
-        options_.store.ToString());
+    own->store.missing = true;
+    own->detail = fmt::format("{} does not exist; the root seeds it",
+                              options_.store.ToString());
     return nullptr;
   }
   auto session = RefitSession::Begin(
@@ -170,6 +171,20 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
         "{}: rejoined refit {} after a restart: the store holds a mix; "
         "only overwrites apply now, the rest comes as repairs",
         options_.name, id.ToHex());
+  } else if (session && restored_from_ && *restored_from_ == id) {
+    spdlog::info(
+        "{}: rejoined refit {} after a restart, from its restored base",
+        options_.name, id.ToHex());
+  }
+  if (session) {
+    // The store is the session's now: what the start found is history.
+    restored_from_.reset();
+    prepared_.reset();
+  } else if (own->store.unfinished && prepared_ && prepared_->verified &&
+             prepared_->refit == *own->store.unfinished) {
+    // Restarted after a yes vote, bits verified at the target: only the
+    // root's decision of that refit may end it (StoreCondition::prepared).
+    own->store.prepared = true;
   }
   return session;
 }

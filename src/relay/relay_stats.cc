@@ -9,6 +9,15 @@
 
 namespace dcr {
 
+const char* CutReasonName(CutReason reason) {
+  static constexpr const char* kNames[kCutReasons] = {
+      "links_full", "not_allowed", "bad_frame",    "truncated",
+      "not_hello",  "bad_hello",   "unknown_node", "hello_timeout",
+      "idle",       "evicted",     "send_overflow"};
+  const auto i = static_cast<size_t>(reason);
+  return i < kCutReasons ? kNames[i] : "unknown";
+}
+
 void RelayCounters::CloseRefit(const Fanout& f) {
   bytes_out_closed += f.BytesSent();
   adoptions_closed += f.adoptions();
@@ -30,6 +39,7 @@ RelayStats RelayCounters::Snapshot(const WeightStore* store,
   s.refits_aborted = refits_aborted;
   s.links_refused = links_refused;
   s.inbound_pauses = inbound_pauses;
+  for (size_t i = 0; i < kCutReasons; ++i) s.peers_cut[i] = peers_cut[i];
   s.adoptions = adoptions_closed;
   s.resent_chunks = resent_chunks_closed;
   s.resent_bytes = resent_bytes_closed;
@@ -122,6 +132,14 @@ std::string RenderRelayMetrics(const RelayStats& s, const std::string& node,
           "Times a peer's link was paused because its frames waited for "
           "the relay",
           s.inbound_pauses);
+  m.Family("dcr_relay_peers_cut_total", "counter",
+           "Inbound links the relay cut off, by reason (each logged, "
+           "rate-limited)");
+  for (size_t i = 0; i < kCutReasons; ++i) {
+    m.Sample(
+        "dcr_relay_peers_cut_total", s.peers_cut[i],
+        {{"node", node}, {"reason", CutReasonName(static_cast<CutReason>(i))}});
+  }
   m.Family("dcr_relay_memory_bytes", "gauge",
            "Resident memory outside the store's mapping (RssAnon), and the "
            "--memory-limit (0: none)");

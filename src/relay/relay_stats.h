@@ -12,6 +12,7 @@
 #ifndef DCR_RELAY_RELAY_STATS_H_
 #define DCR_RELAY_RELAY_STATS_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <optional>
@@ -26,6 +27,26 @@ namespace dcr {
 
 class Fanout;
 class WeightStore;
+
+// Why a relay cut a peer's inbound link off (logged, rate-limited, and
+// counted in dcr_relay_peers_cut_total{reason}). kPeerClosed is not a cut
+// and is not counted: the peer closed between frames.
+enum class CutReason : unsigned {
+  kLinksFull,     // every slot was taken (also dcr_relay_links_refused_total)
+  kNotAllowed,    // its address is not a host of the topology
+  kBadFrame,      // a frame failed validation (header, bound, checksum, tag)
+  kTruncated,     // it closed mid-frame
+  kNotHello,      // its first frame was not a HELLO
+  kBadHello,      // its HELLO did not decode
+  kUnknownNode,   // its HELLO named a node the relay does not know
+  kHelloTimeout,  // no HELLO within the HELLO deadline
+  kIdle,          // greeted, then silent for the idle timeout
+  kEvicted,       // silent while every slot was taken and another peer came
+  kSendOverflow,  // its send queue passed the last guard (it does not read)
+};
+inline constexpr size_t kCutReasons = 11;
+// "links_full", "not_allowed", ...: the metric's label.
+const char* CutReasonName(CutReason reason);
 
 // A snapshot for metrics and tests.
 struct RelayStats {
@@ -60,6 +81,8 @@ struct RelayStats {
   // link was paused because its frames waited (inbound_quota_bytes).
   uint64_t links_refused = 0;
   uint64_t inbound_pauses = 0;
+  // Inbound links cut off, by CutReason.
+  std::array<uint64_t, kCutReasons> peers_cut{};
 };
 
 // The running totals of a relay.
@@ -73,6 +96,8 @@ struct RelayCounters {
   std::atomic<uint64_t> refits_aborted{0};
   std::atomic<uint64_t> links_refused{0};   // transport thread
   std::atomic<uint64_t> inbound_pauses{0};  // transport thread
+  // By CutReason; transport and actor threads.
+  std::array<std::atomic<uint64_t>, kCutReasons> peers_cut{};
   // Of refits that ended (the current one's are its Fanout's).
   uint64_t bytes_out_closed = 0;
   uint64_t adoptions_closed = 0;

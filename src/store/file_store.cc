@@ -118,7 +118,8 @@ Result<std::unique_ptr<WeightStore>> OpenFileStore(
     StoreSpec::DataSync data_sync) {
   const std::string describe = "file:" + path;
   // O_RDONLY opens directories as well as files; the lock is advisory.
-  UniqueFd lock(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: a FIFO must not hang the open (Checkpoint::Open refuses it).
+  UniqueFd lock(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!lock.valid()) {
     if (errno == ENOENT) {
       return Status::NotFound("store '" + describe + "' does not exist");

@@ -319,7 +319,13 @@ Status WeightStore::Records::SyncThenPersist(WeightStore& store,
   // Mark the record, keeping the earliest unsynced time of this boot: the
   // data has been unsynced since then.
   if (!next.unsynced || next.unsynced->boot_id != syncer->boot_id) {
-    next.unsynced = DataUnsynced{syncer->boot_id, NowIso8601()};
+    // Without a mark the data on disk holds the record's committed version
+    // (every commit since was written back); with one from another boot,
+    // nobody knows.
+    const VersionRecord now = store.record();
+    std::optional<Version> synced;
+    if (!now.unsynced && now.committed) synced = now.committed->version;
+    next.unsynced = DataUnsynced{syncer->boot_id, NowIso8601(), synced};
   }
   DCR_RETURN_IF_ERROR(Persist(store, next));
   uint64_t written;
@@ -352,8 +358,21 @@ Status WeightStore::RecoverUnsynced(const std::string& boot_id) {
     return records_->Persist(*this, next);
   }
   // The host restarted before the write-back finished: the disk may hold
-  // older bits than the record says. A refit in progress already says the
-  // bits are a mix; otherwise the bits must prove the committed version.
+  // older bits than the record says, down to the version the mark names as
+  // synced. A refit in progress already says the bits are a mix (of its
+  // base and target): with a synced version below its base, the mix now
+  // reaches down to it. Otherwise the bits must prove the committed
+  // version.
+  const std::optional<Version>& synced = found.unsynced->synced;
+  if (found.in_progress && synced && *synced != found.in_progress->base) {
+    spdlog::warn(
+        "{}: the host restarted during refit {} before the data was written "
+        "back (since {}): the bits are a mix of {} and later versions up "
+        "to {}; the coordinator repairs it",
+        describe_, found.in_progress->refit.ToHex(), found.unsynced->since,
+        VersionString(*synced), VersionString(found.in_progress->target));
+    next.in_progress->base = *synced;
+  }
   if (found.committed && !found.in_progress) {
     ThreadPool pool(std::max(1u, std::thread::hardware_concurrency()));
     const Digest128 digest = Digests(&pool).version;
@@ -363,6 +382,21 @@ Status WeightStore::RecoverUnsynced(const std::string& boot_id) {
           "(since {}); the bits were checked and hold it",
           describe_, VersionString(found.committed->version),
           found.unsynced->since);
+    } else if (synced) {
+      // Every element holds `synced` or a later version up to the one
+      // committed: recorded as that refit left unfinished from `synced`,
+      // which the coordinator repairs with the change sets between them.
+      spdlog::warn(
+          "{}: the host restarted before the data of {} was written back "
+          "(since {}), and the bits on disk do not hold it (digest {}): they "
+          "are a mix of {} and later versions up to it; the coordinator "
+          "repairs it",
+          describe_, VersionString(found.committed->version),
+          found.unsynced->since, digest.ShortHex(), VersionString(*synced));
+      next.in_progress =
+          RefitInProgress{found.committed->refit, *synced,
+                          found.committed->version, found.unsynced->since};
+      next.committed.reset();
     } else {
       spdlog::warn(
           "{}: the host restarted before the data of {} was written back "

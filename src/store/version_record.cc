@@ -155,6 +155,9 @@ std::string EncodeVersionRecord(const VersionRecord& record) {
   if (record.unsynced) {
     j["unsynced"] = OrderedJson{{"boot_id", record.unsynced->boot_id},
                                 {"since", record.unsynced->since}};
+    if (record.unsynced->synced) {
+      j["unsynced"]["synced"] = VersionToJson(*record.unsynced->synced);
+    }
   }
   // Timestamps come from strftime, so the dump cannot meet invalid UTF-8;
   // replace rather than throw if a caller passes something odd.
@@ -227,7 +230,10 @@ Result<VersionRecord> DecodeVersionRecord(std::string_view text,
 
   if (fmt == kUnsyncedRecordFormat) {
     const Json& u = j["unsynced"];
-    DCR_RETURN_IF_ERROR(r.ExpectKeys(u, "unsynced", {"boot_id", "since"}));
+    const bool has_synced = u.is_object() && u.contains("synced");
+    DCR_RETURN_IF_ERROR(
+        has_synced ? r.ExpectKeys(u, "unsynced", {"boot_id", "since", "synced"})
+                   : r.ExpectKeys(u, "unsynced", {"boot_id", "since"}));
     DataUnsynced info;
     DCR_ASSIGN_OR_RETURN(info.boot_id,
                          r.String(u["boot_id"], "unsynced.boot_id"));
@@ -235,6 +241,10 @@ Result<VersionRecord> DecodeVersionRecord(std::string_view text,
       return r.Error("unsynced.boot_id", "is not a 36-character boot id");
     }
     DCR_ASSIGN_OR_RETURN(info.since, r.String(u["since"], "unsynced.since"));
+    if (has_synced) {
+      DCR_ASSIGN_OR_RETURN(info.synced,
+                           r.ReadVersion(u["synced"], "unsynced.synced"));
+    }
     rec.unsynced = std::move(info);
   }
   return rec;

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "common/printable.h"
 #include "dcr/topology.h"
 #include "topology/internal.h"
 
@@ -36,7 +37,7 @@ Status KeyError(const Topology& t, std::string_view key, std::string_view msg) {
 
 Status UnknownField(const Topology& t, std::string_view key,
                     std::string_view field, Keys known) {
-  std::string msg = "unknown key '" + std::string(field) + "'";
+  std::string msg = "unknown key '" + Abbreviated(field) + "'";
   std::string near = ClosestKey(field, known);
   msg += near.empty() ? " (known keys: " + JoinKeys(known) + ")"
                       : " (did you mean '" + near + "'?)";
@@ -265,7 +266,7 @@ Status Set(Topology* t, std::string_view key, std::string_view v) {
         if (x.name == sel) c = &x;
       }
       if (c == nullptr) {
-        return KeyError(*t, key, "no cluster named '" + std::string(sel) + "'");
+        return KeyError(*t, key, "no cluster named '" + Abbreviated(sel) + "'");
       }
     }
     return SetCluster(t, c, key, field, v);
@@ -277,7 +278,7 @@ Status Set(Topology* t, std::string_view key, std::string_view v) {
         if (n.name == sel) return SetNode(t, &n, key, field, v);
       }
     }
-    return KeyError(*t, key, "no node named '" + std::string(sel) + "'");
+    return KeyError(*t, key, "no node named '" + Abbreviated(sel) + "'");
   }
   if (starts("links") && SplitSelector(key.substr(5), &indexed, &sel, &field) &&
       indexed) {
@@ -303,7 +304,7 @@ Status AddNode(Topology* topo, std::string_view cluster, const NodeSpec& node) {
     }
   }
   return topology_internal::Error(
-      topo->source, 0, "", "no cluster named '" + std::string(cluster) + "'");
+      topo->source, 0, "", "no cluster named '" + Abbreviated(cluster) + "'");
 }
 
 Status RemoveNode(Topology* topo, std::string_view name) {
@@ -317,7 +318,7 @@ Status RemoveNode(Topology* topo, std::string_view name) {
     }
   }
   return Status::NotFound(topo->source + ": no node named '" +
-                          std::string(name) + "'");
+                          Abbreviated(name) + "'");
 }
 
 Status SetValue(Topology* topo, std::string_view key, std::string_view value) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/printable.h"
 #include "dcr/topology.h"
 #include "topology/internal.h"
 
@@ -105,7 +106,9 @@ uint64_t TakePrefix(std::string_view* u) {
   return dec;
 }
 
-std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+// A value from the file or the environment, quoted for a message: cut to
+// its first 80 bytes (with its length) and escaped (common/printable.h).
+std::string Quote(std::string_view s) { return "'" + Abbreviated(s) + "'"; }
 
 }  // namespace
 
@@ -264,7 +267,7 @@ Result<std::string> ExpandEnv(std::string_view s) {
     }
     if (!name_ok) {
       return Status::InvalidArgument("bad variable reference ${" +
-                                     std::string(body) + "} in " + Quote(s) +
+                                     Abbreviated(body) + "} in " + Quote(s) +
                                      " (expected ${NAME} or ${NAME:-default})");
     }
     const char* value = std::getenv(std::string(name).c_str());
@@ -276,8 +279,8 @@ Result<std::string> ExpandEnv(std::string_view s) {
       // Set but empty, no default: empty, as in the shell.
     } else {
       return Status::InvalidArgument(
-          "environment variable " + std::string(name) +
-          " is not set (write ${" + std::string(name) +
+          "environment variable " + Abbreviated(name) +
+          " is not set (write ${" + Abbreviated(name) +
           ":-default} to give a default)");
     }
     i = close;

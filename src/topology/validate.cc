@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/printable.h"
 #include "dcr/topology.h"
 #include "topology/internal.h"
 
@@ -209,7 +210,7 @@ class Validator {
         return Err(line, np + ".store.path",
                    "a shm store path is a shared-memory object name like "
                    "/dcr-a0 (one '/' at most, at the start), got '" +
-                       s.path + "'");
+                       Abbreviated(s.path) + "'");
       }
     }
     std::string key =
@@ -217,8 +218,9 @@ class Validator {
     auto [sit, sfresh] = stores->emplace(key, who);
     if (!sfresh) {
       return Err(line, np + ".store.path",
-                 "store " + std::string(StoreKindName(s.kind)) + ":" + s.path +
-                     " on " + n.host + " is already used by " + sit->second);
+                 "store " + std::string(StoreKindName(s.kind)) + ":" +
+                     Abbreviated(s.path) + " on " + n.host +
+                     " is already used by " + sit->second);
     }
     return Status::OK();
   }

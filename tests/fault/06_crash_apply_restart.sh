@@ -2,9 +2,10 @@
 # Row 6: the leaf b1 exits in the middle of XOR apply (relay.apply_chunk=
 # exit@N, code 86) and is restarted at once, during the same refit. Its
 # parent b0 tries it again (every half heartbeat, a few times); the
-# restarted b1 finds its record naming this refit, rejoins it taking only
-# overwrites (any XOR may have been applied already), votes no naming the
-# tensors that differ, and the root's repair round overwrites them: the
+# restarted b1 finds its record naming this refit and, in its journal (no
+# yes vote), what it applied: it restores its base at start, rejoins the
+# refit with a normal session, votes no naming the tensors that differ
+# (the chunks it missed), and the root's repair round overwrites them: the
 # refit commits everywhere (0), every store v1 bit for bit.
 # Usage: 06_crash_apply_restart.sh [DCR DCR_RELAY TRAINGEN]
 set -euo pipefail

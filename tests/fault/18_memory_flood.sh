@@ -11,11 +11,16 @@
 #   - meanwhile wire.py flood opens 32 links to a0 at once, each sending
 #     HELLO, whole 8 MiB CHUNKs outside the refit and all but one byte of
 #     another, and holding it; then a link whose first frame is 1 MiB.
-# Without the limit the flood alone holds 550 MB (measured by hand). With
+# Without a limit the flood alone held 550 MB (measured by hand). With
 # it: the links beyond the cap are closed as they open, the refit commits
-# everywhere bit-exact, and a0's peak stays under 256 MiB.
-# ROW18_CONTROL=1 runs the same without the limit and only prints the peak
-# (what the cap saves; not a test).
+# everywhere bit-exact, and a0's peak stays under 256 MiB. The lower bound
+# on the peak is what the flood's links held while they were open (all but
+# one byte of an 8 MiB frame each, for 3 s), not a share of the windows,
+# so that a loaded machine (slower applies, a refit that fills less) still
+# passes.
+# ROW18_CONTROL=1 runs the same with a 64 GiB cap (no bound in practice;
+# without --memory-limit a relay takes a default one) and only prints the
+# peak (what the cap saves; not a test).
 # Usage: 18_memory_flood.sh [DCR DCR_RELAY TRAINGEN]
 set -euo pipefail
 ROW=18
@@ -29,12 +34,12 @@ V=$T/ck
 fault_topology all "window_bytes: 1GiB"
 fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
 LIMIT=(--memory-limit "${CAP_MIB}MiB")
-[[ ${ROW18_CONTROL:-0} == 1 ]] && LIMIT=()
+[[ ${ROW18_CONTROL:-0} == 1 ]] && LIMIT=(--memory-limit 64GiB)
 fault_start a0 "relay.apply_chunk=delay($D)" "${LIMIT[@]}"
 fault_start a1 "relay.apply_chunk=delay($D)"
 fault_start a2 "relay.apply_chunk=delay($D)"
 for n in b0 b1 b2; do fault_start "$n"; done
-[[ ${#LIMIT[@]} -eq 0 ]] || grep -q "memory limit 256.00 MiB" "$T/a0.log" ||
+[[ ${ROW18_CONTROL:-0} == 1 ]] || grep -q "memory limit 256.00 MiB" "$T/a0.log" ||
   fail "a0 did not log its memory budget"
 
 rm -f "$T/rss.stop"
@@ -52,8 +57,8 @@ touch "$T/rss.stop"
 wait "${XPID[rss]}" || true
 unset "XPID[rss]"
 cat "$T/flood.json" >&2
-if [[ ${#LIMIT[@]} -eq 0 ]]; then
-  echo "row 18 control (no limit): refit exit $RC, a0 RssAnon peak $(($(python3 -S -c "import json; print(json.load(open('$T/rss.json'))['peak_anon_kb'])") / 1024)) MiB"
+if [[ ${ROW18_CONTROL:-0} == 1 ]]; then
+  echo "row 18 control (a 64 GiB limit): refit exit $RC, a0 RssAnon peak $(($(python3 -S -c "import json; print(json.load(open('$T/rss.json'))['peak_anon_kb'])") / 1024)) MiB"
   exit 0
 fi
 fault_check "$V/v1.safetensors" --expect-outcome committed --excluded ""
@@ -75,6 +80,8 @@ grep -q 'dcr_relay_memory_bytes{node="a0",which="limit"} 268435456' <<<"$metrics
 peak_kb=$(python3 -S -c "import json; print(json.load(open('$T/rss.json'))['peak_anon_kb'])")
 ((peak_kb > 0)) || fail "no RSS samples"
 ((peak_kb <= CAP_MIB * 1024)) || fail "a0's RssAnon peaked at $peak_kb kB, over its ${CAP_MIB} MiB cap"
-# The windows did fill: more than the reserve and the flood's links alone.
-((peak_kb >= 64 * 1024)) || fail "a0's RssAnon peaked at only $peak_kb kB: the flood did not press"
-echo "row 18 (SEED=$SEED, apply delay $D ms/chunk; a0 RssAnon peak $((peak_kb / 1024)) MiB of $CAP_MIB MiB, $refused links refused): ok"
+# The sampler saw the flood press: the partial frames the open links held
+# for 3 s (8 MiB each, less a quarter for slack) are in the peak.
+held_kb=$(python3 -S -c "import json; print(json.load(open('$T/flood.json'))['open'] * 8 * 1024 * 3 // 4)")
+((peak_kb >= held_kb)) || fail "a0's RssAnon peaked at only $peak_kb kB, below the $held_kb kB the flood's open links held: the flood did not press"
+echo "row 18 (SEED=$SEED, apply delay $D ms/chunk; a0 RssAnon peak $((peak_kb / 1024)) MiB of $CAP_MIB MiB, floor $((held_kb / 1024)) MiB held by the flood, $refused links refused): ok"

@@ -14,13 +14,24 @@
                               live refit (valid frame and chunk checksums)
                               whose zstd plane declares 2^40 bytes
       Each fault is logged as one JSON line to --events.
-  wire.py hostile --port P --events F
+  wire.py hostile --port P --events F [--name N]
       connects to a relay directly, several times: a header whose length
       and reserved fields read as the u64 2^63, a header with length
-      2^32-1, a truncated header, and HELLO + the zstd-bomb CHUNK outside
-      any refit. Prints how the relay answered each.
-  wire.py flood --port P [--conns N --frame-mib M --whole K --hold S]
-      N links at once, each HELLO, K whole M MiB CHUNKs outside a refit and
+      2^32-1, a truncated header, a HELLO naming a node the topology does
+      not have, and HELLO (naming N, a node of the topology) + the
+      zstd-bomb CHUNK outside any refit. Prints how the relay answered
+      each.
+  wire.py squat --port P --conns N [--hello NAME] [--hold S] [--ready F]
+      N links at once that hold a slot without speaking: each sends a
+      HELLO naming NAME (none without --hello) and then nothing. Once all
+      are open (and greeted), writes F; after S s (or SIGTERM) prints
+      {opened, refused (closed within 0.5 s), closed_later (closed after
+      0.5 s: by a deadline or an eviction), open_at_end,
+      closed_after_s: sorted seconds}.
+  wire.py flood --port P [--conns N --frame-mib M --whole K --hold S
+                --name NODE]
+      N links at once, each HELLO (naming NODE, a node of the topology:
+      default b0), K whole M MiB CHUNKs outside a refit and
       all but one byte of another, held S s; then one link whose first
       frame is 1 MiB. Prints {open, closed, sent_bytes, large_first_frame}.
   wire.py rss --pid P --out F --stop F2
@@ -229,9 +240,11 @@ def hostile(a):
     h = bytearray(frame(HELLO, b""))[:HDR]
     h[8:12] = struct.pack("<I", 0xFFFFFFFF)
     attempt("length_2^32-1", bytes(h) + b"\0" * 4096)
-    attempt("truncated_header", frame(HELLO, hello())[:23])
+    attempt("truncated_header", frame(HELLO, hello(a.name))[:23])
+    attempt("unknown_node", frame(HELLO, hello("intruder")))
     attempt("bomb_outside_refit",
-            frame(HELLO, hello()) + frame(CHUNK, bomb_chunk(), 0, 1, b"\x01" * 16),
+            frame(HELLO, hello(a.name)) +
+            frame(CHUNK, bomb_chunk(), 0, 1, b"\x01" * 16),
             wait=1)
     print(json.dumps(results))
 
@@ -245,7 +258,7 @@ def flood(a):
     body = os.urandom(size)
     whole = frame(CHUNK, body, 0, 1, b"\x01" * 16)
     partial = whole[:-1]
-    greet = frame(HELLO, hello())
+    greet = frame(HELLO, hello(a.name))
     state = {"open": 0, "closed": 0, "sent_bytes": 0}
     lock = threading.Lock()
     socks = []
@@ -302,6 +315,64 @@ def flood(a):
         s.close()
 
 
+def squat(a):
+    """Opens --conns links that hold a slot without speaking (see the
+    module doc)."""
+    import selectors
+    import signal
+    greet = frame(HELLO, hello(a.hello)) if a.hello else b""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    socks, opened_at = [], {}
+    for _ in range(a.conns):
+        try:
+            s = socket.create_connection(("127.0.0.1", a.port), timeout=5)
+        except OSError:
+            continue
+        s.setblocking(False)
+        if greet:
+            try:
+                s.send(greet)
+            except OSError:
+                pass
+        socks.append(s)
+        opened_at[s] = time.monotonic()
+    if a.ready:
+        with open(a.ready, "w") as f:
+            f.write(str(len(socks)))
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        sel.register(s, selectors.EVENT_READ)
+    closed = {}
+    end = time.monotonic() + a.hold
+    while not stop.is_set() and len(closed) < len(socks):
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        for key, _ in sel.select(timeout=min(left, 0.1)):
+            s = key.fileobj
+            try:
+                b = s.recv(65536)
+                if b:
+                    continue  # the relay's HELLO or ERROR
+            except BlockingIOError:
+                continue
+            except OSError:
+                pass
+            closed[s] = time.monotonic() - opened_at[s]
+            sel.unregister(s)
+    after = sorted(round(t, 2) for t in closed.values())
+    print(json.dumps({
+        "opened": len(socks),
+        "refused": sum(1 for t in after if t < 0.5),
+        "closed_later": sum(1 for t in after if t >= 0.5),
+        "open_at_end": len(socks) - len(closed),
+        "closed_after_s": after,
+    }), flush=True)
+    for s in socks:
+        s.close()
+
+
 def rss(a):
     """Samples RssAnon of --pid every --interval s until --stop exists or
     the process is gone; writes the peak (kB) and the sample count to
@@ -337,19 +408,28 @@ def main():
     h = sub.add_parser("hostile")
     h.add_argument("--port", type=int, required=True)
     h.add_argument("--events", required=True)
+    h.add_argument("--name", default="b0")
+    sq = sub.add_parser("squat")
+    sq.add_argument("--port", type=int, required=True)
+    sq.add_argument("--conns", type=int, default=20)
+    sq.add_argument("--hello", default="")
+    sq.add_argument("--hold", type=float, default=5)
+    sq.add_argument("--ready", default="")
     f = sub.add_parser("flood")
     f.add_argument("--port", type=int, required=True)
     f.add_argument("--conns", type=int, default=64)
     f.add_argument("--frame-mib", type=int, default=8)
     f.add_argument("--whole", type=int, default=2)
     f.add_argument("--hold", type=float, default=3)
+    f.add_argument("--name", default="b0")
     r = sub.add_parser("rss")
     r.add_argument("--pid", type=int, required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--stop", required=True)
     r.add_argument("--interval", type=float, default=0.005)
     a = p.parse_args()
-    {"proxy": proxy, "hostile": hostile, "flood": flood, "rss": rss}[a.cmd](a)
+    {"proxy": proxy, "hostile": hostile, "flood": flood, "squat": squat,
+     "rss": rss}[a.cmd](a)
 
 
 if __name__ == "__main__":

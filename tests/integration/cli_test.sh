@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The offline CLI as a user runs it: round trip, exit codes, and every bad
 # input refused with a one-line error and the target's bits unchanged.
-# Usage: cli_test.sh DCR_BINARY TRAINGEN_BINARY
+# Usage: cli_test.sh DCR_BINARY TRAINGEN_BINARY [DCR_RELAY_BINARY]
 set -euo pipefail
 DCR=$1
 TRAINGEN=$2
+RELAY=${3:-}
 T=$(mktemp -d /tmp/dcr-cli-test.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 # shellcheck source=tests/integration/lib.sh
@@ -98,6 +99,41 @@ printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a": [1, 2' >"$T/bad.safetensors"
 expect 4 "$DCR" inspect "$T/bad.safetensors"
 expect_err "bad.safetensors"
 expect 4 "$DCR" apply "$T/v1.dcr" "$T/bad.safetensors"
+
+# A FIFO (or any other non-regular file) where a file is read is refused at
+# once, exit 2, naming the path and what it is; opening a FIFO for reading
+# would block until a writer comes. `timeout` turns a hang into a failure.
+mkfifo "$T/fifo"
+fifo_refused() {
+  expect 2 timeout 10 "$@"
+  expect_err "$T/fifo' is a FIFO, not a regular file"
+}
+fifo_refused "$DCR" inspect "$T/fifo"
+fifo_refused "$DCR" diff "$T/fifo" "$V1" -o "$T/x.dcr"
+fifo_refused "$DCR" diff "$V0" "$T/fifo" -o "$T/x.dcr"
+fifo_refused "$DCR" apply "$T/fifo" "$T/t.safetensors"
+fifo_refused "$DCR" apply "$T/v1.dcr" "$T/fifo"
+fifo_refused "$DCR" verify "$T/fifo" "$V0"
+fifo_refused "$DCR" verify "$V0" "$T/fifo"
+fifo_refused "$DCR" topo validate "$T/fifo"
+fifo_refused "$DCR" status --topology "$T/fifo"
+{
+  echo "version: 1"
+  echo "root: {name: trainer, host: 127.0.0.1, port: 1, cluster: train, state_dir: \"$T/root\", baseline: \"$T/base.safetensors\"}"
+  echo "clusters:"
+  echo "  - {name: train, region: local}"
+  echo "  - name: rollout"
+  echo "    region: local"
+  echo "    nodes: [{name: a0, host: 127.0.0.1, port: 2, store: {kind: file, path: \"$T/fifo\"}}]"
+  echo "links: [{from: train, to: rollout, bandwidth: 1Gbps}]"
+} >"$T/topo.yaml"
+cp "$V0" "$T/base.safetensors"
+fifo_refused "$DCR" refit --topology "$T/topo.yaml" --target "$T/fifo"
+if [[ -n $RELAY ]]; then
+  fifo_refused "$RELAY" --name a0 --listen 127.0.0.1:0 --store "file:$T/fifo"
+  fifo_refused "$RELAY" --topology "$T/fifo" --node a0
+  fifo_refused "$RELAY" --topology "$T/topo.yaml" --node a0
+fi
 
 # An unwritable target (root ignores permissions: run as nobody).
 if [[ $(id -u) -eq 0 ]] && command -v setpriv >/dev/null; then

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 
+#include "coord/repair.h"
 #include "testing/temp_dir.h"
 
 namespace dcr {
@@ -63,9 +64,14 @@ class HistoryTest : public ::testing::Test {
   // Records the delta a -> b as a refit would (XOR chunks, in order);
   // `overwrite` turns the chunk of that id into a dense overwrite.
   void Record(Model a, Model b, uint64_t from, uint64_t to,
-              std::optional<ChunkId> overwrite = std::nullopt) {
+              std::optional<ChunkId> overwrite = std::nullopt,
+              std::optional<RefitId> aborted = std::nullopt) {
     auto w = history_.Record(V(to));
     ASSERT_TRUE(w.ok()) << w.status().ToString();
+    if (aborted) {
+      fs::create_directories(history_.AbortedDir());
+      (*w)->set_path(history_.AbortedPathFor(*aborted));
+    }
     for (uint32_t t = 0; t < kElems.size(); ++t) {
       for (uint32_t s = 0; s < SpanCount(kElems[t], kSpan); ++s) {
         ChunkId id{t, s};
@@ -271,6 +277,121 @@ TEST_F(HistoryTest, PruneKeepsTheNewestAndDropsTemporaryFiles) {
   auto w = none.Record(V(1));
   ASSERT_TRUE(w.ok());
   EXPECT_EQ(*w, nullptr);
+}
+
+}  // namespace
+}  // namespace dcr
+
+namespace dcr {
+namespace {
+
+// A store a crash left in the middle of applying a -> b: every element
+// holds a's bits or b's, chosen at random (a span may be partly applied).
+Model Mix(const Model& a, const Model& b, uint32_t seed) {
+  Model m = a;
+  std::mt19937 rng(seed);
+  for (size_t t = 0; t < m.t.size(); ++t) {
+    for (size_t i = 0; i < m.t[t].size(); i += kElem) {
+      if (rng() % 2) std::copy_n(&b.t[t][i], kElem, &m.t[t][i]);
+    }
+  }
+  return m;
+}
+
+class RepairTest : public HistoryTest {
+ protected:
+  // Applies the repair overwrites of `files` (the union of their change
+  // sets, with `end`'s bits) to `store`.
+  Model Repair(const std::vector<std::string>& files, Model store, Model end) {
+    auto c = ComposedDelta::Open(files, kManifest, kSpan,
+                                 ComposedDelta::Kind::kUnion);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return store;
+    Bytes scratch;
+    DecodedChunk d;
+    for (size_t i = 0; i < (*c)->ids().size(); ++i) {
+      ChunkId id = (*c)->ids()[i];
+      Bytes out;
+      auto any = (*c)->EncodeUnion(i, kElem, end.Span(id), encoder_.get(),
+                                   decoder_.get(), &scratch, &out, nullptr);
+      EXPECT_TRUE(any.ok()) << any.status().ToString();
+      if (!any.ok() || !*any) continue;
+      EXPECT_TRUE(decoder_->Decode(out, &d).ok());
+      EXPECT_EQ(d.header.kind, ChunkKind::kOverwrite);
+      EXPECT_TRUE(ApplyChunk(d, store.Span(id)).ok());
+    }
+    return store;
+  }
+  static StoreCondition Unfinished(uint8_t id, uint64_t base, uint64_t target) {
+    StoreCondition c;
+    c.unfinished = RefitId{};
+    c.unfinished->bytes[0] = id;
+    c.base = V(base);
+    c.target = V(target);
+    return c;
+  }
+};
+
+TEST_F(RepairTest, ACommittedRefitsMixIsRepairedByTheChainFromItsBase) {
+  Model v0(1), v1 = v0.Step(0.03, 2), v2 = v1.Step(0.03, 3);
+  Record(v0, v1, 0, 1);
+  Record(v1, v2, 1, 2);
+  // Died applying v0 -> v1 (which committed elsewhere); the tree is at v2.
+  RepairPlan plan = PlanRepair(history_, Unfinished(1, 0, 1), V(2));
+  ASSERT_EQ(plan.by, RepairPlan::By::kUnion) << plan.why;
+  EXPECT_EQ(plan.files, *history_.Chain(V(0), V(2)));
+  for (uint32_t seed : {5u, 6u, 7u}) {
+    EXPECT_EQ(Repair(plan.files, Mix(v0, v1, seed), v2).t, v2.t) << seed;
+  }
+  // The tree still at v1: the refit's own delta.
+  plan = PlanRepair(history_, Unfinished(1, 0, 1), V(1));
+  ASSERT_EQ(plan.by, RepairPlan::By::kUnion) << plan.why;
+  EXPECT_EQ(Repair(plan.files, Mix(v0, v1, 8), v1).t, v1.t);
+}
+
+TEST_F(RepairTest, AnAbortedRefitsMixNeedsItsKeptDelta) {
+  Model v0(1), v1 = v0.Step(0.03, 2), v1b = v1.Step(0.03, 9);
+  Record(v0, v1, 0, 1);
+  // Refit 7 (v1 -> v1b, step 2) aborted: its delta is kept apart.
+  RefitId seven;
+  seven.bytes[0] = 7;
+  Record(v1, v1b, 1, 2, std::nullopt, seven);
+  ASSERT_TRUE(fs::exists(history_.AbortedPathFor(seven)));
+  EXPECT_FALSE(history_.Chain(V(1), V(2)).ok());  // not in the chain
+  StoreCondition c = Unfinished(7, 1, 2);
+  // Without a later refit: back to v1, the tree's version.
+  RepairPlan plan = PlanRepair(history_, c, V(1));
+  ASSERT_EQ(plan.by, RepairPlan::By::kUnion) << plan.why;
+  EXPECT_EQ(plan.files,
+            std::vector<std::string>{history_.AbortedPathFor(seven)});
+  EXPECT_EQ(Repair(plan.files, Mix(v1, v1b, 4), v1).t, v1.t);
+  // After a crash of the host the record's base may be older (the last
+  // version on disk): the chain from it and the kept delta.
+  plan = PlanRepair(history_, Unfinished(7, 0, 2), V(1));
+  ASSERT_EQ(plan.by, RepairPlan::By::kUnion) << plan.why;
+  EXPECT_EQ(plan.files.size(), 2u);
+  Model older = Mix(v0, Mix(v1, v1b, 5), 6);  // some pages still v0
+  EXPECT_EQ(Repair(plan.files, older, v1).t, v1.t);
+  // Another refit's id does not find it: dense.
+  EXPECT_EQ(PlanRepair(history_, Unfinished(8, 1, 2), V(1)).by,
+            RepairPlan::By::kDense);
+}
+
+TEST_F(RepairTest, WithoutTheHistoryTheRepairIsDense) {
+  Model v0(1), v1 = v0.Step(0.03, 2), v2 = v1.Step(0.03, 3);
+  Record(v1, v2, 1, 2);  // v0 -> v1 pruned
+  // The chain from the base is gone.
+  RepairPlan plan = PlanRepair(history_, Unfinished(1, 0, 1), V(2));
+  EXPECT_EQ(plan.by, RepairPlan::By::kDense);
+  EXPECT_FALSE(plan.why.empty());
+  // A refit from no version (a full refit seeding a store).
+  StoreCondition seeded = Unfinished(1, 0, 1);
+  seeded.base = Version{};
+  EXPECT_EQ(PlanRepair(history_, seeded, V(2)).by, RepairPlan::By::kDense);
+  // A missing store.
+  StoreCondition missing;
+  missing.missing = true;
+  EXPECT_EQ(PlanRepair(history_, missing, V(2)).by, RepairPlan::By::kDense);
 }
 
 }  // namespace

@@ -367,36 +367,71 @@ TEST_F(RelayTreeTest, MinCommitLetsTheRestCommitAndReportsTheStaleNode) {
   EXPECT_FALSE(relays_["a1"]->Stats().committed);  // no record: not bound
 }
 
-TEST_F(RelayTreeTest, UnreachableRelayAndItsSubtreeAreReported) {
+// A cluster head that is down before the refit starts (its connection is
+// refused at PLAN) is routed around like one that fails mid-refit: the root
+// adopts its live child, which commits.
+TEST_F(RelayTreeTest, AHeadDownAtPlanHasItsLiveChildrenAdopted) {
   SeedAll(0);
   for (const auto& n : kRelays) {
     if (n != "b0") StartRelay(n);  // b0 heads cluster cb; b1 is behind it
   }
-  RefitReport r = Refit(1, RefitMode::kDelta, /*min_commit=*/3);
+  RefitReport r = Refit(1, RefitMode::kDelta, /*min_commit=*/4);
   ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.reason;
   EXPECT_EQ(Node(r, "b0")->code, NodeCode::kUnreachable);
-  EXPECT_EQ(Node(r, "b1")->code, NodeCode::kUnreachable);
-  EXPECT_EQ(Node(r, "b1")->phase, "plan");
+  EXPECT_EQ(Node(r, "b0")->phase, "plan");
+  EXPECT_THAT(Node(r, "b0")->detail,
+              ::testing::HasSubstr("its children were adopted"));
+  EXPECT_EQ(r.adoptions, 1u) << r.ToJson();  // b1, once: no rejoin tries
   Digest128 v1 = DigestOf(Ckpt(1));
-  for (const char* n : {"a0", "a1", "a2"}) {
+  for (const char* n : {"a0", "a1", "a2", "b1"}) {
     WaitIdle(n);
+    EXPECT_TRUE(Node(r, n)->committed) << n << ": " << Node(r, n)->detail;
     EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
   }
-  EXPECT_EQ(DigestOf(StorePath("b1")), DigestOf(Ckpt(0)));
 }
 
-TEST_F(RelayTreeTest, FullRefitSeedsAMissingStore) {
+// A whole cluster down at PLAN: the root adopts b1, which cannot be reached
+// either. Neither took the plan, so neither is tried again (the vote does
+// not wait for rejoin tries); b1 is reported unreachable, not split.
+TEST_F(RelayTreeTest, AClusterDownAtPlanIsReportedWithoutRejoinTries) {
+  SeedAll(0);
+  for (const char* n : {"a0", "a1", "a2"}) StartRelay(n);
+  RefitReport r = Refit(1, RefitMode::kDelta, /*min_commit=*/3);
+  ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.reason;
+  EXPECT_THAT(Node(r, "b0")->detail,
+              ::testing::HasSubstr("its children were adopted"));
+  EXPECT_EQ(Node(r, "b1")->code, NodeCode::kUnreachable);
+  EXPECT_EQ(Node(r, "b1")->detail.find("adopted"), std::string::npos)
+      << Node(r, "b1")->detail;
+  EXPECT_EQ(r.adoptions, 1u) << r.ToJson();
+}
+
+// A leaf that is down at PLAN has nobody to hand on: it is reported alone.
+TEST_F(RelayTreeTest, ALeafDownAtPlanIsReportedUnreachable) {
+  SeedAll(0);
+  for (const auto& n : kRelays) {
+    if (n != "b1") StartRelay(n);
+  }
+  RefitReport r = Refit(1, RefitMode::kDelta, /*min_commit=*/4);
+  ASSERT_EQ(r.outcome, RefitOutcome::kPartial) << r.reason;
+  EXPECT_EQ(Node(r, "b1")->code, NodeCode::kUnreachable);
+  EXPECT_EQ(Node(r, "b1")->phase, "plan");
+  EXPECT_EQ(Node(r, "b1")->detail.find("adopted"), std::string::npos);
+  EXPECT_EQ(r.adoptions, 0u) << r.ToJson();
+}
+
+TEST_F(RelayTreeTest, AMissingStoreIsSeededByTheNextRefit) {
   SeedAll(0);
   std::filesystem::remove(StorePath("b1"));
   StartAll();
   EXPECT_EQ(relays_["b1"]->Stats().state, "no store");
+  // A delta refit (min_commit: all) counts the missing store as one the
+  // root seeds, commits the others, then seeds b1 with a dense copy.
   RefitReport delta = Refit(1);
-  EXPECT_EQ(delta.outcome, RefitOutcome::kAborted);
-  EXPECT_EQ(Node(delta, "b1")->code, NodeCode::kNeedsCatchUp);
-  for (const auto& n : kRelays) WaitIdle(n);
-
-  RefitReport full = Refit(1, RefitMode::kFull);
-  ASSERT_EQ(full.outcome, RefitOutcome::kCommitted) << full.reason;
+  ASSERT_EQ(delta.outcome, RefitOutcome::kCommitted) << delta.reason;
+  ASSERT_EQ(delta.catch_up.size(), 1u);
+  EXPECT_EQ(delta.catch_up[0].method, "seed");
+  EXPECT_EQ(delta.catch_up[0].nodes, std::vector<std::string>{"b1"});
   Digest128 v1 = DigestOf(Ckpt(1));
   for (const auto& n : kRelays) {
     WaitIdle(n);
@@ -584,6 +619,47 @@ TEST_F(RelayTreeTest, ASilentRelayIsFoundByHeartbeatsAndRoutedAround) {
   }
   WaitIdle("a0");
   EXPECT_EQ(DigestOf(StorePath("a0")), DigestOf(Ckpt(0)));
+}
+
+// a0 stops hearing anyone, as a stopped process would: first its parent
+// (it orphans itself: it adopts nobody while it has no parent), then its
+// children (they fail while a0 is an orphan). The root tries a0 again;
+// the links come back before that try times out, so a0 is adopted, and
+// then recovers its children (once, they were given up for good and the
+// refit went on without them).
+TEST_F(RelayTreeTest, AHeadAdoptedAfterItsLinksFellSilentRecoversItsChildren) {
+  SeedAll(0);
+  StartAll();
+  auto refit = std::async(std::launch::async, [&] {
+    return Refit(1, RefitMode::kDelta, /*min_commit=*/4, [](RefitOptions& o) {
+      o.heartbeat = 100ms;
+      o.connect_timeout = 4s;
+    });
+  });
+  for (int i = 0; i < 1000 && relays_["a0"]->Stats().state == "idle"; ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  network_->Pause("a0", "root");
+  network_->Pause("root", "a0");
+  std::this_thread::sleep_for(250ms);  // a0 finds its parent silent first
+  for (const char* c : {"a1", "a2"}) {
+    network_->Pause("a0", c);
+    network_->Pause(c, "a0");
+  }
+  // a0 is an orphan at 0.4 s, its children fail at 0.65 s; the root tries
+  // a0 again at about 0.45 s and gives that try 4 s.
+  std::this_thread::sleep_for(1200ms);
+  for (const char* c : {"root", "a1", "a2"}) {
+    network_->Resume("a0", c);
+    network_->Resume(c, "a0");
+  }
+  RefitReport r = refit.get();
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  Digest128 v1 = DigestOf(Ckpt(1));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+  }
 }
 
 TEST_F(RelayTreeTest, AnOrphanTakesTheNextRefitAndCatchesUp) {

@@ -129,5 +129,21 @@ TEST(ManifestTest, VersionDigestCoversManifestAndEveryTensor) {
   EXPECT_NE(VersionDigest(m, swapped), v);
 }
 
+// Manifests come from checkpoints, delta files and PLANs alike: a name with
+// a control character is refused wherever it comes from, shown escaped.
+TEST(ManifestTest, RejectsControlCharactersInNames) {
+  using namespace std::string_literals;
+  Result<Manifest> m =
+      Manifest::Create({{"ok", DType::kF32, {1}}, {"a\0b"s, DType::kF32, {1}}});
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(m.status().IsInvalidArgument());
+  const std::string msg(m.status().message());
+  EXPECT_EQ(msg.find('\0'), std::string::npos);
+  EXPECT_THAT(msg, HasSubstr(R"(tensor 'a\x00b')"));
+  EXPECT_THAT(msg, HasSubstr("control character"));
+  EXPECT_FALSE(Manifest::Create({{"tab\there", DType::kF32, {1}}}).ok());
+  EXPECT_TRUE(Manifest::Create({{"gewicht_ä", DType::kF32, {1}}}).ok());
+}
+
 }  // namespace
 }  // namespace dcr

@@ -394,5 +394,36 @@ TEST_F(SafetensorsErrorsTest, DirectoryWithTwoSafetensorsFiles) {
   EXPECT_THAT(msg, HasSubstr("index"));
 }
 
+// A tensor name is a JSON string and may hold \u0000 or other control
+// characters. Such a name is refused, and the message shows it escaped:
+// printed raw, a NUL would end the error line where C's printf stops.
+TEST_F(SafetensorsErrorsTest, ControlCharacterInTensorName) {
+  const std::string e = Entry("U8", "[4]", "[0,4]");
+  for (const auto& [json_name, shown] :
+       std::vector<std::pair<std::string, std::string>>{
+           {R"(a\u0000b)", R"(a\x00b)"},
+           {R"(\u0000)", R"(\x00)"},
+           {R"(line\nbreak)", R"(line\x0abreak)"},
+           {R"(del\u007f)", R"(del\x7f)"}}) {
+    const std::string msg =
+        CorruptHeader(R"({")" + json_name + R"(":)" + e + "}", 4);
+    EXPECT_EQ(msg.find('\0'), std::string::npos) << json_name;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << json_name;
+    EXPECT_THAT(msg, HasSubstr("tensor '" + shown + "'"));
+    EXPECT_THAT(msg, HasSubstr("control character"));
+  }
+}
+
+// Every other error naming such a tensor shows it escaped too: a name
+// repeated in one header is caught by the JSON reader before the name
+// check, as is a name in two files of an index.
+TEST_F(SafetensorsErrorsTest, ControlCharacterNameEscapedInOtherErrors) {
+  const std::string e = Entry("U8", "[4]", "[0,4]");
+  const std::string msg =
+      CorruptHeader(R"({"a\u0000b":)" + e + R"(,"a\u0000b":)" + e + "}", 4);
+  EXPECT_EQ(msg.find('\0'), std::string::npos);
+  EXPECT_THAT(msg, HasSubstr(R"(tensor 'a\x00b' appears twice)"));
+}
+
 }  // namespace
 }  // namespace dcr

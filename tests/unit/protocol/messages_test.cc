@@ -35,12 +35,13 @@ TEST(MessagesTest, RoundTripEveryMessage) {
   PlanMsg p = SamplePlan();
   EXPECT_EQ(*DecodePlan(EncodePlan(p)), p);
   ResultsMsg r;
-  r.nodes = {{"a0", NodeCode::kOk, {5, Digest128{3, 4}}, 12, "", {}},
+  r.nodes = {{"a0", NodeCode::kOk, {5, Digest128{3, 4}}, 12, "", {}, {}},
              {"a1",
               NodeCode::kNeedsCatchUp,
               {3, Digest128{9, 9}},
               0,
               "committed step 3",
+              {},
               {}}};
   r.nodes[1].repair = {0, 3, 70000};
   EXPECT_EQ(*DecodeResults(EncodeResults(r)), r);
@@ -53,6 +54,44 @@ TEST(MessagesTest, RoundTripEveryMessage) {
   EXPECT_EQ(*DecodeCommit(EncodeCommit(c)), c);
   AbortMsg a{"a1 voted no"};
   EXPECT_EQ(*DecodeAbort(EncodeAbort(a)), a);
+}
+
+TEST(MessagesTest, StoreConditionIsVersion3) {
+  ResultsMsg r;
+  r.nodes.resize(3);
+  r.nodes[0].node = "a0";
+  r.nodes[1].node = "a1";
+  r.nodes[1].code = NodeCode::kNeedsCatchUp;
+  r.nodes[1].store.unfinished = RefitId{};
+  r.nodes[1].store.unfinished->bytes[3] = 7;
+  r.nodes[1].store.base = {4, Digest128{1, 2}};
+  r.nodes[1].store.target = {5, Digest128{3, 4}};
+  r.nodes[1].store.prepared = true;
+  r.nodes[2].node = "a2";
+  r.nodes[2].store.missing = true;
+  auto v3 = EncodeResults(r);
+  EXPECT_EQ(v3[0], std::byte{3});
+  EXPECT_EQ(*DecodeResults(v3), r);
+  // With a position too.
+  r.received_through = FramePosition{2, 9};
+  EXPECT_EQ(*DecodeResults(EncodeResults(r)), r);
+  // Without a condition, the bytes stay version 2 (or 1).
+  r.nodes[1].store = {};
+  r.nodes[2].store = {};
+  EXPECT_EQ(EncodeResults(r)[0], std::byte{2});
+  // Unknown flags, and prepared without an unfinished refit, are refused.
+  r.received_through.reset();
+  r.nodes[2].store.missing = true;
+  auto bytes = EncodeResults(r);
+  // Flags of a0, a1, a2 then the position flag close the message.
+  ASSERT_EQ(bytes[bytes.size() - 2], std::byte{4});
+  bytes[bytes.size() - 2] = std::byte{8};
+  EXPECT_TRUE(DecodeResults(bytes).status().IsCorruption());
+  bytes[bytes.size() - 2] = std::byte{2};
+  EXPECT_TRUE(DecodeResults(bytes).status().IsCorruption());
+  bytes[bytes.size() - 2] = std::byte{4};
+  bytes[bytes.size() - 1] = std::byte{2};
+  EXPECT_TRUE(DecodeResults(bytes).status().IsCorruption());
 }
 
 TEST(MessagesTest, ResendFlagAndReceivedThrough) {
@@ -68,7 +107,7 @@ TEST(MessagesTest, ResendFlagAndReceivedThrough) {
   // Without a position, RESULTS is version 1 byte for byte; with one,
   // version 2 with epoch and sequence appended.
   ResultsMsg r;
-  r.nodes = {{"a0", NodeCode::kOk, {5, Digest128{3, 4}}, 12, "", {}}};
+  r.nodes = {{"a0", NodeCode::kOk, {5, Digest128{3, 4}}, 12, "", {}, {}}};
   auto v1 = EncodeResults(r);
   EXPECT_EQ(v1[0], std::byte{1});
   r.received_through = FramePosition{3, 1234};

@@ -47,10 +47,11 @@ struct Case {
   bool raise_epoch;
   bool rejoin;
   bool replace_orphan;
+  bool rejoin_restored;
 
   Case(std::string n, std::function<void(PlanFacts&)> e, Outcome o,
        NodeCode c = NodeCode::kOk, std::string d = "", bool raise = false,
-       bool rj = false, bool replace = false)
+       bool rj = false, bool replace = false, bool restored = false)
       : name(std::move(n)),
         edit(std::move(e)),
         outcome(o),
@@ -58,7 +59,8 @@ struct Case {
         detail_has(std::move(d)),
         raise_epoch(raise),
         rejoin(rj),
-        replace_orphan(replace) {}
+        replace_orphan(replace),
+        rejoin_restored(restored) {}
 };
 
 TEST(PlanDecisionTest, EveryOutcome) {
@@ -150,6 +152,36 @@ TEST(PlanDecisionTest, EveryOutcome) {
          f.unfinished = Id(1);
        },
        Outcome::kAccept, NodeCode::kOk, "", false, /*rejoin=*/true},
+      {"restarted mid-refit, base restored from the journal: rejoin with "
+       "a normal session",
+       [](PlanFacts& f) {
+         f.adopt = true;
+         f.epoch = 5;
+         f.restored = Id(1);
+       },
+       Outcome::kAccept, NodeCode::kOk, "", false, /*rejoin=*/false,
+       /*replace=*/false, /*restored=*/true},
+      {"restored another refit: stale",
+       [](PlanFacts& f) {
+         f.adopt = true;
+         f.epoch = 5;
+         f.restored = Id(2);
+       },
+       Outcome::kRefuse, NodeCode::kRejected, "stale coordinator epoch 5"},
+      {"restored, but a resume at a higher epoch is not a rejoin",
+       [](PlanFacts& f) {
+         f.adopt = true;
+         f.resume = true;
+         f.epoch = 6;
+         f.restored = Id(1);
+       },
+       Outcome::kRefuse, NodeCode::kRejected, "not in progress here"},
+      {"restored, a new refit's plan: a plain accept",
+       [](PlanFacts& f) {
+         f.refit = Id(2);
+         f.restored = Id(1);
+       },
+       Outcome::kAccept},
       {"unfinished refit is another one: stale",
        [](PlanFacts& f) {
          f.adopt = true;
@@ -200,6 +232,7 @@ TEST(PlanDecisionTest, EveryOutcome) {
     EXPECT_EQ(d.raise_epoch, c.raise_epoch);
     EXPECT_EQ(d.rejoin, c.rejoin);
     EXPECT_EQ(d.replace_orphan, c.replace_orphan);
+    EXPECT_EQ(d.rejoin_restored, c.rejoin_restored);
   }
   EXPECT_EQ(covered.size(), 7u) << "a case per outcome";
 }

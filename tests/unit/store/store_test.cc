@@ -882,12 +882,14 @@ class DataSyncTest : public StoreTest {
     EXPECT_TRUE((*store)->WaitDataSync().ok());
     return spec;
   }
-  // Rewrites the record at `path` with an "unsynced" mark of `boot`.
-  static void Mark(const std::string& path, const std::string& boot) {
+  // Rewrites the record at `path` with an "unsynced" mark of `boot` (and
+  // the version on disk when it was put, if known).
+  static void Mark(const std::string& path, const std::string& boot,
+                   std::optional<Version> synced = std::nullopt) {
     auto rec = ReadVersionRecord(path);
     ASSERT_TRUE(rec.ok() && rec->has_value());
     VersionRecord r = **rec;
-    r.unsynced = DataUnsynced{boot, "2026-01-01T00:00:00Z"};
+    r.unsynced = DataUnsynced{boot, "2026-01-01T00:00:00Z", synced};
     ASSERT_TRUE(WriteVersionRecord(path, r).ok());
   }
   // Flips one bit of the "ids" tensor in the store file, behind dcr's back.
@@ -922,12 +924,31 @@ TEST_F(DataSyncTest, ACommitIsMarkedUntilTheWriteBackClearsIt) {
   ASSERT_TRUE(marked && marked->unsynced);
   EXPECT_EQ(marked->unsynced->boot_id, *boot);
   EXPECT_EQ(marked->committed->version, v);
+  // Nothing was committed before: no version is known to be on disk.
+  EXPECT_FALSE(marked->unsynced->synced);
+  ASSERT_TRUE(s.WaitDataSync().ok());
+  // The next commit's mark names the version on disk before it.
+  const Version v2{2, Digest128{2, 2}};
+  ASSERT_TRUE(s.BeginRefit(IdOf(2), v, v2).ok());
+  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  marked = OnDisk(s.record_path());
+  ASSERT_TRUE(marked && marked->unsynced);
+  EXPECT_EQ(marked->unsynced->synced, v);
+  // A third commit before the write-back keeps the first mark.
+  const Version v3{3, Digest128{3, 3}};
+  ASSERT_TRUE(s.BeginRefit(IdOf(3), v2, v3).ok());
+  ASSERT_TRUE(s.Commit(v3, IdOf(3)).ok());
+  marked = OnDisk(s.record_path());
+  if (marked && marked->unsynced) {
+    EXPECT_EQ(marked->unsynced->synced, v);
+  }
+  const Version& last = v3;
   EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":2,"));
   ASSERT_TRUE(s.WaitDataSync().ok());
   auto cleared = OnDisk(s.record_path());
   ASSERT_TRUE(cleared);
   EXPECT_FALSE(cleared->unsynced);
-  EXPECT_EQ(cleared->committed->version, v);
+  EXPECT_EQ(cleared->committed->version, last);
   EXPECT_FALSE(s.record().unsynced);
   EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":1,"));
 }
@@ -1116,6 +1137,48 @@ TEST_F(DataSyncTest, AMarkOfAnotherBootIsCheckedAgainstTheBits) {
   ASSERT_TRUE(rec);
   EXPECT_FALSE(rec->committed);
   EXPECT_FALSE(rec->unsynced);
+}
+
+TEST_F(DataSyncTest, ALostWriteBackWithAKnownSyncedVersionIsAMixToRepair) {
+  Fixture f;
+  Version v1;
+  const StoreSpec spec = Committed(f, &v1);
+  const std::string record_path = spec.path + ".dcr-version";
+  // The record says step 1 (refit 1), the disk held step 0 when the
+  // write-back began to lag, and a byte did not make it.
+  const Version v0{0, Digest128{9, 9}};
+  ASSERT_NO_FATAL_FAILURE(Mark(record_path, kOtherBoot, v0));
+  ASSERT_NO_FATAL_FAILURE(FlipAByte(spec.path));
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    // A mix of step 0 and step 1, as refit 1 left unfinished: the
+    // coordinator repairs it with the change sets between them.
+    EXPECT_FALSE((*store)->committed().has_value());
+    auto busy = (*store)->InProgress();
+    ASSERT_TRUE(busy.has_value());
+    EXPECT_EQ(busy->refit, IdOf(1));
+    EXPECT_EQ(busy->base, v0);
+    EXPECT_EQ(busy->target, v1);
+    EXPECT_FALSE((*store)->record().unsynced);
+  }
+  // A refit in progress too: its mix now reaches down to step 0.
+  Version v2{2, Digest128{2, 2}};
+  {
+    auto store = OpenStore(spec);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Commit(v1, IdOf(1)).ok());
+    ASSERT_TRUE((*store)->WaitDataSync().ok());
+    ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v2).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(Mark(record_path, kOtherBoot, v0));
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto busy = (*store)->InProgress();
+  ASSERT_TRUE(busy.has_value());
+  EXPECT_EQ(busy->refit, IdOf(2));
+  EXPECT_EQ(busy->base, v0);
+  EXPECT_EQ(busy->target, v2);
 }
 
 TEST_F(DataSyncTest, AMarkOfAnotherBootBesideARefitInProgressKeepsTheRefit) {

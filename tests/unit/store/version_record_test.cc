@@ -147,7 +147,7 @@ VersionRecord UnsyncedRecord() {
   VersionRecord r = FullRecord();
   r.in_progress.reset();
   r.unsynced = DataUnsynced{"591d10e2-3430-4a89-b5d5-a8e923fe2051",
-                            "2025-01-31T12:01:00Z"};
+                            "2025-01-31T12:01:00Z", std::nullopt};
   return r;
 }
 
@@ -200,6 +200,18 @@ TEST(VersionRecordTest, AnUnsyncedMarkIsFormatTwo) {
   for (const Case& c : cases) {
     ASSERT_NO_FATAL_FAILURE(ExpectCorrupt(c.text, c.expect));
   }
+  // With the version on disk when the mark was put.
+  VersionRecord with_synced = UnsyncedRecord();
+  with_synced.unsynced->synced = Version{40, Digest128{5, 6}};
+  const std::string t2 = EncodeVersionRecord(with_synced);
+  EXPECT_THAT(t2, HasSubstr("\"since\":\"2025-01-31T12:01:00Z\",\"synced\":"
+                            "{\"step\":40,\"digest\":"));
+  auto back2 = DecodeVersionRecord(t2, "test");
+  ASSERT_TRUE(back2.ok()) << back2.status().ToString();
+  EXPECT_EQ(*back2, with_synced);
+  std::string bad = t2;
+  bad.replace(bad.find("\"step\":40"), 9, "\"step\":-1");
+  ASSERT_NO_FATAL_FAILURE(ExpectCorrupt(bad, "unsynced.synced"));
 }
 
 TEST(VersionRecordTest, FileMissingWrittenCorrupt) {

@@ -509,5 +509,66 @@ TEST(ParseTest, TextValuesMustBeUtf8WithoutControlCharacters) {
   EXPECT_TRUE(ParseTopology(yaml, "utf8.yaml").ok());
 }
 
+// A value from the environment can be of any length: an error quotes at
+// most its first 80 bytes and says how long it was (a 100 KB variable
+// echoed whole buried the message).
+TEST(ParseTest, ErrorsAbbreviateLongValues) {
+  const std::string big(102400, 'x');
+  ::setenv("DCR_TOPO_TEST_BIG", big.c_str(), 1);
+  const std::string use = "\"${DCR_TOPO_TEST_BIG}\"";
+  const std::string with_big_dup =
+      std::string(kSampleYaml) +
+      "  - name: rollout-b\n"
+      "    region: us-west\n"
+      "    nodes:\n"
+      "      - {name: b0, host: 10.1.0.20, port: 17001, store: {kind: file, "
+      "path: " +
+      use +
+      "}}\n"
+      "      - {name: b1, host: 10.1.0.20, port: 17002, store: {kind: file, "
+      "path: " +
+      use + "}}\n";
+  std::string dup = with_big_dup;
+  // The sample's links list ends the file; move it after the new cluster.
+  const std::string links =
+      "links:\n"
+      "  - {from: train, to: rollout-a, bandwidth: 3Gbps, latency: 70ms}\n";
+  dup.erase(dup.find(links), links.size());
+  dup += links + "  - {from: train, to: rollout-b, bandwidth: 3Gbps}\n";
+  const std::string texts[] = {
+      Edited("port: 17001}", "port: " + use + "}"),
+      Edited("bandwidth: 25Gbps", "bandwidth: " + use),
+      Edited("latency: 70ms", "latency: " + use),
+      Edited("window_bytes: 64MiB", "window_bytes: " + use),
+      Edited("fanout: 4", "fanout: " + use),
+      Edited("transport: tcp\n", "transport: " + use + "\n"),
+      Edited("min_commit: all", "min_commit: " + use),
+      Edited("kind: file", "kind: " + use),
+      Edited("host: 10.1.0.11", "host: \"h${DCR_TOPO_TEST_BIG}\""),
+      Edited("path: /models/policy.safetensors",
+             "path: \"/${DCR_TOPO_TEST_BIG}\""),
+      Edited("{kind: file, path: /models/policy.safetensors}",
+             "{kind: shm, path: \"/a/${DCR_TOPO_TEST_BIG}\"}"),
+      // An unterminated ${ quotes the text around it.
+      Edited("state_dir: /var/lib/dcr",
+             "state_dir: \"${DCR_TOPO_TEST_NOPE:-" + big + "\""),
+      dup,
+  };
+  ::unsetenv("DCR_TOPO_TEST_NOPE");
+  for (size_t i = 0; i < std::size(texts); ++i) {
+    auto t = ParseTopology(texts[i], "t.yaml");
+    if (i == 9) {  // a long file path is valid
+      EXPECT_TRUE(t.ok()) << t.status().ToString().substr(0, 300);
+      continue;
+    }
+    ASSERT_FALSE(t.ok()) << i;
+    const std::string msg(t.status().message());
+    EXPECT_LT(msg.size(), 400u) << i << ": " << msg.substr(0, 400);
+    if (i == 8) continue;  // "host is longer than 253 characters"
+    EXPECT_THAT(msg, HasSubstr("... (102")) << i << ": " << msg.substr(0, 400);
+  }
+  ::unsetenv("DCR_TOPO_TEST_BIG");
+}
+
 }  // namespace
 }  // namespace dcr
