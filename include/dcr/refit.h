@@ -25,15 +25,19 @@
 //     ABORT, and every relay restores its base bits.
 //     The refit in progress is recorded in state_dir/current.json (see
 //     ResumeRefit).
-//  5. Commit. COMMIT_REPLY from every node; then the baseline store takes the
-//     target bits and records the target version: the base of the next
-//     refit, and the delta joins state_dir/history. state_dir/last-refit.json
-//     keeps the report.
+//  5. Commit. COMMIT_REPLY from every node; the baseline store takes the
+//     target bits meanwhile and records the target version unless the
+//     COMMIT reached no relay of the commit set (kUnfinished): the
+//     base of the next refit, and the delta joins state_dir/history.
+//     state_dir/last-refit.json keeps the report.
 //  6. Catch up (RefitOptions::catch_up): relays that were versions behind
 //     are brought to the target (src/coord/history.h).
 //
 // Thread safety: RunRefit and ResumeRefit are blocking calls that own their
-// threads; concurrent calls need distinct state_dirs and baselines.
+// threads; each holds state_dir's lock for its whole run (a second call on
+// the same state_dir meanwhile, from any process, is refused naming the
+// first one's pid); concurrent calls need distinct state_dirs and
+// baselines.
 // RefitOptions::on_progress runs on the calling thread.
 #ifndef DCR_REFIT_H_
 #define DCR_REFIT_H_
@@ -120,6 +124,12 @@ enum class RefitOutcome {
   kCommitted,  // every receiver committed
   kPartial,    // committed; some receivers were excluded (stale)
   kAborted,    // nothing committed; every reachable relay restored its base
+  // Decided commit, but no relay of the commit set answered the COMMIT
+  // (they refuse or drop it when another coordinator run took the refit
+  // over; or the links failed).
+  // The baseline did not advance and current.json stays: ResumeRefit, or
+  // the next RunRefit, finishes it.
+  kUnfinished,
 };
 std::string_view RefitOutcomeName(RefitOutcome o);
 
@@ -195,8 +205,12 @@ struct RefitReport {
 
 // Runs one refit. Errors (not a report) for what stops it before any relay
 // is asked: a bad topology, a missing state_dir or baseline, a target whose
-// tensors differ from the baseline (InvalidArgument, FailedPrecondition,
-// NotFound). Everything after that ends in a report, aborted or not.
+// tensors differ from the baseline, another coordinator running on the
+// state_dir (InvalidArgument, NotFound). Everything after that ends in a
+// report, aborted or not. A refit that a stopped coordinator left in its
+// commit phase (state_dir/current.json with a commit decision, root.baseline
+// flagged mid-update for it) is finished first, as ResumeRefit would
+// (Aborted if it cannot be).
 Result<RefitReport> RunRefit(const RefitOptions& options);
 
 // `dcr refit --resume`: finishes the refit a coordinator left unfinished
@@ -207,9 +221,12 @@ Result<RefitReport> RunRefit(const RefitOptions& options);
 // adoption PLAN with `resume`) and from then on refuses the old run's
 // frames; a relay that finished the refit reports how it ended. The
 // baseline is advanced from the recorded target path if the interrupted
-// run had not done it. Uses options' topology, timeouts, transport and
-// heartbeat; target and mode come from current.json. NotFound when there
-// is nothing to resume.
+// run had not done it (unless this COMMIT reaches no relay either:
+// kUnfinished, current.json stays).
+// Uses options' topology, timeouts, transport and heartbeat; target and
+// mode come from current.json. NotFound when there is nothing to resume;
+// InvalidArgument naming its pid while another coordinator runs on the
+// state_dir.
 Result<RefitReport> ResumeRefit(const RefitOptions& options);
 
 }  // namespace dcr

@@ -246,6 +246,7 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
     case RefitOutcome::kPartial:
       return kExitCommittedPartial;
     case RefitOutcome::kAborted:
+    case RefitOutcome::kUnfinished:  // the reason says: --resume
       return kExitFailed;
   }
   return kExitFailed;
@@ -311,19 +312,44 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
     all_whole &= st != NodeState::kUnreachable &&
                  st != NodeState::kUnfinished && st != NodeState::kRepairing;
   }
-  auto last_for = [&](const std::string& node) -> std::string {
+  // The last refit's target, when it committed somewhere.
+  std::optional<Version> last_target;
+  if (last.is_object() && last.value("outcome", "") != "aborted" &&
+      last.contains("target")) {
+    auto d = Digest128::FromHex(last["target"].value("digest", ""));
+    if (d.ok()) {
+      last_target = Version{last["target"].value("step", uint64_t{0}), *d};
+    }
+  }
+  auto last_for = [&](const NodeStatus& s) -> std::string {
     if (!last.is_object() || !last.contains("nodes")) return "";
     for (const json& n : last["nodes"]) {
-      if (n.value("node", "") != node) continue;
-      return n.value("committed", false)
-                 ? "committed"
-                 : n.value("code", "") + (n.value("phase", "").empty()
-                                              ? ""
-                                              : " at " + n.value("phase", ""));
+      if (n.value("node", "") != s.node) continue;
+      if (n.value("committed", false)) return "committed";
+      // Its COMMIT_REPLY was lost (or came late), but the version it
+      // reports now is the refit's target: it committed.
+      if (last_target && s.committed && *s.committed == *last_target) {
+        return "committed (reply lost; its version confirms it)";
+      }
+      return n.value("code", "") + (n.value("phase", "").empty()
+                                        ? ""
+                                        : " at " + n.value("phase", ""));
     }
     return "";
   };
+  // A coordinator run holding root.state_dir (read without locking it).
+  std::optional<LockHolder> running;
+  if (!topo->root.state_dir.empty()) {
+    running = StateDir(topo->root.state_dir).Running();
+  }
   if (g.format() == OutputFormat::kJson) {
+    if (running) {
+      root["running"] = {{"pid", running->pid},
+                         {"command", running->command},
+                         {"since", running->since}};
+    } else {
+      root["running"] = nullptr;
+    }
     json out = {{"root", root}, {"nodes", json::array()}};
     if (!last.is_null()) out["last_refit"] = last;
     for (const NodeStatus& n : nodes) {
@@ -335,7 +361,7 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
           {"error", n.error},
           {"code", std::string(NodeCodeName(n.code))},
           {"detail", n.detail},
-          {"last_refit_result", last_for(n.node)},
+          {"last_refit_result", last_for(n)},
           {"stale", stale(n)},
           {"state", std::string(NodeStateName(StateOf(n, baseline_version)))},
           {"serving_ready", ServingReady(StateOf(n, baseline_version))}};
@@ -369,6 +395,11 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
       std::printf("root %s: baseline step %llu (%s)\n", topo->root.name.c_str(),
                   static_cast<unsigned long long>(v.value("step", uint64_t{0})),
                   v.value("digest", "").substr(0, 12).c_str());
+    }
+    if (running) {
+      std::printf("a refit is running (pid %lld, %s, since %s)\n",
+                  static_cast<long long>(running->pid),
+                  running->command.c_str(), running->since.c_str());
     }
     if (last.is_object()) {
       std::printf("last refit %s: %s, step %llu -> %llu\n",
@@ -441,7 +472,8 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
     cmd->add_flag("--resume", a->resume,
                   "Finish the refit a stopped coordinator left in "
                   "root.state_dir: commit it if its decision was recorded, "
-                  "else abort it (exit 0 if there is none)");
+                  "else abort it (exit 0 if there is none); refused while "
+                  "another coordinator runs there");
     cmd->add_option("--node", a->nodes,
                     "With --full: refit only this relay (repeatable), fed "
                     "directly by the root, to seed or repair it at the "
@@ -482,9 +514,11 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "--full -o json\n\n"
         "Progress goes to stderr: a bar on a terminal, a line every 5 s "
         "otherwise\n(--progress never or -q to silence it).\n\n"
-        "Exit codes: 0 committed everywhere, 3 committed with nodes excluded, "
-        "1 aborted\n(every relay restored its base), 2 usage or configuration "
-        "error.\n");
+        "Exit codes: 0 committed everywhere, 3 committed with nodes excluded "
+        "or unconfirmed,\n1 aborted (every relay restored its base) or "
+        "unfinished (the commit reached no\nrelay: dcr refit --resume "
+        "finishes it), 2 usage or configuration error, or\nanother "
+        "coordinator is running on root.state_dir (its pid is named).\n");
     cmd->callback([=] { *exit_code = RunRefitCommand(*a, *g); });
   }
   {

@@ -103,7 +103,7 @@ inline constexpr uint8_t kForge = FailActionBit(FailAction::kForge);
 
 // The registry of failpoints. Appending one: add it here, hook it with
 // DCR_FAILPOINT("name") and document it in docs/TESTING.md.
-inline constexpr std::array<FailpointInfo, 11> kFailpoints = {{
+inline constexpr std::array<FailpointInfo, 12> kFailpoints = {{
     {"relay.plan", failpoint_internal::kControl | failpoint_internal::kDrop,
      "a relay got a PLAN, before binding it (drop: ignore the PLAN)"},
     {"relay.apply_chunk",
@@ -136,6 +136,10 @@ inline constexpr std::array<FailpointInfo, 11> kFailpoints = {{
     {"coord.after_commit", failpoint_internal::kControl,
      "every COMMIT_REPLY arrived (or timed out) and the baseline advanced, "
      "before the report and last-refit.json are written"},
+    {"coord.baseline_write", failpoint_internal::kControl,
+     "the root's baseline pass (after COMMIT went down) is about to write "
+     "one span of the target into root.baseline, its record naming the "
+     "refit in progress"},
     {"store.data_sync",
      failpoint_internal::kControl | failpoint_internal::kDrop,
      "a file store's background write-back is about to write the committed "

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/failpoint.h"
 #include "common/mutex.h"
 
 namespace dcr {
@@ -35,6 +36,13 @@ class ByteTally {
 };
 
 }  // namespace
+
+bool CommitReachedNoOne(const std::vector<NodeResult>& replies,
+                        const std::set<std::string>& commit_set) {
+  return std::none_of(replies.begin(), replies.end(), [&](const NodeResult& r) {
+    return commit_set.count(r.node) && r.code == NodeCode::kOk;
+  });
+}
 
 Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
                       std::unique_ptr<WeightStore>* baseline) {
@@ -85,6 +93,7 @@ Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
         ++next;
       }
       if (changed) {
+        DCR_FAILPOINT("coord.baseline_write");
         Status w = store.WriteTensor(t, at, src.subspan(at, bytes));
         if (!w.ok()) {
           errors[t] = std::move(w);

@@ -20,7 +20,7 @@ std::map<std::string, NodeResult> ByNode(const std::vector<NodeResult>& v) {
 Result<RefitOutcome> Outcome(const StateJson& f, const char* key) {
   DCR_ASSIGN_OR_RETURN(std::string name, f.String(key));
   for (RefitOutcome o : {RefitOutcome::kCommitted, RefitOutcome::kPartial,
-                         RefitOutcome::kAborted}) {
+                         RefitOutcome::kAborted, RefitOutcome::kUnfinished}) {
     if (RefitOutcomeName(o) == name) return o;
   }
   return f.Bad(key, "unknown outcome '" + name + "'");
@@ -86,6 +86,8 @@ std::string_view RefitOutcomeName(RefitOutcome o) {
       return "committed-partial";
     case RefitOutcome::kAborted:
       return "aborted";
+    case RefitOutcome::kUnfinished:
+      return "unfinished";
   }
   return "?";
 }
@@ -287,6 +289,21 @@ void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
       o.detail = commit_set.count(n.name) ? "no commit reply"
                                           : "not in the commit set";
     }
+    // It voted yes and COMMIT went towards it, but its answer never came
+    // (its link or its parent failed, or the deadline passed first): it
+    // holds the target as soon as COMMIT reached it, not a stale version.
+    const bool unanswered = !f.count(n.name) ||
+                            f[n.name].code == NodeCode::kTimeout ||
+                            f[n.name].code == NodeCode::kUnreachable;
+    if (!o.committed && o.phase == "commit" && commit_set.count(n.name) &&
+        unanswered && report->outcome != RefitOutcome::kAborted) {
+      if (o.code == NodeCode::kOk) o.code = NodeCode::kTimeout;
+      o.detail = fmt::format(
+          "{}: it voted yes and was sent COMMIT, but its reply never came "
+          "({}); it holds the target once COMMIT reached it (dcr status "
+          "shows its version)",
+          kCommitUnconfirmed, o.detail);
+    }
     report->nodes.push_back(std::move(o));
     // The stream crossed this node's link if a node of its subtree took
     // the plan (a parent sends chunks only towards such subtrees).
@@ -302,15 +319,48 @@ void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
 }
 
 std::string ExcludedReason(const RefitReport& report) {
-  std::vector<std::string> excluded;
+  std::vector<std::string> excluded, unconfirmed;
   for (const NodeOutcome& n : report.nodes) {
     if (n.committed) continue;
-    excluded.push_back(n.phase.empty()
-                           ? n.node
-                           : fmt::format("{} ({} at {})", n.node,
-                                         NodeCodeName(n.code), n.phase));
+    std::string who = n.phase.empty()
+                          ? n.node
+                          : fmt::format("{} ({} at {})", n.node,
+                                        NodeCodeName(n.code), n.phase);
+    (n.detail.starts_with(kCommitUnconfirmed) ? unconfirmed : excluded)
+        .push_back(std::move(who));
   }
-  return fmt::format("excluded, now stale: {}", fmt::join(excluded, ", "));
+  std::vector<std::string> parts;
+  if (!excluded.empty()) {
+    parts.push_back(
+        fmt::format("excluded, now stale: {}", fmt::join(excluded, ", ")));
+  }
+  if (!unconfirmed.empty()) {
+    parts.push_back(fmt::format(
+        "{} (no reply; each holds the target once COMMIT reached it, as "
+        "dcr status shows): {}",
+        kCommitUnconfirmed, fmt::join(unconfirmed, ", ")));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+std::string UnfinishedReason(const std::vector<NodeResult>& final,
+                             const RefitReport& report) {
+  std::vector<std::string> why;
+  for (const NodeResult& r : final) {
+    if (r.code == NodeCode::kOk) continue;
+    why.push_back(
+        fmt::format("{}: {} ({})", r.node, NodeCodeName(r.code), r.detail));
+    if (why.size() == 3) break;
+  }
+  return fmt::format(
+      "no relay of the commit set answered the COMMIT{}{}: another "
+      "coordinator run may have taken the refit over (its relays refuse "
+      "or drop this one's frames), or the links failed. root.baseline stays "
+      "at step {} (not step {}) and state_dir/current.json stays: dcr "
+      "refit --resume, or the next dcr refit, finishes the commit at a new "
+      "epoch",
+      why.empty() ? "" : ": ", fmt::join(why, "; "), report.base.step,
+      report.target.step);
 }
 
 }  // namespace dcr

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dcr/refit.h"
@@ -26,10 +27,11 @@ struct PhaseReplies {
 
 // Appends a NodeOutcome for every receiver of `tree` (tree order) to
 // report->nodes: committed if it is in `commit_set` and confirmed the
-// target, else the first phase that failed. Adds report->stream_bytes to
-// report->link_class_bytes for every edge the stream crossed (towards a
-// subtree in which some node took the plan). Reads report->outcome,
-// target and stream_bytes.
+// target, else the first phase that failed; a node of the commit set that
+// never answered the COMMIT gets a detail starting kCommitUnconfirmed. Adds
+// report->stream_bytes to report->link_class_bytes for every edge the stream
+// crossed (towards a subtree in which some node took the plan). Reads
+// report->outcome, target and stream_bytes.
 void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
                     const std::set<std::string>& commit_set,
                     RefitReport* report);
@@ -40,9 +42,22 @@ void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
 Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
                                         const std::string& file);
 
-// "excluded, now stale: a (timeout at vote), b": who a partial commit left
-// out, and why.
+// "excluded, now stale: a (timeout at vote), b; commit unconfirmed (...):
+// c": who a partial commit left out, and why. A node of the commit set
+// whose COMMIT_REPLY never came (timeout, unreachable) is not called stale:
+// it voted yes, so it holds the target as soon as COMMIT reached it, which
+// its status or its next PLAN_REPLY shows.
 std::string ExcludedReason(const RefitReport& report);
+
+// Why a commit that reached no one (fenced off, or lost) is unfinished, and
+// what happens next (RefitOutcome::kUnfinished), from the commit phase's
+// replies.
+std::string UnfinishedReason(const std::vector<NodeResult>& final,
+                             const RefitReport& report);
+
+// The start of a NodeOutcome detail for a node of the commit set that did
+// not answer the COMMIT.
+inline constexpr std::string_view kCommitUnconfirmed = "commit unconfirmed";
 
 }  // namespace dcr
 

@@ -264,8 +264,9 @@ Result<bool> RefitRun::Vote() {
   }
 }
 
-Status RefitRun::AdvanceBaselineAndHistory(bool commit_sent,
-                                           Clock::time_point t_decide) {
+Status RefitRun::AdvanceBaselineAndHistory(
+    bool commit_sent, const std::set<std::string>& commit_set,
+    Clock::time_point t_decide) {
   // The decision is durable: the baseline takes the target's bits while
   // the relays commit. (Named nodes only: the baseline already holds the
   // target, and the history does not change.)
@@ -297,7 +298,11 @@ Status RefitRun::AdvanceBaselineAndHistory(bool commit_sent,
   const auto t_recorded = Clock::now();
   baseline.join();
   if (b.ok() && whole_tree && setup_.target && setup_.baseline) {
-    b = setup_.baseline->Commit(report_.target, report_.refit);
+    // Fenced off or unanswered: the baseline's record keeps naming this
+    // refit in progress for --resume (DESIGN.md invariant 8).
+    b = CommitReachedNoOne(root_->Results(), commit_set)
+            ? Status::Aborted("the COMMIT reached no one")
+            : setup_.baseline->Commit(report_.target, report_.refit);
   }
   if (!b.ok() && recorded) {
     // The history must end at the baseline's version.
@@ -348,7 +353,7 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
     DCR_FAILPOINT("coord.before_commit");
     root_->Expect(FrameType::kCommitReply);
     Status s = root_->SendDown(FrameType::kCommit, EncodeCommit(msg));
-    Status b = AdvanceBaselineAndHistory(s.ok(), t_decide);
+    Status b = AdvanceBaselineAndHistory(s.ok(), commit_set, t_decide);
     DCR_FAILPOINT("coord.after_commit");
     replies_.final = root_->Results();
     // Committed everywhere only if every receiver confirmed it: a node that
@@ -360,7 +365,11 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
         });
     report_.outcome = confirmed == receivers ? RefitOutcome::kCommitted
                                              : RefitOutcome::kPartial;
-    if (!b.ok()) {
+    if (options_.only_nodes.empty() &&
+        CommitReachedNoOne(replies_.final, commit_set)) {
+      report_.outcome = RefitOutcome::kUnfinished;
+      report_.reason = UnfinishedReason(replies_.final, report_);
+    } else if (!b.ok()) {
       spdlog::error("the refit committed but the baseline was not advanced: {}",
                     b.ToString());
       report_.reason = "baseline not advanced: " + b.ToString();
@@ -394,7 +403,10 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
   root_->FlushAndStop();
   DCR_RETURN_IF_ERROR(phases_.Finish());
   setup_.state.WriteLastRefit(report_);
-  setup_.state.RemoveCurrent();
+  // Unfinished: --resume (or the next refit) finishes it from current.json.
+  if (report_.outcome != RefitOutcome::kUnfinished) {
+    setup_.state.RemoveCurrent();
+  }
   if (Status s = setup_.state.PruneDecisions(); !s.ok()) {
     spdlog::warn("cannot prune the decisions: {}", s.ToString());
   }

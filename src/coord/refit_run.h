@@ -64,8 +64,10 @@ class RefitRun {
                                Clock::time_point t0,
                                Clock::time_point t_decide);
   // The commit phase's baseline pass, history record and pruning; the
-  // baseline's error, if any.
+  // baseline's error, if any. The baseline records the target unless the
+  // COMMIT reached no one (CommitReachedNoOne: fenced off, or lost).
   Status AdvanceBaselineAndHistory(bool commit_sent,
+                                   const std::set<std::string>& commit_set,
                                    Clock::time_point t_decide);
   // The history record's header for this refit's delta.
   DeltaHeader RecordHeader() const;

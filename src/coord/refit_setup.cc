@@ -121,10 +121,14 @@ Status CheckVersions(const RefitOptions& options, const HistoryFeed& feed,
         Manifest::Difference(baseline->manifest(), target.manifest())));
   }
   if (baseline && baseline->InProgress()) {
+    // Not one a stopped coordinator's commit phase left (RunRefit finishes
+    // those first): its bits are unknown.
     return Status::InvalidArgument(fmt::format(
-        "root.baseline {} holds an unfinished update (refit {}); restore it "
-        "from the last committed checkpoint",
-        baseline->describe(), baseline->InProgress()->refit.ToHex()));
+        "root.baseline {} holds an unfinished update (refit {}) that no "
+        "recorded commit decision in {} explains; restore it from the last "
+        "committed checkpoint",
+        baseline->describe(), baseline->InProgress()->refit.ToHex(),
+        topo.root.state_dir));
   }
   setup->pool = std::make_unique<ThreadPool>(options.threads);
   report->checkpoint_bytes = target.manifest().TotalBytes();
@@ -283,11 +287,10 @@ Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
       return t.status().WithContext(
           "the interrupted refit's target (needed to advance root.baseline)");
     }
+    // An update the interrupted run began is redone whole: its record
+    // keeps naming the refit in progress (BeginRefit replaces it) until
+    // the new pass commits, so a crash now still finds it unfinished.
     setup.target = *std::move(t);
-    if (setup.baseline && setup.baseline->InProgress()) {
-      // An update the interrupted run began: it is redone whole.
-      DCR_RETURN_IF_ERROR(setup.baseline->EndRefit());
-    }
   }
   DCR_ASSIGN_OR_RETURN(report->epoch, setup.state.NextEpoch());
   FillPlan(options, *report, &setup);
@@ -297,6 +300,23 @@ Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
     setup.plan.manifest = setup.target->manifest().digest();
   }
   return setup;
+}
+
+Result<bool> CommitPhaseInterrupted(const RefitOptions& options) {
+  const Topology& topo = options.topology;
+  if (topo.root.state_dir.empty() || topo.root.baseline.empty()) return false;
+  StateDir state(topo.root.state_dir);
+  if (!state.HasCurrent()) return false;
+  DCR_ASSIGN_OR_RETURN(CurrentRefit current, state.ReadCurrent());
+  DCR_ASSIGN_OR_RETURN(std::optional<Decision> decision,
+                       state.ReadDecision(current.refit));
+  if (!decision || !decision->commit) return false;
+  StoreSpec spec;
+  spec.kind = StoreSpec::Kind::kFile;
+  spec.path = topo.root.baseline;
+  auto record = ReadVersionRecord(DefaultRecordPath(spec));
+  if (!record.ok() || !*record || !(*record)->in_progress) return false;
+  return (*record)->in_progress->refit == current.refit;
 }
 
 }  // namespace dcr

@@ -73,6 +73,16 @@ struct Resumption {
 Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
                                Resumption* resumption);
 
+// Whether the refit state_dir/current.json names stopped in its commit
+// phase at the root: its commit decision is durable and root.baseline's
+// record names it as the update in progress (the baseline pass begins
+// only after COMMIT went down; a run whose COMMIT no receiver confirmed
+// leaves the same state). Such a refit has nothing left to decide, so the
+// next refit finishes it first (ResumeRefit) instead of refusing.
+// NotFound/Corruption only for a current.json or decision it cannot read;
+// false when there is no current.json, no baseline, or another state.
+Result<bool> CommitPhaseInterrupted(const RefitOptions& options);
+
 }  // namespace dcr
 
 #endif  // DCR_COORD_REFIT_SETUP_H_

@@ -1,11 +1,16 @@
 #include "coord/state_dir.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <ctime>
 #include <filesystem>
+#include <sstream>
 
 #include "common/file.h"
 #include "coord/refit_report.h"
@@ -35,6 +40,36 @@ Status WriteJson(const std::string& path, const nlohmann::json& j) {
   return WriteText(
       path,
       j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+// An exclusive lock on the whole file, or a probe for one (F_OFD_GETLK).
+struct flock WholeFile(short type) {
+  struct flock l {};
+  l.l_type = type;
+  l.l_whence = SEEK_SET;
+  l.l_start = 0;
+  l.l_len = 0;
+  return l;
+}
+
+LockHolder ParseHolder(const std::string& text) {
+  LockHolder h;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto space = line.find(' ');
+    if (space == std::string::npos) continue;
+    std::string_view key(line.data(), space);
+    std::string value = line.substr(space + 1);
+    if (key == "pid") {
+      std::from_chars(value.data(), value.data() + value.size(), h.pid);
+    } else if (key == "command") {
+      h.command = value;
+    } else if (key == "since") {
+      h.since = value;
+    }
+  }
+  return h;
 }
 
 Result<nlohmann::json> ReadJson(const std::string& path) {
@@ -212,6 +247,57 @@ Status StateDir::PruneDecisions(size_t keep) const {
     }
   }
   return Status::OK();
+}
+
+std::optional<LockHolder> StateDir::Running() const {
+  const std::string path = LockPath();
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return std::nullopt;  // no run ever locked it
+  struct flock l = WholeFile(F_WRLCK);
+  if (::fcntl(fd.get(), F_OFD_GETLK, &l) != 0 || l.l_type == F_UNLCK) {
+    return std::nullopt;
+  }
+  auto text = ReadFileToString(path);
+  return text.ok() ? ParseHolder(*text) : LockHolder{};
+}
+
+Result<StateDirLock> StateDirLock::Acquire(const StateDir& state,
+                                           std::string_view command) {
+  DCR_RETURN_IF_ERROR(state.Create());
+  const std::string path = state.LockPath();
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd.valid()) {
+    return Status::FromErrno("cannot open the state_dir lock " + path, errno);
+  }
+  struct flock l = WholeFile(F_WRLCK);
+  if (::fcntl(fd.get(), F_OFD_SETLK, &l) != 0) {
+    const int err = errno;
+    if (err != EACCES && err != EAGAIN) {
+      return Status::FromErrno("cannot lock " + path, err);
+    }
+    auto text = ReadFileToString(path);
+    LockHolder h = text.ok() ? ParseHolder(*text) : LockHolder{};
+    std::string who =
+        h.pid > 0 ? fmt::format("pid {}", h.pid) : std::string("a process");
+    return Status::InvalidArgument(fmt::format(
+        "another coordinator ({}{}{}) is running on state_dir {}: two at "
+        "once would fence each other off at the relays; wait for it to end "
+        "(dcr status shows it), or stop it (kill {}) and then run dcr refit "
+        "--resume",
+        who, h.command.empty() ? "" : ", " + h.command,
+        h.since.empty() ? "" : ", since " + h.since, state.dir(),
+        h.pid > 0 ? std::to_string(h.pid) : "it"));
+  }
+  // Who holds it, for the refusal above and dcr status; not durable (a
+  // crash leaves no lock, whatever the file says).
+  const std::string text = fmt::format("pid {}\ncommand {}\nsince {}\n",
+                                       ::getpid(), command, NowIso8601());
+  if (::ftruncate(fd.get(), 0) != 0 ||
+      ::pwrite(fd.get(), text.data(), text.size(), 0) !=
+          static_cast<ssize_t>(text.size())) {
+    return Status::FromErrno("cannot write " + path, errno);
+  }
+  return StateDirLock(std::move(fd));
 }
 
 void StateDir::WriteLastRefit(const RefitReport& report) const {

@@ -2,6 +2,8 @@
 // owner of every file in it and of their JSON (docs/FORMAT.md §"State
 // directory").
 //
+//   lock                  held by the coordinator run using the directory
+//                         (StateDirLock); names its pid
 //   epoch                 the last coordinator epoch (protocol/epoch_file.h)
 //   current.json          the refit in progress: written durably before its
 //                         PLAN, removed once its report is written;
@@ -18,7 +20,8 @@
 // kDecisionsKept newest refits (by epoch) and of the refit current.json
 // names (PruneDecisions).
 //
-// Thread safety: values; concurrent coordinators need distinct directories.
+// Thread safety: values. One coordinator run at a time per directory:
+// RunRefit and ResumeRefit hold its StateDirLock for their whole run.
 #ifndef DCR_COORD_STATE_DIR_H_
 #define DCR_COORD_STATE_DIR_H_
 
@@ -26,8 +29,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "common/file.h"
 #include "dcr/refit.h"
 #include "dcr/status.h"
 #include "dcr/version.h"
@@ -62,6 +67,13 @@ nlohmann::json VersionJson(const Version& v);
 // How many refits' decisions decisions/ keeps (besides current.json's).
 inline constexpr size_t kDecisionsKept = 32;
 
+// Who holds a state directory's lock, as its lock file says.
+struct LockHolder {
+  int64_t pid = 0;      // 0: the holder has not written it yet
+  std::string command;  // "dcr refit", "dcr refit --resume", ...
+  std::string since;    // ISO 8601 UTC
+};
+
 class StateDir {
  public:
   explicit StateDir(std::string dir) : dir_(std::move(dir)) {}
@@ -72,6 +84,12 @@ class StateDir {
   std::string DecisionPath(const RefitId& refit) const;
   std::string LastRefitPath() const { return dir_ + "/last-refit.json"; }
   std::string HistoryDir() const { return dir_ + "/history"; }
+  std::string LockPath() const { return dir_ + "/lock"; }
+
+  // The coordinator run that holds the lock (StateDirLock), or nullopt when
+  // none does; it takes no lock itself (for `dcr status`, read-only). A
+  // lock file left by a process that died is no lock.
+  std::optional<LockHolder> Running() const;
 
   // Creates the directory and decisions/ (IOError naming it).
   Status Create() const;
@@ -104,6 +122,38 @@ class StateDir {
 
  private:
   std::string dir_;
+};
+
+// The exclusive lock of a state directory: an open file description lock
+// (fcntl F_OFD_SETLK) on state_dir/lock, held by one coordinator run
+// (a refit with its catch-ups, or --resume) from before it reads the
+// directory until its report is written. The kernel drops it when the
+// holder's descriptor closes, so also when the process dies: there is
+// nothing to clean up after a crash. Two coordinators on one directory
+// would fence each other off at the relays and could move the baseline on
+// a commit nobody received (issue 15): the second one is refused instead.
+// The lock file holds "pid N\ncommand C\nsince T\n" for messages and
+// `dcr status`; only the lock itself counts. A lock on a network
+// filesystem is only as good as its fcntl locks.
+//
+// Thread safety: move-only; one owner.
+class StateDirLock {
+ public:
+  // Creates the directory if needed and takes its lock for `command`.
+  // InvalidArgument (the refusal a new refit gets while current.json
+  // exists) naming the holder's pid and what to do when another run holds
+  // it; IOError when the lock file cannot be used.
+  static Result<StateDirLock> Acquire(const StateDir& state,
+                                      std::string_view command);
+
+  StateDirLock(StateDirLock&&) = default;
+  StateDirLock& operator=(StateDirLock&&) = default;
+  ~StateDirLock() = default;  // closing the descriptor releases the lock
+
+ private:
+  explicit StateDirLock(UniqueFd fd) : fd_(std::move(fd)) {}
+
+  UniqueFd fd_;
 };
 
 }  // namespace dcr

@@ -72,7 +72,8 @@ TEST_F(FailpointTest, BadSpecsAreRefusedWithOneLineMessages) {
   const std::string known =
       "relay.plan, relay.apply_chunk, relay.forward, relay.vote, "
       "relay.commit, relay.abort, coord.before_plan, coord.after_stream, "
-      "coord.before_commit, coord.after_commit, store.data_sync";
+      "coord.before_commit, coord.after_commit, coord.baseline_write, "
+      "store.data_sync";
   const std::string actions =
       "exit, hang, drop, delay(MS), corrupt, cut(BYTES), forge";
   const std::pair<std::string, std::string> cases[] = {

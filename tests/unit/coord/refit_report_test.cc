@@ -1,6 +1,7 @@
 // The refit report: its JSON keys and values, the per-node summary of the
 // phases' replies (first failing phase, commit set, confirmation), the
-// link-class bytes, and the reason of a partial commit.
+// link-class bytes, the reason of a partial commit (stale or unconfirmed)
+// and of an unfinished one.
 #include "coord/refit_report.h"
 
 #include <gtest/gtest.h>
@@ -88,6 +89,7 @@ TEST(RefitReportTest, OutcomeNames) {
   EXPECT_EQ(RefitOutcomeName(RefitOutcome::kCommitted), "committed");
   EXPECT_EQ(RefitOutcomeName(RefitOutcome::kPartial), "committed-partial");
   EXPECT_EQ(RefitOutcomeName(RefitOutcome::kAborted), "aborted");
+  EXPECT_EQ(RefitOutcomeName(RefitOutcome::kUnfinished), "unfinished");
 }
 
 TEST(RefitReportTest, SummaryNamesTheFirstFailingPhase) {
@@ -138,8 +140,71 @@ TEST(RefitReportTest, SummaryOfACommitWithoutReplies) {
   EXPECT_FALSE(r.nodes[1].committed);
   EXPECT_EQ(r.nodes[1].phase, "commit");
   EXPECT_EQ(r.nodes[1].detail, "no commit reply");
+  // b voted yes and was sent COMMIT: unconfirmed, not stale.
   EXPECT_FALSE(r.nodes[2].committed);
-  EXPECT_EQ(r.nodes[2].detail, "no commit reply");
+  EXPECT_EQ(r.nodes[2].phase, "commit");
+  EXPECT_EQ(r.nodes[2].code, NodeCode::kTimeout);
+  EXPECT_TRUE(r.nodes[2].detail.starts_with(std::string(kCommitUnconfirmed) +
+                                            ": it voted yes"))
+      << r.nodes[2].detail;
+  EXPECT_NE(r.nodes[2].detail.find("(no commit reply)"), std::string::npos);
+}
+
+// A relay that committed but whose COMMIT_REPLY was lost (its parent timed
+// it out, or lost the link) is unconfirmed; one that refused the COMMIT
+// (a stale epoch) or failed to persist it is excluded, as before.
+TEST(RefitReportTest, ALostCommitReplyIsUnconfirmedNotStale) {
+  RefitReport r;
+  r.target = kTarget;
+  r.outcome = RefitOutcome::kPartial;
+  PhaseReplies p;
+  p.plan = {R("head", NodeCode::kOk), R("a", NodeCode::kOk),
+            R("b", NodeCode::kOk)};
+  p.votes = {R("head", NodeCode::kOk, kTarget), R("a", NodeCode::kOk, kTarget),
+             R("b", NodeCode::kOk, kTarget)};
+  p.final = {R("head", NodeCode::kOk, kTarget),
+             R("a", NodeCode::kTimeout, {}, "no COMMIT_REPLY in time"),
+             R("b", NodeCode::kStoreError, {}, "disk full")};
+  SummarizeNodes(SmallTree(), p, {"head", "a", "b"}, &r);
+  EXPECT_EQ(r.nodes[1].code, NodeCode::kTimeout);
+  EXPECT_TRUE(r.nodes[1].detail.starts_with(kCommitUnconfirmed));
+  EXPECT_NE(r.nodes[1].detail.find("no COMMIT_REPLY in time"),
+            std::string::npos);
+  EXPECT_EQ(r.nodes[2].detail, "disk full");
+  EXPECT_EQ(ExcludedReason(r),
+            "excluded, now stale: b (store error at commit); commit "
+            "unconfirmed (no reply; each holds the target once COMMIT reached "
+            "it, as dcr status shows): a (timeout at commit)");
+  // Unreachable at commit (its parent lost it) is unconfirmed too.
+  p.final[1] = R("a", NodeCode::kUnreachable, {}, "link lost");
+  r.nodes.clear();
+  SummarizeNodes(SmallTree(), p, {"head", "a", "b"}, &r);
+  EXPECT_TRUE(r.nodes[1].detail.starts_with(kCommitUnconfirmed));
+  // Not in the commit set: excluded, whatever it answered.
+  r.nodes.clear();
+  SummarizeNodes(SmallTree(), p, {"head", "b"}, &r);
+  EXPECT_FALSE(r.nodes[1].detail.starts_with(kCommitUnconfirmed));
+}
+
+TEST(RefitReportTest, UnfinishedSaysWhyAndWhatFinishesIt) {
+  RefitReport r;
+  r.base = Version{1, Digest128{1, 2}};
+  r.target = kTarget;
+  r.outcome = RefitOutcome::kUnfinished;
+  std::string why = UnfinishedReason(
+      {R("head", NodeCode::kRejected, {}, "stale coordinator epoch 4")}, r);
+  EXPECT_NE(why.find("no relay of the commit set answered the COMMIT: head: "
+                     "rejected (stale coordinator epoch 4)"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("root.baseline stays at step 1"), std::string::npos);
+  EXPECT_NE(why.find("dcr refit --resume"), std::string::npos);
+  // The outcome survives last-refit.json.
+  r.reason = why;
+  auto back = RefitReportFromJson(nlohmann::json::parse(r.ToJson()), "f");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->outcome, RefitOutcome::kUnfinished);
+  EXPECT_EQ(back->reason, why);
 }
 
 TEST(RefitReportTest, AnAbortBlamesTheAbortPhaseOnly) {
