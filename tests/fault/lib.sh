@@ -58,9 +58,12 @@ pick() {
 # --- Model -----------------------------------------------------------------
 # fault_model: $V/v0..v3.safetensors (a small transformer, ~40 changed spans
 # of 4096 elements per step) and CHUNKS, the chunk count of v0 -> v1.
+# FAULT_MODEL (env) replaces traingen's model options, for figures on a
+# larger model (e.g. "--hidden 1024 --layers 2 --vocab 8192 --lr 2.3e-6").
 SPAN=4096
 fault_model() {  # fault_model [STEPS]: v0..vSTEPS (default 3)
-  "$TRAINGEN" --out "$T/ck" --hidden 64 --layers 2 --vocab 512 --steps "${1:-3}" \
+  # shellcheck disable=SC2086  # FAULT_MODEL: traingen's model options
+  "$TRAINGEN" --out "$T/ck" ${FAULT_MODEL:---hidden 64 --layers 2 --vocab 512} --steps "${1:-3}" \
     >/dev/null 2>"$T/traingen.log" || { cat "$T/traingen.log" >&2; fail "traingen"; }
   V=$T/ck
   expect 0 "$DCR" diff "$V/v0.safetensors" "$V/v1.safetensors" -o "$T/v01.dcr" --span-elems $SPAN
