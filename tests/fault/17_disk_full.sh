@@ -5,14 +5,15 @@
 #  (a) full before the refit: the leaf cannot persist the PLAN (its epoch
 #      file); it answers store error, is excluded, and its bits and record
 #      stay as they were; the others commit v1 (committed-partial).
-#  (b) space freed: `dcr refit --full --node LEAF` brings it to v1.
+#  (b) space freed: the next refit v1 -> v2 catches the leaf up from the
+#      history by itself: committed everywhere.
 #  (c) full while the leaf sits on COMMIT (relay.commit=delay): writing the
 #      commit's record fails; the leaf answers store error saying the disk
 #      is full and naming the record, is excluded, keeps running, and its
-#      record is the whole previous one (refit v1 -> v2 unfinished: it
-#      refuses deltas), no temporary file left; the others commit v2.
-#  (d) space freed: --full --node repairs it, and the next refit v2 -> v3
-#      commits everywhere.
+#      record is the whole previous one (refit v2 -> v3 unfinished: it
+#      refuses deltas), no temporary file left; the others commit v3.
+#  (d) space freed: the next refit v3 -> v4 repairs the leaf (method
+#      repair) and commits everywhere: no operator step.
 # Needs root for a private mount namespace and a tmpfs (CI runs as root);
 # exits 77 (skipped, ctest SKIP_RETURN_CODE) where that is not permitted.
 # Usage: 17_disk_full.sh [DCR DCR_RELAY TRAINGEN]
@@ -29,7 +30,7 @@ if [[ -z ${DCR_FAULT_MOUNT_NS:-} ]]; then
   DCR_FAULT_MOUNT_NS=1 exec unshare --mount --propagation private bash "$0" "$@"
 fi
 source "$(dirname "$0")/lib.sh"
-fault_model
+fault_model 4
 LEAVES=(a1 a2 b1 b2)
 VIC=${LEAVES[$(pick 0 4)]}
 MC=$(pick 3 6 1)
@@ -73,7 +74,7 @@ synced() {  # synced: the leaf's background write-back dropped its record's mark
 }
 
 fault_start_all
-full_node "$V/v0.safetensors"  # the leaf now has a record: committed v0
+FAULT_SEEDING=1 full_node "$V/v0.safetensors"  # seeds it: a record, committed v0
 cp "$REC" "$T/record-a"
 
 # (a) Full before the refit.
@@ -85,42 +86,45 @@ node_json "$VIC" 'n["code"] == "store error" and "No space left on device" in n[
 cmp -s "$T/record-a" "$REC" || fail "$VIC's record changed on a full disk"
 no_tmp
 
-# (b) Space freed: a full refit of the leaf alone brings it to v1.
+# (b) Space freed: the next refit catches the leaf up by itself.
 rm "$FULL/filler"
-full_node "$V/v1.safetensors"
+fault_snapshot
+fault_refit "$V/v2.safetensors"
+DCR_FAULT_OUT="" fault_check "$V/v2.safetensors" --expect-outcome committed --excluded ""
+synced
 
 # (c) Full while the leaf sits on COMMIT: the commit's record write fails.
 kill -TERM "${PID[$VIC]}"
 fault_wait_exit "$VIC" 0
 fault_start "$VIC" "relay.commit=delay(2000)@1"
 fault_snapshot
-fault_refit_bg "$V/v2.safetensors"
+fault_refit_bg "$V/v3.safetensors"
 fault_wait_log "$VIC" "failpoint relay.commit (hit 1): delay"
-cp "$REC" "$T/record-c"  # BeginRefit's: refit v1 -> v2 in progress
+cp "$REC" "$T/record-c"  # BeginRefit's: refit v2 -> v3 in progress
 fill
 FAULT_T0=$(date +%s.%N)
 fault_refit_wait
 CRASHED+=("$VIC")  # its record says the refit is unfinished, as it must
-fault_check "$V/v2.safetensors" --expect-outcome committed-partial --excluded "$VIC"
+fault_check "$V/v3.safetensors" --expect-outcome committed-partial --excluded "$VIC"
 node_json "$VIC" 'n["code"] == "store error" and "cannot write version record '"'$REC'"': the disk is full" in n["detail"]'
 grep -qF "commit failed" "$T/$VIC.log" || { cat "$T/$VIC.log" >&2; fail "$VIC did not log the failed commit"; }
 cmp -s "$T/record-c" "$REC" || fail "$VIC's record is not the previous one, whole"
-python3 -S - "$REC" <<'PY' || fail "$VIC's record does not say refit v1 -> v2 is unfinished"
+python3 -S - "$REC" <<'PY' || fail "$VIC's record does not say refit v2 -> v3 is unfinished"
 import json, sys
 r = json.load(open(sys.argv[1]))
-sys.exit(0 if r["committed"]["step"] == 1 and r["in_progress"]["target"]["step"] == 2 else 1)
+sys.exit(0 if r["committed"]["step"] == 2 and r["in_progress"]["target"]["step"] == 3 else 1)
 PY
 no_tmp
 kill -0 "${PID[$VIC]}" || fail "$VIC died"
 
-# (d) Space freed: --full --node repairs the leaf; the next refit commits
-# everywhere.
+# (d) Space freed: the next refit repairs the leaf and commits everywhere.
 rm "$FULL/filler"
-full_node "$V/v2.safetensors"
 CRASHED=()
 fault_snapshot
-fault_refit "$V/v3.safetensors"
-DCR_FAULT_OUT="" fault_check "$V/v3.safetensors" --expect-outcome committed --excluded ""
+fault_refit "$V/v4.safetensors"
+DCR_FAULT_OUT="" fault_check "$V/v4.safetensors" --expect-outcome committed --excluded ""
+python3 -S -c "import json; r = json.load(open('$T/report.json')); assert [c['method'] for c in r['catch_up']] == ['repair'], r['catch_up']" ||
+  fail "the leaf should be repaired from the history: $(cat "$T/report.json")"
 no_tmp
 
 for n in "${!PID[@]}"; do stop_relay "$n"; done

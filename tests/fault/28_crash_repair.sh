@@ -62,7 +62,9 @@ fault_snapshot
 fault_refit "$V/v2.safetensors"
 fault_check "$V/v2.safetensors" --expect-outcome committed --excluded ""
 ratios() {  # per repaired node: (its repair bytes - the refit's payload) / the crashed refit's payload
-  report '" ".join("%s=%.3f" % (n, (sum(c["payload_bytes"] for c in r["catch_up"] if n in c["nodes"]) - r["payload_bytes"]) / '"$CRASHED_PAYLOAD"') for n in ("a0", "b1"))'
+  # (a node the refit itself brought to the target, its base restored by
+  # its journal, got nothing beyond the payload)
+  report '" ".join("%s=%.3f" % (n, max(0, sum(c["payload_bytes"] for c in r["catch_up"] if n in c["nodes"]) - (r["payload_bytes"] if any(n in c["nodes"] for c in r["catch_up"]) else 0)) / '"$CRASHED_PAYLOAD"') for n in ("a0", "b1"))'
 }
 restart_to_committed() {  # seconds from the restart to the end of the refit that repaired them
   python3 -S -c "print('%.2f' % ($REFIT_END - $FAULT_T0))"

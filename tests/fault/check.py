@@ -258,6 +258,14 @@ def check(a):
             round(report.get("repair_bytes", 0) / report["payload_bytes"], 6)
             if report and report.get("payload_bytes") else None),
         "payload_bytes": report["payload_bytes"] if report else None,
+        # dcr refit --node runs the row needed (must be 0: repairs are
+        # automatic), and the bytes of the root's repairs of stores left
+        # with an unfinished refit's mix over the refit's payload
+        "manual_repairs": a.manual_repairs,
+        "repair_bytes_fraction": (
+            round(sum(c["payload_bytes"] for c in report.get("catch_up", [])
+                      if c.get("repaired")) / report["payload_bytes"], 6)
+            if report and report.get("payload_bytes") else None),
         "violations": bad,
     }
     if a.out:
@@ -295,6 +303,7 @@ def main():
     p.add_argument("--corrupt-victims", default="")
     p.add_argument("--injected-frames", type=int, default=0)
     p.add_argument("--hostile", default="")
+    p.add_argument("--manual-repairs", type=int, default=0)
     a = p.parse_args()
     if a.mode == "snapshot":
         snapshot(a)

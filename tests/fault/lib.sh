@@ -238,8 +238,12 @@ fault_snapshot() {
 # fault_refit TARGET [ARGS...]: dcr refit -o json; RC = its exit code,
 # report in $T/report.json, stderr in $T/refit.err, REFIT_END = when it
 # returned. Does not judge the exit code (the checker does).
+MANUAL_REPAIRS=0  # dcr refit --node runs a row needed to repair a node
 fault_refit() {  # fault_refit TARGET|"" [ARGS...] ("": no --target, e.g. --resume)
-  local targs=(--target "$1")
+  local targs=(--target "$1") a
+  for a in "$@"; do
+    if [[ $a == --node && ${FAULT_SEEDING:-0} != 1 ]]; then MANUAL_REPAIRS=$((MANUAL_REPAIRS + 1)); fi
+  done
   [[ -n $1 ]] || targs=()
   shift
   set +e
@@ -282,6 +286,7 @@ fault_check() {
     --nodes "${RELAYS[*]}" --alive "${!PID[*]}" --crashed "${CRASHED[*]}" \
     --checkpoints "$V" --target "$target" --report "$T/report.json" --rc "$RC" \
     --status "$T/status.json" --row "$ROW" --seed "$SEED" --faults "$faults" \
-    --t0 "${FAULT_T0:-}" --t-end "${REFIT_END:-}" --out "${DCR_FAULT_OUT:-}" "$@" ||
+    --t0 "${FAULT_T0:-}" --t-end "${REFIT_END:-}" --out "${DCR_FAULT_OUT:-}" \
+    --manual-repairs "$MANUAL_REPAIRS" "$@" ||
     fail "end state (above)"
 }
