@@ -353,3 +353,71 @@ TEST_F(SigningTreeTest, RootKeyErrorsStopBeforeAnyRelayIsAsked) {
 
 }  // namespace
 }  // namespace dcr
+
+namespace dcr {
+namespace {
+
+// A relay whose store a crash left with the mix of a refit is repaired by
+// the next refit, and the repair is signed like any refit: a relay that
+// holds the root's public key checks its END before voting.
+TEST_F(SigningTreeTest, TheRepairOfAMixedStoreIsSigned) {
+  StartRelays(kRelays);
+  RefitReport one = Refit(1, 0);
+  ASSERT_EQ(one.outcome, RefitOutcome::kCommitted) << one.reason;
+  WaitIdle();
+  // a1 "died" applying that refit: its bits a mix of v0 and v1, its record
+  // naming the refit unfinished.
+  relays_.erase("a1");
+  {
+    auto store =
+        Checkpoint::Open(StorePath("a1"), Checkpoint::Mode::kReadWrite);
+    auto v0 = Checkpoint::Open(Ckpt(0), Checkpoint::Mode::kReadOnly);
+    ASSERT_TRUE(store.ok() && v0.ok());
+    std::mt19937 rng(5);
+    for (size_t t = 0; t < (*store)->manifest().size(); ++t) {
+      auto to = (*store)->MutableTensorData(t);
+      auto from = (*v0)->TensorData(t);
+      for (size_t i = 0; i < to.size(); i += 2) {
+        if (rng() % 2) std::copy_n(from.data() + i, 2, to.data() + i);
+      }
+    }
+    ASSERT_TRUE((*store)->Flush().ok());
+    VersionRecord rec;
+    rec.manifest = (*store)->manifest().digest();
+    rec.in_progress = RefitInProgress{one.refit, one.base, one.target,
+                                      "2026-12-01T00:00:00Z"};
+    ASSERT_TRUE(WriteVersionRecord(StorePath("a1") + ".dcr-version", rec).ok());
+  }
+  RelayOptions o;
+  o.name = "a1";
+  o.store = *ParseStoreSpec("file:" + StorePath("a1"));
+  o.listen_host = "a1";
+  o.listen_port = 2;
+  o.transport = "fake";
+  o.transport_options.fake_network = network_;
+  o.transport_options.frames.authenticator = hop_key_;
+  auto pub = Ed25519PublicKey::Load(dir_.Path("root.pub"));
+  ASSERT_TRUE(pub.ok());
+  o.signing_public_key = *std::move(pub);
+  o.apply_threads = 2;
+  auto started = Relay::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  relays_["a1"] = *std::move(started);
+  // The tree goes back to v0's bits (step 2): a1 is repaired from the
+  // history (the refit it died in and the one after), signed.
+  RefitReport two = Refit(0, 0);
+  ASSERT_EQ(two.outcome, RefitOutcome::kCommitted) << two.ToJson();
+  ASSERT_EQ(two.catch_up.size(), 1u) << two.ToJson();
+  EXPECT_EQ(two.catch_up[0].method, "repair");
+  EXPECT_EQ(two.catch_up[0].repaired, one.refit);
+  EXPECT_EQ(two.catch_up[0].nodes, std::vector<std::string>{"a1"});
+  WaitIdle();
+  EXPECT_EQ(relays_["a1"]->Stats().repairs_by_root, 1u);
+  for (const auto& n : kRelays) {
+    EXPECT_TRUE(Node(two, n).committed) << n;
+    EXPECT_EQ(DigestOf(StorePath(n)), DigestOf(Ckpt(0))) << n;
+  }
+}
+
+}  // namespace
+}  // namespace dcr
