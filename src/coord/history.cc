@@ -339,13 +339,7 @@ Result<bool> ComposedDelta::Encode(size_t i, size_t elem_size,
   std::span<const std::byte> zeros(scratch->data() + n, n);
   DecodedChunk chunk;
   for (size_t k = offsets_[i]; k < offsets_[i + 1]; ++k) {
-    DCR_RETURN_IF_ERROR(decoder->Decode(parts_[k], &chunk));
-    if (chunk.header.elem_size != elem_size ||
-        uint64_t{chunk.header.span_elems} * elem_size != n) {
-      return Status::Corruption(
-          fmt::format("history chunk ({}, {}) does not fit its tensor",
-                      id.tensor, id.span));
-    }
+    DCR_RETURN_IF_ERROR(DecodePart(k, id, elem_size, n, decoder, &chunk));
     if (chunk.header.kind == ChunkKind::kOverwrite) {
       // The last overwrite wins: the span's bits now are what it ends as.
       DCR_RETURN_IF_ERROR(
@@ -358,9 +352,17 @@ Result<bool> ComposedDelta::Encode(size_t i, size_t elem_size,
                              sizes);
 }
 
-}  // namespace dcr
-
-namespace dcr {
+Status ComposedDelta::DecodePart(size_t k, const ChunkId& id, size_t elem_size,
+                                 size_t span_bytes, ChunkDecoder* decoder,
+                                 DecodedChunk* chunk) const {
+  DCR_RETURN_IF_ERROR(decoder->Decode(parts_[k], chunk));
+  if (chunk->header.elem_size != elem_size ||
+      uint64_t{chunk->header.span_elems} * elem_size != span_bytes) {
+    return Status::Corruption(fmt::format(
+        "history chunk ({}, {}) does not fit its tensor", id.tensor, id.span));
+  }
+  return Status::OK();
+}
 
 Result<bool> ComposedDelta::EncodeUnion(size_t i, size_t elem_size,
                                         std::span<const std::byte> target,
@@ -376,13 +378,7 @@ Result<bool> ComposedDelta::EncodeUnion(size_t i, size_t elem_size,
   scratch->assign(elems, std::byte{0});
   DecodedChunk chunk;
   for (size_t k = offsets_[i]; k < offsets_[i + 1]; ++k) {
-    DCR_RETURN_IF_ERROR(decoder->Decode(parts_[k], &chunk));
-    if (chunk.header.elem_size != elem_size ||
-        uint64_t{chunk.header.span_elems} * elem_size != n) {
-      return Status::Corruption(
-          fmt::format("history chunk ({}, {}) does not fit its tensor",
-                      id.tensor, id.span));
-    }
+    DCR_RETURN_IF_ERROR(DecodePart(k, id, elem_size, n, decoder, &chunk));
     const bool xor_chunk = chunk.header.kind == ChunkKind::kXor;
     for (size_t p = 0; p < chunk.positions.size(); ++p) {
       const uint32_t at = chunk.positions[p];

@@ -185,6 +185,11 @@ class ComposedDelta {
 
  private:
   ComposedDelta() = default;
+  // Decodes parts_[k], a chunk of span `id`, checking that it fits the
+  // span (`elem_size`, `span_bytes`).
+  Status DecodePart(size_t k, const ChunkId& id, size_t elem_size,
+                    size_t span_bytes, ChunkDecoder* decoder,
+                    DecodedChunk* chunk) const;
   Version base_;
   Version target_;
   std::vector<std::unique_ptr<DeltaReader>> readers_;
