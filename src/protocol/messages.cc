@@ -371,6 +371,12 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
         c.target = r.Ver("nodes.store.target");
       }
     }
+    // Canonical: version 3 only when some node has a condition.
+    if (r.ok() &&
+        std::all_of(m.nodes.begin(), m.nodes.end(),
+                    [](const NodeResult& n) { return n.store.empty(); })) {
+      r.Fail("nodes.store", "version 3 without a store condition");
+    }
     uint8_t has = r.Get<uint8_t>("received_through");
     if (r.ok() && has > 1) r.Fail("received_through", "flag not 0 or 1");
     position = has == 1;

@@ -92,6 +92,14 @@ TEST(MessagesTest, StoreConditionIsVersion3) {
   bytes[bytes.size() - 2] = std::byte{4};
   bytes[bytes.size() - 1] = std::byte{2};
   EXPECT_TRUE(DecodeResults(bytes).status().IsCorruption());
+  // Version 3 is only for a message with a condition (one encoding per
+  // message): found by fuzz_messages.
+  bytes[bytes.size() - 1] = std::byte{0};
+  bytes[bytes.size() - 2] = std::byte{0};
+  EXPECT_TRUE(DecodeResults(bytes).status().IsCorruption());
+  const std::vector<std::byte> empty_v3 = {std::byte{3}, std::byte{0},
+                                           std::byte{0}};
+  EXPECT_TRUE(DecodeResults(empty_v3).status().IsCorruption());
 }
 
 TEST(MessagesTest, ResendFlagAndReceivedThrough) {
