@@ -578,7 +578,13 @@ class Harness {
     CHECK(p.manifest == store_->manifest().digest());
     if (p.mode == RefitMode::kDelta) CHECK(digest == p.base.digest);
     auto busy = store_->InProgress();
-    CHECK(busy && busy->refit == id && busy->target == p.target);
+    // Over a refit left unfinished (a full refit taking it over: a
+    // repair), the record keeps naming that one until this one commits.
+    if (record.in_progress) {
+      CHECK(busy && *busy == *record.in_progress);
+    } else {
+      CHECK(busy && busy->refit == id && busy->target == p.target);
+    }
     CHECK(Holds(*store_, before));
     id_ = id;
     plan_ = p;
