@@ -231,6 +231,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   void CutLinks();
 
  private:
+  // A failed node is tried again this many times (every half interval): a
+  // relay that restarts within a few heartbeats rejoins its refit. The vote
+  // phase waits for these tries.
+  static constexpr int kRejoinTries = 6;
   // How a child failed decides what happens to its subtree.
   enum class FailKind {
     kLink,      // its link closed or fell silent: try it again, then adopt

@@ -95,6 +95,7 @@ class Relay::Impl {
   FrameHeader About() const;
   void Reply(Link& link, FrameType type, const FrameHeader& about,
              std::span<const std::byte> payload);
+  // relay_setup.cc (with Init): the relay's start.
   // Sizes the bounds from options_.memory_limit_bytes (RelayOptions).
   Status ApplyMemoryLimit();
   Status PersistEpoch(uint64_t epoch);

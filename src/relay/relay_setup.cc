@@ -1,0 +1,192 @@
+// Relay::Impl's start (relay_impl.h): checks the options, opens the store
+// (and, after a crash mid-refit, restores its base from the journal or
+// says why not), reads the epoch file, sizes the windows to the memory
+// limit, and listens.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "relay/memory_budget.h"
+#include "relay/relay_impl.h"
+
+namespace dcr {
+namespace {
+
+// The bound on a link's first frame (HELLO or ERROR, both small).
+constexpr uint32_t kFirstFrameMaxPayload = 64u << 10;
+
+// Where a relay persists the highest coordinator epoch it accepted: beside
+// the store's version record ("<store>.dcr-epoch"); empty for a memory store
+// (kept in memory).
+std::string EpochPath(const StoreSpec& spec) {
+  if (spec.kind == StoreSpec::Kind::kMemory) return "";
+  std::string record =
+      spec.record_path.empty() ? DefaultRecordPath(spec) : spec.record_path;
+  constexpr std::string_view kSuffix = ".dcr-version";
+  if (record.size() > kSuffix.size() && record.ends_with(kSuffix)) {
+    record.resize(record.size() - kSuffix.size());
+  }
+  return record + ".dcr-epoch";
+}
+
+}  // namespace
+
+Status Relay::Impl::Init() {
+  if (options_.name.empty()) {
+    return Status::InvalidArgument("relay: a node name is required");
+  }
+  DCR_RETURN_IF_ERROR(ApplyMemoryLimit());
+  // The first frame of every link is a HELLO (or an ERROR): a peer that
+  // has not greeted cannot make the relay hold a large frame.
+  FrameOptions& frames = options_.transport_options.frames;
+  if (frames.first_frame_max_payload == 0) {
+    frames.first_frame_max_payload =
+        std::min(frames.max_payload, kFirstFrameMaxPayload);
+  }
+  sender_.emplace(frames);
+  if (!options_.undo_dir.empty()) {
+    // Found out now, not at the first refit: the directory takes journals.
+    Status probe = Journal::ProbeDir(options_.undo_dir);
+    if (!probe.ok()) {
+      return Status::InvalidArgument(
+          "undo directory '" + options_.undo_dir +
+          "' cannot hold a refit's journal: " + probe.ToString());
+    }
+  }
+  auto store = OpenStore(options_.store);
+  if (store.ok()) {
+    store_ = *std::move(store);
+  } else if (store.status().code() == StatusCode::kNotFound) {
+    spdlog::warn("{}: {}; it joins the next full refit (dcr refit --full)",
+                 options_.name, store.status().message());
+  } else {
+    return store.status();
+  }
+  epoch_file_ = EpochFile(
+      EpochPath(options_.store),
+      "it holds the highest coordinator epoch this relay accepted (delete "
+      "it only if no older coordinator can come back)");
+  DCR_ASSIGN_OR_RETURN(max_epoch_, epoch_file_.Read());
+  TransportOptions to = options_.transport_options;
+  to.name = options_.name;
+  transports_ = std::make_unique<TransportSet>(
+      to, to.fake_network ? std::string("fake") : std::string());
+  DCR_ASSIGN_OR_RETURN(listener_, transports_->Get(options_.transport));
+  DCR_ASSIGN_OR_RETURN(decoder_, ChunkDecoder::Create());
+  // An apply completion is an event of the refit: Advance runs after it.
+  workers_ = std::make_unique<ApplyWorkers>(options_.apply_threads,
+                                            [this] { mailbox_.Wake(); });
+  hash_pool_ = std::make_unique<ThreadPool>(options_.apply_threads);
+  RecoverStore();
+  env_ = RelayRefit::Env{options_.name, workers_.get(), hash_pool_.get(),
+                         decoder_.get(), options_.signing_public_key.get()};
+  inbound_ = std::make_unique<InboundLinks>(
+      InboundLinks::Options{
+          options_.name, options_.peer_addresses, options_.max_inbound_links,
+          options_.inbound_quota_bytes, options_.known_nodes,
+          options_.hello_timeout, options_.idle_timeout,
+          [this](uint64_t id) {
+            return current_ && current_->parent->link_id() == id;
+          }},
+      &mailbox_, &*sender_,
+      InboundLinks::Counters{&counters_.links_refused,
+                             &counters_.inbound_pauses,
+                             counters_.peers_cut.data()},
+      [this](const std::shared_ptr<Link>& link, const Frame& frame,
+             const FrameBuffer& buffer) { OnFrame(link, frame, buffer); },
+      [this](uint64_t id, const Status& why) { OnClosed(id, why); });
+  inbound_->set_epoch(max_epoch_);
+  Status s = listener_->Listen(options_.listen_host, options_.listen_port,
+                               inbound_->Handler());
+  if (!s.ok()) {
+    transports_->Stop();
+    return s;
+  }
+  PublishStats();
+  actor_ = std::thread([this] { Run(); });
+  spdlog::info("{}: listening on {}:{} ({}) with {}", options_.name,
+               options_.listen_host, port(), listener_->kind(),
+               store_ ? store_->describe() : options_.store.ToString());
+  return Status::OK();
+}
+
+void Relay::Impl::RecoverStore() {
+  if (!store_) return;
+  Result<std::string> boot = CurrentBootId();
+  using Outcome = RefitSession::CrashRecovery::Outcome;
+  const RefitSession::CrashRecovery r = RefitSession::RecoverAfterCrash(
+      store_.get(), JournalPath(store_->record_path(), options_.undo_dir),
+      boot.ok() ? *boot : std::string(), hash_pool_.get());
+  if (r.outcome == Outcome::kNothing) return;
+  const RefitInProgress& u = *r.unfinished;
+  const std::string id = u.refit.ToHex();
+  switch (r.outcome) {
+    case Outcome::kNothing:
+      return;
+    case Outcome::kRestored:
+      restored_from_ = u.refit;
+      counters_.repairs_restored += 1;
+      spdlog::warn(
+          "{}: restored step {} after a crash mid-refit {}: {} spans, {} bytes",
+          options_.name, u.base.step, id, r.spans, r.bytes);
+      return;
+    case Outcome::kPrepared:
+    case Outcome::kPreparedMix:
+      prepared_ = PreparedAfterCrash{u.refit, u.target,
+                                     r.outcome == Outcome::kPrepared};
+      spdlog::warn(
+          "{}: {} holds refit {} (step {} -> {}) prepared: {}; it stays "
+          "unfinished until the root's decision (it is never restored "
+          "here after a yes vote)",
+          options_.name, store_->describe(), id, u.base.step, u.target.step,
+          r.detail);
+      return;
+    case Outcome::kRestoreFailed:
+    case Outcome::kNoJournal:
+      spdlog::warn(
+          "{}: {} holds an unfinished refit {} (a mix of step {} and {}) and "
+          "could not restore its base ({}); it takes no delta refit until "
+          "the root repairs it",
+          options_.name, store_->describe(), id, u.base.step, u.target.step,
+          r.detail);
+      return;
+  }
+}
+
+Status Relay::Impl::ApplyMemoryLimit() {
+  if (options_.memory_limit_bytes == 0) return Status::OK();
+  FrameOptions& frames = options_.transport_options.frames;
+  DCR_ASSIGN_OR_RETURN(
+      MemoryBudget b,
+      PlanMemoryBudget(options_.memory_limit_bytes, options_.apply_threads,
+                       frames.max_payload));
+  auto lower = [](auto& bound, auto cap) {
+    if (bound == 0 || bound > cap) bound = cap;
+  };
+  lower(options_.apply_window_bytes, b.apply_window_bytes);
+  lower(options_.forward_window_cap, b.forward_window_bytes);
+  lower(options_.inbound_quota_bytes, b.inbound_quota_bytes);
+  lower(options_.max_inbound_links, b.max_inbound_links);
+  frames.max_payload = b.max_frame_payload;
+  options_.resend_buffer_bytes =
+      std::min(options_.resend_buffer_bytes.value_or(b.resend_buffer_bytes),
+               b.resend_buffer_bytes);
+  // A last guard per link: a child's queue never holds more than the
+  // forward window, what is in flight from the parent and one frame.
+  lower(options_.transport_options.max_queued_bytes,
+        static_cast<size_t>(b.forward_window_bytes + b.inbound_quota_bytes +
+                            2ull * b.max_frame_payload));
+  spdlog::info("{}: memory limit {}", options_.name, b.ToString());
+  return Status::OK();
+}
+
+Status Relay::Impl::PersistEpoch(uint64_t epoch) {
+  if (epoch <= max_epoch_) return Status::OK();
+  DCR_RETURN_IF_ERROR(epoch_file_.Write(epoch));
+  max_epoch_ = epoch;
+  inbound_->set_epoch(epoch);
+  return Status::OK();
+}
+
+}  // namespace dcr
