@@ -8,6 +8,14 @@
 //   - overwrite: changed positions and new values (idempotent).
 // Byte layout and the adaptive choice between encodings: docs/FORMAT.md.
 //
+// A chunk is either base-independent (kSparse, kDense: it decodes alone)
+// or context-coded (kContext: positions and values are coded in the
+// context of the base element's exponent, so it decodes only against the
+// exact bits the span held before it, and the decoder is given that span).
+// Context coding is for the first application of a span to a store that
+// holds the base whole; everything decoded later or elsewhere (undo
+// records, history files, retries, repairs) stays base-independent.
+//
 // Decoding validates everything (checksum, sizes, positions in bounds and
 // ascending) before anything is written, so a chunk that decodes can be
 // applied without further checks and one that does not decode changes
@@ -25,6 +33,7 @@
 #include <span>
 #include <vector>
 
+#include "dcr/dtype.h"
 #include "dcr/status.h"
 
 namespace dcr {
@@ -35,6 +44,10 @@ enum class ChunkKind : uint8_t { kXor = 1, kOverwrite = 2 };
 enum class ChunkEncoding : uint8_t {
   kSparse = 1,  // Rice-coded position gaps + value byte planes
   kDense = 2,   // every element of the span, as byte planes
+  // Positions as Rice-coded gaps within ranges of the base element's
+  // exponent, values as byte planes per group of ranges; decodes only
+  // against the base span (chunk format version 2).
+  kContext = 3,
 };
 
 inline constexpr uint64_t kDefaultSpanElems = 1ull << 20;
@@ -59,6 +72,8 @@ struct ChunkHeader {
   uint32_t span_elems = 0;   // elements in this span
   uint32_t changed = 0;      // changed elements (sparse) or span_elems
   uint32_t total_bytes = 0;  // the whole chunk, header and checksum included
+  // kContext only: the exponent field its contexts were built from.
+  ExponentField context;
 };
 
 // Bytes per section of an encoded chunk (for inspect and benchmarks).
@@ -87,6 +102,9 @@ struct EncodeOptions {
   // False: every value plane is stored raw (a transport-only copy: no
   // compression work, the bytes as they are).
   bool compress = true;
+  // EncodeDiffInContext keeps the context-coded chunk only if its
+  // estimated size is at most this fraction of the base-independent one's.
+  double context_gain = 0.97;
 };
 
 // Encodes chunks. Reuses one zstd context and its scratch buffers.
@@ -105,6 +123,22 @@ class ChunkEncoder {
                           std::span<const std::byte> target,
                           std::vector<std::byte>* out,
                           ChunkSizes* sizes = nullptr);
+
+  // As EncodeDiff, but codes the chunk in the context of `base`'s
+  // exponent field (ChunkEncoding::kContext) when the per-context counts
+  // estimate it smaller; otherwise exactly as EncodeDiff. The estimate
+  // decides, so the chunk is encoded once. A context-coded chunk decodes
+  // only against `base` itself: the caller sends it only to stores that
+  // hold exactly the base bits of the whole span. `field` empty (integer
+  // dtypes), elem_size 8, tiny spans and dense changes fall back.
+  // `base_independent`, if given, receives the same changes in a
+  // base-independent encoding whenever `out` got a context-coded chunk
+  // (for history files), and nothing otherwise.
+  Result<bool> EncodeDiffInContext(
+      ChunkKind kind, ChunkId id, size_t elem_size, ExponentField field,
+      std::span<const std::byte> base, std::span<const std::byte> target,
+      std::vector<std::byte>* out, ChunkSizes* sizes = nullptr,
+      std::vector<std::byte>* base_independent = nullptr);
 
   // Appends a dense overwrite chunk carrying every element of `target`
   // (seeding a node, full-checkpoint reference).
@@ -127,7 +161,7 @@ class ChunkEncoder {
   std::unique_ptr<Impl> impl_;
 };
 
-// A fully validated chunk. For sparse chunks `positions` lists the changed
+// A fully validated chunk. For sparse and context chunks `positions` lists the changed
 // elements (strictly ascending, < span_elems) and `values` holds
 // positions.size() * elem_size bytes; for dense chunks `positions` is empty
 // and `values` holds span_elems * elem_size bytes.
@@ -158,14 +192,21 @@ class ChunkDecoder {
   // receives the section sizes. Buffers grow to the chunk's span_elems:
   // callers that know the span length they expect check PeekChunkHeader
   // against it first.
+  //
+  // A kContext chunk needs `base`: the span it will apply to
+  // (span_elems * elem_size bytes), holding the bits the chunk was encoded
+  // against. Without it the chunk is InvalidArgument; against other
+  // bits it fails its checksum of the decoded changes (Corruption), so
+  // nothing is written. Other chunks ignore `base`.
   Status Decode(std::span<const std::byte> bytes, DecodedChunk* out,
-                ChunkSizes* sizes = nullptr);
+                ChunkSizes* sizes = nullptr,
+                std::span<const std::byte> base = {});
 
  private:
   struct Impl;
   explicit ChunkDecoder(std::unique_ptr<Impl> impl);
   Status DecodeInto(std::span<const std::byte> bytes, DecodedChunk* out,
-                    ChunkSizes* sizes);
+                    ChunkSizes* sizes, std::span<const std::byte> base);
   std::unique_ptr<Impl> impl_;
 };
 

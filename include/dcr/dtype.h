@@ -38,6 +38,21 @@ Result<DType> ParseDType(std::string_view name);
 // True iff `value` is one of the enumerators above.
 bool IsValidDType(uint8_t value);
 
+// Where a floating dtype keeps its exponent: bits [shift, shift + bits) of
+// the element read as a little-endian unsigned integer. The codec codes a
+// change in the context of the base element's exponent (docs/FORMAT.md
+// §context). bits == 0: no usable field (integers, bool, and F64, whose
+// 11-bit field is wider than the codec's 8-bit contexts).
+struct ExponentField {
+  uint8_t shift = 0;
+  uint8_t bits = 0;
+  bool empty() const { return bits == 0; }
+  friend bool operator==(const ExponentField&, const ExponentField&) = default;
+};
+// BF16 {7, 8}, F16 {10, 5}, F32 {23, 8}, F8_E4M3 {3, 4}, F8_E5M2 {2, 5};
+// every other dtype {0, 0}.
+ExponentField ExponentFieldOf(DType dtype);
+
 }  // namespace dcr
 
 #endif  // DCR_DTYPE_H_

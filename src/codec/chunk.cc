@@ -452,8 +452,8 @@ Result<std::unique_ptr<ChunkDecoder>> ChunkDecoder::Create() {
 }
 
 Status ChunkDecoder::Decode(std::span<const std::byte> bytes, DecodedChunk* out,
-                            ChunkSizes* sizes) {
-  Status s = DecodeInto(bytes, out, sizes);
+                            ChunkSizes* sizes, std::span<const std::byte> base) {
+  Status s = DecodeInto(bytes, out, sizes, base);
   if (!s.ok()) {
     // Leave nothing that looks like a chunk behind.
     out->header = ChunkHeader();
@@ -464,7 +464,8 @@ Status ChunkDecoder::Decode(std::span<const std::byte> bytes, DecodedChunk* out,
 }
 
 Status ChunkDecoder::DecodeInto(std::span<const std::byte> bytes,
-                                DecodedChunk* out, ChunkSizes* sizes) {
+                                DecodedChunk* out, ChunkSizes* sizes,
+                                std::span<const std::byte> /*base*/) {
   DCR_ASSIGN_OR_RETURN(ChunkHeader c, PeekChunkHeader(bytes));
   std::string name = ChunkName(c.id);
   if (bytes.size() != c.total_bytes) {

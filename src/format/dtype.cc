@@ -42,6 +42,23 @@ size_t DTypeSize(DType dtype) {
   return e != nullptr ? e->size : 0;
 }
 
+ExponentField ExponentFieldOf(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return {7, 8};
+    case DType::kF16:
+      return {10, 5};
+    case DType::kF32:
+      return {23, 8};
+    case DType::kF8E4M3:
+      return {3, 4};
+    case DType::kF8E5M2:
+      return {2, 5};
+    default:
+      return {};
+  }
+}
+
 std::string_view DTypeName(DType dtype) {
   const DTypeEntry* e = Lookup(dtype);
   return e != nullptr ? e->name : std::string_view("INVALID");
