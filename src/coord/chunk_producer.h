@@ -67,6 +67,9 @@ class ChunkQueue {
 // One item's encoding: empty `bytes` when the item has nothing to send.
 struct EncodedChunk {
   std::vector<std::byte> bytes;
+  // The same changes in a base-independent encoding when `bytes` is
+  // context-coded (what the history keeps); empty otherwise.
+  std::vector<std::byte> base_independent;
   ChunkSizes sizes;
   Sha256Digest sha256{};  // set by jobs that sign what they send
 };

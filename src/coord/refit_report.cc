@@ -118,6 +118,7 @@ std::string RefitReport::ToJson() const {
        total_elements ? double(changed_elements) / total_elements : 0.0},
       {"chunks", chunks},
       {"payload_bytes", payload_bytes},
+      {"context_chunks", context_chunks},
       {"stream_bytes", stream_bytes},
       {"repair_rounds", repair_rounds},
       {"repair_chunks", repair_chunks},
@@ -174,6 +175,7 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
                                     "change_rate",
                                     "chunks",
                                     "payload_bytes",
+                                    "context_chunks",
                                     "stream_bytes",
                                     "repair_rounds",
                                     "repair_chunks",
@@ -212,6 +214,10 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
                 {"resend_misses", &r.resend_misses}};
   for (const auto& c : counts) {
     DCR_ASSIGN_OR_RETURN(*c.to, f.Uint(c.key));
+  }
+  // Written since context-coded chunks; older files lack it.
+  if (f.Has("context_chunks")) {
+    DCR_ASSIGN_OR_RETURN(r.context_chunks, f.Uint("context_chunks"));
   }
   DCR_RETURN_IF_ERROR(f.Number("change_rate").status());
   DCR_ASSIGN_OR_RETURN(uint64_t rounds, f.Uint("repair_rounds"));

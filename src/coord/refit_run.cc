@@ -159,6 +159,7 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   eo.compress =
       options_.mode != RefitMode::kFull || options_.compress_full || union_feed;
   eo.hash = setup_.signer != nullptr;
+  eo.context = setup_.plan.context_coded;
   eo.scanned = repair ? nullptr : sent_.scanned();
   SpanEncoder::Kind kind = repair            ? SpanEncoder::Kind::kFull
                            : union_feed      ? SpanEncoder::Kind::kRepair
@@ -181,7 +182,13 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
     DCR_ASSIGN_OR_RETURN(FrameBuffer frame,
                          root_->sender().Next(FrameType::kChunk, chunk.bytes));
     sent_.Add(encoder.id(i), chunk.sha256, chunk.sizes, repair);
-    if (!repair) record_.Append(chunk.bytes);
+    // The history keeps base-independent chunks: it is decoded later,
+    // against no base.
+    if (!repair) {
+      record_.Append(chunk.base_independent.empty() ? chunk.bytes
+                                                    : chunk.base_independent);
+      if (!chunk.base_independent.empty()) ++report_.context_chunks;
+    }
     return Outgoing{std::move(frame), chunk.bytes.size()};
   };
   auto progress = [&](RefitOptions::Progress* p) {

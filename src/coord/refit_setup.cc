@@ -104,6 +104,11 @@ void FillPlan(const RefitOptions& options, const RefitReport& report,
   plan.phase_timeout_ms = static_cast<uint32_t>(options.phase_timeout.count());
   plan.heartbeat_ms = static_cast<uint32_t>(options.heartbeat.count());
   plan.nodes = PlanNodes(setup->tree);
+  // Every node of a delta plan holds the base whole (nodes at other
+  // versions are caught up or repaired in refits of their own, with
+  // base-independent chunks).
+  plan.context_coded = report.mode == RefitMode::kDelta &&
+                       options.context_coding && !setup->composed;
 }
 
 // Checks what only a refit (not a resume) needs of target and baseline,
@@ -294,6 +299,9 @@ Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
   }
   DCR_ASSIGN_OR_RETURN(report->epoch, setup.state.NextEpoch());
   FillPlan(options, *report, &setup);
+  // A resumed refit's nodes may hold some of its spans already: only
+  // base-independent chunks.
+  setup.plan.context_coded = false;
   if (setup.baseline) {
     setup.plan.manifest = setup.baseline->manifest().digest();
   } else if (setup.target) {

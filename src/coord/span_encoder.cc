@@ -74,8 +74,10 @@ Status SpanEncoder::Encode(size_t i, size_t worker, EncodedChunk* out) {
     case Kind::kDiff: {
       auto base =
           options_.baseline->Tensor(id.tensor).subspan(first * es, count * es);
-      auto changed = encoders_[worker]->EncodeDiff(
-          ChunkKind::kXor, id, es, base, target, &out->bytes, &out->sizes);
+      auto changed = encoders_[worker]->EncodeDiffInContext(
+          ChunkKind::kXor, id, es,
+          options_.context ? ExponentFieldOf(info.dtype) : ExponentField(),
+          base, target, &out->bytes, &out->sizes, &out->base_independent);
       s = changed.ok() ? Status::OK() : changed.status();
       break;
     }

@@ -40,6 +40,10 @@ class SpanEncoder {
     uint64_t span_elems = 0;
     bool compress = true;  // compressed value planes
     bool hash = false;     // SHA-256 of every chunk (signed refits)
+    // kDiff: code chunks in the context of the baseline's bits where that
+    // is smaller (EncodedChunk::base_independent then holds the same
+    // changes for the history).
+    bool context = false;
     // Target bytes encoded so far, if counted.
     std::atomic<uint64_t>* scanned = nullptr;
   };

@@ -194,7 +194,8 @@ std::vector<std::byte> EncodePlan(const PlanMsg& m) {
   for (const Digest128& d : m.target_tensor_digests) PutDigest(&w, d);
   w.Put<uint32_t>(m.heartbeat_ms);
   w.Put<uint8_t>(static_cast<uint8_t>((m.adopt ? 1 : 0) | (m.resume ? 2 : 0) |
-                                      (m.resend ? 4 : 0)));
+                                      (m.resend ? 4 : 0) |
+                                      (m.context_coded ? 8 : 0)));
   w.Put<uint32_t>(m.sender_depth);
   return out;
 }
@@ -268,10 +269,14 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
   }
   m.heartbeat_ms = r.Get<uint32_t>("heartbeat_ms");
   uint8_t flags = r.Get<uint8_t>("flags");
-  if (r.ok() && flags > 7) r.Fail("flags", "unknown bits");
+  if (r.ok() && flags > 15) r.Fail("flags", "unknown bits");
   m.adopt = (flags & 1) != 0;
   m.resume = (flags & 2) != 0;
   m.resend = (flags & 4) != 0;
+  m.context_coded = (flags & 8) != 0;
+  if (r.ok() && m.context_coded && m.mode != RefitMode::kDelta) {
+    r.Fail("flags", "context-coded chunks in a full plan");
+  }
   m.sender_depth = r.Get<uint32_t>("sender_depth");
   if (r.ok() && m.sender_depth > kMaxPlanNodes) {
     r.Fail("sender_depth", "deeper than any tree");

@@ -95,6 +95,10 @@ struct PlanMsg {
   // that adopts on behalf of another (an orphan placed under it, see
   // docs/PROTOCOL.md §"Heartbeats and re-parenting") sends that node's depth.
   uint32_t sender_depth = 0;
+  // Delta plans only: chunks may be context-coded (codec.h kContext),
+  // decodable only against the base; every node of the plan holds the base
+  // whole. A chunk coded so in a plan without the flag is refused.
+  bool context_coded = false;
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
 };
 

@@ -160,6 +160,14 @@ Status RefitSession::Check(const ChunkHeader& h) const {
   if (plan_.mode == RefitMode::kFull && h.kind != ChunkKind::kOverwrite) {
     return Status::Corruption(where + " is XOR in a full refit");
   }
+  if (h.encoding == ChunkEncoding::kContext &&
+      (!plan_.context_coded || h.context != ExponentFieldOf(t.dtype))) {
+    return Status::Corruption(
+        where + (plan_.context_coded
+                     ? " is coded in the context of another exponent field "
+                       "than its tensor's dtype"
+                     : " is context-coded in a plan that did not offer it"));
+  }
   return Status::OK();
 }
 
@@ -175,12 +183,15 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   DCR_ASSIGN_OR_RETURN(ChunkHeader h, PeekChunkHeader(chunk));
   // Bound the decoder's buffers by the plan before decoding.
   DCR_RETURN_IF_ERROR(Check(h));
+  // A context-coded chunk decodes against the span itself, once this
+  // apply owns it; any other chunk decodes first, outside the span.
+  const bool in_context = h.encoding == ChunkEncoding::kContext;
   DecodedChunk c;
-  DCR_RETURN_IF_ERROR(decoder->Decode(chunk, &c));
-  bool is_xor = c.header.kind == ChunkKind::kXor;
+  if (!in_context) DCR_RETURN_IF_ERROR(decoder->Decode(chunk, &c));
+  bool is_xor = h.kind == ChunkKind::kXor;
   {
     MutexLock lock(&mu_);
-    SpanState& st = spans_[c.header.id];
+    SpanState& st = spans_[h.id];
     // One application per span at a time. An XOR chunk applies only to a
     // span nothing was applied to yet: after an earlier XOR it would
     // revert the span, after an overwrite (a retry that overtook it) it
@@ -194,10 +205,15 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   Applied a;
   Status s;
   {
-    TensorHash& th = hashes_[c.header.id.tensor];
+    TensorHash& th = hashes_[h.id.tensor];
     ReaderMutexLock writing(&th.mu);
-    std::span<std::byte> span = SpanOf(c.header);
-    if (keep_undo_) {
+    std::span<std::byte> span = SpanOf(h);
+    // The span holds the base here: nothing was applied to it (an XOR
+    // chunk is taken only by a span nothing was applied to) and no other
+    // apply runs on it. Bits that are not the base fail the chunk's
+    // checksum of its decoded changes, and nothing is written.
+    if (in_context) s = decoder->Decode(chunk, &c, nullptr, span);
+    if (s.ok() && keep_undo_) {
       // Write-ahead: the values this apply replaces are in the journal
       // before the first byte of the span changes.
       auto record = journal_->AppendApply(
@@ -216,7 +232,7 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   }
   {
     MutexLock lock(&mu_);
-    SpanState& st = spans_[c.header.id];
+    SpanState& st = spans_[h.id];
     st.in_flight = false;
     if (!s.ok()) return s;
     st.stack.push_back(a);

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/bytes.h"
 #include "dcr/codec.h"
+#include "dcr/digest.h"
 #include "dcr/wire.h"
 
 namespace dcr {
@@ -13,8 +15,25 @@ FrameBuffer TEST_ForgeChunkFrame(const FrameBuffer& frame,
   auto parsed = ParseFrame(*frame);  // no key: the tag is kept, unchecked
   auto decoder = ChunkDecoder::Create();
   auto encoder = ChunkEncoder::Create(EncodeOptions{});
+  if (!parsed.ok()) return nullptr;
+  auto peek = PeekChunkHeader(parsed->payload);
+  if (peek.ok() && peek->encoding == ChunkEncoding::kContext &&
+      parsed->payload.size() == peek->total_bytes) {
+    // A context-coded chunk decodes only against the base: forge its last
+    // value byte and reseal its checksum, so that it still parses.
+    std::vector<std::byte> payload(parsed->payload.begin(),
+                                   parsed->payload.end());
+    const size_t body = payload.size() - 8;
+    payload[body - 1] ^= std::byte{1};
+    StoreLE<uint64_t>(payload.data() + body,
+                      Hash64(std::span<const std::byte>(payload).first(body)));
+    FrameHeader header = parsed->header;
+    header.flags &= static_cast<uint16_t>(~kFrameFlagsWireMask);
+    auto forged = EncodeFrame(header, payload, options);
+    return forged.ok() ? *forged : nullptr;
+  }
   DecodedChunk c;
-  if (!parsed.ok() || !decoder.ok() || !encoder.ok() ||
+  if (!decoder.ok() || !encoder.ok() ||
       !(*decoder)->Decode(parsed->payload, &c).ok() || c.values.empty()) {
     return nullptr;
   }

@@ -151,6 +151,7 @@ for step in 1 2; do
   json 'd["outcome"] == "committed" and d["mode"] == "delta" and d["reason"] == ""' \
     "d['base']['step'] == $((step - 1)) and d['target']['step'] == $step" \
     'd["chunks"] > 0 and 0 < d["payload_bytes"] < d["checkpoint_bytes"] / 10' \
+    '0 < d["context_chunks"] <= d["chunks"]' \
     '0 < d["change_rate"] < 0.2 and d["changed_elements"] > 0' \
     'd["link_class_bytes"]["wan"] > 0 and d["link_class_bytes"]["lan"] > 0' \
     'd["seconds"]["total"] > 0 and d["epoch"] == '"$step" \

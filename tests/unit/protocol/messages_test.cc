@@ -107,10 +107,22 @@ TEST(MessagesTest, ResendFlagAndReceivedThrough) {
   p.resend = true;
   auto plan = EncodePlan(p);
   EXPECT_EQ(*DecodePlan(plan), p);
-  // Flags byte: adopt 1, resume 2, resend 4 (then u32 sender_depth).
+  // Flags byte: adopt 1, resume 2, resend 4, context 8 (then u32
+  // sender_depth).
   EXPECT_EQ(plan[plan.size() - 5], std::byte{7});
-  plan[plan.size() - 5] = std::byte{8};
+  plan[plan.size() - 5] = std::byte{16};
   EXPECT_TRUE(DecodePlan(plan).status().IsCorruption());
+  // The context flag round-trips on a delta plan and is refused on a full
+  // one.
+  p.context_coded = true;
+  p.mode = RefitMode::kDelta;
+  auto ctx = EncodePlan(p);
+  EXPECT_EQ(ctx[ctx.size() - 5], std::byte{15});
+  EXPECT_EQ(*DecodePlan(ctx), p);
+  p.mode = RefitMode::kFull;
+  EXPECT_TRUE(DecodePlan(EncodePlan(p)).status().IsCorruption());
+  p.mode = RefitMode::kDelta;
+  p.context_coded = false;
 
   // Without a position, RESULTS is version 1 byte for byte; with one,
   // version 2 with epoch and sequence appended.
