@@ -161,8 +161,8 @@ class ChunkEncoder {
   std::unique_ptr<Impl> impl_;
 };
 
-// A fully validated chunk. For sparse and context chunks `positions` lists the changed
-// elements (strictly ascending, < span_elems) and `values` holds
+// A fully validated chunk. For sparse and context chunks `positions` lists the
+// changed elements (strictly ascending, < span_elems) and `values` holds
 // positions.size() * elem_size bytes; for dense chunks `positions` is empty
 // and `values` holds span_elems * elem_size bytes.
 struct DecodedChunk {

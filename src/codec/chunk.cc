@@ -7,9 +7,6 @@
 //   24 u32 changed           28 u8 rice_k   29 u8 planes   30 u16 reserved
 //   32 u32 positions_bytes   36 planes x {u8 plane encoding, u32 bytes}
 //   ... positions (Rice)  ... planes  ... u64 XXH3-64 of all bytes before it
-#include <zlib.h>
-#include <zstd.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -17,7 +14,9 @@
 #include <string>
 
 #include "codec/bit_io.h"
+#include "codec/context.h"
 #include "codec/diff.h"
+#include "codec/planes.h"
 #include "common/bytes.h"
 #include "dcr/codec.h"
 #include "dcr/digest.h"
@@ -28,19 +27,7 @@ namespace {
 constexpr uint32_t kChunkMagic = 0x43524344;  // "DCRC"
 constexpr uint8_t kChunkVersion = 1;
 constexpr size_t kFixedHeaderBytes = 36;
-constexpr size_t kPlaneEntryBytes = 5;
 constexpr size_t kChecksumBytes = 8;
-
-// How one value plane is stored. zstd suits planes with long runs (high
-// bytes, mostly zero); Huffman alone (deflate's Huffman-only mode) suits
-// the low bytes, whose symbols are skewed but unrepetitive, where zstd's
-// match finder costs ~15% over the order-0 entropy. The encoder tries both.
-enum class PlaneEncoding : uint8_t {
-  kRaw = 0,
-  kZstd = 1,
-  kConstant = 2,
-  kHuffman = 3,  // raw deflate stream (no zlib header), Huffman-only blocks
-};
 
 size_t HeaderBytes(size_t planes) {
   return kFixedHeaderBytes + planes * kPlaneEntryBytes;
@@ -53,117 +40,17 @@ std::string ChunkName(const ChunkId& id) {
          std::to_string(id.span) + ")";
 }
 
-struct ZstdCCtxDeleter {
-  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
-};
-struct ZstdDCtxDeleter {
-  void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
-};
-
-// Grows `v` to at least n elements without shrinking (scratch reuse).
-template <typename T>
-T* Reserve(std::vector<T>* v, size_t n) {
-  if (v->size() < n) v->resize(n);
-  return v->data();
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- encoder
 
 struct ChunkEncoder::Impl {
-  ~Impl() {
-    if (zs_live) deflateEnd(&zs);
-  }
   EncodeOptions options;
-  std::unique_ptr<ZSTD_CCtx, ZstdCCtxDeleter> cctx;
-  z_stream zs{};
-  bool zs_live = false;
-  std::vector<uint8_t> huffman;
+  std::unique_ptr<PlaneCoder> plane_coder;
+  ContextEncoder context;
   std::vector<uint32_t> positions;
   std::array<std::vector<uint8_t>, 8> planes;
-  std::vector<uint8_t> compressed;
   std::vector<std::byte> alt;  // the other candidate encoding
-
-  // zstd-compresses n bytes into `compressed`; returns the size.
-  Result<size_t> Zstd(const uint8_t* data, size_t n) {
-    size_t bound = ZSTD_compressBound(n);
-    uint8_t* dst = Reserve(&compressed, bound);
-    size_t r = ZSTD_compress2(cctx.get(), dst, bound, data, n);
-    if (ZSTD_isError(r)) {
-      return Status::Internal(std::string("zstd compression failed: ") +
-                              ZSTD_getErrorName(r));
-    }
-    return r;
-  }
-
-  // The order-0 entropy of n bytes, in bytes.
-  size_t Order0Bytes(const uint8_t* data, size_t n) {
-    uint32_t hist[256] = {};
-    for (size_t i = 0; i < n; ++i) ++hist[data[i]];
-    double bits = 0;
-    for (uint32_t c : hist) {
-      if (c != 0) bits -= c * std::log2(static_cast<double>(c) / n);
-    }
-    return static_cast<size_t>(bits / 8);
-  }
-
-  // Huffman-codes n bytes into `huffman`; returns the size, or SIZE_MAX if
-  // it does not fit in n bytes.
-  size_t Huffman(const uint8_t* data, size_t n) {
-    uint8_t* dst = Reserve(&huffman, n);
-    deflateReset(&zs);
-    zs.next_in = const_cast<uint8_t*>(data);
-    zs.avail_in = static_cast<uInt>(n);
-    zs.next_out = dst;
-    zs.avail_out = static_cast<uInt>(n);
-    if (deflate(&zs, Z_FINISH) != Z_STREAM_END) return SIZE_MAX;
-    return zs.total_out;
-  }
-
-  // Appends one plane (n bytes) to the payload and its entry to the table.
-  Status PutPlane(const uint8_t* data, size_t n, std::vector<std::byte>* out,
-                  size_t table_entry_at) {
-    PlaneEncoding enc = PlaneEncoding::kRaw;
-    const uint8_t* src = data;
-    size_t len = n;
-    // Without compression every plane is stored as it is (kRaw).
-    if (options.compress && n > 0 &&
-        std::all_of(data, data + n, [&](uint8_t b) { return b == data[0]; })) {
-      enc = PlaneEncoding::kConstant;
-      len = 1;
-    } else if (options.compress && n >= 16) {
-      // Order of trials, from the order-0 entropy H of the plane: Huffman
-      // costs at least one bit per byte and lands within a few percent of
-      // H, so where H >= 1 bit it goes first and zstd is tried only if
-      // Huffman leaves room (runs that H cannot see); where H < 1 bit
-      // (long runs, e.g. the mostly-zero high bytes of XOR masks) only
-      // zstd can get close.
-      size_t order0 = Order0Bytes(data, n);
-      if (order0 >= n / 8) {
-        size_t h = Huffman(data, n);
-        if (h < len) {
-          enc = PlaneEncoding::kHuffman;
-          src = huffman.data();
-          len = h;
-        }
-      }
-      if (len > order0 + order0 / 16 + 64) {
-        DCR_ASSIGN_OR_RETURN(size_t z, Zstd(data, n));
-        if (z < len) {
-          enc = PlaneEncoding::kZstd;
-          src = compressed.data();
-          len = z;
-        }
-      }
-    }
-    std::byte* entry = out->data() + table_entry_at;
-    entry[0] = static_cast<std::byte>(enc);
-    StoreLE<uint32_t>(entry + 1, static_cast<uint32_t>(len));
-    const std::byte* s = reinterpret_cast<const std::byte*>(src);
-    out->insert(out->end(), s, s + len);
-    return Status::OK();
-  }
 
   // Writes a whole chunk: header, positions (sparse only), planes of
   // `count` bytes each, checksum. Appends to `out`.
@@ -191,8 +78,8 @@ struct ChunkEncoder::Impl {
     size_t values_start = out->size();
     for (size_t j = 0; j < w; ++j) {
       DCR_RETURN_IF_ERROR(
-          PutPlane(planes[j].data(), count, out,
-                   start + kFixedHeaderBytes + j * kPlaneEntryBytes));
+          plane_coder->Put(planes[j].data(), count, out,
+                           start + kFixedHeaderBytes + j * kPlaneEntryBytes));
     }
     size_t values_bytes = out->size() - values_start;
     size_t total = out->size() - start + kChecksumBytes;
@@ -255,17 +142,8 @@ Result<std::unique_ptr<ChunkEncoder>> ChunkEncoder::Create(
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->cctx.reset(ZSTD_createCCtx());
-  if (!impl->cctx)
-    return Status::ResourceExhausted("cannot create zstd context");
-  ZSTD_CCtx_setParameter(impl->cctx.get(), ZSTD_c_compressionLevel,
-                         options.zstd_level);
-  if (deflateInit2(&impl->zs, Z_BEST_SPEED, Z_DEFLATED, -15, 9,
-                   Z_HUFFMAN_ONLY) != Z_OK) {
-    return Status::ResourceExhausted("cannot create zlib context");
-  }
-  impl->zs_live = true;
-  ZSTD_CCtx_setParameter(impl->cctx.get(), ZSTD_c_checksumFlag, 0);
+  DCR_ASSIGN_OR_RETURN(impl->plane_coder, PlaneCoder::Create(options.zstd_level,
+                                                             options.compress));
   return std::unique_ptr<ChunkEncoder>(new ChunkEncoder(std::move(impl)));
 }
 
@@ -288,6 +166,15 @@ Result<bool> ChunkEncoder::EncodeDiff(ChunkKind kind, ChunkId id,
                                       std::span<const std::byte> target,
                                       std::vector<std::byte>* out,
                                       ChunkSizes* sizes) {
+  return EncodeDiffInContext(kind, id, elem_size, ExponentField(), base, target,
+                             out, sizes, nullptr);
+}
+
+Result<bool> ChunkEncoder::EncodeDiffInContext(
+    ChunkKind kind, ChunkId id, size_t elem_size, ExponentField field,
+    std::span<const std::byte> base, std::span<const std::byte> target,
+    std::vector<std::byte>* out, ChunkSizes* sizes,
+    std::vector<std::byte>* base_independent) {
   DCR_RETURN_IF_ERROR(CheckSpanArgs(id, elem_size, target.size()));
   if (kind != ChunkKind::kXor && kind != ChunkKind::kOverwrite) {
     return Status::InvalidArgument(ChunkName(id) + ": unknown chunk kind");
@@ -306,7 +193,24 @@ Result<bool> ChunkEncoder::EncodeDiff(ChunkKind kind, ChunkId id,
                                xor_values, pos, ptrs);
   if (changed == 0) return false;
   std::span<const uint32_t> positions(pos, changed);
-  if (static_cast<double>(changed) < m.options.dense_threshold * n) {
+  const bool sparse =
+      static_cast<double>(changed) < m.options.dense_threshold * n;
+  if (sparse && m.options.compress && !field.empty()) {
+    ContextEncoder::Changes ch{kind, id,        elem_size, field,
+                               base, positions, ptrs};
+    DCR_ASSIGN_OR_RETURN(bool coded,
+                         m.context.Encode(ch, m.options.context_gain,
+                                          m.plane_coder.get(), out, sizes));
+    if (coded) {
+      if (base_independent != nullptr) {
+        DCR_RETURN_IF_ERROR(m.Write(kind, ChunkEncoding::kSparse, id, elem_size,
+                                    static_cast<uint32_t>(n), positions,
+                                    changed, base_independent, nullptr));
+      }
+      return true;
+    }
+  }
+  if (sparse) {
     DCR_RETURN_IF_ERROR(m.Write(kind, ChunkEncoding::kSparse, id, elem_size,
                                 static_cast<uint32_t>(n), positions, changed,
                                 out, sizes));
@@ -390,10 +294,11 @@ Result<ChunkHeader> PeekChunkHeader(std::span<const std::byte> bytes) {
   if (LoadLE<uint32_t>(h) != kChunkMagic) {
     return Status::Corruption("bad chunk magic");
   }
-  if (static_cast<uint8_t>(h[4]) != kChunkVersion) {
+  const uint8_t version = static_cast<uint8_t>(h[4]);
+  if (version != kChunkVersion && version != kContextChunkVersion) {
     return Status::Unsupported("chunk format version " +
-                               std::to_string(static_cast<int>(h[4])) +
-                               " (this build reads version 1)");
+                               std::to_string(static_cast<int>(version)) +
+                               " (this build reads versions 1 and 2)");
   }
   ChunkHeader c;
   uint8_t kind = static_cast<uint8_t>(h[5]);
@@ -406,7 +311,10 @@ Result<ChunkHeader> PeekChunkHeader(std::span<const std::byte> bytes) {
   c.changed = LoadLE<uint32_t>(h + 24);
   std::string name = ChunkName(c.id);
   if (kind != 1 && kind != 2) return Status::Corruption(name + ": bad kind");
-  if (enc != 1 && enc != 2) return Status::Corruption(name + ": bad encoding");
+  // Version 1 has the base-independent encodings, version 2 the context.
+  if (version == kChunkVersion ? (enc != 1 && enc != 2) : enc != 3) {
+    return Status::Corruption(name + ": bad encoding");
+  }
   c.kind = static_cast<ChunkKind>(kind);
   c.encoding = static_cast<ChunkEncoding>(enc);
   if (!ValidElemSize(c.elem_size)) {
@@ -419,20 +327,21 @@ Result<ChunkHeader> PeekChunkHeader(std::span<const std::byte> bytes) {
       (c.encoding == ChunkEncoding::kDense && c.changed != c.span_elems)) {
     return Status::Corruption(name + ": changed count out of range");
   }
-  if (c.total_bytes < HeaderBytes(c.elem_size) + kChecksumBytes) {
+  const size_t header = c.encoding == ChunkEncoding::kContext
+                            ? kContextFixedBytes
+                            : HeaderBytes(c.elem_size);
+  if (c.total_bytes < header + kChecksumBytes) {
     return Status::Corruption(name + ": length shorter than its header");
+  }
+  if (c.encoding == ChunkEncoding::kContext) {
+    c.context.shift = static_cast<uint8_t>(h[28]);
+    c.context.bits = static_cast<uint8_t>(h[29]);
   }
   return c;
 }
 
 struct ChunkDecoder::Impl {
-  ~Impl() {
-    if (zs_live) inflateEnd(&zs);
-  }
-  std::unique_ptr<ZSTD_DCtx, ZstdDCtxDeleter> dctx;
-  z_stream zs{};
-  bool zs_live = false;
-  std::array<std::vector<uint8_t>, 8> planes;
+  std::unique_ptr<PlaneDecoder> planes;
 };
 
 ChunkDecoder::ChunkDecoder(std::unique_ptr<Impl> impl)
@@ -441,18 +350,13 @@ ChunkDecoder::~ChunkDecoder() = default;
 
 Result<std::unique_ptr<ChunkDecoder>> ChunkDecoder::Create() {
   auto impl = std::make_unique<Impl>();
-  impl->dctx.reset(ZSTD_createDCtx());
-  if (!impl->dctx)
-    return Status::ResourceExhausted("cannot create zstd context");
-  if (inflateInit2(&impl->zs, -15) != Z_OK) {
-    return Status::ResourceExhausted("cannot create zlib context");
-  }
-  impl->zs_live = true;
+  DCR_ASSIGN_OR_RETURN(impl->planes, PlaneDecoder::Create());
   return std::unique_ptr<ChunkDecoder>(new ChunkDecoder(std::move(impl)));
 }
 
 Status ChunkDecoder::Decode(std::span<const std::byte> bytes, DecodedChunk* out,
-                            ChunkSizes* sizes, std::span<const std::byte> base) {
+                            ChunkSizes* sizes,
+                            std::span<const std::byte> base) {
   Status s = DecodeInto(bytes, out, sizes, base);
   if (!s.ok()) {
     // Leave nothing that looks like a chunk behind.
@@ -465,7 +369,7 @@ Status ChunkDecoder::Decode(std::span<const std::byte> bytes, DecodedChunk* out,
 
 Status ChunkDecoder::DecodeInto(std::span<const std::byte> bytes,
                                 DecodedChunk* out, ChunkSizes* sizes,
-                                std::span<const std::byte> /*base*/) {
+                                std::span<const std::byte> base) {
   DCR_ASSIGN_OR_RETURN(ChunkHeader c, PeekChunkHeader(bytes));
   std::string name = ChunkName(c.id);
   if (bytes.size() != c.total_bytes) {
@@ -477,6 +381,9 @@ Status ChunkDecoder::DecodeInto(std::span<const std::byte> bytes,
   size_t body = c.total_bytes - kChecksumBytes;
   if (Hash64(bytes.first(body)) != LoadLE<uint64_t>(h + body)) {
     return Status::Corruption(name + ": checksum mismatch");
+  }
+  if (c.encoding == ChunkEncoding::kContext) {
+    return DecodeContextChunk(bytes, c, base, impl_->planes.get(), out, sizes);
   }
   size_t w = c.elem_size;
   uint32_t rice_k = static_cast<uint8_t>(h[28]);
@@ -512,68 +419,10 @@ Status ChunkDecoder::DecodeInto(std::span<const std::byte> bytes,
   const uint8_t* ptrs[8];
   for (size_t j = 0; j < w; ++j) {
     const std::byte* entry = h + kFixedHeaderBytes + j * kPlaneEntryBytes;
-    auto enc = static_cast<PlaneEncoding>(entry[0]);
-    uint32_t len = LoadLE<uint32_t>(entry + 1);
-    switch (enc) {
-      case PlaneEncoding::kRaw:
-        if (len != count) {
-          return Status::Corruption(name + ": raw plane of wrong length");
-        }
-        ptrs[j] = reinterpret_cast<const uint8_t*>(p);
-        break;
-      case PlaneEncoding::kConstant: {
-        if (len != 1) {
-          return Status::Corruption(name + ": constant plane of wrong length");
-        }
-        uint8_t* dst = Reserve(&m.planes[j], count);
-        std::memset(dst, static_cast<uint8_t>(*p), count);
-        ptrs[j] = dst;
-        break;
-      }
-      case PlaneEncoding::kZstd: {
-        uint8_t* dst = Reserve(&m.planes[j], count);
-        // The destination is exactly `count` bytes: a frame that would
-        // expand further (a zstd bomb) fails here instead of allocating.
-        // Exactly one frame, spanning the whole plane.
-        if (ZSTD_findFrameCompressedSize(p, len) != len) {
-          return Status::Corruption(name + ": value plane " +
-                                    std::to_string(j) +
-                                    " is not exactly one zstd frame");
-        }
-        size_t r = ZSTD_decompressDCtx(m.dctx.get(), dst, count, p, len);
-        if (ZSTD_isError(r) || r != count) {
-          return Status::Corruption(
-              name + ": value plane " + std::to_string(j) + " does not " +
-              "decompress to " + std::to_string(count) + " bytes" +
-              (ZSTD_isError(r) ? std::string(" (") + ZSTD_getErrorName(r) + ")"
-                               : std::string()));
-        }
-        ptrs[j] = dst;
-        break;
-      }
-      case PlaneEncoding::kHuffman: {
-        uint8_t* dst = Reserve(&m.planes[j], count);
-        z_stream& zs = m.zs;
-        inflateReset(&zs);
-        zs.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(p));
-        zs.avail_in = len;
-        zs.next_out = dst;
-        zs.avail_out = static_cast<uInt>(count);
-        // Output is capped at `count` bytes; the stream must end exactly
-        // there and consume all its input.
-        int r = inflate(&zs, Z_FINISH);
-        if (r != Z_STREAM_END || zs.total_out != count || zs.avail_in != 0) {
-          return Status::Corruption(
-              name + ": value plane " + std::to_string(j) +
-              " does not decompress to " + std::to_string(count) + " bytes");
-        }
-        ptrs[j] = dst;
-        break;
-      }
-      default:
-        return Status::Corruption(name + ": bad plane encoding");
-    }
-    p += len;
+    DCR_ASSIGN_OR_RETURN(
+        ptrs[j], m.planes->Get(entry, p, count, j,
+                               name + ": value plane " + std::to_string(j)));
+    p += LoadLE<uint32_t>(entry + 1);
   }
   out->values.resize(count * w);
   JoinPlanes(w, ptrs, count, out->values.data());
