@@ -1,9 +1,16 @@
-// Codec figures on one checkpoint pair (DESIGN.md §6):
-//   codec_bench sizes --base B --target T    sizes vs the entropy floor and
-//                                            vs dense XOR through zstd -1
+// Codec figures on one checkpoint pair (DESIGN.md §6, issue 16):
+//   codec_bench sizes --base B --target T    sizes of the context-coded XOR
+//                                            chunks (EncodeDiffInContext)
+//                                            vs the order-0 and conditional
+//                                            entropy floors, vs the plain
+//                                            (base-independent) chunks and
+//                                            vs dense XOR through zstd -1;
+//                                            checks every chunk round-trips
 //   codec_bench speed --base B --target T [--benchmark_* flags]
-//                                            encode and decode+apply
-//                                            throughput, 1 and 2 threads
+//                                            diff+encode and decode+apply
+//                                            throughput of context-coded
+//                                            chunks, 1 and 2 threads, and
+//                                            of plain chunks, 1 thread
 //   codec_bench journal --base B --target T [--journal-dir D]
 //                                            decode+apply on one thread
 //                                            with and without the relay
@@ -13,6 +20,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +30,7 @@
 
 #include "dcr/checkpoint.h"
 #include "dcr/codec.h"
+#include "dcr/dtype.h"
 #include "dcr/entropy.h"
 #include "dcr/thread_pool.h"
 #include "relay/journal.h"
@@ -32,6 +41,7 @@ namespace {
 struct Span {
   ChunkId id;
   size_t w;
+  ExponentField field;  // of the tensor's dtype; empty for integers
   std::span<const std::byte> base, target;
   std::span<std::byte> work;
 };
@@ -72,13 +82,14 @@ Pair* LoadPair(const std::string& base_path, const std::string& target_path,
   }
   for (size_t i = 0; i < m.size(); ++i) {
     size_t w = DTypeSize(m[i].dtype);
+    ExponentField field = ExponentFieldOf(m[i].dtype);
     uint64_t n = m[i].NumElements();
     for (uint64_t s = 0; s < SpanCount(n, span_elems); ++s) {
       uint64_t off = s * span_elems * w;
       uint64_t len = std::min(span_elems, n - s * span_elems) * w;
       p->spans.push_back(
           Span{ChunkId{static_cast<uint32_t>(i), static_cast<uint32_t>(s)}, w,
-               std::span<const std::byte>(p->base[i]).subspan(off, len),
+               field, std::span<const std::byte>(p->base[i]).subspan(off, len),
                std::span<const std::byte>(p->target[i]).subspan(off, len),
                std::span<std::byte>(p->work[i]).subspan(off, len)});
     }
@@ -115,42 +126,125 @@ uint64_t DenseXorZstd1(const Pair& p) {
   return total;
 }
 
+// Encodes one span's XOR chunk, context-coded where the encoder's
+// estimate says it pays (`context`) or base-independent.
+Result<bool> EncodeXor(ChunkEncoder& enc, const Span& s, bool context,
+                       std::vector<std::byte>* out,
+                       ChunkSizes* sizes = nullptr) {
+  if (!context) {
+    return enc.EncodeDiff(ChunkKind::kXor, s.id, s.w, s.base, s.target, out,
+                          sizes);
+  }
+  return enc.EncodeDiffInContext(ChunkKind::kXor, s.id, s.w, s.field, s.base,
+                                 s.target, out, sizes,
+                                 /*base_independent=*/nullptr);
+}
+
+// The XOR chunks of every span that changed, and the span each is for.
+struct Chunks {
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<size_t> span_of;
+};
+
+Chunks EncodeAll(const Pair& p, bool context) {
+  auto enc = std::move(*ChunkEncoder::Create(g_encode));
+  Chunks c;
+  for (size_t i = 0; i < p.spans.size(); ++i) {
+    std::vector<std::byte> out;
+    auto r = EncodeXor(*enc, p.spans[i], context, &out);
+    if (!r.ok()) {
+      std::fprintf(stderr, "codec_bench: %s\n", r.status().ToString().c_str());
+      std::exit(3);
+    }
+    if (*r) {
+      c.bytes.push_back(std::move(out));
+      c.span_of.push_back(i);
+    }
+  }
+  return c;
+}
+
 int RunSizes(const Pair& p) {
   EntropyFloor floor;
-  for (const auto& s : p.spans) floor.Add(s.w, s.base, s.target);
+  for (const auto& s : p.spans) floor.Add(s.w, s.field, s.base, s.target);
   auto enc = ChunkEncoder::Create(g_encode);
-  ChunkSizes xs, os;
-  uint64_t chunks = 0;
-  std::vector<std::byte> out;
+  auto dec = ChunkDecoder::Create();
+  if (!enc.ok() || !dec.ok()) return 2;
+  ChunkSizes xs, plain, os;
+  uint64_t chunks = 0, context_chunks = 0, context_bytes = 0;
+  std::vector<std::byte> out, work;
+  DecodedChunk decoded;
   for (const auto& s : p.spans) {
     out.clear();
-    auto r = (*enc)->EncodeDiff(ChunkKind::kXor, s.id, s.w, s.base, s.target,
-                                &out, &xs);
-    if (r.ok() && *r) ++chunks;
+    auto r = EncodeXor(**enc, s, /*context=*/true, &out, &xs);
+    if (!r.ok()) {
+      std::fprintf(stderr, "codec_bench: %s\n", r.status().ToString().c_str());
+      return 3;
+    }
+    if (*r) {
+      ++chunks;
+      auto h = PeekChunkHeader(out);
+      if (h.ok() && h->encoding == ChunkEncoding::kContext) {
+        ++context_chunks;
+        context_bytes += out.size();
+      }
+      // Every chunk must rebuild the target from the base it was coded
+      // against; a figure for a chunk that does not is no figure.
+      work.assign(s.base.begin(), s.base.end());
+      Status st = (*dec)->Decode(out, &decoded, nullptr, s.base);
+      if (st.ok()) st = ApplyChunk(decoded, work);
+      if (!st.ok() || !std::equal(work.begin(), work.end(), s.target.begin())) {
+        std::fprintf(stderr,
+                     "codec_bench: chunk of tensor %u span %u does not "
+                     "round-trip: %s\n",
+                     s.id.tensor, s.id.span, st.ToString().c_str());
+        return 3;
+      }
+    }
+    out.clear();
+    (void)EncodeXor(**enc, s, /*context=*/false, &out, &plain);
     out.clear();
     (void)(*enc)->EncodeDiff(ChunkKind::kOverwrite, s.id, s.w, s.base, s.target,
                              &out, &os);
   }
-  nlohmann::ordered_json j{{"checkpoint_bytes", p.bytes},
-                           {"elements", floor.elements()},
-                           {"changed", floor.changed()},
-                           {"change_rate", floor.change_rate()},
-                           {"floor_bytes", floor.floor_bytes()},
-                           {"floor_position_bytes", floor.position_bytes()},
-                           {"floor_value_bytes", floor.value_bytes()},
-                           {"chunks", chunks},
-                           {"payload_bytes", xs.total()},
-                           {"payload_position_bytes", xs.positions},
-                           {"payload_value_bytes", xs.values},
-                           {"payload_header_bytes", xs.header},
-                           {"overwrite_payload_bytes", os.total()},
-                           {"dense_xor_zstd1_bytes", DenseXorZstd1(p)},
-                           {"zstd_level", g_encode.zstd_level}};
+  const double payload = static_cast<double>(xs.total());
+  nlohmann::ordered_json j{
+      {"checkpoint_bytes", p.bytes},
+      {"elements", floor.elements()},
+      {"changed", floor.changed()},
+      {"change_rate", floor.change_rate()},
+      {"floor_bytes", floor.floor_bytes()},
+      {"floor_position_bytes", floor.position_bytes()},
+      {"floor_value_bytes", floor.value_bytes()},
+      {"conditional_floor_bytes", floor.conditional_floor_bytes()},
+      {"conditional_position_bytes", floor.conditional_position_bytes()},
+      {"conditional_value_bytes", floor.conditional_value_bytes()},
+      {"chunks", chunks},
+      {"context_chunks", context_chunks},
+      {"payload_bytes", xs.total()},
+      {"payload_position_bytes", xs.positions},
+      {"payload_value_bytes", xs.values},
+      {"payload_header_bytes", xs.header},
+      {"context_payload_bytes", context_bytes},
+      {"context_payload_fraction", payload > 0 ? context_bytes / payload : 0.0},
+      {"plain_payload_bytes", plain.total()},
+      {"plain_payload_position_bytes", plain.positions},
+      {"plain_payload_value_bytes", plain.values},
+      {"payload_over_floor", payload / floor.floor_bytes()},
+      {"payload_over_conditional", payload / floor.conditional_floor_bytes()},
+      {"plain_over_floor", plain.total() / floor.floor_bytes()},
+      {"payload_over_plain", payload / static_cast<double>(plain.total())},
+      {"overwrite_payload_bytes", os.total()},
+      {"dense_xor_zstd1_bytes", DenseXorZstd1(p)},
+      {"zstd_level", g_encode.zstd_level},
+      {"roundtrip_verified", true}};
   std::printf("%s\n", j.dump(2).c_str());
   return 0;
 }
 
-void BM_Encode(benchmark::State& state) {
+// Diff + encode of every span; `context`: EncodeDiffInContext with no
+// base-independent copy (a relay's first application), else EncodeDiff.
+void Encode(benchmark::State& state, bool context) {
   const Pair& p = *g_pair;
   ThreadPool pool(static_cast<size_t>(state.range(0)));
   std::vector<std::unique_ptr<ChunkEncoder>> enc;
@@ -159,52 +253,53 @@ void BM_Encode(benchmark::State& state) {
     enc.push_back(std::move(*ChunkEncoder::Create(g_encode)));
   }
   uint64_t payload = 0;
+  std::atomic<uint64_t> failed{0};
   for (auto _ : state) {
     std::atomic<uint64_t> bytes{0};
     pool.ParallelFor(p.spans.size(), [&](size_t i, size_t w) {
-      const Span& s = p.spans[i];
       out[w].clear();
-      (void)enc[w]->EncodeDiff(ChunkKind::kXor, s.id, s.w, s.base, s.target,
-                               &out[w]);
+      if (!EncodeXor(*enc[w], p.spans[i], context, &out[w]).ok()) ++failed;
       bytes += out[w].size();
     });
     payload = bytes;
   }
+  if (failed > 0) state.SkipWithError("encoding failed");
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.bytes));
   state.counters["payload_bytes"] = static_cast<double>(payload);
 }
 
-void BM_DecodeApply(benchmark::State& state) {
+// Decode + apply of every chunk. A context-coded chunk is decoded against
+// its base span (the decoder rebuilds the contexts from it: that scan is
+// timed) and applied to the work copy, which started as a copy of the base.
+// The base is read from the pristine copy so that XOR can toggle the work
+// copy between base and target: the same work each iteration.
+void DecodeApply(benchmark::State& state, bool context) {
   Pair& p = *g_pair;
   ThreadPool pool(static_cast<size_t>(state.range(0)));
-  auto enc = std::move(*ChunkEncoder::Create(g_encode));
-  std::vector<std::vector<std::byte>> chunks;
-  std::vector<size_t> span_of;
-  for (size_t i = 0; i < p.spans.size(); ++i) {
-    std::vector<std::byte> c;
-    auto r = enc->EncodeDiff(ChunkKind::kXor, p.spans[i].id, p.spans[i].w,
-                             p.spans[i].base, p.spans[i].target, &c);
-    if (r.ok() && *r) {
-      chunks.push_back(std::move(c));
-      span_of.push_back(i);
-    }
-  }
+  const Chunks chunks = EncodeAll(p, context);
   std::vector<std::unique_ptr<ChunkDecoder>> dec;
   std::vector<DecodedChunk> scratch(pool.size());
   for (size_t i = 0; i < pool.size(); ++i) {
     dec.push_back(std::move(*ChunkDecoder::Create()));
   }
+  std::atomic<uint64_t> failed{0};
   for (auto _ : state) {
-    // XOR toggles the work copy between base and target: same work each
-    // iteration.
-    pool.ParallelFor(chunks.size(), [&](size_t i, size_t w) {
-      if (dec[w]->Decode(chunks[i], &scratch[w]).ok()) {
-        (void)ApplyChunk(scratch[w], p.spans[span_of[i]].work);
+    pool.ParallelFor(chunks.bytes.size(), [&](size_t i, size_t w) {
+      const Span& s = p.spans[chunks.span_of[i]];
+      if (!dec[w]->Decode(chunks.bytes[i], &scratch[w], nullptr, s.base).ok() ||
+          !ApplyChunk(scratch[w], s.work).ok()) {
+        ++failed;
       }
     });
   }
+  if (failed > 0) state.SkipWithError("decode or apply failed");
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.bytes));
 }
+
+void BM_Encode(benchmark::State& state) { Encode(state, true); }
+void BM_EncodePlain(benchmark::State& state) { Encode(state, false); }
+void BM_DecodeApply(benchmark::State& state) { DecodeApply(state, true); }
+void BM_DecodeApplyPlain(benchmark::State& state) { DecodeApply(state, false); }
 
 // The cost of a relay's journal (relay/journal.h) on its apply path: every
 // XOR chunk decoded and applied on one thread, as a relay's apply worker
@@ -213,20 +308,11 @@ void BM_DecodeApply(benchmark::State& state) {
 // 5 of each; the medians are compared. Then the fdatasync that a yes vote
 // costs on that journal.
 int RunJournal(Pair& p, const std::string& dir) {
-  auto enc = std::move(*ChunkEncoder::Create(g_encode));
-  std::vector<std::vector<std::byte>> chunks;
-  std::vector<size_t> span_of;
+  const Chunks encoded = EncodeAll(p, /*context=*/false);
+  const auto& chunks = encoded.bytes;
+  const auto& span_of = encoded.span_of;
   uint64_t payload = 0;
-  for (size_t i = 0; i < p.spans.size(); ++i) {
-    std::vector<std::byte> c;
-    auto r = enc->EncodeDiff(ChunkKind::kXor, p.spans[i].id, p.spans[i].w,
-                             p.spans[i].base, p.spans[i].target, &c);
-    if (r.ok() && *r) {
-      payload += c.size();
-      chunks.push_back(std::move(c));
-      span_of.push_back(i);
-    }
-  }
+  for (const auto& c : chunks) payload += c.size();
   auto dec = std::move(*ChunkDecoder::Create());
   DecodedChunk c;
   const std::string path = dir + "/codec_bench.dcr-journal";
@@ -295,6 +381,13 @@ BENCHMARK(BM_Encode)->Arg(1)->Arg(2)->UseRealTime()->Unit(
 BENCHMARK(BM_DecodeApply)
     ->Arg(1)
     ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+// The base-independent encoding, for reference (what history files,
+// retries and partial receivers get).
+BENCHMARK(BM_EncodePlain)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DecodeApplyPlain)
+    ->Arg(1)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
