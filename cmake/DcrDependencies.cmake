@@ -10,6 +10,16 @@ pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd>=1.5)
 find_package(ZLIB REQUIRED)
 find_package(yaml-cpp REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash>=0.8)
+# htscodecs (libhtscodecs-dev): the rANS coder of context-coded chunks'
+# value planes. It ships no pkg-config file.
+find_path(DCR_HTSCODECS_INCLUDE_DIR htscodecs/rANS_static4x16.h)
+find_library(DCR_HTSCODECS_LIBRARY htscodecs)
+if(NOT DCR_HTSCODECS_INCLUDE_DIR OR NOT DCR_HTSCODECS_LIBRARY)
+  message(FATAL_ERROR "dcr: htscodecs not found; install libhtscodecs-dev (tools/setup)")
+endif()
+add_library(dcr_htscodecs INTERFACE IMPORTED)
+target_include_directories(dcr_htscodecs INTERFACE ${DCR_HTSCODECS_INCLUDE_DIR})
+target_link_libraries(dcr_htscodecs INTERFACE ${DCR_HTSCODECS_LIBRARY})
 # Standalone, header-only Asio (libasio-dev) for the TCP transport.
 find_path(DCR_ASIO_INCLUDE_DIR asio.hpp)
 if(NOT DCR_ASIO_INCLUDE_DIR)

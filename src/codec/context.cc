@@ -60,7 +60,59 @@ double PlaneBits(const uint32_t* hist, double total) {
     bits -= hist[s] * std::log2(hist[s] / total);
   }
   if (present <= 1) return 8.0 * (kPlaneEntryBytes + 1);
-  return bits + 8.0 * kPlaneEntryBytes + 5.0 * present;
+  return bits + 8.0 * kPlaneEntryBytes + 14.0 * present;
+}
+
+template <size_t W>
+void CountClasses(const std::byte* base, size_t n, ExponentField f,
+                  std::span<const uint32_t> positions, uint8_t* exps,
+                  std::array<double, 256>* all, std::array<double, 256>* chg) {
+  constexpr size_t kStride = 8;
+  std::array<uint32_t, 256> a{}, b{};
+  for (size_t i = 0; i < n; i += kStride) ++a[ExponentAt<W>(base, i, f)];
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const uint32_t e = ExponentAt<W>(base, positions[i], f);
+    exps[i] = static_cast<uint8_t>(e);
+    ++b[e];
+  }
+  for (size_t e = 0; e < 256; ++e) {
+    (*all)[e] = double{kStride} * a[e];
+    (*chg)[e] = b[e];
+  }
+}
+
+// The checksum of decoded changes: XXH3-64 of the values (element-major,
+// as DecodedChunk holds them) seeded with XXH3-64 of the positions (u32).
+uint64_t DecodedChecksum(const uint32_t* positions, size_t n,
+                         const std::byte* values, size_t w) {
+  return XXH3_64bits_withSeed(values, n * w,
+                              XXH3_64bits(positions, n * sizeof(uint32_t)));
+}
+
+template <size_t W>
+void GatherGroupsW(const uint8_t* group, size_t n, const uint8_t* const* gp,
+                   std::byte* out) {
+  std::array<size_t, kMaxContextGroups> at{};
+  for (size_t i = 0; i < n; ++i) {
+    const size_t g = group[i];
+    const size_t k = at[g]++;
+    for (size_t j = 0; j < W; ++j) {
+      out[i * W + j] = std::byte{gp[g * W + j][k]};
+    }
+  }
+}
+
+// out[i * w + j] = byte j of the next value of change i's group.
+void GatherGroups(size_t w, const uint8_t* group, size_t n,
+                  const uint8_t* const* gp, std::byte* out) {
+  switch (w) {
+    case 1:
+      return GatherGroupsW<1>(group, n, gp, out);
+    case 2:
+      return GatherGroupsW<2>(group, n, gp, out);
+    default:
+      return GatherGroupsW<4>(group, n, gp, out);
+  }
 }
 
 }  // namespace
@@ -78,6 +130,8 @@ struct ContextEncoder::Scratch {
   RangeLocals locals;
   std::vector<uint32_t> hist;  // [range][plane][256] changed values
   std::array<std::vector<uint8_t>, kMaxContextGroups * 4> gplanes;
+  std::vector<std::byte> values;  // the changes' values, element-major
+  std::vector<uint8_t> exps;      // each change's base exponent
 };
 
 Result<bool> ContextEncoder::Encode(const Changes& c, double gain,
@@ -94,23 +148,22 @@ Result<bool> ContextEncoder::Encode(const Changes& c, double gain,
   Scratch& s = *s_;
   const std::byte* base = c.base.data();
   const size_t classes = size_t{1} << c.field.bits;
-  auto exponent = [&](size_t i) -> uint32_t {
-    switch (w) {
-      case 1:
-        return ExponentAt<1>(base, i, c.field);
-      case 2:
-        return ExponentAt<2>(base, i, c.field);
-      default:
-        return ExponentAt<4>(base, i, c.field);
-    }
-  };
 
-  // Per-class element counts (every 4th element, scaled) and exact
-  // changed counts.
+  // Per-class element counts (every 8th element, scaled) and exact
+  // changed counts; each change's exponent, kept for the ranges below.
   std::array<double, 256> all{}, chg{};
-  constexpr size_t kStride = 4;
-  for (size_t i = 0; i < n; i += kStride) all[exponent(i)] += kStride;
-  for (uint32_t p : c.positions) chg[exponent(p)] += 1;
+  s.exps.resize(changed);
+  switch (w) {
+    case 1:
+      CountClasses<1>(base, n, c.field, c.positions, s.exps.data(), &all, &chg);
+      break;
+    case 2:
+      CountClasses<2>(base, n, c.field, c.positions, s.exps.data(), &all, &chg);
+      break;
+    default:
+      CountClasses<4>(base, n, c.field, c.positions, s.exps.data(), &all, &chg);
+      break;
+  }
 
   // The classes present, merged pairwise while too many.
   struct Class {
@@ -192,7 +245,7 @@ Result<bool> ContextEncoder::Encode(const Changes& c, double gain,
   s.rng.resize(changed);
   s.hist.assign(best_k * w * 256, 0);
   for (size_t i = 0; i < changed; ++i) {
-    uint8_t q = r.lut[exponent(c.positions[i])];
+    uint8_t q = r.lut[s.exps[i]];
     s.rng[i] = q;
     uint32_t* h = s.hist.data() + q * w * 256;
     for (size_t j = 0; j < w; ++j) ++h[j * 256 + c.planes[j][i]];
@@ -310,7 +363,8 @@ Result<bool> ContextEncoder::Encode(const Changes& c, double gain,
     for (size_t j = 0; j < w; ++j) {
       Status st =
           plane_coder->Put(gp[g * w + j], gcount[g], out,
-                           start + table + (g * w + j) * kPlaneEntryBytes);
+                           start + table + (g * w + j) * kPlaneEntryBytes,
+                           /*rans=*/true);
       if (!st.ok()) {
         out->resize(start);
         return st;
@@ -324,13 +378,10 @@ Result<bool> ContextEncoder::Encode(const Changes& c, double gain,
     return Status::ResourceExhausted(ChunkName(c.id) +
                                      " would exceed 4 GiB; use smaller spans");
   }
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, c.positions.data(), changed * sizeof(uint32_t));
-  for (size_t j = 0; j < w; ++j)
-    XXH3_64bits_update(state, c.planes[j], changed);
-  const uint64_t decoded_sum = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
+  s.values.resize(changed * w);
+  JoinPlanes(w, c.planes, changed, s.values.data());
+  const uint64_t decoded_sum =
+      DecodedChecksum(c.positions.data(), changed, s.values.data(), w);
 
   std::byte* h = out->data() + start;
   StoreLE<uint32_t>(h + 0, 0x43524344);  // "DCRC"
@@ -368,8 +419,7 @@ namespace {
 
 struct DecodeScratch {
   RangeLocals locals;
-  std::vector<uint8_t> rng;
-  std::array<std::vector<uint8_t>, 4> planes;
+  std::vector<uint8_t> rng;  // each change's value group
 };
 
 }  // namespace
@@ -458,29 +508,12 @@ Status DecodeContextChunk(std::span<const std::byte> bytes,
   }
   DCR_RETURN_IF_ERROR(ContextScan().scan_positions(w, base.data(), c.span_elems,
                                                    r, s.locals, &out->positions,
-                                                   c.changed, name));
+                                                   &s.rng, c.changed, name));
 
-  // Each change's group, then the group planes.
+  // The group planes, then each change's value from its group's planes.
   const size_t n = c.changed;
-  s.rng.resize(n);
   std::array<size_t, kMaxContextGroups> gcount{};
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t e;
-    switch (w) {
-      case 1:
-        e = ExponentAt<1>(base.data(), out->positions[i], r.field);
-        break;
-      case 2:
-        e = ExponentAt<2>(base.data(), out->positions[i], r.field);
-        break;
-      default:
-        e = ExponentAt<4>(base.data(), out->positions[i], r.field);
-        break;
-    }
-    const uint8_t g = r.group[r.lut[e]];
-    s.rng[i] = g;
-    ++gcount[g];
-  }
+  for (size_t i = 0; i < n; ++i) ++gcount[s.rng[i]];
   std::array<const uint8_t*, kMaxContextGroups * 4> gp{};
   for (size_t g = 0; g < groups; ++g) {
     for (size_t j = 0; j < w; ++j) {
@@ -490,33 +523,21 @@ Status DecodeContextChunk(std::span<const std::byte> bytes,
           gp[g * w + j],
           plane_decoder->Get(entry, h + at, gcount[g], g * w + j,
                              name + ": value plane " + std::to_string(j) +
-                                 " of group " + std::to_string(g)));
+                                 " of group " + std::to_string(g),
+                             /*rans=*/true));
       at += len;
     }
   }
-  uint8_t* planes[4];
-  for (size_t j = 0; j < w; ++j)
-    planes[j] = Reserve(&s.planes[j], std::max<size_t>(n, 1));
-  std::array<size_t, kMaxContextGroups> gat{};
-  for (size_t i = 0; i < n; ++i) {
-    const size_t g = s.rng[i];
-    for (size_t j = 0; j < w; ++j) planes[j][i] = gp[g * w + j][gat[g]];
-    ++gat[g];
-  }
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, out->positions.data(), n * sizeof(uint32_t));
-  for (size_t j = 0; j < w; ++j) XXH3_64bits_update(state, planes[j], n);
-  const uint64_t decoded_sum = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
+  out->values.resize(n * w);
+  GatherGroups(w, s.rng.data(), n, gp.data(), out->values.data());
+  const uint64_t decoded_sum =
+      DecodedChecksum(out->positions.data(), n, out->values.data(), w);
   if (decoded_sum != LoadLE<uint64_t>(h + 32)) {
     return Status::Corruption(
         name + ": its decoded changes fail their checksum (the span does " +
         "not hold the bits the chunk was coded against)");
   }
   out->header = c;
-  out->values.resize(n * w);
-  JoinPlanes(w, planes, n, out->values.data());
   if (sizes != nullptr) {
     ChunkSizes z;
     z.header = header + kChecksumBytes;

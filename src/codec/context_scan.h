@@ -66,9 +66,11 @@ struct ContextScanOps {
   // The inverse: the positions (ascending) `locals` name in `base`;
   // Corruption unless they are exactly `expect` and every index is inside
   // its range.
+  // (*groups)[i] is the value group of positions[i]'s range.
   Status (*scan_positions)(size_t elem_size, const std::byte* base, size_t n,
                            const Ranges& r, const RangeLocals& locals,
-                           std::vector<uint32_t>* positions, size_t expect,
+                           std::vector<uint32_t>* positions,
+                           std::vector<uint8_t>* groups, size_t expect,
                            const std::string& name);
 };
 

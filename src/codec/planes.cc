@@ -1,5 +1,7 @@
 #include "codec/planes.h"
 
+#include <htscodecs/rANS_static4x16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,6 +21,11 @@ size_t Order0Bytes(const uint8_t* data, size_t n) {
 }
 
 // ---------------------------------------------------------------- coder
+
+namespace {
+// Below this many bytes a rANS plane's table is a large share of it.
+constexpr size_t kSmallPlane = 16384;
+}  // namespace
 
 Result<std::unique_ptr<PlaneCoder>> PlaneCoder::Create(int zstd_level,
                                                        bool compress) {
@@ -65,10 +72,48 @@ size_t PlaneCoder::Huffman(const uint8_t* data, size_t n) {
 }
 
 Status PlaneCoder::Put(const uint8_t* data, size_t n,
-                       std::vector<std::byte>* out, size_t entry_at) {
+                       std::vector<std::byte>* out, size_t entry_at,
+                       bool rans) {
   PlaneEncoding enc = PlaneEncoding::kRaw;
   const uint8_t* src = data;
   size_t len = n;
+  if (rans && compress_ && n > 0 &&
+      !std::all_of(data, data + n, [&](uint8_t b) { return b == data[0]; })) {
+    unsigned int bound = rans_compress_bound_4x16(static_cast<unsigned>(n), 0);
+    uint8_t* dst = Reserve(&rans_, bound);
+    unsigned int got = bound;
+    if (rans_compress_to_4x16(const_cast<uint8_t*>(data),
+                              static_cast<unsigned>(n), dst, &got,
+                              0) != nullptr &&
+        got < n) {
+      enc = PlaneEncoding::kRans;
+      src = dst;
+      len = got;
+    }
+    // rANS stores a frequency table of up to ~2 bytes per symbol: a small
+    // plane may be smaller as Huffman (whose code lengths are coded
+    // compactly) or zstd (runs).
+    if (n < kSmallPlane) {
+      size_t h = Huffman(data, n);
+      if (h < len) {
+        enc = PlaneEncoding::kHuffman;
+        src = huffman_.data();
+        len = h;
+      }
+      DCR_ASSIGN_OR_RETURN(size_t z, Zstd(data, n));
+      if (z < len) {
+        enc = PlaneEncoding::kZstd;
+        src = compressed_.data();
+        len = z;
+      }
+    }
+    std::byte* entry = out->data() + entry_at;
+    entry[0] = static_cast<std::byte>(enc);
+    StoreLE<uint32_t>(entry + 1, static_cast<uint32_t>(len));
+    const std::byte* s = reinterpret_cast<const std::byte*>(src);
+    out->insert(out->end(), s, s + len);
+    return Status::OK();
+  }
   // Without compression every plane is stored as it is (kRaw).
   if (compress_ && n > 0 &&
       std::all_of(data, data + n, [&](uint8_t b) { return b == data[0]; })) {
@@ -126,7 +171,8 @@ PlaneDecoder::~PlaneDecoder() {
 
 Result<const uint8_t*> PlaneDecoder::Get(const std::byte* entry,
                                          const std::byte* data, size_t count,
-                                         size_t slot, const std::string& what) {
+                                         size_t slot, const std::string& what,
+                                         bool rans) {
   auto enc = static_cast<PlaneEncoding>(entry[0]);
   uint32_t len = LoadLE<uint32_t>(entry + 1);
   if (scratch_.size() <= slot) scratch_.resize(slot + 1);
@@ -173,6 +219,21 @@ Result<const uint8_t*> PlaneDecoder::Get(const std::byte* entry,
       // there and consume all its input.
       int r = inflate(&zs_, Z_FINISH);
       if (r != Z_STREAM_END || zs_.total_out != count || zs_.avail_in != 0) {
+        return Status::Corruption(what + " does not decompress to " +
+                                  std::to_string(count) + " bytes");
+      }
+      return dst;
+    }
+    case PlaneEncoding::kRans: {
+      if (!rans) break;
+      uint8_t* dst = Reserve(&scratch_[slot], std::max<size_t>(count, 1));
+      // Output is capped at `count` bytes and must be exactly that.
+      unsigned int got = static_cast<unsigned>(count);
+      if (len == 0 ||
+          rans_uncompress_to_4x16(
+              reinterpret_cast<unsigned char*>(const_cast<std::byte*>(data)),
+              len, dst, &got) == nullptr ||
+          got != count) {
         return Status::Corruption(what + " does not decompress to " +
                                   std::to_string(count) + " bytes");
       }

@@ -27,6 +27,9 @@ enum class PlaneEncoding : uint8_t {
   kZstd = 1,
   kConstant = 2,
   kHuffman = 3,  // raw deflate stream (no zlib header), Huffman-only blocks
+  // htscodecs' order-0 rANS (rans_compress_to_4x16, order byte 0); only in
+  // context-coded chunks (version 2).
+  kRans = 4,
 };
 
 // A plane's entry in a chunk's table: u8 encoding, u32 stored bytes.
@@ -44,9 +47,11 @@ class PlaneCoder {
   PlaneCoder& operator=(const PlaneCoder&) = delete;
 
   // Appends one plane (n bytes) to `out` in its smallest encoding and
-  // writes its table entry at out->data() + entry_at.
+  // writes its table entry at out->data() + entry_at. `rans`: code it with
+  // rANS (or constant, or raw where that is smaller) instead of trying
+  // Huffman and zstd (version 2 chunks only).
   Status Put(const uint8_t* data, size_t n, std::vector<std::byte>* out,
-             size_t entry_at);
+             size_t entry_at, bool rans = false);
 
  private:
   PlaneCoder() = default;
@@ -62,6 +67,7 @@ class PlaneCoder {
   bool zs_live_ = false;
   std::vector<uint8_t> huffman_;
   std::vector<uint8_t> compressed_;
+  std::vector<uint8_t> rans_;
 };
 
 class PlaneDecoder {
@@ -75,9 +81,10 @@ class PlaneDecoder {
   // `data`) to exactly `count` bytes. The result points into `data` (raw
   // planes) or into scratch of `slot`, valid until that slot is decoded
   // again. `what` names the plane in errors.
+  // kRans planes are accepted only with `rans` (version 2 chunks).
   Result<const uint8_t*> Get(const std::byte* entry, const std::byte* data,
-                             size_t count, size_t slot,
-                             const std::string& what);
+                             size_t count, size_t slot, const std::string& what,
+                             bool rans = false);
 
  private:
   PlaneDecoder() = default;

@@ -1,4 +1,5 @@
-// Fuzzes the chunk decoder and apply against a fixed buffer: any bytes
+// Fuzzes the chunk decoder and apply against a fixed buffer (which is also
+// the base context-coded chunks decode against): any bytes
 // either fail to decode, or decode into a chunk that applies to its span
 // exactly as its kind says (XOR flips the bits of its values, overwrite sets
 // them, nothing else changes), refuses a span of the wrong size without
@@ -30,13 +31,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // against it before decoding; model that bound (64 Ki elements).
   auto h = dcr::PeekChunkHeader(bytes);
   if (!h.ok() || h->span_elems > (1u << 16)) return 0;
-  dcr::DecodedChunk c;
-  if (!decoder->Decode(bytes, &c).ok()) return 0;
-  const size_t w = c.header.elem_size;
-  size_t span_bytes = static_cast<size_t>(c.header.span_elems) * w;
+  // The span it applies to, a fixed pattern: context-coded chunks decode
+  // against it (their contexts come from its exponents), so a chunk whose
+  // contexts disagree with it must be refused, never misapplied.
+  const size_t w = h->elem_size;
+  size_t span_bytes = static_cast<size_t>(h->span_elems) * w;
   std::vector<std::byte> span(span_bytes);
   for (size_t i = 0; i < span.size(); ++i) span[i] = std::byte(i * 31);
   const std::vector<std::byte> before = span;
+  dcr::DecodedChunk c;
+  if (!decoder->Decode(bytes, &c, nullptr, span).ok()) return 0;
+  if (span != before) std::abort();  // decoding reads the base only
+  if (c.header.encoding == dcr::ChunkEncoding::kContext) {
+    // Without the base it is refused.
+    dcr::DecodedChunk none;
+    if (decoder->Decode(bytes, &none).ok()) std::abort();
+  }
 
   // A span of the wrong size is refused before anything is written.
   std::vector<std::byte> longer(span_bytes + w, std::byte{0x5a});
