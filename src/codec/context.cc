@@ -2,7 +2,7 @@
 // (little-endian, after the 28-byte prefix every chunk shares):
 //
 //   28 u8 exponent shift   29 u8 exponent bits   30 u8 ranges K
-//   31 u8 value groups G   32 u64 XXH3-64 of the decoded changes
+//   31 u8 value groups G   32 u64 checksum of the decoded changes
 //   40 K x {u16 upper, u8 flags, u8 rice_k, u8 group, u32 coded, u32 bytes}
 //   .. G x elem_size plane entries {u8 encoding, u32 bytes}
 //   .. K Rice streams  .. G x elem_size planes  .. u64 XXH3-64 of the chunk
