@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -300,6 +301,108 @@ TEST_F(RefitSessionTest, ChunksThatDoNotFitAreRefused) {
 }
 
 // Four tensors of several spans each, streamed in manifest order.
+// Context-coded chunks (codec.h kContext) decode against the span they
+// apply to: only in a plan that offers them, only while the span holds the
+// base.
+class ContextSessionTest : public RefitSessionTest {
+ protected:
+  static constexpr uint64_t kCtxSpan = 8192;
+  void SetUp() override {
+    infos_ = {{"w", DType::kBF16, {3 * kCtxSpan + 100}}};
+    RefitSessionTest::SetUp();
+    // Adam-like bits: small exponents change often, large ones rarely.
+    std::mt19937_64 rng(11);
+    const size_t n = infos_[0].NumElements();
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t e = 110 + static_cast<uint32_t>(rng() % 12);
+      uint16_t x = static_cast<uint16_t>((e << 7) | (rng() & 0x7f));
+      uint16_t y = x;
+      const double p = 0.4 / static_cast<double>(1u << (e - 110));
+      if (std::uniform_real_distribution<double>(0, 1)(rng) < p) {
+        y ^= static_cast<uint16_t>(1 + rng() % 3);
+      }
+      std::memcpy(base_[0].data() + 2 * i, &x, 2);
+      std::memcpy(target_[0].data() + 2 * i, &y, 2);
+    }
+    store_.reset();
+    Write(path_, base_);
+    Reopen();
+    base_v_ = Version{1, store_->Digests().version};
+    std::string tpath = dir_.Path("ctx-target.safetensors");
+    Write(tpath, target_);
+    target_v_ =
+        Version{2, (*Checkpoint::Open(tpath, Checkpoint::Mode::kReadOnly))
+                       ->ComputeDigests()
+                       .version};
+    plan_.base = base_v_;
+    plan_.target = target_v_;
+    plan_.span_elems = kCtxSpan;
+    plan_.context_coded = true;
+    auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
+    for (uint32_t sp = 0; sp < SpanCount(n, kCtxSpan); ++sp) {
+      const uint64_t off = sp * kCtxSpan * 2;
+      const uint64_t len = std::min(kCtxSpan, n - sp * kCtxSpan) * 2;
+      Bytes c;
+      auto r = enc->EncodeDiffInContext(
+          ChunkKind::kXor, {0, sp}, 2, ExponentFieldOf(DType::kBF16),
+          std::span(base_[0]).subspan(off, len),
+          std::span(target_[0]).subspan(off, len), &c);
+      ASSERT_TRUE(r.ok() && *r);
+      ctx_chunks_.push_back(std::move(c));
+    }
+    ASSERT_EQ(PeekChunkHeader(ctx_chunks_[0])->encoding,
+              ChunkEncoding::kContext);
+  }
+  std::vector<Bytes> ctx_chunks_;
+};
+
+TEST_F(ContextSessionTest, ContextChunksApplyAndCommitTheTarget) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  for (const auto& c : ctx_chunks_) {
+    auto r = s->Apply(c, decoder_.get());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(*r, RefitSession::ApplyOutcome::kApplied);
+    // Again: a duplicate, dropped before it is decoded against a span
+    // that no longer holds its base.
+    EXPECT_EQ(*s->Apply(c, decoder_.get()),
+              RefitSession::ApplyOutcome::kDuplicate);
+  }
+  NodeResult vote = s->Vote(End(ctx_chunks_), nullptr);
+  EXPECT_EQ(vote.code, NodeCode::kOk) << vote.detail;
+  ASSERT_TRUE(s->Commit().ok());
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
+TEST_F(ContextSessionTest, RefusedWithoutThePlanFlag) {
+  plan_.context_coded = false;
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  auto r = s->Apply(ctx_chunks_[0], decoder_.get());
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_NE(r.status().ToString().find("did not offer"), std::string::npos);
+  EXPECT_TRUE(StoreHolds(base_));
+}
+
+TEST_F(ContextSessionTest, ASpanThatIsNotTheBaseIsRefusedUntouched) {
+  // A span that differs from the base where the chunk changes nothing:
+  // its contexts differ, the chunk fails its decoded checksum, and the
+  // span keeps its bits.
+  std::vector<Bytes> other = base_;
+  for (size_t i = 0; i < 2000; ++i) other[0][2 * i + 1] ^= std::byte{0x01};
+  store_.reset();
+  Write(path_, other);
+  Reopen();
+  plan_.base = Version{1, store_->Digests().version};
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  auto r = s->Apply(ctx_chunks_[0], decoder_.get());
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_TRUE(StoreHolds(other));
+}
+
 class HashAheadTest : public RefitSessionTest {
  protected:
   void SetUp() override {
