@@ -93,10 +93,14 @@ struct RefitOptions {
   // at the root). Deltas are always compressed.
   bool compress_full = true;
   // Delta refits: code chunks in the context of the base bits every node
-  // of the plan holds (codec.h kContext; about 0.75x the payload on Adam
-  // steps, at more encode and decode CPU). History files stay
-  // base-independent. False: base-independent chunks only.
-  bool context_coding = true;
+  // of the plan holds (codec.h kContext): about 0.77x the payload on Adam
+  // steps, at 2-3x the encode and decode CPU. History files stay
+  // base-independent. kAuto predicts both through the tree with the cost
+  // model (coord/cost_model.h: the topology's bandwidths, the root's
+  // encoder threads, 16 cores per relay, the last refit's change rate or
+  // 3%) and takes the faster; kOn and kOff force it.
+  enum class ContextCoding { kAuto, kOn, kOff };
+  ContextCoding context_coding = ContextCoding::kAuto;
   // When root.baseline's data is written back (dcr/store.h "Durability").
   StoreSpec::DataSync baseline_data_sync = StoreSpec::DataSync::kBackground;
   // Tests only: return right after the commit decision is durable, without

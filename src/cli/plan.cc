@@ -20,6 +20,7 @@ struct PlanArgs {
   std::string params;
   std::string change_rate;
   std::string calibration;
+  bool no_context = false;
   std::string bandwidth;
   std::string wan;
   std::string lan;
@@ -140,11 +141,12 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
   }
   auto rate = ParseRate(a.change_rate);
   if (!rate.ok()) return ReportError(rate.status());
-  CostParameters p;
+  CostParameters p =
+      a.no_context ? CostParameters::BaseIndependent() : CostParameters();
   if (!a.calibration.empty()) {
     auto text = ReadFileToString(a.calibration);
     if (!text.ok()) return ReportError(text.status());
-    auto c = CostParameters::FromJson(*text, a.calibration);
+    auto c = CostParameters::FromJson(*text, a.calibration, p);
     if (!c.ok()) return ReportError(c.status());
     p = *c;
   }
@@ -217,6 +219,10 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
                   "Fraction of elements whose bits change per step, e.g. "
                   "0.03 or 3%")
       ->required();
+  cmd->add_flag("--no-context", a->no_context,
+                "Predict a refit with `dcr refit --no-context`: "
+                "base-independent chunks (larger payload, faster encode and "
+                "apply) instead of the default context-coded ones");
   cmd->add_option("--calibration", a->calibration,
                   "JSON with measured model parameters (docs/SCALE.md; "
                   "bench/refit_e2e writes one); default: built-in figures");

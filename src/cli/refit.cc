@@ -26,7 +26,7 @@ struct RefitArgs {
   std::string target;
   bool full = false;
   bool no_compress = false;
-  bool no_context = false;
+  std::string context = "auto";
   std::string data_sync = "background";
   std::string timeout = "60s";
   std::string link_rate;
@@ -177,7 +177,9 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
         "compressed)"));
   }
   o.compress_full = !a.no_compress;
-  o.context_coding = !a.no_context;
+  o.context_coding = a.context == "on"    ? RefitOptions::ContextCoding::kOn
+                     : a.context == "off" ? RefitOptions::ContextCoding::kOff
+                                          : RefitOptions::ContextCoding::kAuto;
   o.baseline_data_sync = a.data_sync == "commit"
                              ? StoreSpec::DataSync::kAtCommit
                              : StoreSpec::DataSync::kBackground;
@@ -463,10 +465,13 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                   "With --full: send the checkpoint's bytes as they are, "
                   "uncompressed (the transport-only reference; saves the "
                   "root's CPU where the WAN is fast)");
-    cmd->add_flag("--no-context", a->no_context,
-                  "Delta refits: send base-independent chunks only, not "
-                  "chunks coded in the context of the base bits (smaller, "
-                  "but more CPU to encode and decode)");
+    cmd->add_option("--context", a->context,
+                    "Delta refits: code chunks in the context of the base "
+                    "bits (about 0.77x the payload, 2-3x the encode and "
+                    "decode CPU). auto (default): whichever the cost model "
+                    "predicts faster through this topology (dcr plan "
+                    "--no-context compares)")
+        ->check(CLI::IsMember({"auto", "on", "off"}));
     cmd->add_option("--timeout", a->timeout,
                     "Deadline for each phase's replies (default 60s)");
     cmd->add_option("--data-sync", a->data_sync,

@@ -67,7 +67,9 @@ template <size_t W>
 void CountClasses(const std::byte* base, size_t n, ExponentField f,
                   std::span<const uint32_t> positions, uint8_t* exps,
                   std::array<double, 256>* all, std::array<double, 256>* chg) {
-  constexpr size_t kStride = 8;
+  // One sample per 64 elements: the ranges need the classes' sizes
+  // roughly, and a denser sample would read the whole span once more.
+  constexpr size_t kStride = 64;
   std::array<uint32_t, 256> a{}, b{};
   for (size_t i = 0; i < n; i += kStride) ++a[ExponentAt<W>(base, i, f)];
   for (size_t i = 0; i < positions.size(); ++i) {
@@ -149,7 +151,7 @@ Result<bool> ContextEncoder::Encode(const Changes& c, double gain,
   const std::byte* base = c.base.data();
   const size_t classes = size_t{1} << c.field.bits;
 
-  // Per-class element counts (every 8th element, scaled) and exact
+  // Per-class element counts (every 64th element, scaled) and exact
   // changed counts; each change's exponent, kept for the ranges below.
   std::array<double, 256> all{}, chg{};
   s.exps.resize(changed);

@@ -86,9 +86,24 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
 
 }  // namespace
 
+CostParameters CostParameters::BaseIndependent() {
+  CostParameters p;
+  p.payload_ratio = {{0.01, 0.00690}, {0.03, 0.01803}, {0.05, 0.02834}};
+  p.encode_rate = {{0.01, 2.40e9}, {0.03, 1.55e9}, {0.05, 1.09e9}};
+  p.apply_rate = {{0.01, 7.44e9}, {0.03, 3.22e9}, {0.05, 2.03e9}};
+  p.source = "built-in, base-independent chunks";
+  return p;
+}
+
 Result<CostParameters> CostParameters::FromJson(const std::string& text,
                                                 const std::string& source) {
-  CostParameters p;
+  return FromJson(text, source, CostParameters());
+}
+
+Result<CostParameters> CostParameters::FromJson(const std::string& text,
+                                                const std::string& source,
+                                                CostParameters defaults) {
+  CostParameters p = std::move(defaults);
   p.source = source;
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {

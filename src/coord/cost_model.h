@@ -49,14 +49,15 @@ namespace dcr {
 struct CostParameters {
   // (change rate, payload ratio) points, ascending; interpolated linearly
   // and extrapolated from the nearest two.
+  // Context-coded chunks (codec.h kContext), the default of delta refits.
   std::vector<std::pair<double, double>> payload_ratio = {
-      {0.01, 0.00690}, {0.03, 0.01803}, {0.05, 0.02834}};
+      {0.01, 0.00524}, {0.03, 0.01376}, {0.05, 0.02181}};
   // (change rate, bytes/s per core) for diff + encode at the root.
   std::vector<std::pair<double, double>> encode_rate = {
-      {0.01, 2.94e9}, {0.03, 1.78e9}, {0.05, 1.32e9}};
+      {0.01, 0.96e9}, {0.03, 0.77e9}, {0.05, 0.53e9}};
   // (change rate, bytes/s per core) for decode + apply at a relay.
   std::vector<std::pair<double, double>> apply_rate = {
-      {0.01, 7.12e9}, {0.03, 3.41e9}, {0.05, 2.31e9}};
+      {0.01, 1.19e9}, {0.03, 1.10e9}, {0.05, 0.93e9}};
   double full_ratio = 0.669;         // --full payload / checkpoint (BF16)
   double full_encode_rate = 0.24e9;  // zstd-1 of dense spans, per core
   double full_apply_rate = 0.67e9;   // decompress + copy, per core
@@ -85,6 +86,14 @@ struct CostParameters {
   // field that is wrong or unknown.
   static Result<CostParameters> FromJson(const std::string& text,
                                          const std::string& source);
+  // The same, over `defaults` instead of the built-in defaults.
+  static Result<CostParameters> FromJson(const std::string& text,
+                                         const std::string& source,
+                                         CostParameters defaults);
+  // The defaults for base-independent chunks only (`dcr refit
+  // --no-context`): larger payloads, faster encode and apply (measured in
+  // the same bench/codec_figures.py run as the defaults).
+  static CostParameters BaseIndependent();
 };
 
 struct RefitEstimate {

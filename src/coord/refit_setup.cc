@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <random>
 
+#include "coord/cost_model.h"
 #include "coord/root_tree.h"
 
 namespace dcr {
@@ -90,6 +91,43 @@ Status OpenBaseline(const RefitOptions& options, bool strict,
                             : Status::IOError(msg);
 }
 
+// Whether a delta refit codes its chunks in the base's context: as told,
+// or (auto) whichever the cost model predicts faster through the tree.
+bool ChooseContextCoding(const RefitOptions& options, const RefitSetup& setup) {
+  using CC = RefitOptions::ContextCoding;
+  if (options.context_coding != CC::kAuto) {
+    return options.context_coding == CC::kOn;
+  }
+  if (!setup.target) return false;
+  double rate = 0.03;
+  if (auto last = setup.state.ReadLastRefit();
+      last.ok() && last->total_elements > 0 && last->changed_elements > 0) {
+    rate = std::clamp(static_cast<double>(last->changed_elements) /
+                          static_cast<double>(last->total_elements),
+                      0.001, 1.0);
+  }
+  const double bytes =
+      static_cast<double>(setup.target->manifest().TotalBytes());
+  CostParameters context;
+  CostParameters plain = CostParameters::BaseIndependent();
+  const uint32_t cores = static_cast<uint32_t>(setup.pool->size());
+  context.root_cores = plain.root_cores = std::max<uint32_t>(cores, 1);
+  auto with = EstimateRefit(setup.tree, bytes, rate, context);
+  auto without = EstimateRefit(setup.tree, bytes, rate, plain);
+  if (!with.ok() || !without.ok()) {
+    spdlog::info("context coding: off (no estimate: {})",
+                 (with.ok() ? without.status() : with.status()).ToString());
+    return false;
+  }
+  const bool on = with->delta.total_s < without->delta.total_s;
+  spdlog::info(
+      "context coding: {} (auto: {:.2f} s predicted with, {:.2f} s without, "
+      "at {:.1f}% change; --context on|off to choose)",
+      on ? "on" : "off", with->delta.total_s, without->delta.total_s,
+      100 * rate);
+  return on;
+}
+
 // The PLAN fields a refit and a resume share.
 void FillPlan(const RefitOptions& options, const RefitReport& report,
               RefitSetup* setup) {
@@ -107,8 +145,8 @@ void FillPlan(const RefitOptions& options, const RefitReport& report,
   // Every node of a delta plan holds the base whole (nodes at other
   // versions are caught up or repaired in refits of their own, with
   // base-independent chunks).
-  plan.context_coded = report.mode == RefitMode::kDelta &&
-                       options.context_coding && !setup->composed;
+  plan.context_coded = report.mode == RefitMode::kDelta && !setup->composed &&
+                       ChooseContextCoding(options, *setup);
 }
 
 // Checks what only a refit (not a resume) needs of target and baseline,

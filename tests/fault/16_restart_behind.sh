@@ -15,15 +15,20 @@ fault_model 5
 fault_topology 5
 fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
 for n in "${RELAYS[@]}"; do [[ $n == a1 ]] || fault_start "$n"; done
+# The refits that fill the history send context-coded chunks: the history
+# must still hold base-independent ones, since the catch-up composes them
+# with no base.
 for v in 1 2; do
-  fault_refit "$V/v$v.safetensors"
+  fault_refit "$V/v$v.safetensors" --context on
   [[ $RC -eq 3 ]] || fail "refit to v$v exited $RC, want 3"
+  python3 -S -c "import json, sys; sys.exit(json.load(open('$T/report.json'))['context_chunks'] == 0)" ||
+    fail "refit to v$v should have sent context-coded chunks"
 done
 [[ $(ls "$T/root/history" | wc -l) -eq 2 ]] || fail "the history should hold 2 deltas"
 fault_start a1
 FAULTS[restart_behind]=1
 fault_snapshot
-fault_refit "$V/v3.safetensors"
+fault_refit "$V/v3.safetensors" --context on
 fault_check "$V/v3.safetensors" --expect-outcome committed --excluded ""
 catch_up() {  # catch_up KEY: the report's first catch-up entry's KEY
   python3 -S -c "import json, sys; print(json.load(open('$T/report.json'))['catch_up'][0][sys.argv[1]])" "$1"
