@@ -160,6 +160,7 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
       options_.mode != RefitMode::kFull || options_.compress_full || union_feed;
   eo.hash = setup_.signer != nullptr;
   eo.context = setup_.plan.context_coded;
+  eo.base_independent = record_.active();
   eo.scanned = repair ? nullptr : sent_.scanned();
   SpanEncoder::Kind kind = repair            ? SpanEncoder::Kind::kFull
                            : union_feed      ? SpanEncoder::Kind::kRepair
@@ -185,9 +186,21 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
     // The history keeps base-independent chunks: it is decoded later,
     // against no base.
     if (!repair) {
-      record_.Append(chunk.base_independent.empty() ? chunk.bytes
-                                                    : chunk.base_independent);
-      if (!chunk.base_independent.empty()) ++report_.context_chunks;
+      auto h = PeekChunkHeader(chunk.bytes);
+      const bool context = h.ok() && h->encoding == ChunkEncoding::kContext;
+      if (context) ++report_.context_chunks;
+      if (!chunk.base_independent.empty()) {
+        record_.Append(chunk.base_independent);
+      } else if (!context) {
+        record_.Append(chunk.bytes);
+      } else if (record_.active()) {
+        // Never reached (the encoder keeps a base-independent copy while
+        // the history records); a history must not hold a context chunk.
+        spdlog::error(
+            "not recording the history of this refit: chunk "
+            "without a base-independent copy");
+        record_.Discard();
+      }
     }
     return Outgoing{std::move(frame), chunk.bytes.size()};
   };

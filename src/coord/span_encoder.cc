@@ -77,7 +77,8 @@ Status SpanEncoder::Encode(size_t i, size_t worker, EncodedChunk* out) {
       auto changed = encoders_[worker]->EncodeDiffInContext(
           ChunkKind::kXor, id, es,
           options_.context ? ExponentFieldOf(info.dtype) : ExponentField(),
-          base, target, &out->bytes, &out->sizes, &out->base_independent);
+          base, target, &out->bytes, &out->sizes,
+          options_.base_independent ? &out->base_independent : nullptr);
       s = changed.ok() ? Status::OK() : changed.status();
       break;
     }

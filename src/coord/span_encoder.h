@@ -41,9 +41,12 @@ class SpanEncoder {
     bool compress = true;  // compressed value planes
     bool hash = false;     // SHA-256 of every chunk (signed refits)
     // kDiff: code chunks in the context of the baseline's bits where that
-    // is smaller (EncodedChunk::base_independent then holds the same
-    // changes for the history).
+    // is smaller.
     bool context = false;
+    // With `context`: EncodedChunk::base_independent holds the same changes
+    // in a base-independent encoding whenever `bytes` is context-coded
+    // (what the history keeps).
+    bool base_independent = false;
     // Target bytes encoded so far, if counted.
     std::atomic<uint64_t>* scanned = nullptr;
   };
