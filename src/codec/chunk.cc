@@ -14,6 +14,7 @@
 #include <string>
 
 #include "codec/bit_io.h"
+#include "codec/chunk_layout.h"
 #include "codec/context.h"
 #include "codec/diff.h"
 #include "codec/planes.h"
@@ -24,10 +25,8 @@
 namespace dcr {
 namespace {
 
-constexpr uint32_t kChunkMagic = 0x43524344;  // "DCRC"
 constexpr uint8_t kChunkVersion = 1;
 constexpr size_t kFixedHeaderBytes = 36;
-constexpr size_t kChecksumBytes = 8;
 
 size_t HeaderBytes(size_t planes) {
   return kFixedHeaderBytes + planes * kPlaneEntryBytes;
@@ -88,24 +87,14 @@ struct ChunkEncoder::Impl {
           ChunkName(id) + " would exceed 4 GiB; use smaller spans");
     }
     std::byte* h = out->data() + start;
-    StoreLE<uint32_t>(h + 0, kChunkMagic);
-    h[4] = std::byte{kChunkVersion};
-    h[5] = static_cast<std::byte>(kind);
-    h[6] = static_cast<std::byte>(encoding);
-    h[7] = static_cast<std::byte>(w);
-    StoreLE<uint32_t>(h + 8, static_cast<uint32_t>(total));
-    StoreLE<uint32_t>(h + 12, id.tensor);
-    StoreLE<uint32_t>(h + 16, id.span);
-    StoreLE<uint32_t>(h + 20, span_elems);
-    StoreLE<uint32_t>(h + 24, encoding == ChunkEncoding::kSparse
-                                  ? static_cast<uint32_t>(pos.size())
-                                  : span_elems);
     h[28] = static_cast<std::byte>(k);
     h[29] = static_cast<std::byte>(w);
     StoreLE<uint32_t>(h + 32, static_cast<uint32_t>(pos_bytes));
-    uint64_t sum =
-        Hash64(std::span<const std::byte>(h, total - kChecksumBytes));
-    ByteWriter(out).Put<uint64_t>(sum);
+    const uint32_t changed = encoding == ChunkEncoding::kSparse
+                                 ? static_cast<uint32_t>(pos.size())
+                                 : span_elems;
+    SealChunk({kChunkVersion, kind, encoding, w, id, span_elems, changed},
+              start, out);
     if (sizes != nullptr) {
       ChunkSizes s;
       s.header = header + kChecksumBytes;

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "codec/bit_io.h"
+#include "codec/chunk_layout.h"
 #include "codec/diff.h"
 #include "common/bytes.h"
 #include "dcr/digest.h"
@@ -29,7 +30,6 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-constexpr size_t kChecksumBytes = 8;
 // Below this many elements a span's contexts cost more than they gain.
 constexpr size_t kMinContextElems = 4096;
 // Ranges the encoder tries at most (the format allows kMaxContextRanges).
@@ -386,24 +386,14 @@ Result<bool> ContextEncoder::Encode(const Changes& c, double gain,
       DecodedChecksum(c.positions.data(), changed, s.values.data(), w);
 
   std::byte* h = out->data() + start;
-  StoreLE<uint32_t>(h + 0, 0x43524344);  // "DCRC"
-  h[4] = std::byte{kContextChunkVersion};
-  h[5] = static_cast<std::byte>(c.kind);
-  h[6] = static_cast<std::byte>(ChunkEncoding::kContext);
-  h[7] = static_cast<std::byte>(w);
-  StoreLE<uint32_t>(h + 8, static_cast<uint32_t>(total));
-  StoreLE<uint32_t>(h + 12, c.id.tensor);
-  StoreLE<uint32_t>(h + 16, c.id.span);
-  StoreLE<uint32_t>(h + 20, static_cast<uint32_t>(n));
-  StoreLE<uint32_t>(h + 24, static_cast<uint32_t>(changed));
   h[28] = std::byte{c.field.shift};
   h[29] = std::byte{c.field.bits};
   h[30] = static_cast<std::byte>(r.k);
   h[31] = static_cast<std::byte>(groups);
   StoreLE<uint64_t>(h + 32, decoded_sum);
-  const uint64_t sum =
-      Hash64(std::span<const std::byte>(h, total - kChecksumBytes));
-  ByteWriter(out).Put<uint64_t>(sum);
+  SealChunk({kContextChunkVersion, c.kind, ChunkEncoding::kContext, w, c.id,
+             static_cast<uint32_t>(n), static_cast<uint32_t>(changed)},
+            start, out);
   if (sizes != nullptr) {
     ChunkSizes z;
     z.header = header + kChecksumBytes;

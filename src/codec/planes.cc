@@ -77,48 +77,36 @@ Status PlaneCoder::Put(const uint8_t* data, size_t n,
   PlaneEncoding enc = PlaneEncoding::kRaw;
   const uint8_t* src = data;
   size_t len = n;
-  if (rans && compress_ && n > 0 &&
-      !std::all_of(data, data + n, [&](uint8_t b) { return b == data[0]; })) {
-    unsigned int bound = rans_compress_bound_4x16(static_cast<unsigned>(n), 0);
-    uint8_t* dst = Reserve(&rans_, bound);
-    unsigned int got = bound;
-    if (rans_compress_to_4x16(const_cast<uint8_t*>(data),
-                              static_cast<unsigned>(n), dst, &got,
-                              0) != nullptr &&
-        got < n) {
-      enc = PlaneEncoding::kRans;
-      src = dst;
-      len = got;
+  auto keep = [&](PlaneEncoding e, const uint8_t* s, size_t l) {
+    if (l < len) {
+      enc = e;
+      src = s;
+      len = l;
     }
-    // rANS stores a frequency table of up to ~2 bytes per symbol: a small
-    // plane may be smaller as Huffman (whose code lengths are coded
-    // compactly) or zstd (runs).
-    if (n < kSmallPlane) {
-      size_t h = Huffman(data, n);
-      if (h < len) {
-        enc = PlaneEncoding::kHuffman;
-        src = huffman_.data();
-        len = h;
-      }
-      DCR_ASSIGN_OR_RETURN(size_t z, Zstd(data, n));
-      if (z < len) {
-        enc = PlaneEncoding::kZstd;
-        src = compressed_.data();
-        len = z;
-      }
-    }
-    std::byte* entry = out->data() + entry_at;
-    entry[0] = static_cast<std::byte>(enc);
-    StoreLE<uint32_t>(entry + 1, static_cast<uint32_t>(len));
-    const std::byte* s = reinterpret_cast<const std::byte*>(src);
-    out->insert(out->end(), s, s + len);
-    return Status::OK();
-  }
+  };
   // Without compression every plane is stored as it is (kRaw).
   if (compress_ && n > 0 &&
       std::all_of(data, data + n, [&](uint8_t b) { return b == data[0]; })) {
     enc = PlaneEncoding::kConstant;
     len = 1;
+  } else if (compress_ && rans) {
+    unsigned int bound = rans_compress_bound_4x16(static_cast<unsigned>(n), 0);
+    uint8_t* dst = Reserve(&rans_, bound);
+    unsigned int got = bound;
+    if (rans_compress_to_4x16(const_cast<uint8_t*>(data),
+                              static_cast<unsigned>(n), dst, &got,
+                              0) != nullptr) {
+      keep(PlaneEncoding::kRans, dst, got);
+    }
+    // rANS stores a frequency table of up to ~2 bytes per symbol: a small
+    // plane may be smaller as Huffman (whose code lengths are coded
+    // compactly) or zstd (runs).
+    if (n < kSmallPlane) {
+      const size_t h = Huffman(data, n);
+      keep(PlaneEncoding::kHuffman, huffman_.data(), h);
+      DCR_ASSIGN_OR_RETURN(size_t z, Zstd(data, n));
+      keep(PlaneEncoding::kZstd, compressed_.data(), z);
+    }
   } else if (compress_ && n >= 16) {
     // Order of trials, from the order-0 entropy H of the plane: Huffman
     // costs at least one bit per byte and lands within a few percent of
@@ -126,22 +114,14 @@ Status PlaneCoder::Put(const uint8_t* data, size_t n,
     // Huffman leaves room (runs that H cannot see); where H < 1 bit
     // (long runs, e.g. the mostly-zero high bytes of XOR masks) only
     // zstd can get close.
-    size_t order0 = Order0Bytes(data, n);
+    const size_t order0 = Order0Bytes(data, n);
     if (order0 >= n / 8) {
-      size_t h = Huffman(data, n);
-      if (h < len) {
-        enc = PlaneEncoding::kHuffman;
-        src = huffman_.data();
-        len = h;
-      }
+      const size_t h = Huffman(data, n);
+      keep(PlaneEncoding::kHuffman, huffman_.data(), h);
     }
     if (len > order0 + order0 / 16 + 64) {
       DCR_ASSIGN_OR_RETURN(size_t z, Zstd(data, n));
-      if (z < len) {
-        enc = PlaneEncoding::kZstd;
-        src = compressed_.data();
-        len = z;
-      }
+      keep(PlaneEncoding::kZstd, compressed_.data(), z);
     }
   }
   std::byte* entry = out->data() + entry_at;
