@@ -86,6 +86,23 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
 
 }  // namespace
 
+Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
+                                          double change_rate,
+                                          uint32_t root_cores) {
+  CostParameters context;
+  CostParameters plain = CostParameters::BaseIndependent();
+  context.root_cores = plain.root_cores = std::max<uint32_t>(root_cores, 1);
+  DCR_ASSIGN_OR_RETURN(PlanEstimate with,
+                       EstimateRefit(tree, model_bytes, change_rate, context));
+  DCR_ASSIGN_OR_RETURN(PlanEstimate without,
+                       EstimateRefit(tree, model_bytes, change_rate, plain));
+  ContextChoice c;
+  c.with_s = with.delta.total_s;
+  c.without_s = without.delta.total_s;
+  c.context = c.with_s < c.without_s;
+  return c;
+}
+
 CostParameters CostParameters::BaseIndependent() {
   CostParameters p;
   p.payload_ratio = {{0.01, 0.00690}, {0.03, 0.01803}, {0.05, 0.02834}};

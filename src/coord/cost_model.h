@@ -134,6 +134,20 @@ Result<PlanEstimate> EstimateRefit(const Tree& tree, double model_bytes,
                                    double change_rate, const CostParameters& p,
                                    uint64_t default_bps = 0);
 
+// Whether a delta refit through `tree` is predicted faster with
+// context-coded chunks (the defaults) than with base-independent ones
+// (CostParameters::BaseIndependent()), both with `root_cores` encoder
+// threads. Fills the two predictions when asked. An error from either
+// estimate (e.g. a path without a bandwidth) is returned.
+struct ContextChoice {
+  bool context = false;
+  double with_s = 0;     // predicted refit time, context-coded
+  double without_s = 0;  // base-independent
+};
+Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
+                                          double change_rate,
+                                          uint32_t root_cores);
+
 }  // namespace dcr
 
 #endif  // DCR_COORD_COST_MODEL_H_

@@ -93,7 +93,7 @@ Status OpenBaseline(const RefitOptions& options, bool strict,
 
 // Whether a delta refit codes its chunks in the base's context: as told,
 // or (auto) whichever the cost model predicts faster through the tree.
-bool ChooseContextCoding(const RefitOptions& options, const RefitSetup& setup) {
+bool UseContextCoding(const RefitOptions& options, const RefitSetup& setup) {
   using CC = RefitOptions::ContextCoding;
   if (options.context_coding != CC::kAuto) {
     return options.context_coding == CC::kOn;
@@ -108,24 +108,19 @@ bool ChooseContextCoding(const RefitOptions& options, const RefitSetup& setup) {
   }
   const double bytes =
       static_cast<double>(setup.target->manifest().TotalBytes());
-  CostParameters context;
-  CostParameters plain = CostParameters::BaseIndependent();
-  const uint32_t cores = static_cast<uint32_t>(setup.pool->size());
-  context.root_cores = plain.root_cores = std::max<uint32_t>(cores, 1);
-  auto with = EstimateRefit(setup.tree, bytes, rate, context);
-  auto without = EstimateRefit(setup.tree, bytes, rate, plain);
-  if (!with.ok() || !without.ok()) {
+  auto choice = dcr::ChooseContextCoding(
+      setup.tree, bytes, rate, static_cast<uint32_t>(setup.pool->size()));
+  if (!choice.ok()) {
     spdlog::info("context coding: off (no estimate: {})",
-                 (with.ok() ? without.status() : with.status()).ToString());
+                 choice.status().ToString());
     return false;
   }
-  const bool on = with->delta.total_s < without->delta.total_s;
   spdlog::info(
       "context coding: {} (auto: {:.2f} s predicted with, {:.2f} s without, "
       "at {:.1f}% change; --context on|off to choose)",
-      on ? "on" : "off", with->delta.total_s, without->delta.total_s,
+      choice->context ? "on" : "off", choice->with_s, choice->without_s,
       100 * rate);
-  return on;
+  return choice->context;
 }
 
 // The PLAN fields a refit and a resume share.
@@ -146,7 +141,7 @@ void FillPlan(const RefitOptions& options, const RefitReport& report,
   // versions are caught up or repaired in refits of their own, with
   // base-independent chunks).
   plan.context_coded = report.mode == RefitMode::kDelta && !setup->composed &&
-                       ChooseContextCoding(options, *setup);
+                       UseContextCoding(options, *setup);
 }
 
 // Checks what only a refit (not a resume) needs of target and baseline,

@@ -138,6 +138,21 @@ TEST(CostModelTest, FastLinksMakeTheRefitComputeBound) {
   EXPECT_GT(busy->delta.verify_s, 0);
 }
 
+TEST(CostModelTest, ContextCodingWhereTheLinkIsSlowerThanTheCores) {
+  const double tb2 = 2e12;
+  // The paper's link, 32 root cores: the relays' decode bounds the
+  // context-coded refit; base-independent chunks are faster.
+  auto fast = ChooseContextCoding(TwoRegion(3'050'000'000), tb2, 0.03, 32);
+  ASSERT_TRUE(fast.ok()) << fast.status().ToString();
+  EXPECT_FALSE(fast->context);
+  EXPECT_GT(fast->with_s, fast->without_s);
+  // A WAN ten times slower: the smaller payload wins.
+  auto slow = ChooseContextCoding(TwoRegion(305'000'000), tb2, 0.03, 32);
+  ASSERT_TRUE(slow.ok());
+  EXPECT_TRUE(slow->context);
+  EXPECT_LT(slow->with_s, slow->without_s);
+}
+
 TEST(CostModelTest, BadInputsAreRefused) {
   CostParameters p;
   Tree t = TwoRegion(1'000'000'000);
