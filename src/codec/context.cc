@@ -21,7 +21,6 @@
 #include "codec/chunk_layout.h"
 #include "codec/diff.h"
 #include "common/bytes.h"
-#include "dcr/digest.h"
 
 namespace dcr {
 
