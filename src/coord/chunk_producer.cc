@@ -78,8 +78,7 @@ void ChunkProducer::Run() {
   for (size_t begin = 0; begin < job_.items; begin += batch) {
     const size_t n = std::min(batch, job_.items - begin);
     pool_->ParallelFor(n, [&](size_t i, size_t worker) {
-      out[i].bytes.clear();
-      out[i].sizes = ChunkSizes();
+      out[i].Clear();
       errors[i] = job_.encode(begin + i, worker, &out[i]);
     });
     for (size_t i = 0; i < n; ++i) {

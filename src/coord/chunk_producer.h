@@ -72,6 +72,15 @@ struct EncodedChunk {
   std::vector<std::byte> base_independent;
   ChunkSizes sizes;
   Sha256Digest sha256{};  // set by jobs that sign what they send
+
+  // Empty again for the next item: the producer reuses one per slot, and
+  // encoders append.
+  void Clear() {
+    bytes.clear();
+    base_independent.clear();
+    sizes = ChunkSizes();
+    sha256 = Sha256Digest{};
+  }
 };
 
 struct ChunkJob {

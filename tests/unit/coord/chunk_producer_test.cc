@@ -113,6 +113,34 @@ TEST(ChunkProducerTest, QueuesInItemOrderAndSkipsEmptyChunks) {
   EXPECT_EQ(wakes, 91);
 }
 
+// Each slot is reused batch after batch; what an item left in it must not
+// reach the next item's emit (a history chunk once carried the one before
+// it when the next was not context-coded).
+TEST(ChunkProducerTest, EachItemStartsFromAnEmptyChunk) {
+  ThreadPool pool(2);
+  ChunkProducer p(&pool, 1 << 20, [] {});
+  ChunkJob job;
+  job.items = 200;
+  job.encode = [](size_t i, size_t, EncodedChunk* out) {
+    EXPECT_TRUE(out->bytes.empty());
+    EXPECT_TRUE(out->base_independent.empty()) << i;
+    EXPECT_EQ(out->sizes.changed, 0u);
+    EXPECT_EQ(out->sha256, Sha256Digest{});
+    out->bytes.push_back(std::byte(i & 0xff));
+    if (i % 3 == 0) out->base_independent.push_back(std::byte{1});
+    out->sizes.changed = 1;
+    out->sha256[0] = std::byte{7};
+    return Status::OK();
+  };
+  job.emit = [](size_t i, const EncodedChunk& c) -> Result<Outgoing> {
+    EXPECT_EQ(c.base_independent.size(), i % 3 == 0 ? 1u : 0u) << i;
+    return Frame(16, static_cast<uint8_t>(i));
+  };
+  p.Start(std::move(job));
+  EXPECT_EQ(Drain(p).size(), 200u);
+  EXPECT_TRUE(p.Join().ok());
+}
+
 TEST(ChunkProducerTest, RunsAtMostOneWindowAhead) {
   ThreadPool pool(2);
   ChunkProducer p(&pool, /*capacity=*/64, nullptr);
