@@ -146,12 +146,15 @@ struct Chunks {
   std::vector<size_t> span_of;
 };
 
-Chunks EncodeAll(const Pair& p, bool context) {
+// `reverse`: the chunks from the target back to the base.
+Chunks EncodeAll(const Pair& p, bool context, bool reverse = false) {
   auto enc = std::move(*ChunkEncoder::Create(g_encode));
   Chunks c;
   for (size_t i = 0; i < p.spans.size(); ++i) {
     std::vector<std::byte> out;
-    auto r = EncodeXor(*enc, p.spans[i], context, &out);
+    Span s = p.spans[i];
+    if (reverse) std::swap(s.base, s.target);
+    auto r = EncodeXor(*enc, s, context, &out);
     if (!r.ok()) {
       std::fprintf(stderr, "codec_bench: %s\n", r.status().ToString().c_str());
       std::exit(3);
@@ -268,29 +271,37 @@ void Encode(benchmark::State& state, bool context) {
   state.counters["payload_bytes"] = static_cast<double>(payload);
 }
 
-// Decode + apply of every chunk. A context-coded chunk is decoded against
-// its base span (the decoder rebuilds the contexts from it: that scan is
-// timed) and applied to the work copy, which started as a copy of the base.
-// The base is read from the pristine copy so that XOR can toggle the work
-// copy between base and target: the same work each iteration.
+// Decode + apply of every chunk, in place, as a relay applies a span it
+// holds: a context-coded chunk is decoded against the work copy (the
+// decoder rebuilds the contexts from it: that scan is timed) and applied to
+// it. Iterations alternate between the chunks from base to target and
+// those from target back to base, so each decodes against the bits it was
+// coded for and every iteration does the same work.
 void DecodeApply(benchmark::State& state, bool context) {
   Pair& p = *g_pair;
   ThreadPool pool(static_cast<size_t>(state.range(0)));
-  const Chunks chunks = EncodeAll(p, context);
+  const Chunks chunks[2] = {EncodeAll(p, context),
+                            EncodeAll(p, context, /*reverse=*/true)};
+  for (size_t t = 0; t < p.base.size(); ++t) {
+    std::copy(p.base[t].begin(), p.base[t].end(), p.work[t].begin());
+  }
   std::vector<std::unique_ptr<ChunkDecoder>> dec;
   std::vector<DecodedChunk> scratch(pool.size());
   for (size_t i = 0; i < pool.size(); ++i) {
     dec.push_back(std::move(*ChunkDecoder::Create()));
   }
   std::atomic<uint64_t> failed{0};
+  size_t dir = 0;
   for (auto _ : state) {
-    pool.ParallelFor(chunks.bytes.size(), [&](size_t i, size_t w) {
-      const Span& s = p.spans[chunks.span_of[i]];
-      if (!dec[w]->Decode(chunks.bytes[i], &scratch[w], nullptr, s.base).ok() ||
+    const Chunks& c = chunks[dir];
+    pool.ParallelFor(c.bytes.size(), [&](size_t i, size_t w) {
+      const Span& s = p.spans[c.span_of[i]];
+      if (!dec[w]->Decode(c.bytes[i], &scratch[w], nullptr, s.work).ok() ||
           !ApplyChunk(scratch[w], s.work).ok()) {
         ++failed;
       }
     });
+    dir ^= 1;
   }
   if (failed > 0) state.SkipWithError("decode or apply failed");
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.bytes));
