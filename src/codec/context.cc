@@ -66,9 +66,10 @@ template <size_t W>
 void CountClasses(const std::byte* base, size_t n, ExponentField f,
                   std::span<const uint32_t> positions, uint8_t* exps,
                   std::array<double, 256>* all, std::array<double, 256>* chg) {
-  // One sample per 64 elements: the ranges need the classes' sizes
-  // roughly, and a denser sample would read the whole span once more.
-  constexpr size_t kStride = 64;
+  // One sample per 256 elements: the ranges need the classes' sizes only
+  // roughly (every 64th costs a second pass over the span's memory and
+  // gains 0.1-0.2% of payload on the traingen pairs).
+  constexpr size_t kStride = 256;
   std::array<uint32_t, 256> a{}, b{};
   for (size_t i = 0; i < n; i += kStride) ++a[ExponentAt<W>(base, i, f)];
   for (size_t i = 0; i < positions.size(); ++i) {

@@ -6,15 +6,44 @@ namespace dcr {
 namespace scan_fast {
 extern const ContextScanOps kOps;
 }  // namespace scan_fast
+namespace scan_avx512 {
+extern const ContextScanOps kOps;
+}  // namespace scan_avx512
+
+namespace {
+
+struct CpuHas {
+  bool avx2 = false;
+  bool avx512 = false;
+  CpuHas() {
+#if defined(__x86_64__) && defined(__GNUC__)
+    avx2 = __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi2") &&
+           __builtin_cpu_supports("avx2");
+    avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw");
+#endif
+  }
+};
+
+const CpuHas& Cpu() {
+  static const CpuHas has;
+  return has;
+}
+
+}  // namespace
 
 const ContextScanOps& ContextScan() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool fast = __builtin_cpu_supports("popcnt") &&
-                           __builtin_cpu_supports("bmi2") &&
-                           __builtin_cpu_supports("avx2");
-  if (fast) return scan_fast::kOps;
-#endif
+  if (Cpu().avx512) return scan_avx512::kOps;
+  if (Cpu().avx2) return scan_fast::kOps;
   return scan_generic::kOps;
+}
+
+std::vector<std::pair<std::string, const ContextScanOps*>> ContextScans() {
+  std::vector<std::pair<std::string, const ContextScanOps*>> all = {
+      {"generic", &scan_generic::kOps}};
+  if (Cpu().avx2) all.emplace_back("avx2", &scan_fast::kOps);
+  if (Cpu().avx512) all.emplace_back("avx512", &scan_avx512::kOps);
+  return all;
 }
 
 }  // namespace dcr

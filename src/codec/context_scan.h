@@ -1,8 +1,9 @@
 // The per-element loops of context coding (codec/context.h): the exponent
 // ranges of 64 elements at a time as bit masks, the range-local indices
 // the encoder codes, and the decoder's scan from those indices back to
-// positions. They are compiled twice, generic and with POPCNT, BMI2 and AVX2
-// (context_scan_fast.cc), and ContextScan() picks one at run time.
+// positions. They are compiled three times: generic, with POPCNT, BMI2 and AVX2
+// (context_scan_fast.cc), and with AVX-512BW too (context_scan_avx512.cc);
+// ContextScan() picks one at run time.
 //
 // Internal to the codec.
 #ifndef DCR_CODEC_CONTEXT_SCAN_H_
@@ -14,6 +15,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/bytes.h"
@@ -76,6 +78,10 @@ struct ContextScanOps {
 
 // The fastest compilation this CPU runs.
 const ContextScanOps& ContextScan();
+
+// Every compilation this CPU runs, slowest first, by name ("generic",
+// "avx2", "avx512"): the tests hold them to one another.
+std::vector<std::pair<std::string, const ContextScanOps*>> ContextScans();
 
 }  // namespace dcr
 

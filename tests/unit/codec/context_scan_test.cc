@@ -1,0 +1,149 @@
+// The context loops (codec/context_scan.h): every compilation this CPU
+// runs (generic, AVX2, AVX-512) must find the same range-local indices and
+// scan them back to the same positions and groups, over every element
+// width, range count, inverted ranges, and spans whose length is not a
+// multiple of 64; and refuse indices a corrupt chunk could name.
+#include "codec/context_scan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+
+namespace dcr {
+namespace {
+
+struct Case {
+  size_t w;
+  ExponentField field;
+  size_t n;
+  size_t k;
+  double density;
+};
+
+// Random ranges over the field (k of them, ascending bounds), some
+// inverted, groups contiguous (at most kMaxContextGroups).
+Ranges RandomRanges(const Case& c, std::mt19937_64& rng) {
+  Ranges r;
+  r.field = c.field;
+  const uint32_t classes = 1u << c.field.bits;
+  r.k = std::min<size_t>(c.k, classes);
+  std::vector<uint32_t> cuts;
+  for (uint32_t e = 1; e < classes; ++e) cuts.push_back(e);
+  std::shuffle(cuts.begin(), cuts.end(), rng);
+  cuts.resize(r.k - 1);
+  std::sort(cuts.begin(), cuts.end());
+  uint8_t group = 0;
+  for (size_t q = 0; q < r.k; ++q) {
+    r.upper[q] = static_cast<uint16_t>(q + 1 < r.k ? cuts[q] : classes);
+    r.inverted[q] = rng() % 3 == 0 ? 1 : 0;
+    if (q > 0 && group + 1 < 4 && rng() % 2 == 0) ++group;
+    r.group[q] = group;
+  }
+  r.BuildLut();
+  return r;
+}
+
+template <size_t W>
+uint32_t Exp(const std::vector<std::byte>& base, size_t i, ExponentField f) {
+  return ExponentAt<W>(base.data(), i, f);
+}
+
+uint32_t ExpOf(size_t w, const std::vector<std::byte>& base, size_t i,
+               ExponentField f) {
+  return w == 1 ? Exp<1>(base, i, f)
+                : (w == 2 ? Exp<2>(base, i, f) : Exp<4>(base, i, f));
+}
+
+class ContextScanTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ContextScanTest, EveryCompilationAgreesAndRoundTrips) {
+  const Case c = GetParam();
+  const auto scans = ContextScans();
+  ASSERT_FALSE(scans.empty());
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    std::mt19937_64 rng(seed * 7919 + c.n + c.k);
+    const Ranges r = RandomRanges(c, rng);
+    std::vector<std::byte> base(c.n * c.w);
+    for (auto& b : base) b = static_cast<std::byte>(rng());
+    std::vector<uint32_t> positions;
+    std::vector<uint8_t> rng_of;
+    std::bernoulli_distribution changed(c.density);
+    for (size_t i = 0; i < c.n; ++i) {
+      if (!changed(rng)) continue;
+      positions.push_back(static_cast<uint32_t>(i));
+      rng_of.push_back(r.lut[ExpOf(c.w, base, i, c.field)]);
+    }
+    if (positions.empty()) continue;
+
+    RangeLocals want;
+    for (size_t s = 0; s < scans.size(); ++s) {
+      SCOPED_TRACE(scans[s].first + " seed " + std::to_string(seed));
+      RangeLocals locals;
+      scans[s].second->local_indices(c.w, base.data(), c.n, r, positions,
+                                     rng_of.data(), &locals);
+      if (s == 0) {
+        want = locals;
+      } else {
+        for (size_t q = 0; q < r.k; ++q) EXPECT_EQ(locals[q], want[q]) << q;
+      }
+      for (const auto& [name, ops] : scans) {
+        SCOPED_TRACE("scanned by " + name);
+        std::vector<uint32_t> got;
+        std::vector<uint8_t> groups;
+        Status st = ops->scan_positions(c.w, base.data(), c.n, r, locals, &got,
+                                        &groups, positions.size(), "chunk");
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        ASSERT_EQ(got, positions);
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(groups[i], r.group[rng_of[i]]) << i;
+        }
+      }
+    }
+
+    // A corrupt chunk: one more index than a range holds, or a count the
+    // indices do not produce, is refused by every compilation.
+    for (const auto& [name, ops] : scans) {
+      SCOPED_TRACE(name);
+      std::vector<uint32_t> got;
+      std::vector<uint8_t> groups;
+      EXPECT_FALSE(ops->scan_positions(c.w, base.data(), c.n, r, want, &got,
+                                       &groups, positions.size() + 1, "chunk")
+                       .ok());
+      if (positions.size() > 1) {
+        EXPECT_FALSE(ops->scan_positions(c.w, base.data(), c.n, r, want, &got,
+                                         &groups, positions.size() - 1, "chunk")
+                         .ok());
+      }
+      RangeLocals beyond = want;
+      beyond[0].push_back(static_cast<uint32_t>(c.n) + 70);
+      EXPECT_FALSE(ops->scan_positions(c.w, base.data(), c.n, r, beyond, &got,
+                                       &groups, positions.size() + 1, "chunk")
+                       .ok());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Widths, ContextScanTest,
+    ::testing::Values(
+        Case{2, {7, 8}, 4096, 8, 0.03},         // BF16, the common case
+        Case{2, {7, 8}, 64 * 70 + 13, 8, 0.6},  // dense: inverted ranges
+        Case{2, {7, 8}, 64 * 33 + 1, 1, 0.05},
+        Case{2, {7, 8}, 64 * 40 + 63, 16, 0.1},   // beyond the unrolled 8
+        Case{2, {10, 5}, 5000, 5, 0.05},          // F16
+        Case{2, {8, 8}, 3000, 6, 0.05},           // a field with the sign bit
+        Case{4, {23, 8}, 64 * 50 + 17, 8, 0.05},  // F32
+        Case{1, {3, 4}, 64 * 60 + 5, 7, 0.05},    // F8_E4M3
+        Case{1, {2, 5}, 4100, 12, 0.2}),          // F8_E5M2
+    [](const auto& param_info) {
+      const Case& c = param_info.param;
+      return "w" + std::to_string(c.w) + "_shift" +
+             std::to_string(c.field.shift) + "_k" + std::to_string(c.k) + "_n" +
+             std::to_string(c.n);
+    });
+
+}  // namespace
+}  // namespace dcr
