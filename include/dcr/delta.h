@@ -71,12 +71,21 @@ class DeltaReader {
 };
 
 // Writes a delta file: to "<path>.tmp", renamed over `path` by Finish().
-// Destroying an unfinished writer removes the temporary file.
+// Destroying an unfinished writer removes the temporary file, unless Keep()
+// was called. Until Finish() the temporary file's header is zeros and its
+// chunks follow it whole, in order, up to the last Sync() at least.
 class DeltaWriter {
  public:
   static Result<std::unique_ptr<DeltaWriter>> Create(const std::string& path);
   ~DeltaWriter();
   Status Append(std::span<const std::byte> chunk);
+  // Writes the chunks appended so far to the temporary file and syncs its
+  // data: they survive a crash of this process or of the host.
+  Status Sync();
+  // Closes the temporary file and leaves it in place: it outlives the
+  // writer (an undo log that recovery reads). Finish() is then refused.
+  void Keep();
+  const std::string& tmp_path() const { return tmp_path_; }
   // Finish renames to `path` instead (a path on the same filesystem).
   void set_path(std::string path) { path_ = std::move(path); }
   // Writes `header` (chunk_count is taken from the appended chunks), syncs

@@ -206,8 +206,13 @@ struct RefitReport {
   double stream_seconds = 0;   // first chunk to END sent
   double vote_seconds = 0;     // END sent to the last vote
   double commit_seconds = 0;   // decision to the last COMMIT_REPLY (and the
-                               // baseline updated, in parallel)
+                               // baseline committed, in parallel)
   double total_seconds = 0;
+  // Time root.baseline took the target's bits while the refit streamed
+  // (writes and history syncs on the producer thread, hidden behind the
+  // transfer; part of stream_seconds only where the transfer did not hide
+  // it). 0 when the baseline was updated after the decision instead.
+  double baseline_in_stream_seconds = 0;
   std::vector<NodeOutcome> nodes;  // every receiver in tree order
   std::vector<CatchUpReport> catch_up;
 

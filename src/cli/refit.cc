@@ -108,6 +108,10 @@ void PrintReport(const RefitReport& r) {
       "commit %.3f s\n",
       r.prepare_seconds, r.plan_seconds, r.stream_seconds, r.vote_seconds,
       r.commit_seconds);
+  if (r.baseline_in_stream_seconds > 0) {
+    std::printf("  root.baseline updated during the stream: %.3f s\n",
+                r.baseline_in_stream_seconds);
+  }
   for (const CatchUpReport& c : r.catch_up) {
     std::string how =
         c.method == "history"

@@ -228,6 +228,23 @@ Status DeltaWriter::Append(std::span<const std::byte> chunk) {
   return Status::OK();
 }
 
+Status DeltaWriter::Sync() {
+  if (fd_ < 0) return Status::InvalidArgument("delta writer already finished");
+  DCR_RETURN_IF_ERROR(FlushBuffer());
+  if (::fdatasync(fd_) != 0) {
+    error_ = Status::FromErrno("cannot sync '" + tmp_path_ + "'", errno);
+    return error_;
+  }
+  return Status::OK();
+}
+
+void DeltaWriter::Keep() {
+  if (fd_ < 0) return;
+  (void)FlushBuffer();  // what it cannot write was never promised by Sync
+  ::close(fd_);
+  fd_ = -1;
+}
+
 Status DeltaWriter::Finish(DeltaHeader header) {
   if (fd_ < 0) return Status::InvalidArgument("delta writer already finished");
   DCR_RETURN_IF_ERROR(FlushBuffer());

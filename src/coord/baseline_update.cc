@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/elapsed.h"
 #include "common/failpoint.h"
 #include "common/mutex.h"
 
@@ -13,10 +14,6 @@ namespace dcr {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
 
 // A byte count the pool's workers add to.
 class ByteTally {

@@ -90,6 +90,11 @@ void ChunkProducer::Run() {
       if (!queue_.Push(*std::move(o))) return Stop(Status::OK());
       if (wake_) wake_();
     }
+    if (job_.after_batch) {
+      if (Status s = job_.after_batch(begin + n == job_.items); !s.ok()) {
+        return Stop(std::move(s));
+      }
+    }
   }
   Stop(Status::OK());
 }

@@ -91,6 +91,10 @@ struct ChunkJob {
   std::function<Status(size_t i, size_t worker, EncodedChunk* out)> encode;
   // Frames encoded item `i`, in item order, on the producer thread.
   std::function<Result<Outgoing>(size_t i, const EncodedChunk& chunk)> emit;
+  // Optional: after each batch's items were emitted and queued, on the
+  // producer thread (`last`: the final batch); it may use the pool. An
+  // error stops the producer like an encode failure.
+  std::function<Status(bool last)> after_batch;
 };
 
 class ChunkProducer {

@@ -186,8 +186,26 @@ HistoryRecording::HistoryRecording(const DeltaHistory& history,
     return;
   }
   writer_ = *std::move(record);
-  if (writer_) path_ = history.PathFor(target);
+  if (writer_) {
+    path_ = history.PathFor(target);
+    tmp_path_ = writer_->tmp_path();
+  }
   aborted_path_ = history.AbortedDir();
+}
+
+void HistoryRecording::Drop() {
+  if (writer_ && pinned_) writer_->Keep();
+  writer_.reset();
+}
+
+bool HistoryRecording::Sync() {
+  if (!writer_) return false;
+  if (Status s = writer_->Sync(); !s.ok()) {
+    spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
+    Drop();
+    return false;
+  }
+  return true;
 }
 
 void HistoryRecording::FinishAborted(const DeltaHeader& header,
@@ -198,14 +216,14 @@ void HistoryRecording::FinishAborted(const DeltaHeader& header,
   if (ec) {
     spdlog::warn("not keeping the aborted delta: cannot create {}: {}",
                  aborted_path_, ec.message());
-    writer_.reset();
+    Drop();
     return;
   }
   const std::string path =
       fmt::format("{}/{}{}", aborted_path_, refit.ToHex(), kSuffix);
   writer_->set_path(path);
   Status s = writer_->Finish(header);
-  writer_.reset();
+  Drop();
   if (!s.ok()) {
     spdlog::warn("not keeping the aborted delta: {}", s.ToString());
   }
@@ -215,14 +233,14 @@ void HistoryRecording::Append(std::span<const std::byte> chunk) {
   if (!writer_) return;
   if (Status s = writer_->Append(chunk); !s.ok()) {
     spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
-    writer_.reset();
+    Drop();
   }
 }
 
 std::optional<std::string> HistoryRecording::Finish(const DeltaHeader& header) {
   if (!writer_) return std::nullopt;
   Status s = writer_->Finish(header);
-  writer_.reset();
+  Drop();
   if (!s.ok()) {
     spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
     return std::nullopt;

@@ -110,6 +110,18 @@ class HistoryRecording {
  public:
   // Records nothing.
   HistoryRecording() = default;
+  // A pinned record's temporary file outlives it.
+  ~HistoryRecording() { Drop(); }
+  HistoryRecording(HistoryRecording&&) = default;
+  HistoryRecording& operator=(HistoryRecording&& other) {
+    Drop();
+    writer_ = std::move(other.writer_);
+    path_ = std::move(other.path_);
+    tmp_path_ = std::move(other.tmp_path_);
+    aborted_path_ = std::move(other.aborted_path_);
+    pinned_ = other.pinned_;
+    return *this;
+  }
   // Records the delta to `target` in `history` (nothing when it keeps
   // none).
   HistoryRecording(const DeltaHistory& history, const Version& target);
@@ -117,6 +129,18 @@ class HistoryRecording {
   bool active() const { return writer_ != nullptr; }
   // Appends one chunk, in stream order.
   void Append(std::span<const std::byte> chunk);
+  // Bytes recorded so far (the file's, with its header).
+  uint64_t bytes() const { return writer_ ? writer_->bytes_written() : 0; }
+  // Makes every chunk appended so far durable in the temporary file; false
+  // (and no longer active) if it cannot.
+  bool Sync();
+  // From now on the temporary file is an undo log (coord/baseline_stream.h):
+  // it stays in place whatever happens to the recording (a failed write,
+  // Discard, destruction) until Finish or FinishAborted renames it, or the
+  // caller removes it after restoring.
+  void Pin() { pinned_ = true; }
+  // The temporary file ("" when nothing was recorded).
+  const std::string& undo_path() const { return tmp_path_; }
   // Makes the record durable under `header`; its path, or nullopt when
   // nothing was recorded or it failed.
   std::optional<std::string> Finish(const DeltaHeader& header);
@@ -124,13 +148,17 @@ class HistoryRecording {
   // (DeltaHistory::AbortedPathFor), for the repair of relays that died
   // applying it.
   void FinishAborted(const DeltaHeader& header, const RefitId& refit);
-  // Drops the record (removes its temporary file).
-  void Discard() { writer_.reset(); }
+  // Drops the record (removes its temporary file unless pinned).
+  void Discard() { Drop(); }
 
  private:
+  void Drop();
+
   std::unique_ptr<DeltaWriter> writer_;
   std::string path_;
+  std::string tmp_path_;
   std::string aborted_path_;
+  bool pinned_ = false;
 };
 
 // The composition of a chain of deltas (DeltaHistory::Chain): one chunk per

@@ -134,7 +134,8 @@ std::string RefitReport::ToJson() const {
         {"stream", stream_seconds},
         {"vote", vote_seconds},
         {"commit", commit_seconds},
-        {"total", total_seconds}}},
+        {"total", total_seconds},
+        {"baseline_in_stream", baseline_in_stream_seconds}}},
       {"nodes", nodes_json}};
   nlohmann::json catch_up_json = nlohmann::json::array();
   for (const CatchUpReport& c : catch_up) {
@@ -232,14 +233,18 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
   }
   DCR_ASSIGN_OR_RETURN(const nlohmann::json* seconds, f.Object("seconds"));
   StateJson sf(*seconds, file, "seconds.");
-  DCR_RETURN_IF_ERROR(
-      sf.OnlyFields({"prepare", "plan", "stream", "vote", "commit", "total"}));
+  DCR_RETURN_IF_ERROR(sf.OnlyFields({"prepare", "plan", "stream", "vote",
+                                     "commit", "total", "baseline_in_stream"}));
   DCR_ASSIGN_OR_RETURN(r.prepare_seconds, sf.Number("prepare"));
   DCR_ASSIGN_OR_RETURN(r.plan_seconds, sf.Number("plan"));
   DCR_ASSIGN_OR_RETURN(r.stream_seconds, sf.Number("stream"));
   DCR_ASSIGN_OR_RETURN(r.vote_seconds, sf.Number("vote"));
   DCR_ASSIGN_OR_RETURN(r.commit_seconds, sf.Number("commit"));
   DCR_ASSIGN_OR_RETURN(r.total_seconds, sf.Number("total"));
+  if (sf.Has("baseline_in_stream")) {  // since the baseline streams (issue 22)
+    DCR_ASSIGN_OR_RETURN(r.baseline_in_stream_seconds,
+                         sf.Number("baseline_in_stream"));
+  }
   DCR_ASSIGN_OR_RETURN(const nlohmann::json* nodes, f.Array("nodes"));
   for (size_t i = 0; i < nodes->size(); ++i) {
     std::string at = fmt::format("nodes[{}]", i);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/elapsed.h"
 #include "common/failpoint.h"
 #include "coord/baseline_update.h"
 #include "coord/catch_up.h"
@@ -15,14 +16,6 @@
 #include "coord/span_encoder.h"
 
 namespace dcr {
-namespace {
-
-double Seconds(std::chrono::steady_clock::time_point from,
-               std::chrono::steady_clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
-}  // namespace
 
 RefitRun::RefitRun(const RefitOptions& options, HistoryFeed feed)
     : options_(options), feed_(std::move(feed)) {}
@@ -48,6 +41,7 @@ Result<RefitReport> RefitRun::Run() {
         DeltaHistory(setup_.state.HistoryDir(), topo.root.keep_deltas),
         report_.target);
   }
+  if (setup_.target) target_stamps_ = FileStamps(*setup_.target);
   DCR_RETURN_IF_ERROR(WriteCurrent());
   DCR_RETURN_IF_ERROR(phases_.Prepared());
   auto t_prepared = Clock::now();
@@ -127,6 +121,18 @@ Result<RefitReport> RefitRun::Run() {
 
   // 4. Decide, durably, then tell the tree.
   auto t_decide = Clock::now();
+  if (commit && in_stream_ && in_stream_->touched()) {
+    // The baseline took the target's bits from the file as it streamed:
+    // a file rewritten meanwhile would leave it at other bits than the
+    // relays verified.
+    if (std::string f = target_stamps_.Changed(); !f.empty()) {
+      commit = false;
+      report_.reason = fmt::format(
+          "the target file {} changed during the refit (root.baseline took "
+          "its bits while streaming); aborted",
+          f);
+    }
+  }
   if (commit) {
     Status s = setup_.state.WriteDecision(Decision{
         report_.refit, report_.epoch, true, report_.base, report_.target,
@@ -169,6 +175,21 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
                                ? SpanEncoder::Kind::kFull
                                : SpanEncoder::Kind::kDiff;
   SpanEncoder encoder(eo, kind, std::move(tensors));
+  // The baseline takes the target's bits as the delta streams, behind the
+  // history record (its undo log): a whole-tree delta refit that records.
+  if (!repair && kind == SpanEncoder::Kind::kDiff && setup_.baseline &&
+      setup_.target && record_.active() && options_.only_nodes.empty()) {
+    BaselineInStream::Options bo;
+    bo.baseline = setup_.baseline.get();
+    bo.target = setup_.target.get();
+    bo.pool = setup_.pool.get();
+    bo.record = &record_;
+    bo.refit = report_.refit;
+    bo.base = report_.base;
+    bo.to = report_.target;
+    bo.span_elems = setup_.plan.span_elems;
+    in_stream_ = std::make_unique<BaselineInStream>(std::move(bo));
+  }
   const uint64_t window = setup_.plan.chunk_window_bytes;
   ChunkProducer producer(setup_.pool.get(), window, [this] { root_->Wake(); });
   ChunkJob job;
@@ -202,8 +223,12 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
         record_.Discard();
       }
     }
+    if (!repair && in_stream_) in_stream_->Changed(encoder.id(i));
     return Outgoing{std::move(frame), chunk.bytes.size()};
   };
+  if (!repair && in_stream_) {
+    job.after_batch = [&](bool last) { return in_stream_->AfterBatch(last); };
+  }
   auto progress = [&](RefitOptions::Progress* p) {
     p->scanned_bytes = *sent_.scanned();
     p->total_bytes = report_.checkpoint_bytes;
@@ -226,6 +251,16 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   }
   report_.chunks = streamed.chunks;
   report_.payload_bytes = streamed.payload_bytes;
+  if (in_stream_) {
+    report_.baseline_in_stream_seconds = in_stream_->seconds();
+    spdlog::debug(
+        "root.baseline: {:.1f} MB written during the stream in {:.3f} s{}",
+        static_cast<double>(in_stream_->written_bytes()) / 1e6,
+        in_stream_->seconds(),
+        in_stream_->complete()
+            ? ""
+            : " (not every span: the rest after the decision)");
+  }
   report_.changed_elements = sent_.changed_elements();
   if (options_.on_progress) {
     RefitOptions::Progress p;
@@ -295,6 +330,8 @@ Status RefitRun::AdvanceBaselineAndHistory(
   Status b;
   std::thread baseline([&] {
     if (!whole_tree || !setup_.target) return;
+    // Written while streaming: nothing left but the record.
+    if (in_stream_ && in_stream_->complete() && !copy_all_) return;
     BaselineUpdate u;
     u.target = setup_.target.get();
     u.pool = setup_.pool.get();
@@ -346,6 +383,36 @@ Status RefitRun::AdvanceBaselineAndHistory(
       Seconds(t_decide, t_sent), Seconds(t_sent, t_replies),
       Seconds(t_replies, t_recorded), Seconds(t_recorded, Clock::now()));
   return b;
+}
+
+bool RefitRun::RestoreBaseline(const std::string& log, bool verify) {
+  const auto t0 = Clock::now();
+  auto r = RestoreBase(log, *setup_.target, setup_.baseline.get(),
+                       setup_.plan.span_elems, setup_.pool.get());
+  Status s = r.ok() ? Status::OK() : r.status();
+  if (s.ok() && verify) {
+    // After a crash: the bits are checked whole before the flag goes.
+    Digest128 d = setup_.baseline->Digests(setup_.pool.get()).version;
+    if (d != report_.base.digest) {
+      s = Status::Corruption(fmt::format(
+          "root.baseline reads {} after the restore from {}, not the base {} "
+          "(was the target file changed or the undo log lost?)",
+          d.ShortHex(), log, report_.base.digest.ShortHex()));
+    }
+  }
+  if (s.ok()) s = setup_.baseline->EndRefit();
+  if (!s.ok()) {
+    spdlog::error(
+        "root.baseline could not be restored to step {} ({}): {}; it stays "
+        "flagged unfinished: run dcr refit --resume once the cause is fixed",
+        report_.base.step, report_.base.digest.ShortHex(), s.ToString());
+    keep_current_ = true;
+    return false;
+  }
+  spdlog::info("root.baseline restored to step {}: {} spans in {:.3f} s{}",
+               report_.base.step, r->spans, Seconds(t0, Clock::now()),
+               r->torn_tail ? " (its undo log ended in a torn chunk)" : "");
+  return true;
 }
 
 DeltaHeader RefitRun::RecordHeader() const {
@@ -402,10 +469,23 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
     replies_.final = root_->Results();
     report_.outcome = RefitOutcome::kAborted;
     commit_set.clear();
+    // The baseline back to the base before its undo log moves.
+    // The undo is exact while the target's bits are the ones the baseline
+    // took; where its files changed (the abort's likely cause), the result
+    // is checked whole.
+    const bool restored =
+        !in_stream_ || !in_stream_->touched() ||
+        RestoreBaseline(record_.undo_path(),
+                        /*verify=*/!target_stamps_.Changed().empty());
     // Kept apart from the chain: a relay that died applying it is repaired
     // with its change set (coord/repair.h).
     if (record_.active()) record_.FinishAborted(RecordHeader(), report_.refit);
-    record_.Discard();  // removes the temporary file
+    record_.Discard();  // removes the temporary file (unless pinned)
+    if (in_stream_ && in_stream_->touched() && restored) {
+      // A pinned record that failed left its temporary file: restored.
+      std::error_code ec;
+      std::filesystem::remove(record_.undo_path(), ec);
+    }
   }
   baseline_version_ = commit ? report_.target : report_.base;
   if (setup_.baseline && setup_.baseline->committed()) {
@@ -424,7 +504,7 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
   DCR_RETURN_IF_ERROR(phases_.Finish());
   setup_.state.WriteLastRefit(report_);
   // Unfinished: --resume (or the next refit) finishes it from current.json.
-  if (report_.outcome != RefitOutcome::kUnfinished) {
+  if (report_.outcome != RefitOutcome::kUnfinished && !keep_current_) {
     setup_.state.RemoveCurrent();
   }
   if (Status s = setup_.state.PruneDecisions(); !s.ok()) {
@@ -459,6 +539,20 @@ Result<RefitReport> RefitRun::Resume() {
         "--resume";
   }
   if (r.baseline_done) setup_.target.reset();
+  if (r.restore_base) {
+    // The interrupted run's undo log: its history record, unfinished (the
+    // run died) or kept as aborted (its restore failed).
+    DeltaHistory history(setup_.state.HistoryDir(),
+                         options_.topology.root.keep_deltas);
+    std::string log = history.PathFor(report_.target) + ".tmp";
+    std::error_code ec;
+    if (!std::filesystem::exists(log, ec)) {
+      log = history.AbortedPathFor(report_.refit);
+    }
+    if (RestoreBaseline(log, /*verify=*/true)) {
+      std::filesystem::remove(history.PathFor(report_.target) + ".tmp", ec);
+    }
+  }
   DCR_RETURN_IF_ERROR(phases_.Decide(r.commit));
   return Conclude(r.commit, std::move(r.commit_set), t0, Clock::now());
 }

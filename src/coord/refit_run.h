@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "coord/baseline_stream.h"
 #include "coord/history.h"
 #include "coord/refit_report.h"
 #include "coord/refit_setup.h"
@@ -71,6 +72,10 @@ class RefitRun {
                                    Clock::time_point t_decide);
   // The history record's header for this refit's delta.
   DeltaHeader RecordHeader() const;
+  // Abort: root.baseline back to the base from the undo log (the history's
+  // temporary file, or `log`) and its record cleared; false (logged, the
+  // baseline stays flagged for --resume) if that fails.
+  bool RestoreBaseline(const std::string& log, bool verify);
 
   const RefitOptions& options_;
   HistoryFeed feed_;
@@ -86,6 +91,11 @@ class RefitRun {
   std::vector<NodeResult> behind_;
   Version baseline_version_;
   bool copy_all_ = false;  // resume: the baseline takes every span
+  // root.baseline updated as the delta streams (coord/baseline_stream.h);
+  // null when it is updated after the decision.
+  std::unique_ptr<BaselineInStream> in_stream_;
+  FileStamps target_stamps_;   // the target's files when the refit began
+  bool keep_current_ = false;  // the baseline still needs --resume
 };
 
 }  // namespace dcr

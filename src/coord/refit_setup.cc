@@ -236,6 +236,13 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
   }
   setup.state = StateDir(topo.root.state_dir);
   DCR_RETURN_IF_ERROR(setup.state.Create());
+  // First: it also explains a baseline the stopped run left flagged.
+  if (setup.state.HasCurrent()) {
+    return Status::InvalidArgument(fmt::format(
+        "{} names a refit that did not finish (the coordinator "
+        "stopped); run dcr refit --resume to commit or abort it first",
+        setup.state.CurrentPath()));
+  }
   if (!options.signing_key_file.empty()) {
     auto signer = EndSigner::Load(options.signing_key_file,
                                   options.transport_options.frames,
@@ -272,12 +279,6 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
       return Status::InvalidArgument(topo.source + ": " +
                                      std::string(s.message()));
     }
-  }
-  if (setup.state.HasCurrent()) {
-    return Status::InvalidArgument(fmt::format(
-        "{} names a refit that did not finish (the coordinator "
-        "stopped); run dcr refit --resume to commit or abort it first",
-        setup.state.CurrentPath()));
   }
   DCR_ASSIGN_OR_RETURN(report->epoch, setup.state.NextEpoch());
   FillPlan(options, *report, &setup);
@@ -318,12 +319,23 @@ Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
   // The baseline moves to the target on commit, from the target file.
   resumption->baseline_done =
       setup.baseline && setup.baseline->committed() == report->target;
-  if (resumption->commit && !resumption->baseline_done &&
+  // With no decision, a baseline the run began to update while streaming
+  // goes back to the base, from the history's undo log and the target.
+  auto in_progress =
+      setup.baseline ? setup.baseline->InProgress() : std::nullopt;
+  resumption->restore_base =
+      !resumption->commit && in_progress && in_progress->refit == current.refit;
+  if (((resumption->commit && !resumption->baseline_done) ||
+       resumption->restore_base) &&
       !topo.root.baseline.empty()) {
     auto t = Checkpoint::Open(current.target_path, Checkpoint::Mode::kReadOnly);
     if (!t.ok()) {
       return t.status().WithContext(
-          "the interrupted refit's target (needed to advance root.baseline)");
+          resumption->commit
+              ? "the interrupted refit's target (needed to advance "
+                "root.baseline)"
+              : "the interrupted refit's target (needed to restore "
+                "root.baseline to its base)");
     }
     // An update the interrupted run began is redone whole: its record
     // keeps naming the refit in progress (BeginRefit replaces it) until

@@ -64,12 +64,16 @@ struct Resumption {
   std::set<std::string> commit_set;
   // The baseline already holds the target (nothing to advance).
   bool baseline_done = false;
+  // No decision, and the baseline was being updated as the refit streamed:
+  // it goes back to the base (coord/baseline_stream.h).
+  bool restore_base = false;
   std::string target_path;
 };
 
 // The refit state_dir/current.json names (NotFound: none), at a new epoch:
 // report gets its refit, mode, base, target and the epoch. The target is
-// opened only when the baseline must still be advanced to it.
+// opened only when the baseline must still be advanced to it, or restored
+// from it (restore_base).
 Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
                                Resumption* resumption);
 

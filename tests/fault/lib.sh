@@ -290,3 +290,11 @@ fault_check() {
     --manual-repairs "$MANUAL_REPAIRS" "$@" ||
     fail "end state (above)"
 }
+
+# baseline_state: "STEP clean|unfinished" from root.baseline's version
+# record (step 0 when it never committed).
+baseline_state() {
+  python3 -S -c "
+import json; r = json.load(open('$T/base.safetensors.dcr-version'))
+print((r['committed'] or {'step': 0})['step'], 'unfinished' if r.get('in_progress') else 'clean')"
+}

@@ -396,5 +396,36 @@ TEST(DeltaHeaderTest, RoundTripAndChecksum) {
   }
 }
 
+// Sync puts every chunk appended so far in the temporary file (after a
+// zero header); Keep leaves that file behind the writer and refuses
+// Finish; an unkept writer removes it.
+TEST(DeltaWriterTest, SyncWritesTheChunksAndKeepLeavesTheFile) {
+  testing::TempDir dir;
+  const std::string path = dir.Path("d.dcr");
+  const Bytes a(40, std::byte{1}), b(24, std::byte{2});
+  {
+    auto w = std::move(*DeltaWriter::Create(path));
+    ASSERT_TRUE(w->Append(a).ok());
+    ASSERT_TRUE(w->Sync().ok());
+    std::ifstream f(w->tmp_path(), std::ios::binary);
+    std::string got((std::istreambuf_iterator<char>(f)), {});
+    ASSERT_EQ(got.size(), kDeltaHeaderBytes + a.size());
+    EXPECT_EQ(got.substr(0, kDeltaHeaderBytes),
+              std::string(kDeltaHeaderBytes, '\0'));
+    ASSERT_TRUE(w->Append(b).ok());
+    w->Keep();
+    EXPECT_FALSE(w->Finish(DeltaHeader{}).ok());
+  }
+  std::ifstream f(path + ".tmp", std::ios::binary);
+  std::string got((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(got.size(), kDeltaHeaderBytes + a.size() + b.size());
+  EXPECT_FALSE(fs::exists(path));
+  {
+    auto w = std::move(*DeltaWriter::Create(dir.Path("e.dcr")));
+    ASSERT_TRUE(w->Sync().ok());
+  }
+  EXPECT_FALSE(fs::exists(dir.Path("e.dcr.tmp")));
+}
+
 }  // namespace
 }  // namespace dcr

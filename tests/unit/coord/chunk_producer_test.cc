@@ -141,6 +141,41 @@ TEST(ChunkProducerTest, EachItemStartsFromAnEmptyChunk) {
   EXPECT_TRUE(p.Join().ok());
 }
 
+// after_batch runs once per batch, after that batch's chunks were emitted,
+// with `last` only on the final one; its error stops the producer.
+TEST(ChunkProducerTest, AfterBatchFollowsEachBatchsEmits) {
+  ThreadPool pool(2);  // batches of 8
+  for (bool fail : {false, true}) {
+    ChunkProducer p(&pool, 1 << 20, [] {});
+    ChunkJob job = CountingJob(20);
+    std::vector<std::pair<size_t, bool>> calls;  // (emitted so far, last)
+    size_t emitted = 0;
+    auto emit = job.emit;
+    job.emit = [&, emit](size_t i, const EncodedChunk& c) {
+      ++emitted;
+      return emit(i, c);
+    };
+    job.after_batch = [&](bool last) {
+      calls.emplace_back(emitted, last);
+      return fail && calls.size() == 2 ? Status::IOError("disk gone")
+                                       : Status::OK();
+    };
+    p.Start(std::move(job));
+    std::vector<uint8_t> tags = Drain(p);
+    Status s = p.Join();
+    if (!fail) {
+      EXPECT_TRUE(s.ok());
+      EXPECT_EQ(tags.size(), 20u);
+      EXPECT_EQ(calls, (std::vector<std::pair<size_t, bool>>{
+                           {8, false}, {16, false}, {20, true}}));
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+      EXPECT_EQ(tags.size(), 16u);
+      EXPECT_EQ(calls.size(), 2u);
+    }
+  }
+}
+
 TEST(ChunkProducerTest, RunsAtMostOneWindowAhead) {
   ThreadPool pool(2);
   ChunkProducer p(&pool, /*capacity=*/64, nullptr);
