@@ -1,8 +1,11 @@
 // The root's baseline pass after a commit decision (DESIGN.md invariant 8:
-// the baseline advances only on commit, to exactly the target bits): the
+// the baseline reads as the target once the decision is durable): the
 // baseline store takes the target's bits of every span the refit changed
 // (every span when `all`), recorded as the refit in progress in its version
-// record, and is checked against the target digest. The caller commits the
+// record, and is checked against the target digest. A delta refit that
+// records its history updates the baseline while it streams instead
+// (coord/baseline_stream.h); this pass serves full refits, --resume of a
+// commit, and what a failed history record left. The caller commits the
 // store (WeightStore::Commit) once the history record is durable and the
 // COMMIT reached someone (CommitReachedNoOne).
 //

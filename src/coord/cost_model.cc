@@ -53,13 +53,17 @@ Status ReadPoints(const nlohmann::json& j, const char* key,
   return Status::OK();
 }
 
+// `baseline_in_stream`: the root writes root.baseline as it encodes (a
+// delta refit), not after the decision (a full one).
 RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
                        double bottleneck_Bps, const PlanEstimate& shape,
-                       const CostParameters& p) {
+                       const CostParameters& p, bool baseline_in_stream) {
   RefitEstimate e;
   e.payload_bytes = payload;
   e.transfer_s = payload / (bottleneck_Bps * p.efficiency);
-  e.encode_s = shape.model_bytes / (encode_rate * p.root_cores);
+  e.baseline_s = shape.model_bytes / (p.baseline_rate * p.root_cores);
+  e.encode_s = shape.model_bytes / (encode_rate * p.root_cores) +
+               (baseline_in_stream ? e.baseline_s : 0);
   e.apply_s = shape.model_bytes / (apply_rate * p.relay_cores);
   double slowest = std::max({e.transfer_s, e.encode_s, e.apply_s});
   e.bottleneck = slowest == e.transfer_s ? "transfer"
@@ -75,10 +79,9 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
   // their cores idle; what does not fit there is the vote's tail.
   const double hash_s = shape.model_bytes / (p.hash_rate * p.relay_cores);
   e.verify_s = std::max(0.0, hash_s - std::max(0.0, slowest - e.apply_s));
-  e.baseline_s = shape.model_bytes / (p.baseline_rate * p.root_cores);
   e.commit_s = std::max(
       p.commit_sync_rate > 0 ? shape.model_bytes / p.commit_sync_rate : 0,
-      e.baseline_s);
+      baseline_in_stream ? 0 : e.baseline_s);
   e.control_s = 3 * 2 * hops + p.fixed_overhead_s;
   e.total_s = e.prepare_s + e.control_s + e.stream_s + e.verify_s + e.commit_s;
   return e;
@@ -243,9 +246,11 @@ Result<PlanEstimate> EstimateRefit(const Tree& tree, double model_bytes,
   double Bps = static_cast<double>(slowest) / 8;
   e.delta = Estimate(model_bytes * Interpolate(p.payload_ratio, change_rate),
                      Interpolate(p.encode_rate, change_rate),
-                     Interpolate(p.apply_rate, change_rate), Bps, e, p);
+                     Interpolate(p.apply_rate, change_rate), Bps, e, p,
+                     /*baseline_in_stream=*/true);
   e.full = Estimate(model_bytes * p.full_ratio, p.full_encode_rate,
-                    p.full_apply_rate, Bps, e, p);
+                    p.full_apply_rate, Bps, e, p,
+                    /*baseline_in_stream=*/false);
   e.speedup = e.full.total_s / e.delta.total_s;
   return e;
 }

@@ -17,12 +17,16 @@
 //                    hashes the whole store)
 //   baseline       = model_bytes / (baseline rate * root cores)  (the
 //                    root writes the spans the refit changed into
-//                    root.baseline and hashes it; at 1% or more of BF16
-//                    elements changed, every span)
-//   commit         = max(model_bytes / commit sync rate, baseline)  (a
-//                    file store syncs its dirty pages, nearly every page,
-//                    while the root updates its baseline; no sync for
-//                    shm/tmpfs stores or background write-back)
+//                    root.baseline; at 1% or more of BF16 elements
+//                    changed, every span). A delta refit does it while it
+//                    streams, on the encoder's cores (encode + baseline is
+//                    the root's stage of the pipeline; coord/
+//                    baseline_stream.h); a full refit after the decision,
+//                    with a hash of the baseline, within commit
+//   commit         = max(model_bytes / commit sync rate, full: baseline)
+//                    (a file store syncs its dirty pages, nearly every
+//                    page; no sync for shm/tmpfs stores or background
+//                    write-back)
 //   control        = 3 round trips (PLAN, END/VOTE, COMMIT) of the deepest
 //                    path + fixed overhead
 //   total          = prepare + control + stream + verify + commit
@@ -106,7 +110,9 @@ struct RefitEstimate {
   // The relays' hashing for the vote that the stream could not hide:
   // max(0, store hash - (stream body - apply)).
   double verify_s = 0;
-  double baseline_s = 0;  // the root's baseline pass (within commit_s)
+  // The root's baseline pass: within encode_s for a delta refit (written
+  // while streaming), within commit_s for a full one.
+  double baseline_s = 0;
   double commit_s = 0;
   double control_s = 0;
   double total_s = 0;

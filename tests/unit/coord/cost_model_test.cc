@@ -72,11 +72,18 @@ TEST(CostModelTest, TransferBoundRefitScalesWithPayloadAndBandwidth) {
   EXPECT_DOUBLE_EQ(e->delta.total_s, e->delta.prepare_s + e->delta.control_s +
                                          e->delta.stream_s + e->delta.verify_s +
                                          e->delta.commit_s);
-  // No sync rate (a shm store): the commit is the root's baseline pass.
+  // No sync rate (a shm store): a delta refit wrote root.baseline while
+  // it encoded (the root's stage of the pipeline), so its commit costs
+  // nothing proportional; a full refit's commit is the baseline pass.
   EXPECT_NEAR(e->delta.baseline_s, tb2 / (p.baseline_rate * p.root_cores),
               1e-9);
-  EXPECT_DOUBLE_EQ(e->delta.commit_s, e->delta.baseline_s);
+  EXPECT_EQ(e->delta.commit_s, 0);
+  EXPECT_NEAR(
+      e->delta.encode_s,
+      tb2 / (p.encode_rate[1].second * p.root_cores) + e->delta.baseline_s,
+      1e-6);
   EXPECT_DOUBLE_EQ(e->full.baseline_s, e->delta.baseline_s);
+  EXPECT_DOUBLE_EQ(e->full.commit_s, e->full.baseline_s);
   // The root hashes the target at the relays' rate unless told its own.
   EXPECT_NEAR(e->delta.prepare_s, tb2 / (p.hash_rate * p.root_cores), 1e-9);
   CostParameters root = p;
@@ -94,10 +101,9 @@ TEST(CostModelTest, TransferBoundRefitScalesWithPayloadAndBandwidth) {
   disk.commit_sync_rate = 1e9;
   auto synced = EstimateRefit(TwoRegion(3'050'000'000), tb2, 0.03, disk);
   ASSERT_TRUE(synced.ok());
-  // The relays' sync outlasts the baseline pass, which runs beside it.
+  // The relays' sync is the commit.
   EXPECT_NEAR(synced->delta.commit_s, 2000, 1e-6);
-  EXPECT_NEAR(synced->delta.total_s,
-              e->delta.total_s - e->delta.baseline_s + 2000, 1e-6);
+  EXPECT_NEAR(synced->delta.total_s, e->delta.total_s + 2000, 1e-6);
   EXPECT_GT(e->speedup, 0.5 * p.full_ratio / r3);
   EXPECT_LT(e->speedup, p.full_ratio / r3);
   // Half the bandwidth, twice the transfer.
@@ -122,7 +128,9 @@ TEST(CostModelTest, FastLinksMakeTheRefitComputeBound) {
   auto e = EstimateRefit(TwoRegion(400'000'000'000), 2e12, 0.05, p);
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->delta.bottleneck, "encode");
-  EXPECT_NEAR(e->delta.encode_s, 2e12 / p.encode_rate[2].second, 1e-3);
+  // The root's stage: the diff and encode, and root.baseline's writes.
+  EXPECT_NEAR(e->delta.encode_s,
+              2e12 / p.encode_rate[2].second + 2e12 / p.baseline_rate, 1e-3);
   EXPECT_GT(e->delta.stream_s, e->delta.encode_s);  // plus pipeline fill
   // One relay core: applying is the slowest stage and leaves no idle time,
   // so the hashing waits for the vote.
