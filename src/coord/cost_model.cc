@@ -109,8 +109,8 @@ Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
 CostParameters CostParameters::BaseIndependent() {
   CostParameters p;
   p.payload_ratio = {{0.01, 0.00690}, {0.03, 0.01803}, {0.05, 0.02834}};
-  p.encode_rate = {{0.01, 2.40e9}, {0.03, 1.55e9}, {0.05, 1.09e9}};
-  p.apply_rate = {{0.01, 7.44e9}, {0.03, 3.22e9}, {0.05, 2.03e9}};
+  p.encode_rate = {{0.01, 2.83e9}, {0.03, 1.47e9}, {0.05, 1.07e9}};
+  p.apply_rate = {{0.01, 8.66e9}, {0.03, 3.17e9}, {0.05, 1.95e9}};
   p.source = "built-in, base-independent chunks";
   return p;
 }

@@ -55,13 +55,13 @@ struct CostParameters {
   // and extrapolated from the nearest two.
   // Context-coded chunks (codec.h kContext), the default of delta refits.
   std::vector<std::pair<double, double>> payload_ratio = {
-      {0.01, 0.00524}, {0.03, 0.01376}, {0.05, 0.02181}};
+      {0.01, 0.00526}, {0.03, 0.01378}, {0.05, 0.02189}};
   // (change rate, bytes/s per core) for diff + encode at the root.
   std::vector<std::pair<double, double>> encode_rate = {
-      {0.01, 0.96e9}, {0.03, 0.77e9}, {0.05, 0.53e9}};
+      {0.01, 1.35e9}, {0.03, 0.68e9}, {0.05, 0.57e9}};
   // (change rate, bytes/s per core) for decode + apply at a relay.
   std::vector<std::pair<double, double>> apply_rate = {
-      {0.01, 1.19e9}, {0.03, 1.10e9}, {0.05, 0.93e9}};
+      {0.01, 2.62e9}, {0.03, 1.33e9}, {0.05, 1.08e9}};
   double full_ratio = 0.669;         // --full payload / checkpoint (BF16)
   double full_encode_rate = 0.24e9;  // zstd-1 of dense spans, per core
   double full_apply_rate = 0.67e9;   // decompress + copy, per core
