@@ -137,9 +137,10 @@ inline constexpr std::array<FailpointInfo, 12> kFailpoints = {{
      "every COMMIT_REPLY arrived (or timed out) and the baseline advanced, "
      "before the report and last-refit.json are written"},
     {"coord.baseline_write", failpoint_internal::kControl,
-     "the root's baseline pass (after COMMIT went down) is about to write "
-     "one span of the target into root.baseline, its record naming the "
-     "refit in progress"},
+     "the root is about to write one span of the target into "
+     "root.baseline, its record naming the refit in progress (during the "
+     "stream, behind the history's undo log, or in the pass after the "
+     "decision)"},
     {"store.data_sync",
      failpoint_internal::kControl | failpoint_internal::kDrop,
      "a file store's background write-back is about to write the committed "
