@@ -179,6 +179,7 @@ Result<RestoreStats> RestoreBase(const std::string& log,
   }
   std::vector<Status> errors(items.size());
   std::vector<uint64_t> bytes(items.size(), 0);
+  std::vector<uint8_t> undecodable(items.size(), 0);
   const size_t workers = pool ? pool->size() : 1;
   std::vector<std::unique_ptr<ChunkDecoder>> dec(workers);
   for (auto& d : dec) {
@@ -194,6 +195,14 @@ Result<RestoreStats> RestoreBase(const std::string& log,
       return;
     }
     Status s = dec[w]->Decode(it.bytes, &chunk[w]);
+    if (!s.ok() && !finished) {
+      // An unfinished log past its last sync may hold a chunk the crash
+      // cut inside (zeros or stale bytes under a whole header): its span
+      // was never written, so it keeps the base. (After a crash the
+      // restore is checked by digest.)
+      undecodable[i] = 1;
+      return;
+    }
     if (s.ok()) {
       auto src = target.TensorData(it.id.tensor).subspan(r->offset, r->bytes);
       scratch[w].assign(src.begin(), src.end());
@@ -211,9 +220,13 @@ Result<RestoreStats> RestoreBase(const std::string& log,
   }
   for (size_t i = 0; i < items.size(); ++i) {
     DCR_RETURN_IF_ERROR(errors[i].WithContext(log));
+    if (undecodable[i]) {
+      stats.torn_tail = true;
+      continue;
+    }
     stats.bytes += bytes[i];
+    ++stats.spans;
   }
-  stats.spans = items.size();
   return stats;
 }
 

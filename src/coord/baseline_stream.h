@@ -104,7 +104,9 @@ class BaselineInStream {
 struct RestoreStats {
   uint64_t spans = 0;
   uint64_t bytes = 0;
-  bool torn_tail = false;  // the log ended inside a chunk (a crash)
+  // An unfinished log ended inside a chunk, or held chunks that do not
+  // decode (a crash cut them; their spans were never written).
+  bool torn_tail = false;
 };
 Result<RestoreStats> RestoreBase(const std::string& log,
                                  const Checkpoint& target,
