@@ -199,6 +199,25 @@ clusters:
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? (*c)->ComputeDigests().version : Digest128();
   }
+  // Polls `ready` every 5 ms for up to 30 s; whether it became true.
+  static bool WaitUntil(const std::function<bool()>& ready) {
+    for (int i = 0; i < 6000 && !ready(); ++i) {
+      std::this_thread::sleep_for(5ms);
+    }
+    return ready();
+  }
+  // A delta refit to a copy of v1 at `*copy` (so a test may change the
+  // target under it), run in the background with `failpoints` armed.
+  std::future<RefitReport> RefitToACopyOfV1(const char* failpoints,
+                                            std::string* copy) {
+    *copy = dir_.Path("v1-copy.safetensors");
+    std::filesystem::copy_file(Ckpt(1), *copy);
+    EXPECT_TRUE(ArmFailpoints(failpoints).ok());
+    return std::async(std::launch::async, [this, path = *copy] {
+      return Refit(1, RefitMode::kDelta, 0,
+                   [&](RefitOptions& o) { o.target = path; });
+    });
+  }
   // Waits until `node`'s relay is idle (a refit it was part of ended).
   void WaitIdle(const std::string& node) {
     for (int i = 0; i < 500; ++i) {
@@ -279,23 +298,14 @@ TEST_F(RelayTreeTest, ATargetChangedAfterTheDecisionChangesNothing) {
   size_t at = a.size() - 1;
   while (at > 0 && a[at] == b[at]) --at;
   ASSERT_NE(a[at], b[at]);
-  const std::string v1_copy = dir_.Path("v1-copy.safetensors");
-  std::filesystem::copy_file(Ckpt(1), v1_copy);
-  ASSERT_TRUE(ArmFailpoints("coord.before_commit=delay(1500)").ok());
-  auto refit = std::async(std::launch::async, [&] {
-    return Refit(1, RefitMode::kDelta, 0,
-                 [&](RefitOptions& o) { o.target = v1_copy; });
-  });
+  std::string v1_copy;
+  auto refit = RefitToACopyOfV1("coord.before_commit=delay(1500)", &v1_copy);
   const std::string decisions = dir_.Path("state/decisions");
-  auto decided = [&] {
+  ASSERT_TRUE(WaitUntil([&] {
     std::error_code ec;
     return std::filesystem::exists(decisions, ec) &&
            !std::filesystem::is_empty(decisions, ec);
-  };
-  for (int i = 0; i < 6000 && !decided(); ++i) {
-    std::this_thread::sleep_for(5ms);
-  }
-  ASSERT_TRUE(decided()) << "no decision within 30 s";
+  })) << "no decision within 30 s";
   {
     std::fstream f(v1_copy, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(at));
@@ -336,25 +346,16 @@ TEST_P(TargetChangedTest, DuringTheRefitAbortsAndRestoresTheBase) {
   const bool in_place = GetParam();
   SeedAll(0);
   StartAll();
-  const std::string v1_copy = dir_.Path("v1-copy.safetensors");
-  std::filesystem::copy_file(Ckpt(1), v1_copy);
-  ASSERT_TRUE(ArmFailpoints("coord.after_stream=delay(1500)").ok());
-  auto refit = std::async(std::launch::async, [&] {
-    return Refit(1, RefitMode::kDelta, 0,
-                 [&](RefitOptions& o) { o.target = v1_copy; });
-  });
-  // The stream is over once the baseline flags the refit (its first write)
-  // and the failpoint holds the run before the vote.
+  std::string v1_copy;
+  auto refit = RefitToACopyOfV1("coord.after_stream=delay(1500)", &v1_copy);
+  // The baseline flags the refit before its first write (this model's
+  // writes all come at the end of the stream); then the failpoint holds
+  // the run before the vote while the target changes.
   const std::string record = dir_.Path("base.safetensors.dcr-version");
-  auto flagged = [&] {
+  ASSERT_TRUE(WaitUntil([&] {
     auto rec = ReadVersionRecord(record);
     return rec.ok() && *rec && (*rec)->in_progress.has_value();
-  };
-  for (int i = 0; i < 6000 && !flagged(); ++i) {
-    std::this_thread::sleep_for(5ms);
-  }
-  ASSERT_TRUE(flagged()) << "root.baseline never flagged the refit";
-  std::this_thread::sleep_for(50ms);
+  })) << "root.baseline never flagged the refit";
   std::string v1 = *ReadFileToString(Ckpt(1));
   std::string changed = v1;
   changed.back() = static_cast<char>(changed.back() ^ 0x7f);
