@@ -199,6 +199,15 @@ clusters:
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? (*c)->ComputeDigests().version : Digest128();
   }
+  // Options for ResumeRefit of this tree (10 s phases).
+  RefitOptions ResumeOptions() {
+    RefitOptions o;
+    o.topology = MakeTopology();
+    o.phase_timeout = 10s;
+    o.transport = "fake";
+    o.transport_options.fake_network = network_;
+    return o;
+  }
   // Polls `ready` every 5 ms for up to 30 s; whether it became true.
   static bool WaitUntil(const std::function<bool()>& ready) {
     for (int i = 0; i < 6000 && !ready(); ++i) {
@@ -388,11 +397,7 @@ TEST_P(TargetChangedTest, DuringTheRefitAbortsAndRestoresTheBase) {
       f.seekp(-1, std::ios::end);
       f.put(v1.back());
     }
-    RefitOptions o;
-    o.topology = MakeTopology();
-    o.phase_timeout = 10s;
-    o.transport = "fake";
-    o.transport_options.fake_network = network_;
+    RefitOptions o = ResumeOptions();
     auto resumed = ResumeRefit(o);
     ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
     EXPECT_EQ(resumed->outcome, RefitOutcome::kAborted);
@@ -967,11 +972,7 @@ TEST_F(RelayTreeTest, ResumeCommitsWhatTheStoppedCoordinatorDecided) {
     ASSERT_TRUE(rec.ok() && *rec && (*rec)->in_progress);
     EXPECT_EQ((*rec)->in_progress->refit, stopped.refit);
   }
-  RefitOptions o;
-  o.topology = MakeTopology();
-  o.phase_timeout = 10s;
-  o.transport = "fake";
-  o.transport_options.fake_network = network_;
+  RefitOptions o = ResumeOptions();
   auto r = ResumeRefit(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->outcome, RefitOutcome::kCommitted) << r->ToJson();
@@ -999,11 +1000,7 @@ TEST_F(RelayTreeTest, ResumeWithoutADecisionAbortsAndRestoresEveryBase) {
   // As if it had stopped just before writing its decision.
   std::filesystem::remove(
       dir_.Path("state/decisions/" + stopped.refit.ToHex() + ".json"));
-  RefitOptions o;
-  o.topology = MakeTopology();
-  o.phase_timeout = 10s;
-  o.transport = "fake";
-  o.transport_options.fake_network = network_;
+  RefitOptions o = ResumeOptions();
   auto r = ResumeRefit(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->outcome, RefitOutcome::kAborted) << r->ToJson();
