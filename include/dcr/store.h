@@ -228,8 +228,10 @@ class WeightStore {
   // background (kBackground; see "Durability"). Does not check the bits
   // against version.digest: the caller has (Digests()). When a refit is in
   // progress, `refit` and `version` must be its id and target
-  // (InvalidArgument otherwise, nothing written). On failure the previous
-  // record stays in force.
+  // (InvalidArgument otherwise, nothing written); a target recorded with a
+  // zero digest (begun before the digest was known, docs/PROTOCOL.md
+  // §"Target digests at END") matches any version of its step. On failure
+  // the previous record stays in force.
   Status Commit(const Version& version, const RefitId& refit);
   // Records durably that refit `refit` from `base` to `target` is about to
   // modify the data. Call before the first write; replaces a refit already

@@ -223,9 +223,16 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
     return;
   }
   if (frame.type() == FrameType::kError) {
-    Fail(i, NodeCode::kRejected,
-         std::string(reinterpret_cast<const char*>(frame.payload.data()),
-                     std::min<size_t>(frame.payload.size(), 512)),
+    std::string text(reinterpret_cast<const char*>(frame.payload.data()),
+                     std::min<size_t>(frame.payload.size(), 512));
+    if (text.find("PLAN.version: unknown message version 2") !=
+        std::string::npos) {
+      // docs/PROTOCOL.md §"Target digests at END": upgrade order.
+      text +=
+          " (a dcr-relay older than this root, which sends the target's "
+          "digests at END: upgrade the relays before the root)";
+    }
+    Fail(i, NodeCode::kRejected, std::move(text),
          c.adoption ? FailKind::kAdoption : FailKind::kFinal);
     return;
   }

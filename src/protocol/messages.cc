@@ -13,6 +13,11 @@ namespace {
 constexpr uint8_t kMessageVersion = 1;
 // END with the signed refit manifest (EndMsg).
 constexpr uint8_t kEndSignedVersion = 2;
+// END naming the target (EndMsg::target), signed or not.
+constexpr uint8_t kEndTargetVersion = 3;
+constexpr uint8_t kEndSigned = 1;  // its flags
+// PLAN whose target digest comes at END (PlanMsg::target_at_end).
+constexpr uint8_t kPlanTargetAtEndVersion = 2;
 constexpr uint8_t kResultsPositionVersion = 2;  // with received_through
 constexpr uint8_t kResultsStoreVersion = 3;     // with StoreCondition
 constexpr uint8_t kStoreUnfinished = 1;
@@ -166,7 +171,7 @@ Result<HelloMsg> DecodeHello(std::span<const std::byte> b) {
 std::vector<std::byte> EncodePlan(const PlanMsg& m) {
   std::vector<std::byte> out;
   ByteWriter w(&out);
-  w.Put<uint8_t>(kMessageVersion);
+  w.Put<uint8_t>(m.target_at_end() ? kPlanTargetAtEndVersion : kMessageVersion);
   w.Put<uint8_t>(static_cast<uint8_t>(m.mode));
   PutVersion(&w, m.base);
   PutVersion(&w, m.target);
@@ -201,7 +206,7 @@ std::vector<std::byte> EncodePlan(const PlanMsg& m) {
 }
 
 Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
-  Reader r(b, "PLAN");
+  Reader r(b, "PLAN", kPlanTargetAtEndVersion);
   PlanMsg m;
   uint8_t mode = r.Get<uint8_t>("mode");
   m.base = r.Ver("base");
@@ -266,6 +271,15 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
   }
   for (uint64_t i = 0; r.ok() && i < digests; ++i) {
     m.target_tensor_digests.push_back(r.Digest("target_tensor_digests"));
+  }
+  if (r.ok() && (r.version() == kPlanTargetAtEndVersion) != m.target_at_end()) {
+    r.Fail("target", r.version() == kPlanTargetAtEndVersion
+                         ? "a version-2 PLAN names the target's digest"
+                         : "a version-1 PLAN without the target's digest");
+  }
+  if (r.ok() && m.target_at_end() && digests != 0) {
+    r.Fail("target_tensor_digests",
+           "sent without the target's digest (they come at END)");
   }
   m.heartbeat_ms = r.Get<uint32_t>("heartbeat_ms");
   uint8_t flags = r.Get<uint8_t>("flags");
@@ -399,9 +413,17 @@ Result<ResultsMsg> DecodeResults(std::span<const std::byte> b) {
 std::vector<std::byte> EncodeEnd(const EndMsg& m) {
   std::vector<std::byte> out;
   ByteWriter w(&out);
-  w.Put<uint8_t>(m.is_signed() ? kEndSignedVersion : kMessageVersion);
+  w.Put<uint8_t>(m.target        ? kEndTargetVersion
+                 : m.is_signed() ? kEndSignedVersion
+                                 : kMessageVersion);
   w.Put<uint64_t>(m.chunk_count);
   PutDigest(&w, m.chunk_ids_digest);
+  if (m.target) {
+    PutVersion(&w, *m.target);
+    w.PutVarint(m.target_tensor_digests.size());
+    for (const Digest128& d : m.target_tensor_digests) PutDigest(&w, d);
+    w.Put<uint8_t>(m.is_signed() ? kEndSigned : 0);
+  }
   if (m.is_signed()) {
     w.PutVarint(m.manifest.size());
     w.PutBytes(m.manifest);
@@ -411,11 +433,25 @@ std::vector<std::byte> EncodeEnd(const EndMsg& m) {
 }
 
 Result<EndMsg> DecodeEnd(std::span<const std::byte> b) {
-  Reader r(b, "END", kEndSignedVersion);
+  Reader r(b, "END", kEndTargetVersion);
   EndMsg m;
   m.chunk_count = r.Get<uint64_t>("chunk_count");
   m.chunk_ids_digest = r.Digest("chunk_ids_digest");
-  if (r.ok() && r.version() == kEndSignedVersion) {
+  bool is_signed = r.version() == kEndSignedVersion;
+  if (r.ok() && r.version() == kEndTargetVersion) {
+    m.target = r.Ver("target");
+    if (r.ok() && m.target->digest == Digest128{}) {
+      r.Fail("target", "no digest");
+    }
+    uint64_t n = r.Varint("target_tensor_digests", kMaxPlanTensors);
+    for (uint64_t i = 0; r.ok() && i < n; ++i) {
+      m.target_tensor_digests.push_back(r.Digest("target_tensor_digests"));
+    }
+    uint8_t flags = r.Get<uint8_t>("flags");
+    if (r.ok() && (flags & ~kEndSigned) != 0) r.Fail("flags", "unknown bits");
+    is_signed = (flags & kEndSigned) != 0;
+  }
+  if (r.ok() && is_signed) {
     uint64_t n = r.Varint("manifest", kMaxEndManifestBytes);
     if (r.ok() && n == 0) r.Fail("manifest", "empty in a signed END");
     m.manifest = r.Bytes("manifest", n);

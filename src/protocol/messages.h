@@ -57,6 +57,13 @@ struct PlanNode {
 
 // Starts a refit. nodes[0] is the receiver itself; the rest is its subtree,
 // each node after its parent.
+//
+// A root that hashes the target in its encoding pass does not know the
+// target's digest when PLAN goes out: it sends `target` with a zero digest
+// and no `target_tensor_digests`, and END names them (EndMsg::target).
+// Such a PLAN is message version 2, byte for byte version 1 otherwise, so
+// that a relay too old to take the digests from END refuses it at once
+// (docs/PROTOCOL.md §"Target digests at END").
 struct PlanMsg {
   RefitMode mode = RefitMode::kDelta;
   Version base;
@@ -99,6 +106,8 @@ struct PlanMsg {
   // decodable only against the base; every node of the plan holds the base
   // whole. A chunk coded so in a plan without the flag is refused.
   bool context_coded = false;
+  // The target's digest comes at END (a zero digest here).
+  bool target_at_end() const { return target.digest == Digest128{}; }
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
 };
 
@@ -176,6 +185,13 @@ struct ResultsMsg {
 // bytes, then the 64-byte signature. Without them END is version 1, byte
 // for byte as before. The decoder accepts both; manifest and signature are
 // both present (version 2, non-empty manifest) or both empty (version 1).
+//
+// After a PLAN that left the target's digest to END (PlanMsg::
+// target_at_end), END names the target: it is then version 3, the
+// version-1 fields, the target version, a varint count and that many
+// per-tensor digests (none, or one per tensor of the manifest, in order),
+// u8 flags (1: signed), and with flag 1 the manifest and signature as in
+// version 2.
 struct EndMsg {
   EndMsg() = default;
   // Unsigned; the signed fields are set after.
@@ -185,6 +201,9 @@ struct EndMsg {
   Digest128 chunk_ids_digest;
   std::vector<std::byte> manifest;   // empty: unsigned
   std::vector<std::byte> signature;  // kEndSignatureBytes when signed
+  // Version 3: the target version and its per-tensor digests.
+  std::optional<Version> target;
+  std::vector<Digest128> target_tensor_digests;
   bool is_signed() const { return !manifest.empty(); }
   friend bool operator==(const EndMsg&, const EndMsg&) = default;
 };
@@ -235,7 +254,8 @@ std::vector<std::byte> EncodeProgress(const ProgressMsg& m);
 
 // Each returns Corruption naming the message and the field on any
 // malformed, truncated, oversized or trailing input, or an unknown message
-// version (1 for all; END and RESULTS also 2).
+// version (1 for all; PLAN also 2; END also 2 and 3; RESULTS also 2 and
+// 3).
 Result<HelloMsg> DecodeHello(std::span<const std::byte> b);
 Result<PlanMsg> DecodePlan(std::span<const std::byte> b);
 Result<ResultsMsg> DecodeResults(std::span<const std::byte> b);

@@ -38,7 +38,13 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
   };
   if (options.rejoin) {
     auto busy = store->InProgress();
-    if (!busy || busy->refit != refit || busy->target != plan.target) {
+    // The record's target digest is zero if the relay stopped before END
+    // named it, and the resuming PLAN's if no decision was reached.
+    const bool same_target =
+        busy && busy->target.step == plan.target.step &&
+        (busy->target.digest == Digest128{} || plan.target_at_end() ||
+         busy->target.digest == plan.target.digest);
+    if (!busy || busy->refit != refit || !same_target) {
       refusal->code = NodeCode::kNeedsCatchUp;
       refusal->detail = "the store's record does not name this refit";
       return nullptr;
@@ -446,10 +452,19 @@ RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
   }
   if (const std::optional<Digest128>& yes = (*reader)->voted_yes()) {
     // Prepared: the root may have committed R with this vote. Only the
-    // root's decision may end R here.
+    // root's decision may end R here. (The record learns the target's
+    // digest only at the commit when the PLAN left it to END: the yes
+    // vote names it.)
+    if (busy.target.digest == Digest128{}) {
+      out.unfinished->target.digest = *yes;
+    } else if (*yes != busy.target.digest) {
+      out.outcome = Outcome::kPreparedMix;
+      out.detail = fmt::format("voted yes at {}, but the target is {}",
+                               yes->ShortHex(), busy.target.digest.ShortHex());
+      return out;
+    }
     Digest128 digest = store->Digests(pool).version;
-    out.outcome = digest == busy.target.digest ? Outcome::kPrepared
-                                               : Outcome::kPreparedMix;
+    out.outcome = digest == *yes ? Outcome::kPrepared : Outcome::kPreparedMix;
     out.detail =
         out.outcome == Outcome::kPrepared
             ? fmt::format("voted yes at {}; the bits are step {}'s (verified)",

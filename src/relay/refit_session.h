@@ -166,6 +166,13 @@ class RefitSession {
 
   uint64_t chunks_applied() const DCR_EXCLUDES(mu_);
   const PlanMsg& plan() const { return plan_; }
+  // The target END named (PlanMsg::target_at_end): what Vote checks the
+  // bits against and Commit records. No Vote or Commit may run meanwhile.
+  void LearnTarget(const Version& target,
+                   std::vector<Digest128> tensor_digests) {
+    plan_.target = target;
+    plan_.target_tensor_digests = std::move(tensor_digests);
+  }
 
  private:
   RefitSession(WeightStore* store, std::string node, const RefitId& refit,

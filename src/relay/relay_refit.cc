@@ -91,11 +91,54 @@ void RelayRefit::Apply(const FrameBuffer& buffer,
   }
 }
 
+namespace {
+
+// The target an END names, checked against the plan (docs/PROTOCOL.md
+// §"Target digests at END"): a PLAN that left the digest to END must get
+// it there, and an END must not contradict what the PLAN named.
+Status CheckEndTarget(const EndMsg& end, const PlanMsg& plan) {
+  if (!end.target) {
+    if (!plan.target_at_end()) return Status::OK();
+    return Status::InvalidArgument(
+        "the PLAN left the target's digest to END, and END names none");
+  }
+  const Version& t = *end.target;
+  if (t.step != plan.target.step) {
+    return Status::InvalidArgument(
+        fmt::format("END names target step {}, the PLAN step {}", t.step,
+                    plan.target.step));
+  }
+  if (!plan.target_at_end() && t != plan.target) {
+    return Status::InvalidArgument(
+        fmt::format("END names target {}, the PLAN {}", t.digest.ShortHex(),
+                    plan.target.digest.ShortHex()));
+  }
+  if (!end.target_tensor_digests.empty() &&
+      VersionDigest(plan.manifest, end.target_tensor_digests) != t.digest) {
+    return Status::InvalidArgument(
+        fmt::format("END's {} tensor digests do not make its target digest {}",
+                    end.target_tensor_digests.size(), t.digest.ShortHex()));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status RelayRefit::End(const EndMsg& end) {
   // A second END (after a repair round without chunks for this subtree)
   // asks for a new vote.
   DCR_RETURN_IF_ERROR(From({P::kReceiving, P::kVoted}, "End"));
   end_ = end;
+  end_error_ = CheckEndTarget(end, plan_);
+  if (end_error_.ok() && end.target) {
+    plan_.target = *end.target;
+    if (!end.target_tensor_digests.empty()) {
+      plan_.target_tensor_digests = end.target_tensor_digests;
+    }
+    if (session_) {
+      session_->LearnTarget(plan_.target, plan_.target_tensor_digests);
+    }
+  }
   phase_ = P::kVoting;
   local_.reset();
   return Status::OK();
@@ -108,7 +151,11 @@ Status RelayRefit::Vote() {
     return Status::InvalidArgument("applies are in flight");
   }
   NodeResult vote = own_;
-  if (session_) {
+  if (session_ && !end_error_.ok()) {
+    vote.code = NodeCode::kRejected;
+    vote.detail = std::string(end_error_.message());
+    vote.chunks_applied = tracker_->applied();
+  } else if (session_) {
     Status apply_error = tracker_->TakeFirstError();  // per vote
     // With the root's public key, what was applied must be what the root
     // signed, whichever relay delivered it; checked first, so a forged

@@ -137,7 +137,7 @@ class RelayRefit {
   Status From(std::initializer_list<RefitPhase> sources,
               const char* transition) const;
 
-  // Twelve fields: the refit state of issue 14's done-when.
+  // The refit state, in one place (issue 14).
   const Env* env_;
   RefitId id_;
   uint64_t epoch_;
@@ -147,6 +147,7 @@ class RelayRefit {
   std::shared_ptr<ApplyTracker> tracker_;  // shared with in-flight jobs
   RefitPhase phase_ = RefitPhase::kPlanning;
   std::optional<EndMsg> end_;
+  Status end_error_;  // the last END's target contradicts the plan
   std::optional<CommitMsg> commit_;
   std::optional<NodeResult> local_;  // this phase's own result, once done
   bool voted_yes_ = false;           // commit only what this node verified

@@ -416,7 +416,12 @@ Status WeightStore::Commit(const Version& version, const RefitId& refit) {
   VersionRecord next = record();
   if (next.in_progress) {
     const RefitInProgress& p = *next.in_progress;
-    if (p.refit != refit || p.target != version) {
+    // A zero target digest: the refit began before its target's digest
+    // was known (it comes at END); the step still has to match.
+    const bool same_target =
+        p.target.step == version.step &&
+        (p.target.digest == Digest128{} || p.target.digest == version.digest);
+    if (p.refit != refit || !same_target) {
       return Status::InvalidArgument(
           describe_ + ": commit of refit " + refit.ToHex() + " to " +
           VersionString(version) + " while refit " + p.refit.ToHex() + " to " +

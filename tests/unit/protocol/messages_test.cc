@@ -205,9 +205,83 @@ TEST(MessagesTest, TruncationTrailingBytesAndVersion) {
   longer.push_back(std::byte{0});
   auto s = DecodePlan(longer);
   EXPECT_NE(s.status().message().find("trailing"), std::string::npos);
-  auto v2 = bytes;
-  v2[0] = std::byte{2};
-  EXPECT_NE(DecodePlan(v2).status().message().find("version"),
+  auto v3 = bytes;
+  v3[0] = std::byte{3};
+  EXPECT_NE(DecodePlan(v3).status().message().find("unknown message version 3"),
+            std::string::npos);
+}
+
+// A PLAN whose target digest comes at END is version 2 (an older relay
+// refuses it by its version), and only such a PLAN has a zero digest.
+TEST(MessagesTest, PlanWithTheTargetDigestAtEndIsVersion2) {
+  PlanMsg p = SamplePlan();
+  p.target.digest = Digest128{};
+  p.target_tensor_digests.clear();
+  ASSERT_TRUE(p.target_at_end());
+  auto v2 = EncodePlan(p);
+  EXPECT_EQ(v2[0], std::byte{2});
+  auto back = DecodePlan(v2);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, p);
+  EXPECT_EQ(EncodePlan(SamplePlan())[0], std::byte{1});
+  // The same bytes as version 1: a PLAN without its target's digest.
+  auto relabeled = v2;
+  relabeled[0] = std::byte{1};
+  EXPECT_NE(DecodePlan(relabeled).status().message().find(
+                "version-1 PLAN without the target's digest"),
+            std::string::npos);
+  // A version 2 naming the digest, or carrying tensor digests.
+  auto named = EncodePlan(SamplePlan());
+  named[0] = std::byte{2};
+  EXPECT_NE(DecodePlan(named).status().message().find(
+                "version-2 PLAN names the target's digest"),
+            std::string::npos);
+  p.target_tensor_digests = {Digest128{1, 1}};
+  EXPECT_NE(DecodePlan(EncodePlan(p))
+                .status()
+                .message()
+                .find("PLAN.target_tensor_digests"),
+            std::string::npos);
+}
+
+// END version 3 names the target and its tensor digests, signed or not.
+TEST(MessagesTest, EndNamingTheTargetIsVersion3) {
+  EndMsg e{42, Digest128{7, 8}};
+  e.target = Version{5, Digest128{3, 4}};
+  e.target_tensor_digests = {Digest128{11, 12}, Digest128{13, 14}};
+  auto v3 = EncodeEnd(e);
+  EXPECT_EQ(v3[0], std::byte{3});
+  EXPECT_EQ(v3.size(), 1u + 8 + 16 + 24 + 1 + 32 + 1);
+  auto back = DecodeEnd(v3);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, e);
+  EXPECT_FALSE(back->is_signed());
+
+  e.manifest = std::vector<std::byte>(300, std::byte{0x5a});
+  e.signature = std::vector<std::byte>(kEndSignatureBytes, std::byte{0xa5});
+  auto s3 = EncodeEnd(e);
+  EXPECT_EQ(s3[0], std::byte{3});
+  back = DecodeEnd(s3);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, e);
+  EXPECT_TRUE(back->is_signed());
+  for (size_t n = 0; n < s3.size(); ++n) {
+    EXPECT_TRUE(DecodeEnd(std::span(s3).first(n)).status().IsCorruption()) << n;
+  }
+  // No digests at all is allowed (a manifest of no tensors); a zero target
+  // digest and unknown flag bits are not.
+  e.target_tensor_digests.clear();
+  EXPECT_EQ(*DecodeEnd(EncodeEnd(e)), e);
+  EndMsg zero{1, Digest128{7, 8}};
+  zero.target = Version{5, Digest128{}};
+  EXPECT_NE(DecodeEnd(EncodeEnd(zero))
+                .status()
+                .message()
+                .find("END.target: no digest"),
+            std::string::npos);
+  auto flags = v3;
+  flags.back() = std::byte{2};
+  EXPECT_NE(DecodeEnd(flags).status().message().find("END.flags"),
             std::string::npos);
 }
 
@@ -270,9 +344,9 @@ TEST(MessagesTest, EndWithAndWithoutTheSignedManifest) {
   auto relabeled = v2;
   relabeled[0] = std::byte{1};
   EXPECT_TRUE(DecodeEnd(relabeled).status().IsCorruption());
-  auto v3 = v2;
-  v3[0] = std::byte{3};
-  EXPECT_NE(DecodeEnd(v3).status().message().find("unknown message version 3"),
+  auto v4 = v2;
+  v4[0] = std::byte{4};
+  EXPECT_NE(DecodeEnd(v4).status().message().find("unknown message version 4"),
             std::string::npos);
   // Other messages stay at version 1.
   auto hello = EncodeHello(HelloMsg{"a0", kRoleRelay, 1});

@@ -655,6 +655,37 @@ TEST_F(CrashRecoveryTest, AYesVoteIsNeverRestored) {
   EXPECT_TRUE(store_->InProgress().has_value());
 }
 
+// A PLAN that left the target's digest to END: the record names the target
+// step with a zero digest, and the yes vote in the journal supplies it.
+TEST_F(CrashRecoveryTest, AYesVoteForATargetLearnedAtEndIsPrepared) {
+  ASSERT_FALSE(BootId().empty());
+  const Version target = plan_.target;
+  plan_.target.digest = Digest128{};
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(store_->InProgress()->target, plan_.target);
+  for (const auto& c : xor_chunks_) {
+    ASSERT_TRUE(s->Apply(c, decoder_.get()).ok());
+  }
+  s->LearnTarget(target, {});
+  ASSERT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
+  Crash(std::move(s));
+  RefitSession::CrashRecovery r = Recover(BootId());
+  EXPECT_EQ(r.outcome, Outcome::kPrepared) << r.detail;
+  ASSERT_TRUE(r.unfinished);
+  EXPECT_EQ(r.unfinished->target, target);
+  // The resumed coordinator's PLAN names the decided target: the relay
+  // rejoins (same refit, same step) and commits it.
+  plan_.target = target;
+  RefitSession::Options o;
+  o.rejoin = true;
+  auto rejoined = Begin(o);
+  ASSERT_TRUE(rejoined);
+  ASSERT_TRUE(rejoined->Commit().ok());
+  EXPECT_EQ(store_->committed(), target);
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
 TEST_F(CrashRecoveryTest, ARejoinedSessionRecordsItsYesVoteToo) {
   ASSERT_FALSE(BootId().empty());
   auto s = Begin();

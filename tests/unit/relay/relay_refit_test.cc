@@ -238,15 +238,25 @@ class RelayRefitStoreTest : public RelayRefitTest {
                                         std::move(session));
   }
 
-  // Planned, every chunk, END; waits for the applies (the completion event
-  // the relay would get) and votes.
-  NodeResult StreamAndVote(RelayRefit& r) {
+  // The END of every chunk, naming `target` (version 3) if given.
+  EndMsg End(std::optional<Version> target = std::nullopt,
+             std::vector<Digest128> tensor_digests = {}) const {
+    EndMsg end{ids_.size(), ChunkIdsDigest(ids_)};
+    end.target = target;
+    end.target_tensor_digests = std::move(tensor_digests);
+    return end;
+  }
+
+  // Planned, every chunk, `end`; waits for the applies (the completion
+  // event the relay would get) and votes.
+  NodeResult StreamAndVote(RelayRefit& r) { return StreamAndVote(r, End()); }
+  NodeResult StreamAndVote(RelayRefit& r, const EndMsg& end) {
     EXPECT_TRUE(r.Planned().ok());
     for (const auto& c : chunks_) {
       EXPECT_TRUE(r.Chunk().ok());
       r.Apply(c, *c);
     }
-    EXPECT_TRUE(r.End(EndMsg{ids_.size(), ChunkIdsDigest(ids_)}).ok());
+    EXPECT_TRUE(r.End(end).ok());
     while (!r.WantsLocalWork()) std::this_thread::yield();
     EXPECT_TRUE(r.Vote().ok());
     auto vote = r.Voted();
@@ -279,6 +289,64 @@ TEST_F(RelayRefitStoreTest, CommitsTheTargetWhenInTheCommitSet) {
   EXPECT_EQ(done->reply, FrameType::kCommitReply);
   EXPECT_EQ(store_->committed(), plan_.target);
   EXPECT_TRUE(StoreHolds(target_));
+}
+
+// A PLAN that leaves the target's digest to END (the root hashes the target
+// while it streams): the relay votes and commits the target END names,
+// and refuses an END that names none or contradicts the PLAN.
+TEST_F(RelayRefitStoreTest, TheTargetNamedAtEndIsVotedAndCommitted) {
+  const Version target = plan_.target;
+  std::vector<Digest128> tensors;
+  for (const Bytes& t : target_) tensors.push_back(Hash128(t));
+  ASSERT_EQ(VersionDigest(plan_.manifest, tensors), target.digest);
+  plan_.target.digest = Digest128{};
+  ASSERT_TRUE(plan_.target_at_end());
+  // Each bad END: the vote is a rejection naming why, and the abort
+  // restores the base.
+  struct Bad {
+    EndMsg end;
+    std::string why;
+  };
+  std::vector<Digest128> wrong = tensors;
+  wrong[0].low ^= 1;
+  for (const Bad& bad : {
+           Bad{End(), "END names none"},
+           Bad{End(Version{target.step + 1, target.digest}, tensors),
+               "END names target step 3, the PLAN step 2"},
+           Bad{End(target, wrong), "do not make its target digest"},
+       }) {
+    SCOPED_TRACE(bad.why);
+    auto r = Begin();
+    NodeResult vote = StreamAndVote(*r, bad.end);
+    EXPECT_EQ(vote.code, NodeCode::kRejected);
+    EXPECT_NE(vote.detail.find(bad.why), std::string::npos) << vote.detail;
+    ASSERT_TRUE(r->Abort().ok());
+    ASSERT_TRUE(r->Finish().ok());
+    ASSERT_TRUE(r->Conclude().ok());
+    EXPECT_TRUE(StoreHolds(base_));
+  }
+  auto r = Begin();
+  NodeResult vote = StreamAndVote(*r, End(target, tensors));
+  EXPECT_EQ(vote.code, NodeCode::kOk) << vote.detail;
+  EXPECT_EQ(vote.version, target);
+  EXPECT_EQ(r->plan().target, target);
+  ASSERT_TRUE(r->Commit(CommitSet({"n0"})).ok());
+  ASSERT_TRUE(r->Finish().ok());
+  auto done = r->Conclude();
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(done->committed);
+  EXPECT_EQ(store_->committed(), target);
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
+// A PLAN that named the target: an END naming another one is refused.
+TEST_F(RelayRefitStoreTest, AnEndContradictingThePlansTargetIsRefused) {
+  auto r = Begin();
+  Version other = plan_.target;
+  other.digest.high ^= 1;
+  NodeResult vote = StreamAndVote(*r, End(other));
+  EXPECT_EQ(vote.code, NodeCode::kRejected);
+  EXPECT_NE(vote.detail.find("the PLAN"), std::string::npos) << vote.detail;
 }
 
 TEST_F(RelayRefitStoreTest, NotInTheCommitSetRestoresTheBase) {
