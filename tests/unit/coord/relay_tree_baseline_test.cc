@@ -1,0 +1,197 @@
+// root.baseline and the target across a refit, over the fake transport:
+// a target file changed under a running refit, and --resume after the
+// coordinator stopped, with or without a decision.
+#include "relay_tree_fixture.h"
+
+namespace dcr {
+namespace {
+
+// The target file changes after the decision (the trainer wrote the next
+// step over it): root.baseline took the target's bits while the refit
+// streamed, so the relays and the baseline commit the bits the relays
+// verified, and the history keeps the delta.
+TEST_F(RelayTreeTest, ATargetChangedAfterTheDecisionChangesNothing) {
+  SeedAll(0);
+  StartAll();
+  std::string a = *ReadFileToString(Ckpt(0)), b = *ReadFileToString(Ckpt(1));
+  ASSERT_EQ(a.size(), b.size());
+  size_t at = a.size() - 1;
+  while (at > 0 && a[at] == b[at]) --at;
+  ASSERT_NE(a[at], b[at]);
+  std::string v1_copy;
+  auto refit = RefitToACopyOfV1("coord.before_commit=delay(1500)", &v1_copy);
+  const std::string decisions = dir_.Path("state/decisions");
+  ASSERT_TRUE(WaitUntil([&] {
+    std::error_code ec;
+    return std::filesystem::exists(decisions, ec) &&
+           !std::filesystem::is_empty(decisions, ec);
+  })) << "no decision within 30 s";
+  {
+    std::fstream f(v1_copy, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(b[at] ^ 0x01));
+  }
+  RefitReport r = refit.get();
+  DisarmFailpoints();
+  EXPECT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  EXPECT_EQ(r.reason, "");
+  EXPECT_GT(r.baseline_in_stream_seconds, 0);
+  const Digest128 v1 = DigestOf(Ckpt(1));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+  }
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v1);
+  bool recorded = false;
+  std::error_code ec;
+  for (const auto& e :
+       std::filesystem::directory_iterator(dir_.Path("state/history"), ec)) {
+    recorded |= e.path().filename().string().find("000000000001-") == 0;
+  }
+  EXPECT_TRUE(recorded) << "no history file for step 1";
+  EXPECT_EQ(Refit(2).outcome, RefitOutcome::kCommitted);
+}
+
+// The target file changes while the refit runs, after the baseline took
+// some of its bits: the refit aborts before deciding and root.baseline goes
+// back to the base from its undo log (the history record) and the target.
+// Replaced by a rename (how checkpoints are written), the mapped old file
+// still holds the bits the baseline took: restored at once, checked by
+// digest. Rewritten in place, the undo cannot be exact: the baseline stays
+// flagged until the file is put back and --resume restores it.
+class TargetChangedTest : public RelayTreeTest,
+                          public ::testing::WithParamInterface<bool> {};
+
+TEST_P(TargetChangedTest, DuringTheRefitAbortsAndRestoresTheBase) {
+  const bool in_place = GetParam();
+  SeedAll(0);
+  StartAll();
+  std::string v1_copy;
+  auto refit = RefitToACopyOfV1("coord.after_stream=delay(1500)", &v1_copy);
+  // The baseline flags the refit before its first write (this model's
+  // writes all come at the end of the stream); then the failpoint holds
+  // the run before the vote while the target changes.
+  const std::string record = dir_.Path("base.safetensors.dcr-version");
+  ASSERT_TRUE(WaitUntil([&] {
+    auto rec = ReadVersionRecord(record);
+    return rec.ok() && *rec && (*rec)->in_progress.has_value();
+  })) << "root.baseline never flagged the refit";
+  std::string v1 = *ReadFileToString(Ckpt(1));
+  std::string changed = v1;
+  changed.back() = static_cast<char>(changed.back() ^ 0x7f);
+  if (in_place) {
+    std::fstream f(v1_copy, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put(changed.back());
+  } else {
+    ASSERT_TRUE(WriteFileAtomic(v1_copy, std::as_bytes(std::span(changed)))
+                    .ok());  // tmp + rename
+  }
+  RefitReport r = refit.get();
+  DisarmFailpoints();
+  EXPECT_EQ(r.outcome, RefitOutcome::kAborted) << r.ToJson();
+  EXPECT_THAT(r.reason, ::testing::HasSubstr("changed during the refit"));
+  const Digest128 v0 = DigestOf(Ckpt(0));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v0) << n;
+  }
+  auto rec = ReadVersionRecord(record);
+  ASSERT_TRUE(rec.ok() && *rec);
+  if (in_place) {
+    // Flagged, and resumable once the target holds its bits again.
+    EXPECT_TRUE((*rec)->in_progress.has_value());
+    EXPECT_TRUE(std::filesystem::exists(dir_.Path("state/current.json")));
+    EXPECT_FALSE(RunRefit(OptionsFor(1)).ok());
+    {
+      std::fstream f(v1_copy, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(-1, std::ios::end);
+      f.put(v1.back());
+    }
+    RefitOptions o = ResumeOptions();
+    auto resumed = ResumeRefit(o);
+    ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+    EXPECT_EQ(resumed->outcome, RefitOutcome::kAborted);
+    rec = ReadVersionRecord(record);
+    ASSERT_TRUE(rec.ok() && *rec);
+  }
+  EXPECT_FALSE((*rec)->in_progress.has_value());
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v0);
+  EXPECT_FALSE(std::filesystem::exists(dir_.Path("state/current.json")));
+  EXPECT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
+}
+
+INSTANTIATE_TEST_SUITE_P(ReplacedOrRewritten, TargetChangedTest,
+                         ::testing::Values(false, true),
+                         [](const auto& param_info) {
+                           return param_info.param ? "InPlace" : "Renamed";
+                         });
+
+TEST_F(RelayTreeTest, ResumeCommitsWhatTheStoppedCoordinatorDecided) {
+  SeedAll(0);
+  StartAll();
+  RefitReport stopped = Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
+    o.TEST_crash_after_decision = true;
+  });
+  EXPECT_TRUE(std::filesystem::exists(dir_.Path("state/current.json")));
+  // The relays voted and wait for the decision (prepared), at the target's
+  // bits but not committed.
+  for (const auto& n : kRelays) {
+    for (int i = 0; i < 500 && relays_[n]->Stats().state != "voted"; ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_EQ(relays_[n]->Stats().state, "voted") << n;
+    EXPECT_FALSE(relays_[n]->Stats().committed.has_value()) << n;
+  }
+  // root.baseline took the target's bits while streaming and still flags
+  // the refit in progress: nothing is committed before the decision is
+  // carried out.
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), DigestOf(Ckpt(1)));
+  {
+    auto rec = ReadVersionRecord(dir_.Path("base.safetensors.dcr-version"));
+    ASSERT_TRUE(rec.ok() && *rec && (*rec)->in_progress);
+    EXPECT_EQ((*rec)->in_progress->refit, stopped.refit);
+  }
+  RefitOptions o = ResumeOptions();
+  auto r = ResumeRefit(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->outcome, RefitOutcome::kCommitted) << r->ToJson();
+  EXPECT_EQ(r->refit, stopped.refit);
+  EXPECT_GT(r->epoch, stopped.epoch);
+  EXPECT_FALSE(std::filesystem::exists(dir_.Path("state/current.json")));
+  Digest128 v1 = DigestOf(Ckpt(1));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+    EXPECT_EQ(*relays_[n]->Stats().committed, stopped.target) << n;
+  }
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v1);
+  // Nothing left to resume; the tree moves on.
+  EXPECT_TRUE(ResumeRefit(o).status().IsNotFound());
+  EXPECT_EQ(Refit(2).outcome, RefitOutcome::kCommitted);
+}
+
+TEST_F(RelayTreeTest, ResumeWithoutADecisionAbortsAndRestoresEveryBase) {
+  SeedAll(0);
+  StartAll();
+  RefitReport stopped = Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
+    o.TEST_crash_after_decision = true;
+  });
+  // As if it had stopped just before writing its decision.
+  std::filesystem::remove(
+      dir_.Path("state/decisions/" + stopped.refit.ToHex() + ".json"));
+  RefitOptions o = ResumeOptions();
+  auto r = ResumeRefit(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->outcome, RefitOutcome::kAborted) << r->ToJson();
+  Digest128 v0 = DigestOf(Ckpt(0));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v0) << n;
+  }
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v0);
+  EXPECT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
+}
+
+}  // namespace
+}  // namespace dcr
