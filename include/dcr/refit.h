@@ -201,7 +201,7 @@ struct RefitReport {
   // Bytes carried per link class ("wan", "lan") by the tree's edges that
   // reached a node in the refit: each edge carries the stream once.
   std::map<std::string, uint64_t> link_class_bytes;
-  double prepare_seconds = 0;  // load and hash target (and baseline)
+  double prepare_seconds = 0;  // open target and baseline, epoch, state
   double plan_seconds = 0;     // PLAN sent to the last PLAN_REPLY
   double stream_seconds = 0;   // first chunk to END sent
   double vote_seconds = 0;     // END sent to the last vote
@@ -213,6 +213,11 @@ struct RefitReport {
   // transfer; part of stream_seconds only where the transfer did not hide
   // it). 0 when the baseline was updated after the decision instead.
   double baseline_in_stream_seconds = 0;
+  // Time the encoder's workers spent hashing the target for its digests
+  // (which END carries), summed over workers: part of stream_seconds, and
+  // no longer a pass before PLAN. 0 when the target was hashed before PLAN
+  // (named nodes) or not at all.
+  double hashed_in_stream_seconds = 0;
   std::vector<NodeOutcome> nodes;  // every receiver in tree order
   std::vector<CatchUpReport> catch_up;
 

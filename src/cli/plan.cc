@@ -56,17 +56,12 @@ std::string Secs(double s) {
 }
 
 nlohmann::json EstimateJson(const RefitEstimate& e) {
-  return {{"payload_bytes", e.payload_bytes},
-          {"transfer_s", e.transfer_s},
-          {"encode_s", e.encode_s},
-          {"apply_s", e.apply_s},
-          {"stream_s", e.stream_s},
-          {"prepare_s", e.prepare_s},
-          {"verify_s", e.verify_s},
-          {"baseline_s", e.baseline_s},
-          {"commit_s", e.commit_s},
-          {"control_s", e.control_s},
-          {"total_s", e.total_s},
+  return {{"payload_bytes", e.payload_bytes}, {"transfer_s", e.transfer_s},
+          {"encode_s", e.encode_s},           {"apply_s", e.apply_s},
+          {"stream_s", e.stream_s},           {"prepare_s", e.prepare_s},
+          {"target_hash_s", e.target_hash_s}, {"verify_s", e.verify_s},
+          {"baseline_s", e.baseline_s},       {"commit_s", e.commit_s},
+          {"control_s", e.control_s},         {"total_s", e.total_s},
           {"bottleneck", e.bottleneck}};
 }
 
@@ -243,11 +238,12 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
       "\nThe model (docs/SCALE.md): the delta's payload is the model size "
       "times a payload\nratio measured per change rate; it streams at the "
       "slowest path's bandwidth\nwhile the root encodes and relays apply "
-      "(and hash what the stream has passed,\nfor the vote). Before it the "
-      "root hashes the target; it writes the changed\nspans into "
-      "root.baseline as it encodes them (in the encode column). The "
-      "full\nrefit sends zstd-compressed dense spans through the same tree "
-      "and writes\nroot.baseline after the decision (its commit column).\n\n"
+      "(and hash what the stream has passed,\nfor the vote). The root hashes "
+      "the target\nand writes the changed "
+      "spans into root.baseline as it encodes them (both in\nthe encode "
+      "column; END names the target's digests). The full refit sends\n"
+      "zstd-compressed dense spans through the same tree and writes "
+      "root.baseline\nafter the decision (its commit column).\n\n"
       "Examples:\n"
       "  dcr plan --topology topology/two-region.yaml --params 1T "
       "--change-rate 3%\n"

@@ -68,12 +68,16 @@ std::string Pct(uint64_t part, uint64_t whole) {
 }
 
 void PrintReport(const RefitReport& r) {
-  std::printf("refit %s %s: step %llu -> %llu (%s) in %.3f s\n",
-              r.refit.ToHex().c_str(),
-              std::string(RefitOutcomeName(r.outcome)).c_str(),
-              static_cast<unsigned long long>(r.base.step),
-              static_cast<unsigned long long>(r.target.step),
-              r.target.digest.ShortHex().c_str(), r.total_seconds);
+  // (A refit that ended before the stream hashed its target does not know
+  // the target's digest.)
+  std::printf(
+      "refit %s %s: step %llu -> %llu (%s) in %.3f s\n",
+      r.refit.ToHex().c_str(), std::string(RefitOutcomeName(r.outcome)).c_str(),
+      static_cast<unsigned long long>(r.base.step),
+      static_cast<unsigned long long>(r.target.step),
+      r.target.digest == Digest128{} ? "digest not computed"
+                                     : r.target.digest.ShortHex().c_str(),
+      r.total_seconds);
   if (!r.reason.empty()) std::printf("  %s\n", r.reason.c_str());
   bool streamed = r.stream_seconds > 0;
   if (streamed && r.chunks == 0) {
@@ -108,6 +112,11 @@ void PrintReport(const RefitReport& r) {
       "commit %.3f s\n",
       r.prepare_seconds, r.plan_seconds, r.stream_seconds, r.vote_seconds,
       r.commit_seconds);
+  if (r.hashed_in_stream_seconds > 0) {
+    std::printf(
+        "  target hashed during the stream: %.3f s of the encoder's workers\n",
+        r.hashed_in_stream_seconds);
+  }
   if (r.baseline_in_stream_seconds > 0) {
     std::printf("  root.baseline updated during the stream: %.3f s\n",
                 r.baseline_in_stream_seconds);
@@ -323,7 +332,9 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
   // The last refit's target, when it committed somewhere.
   std::optional<Version> last_target;
   if (last.is_object() && last.value("outcome", "") != "aborted" &&
-      last.contains("target")) {
+      last.contains("target") && last["target"].is_object() &&
+      last["target"].contains("digest") &&
+      last["target"]["digest"].is_string()) {
     auto d = Digest128::FromHex(last["target"].value("digest", ""));
     if (d.ok()) {
       last_target = Version{last["target"].value("step", uint64_t{0}), *d};
@@ -374,15 +385,20 @@ int RunStatusCommand(const std::string& path, const std::string& timeout_text,
           {"state", std::string(NodeStateName(StateOf(n, baseline_version)))},
           {"serving_ready", ServingReady(StateOf(n, baseline_version))}};
       if (n.store.unfinished) {
-        j["unfinished"] = {{"refit", n.store.unfinished->ToHex()},
-                           {"base",
-                            {{"step", n.store.base.step},
-                             {"digest", n.store.base.digest.ToHex()}}},
-                           {"target",
-                            {{"step", n.store.target.step},
-                             {"digest", n.store.target.digest.ToHex()}}},
-                           {"prepared", n.store.prepared},
-                           {"repairing", n.store.repairing}};
+        j["unfinished"] = {
+            {"refit", n.store.unfinished->ToHex()},
+            {"base",
+             {{"step", n.store.base.step},
+              {"digest", n.store.base.digest.ToHex()}}},
+            {"target",
+             {{"step", n.store.target.step},
+              // null: not known yet (the relay stopped
+              // before END named it).
+              {"digest", n.store.target.digest == Digest128{}
+                             ? nlohmann::json()
+                             : nlohmann::json(n.store.target.digest.ToHex())}}},
+            {"prepared", n.store.prepared},
+            {"repairing", n.store.repairing}};
       } else {
         j["unfinished"] = nullptr;
       }

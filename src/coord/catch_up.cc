@@ -174,10 +174,18 @@ void CatchUpBehind(const RefitOptions& options,
         seed.push_back(r.node);
         continue;
       }
-      RepairPlan plan = PlanRepair(history, r.store, to);
+      StoreCondition c = r.store;
+      if (c.target.digest == Digest128{}) {
+        // The relay stopped before END named the target: a commit
+        // decision names it (an abort leaves it unknown; its delta is
+        // found by refit id).
+        auto d = state.ReadDecision(*c.unfinished);
+        if (d.ok() && *d && (*d)->commit) c.target = (*d)->target;
+      }
+      RepairPlan plan = PlanRepair(history, c, to);
       Feed f;
-      f.repaired = *r.store.unfinished;
-      f.from = r.store.target;
+      f.repaired = *c.unfinished;
+      f.from = c.target;
       if (plan.by == RepairPlan::By::kUnion) {
         f.method = "repair";
         f.history =

@@ -62,8 +62,11 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
   e.payload_bytes = payload;
   e.transfer_s = payload / (bottleneck_Bps * p.efficiency);
   e.baseline_s = shape.model_bytes / (p.baseline_rate * p.root_cores);
+  const double root_hash_rate =
+      p.root_hash_rate > 0 ? p.root_hash_rate : p.hash_rate;
+  e.target_hash_s = shape.model_bytes / (root_hash_rate * p.root_cores);
   e.encode_s = shape.model_bytes / (encode_rate * p.root_cores) +
-               (baseline_in_stream ? e.baseline_s : 0);
+               e.target_hash_s + (baseline_in_stream ? e.baseline_s : 0);
   e.apply_s = shape.model_bytes / (apply_rate * p.relay_cores);
   double slowest = std::max({e.transfer_s, e.encode_s, e.apply_s});
   e.bottleneck = slowest == e.transfer_s ? "transfer"
@@ -71,9 +74,7 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
                                          : "apply";
   double hops = shape.depth * p.hop_overhead_s + shape.path_latency_s;
   e.stream_s = slowest + hops;
-  const double root_hash_rate =
-      p.root_hash_rate > 0 ? p.root_hash_rate : p.hash_rate;
-  e.prepare_s = shape.model_bytes / (root_hash_rate * p.root_cores);
+  e.prepare_s = 0;
   // Relays hash each tensor once the stream has moved past it
   // (relay/refit_session.h, "Hashing ahead"), in the time applying leaves
   // their cores idle; what does not fit there is the vote's tail.

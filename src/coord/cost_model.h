@@ -8,11 +8,14 @@
 //   full payload   = model_bytes * full_ratio        (zstd dense overwrite)
 //   transfer       = payload / (bottleneck path bandwidth * efficiency)
 //   encode         = model_bytes / (encode rate(change rate) * root cores)
+//                    + hash (the root hashes the target for its digests as
+//                    it encodes it; END names them, coord/target_digests.h)
+//   hash           = model_bytes / (root hash rate * root cores)
 //   apply          = model_bytes / (apply rate(change rate) * relay cores)
 //   stream         = max(transfer, encode, apply)
 //                    + depth * (hop latency + hop overhead)   (pipeline fill)
-//   prepare        = model_bytes / (root hash rate * root cores)  (the
-//                    root hashes the target)
+//   prepare        = 0: nothing proportional before PLAN (opening the
+//                    files and the state is in the fixed overhead)
 //   verify         = model_bytes / (hash rate * relay cores)  (every vote
 //                    hashes the whole store)
 //   baseline       = model_bytes / (baseline rate * root cores)  (the
@@ -66,9 +69,8 @@ struct CostParameters {
   double full_encode_rate = 0.24e9;  // zstd-1 of dense spans, per core
   double full_apply_rate = 0.67e9;   // decompress + copy, per core
   double hash_rate = 3.4e9;          // store digest at the vote, per core
-  // The root's hash of the target before PLAN, per core; 0: hash_rate.
-  // (On a shared test machine the relays hash at a fraction of a core
-  // while the root, hashing before any relay works, has its cores.)
+  // The root's hash of the target (in its encoding pass), per core; 0:
+  // hash_rate.
   double root_hash_rate = 0;
   // The root's pass over root.baseline at commit (write the changed spans,
   // hash every span), per core.
@@ -105,8 +107,10 @@ struct RefitEstimate {
   double transfer_s = 0;
   double encode_s = 0;
   double apply_s = 0;
-  double stream_s = 0;  // max(transfer, encode, apply) + pipeline fill
-  double prepare_s = 0;
+  double stream_s = 0;   // max(transfer, encode, apply) + pipeline fill
+  double prepare_s = 0;  // before PLAN: nothing proportional to the model
+  // The root's hash of the target: within encode_s (hashed as it streams).
+  double target_hash_s = 0;
   // The relays' hashing for the vote that the stream could not hide:
   // max(0, store hash - (stream body - apply)).
   double verify_s = 0;

@@ -14,11 +14,12 @@ Result<std::unique_ptr<EndSigner>> EndSigner::Load(const std::string& key_file,
       new EndSigner(std::move(key), frames, span_elems));
 }
 
-Status EndSigner::CheckFits(uint64_t chunks) const {
-  // END: version, chunk count, ids digest, manifest length (varint), the
+Status EndSigner::CheckFits(uint64_t chunks, uint64_t tensors) const {
+  // END: version, chunk count, ids digest, the target (version, a varint
+  // count, a digest per tensor, flags), manifest length (varint), the
   // manifest, the signature.
-  constexpr uint64_t kOverhead =
-      1 + 8 + 16 + 10 + kManifestFixedBytes + kEd25519SignatureSize;
+  const uint64_t kOverhead = 1 + 8 + 16 + (24 + 10 + 16 * tensors + 1) + 10 +
+                             kManifestFixedBytes + kEd25519SignatureSize;
   uint64_t limit =
       std::min<uint64_t>(frames_.max_payload, kMaxEndManifestBytes);
   uint64_t max_chunks = std::min<uint64_t>(
@@ -36,7 +37,8 @@ Status EndSigner::CheckFits(uint64_t chunks) const {
 }
 
 Status EndSigner::Sign(const RefitManifest& manifest, EndMsg* end) const {
-  DCR_RETURN_IF_ERROR(CheckFits(manifest.chunks.size()));
+  DCR_RETURN_IF_ERROR(
+      CheckFits(manifest.chunks.size(), end->target_tensor_digests.size()));
   end->manifest = EncodeManifest(manifest);
   DCR_ASSIGN_OR_RETURN(Ed25519Signature sig,
                        SignManifest(end->manifest, *key_));

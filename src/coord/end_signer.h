@@ -30,11 +30,12 @@ class EndSigner {
                                                  uint64_t span_elems);
 
   // ResourceExhausted when a manifest of `chunks` entries would not fit in
-  // one END frame.
-  Status CheckFits(uint64_t chunks) const;
+  // one END frame beside the digests of `tensors` tensors.
+  Status CheckFits(uint64_t chunks, uint64_t tensors) const;
 
   // Puts `manifest` (its chunks the ones sent, in order), encoded and
-  // signed, into `end`. ResourceExhausted as CheckFits.
+  // signed, into `end` (its target already set, if it names one).
+  // ResourceExhausted as CheckFits.
   Status Sign(const RefitManifest& manifest, EndMsg* end) const;
 
  private:

@@ -110,7 +110,9 @@ Result<std::string> DeltaHistory::Aborted(const RefitId& refit,
                     refit.ToHex()));
   }
   DCR_ASSIGN_OR_RETURN(auto reader, DeltaReader::Open(path));
-  if (reader->header().target != target) {
+  const Version& t = reader->header().target;
+  if (t.step != target.step ||
+      (target.digest != Digest128{} && t.digest != target.digest)) {
     return Status::NotFound(
         fmt::format("{} is not the delta of refit {} to step {} ({})", path,
                     refit.ToHex(), target.step, target.digest.ShortHex()));
@@ -128,16 +130,35 @@ std::string DeltaHistory::PathFor(const Version& target) const {
                      target.digest.ShortHex(), kSuffix);
 }
 
-Result<std::unique_ptr<DeltaWriter>> DeltaHistory::Record(
-    const Version& target) const {
-  if (keep_ == 0) return std::unique_ptr<DeltaWriter>();
+namespace {
+
+// Where refit `refit`'s record is created; DeltaWriter writes to this path
+// + ".tmp" until it is finished under its real name.
+std::string RecordingPath(const DeltaHistory& history, const RefitId& refit) {
+  return fmt::format("{}/{}{}", history.dir(), refit.ToHex(), kSuffix);
+}
+
+Result<std::unique_ptr<DeltaWriter>> CreateWriter(const DeltaHistory& history,
+                                                  const std::string& path) {
+  if (history.keep() == 0) return std::unique_ptr<DeltaWriter>();
   std::error_code ec;
-  fs::create_directories(dir_, ec);
+  fs::create_directories(history.dir(), ec);
   if (ec) {
     return Status::IOError(
-        fmt::format("cannot create {}: {}", dir_, ec.message()));
+        fmt::format("cannot create {}: {}", history.dir(), ec.message()));
   }
-  return DeltaWriter::Create(PathFor(target));
+  return DeltaWriter::Create(path);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DeltaWriter>> DeltaHistory::Record(
+    const Version& target) const {
+  return CreateWriter(*this, PathFor(target));
+}
+
+std::string DeltaHistory::TmpPathFor(const RefitId& refit) const {
+  return RecordingPath(*this, refit) + ".tmp";
 }
 
 Status DeltaHistory::Prune() {
@@ -178,18 +199,16 @@ Status DeltaHistory::Prune() {
 }
 
 HistoryRecording::HistoryRecording(const DeltaHistory& history,
-                                   const Version& target) {
-  auto record = history.Record(target);
+                                   const RefitId& refit)
+    : history_(history) {
+  auto record = CreateWriter(history, RecordingPath(history, refit));
   if (!record.ok()) {
     spdlog::warn("not recording this delta for catch-up: {}",
                  record.status().ToString());
     return;
   }
   writer_ = *std::move(record);
-  if (writer_) {
-    path_ = history.PathFor(target);
-    tmp_path_ = writer_->tmp_path();
-  }
+  if (writer_) tmp_path_ = writer_->tmp_path();
   aborted_path_ = history.AbortedDir();
 }
 
@@ -239,13 +258,15 @@ void HistoryRecording::Append(std::span<const std::byte> chunk) {
 
 std::optional<std::string> HistoryRecording::Finish(const DeltaHeader& header) {
   if (!writer_) return std::nullopt;
+  const std::string path = history_.PathFor(header.target);
+  writer_->set_path(path);
   Status s = writer_->Finish(header);
   Drop();
   if (!s.ok()) {
     spdlog::warn("not recording this delta for catch-up: {}", s.ToString());
     return std::nullopt;
   }
-  return path_;
+  return path;
 }
 
 Result<std::vector<std::string>> DeltaHistory::Chain(const Version& from,

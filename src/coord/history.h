@@ -56,6 +56,11 @@ class DeltaHistory {
   // when keep() is 0.
   Result<std::unique_ptr<DeltaWriter>> Record(const Version& target) const;
 
+  // The temporary file of refit `refit`'s record while it runs (named by
+  // the refit: the target's digest is known only after the stream). It is
+  // root.baseline's undo log until the refit ends (coord/baseline_stream.h).
+  std::string TmpPathFor(const RefitId& refit) const;
+
   // Removes every delta file but the `keep` with the highest target steps
   // (and temporary files of refits that never finished), and quarantined
   // files but the kQuarantineKept newest.
@@ -75,7 +80,8 @@ class DeltaHistory {
   std::string AbortedPathFor(const RefitId& refit) const;
   // The kept delta of the aborted refit `refit` to `target` (its base in
   // *base): NotFound when none is kept (or it is not that refit's),
-  // Corruption naming it when it does not read to its end.
+  // Corruption naming it when it does not read to its end. A zero target
+  // digest matches any target of its step (the refit's id names the file).
   Result<std::string> Aborted(const RefitId& refit, const Version& target,
                               Version* base) const;
 
@@ -116,15 +122,16 @@ class HistoryRecording {
   HistoryRecording& operator=(HistoryRecording&& other) {
     Drop();
     writer_ = std::move(other.writer_);
-    path_ = std::move(other.path_);
+    history_ = std::move(other.history_);
     tmp_path_ = std::move(other.tmp_path_);
     aborted_path_ = std::move(other.aborted_path_);
     pinned_ = other.pinned_;
     return *this;
   }
-  // Records the delta to `target` in `history` (nothing when it keeps
-  // none).
-  HistoryRecording(const DeltaHistory& history, const Version& target);
+  // Records refit `refit`'s delta in `history` (nothing when it keeps
+  // none), in DeltaHistory::TmpPathFor(refit) until Finish names it by its
+  // target.
+  HistoryRecording(const DeltaHistory& history, const RefitId& refit);
 
   bool active() const { return writer_ != nullptr; }
   // Appends one chunk, in stream order.
@@ -141,8 +148,9 @@ class HistoryRecording {
   void Pin() { pinned_ = true; }
   // The temporary file ("" when nothing was recorded).
   const std::string& undo_path() const { return tmp_path_; }
-  // Makes the record durable under `header`; its path, or nullopt when
-  // nothing was recorded or it failed.
+  // Makes the record durable under `header`, as DeltaHistory::PathFor(
+  // header.target); that path, or nullopt when nothing was recorded or it
+  // failed.
   std::optional<std::string> Finish(const DeltaHeader& header);
   // The refit `refit` aborted: keeps the record apart from the chain
   // (DeltaHistory::AbortedPathFor), for the repair of relays that died
@@ -155,7 +163,7 @@ class HistoryRecording {
   void Drop();
 
   std::unique_ptr<DeltaWriter> writer_;
-  std::string path_;
+  DeltaHistory history_{"", 0};
   std::string tmp_path_;
   std::string aborted_path_;
   bool pinned_ = false;

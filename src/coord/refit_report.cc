@@ -135,7 +135,8 @@ std::string RefitReport::ToJson() const {
         {"vote", vote_seconds},
         {"commit", commit_seconds},
         {"total", total_seconds},
-        {"baseline_in_stream", baseline_in_stream_seconds}}},
+        {"baseline_in_stream", baseline_in_stream_seconds},
+        {"hashed_in_stream", hashed_in_stream_seconds}}},
       {"nodes", nodes_json}};
   nlohmann::json catch_up_json = nlohmann::json::array();
   for (const CatchUpReport& c : catch_up) {
@@ -233,8 +234,9 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
   }
   DCR_ASSIGN_OR_RETURN(const nlohmann::json* seconds, f.Object("seconds"));
   StateJson sf(*seconds, file, "seconds.");
-  DCR_RETURN_IF_ERROR(sf.OnlyFields({"prepare", "plan", "stream", "vote",
-                                     "commit", "total", "baseline_in_stream"}));
+  DCR_RETURN_IF_ERROR(
+      sf.OnlyFields({"prepare", "plan", "stream", "vote", "commit", "total",
+                     "baseline_in_stream", "hashed_in_stream"}));
   DCR_ASSIGN_OR_RETURN(r.prepare_seconds, sf.Number("prepare"));
   DCR_ASSIGN_OR_RETURN(r.plan_seconds, sf.Number("plan"));
   DCR_ASSIGN_OR_RETURN(r.stream_seconds, sf.Number("stream"));
@@ -244,6 +246,10 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
   if (sf.Has("baseline_in_stream")) {  // since the baseline streams (issue 22)
     DCR_ASSIGN_OR_RETURN(r.baseline_in_stream_seconds,
                          sf.Number("baseline_in_stream"));
+  }
+  if (sf.Has("hashed_in_stream")) {  // since END names the target (issue 22)
+    DCR_ASSIGN_OR_RETURN(r.hashed_in_stream_seconds,
+                         sf.Number("hashed_in_stream"));
   }
   DCR_ASSIGN_OR_RETURN(const nlohmann::json* nodes, f.Array("nodes"));
   for (size_t i = 0; i < nodes->size(); ++i) {

@@ -39,7 +39,7 @@ Result<RefitReport> RefitRun::Run() {
       setup_.baseline) {
     record_ = HistoryRecording(
         DeltaHistory(setup_.state.HistoryDir(), topo.root.keep_deltas),
-        report_.target);
+        report_.refit);
   }
   if (setup_.target) target_stamps_ = FileStamps(*setup_.target);
   DCR_RETURN_IF_ERROR(WriteCurrent());
@@ -47,11 +47,14 @@ Result<RefitReport> RefitRun::Run() {
   auto t_prepared = Clock::now();
   report_.prepare_seconds = Seconds(t0, t_prepared);
   const Tree& tree = setup_.tree;
-  spdlog::info("refit {} (epoch {}): {} step {} -> {} ({}), {} receivers",
+  spdlog::info("refit {} (epoch {}): {} step {} -> {}{}, {} receivers",
                report_.refit.ToHex(), report_.epoch,
                options_.mode == RefitMode::kFull ? "full" : "delta",
                report_.base.step, report_.target.step,
-               report_.target.digest.ShortHex(), tree.nodes.size() - 1);
+               setup_.plan.target_at_end()
+                   ? ""
+                   : fmt::format(" ({})", report_.target.digest.ShortHex()),
+               tree.nodes.size() - 1);
   root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
                                      report_.refit, /*resume=*/false);
 
@@ -103,6 +106,15 @@ Result<RefitReport> RefitRun::Run() {
     report_.stream_seconds = Seconds(t_plan, t_stream);
     if (!produced.ok()) {
       report_.reason = "encoding failed: " + produced.ToString();
+    } else if (options_.mode == RefitMode::kDelta && target_at_end_ &&
+               report_.target.digest == report_.base.digest) {
+      // Known only now that the target is hashed: aborted, not refused
+      // before the PLAN (the relays restore nothing; no chunk was sent).
+      // (A catch-up may move nothing: it relabels.)
+      report_.reason = fmt::format(
+          "the target {} holds the same bits as the baseline (step {}): "
+          "nothing to refit",
+          options_.target, report_.base.step);
     } else {
       // 3. Vote (and repair).
       DCR_RETURN_IF_ERROR(phases_.Vote());
@@ -174,6 +186,15 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
                            : options_.mode == RefitMode::kFull
                                ? SpanEncoder::Kind::kFull
                                : SpanEncoder::Kind::kDiff;
+  // The first pass of a refit whose PLAN left the target's digests to END
+  // hashes the target as it encodes it.
+  std::unique_ptr<TargetDigests> digests;
+  if (!repair && setup_.plan.target_at_end() && setup_.target &&
+      (kind == SpanEncoder::Kind::kDiff || kind == SpanEncoder::Kind::kFull)) {
+    digests = std::make_unique<TargetDigests>(setup_.target.get(),
+                                              setup_.plan.span_elems);
+    eo.digests = digests.get();
+  }
   SpanEncoder encoder(eo, kind, std::move(tensors));
   // The baseline takes the target's bits as the delta streams, behind the
   // history record (its undo log): a whole-tree delta refit that records.
@@ -251,6 +272,18 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   }
   report_.chunks = streamed.chunks;
   report_.payload_bytes = streamed.payload_bytes;
+  if (digests && produced.ok()) {
+    // Whatever the pass did not reach (it hashed every span it encoded).
+    CheckpointDigests d = digests->Finish(setup_.pool.get());
+    report_.hashed_in_stream_seconds = digests->offered_seconds();
+    report_.target.digest = d.version;
+    setup_.plan.target = report_.target;
+    setup_.plan.target_tensor_digests = std::move(d.tensors);
+    target_at_end_ = true;
+    spdlog::info("target step {} is {} (hashed during the stream: {:.3f} s)",
+                 report_.target.step, report_.target.digest.ShortHex(),
+                 report_.hashed_in_stream_seconds);
+  }
   if (in_stream_) {
     report_.baseline_in_stream_seconds = in_stream_->seconds();
     spdlog::debug(
@@ -285,8 +318,13 @@ Status RefitRun::SignEnd(EndMsg* end) const {
 
 Result<bool> RefitRun::Vote() {
   for (int round = 0;; ++round) {
-    // END names every distinct chunk id sent so far.
+    // END names every distinct chunk id sent so far, and the target when
+    // the PLAN left it to END.
     EndMsg end = sent_.End();
+    if (target_at_end_) {
+      end.target = report_.target;
+      end.target_tensor_digests = setup_.plan.target_tensor_digests;
+    }
     root_->Expect(FrameType::kVote);
     Status s = SignEnd(&end);
     if (s.ok()) s = root_->SendDown(FrameType::kEnd, EncodeEnd(end));
@@ -544,13 +582,14 @@ Result<RefitReport> RefitRun::Resume() {
     // run died) or kept as aborted (its restore failed).
     DeltaHistory history(setup_.state.HistoryDir(),
                          options_.topology.root.keep_deltas);
-    std::string log = history.PathFor(report_.target) + ".tmp";
+    const std::string tmp = history.TmpPathFor(report_.refit);
+    std::string log = tmp;
     std::error_code ec;
     if (!std::filesystem::exists(log, ec)) {
       log = history.AbortedPathFor(report_.refit);
     }
     if (RestoreBaseline(log, /*verify=*/true)) {
-      std::filesystem::remove(history.PathFor(report_.target) + ".tmp", ec);
+      std::filesystem::remove(tmp, ec);
     }
   }
   DCR_RETURN_IF_ERROR(phases_.Decide(r.commit));

@@ -94,6 +94,8 @@ class RefitRun {
   // root.baseline updated as the delta streams (coord/baseline_stream.h);
   // null when it is updated after the decision.
   std::unique_ptr<BaselineInStream> in_stream_;
+  // END names the target (hashed in the first pass; the PLAN left it).
+  bool target_at_end_ = false;
   FileStamps target_stamps_;   // the target's files when the refit began
   bool keep_current_ = false;  // the baseline still needs --resume
 };

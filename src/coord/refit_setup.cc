@@ -178,41 +178,38 @@ Status CheckVersions(const RefitOptions& options, const HistoryFeed& feed,
       report->base = Version{0, baseline->Digests(setup->pool.get()).version};
     }
   }
-  *target_digests = target.ComputeDigests(setup->pool.get());
-  report->target = Version{report->base.step + 1, target_digests->version};
-  if (!options.only_nodes.empty()) {
-    if (!baseline || target_digests->version != report->base.digest) {
-      return Status::InvalidArgument(fmt::format(
-          "refitting named nodes seeds them with the tree's current version: "
-          "the target {} must hold the bits of root.baseline (step {}); "
-          "refit the whole tree to move to another version",
-          options.target, report->base.step));
-    }
-    report->target = report->base;
-    if (!feed.empty()) {
-      DCR_ASSIGN_OR_RETURN(
-          setup->composed,
-          ComposedDelta::Open(feed.files, target.manifest().digest(),
-                              topo.defaults.span_elems, feed.kind));
-    }
-    if (!feed.empty() && feed.kind == ComposedDelta::Kind::kChain) {
-      if (setup->composed->target() != report->target) {
-        return Status::InvalidArgument(fmt::format(
-            "the history chain ends at step {}, the baseline is step {}",
-            setup->composed->target().step, report->target.step));
-      }
-      report->base = setup->composed->base();
-    }
+  if (options.only_nodes.empty()) {
+    // The whole tree: the encoder hashes the target as it streams, and END
+    // names its digests (the PLAN goes out with a zero digest).
+    report->target = Version{report->base.step + 1, Digest128{}};
+    return Status::OK();
   }
+  // Named nodes are seeded with (or caught up to) the tree's version: the
+  // target must be the baseline's bits, checked before any relay is asked.
   // (A catch-up whose relays already hold the target's bits, the tree
   // having gone back to them, moves nothing and relabels them.)
-  if (options.mode == RefitMode::kDelta && baseline &&
-      options.only_nodes.empty() &&
-      report->target.digest == report->base.digest) {
+  *target_digests = target.ComputeDigests(setup->pool.get());
+  if (!baseline || target_digests->version != report->base.digest) {
     return Status::InvalidArgument(fmt::format(
-        "the target {} holds the same bits as the baseline (step {}): "
-        "nothing to refit",
+        "refitting named nodes seeds them with the tree's current version: "
+        "the target {} must hold the bits of root.baseline (step {}); "
+        "refit the whole tree to move to another version",
         options.target, report->base.step));
+  }
+  report->target = report->base;
+  if (!feed.empty()) {
+    DCR_ASSIGN_OR_RETURN(
+        setup->composed,
+        ComposedDelta::Open(feed.files, target.manifest().digest(),
+                            topo.defaults.span_elems, feed.kind));
+  }
+  if (!feed.empty() && feed.kind == ComposedDelta::Kind::kChain) {
+    if (setup->composed->target() != report->target) {
+      return Status::InvalidArgument(fmt::format(
+          "the history chain ends at step {}, the baseline is step {}",
+          setup->composed->target().step, report->target.step));
+    }
+    report->base = setup->composed->base();
   }
   return Status::OK();
 }
@@ -275,7 +272,9 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
     for (const TensorInfo& t : setup.target->manifest().tensors()) {
       spans += SpanCount(t.NumElements(), topo.defaults.span_elems);
     }
-    if (Status s = setup.signer->CheckFits(spans); !s.ok()) {
+    if (Status s =
+            setup.signer->CheckFits(spans, setup.target->manifest().size());
+        !s.ok()) {
       return Status::InvalidArgument(topo.source + ": " +
                                      std::string(s.message()));
     }
@@ -310,6 +309,9 @@ Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
   DCR_ASSIGN_OR_RETURN(std::optional<Decision> decision,
                        setup.state.ReadDecision(current.refit));
   if (decision) {
+    // current.json was written before the stream named the target's digest
+    // (it reads zero there); the decision holds it.
+    if (decision->commit) report->target = decision->target;
     resumption->commit = decision->commit;
     resumption->commit_set.insert(decision->commit_set.begin(),
                                   decision->commit_set.end());

@@ -43,6 +43,7 @@ RepairPlan PlanRepair(const DeltaHistory& history, const StoreCondition& c,
   // R's own change set, unless the chain covers it (R committed, or R went
   // between two versions of the chain).
   const bool covered =
+      target.digest != Digest128{} &&
       std::find(reached.begin(), reached.end(), target) != reached.end();
   if (!covered) {
     // Its base is the record's, or a later version of the chain (after a

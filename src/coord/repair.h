@@ -49,7 +49,9 @@ struct RepairPlan {
 };
 
 // How to bring a store in condition `c` (unfinished set) to the version
-// `to`, the baseline's.
+// `to`, the baseline's. A target with a zero digest (the relay stopped
+// before END named it, and no commit decision names it) is taken as not
+// committed: the refit's delta is looked for among the aborted ones.
 RepairPlan PlanRepair(const DeltaHistory& history, const StoreCondition& c,
                       const Version& to);
 

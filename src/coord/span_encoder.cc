@@ -83,6 +83,9 @@ Status SpanEncoder::Encode(size_t i, size_t worker, EncodedChunk* out) {
       break;
     }
   }
+  // The span is in cache now: its share of the target's digests costs
+  // little more here than in a pass of its own.
+  if (options_.digests && s.ok()) options_.digests->Offer(id);
   if (options_.hash && s.ok() && !out->bytes.empty()) {
     out->sha256 = Sha256(out->bytes);
   }

@@ -19,6 +19,7 @@
 
 #include "coord/chunk_producer.h"
 #include "coord/history.h"
+#include "coord/target_digests.h"
 #include "dcr/checkpoint.h"
 #include "dcr/codec.h"
 #include "dcr/store.h"
@@ -49,6 +50,9 @@ class SpanEncoder {
     bool base_independent = false;
     // Target bytes encoded so far, if counted.
     std::atomic<uint64_t>* scanned = nullptr;
+    // kDiff, kFull: each span encoded is offered for the target's digests
+    // (the first pass of a refit whose PLAN left them to END).
+    TargetDigests* digests = nullptr;
   };
   // `tensors`: kFull only, the tensors to send (empty: every tensor).
   SpanEncoder(Options options, Kind kind, std::vector<uint32_t> tensors = {});

@@ -110,7 +110,12 @@ Result<Decision> ParseDecision(const nlohmann::json& j, const std::string& path,
 }  // namespace
 
 nlohmann::json VersionJson(const Version& v) {
-  return {{"step", v.step}, {"digest", v.digest.ToHex()}};
+  // A zero digest is written as null: no version (a store never seeded),
+  // or a target whose digest is not known yet (hashed during the stream).
+  return {
+      {"step", v.step},
+      {"digest", v.digest == Digest128{} ? nlohmann::json()
+                                         : nlohmann::json(v.digest.ToHex())}};
 }
 
 std::string StateDir::DecisionPath(const RefitId& refit) const {

@@ -61,7 +61,8 @@ struct Decision {
   friend bool operator==(const Decision&, const Decision&) = default;
 };
 
-// {"step": n, "digest": hex}: a version in every state_dir file.
+// {"step": n, "digest": hex}: a version in every state_dir file; the
+// digest is null where it is zero (no version, or a target not hashed yet).
 nlohmann::json VersionJson(const Version& v);
 
 // How many refits' decisions decisions/ keeps (besides current.json's).

@@ -98,6 +98,8 @@ Result<Version> StateJson::VersionField(const char* key) const {
   StateJson f(*v, file_, prefix_ + key + ".");
   DCR_RETURN_IF_ERROR(f.OnlyFields({"step", "digest"}));
   DCR_ASSIGN_OR_RETURN(uint64_t step, f.Uint("step"));
+  DCR_ASSIGN_OR_RETURN(const nlohmann::json* d, f.Get("digest"));
+  if (d->is_null()) return Version{step, Digest128{}};  // not known
   DCR_ASSIGN_OR_RETURN(std::string hex, f.String("digest"));
   auto digest = Digest128::FromHex(hex);
   if (!digest.ok()) return f.Bad("digest", "not a digest (32 hex digits)");

@@ -146,7 +146,7 @@ class BaselineStreamTest : public ::testing::Test {
 
 TEST_F(BaselineStreamTest, SpansWaitForTheSyncThenTakeTheTarget) {
   DeltaHistory history(dir_.Path("history"), 4);
-  HistoryRecording record(history, Version{1, Digest128{9, 9}});
+  HistoryRecording record(history, RefitId());
   ASSERT_TRUE(record.active());
   BaselineInStream in_stream(Opts(&record, uint64_t{1} << 30));
   Stream(&record, &in_stream, 2, [&](size_t done) {
@@ -175,7 +175,7 @@ TEST_F(BaselineStreamTest, SpansWaitForTheSyncThenTakeTheTarget) {
 
 TEST_F(BaselineStreamTest, ASmallSyncSizeWritesAsTheStreamGoes) {
   DeltaHistory history(dir_.Path("history"), 4);
-  HistoryRecording record(history, Version{1, Digest128{9, 9}});
+  HistoryRecording record(history, RefitId());
   BaselineInStream in_stream(Opts(&record, 1));
   bool early = false;
   Stream(&record, &in_stream, 1, [&](size_t done) {
@@ -204,7 +204,7 @@ TEST_F(BaselineStreamTest, RestoreFromATornLogAndAnyMixIsExactAndRepeatable) {
   DeltaHistory history(dir_.Path("history"), 4);
   std::string log;
   {
-    HistoryRecording record(history, Version{1, Digest128{9, 9}});
+    HistoryRecording record(history, RefitId());
     BaselineInStream in_stream(Opts(&record, uint64_t{1} << 30));
     Stream(&record, &in_stream, 100);
     record.Pin();
@@ -270,7 +270,7 @@ TEST_F(BaselineStreamTest, RestoreRefusesWhatItCannotUndo) {
   DeltaHistory history(dir_.Path("history"), 4);
   std::string log;
   {
-    HistoryRecording record(history, Version{1, Digest128{9, 9}});
+    HistoryRecording record(history, RefitId());
     Bytes out;
     ASSERT_TRUE(*encoder_->EncodeDiff(ChunkKind::kOverwrite, {0, 0}, 2,
                                       SpanOf(*base_, {0, 0}),

@@ -78,19 +78,22 @@ TEST(CostModelTest, TransferBoundRefitScalesWithPayloadAndBandwidth) {
   EXPECT_NEAR(e->delta.baseline_s, tb2 / (p.baseline_rate * p.root_cores),
               1e-9);
   EXPECT_EQ(e->delta.commit_s, 0);
-  EXPECT_NEAR(
-      e->delta.encode_s,
-      tb2 / (p.encode_rate[1].second * p.root_cores) + e->delta.baseline_s,
-      1e-6);
+  // The root hashes the target as it encodes (END names the digests):
+  // nothing before PLAN, and the hash is part of the root's stage.
+  EXPECT_EQ(e->delta.prepare_s, 0);
+  EXPECT_NEAR(e->delta.target_hash_s, tb2 / (p.hash_rate * p.root_cores), 1e-9);
+  EXPECT_NEAR(e->delta.encode_s,
+              tb2 / (p.encode_rate[1].second * p.root_cores) +
+                  e->delta.target_hash_s + e->delta.baseline_s,
+              1e-6);
   EXPECT_DOUBLE_EQ(e->full.baseline_s, e->delta.baseline_s);
   EXPECT_DOUBLE_EQ(e->full.commit_s, e->full.baseline_s);
   // The root hashes the target at the relays' rate unless told its own.
-  EXPECT_NEAR(e->delta.prepare_s, tb2 / (p.hash_rate * p.root_cores), 1e-9);
   CostParameters root = p;
   root.root_hash_rate = 2 * p.hash_rate;
   auto faster = EstimateRefit(TwoRegion(3'050'000'000), tb2, 0.03, root);
   ASSERT_TRUE(faster.ok());
-  EXPECT_NEAR(faster->delta.prepare_s, e->delta.prepare_s / 2, 1e-9);
+  EXPECT_NEAR(faster->delta.target_hash_s, e->delta.target_hash_s / 2, 1e-9);
   EXPECT_DOUBLE_EQ(faster->delta.verify_s, e->delta.verify_s);
   // The relays hash their 2 TB while the transfer-bound stream leaves them
   // idle: nothing is left for the vote.
@@ -104,8 +107,10 @@ TEST(CostModelTest, TransferBoundRefitScalesWithPayloadAndBandwidth) {
   // The relays' sync is the commit.
   EXPECT_NEAR(synced->delta.commit_s, 2000, 1e-6);
   EXPECT_NEAR(synced->delta.total_s, e->delta.total_s + 2000, 1e-6);
+  // (The full refit's commit pass over root.baseline, which the delta
+  // does while streaming, may put it a little above.)
   EXPECT_GT(e->speedup, 0.5 * p.full_ratio / r3);
-  EXPECT_LT(e->speedup, p.full_ratio / r3);
+  EXPECT_LT(e->speedup, 1.05 * p.full_ratio / r3);
   // Half the bandwidth, twice the transfer.
   auto slow = EstimateRefit(TwoRegion(1'525'000'000), tb2, 0.03, p);
   ASSERT_TRUE(slow.ok());
@@ -128,9 +133,12 @@ TEST(CostModelTest, FastLinksMakeTheRefitComputeBound) {
   auto e = EstimateRefit(TwoRegion(400'000'000'000), 2e12, 0.05, p);
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->delta.bottleneck, "encode");
-  // The root's stage: the diff and encode, and root.baseline's writes.
+  // The root's stage: the diff and encode, the target's hash, and
+  // root.baseline's writes.
   EXPECT_NEAR(e->delta.encode_s,
-              2e12 / p.encode_rate[2].second + 2e12 / p.baseline_rate, 1e-3);
+              2e12 / p.encode_rate[2].second + 2e12 / p.hash_rate +
+                  2e12 / p.baseline_rate,
+              1e-3);
   EXPECT_GT(e->delta.stream_s, e->delta.encode_s);  // plus pipeline fill
   // One relay core: applying is the slowest stage and leaves no idle time,
   // so the hashing waits for the vote.

@@ -279,6 +279,47 @@ TEST_F(HistoryTest, PruneKeepsTheNewestAndDropsTemporaryFiles) {
   EXPECT_EQ(*w, nullptr);
 }
 
+// A refit's record is named by its refit while it runs (the target's digest
+// is known only after the stream) and by its target once finished.
+TEST_F(HistoryTest, ARecordingIsNamedByItsRefitThenByItsTarget) {
+  Model v0(1), v1 = v0.Step(0.03, 2);
+  RefitId refit;
+  refit.bytes[3] = 0x5c;
+  HistoryRecording r(history_, refit);
+  ASSERT_TRUE(r.active());
+  EXPECT_EQ(r.undo_path(), history_.TmpPathFor(refit));
+  EXPECT_NE(r.undo_path().find(refit.ToHex()), std::string::npos);
+  uint64_t changed = 0;
+  for (uint32_t t = 0; t < kElems.size(); ++t) {
+    for (uint32_t s = 0; s < SpanCount(kElems[t], kSpan); ++s) {
+      Bytes out;
+      auto c = encoder_->EncodeDiff(ChunkKind::kXor, {t, s}, kElem,
+                                    v0.Span({t, s}), v1.Span({t, s}), &out);
+      ASSERT_TRUE(c.ok());
+      if (!*c) continue;
+      r.Append(out);
+      ++changed;
+    }
+  }
+  ASSERT_GT(changed, 0u);
+  EXPECT_TRUE(fs::exists(history_.TmpPathFor(refit)));
+  DeltaHeader h;
+  h.base = V(0);
+  h.target = V(1);
+  h.manifest = kManifest;
+  h.span_elems = kSpan;
+  h.tensor_count = kElems.size();
+  h.total_elements = kElems[0] + kElems[1];
+  h.total_bytes = h.total_elements * kElem;
+  auto path = r.Finish(h);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_EQ(*path, history_.PathFor(V(1)));
+  EXPECT_FALSE(fs::exists(history_.TmpPathFor(refit)));
+  auto chain = history_.Chain(V(0), V(1));
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  EXPECT_EQ(*chain, std::vector<std::string>{*path});
+}
+
 }  // namespace
 }  // namespace dcr
 
@@ -375,6 +416,32 @@ TEST_F(RepairTest, AnAbortedRefitsMixNeedsItsKeptDelta) {
   // Another refit's id does not find it: dense.
   EXPECT_EQ(PlanRepair(history_, Unfinished(8, 1, 2), V(1)).by,
             RepairPlan::By::kDense);
+}
+
+// A relay that stopped before END named the target reports its refit's
+// target with a zero digest; unless a commit decision names it, the refit
+// is taken as aborted and its kept delta found by the refit's id.
+TEST_F(RepairTest, AnUnknownTargetIsFoundByTheRefitsId) {
+  Model v0(1), v1 = v0.Step(0.03, 2), v1b = v1.Step(0.03, 9);
+  Record(v0, v1, 0, 1);
+  RefitId seven;
+  seven.bytes[0] = 7;
+  Record(v1, v1b, 1, 2, std::nullopt, seven);
+  StoreCondition c = Unfinished(7, 1, 2);
+  c.target.digest = Digest128{};
+  RepairPlan plan = PlanRepair(history_, c, V(1));
+  ASSERT_EQ(plan.by, RepairPlan::By::kUnion) << plan.why;
+  EXPECT_EQ(plan.files,
+            std::vector<std::string>{history_.AbortedPathFor(seven)});
+  EXPECT_EQ(Repair(plan.files, Mix(v1, v1b, 4), v1).t, v1.t);
+  // Another step is not this refit's delta.
+  c.target.step = 3;
+  EXPECT_EQ(PlanRepair(history_, c, V(1)).by, RepairPlan::By::kDense);
+  // Not aborted and no decision found (the caller fills in a decided
+  // target): a dense copy, never a guess at the chain.
+  StoreCondition committed = Unfinished(1, 0, 1);
+  committed.target.digest = Digest128{};
+  EXPECT_EQ(PlanRepair(history_, committed, V(1)).by, RepairPlan::By::kDense);
 }
 
 TEST_F(RepairTest, WithoutTheHistoryTheRepairIsDense) {

@@ -1,6 +1,7 @@
 // root.baseline and the target across a refit, over the fake transport:
 // a target file changed under a running refit, and --resume after the
 // coordinator stopped, with or without a decision.
+#include "coord/history.h"
 #include "relay_tree_fixture.h"
 
 namespace dcr {
@@ -191,6 +192,61 @@ TEST_F(RelayTreeTest, ResumeWithoutADecisionAbortsAndRestoresEveryBase) {
   }
   EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v0);
   EXPECT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
+}
+
+// The whole tree: PLAN goes out before the target is hashed (the encoder
+// hashes it as it streams) and END names its digests; the relays vote and
+// commit that target, and the history names the delta by it.
+TEST_F(RelayTreeTest, TheTargetIsHashedDuringTheStreamAndNamedAtEnd) {
+  SeedAll(0);
+  StartAll();
+  RefitReport r = Refit(1);
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  const Digest128 v1 = DigestOf(Ckpt(1));
+  EXPECT_EQ(r.target, (Version{1, v1}));
+  EXPECT_GT(r.hashed_in_stream_seconds, 0);
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+  }
+  {
+    auto rec = ReadVersionRecord(dir_.Path("base.safetensors.dcr-version"));
+    ASSERT_TRUE(rec.ok() && *rec && (*rec)->committed);
+    EXPECT_EQ((*rec)->committed->version, r.target);
+    EXPECT_FALSE((*rec)->in_progress);
+  }
+  DeltaHistory history(dir_.Path("state/history"), 8);
+  EXPECT_TRUE(std::filesystem::exists(history.PathFor(r.target)));
+  EXPECT_FALSE(std::filesystem::exists(history.TmpPathFor(r.refit)));
+  // The next refit takes it as its base.
+  RefitReport two = Refit(2);
+  ASSERT_EQ(two.outcome, RefitOutcome::kCommitted) << two.ToJson();
+  EXPECT_EQ(two.base, r.target);
+}
+
+// A target with the baseline's bits is found out by the stream's hash: the
+// refit aborts with the reason, having sent no chunk, and changes nothing.
+TEST_F(RelayTreeTest, ATargetWithTheBaselinesBitsAbortsNothingToRefit) {
+  SeedAll(0);
+  StartAll();
+  ASSERT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
+  for (const auto& n : kRelays) WaitIdle(n);
+  RefitReport same = Refit(1);
+  EXPECT_EQ(same.outcome, RefitOutcome::kAborted);
+  EXPECT_THAT(same.reason, ::testing::HasSubstr("nothing to refit"));
+  EXPECT_EQ(same.chunks, 0u);
+  const Digest128 v1 = DigestOf(Ckpt(1));
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+  }
+  {
+    auto rec = ReadVersionRecord(dir_.Path("base.safetensors.dcr-version"));
+    ASSERT_TRUE(rec.ok() && *rec && (*rec)->committed);
+    EXPECT_EQ((*rec)->committed->version, (Version{1, v1}));
+    EXPECT_FALSE((*rec)->in_progress);
+  }
+  EXPECT_EQ(Refit(2).outcome, RefitOutcome::kCommitted);
 }
 
 }  // namespace
