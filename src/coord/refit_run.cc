@@ -382,15 +382,20 @@ Status RefitRun::AdvanceBaselineAndHistory(
     if (!u.all) u.changed = sent_.StreamIds();
     b = UpdateBaseline(u, setup_.baseline_spec, &setup_.baseline);
   });
+  // The history file is made durable while the replies come and the
+  // baseline pass (if any) runs: its fsync waits for a file system commit,
+  // which a busy disk can hold up for as long as the relays take.
+  std::optional<std::string> recorded;
+  Clock::time_point t_recorded;
+  const DeltaHeader header = RecordHeader();
+  std::thread finish_history([&] {
+    if (whole_tree && record_.active()) recorded = record_.Finish(header);
+    record_.Discard();
+    t_recorded = Clock::now();
+  });
   if (commit_sent) root_->WaitPhase();
   const auto t_replies = Clock::now();
-  // The history file is made durable while the baseline pass runs: once
-  // the baseline commits, its write-back (a checkpoint's worth of dirty
-  // pages on a disk) would hold the fsync up behind it.
-  std::optional<std::string> recorded;
-  if (whole_tree && record_.active()) recorded = record_.Finish(RecordHeader());
-  record_.Discard();
-  const auto t_recorded = Clock::now();
+  finish_history.join();
   baseline.join();
   if (b.ok() && whole_tree && setup_.target && setup_.baseline) {
     // Fenced off or unanswered: the baseline's record keeps naming this
@@ -417,9 +422,9 @@ Status RefitRun::AdvanceBaselineAndHistory(
   }
   spdlog::debug(
       "commit phase: decision recorded {:.3f} s, replies {:.3f} s, delta "
-      "history {:.3f} s, baseline done {:.3f} s later",
+      "history durable {:.3f} s (alongside), baseline committed at {:.3f} s",
       Seconds(t_decide, t_sent), Seconds(t_sent, t_replies),
-      Seconds(t_replies, t_recorded), Seconds(t_recorded, Clock::now()));
+      Seconds(t_sent, t_recorded), Seconds(t_sent, Clock::now()));
   return b;
 }
 
@@ -582,9 +587,15 @@ Result<RefitReport> RefitRun::Resume() {
     // run died) or kept as aborted (its restore failed).
     DeltaHistory history(setup_.state.HistoryDir(),
                          options_.topology.root.keep_deltas);
-    const std::string tmp = history.TmpPathFor(report_.refit);
-    std::string log = tmp;
+    std::string tmp = history.TmpPathFor(report_.refit);
     std::error_code ec;
+    if (!std::filesystem::exists(tmp, ec) &&
+        report_.target.digest != Digest128{}) {
+      // Recorded by a coordinator of before PROTOCOL.md §"Target digests
+      // at END", which named it by its target.
+      tmp = history.PathFor(report_.target) + ".tmp";
+    }
+    std::string log = tmp;
     if (!std::filesystem::exists(log, ec)) {
       log = history.AbortedPathFor(report_.refit);
     }

@@ -365,7 +365,7 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
   return r;
 }
 
-Status RefitSession::Commit() {
+Status RefitSession::Commit(std::unique_ptr<Journal>* spent) {
   // Over an unfinished refit's mix the record still names that refit (see
   // Begin): the bits are verified to be the target now, so the record
   // names this refit, then commits it.
@@ -377,7 +377,11 @@ Status RefitSession::Commit() {
   spans_.clear();
   // A journal left behind (the unlink failed) names a refit the record no
   // longer does: the next start removes it.
-  if (journal_) (void)journal_->Remove();
+  if (spent != nullptr) {
+    *spent = std::move(journal_);
+  } else if (journal_) {
+    (void)journal_->Remove();
+  }
   return Status::OK();
 }
 

@@ -121,8 +121,12 @@ class RefitSession {
   HashCounts hash_counts() const;
 
   // Persists the target version (data, then the version record), then
-  // removes the journal.
-  Status Commit() DCR_EXCLUDES(mu_);
+  // removes the journal, or with `spent` hands it over for the caller to
+  // remove once it has answered (its unlink and the release of its blocks
+  // can take a file system commit: off the COMMIT_REPLY's path). A journal
+  // left behind names a refit the record no longer does; the next start
+  // removes it.
+  Status Commit(std::unique_ptr<Journal>* spent = nullptr) DCR_EXCLUDES(mu_);
   // Restores the base bits: every span's journal records, last first,
   // write back the values they replaced. Then clears the in-progress
   // record, or, when this refit took over one left unfinished, records

@@ -45,7 +45,11 @@ RelayRefit::RelayRefit(const Env* env, const RefitId& id, uint64_t epoch,
       session_(std::move(session)),
       tracker_(std::make_shared<ApplyTracker>()) {}
 
-RelayRefit::~RelayRefit() { tracker_->WaitIdle(); }
+RelayRefit::~RelayRefit() {
+  tracker_->WaitIdle();
+  // After the COMMIT_REPLY went out (LocalFinish).
+  if (spent_journal_) (void)spent_journal_->Remove();
+}
 
 Status RelayRefit::From(std::initializer_list<RefitPhase> sources,
                         const char* transition) const {
@@ -297,7 +301,8 @@ NodeResult RelayRefit::LocalFinish(bool commit) {
   if (!session_) return out;
   Status s;
   if (commit) {
-    s = session_->Commit();
+    // The journal is removed once the reply is on its way (the destructor).
+    s = session_->Commit(&spent_journal_);
     if (s.ok()) out.version = plan_.target;
   } else {
     s = session_->Abort(env_->decoder);

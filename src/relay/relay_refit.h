@@ -151,6 +151,9 @@ class RelayRefit {
   std::optional<CommitMsg> commit_;
   std::optional<NodeResult> local_;  // this phase's own result, once done
   bool voted_yes_ = false;           // commit only what this node verified
+  // The committed session's journal, removed at destruction: after the
+  // COMMIT_REPLY (its unlink can wait for a file system commit).
+  std::unique_ptr<Journal> spent_journal_;
 };
 
 }  // namespace dcr

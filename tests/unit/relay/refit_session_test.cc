@@ -686,6 +686,33 @@ TEST_F(CrashRecoveryTest, AYesVoteForATargetLearnedAtEndIsPrepared) {
   EXPECT_TRUE(StoreHolds(target_));
 }
 
+// A commit can hand its journal over, so that the relay answers before the
+// unlink (which may wait for a file system commit); a journal left behind
+// by a crash meanwhile names a refit the record no longer does, and a
+// restart removes it.
+TEST_F(CrashRecoveryTest, ACommitHandsItsJournalOverForRemovalAfterTheReply) {
+  ASSERT_FALSE(BootId().empty());
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  for (const auto& c : xor_chunks_) {
+    ASSERT_TRUE(s->Apply(c, decoder_.get()).ok());
+  }
+  ASSERT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
+  std::unique_ptr<Journal> spent;
+  ASSERT_TRUE(s->Commit(&spent).ok());
+  ASSERT_TRUE(spent);
+  EXPECT_EQ(store_->committed(), plan_.target);
+  EXPECT_TRUE(std::filesystem::exists(JournalFile()));
+  // Crash before the caller removed it: the restart drops it.
+  spent.reset();
+  s.reset();
+  Reopen();
+  RefitSession::CrashRecovery r = Recover(BootId());
+  EXPECT_EQ(r.outcome, Outcome::kNothing) << r.detail;
+  EXPECT_FALSE(std::filesystem::exists(JournalFile()));
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
 TEST_F(CrashRecoveryTest, ARejoinedSessionRecordsItsYesVoteToo) {
   ASSERT_FALSE(BootId().empty());
   auto s = Begin();
