@@ -23,6 +23,15 @@ struct Version {
   friend bool operator==(const Version&, const Version&) = default;
 };
 
+// Whether `a` and `b` can name the same refit target: the same step, and
+// the same digest unless either is zero ("not known yet": a target the
+// root hashes while it streams and names at END, docs/PROTOCOL.md
+// §"Target digests at END").
+inline bool SameTarget(const Version& a, const Version& b) {
+  return a.step == b.step && (a.digest == Digest128{} ||
+                              b.digest == Digest128{} || a.digest == b.digest);
+}
+
 // Names one refit (one transfer from a base to a target version): 128
 // random bits chosen by the coordinator. All zero means "no refit" (for
 // example a store seeded offline).

@@ -25,6 +25,12 @@ Status EndSigner::CheckFits(uint64_t chunks, uint64_t tensors) const {
   uint64_t max_chunks = std::min<uint64_t>(
       kMaxManifestChunks,
       limit > kOverhead ? (limit - kOverhead) / kManifestEntryBytes : 0);
+  if (limit <= kOverhead) {
+    return Status::ResourceExhausted(fmt::format(
+        "a signed END names the digests of the {} tensors: about {} bytes, "
+        "above the frame payload limit of {} bytes",
+        tensors, kOverhead, limit));
+  }
   if (chunks > max_chunks) {
     return Status::ResourceExhausted(fmt::format(
         "a signed refit of {} chunks needs an END of about {} bytes, above "

@@ -115,7 +115,9 @@ Result<std::string> DeltaHistory::Aborted(const RefitId& refit,
       (target.digest != Digest128{} && t.digest != target.digest)) {
     return Status::NotFound(
         fmt::format("{} is not the delta of refit {} to step {} ({})", path,
-                    refit.ToHex(), target.step, target.digest.ShortHex()));
+                    refit.ToHex(), target.step,
+                    target.digest == Digest128{} ? "digest unknown"
+                                                 : target.digest.ShortHex()));
   }
   *base = reader->header().base;
   reader.reset();

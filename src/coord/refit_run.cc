@@ -387,9 +387,13 @@ Status RefitRun::AdvanceBaselineAndHistory(
   // which a busy disk can hold up for as long as the relays take.
   std::optional<std::string> recorded;
   Clock::time_point t_recorded;
-  const DeltaHeader header = RecordHeader();
+  // (RecordHeader reads the target's manifest: only a run that recorded,
+  // never a resume, which may hold no target. WaitPhase touches none of
+  // what it reads.)
   std::thread finish_history([&] {
-    if (whole_tree && record_.active()) recorded = record_.Finish(header);
+    if (whole_tree && record_.active()) {
+      recorded = record_.Finish(RecordHeader());
+    }
     record_.Discard();
     t_recorded = Clock::now();
   });

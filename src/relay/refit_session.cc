@@ -40,11 +40,8 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
     auto busy = store->InProgress();
     // The record's target digest is zero if the relay stopped before END
     // named it, and the resuming PLAN's if no decision was reached.
-    const bool same_target =
-        busy && busy->target.step == plan.target.step &&
-        (busy->target.digest == Digest128{} || plan.target_at_end() ||
-         busy->target.digest == plan.target.digest);
-    if (!busy || busy->refit != refit || !same_target) {
+    if (!busy || busy->refit != refit ||
+        !SameTarget(busy->target, plan.target)) {
       refusal->code = NodeCode::kNeedsCatchUp;
       refusal->detail = "the store's record does not name this refit";
       return nullptr;
@@ -441,7 +438,8 @@ RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
     return out;
   }
   const JournalHeader& h = (*reader)->header();
-  if (h.refit != busy.refit || h.base != busy.base || h.target != busy.target) {
+  if (h.refit != busy.refit || h.base != busy.base ||
+      !SameTarget(h.target, busy.target)) {
     out.detail = fmt::format("the journal {} is of refit {}, not this one",
                              journal_path, h.refit.ToHex());
     return out;

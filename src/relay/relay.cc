@@ -216,6 +216,10 @@ void Relay::Impl::AnswerStatus(Link& link, const Frame& frame) {
       r.store.repairing = current_.has_value();
       r.store.prepared =
           prepared_ && prepared_->refit == busy->refit && prepared_->verified;
+      // Its yes vote named the target (the record may not yet).
+      if (prepared_ && prepared_->refit == busy->refit) {
+        r.store.target = prepared_->target;
+      }
     }
   } else {
     r.code = NodeCode::kNeedsCatchUp;

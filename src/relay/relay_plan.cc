@@ -180,11 +180,14 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
     // The store is the session's now: what the start found is history.
     restored_from_.reset();
     prepared_.reset();
-  } else if (own->store.unfinished && prepared_ && prepared_->verified &&
+  } else if (own->store.unfinished && prepared_ &&
              prepared_->refit == *own->store.unfinished) {
-    // Restarted after a yes vote, bits verified at the target: only the
-    // root's decision of that refit may end it (StoreCondition::prepared).
-    own->store.prepared = true;
+    // Restarted after a yes vote, which named the target (the record may
+    // not: docs/PROTOCOL.md §"Target digests at END"). With the bits
+    // verified at it, only the root's decision of that refit may end it
+    // (StoreCondition::prepared).
+    own->store.target = prepared_->target;
+    own->store.prepared = prepared_->verified;
   }
   return session;
 }

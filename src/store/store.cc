@@ -418,10 +418,7 @@ Status WeightStore::Commit(const Version& version, const RefitId& refit) {
     const RefitInProgress& p = *next.in_progress;
     // A zero target digest: the refit began before its target's digest
     // was known (it comes at END); the step still has to match.
-    const bool same_target =
-        p.target.step == version.step &&
-        (p.target.digest == Digest128{} || p.target.digest == version.digest);
-    if (p.refit != refit || !same_target) {
+    if (p.refit != refit || !SameTarget(p.target, version)) {
       return Status::InvalidArgument(
           describe_ + ": commit of refit " + refit.ToHex() + " to " +
           VersionString(version) + " while refit " + p.refit.ToHex() + " to " +

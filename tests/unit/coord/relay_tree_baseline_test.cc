@@ -2,6 +2,7 @@
 // a target file changed under a running refit, and --resume after the
 // coordinator stopped, with or without a decision.
 #include "coord/history.h"
+#include "coord/state_dir.h"
 #include "relay_tree_fixture.h"
 
 namespace dcr {
@@ -192,6 +193,30 @@ TEST_F(RelayTreeTest, ResumeWithoutADecisionAbortsAndRestoresEveryBase) {
   }
   EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v0);
   EXPECT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
+}
+
+// The coordinator stopped after root.baseline committed but before it
+// removed current.json: --resume finds the baseline done, needs no target,
+// and finishes the refit (the relays answer how they ended).
+TEST_F(RelayTreeTest, ResumeAfterTheBaselineCommittedNeedsNoTarget) {
+  SeedAll(0);
+  StartAll();
+  RefitReport r = Refit(1);
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  for (const auto& n : kRelays) WaitIdle(n);
+  StateDir state(dir_.Path("state"));
+  ASSERT_TRUE(state
+                  .WriteCurrent(CurrentRefit{r.refit, r.epoch, r.mode, r.base,
+                                             Version{r.target.step, {}},
+                                             dir_.Path("gone.safetensors")})
+                  .ok());
+  auto resumed = ResumeRefit(ResumeOptions());
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ(resumed->outcome, RefitOutcome::kCommitted) << resumed->ToJson();
+  EXPECT_EQ(resumed->target, r.target);
+  EXPECT_FALSE(state.HasCurrent());
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), DigestOf(Ckpt(1)));
+  EXPECT_EQ(Refit(2).outcome, RefitOutcome::kCommitted);
 }
 
 // The whole tree: PLAN goes out before the target is hashed (the encoder
