@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <thread>
 
 #include "common/elapsed.h"
 #include "common/failpoint.h"
@@ -355,125 +354,6 @@ Result<bool> RefitRun::Vote() {
     DCR_RETURN_IF_ERROR(phases_.Vote());
     if (root_->live_children() == 0) return true;
   }
-}
-
-Status RefitRun::AdvanceBaselineAndHistory(
-    bool commit_sent, const std::set<std::string>& commit_set,
-    Clock::time_point t_decide) {
-  // The decision is durable: the baseline takes the target's bits while
-  // the relays commit. (Named nodes only: the baseline already holds the
-  // target, and the history does not change.)
-  const bool whole_tree = options_.only_nodes.empty();
-  const auto t_sent = Clock::now();
-  Status b;
-  std::thread baseline([&] {
-    if (!whole_tree || !setup_.target) return;
-    // Written while streaming: nothing left but the record.
-    if (in_stream_ && in_stream_->complete() && !copy_all_) return;
-    BaselineUpdate u;
-    u.target = setup_.target.get();
-    u.pool = setup_.pool.get();
-    u.refit = report_.refit;
-    u.base = report_.base;
-    u.to = report_.target;
-    u.tensor_digests = &setup_.plan.target_tensor_digests;
-    u.span_elems = setup_.plan.span_elems;
-    u.all = report_.mode == RefitMode::kFull || copy_all_;
-    if (!u.all) u.changed = sent_.StreamIds();
-    b = UpdateBaseline(u, setup_.baseline_spec, &setup_.baseline);
-  });
-  // The history file is made durable while the replies come and the
-  // baseline pass (if any) runs: its fsync waits for a file system commit,
-  // which a busy disk can hold up for as long as the relays take.
-  std::optional<std::string> recorded;
-  Clock::time_point t_recorded;
-  // (RecordHeader reads the target's manifest: only a run that recorded,
-  // never a resume, which may hold no target. WaitPhase touches none of
-  // what it reads.)
-  std::thread finish_history([&] {
-    if (whole_tree && record_.active()) {
-      recorded = record_.Finish(RecordHeader());
-    }
-    record_.Discard();
-    t_recorded = Clock::now();
-  });
-  if (commit_sent) root_->WaitPhase();
-  const auto t_replies = Clock::now();
-  finish_history.join();
-  baseline.join();
-  if (b.ok() && whole_tree && setup_.target && setup_.baseline) {
-    // Fenced off or unanswered: the baseline's record keeps naming this
-    // refit in progress for --resume (DESIGN.md invariant 8).
-    b = CommitReachedNoOne(root_->Results(), commit_set)
-            ? Status::Aborted("the COMMIT reached no one")
-            : setup_.baseline->Commit(report_.target, report_.refit);
-  }
-  if (!b.ok() && recorded) {
-    // The history must end at the baseline's version.
-    std::error_code ec;
-    std::filesystem::remove(*recorded, ec);
-    if (ec) {
-      spdlog::warn("cannot remove {} (the baseline is not at its target): {}",
-                   *recorded, ec.message());
-    }
-  }
-  if (whole_tree) {
-    DeltaHistory history(setup_.state.HistoryDir(),
-                         options_.topology.root.keep_deltas);
-    if (Status s = history.Prune(); !s.ok()) {
-      spdlog::warn("cannot prune the delta history: {}", s.ToString());
-    }
-  }
-  spdlog::debug(
-      "commit phase: decision recorded {:.3f} s, replies {:.3f} s, delta "
-      "history durable {:.3f} s (alongside), baseline committed at {:.3f} s",
-      Seconds(t_decide, t_sent), Seconds(t_sent, t_replies),
-      Seconds(t_sent, t_recorded), Seconds(t_sent, Clock::now()));
-  return b;
-}
-
-bool RefitRun::RestoreBaseline(const std::string& log, bool verify) {
-  const auto t0 = Clock::now();
-  auto r = RestoreBase(log, *setup_.target, setup_.baseline.get(),
-                       setup_.plan.span_elems, setup_.pool.get());
-  Status s = r.ok() ? Status::OK() : r.status();
-  if (s.ok() && verify) {
-    // After a crash: the bits are checked whole before the flag goes.
-    Digest128 d = setup_.baseline->Digests(setup_.pool.get()).version;
-    if (d != report_.base.digest) {
-      s = Status::Corruption(fmt::format(
-          "root.baseline reads {} after the restore from {}, not the base {} "
-          "(was the target file changed or the undo log lost?)",
-          d.ShortHex(), log, report_.base.digest.ShortHex()));
-    }
-  }
-  if (s.ok()) s = setup_.baseline->EndRefit();
-  if (!s.ok()) {
-    spdlog::error(
-        "root.baseline could not be restored to step {} ({}): {}; it stays "
-        "flagged unfinished: run dcr refit --resume once the cause is fixed",
-        report_.base.step, report_.base.digest.ShortHex(), s.ToString());
-    keep_current_ = true;
-    return false;
-  }
-  spdlog::info("root.baseline restored to step {}: {} spans in {:.3f} s{}",
-               report_.base.step, r->spans, Seconds(t0, Clock::now()),
-               r->torn_tail ? " (its undo log ended in a torn chunk)" : "");
-  return true;
-}
-
-DeltaHeader RefitRun::RecordHeader() const {
-  const Manifest& m = setup_.target->manifest();
-  DeltaHeader h;
-  h.base = report_.base;
-  h.target = report_.target;
-  h.manifest = m.digest();
-  h.span_elems = setup_.plan.span_elems;
-  h.tensor_count = m.size();
-  h.total_elements = report_.total_elements;
-  h.total_bytes = report_.checkpoint_bytes;
-  h.changed_elements = sent_.changed_elements();
-  return h;
 }
 
 Result<RefitReport> RefitRun::Conclude(bool commit,

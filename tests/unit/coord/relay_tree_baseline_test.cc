@@ -195,6 +195,14 @@ TEST_F(RelayTreeTest, ResumeWithoutADecisionAbortsAndRestoresEveryBase) {
   EXPECT_EQ(Refit(1).outcome, RefitOutcome::kCommitted);
 }
 
+// root.baseline's `record` names `v` committed and no refit in progress.
+void ExpectBaselineCommittedAt(const std::string& record, const Version& v) {
+  auto rec = ReadVersionRecord(record);
+  ASSERT_TRUE(rec.ok() && *rec && (*rec)->committed);
+  EXPECT_EQ((*rec)->committed->version, v);
+  EXPECT_FALSE((*rec)->in_progress);
+}
+
 // The coordinator stopped after root.baseline committed but before it
 // removed current.json: --resume finds the baseline done, needs no target,
 // and finishes the refit (the relays answer how they ended).
@@ -234,12 +242,8 @@ TEST_F(RelayTreeTest, TheTargetIsHashedDuringTheStreamAndNamedAtEnd) {
     WaitIdle(n);
     EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
   }
-  {
-    auto rec = ReadVersionRecord(dir_.Path("base.safetensors.dcr-version"));
-    ASSERT_TRUE(rec.ok() && *rec && (*rec)->committed);
-    EXPECT_EQ((*rec)->committed->version, r.target);
-    EXPECT_FALSE((*rec)->in_progress);
-  }
+  ExpectBaselineCommittedAt(dir_.Path("base.safetensors.dcr-version"),
+                            r.target);
   DeltaHistory history(dir_.Path("state/history"), 8);
   EXPECT_TRUE(std::filesystem::exists(history.PathFor(r.target)));
   EXPECT_FALSE(std::filesystem::exists(history.TmpPathFor(r.refit)));
@@ -265,12 +269,8 @@ TEST_F(RelayTreeTest, ATargetWithTheBaselinesBitsAbortsNothingToRefit) {
     WaitIdle(n);
     EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
   }
-  {
-    auto rec = ReadVersionRecord(dir_.Path("base.safetensors.dcr-version"));
-    ASSERT_TRUE(rec.ok() && *rec && (*rec)->committed);
-    EXPECT_EQ((*rec)->committed->version, (Version{1, v1}));
-    EXPECT_FALSE((*rec)->in_progress);
-  }
+  ExpectBaselineCommittedAt(dir_.Path("base.safetensors.dcr-version"),
+                            Version{1, v1});
   EXPECT_EQ(Refit(2).outcome, RefitOutcome::kCommitted);
 }
 
