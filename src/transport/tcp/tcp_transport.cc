@@ -166,8 +166,9 @@ class TcpLink final : public LinkLifecycle {
     size_t dropped = 0;
     for (const FrameBuffer& f : queue_) dropped += f->size();
     queued_ -= dropped - head_offset_;  // the written prefix was counted
-    head_offset_ = 0;
-    // The buffers of the write in flight stay until its handler runs.
+    // The buffers of the write in flight stay until its handler runs, and
+    // head_offset_ with them: the handler counts what that write sent.
+    if (in_flight_ == 0) head_offset_ = 0;
     queue_.resize(in_flight_);
     shared_->links.erase(Self());
     if (!why.ok()) {
@@ -253,19 +254,10 @@ class TcpLink final : public LinkLifecycle {
     });
   }
 
-  void OnWrite(const asio::error_code& ec, size_t bytes) {
-    if (closed()) {
-      queue_.clear();
-      in_flight_ = 0;
-      return;
-    }
-    if (ec) {
-      DoClose(Status::IOError("write to " + peer_ + ": " + ec.message()));
-      return;
-    }
-    // Drops the frames this write finished; one it wrote a prefix of stays
-    // in front, the prefix skipped by head_offset_.
-    for (size_t left = bytes; left > 0;) {
+  // Drops the frames a write finished; one it wrote a prefix of stays in
+  // front, the prefix skipped by head_offset_. Counts them as sent.
+  void CountWritten(size_t bytes) {
+    for (size_t left = bytes; left > 0 && !queue_.empty();) {
       const size_t rest = queue_.front()->size() - head_offset_;
       if (left < rest) {
         head_offset_ += left;
@@ -277,8 +269,25 @@ class TcpLink final : public LinkLifecycle {
       ++frames_sent_;
     }
     bytes_sent_ += bytes;
+  }
+
+  void OnWrite(const asio::error_code& ec, size_t bytes) {
+    if (closed()) {
+      // What reached the socket before the close was sent (the peer may
+      // have it); TearDown already took the queue out of queued_.
+      CountWritten(bytes);
+      queue_.clear();
+      head_offset_ = 0;
+      in_flight_ = 0;
+      return;
+    }
+    CountWritten(bytes);
     queued_ -= bytes;
     in_flight_ = 0;
+    if (ec) {
+      DoClose(Status::IOError("write to " + peer_ + ": " + ec.message()));
+      return;
+    }
     if (NoteWritten(queued_.load())) return;
     if (!queue_.empty() && !closing()) {
       DoWrite();
