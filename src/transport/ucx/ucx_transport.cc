@@ -419,7 +419,14 @@ class UcxLink final : public LinkLifecycle {
 
   void OnSendDone(const Op& op) {
     --in_flight_;
-    if (closed()) return;
+    if (closed()) {
+      // Sent before the close finished it: the peer may have the frame.
+      if (op.status == UCS_OK) {
+        ++frames_sent_;
+        bytes_sent_ += op.frame->size();
+      }
+      return;
+    }
     if (op.status != UCS_OK) {
       ep_failed_ = true;
       DoClose(Status::IOError("send to " + peer_ +
