@@ -122,8 +122,10 @@ class Checkpoint {
   // Digests of every tensor; parallel over tensors when `pool` is given.
   CheckpointDigests ComputeDigests(ThreadPool* pool = nullptr) const;
 
-  // msync()s every mapping (kReadWrite only; a no-op otherwise).
-  Status Flush();
+  // msync()s every mapping (kReadWrite only; a no-op otherwise). With
+  // `slice_bytes` > 0, each file's write-back is paced in slices of that
+  // size first (MappedFile::Sync): slower alone, kinder to other fsyncs.
+  Status Flush(size_t slice_bytes = 0);
 
  private:
   struct File;

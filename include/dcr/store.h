@@ -33,7 +33,9 @@
 //   kBackground  (the default) the record is replaced at once, marked
 //                "unsynced" with this boot's id, and a background thread
 //                writes the data back, then rewrites the record without the
-//                mark. A crash of the process alone loses nothing (the page
+//                mark (paced, 4 MiB at a time, so that the next refit's
+//                record and journal fsyncs do not queue behind the whole
+//                store). A crash of the process alone loses nothing (the page
 //                cache holds the bits); a crash of the host before the
 //                write-back finished may. So OpenStore, finding the mark
 //                from an earlier boot, hashes the data: bits that match the
@@ -262,8 +264,13 @@ class WeightStore {
   WeightStore(std::string describe, std::string record_path,
               VersionRecord record);
 
-  // Makes every write so far durable (no-op where there is nothing to do).
-  virtual Status SyncData() = 0;
+  // Makes every write so far durable (no-op where there is nothing to do);
+  // 0 writes it back at once.
+  // `slice_bytes` > 0 paces the write-back (Checkpoint::Flush): the
+  // background write-back does, so that the fsyncs of records and
+  // journals, on the critical path of the next refit phase, wait behind a
+  // slice of it and not behind the whole store.
+  virtual Status SyncData(size_t slice_bytes) = 0;
 
   // For backends whose SyncData() does work (file stores): the constructor
   // of the most derived class calls EnableBackgroundSync(), its destructor

@@ -88,8 +88,14 @@ class MappedFile {
   // be seen through the mapping. Safe to call concurrently for disjoint
   // ranges.
   Status Write(uint64_t offset, std::span<const std::byte> bytes);
-  // msync(MS_SYNC) of the whole mapping (kReadWrite only).
-  Status Sync();
+  // msync(MS_SYNC) of the whole mapping (kReadWrite only). With
+  // `slice_bytes` > 0 on a local disk filesystem, the dirty pages are first
+  // written back slice by slice, each waited for (sync_file_range), so that
+  // at most one slice of this file's write-back is queued on the device at
+  // a time: a small fsync elsewhere (a version record, a journal) waits
+  // behind one slice, not behind the whole file. The msync then finds
+  // little left to write and flushes the device cache.
+  Status Sync(size_t slice_bytes = 0);
   // Hints that the mapping will be read sequentially once.
   void AdviseSequential();
 

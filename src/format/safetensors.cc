@@ -577,10 +577,10 @@ CheckpointDigests Checkpoint::ComputeDigests(ThreadPool* pool) const {
   return d;
 }
 
-Status Checkpoint::Flush() {
+Status Checkpoint::Flush(size_t slice_bytes) {
   if (mode_ != Mode::kReadWrite) return Status::OK();
   for (const std::unique_ptr<File>& f : files_) {
-    DCR_RETURN_IF_ERROR(f->map->Sync());
+    DCR_RETURN_IF_ERROR(f->map->Sync(slice_bytes));
   }
   return Status::OK();
 }

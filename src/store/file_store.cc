@@ -58,7 +58,9 @@ class FileStore final : public WeightStore {
   }
 
  protected:
-  Status SyncData() override { return checkpoint_->Flush(); }
+  Status SyncData(size_t slice_bytes) override {
+    return checkpoint_->Flush(slice_bytes);
+  }
 
  private:
   UniqueFd lock_;  // holds the flock for the store's lifetime

@@ -78,7 +78,7 @@ class ShmStore final : public WeightStore {
   // Shared memory has no backing store to flush: once written, the bits are
   // visible to every process mapping the object, and they last until the
   // object is unlinked or the host reboots.
-  Status SyncData() override { return Status::OK(); }
+  Status SyncData(size_t) override { return Status::OK(); }
 
  private:
   UniqueFd fd_;  // holds the flock for the store's lifetime

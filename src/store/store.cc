@@ -28,6 +28,13 @@ using store_internal::NowIso8601;
 constexpr std::string_view kRecordSuffix = ".dcr-version";
 constexpr std::string_view kDirRecordName = "store.dcr-version";
 constexpr std::string_view kShmDir = "/dev/shm/";
+// The background write-back's slice: with 8 stores on one disk, an fsync
+// waits behind at most 32 MiB of their write-back (about 25 ms at
+// 1.4 GB/s), not behind every dirty page of every store (0.3-0.45 s per
+// commit for 8 stores of 100 MB, bench/refit_e2e on disk). Writing one
+// slice at a time costs a store's own write-back little: 4 MiB is one
+// request of most block devices.
+constexpr size_t kBackgroundSliceBytes = size_t{4} << 20;
 // Memory stores align every tensor to a cache line.
 constexpr uint64_t kMemoryAlign = 64;
 
@@ -63,7 +70,7 @@ class MemoryStore final : public WeightStore {
   }
 
  protected:
-  Status SyncData() override { return Status::OK(); }
+  Status SyncData(size_t) override { return Status::OK(); }
 
  private:
   Manifest manifest_;
@@ -213,7 +220,7 @@ void WeightStore::SyncLoop() {
     if (DCR_FAILPOINT("store.data_sync").drop()) {
       st = Status::IOError("write-back skipped (failpoint store.data_sync)");
     } else {
-      st = SyncData();
+      st = SyncData(kBackgroundSliceBytes);
     }
     if (st.ok()) {
       MutexLock persist(&r.persist_mu);
@@ -312,7 +319,7 @@ Status WeightStore::Records::SyncThenPersist(WeightStore& store,
   Syncer* syncer = store.syncer_.get();
   if (syncer == nullptr) {
     DCR_RETURN_IF_ERROR(
-        store.SyncData().WithContext(store.describe_ + ": " + what));
+        store.SyncData(0).WithContext(store.describe_ + ": " + what));
     next.unsynced.reset();
     return Persist(store, next);
   }
@@ -353,7 +360,7 @@ Status WeightStore::RecoverUnsynced(const std::string& boot_id) {
   if (found.unsynced->boot_id == boot_id) {
     // Only the process stopped: the page cache holds every write. Write
     // it back now, then drop the mark.
-    DCR_RETURN_IF_ERROR(SyncData().WithContext(
+    DCR_RETURN_IF_ERROR(SyncData(0).WithContext(
         describe_ + ": writing back the data of the last commit"));
     return records_->Persist(*this, next);
   }

@@ -80,5 +80,39 @@ TEST_F(FileTest, OpensARegularFileBlocking) {
               HasSubstr("cannot open"));
 }
 
+// Sync in slices writes back what Sync at once does, whatever the slice
+// size against the file's (one page, a size that does not divide it, one
+// larger than the file), through the mapping and through Write alike.
+TEST_F(FileTest, SyncInSlicesKeepsEveryWrite) {
+  const std::string path = Path("paced");
+  constexpr size_t kSize = (size_t{5} << 20) + 123;
+  std::string zeros(kSize, '\0');
+  ASSERT_TRUE(WriteFileAtomic(path, std::as_bytes(std::span(zeros))).ok());
+  std::string want = zeros;
+  for (size_t slice : {size_t{4096}, size_t{3} << 20, size_t{64} << 20}) {
+    {
+      auto map = MappedFile::Open(path, MappedFile::Mode::kReadWrite);
+      ASSERT_TRUE(map.ok()) << map.status().ToString();
+      std::span<std::byte> data = (*map)->mutable_data();
+      for (size_t i = slice % 7; i < kSize; i += 4093) {
+        want[i] = static_cast<char>(i * 31 + slice);
+        data[i] = static_cast<std::byte>(want[i]);
+      }
+      const std::string tail = "written by Write at the end";
+      const size_t at = kSize - tail.size();
+      want.replace(at, tail.size(), tail);
+      ASSERT_TRUE((*map)->Write(at, std::as_bytes(std::span(tail))).ok());
+      Status s = (*map)->Sync(slice);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+    auto read = ReadFileToString(path);
+    ASSERT_TRUE(read.ok());
+    EXPECT_TRUE(*read == want) << "slice " << slice;
+  }
+  auto ro = MappedFile::Open(path, MappedFile::Mode::kReadOnly);
+  ASSERT_TRUE(ro.ok());
+  EXPECT_TRUE((*ro)->Sync(4096).ok());
+}
+
 }  // namespace
 }  // namespace dcr
