@@ -33,7 +33,7 @@
 //   kBackground  (the default) the record is replaced at once, marked
 //                "unsynced" with this boot's id, and a background thread
 //                writes the data back, then rewrites the record without the
-//                mark (paced, 4 MiB at a time, so that the next refit's
+//                mark (paced, 256 KiB at a time, so that the next refit's
 //                record and journal fsyncs do not queue behind the whole
 //                store). A crash of the process alone loses nothing (the page
 //                cache holds the bits); a crash of the host before the
