@@ -33,16 +33,18 @@ class FileStore final : public WeightStore {
 
   // Settles a record left unsynced, then starts the write-back thread for
   // kBackground (or keeps syncing at commit where the boot id is unknown).
-  Status Start(StoreSpec::DataSync data_sync) {
+  Status Start(const StoreSpec& spec) {
     Result<std::string> boot = CurrentBootId();
     DCR_RETURN_IF_ERROR(RecoverUnsynced(boot.ok() ? *boot : std::string()));
-    if (data_sync != StoreSpec::DataSync::kBackground) return Status::OK();
+    if (spec.data_sync != StoreSpec::DataSync::kBackground) {
+      return Status::OK();
+    }
     if (!boot.ok()) {
       spdlog::warn("{}: syncing data at each commit: {}", describe(),
                    boot.status().ToString());
       return Status::OK();
     }
-    return EnableBackgroundSync();
+    return EnableBackgroundSync(spec.write_back_delay);
   }
 
   const Manifest& manifest() const override { return checkpoint_->manifest(); }
@@ -117,7 +119,7 @@ Status LockExclusive(int fd, const std::string& what) {
 
 Result<std::unique_ptr<WeightStore>> OpenFileStore(
     const std::string& path, const std::string& record_path,
-    StoreSpec::DataSync data_sync) {
+    const StoreSpec& spec) {
   const std::string describe = "file:" + path;
   // O_RDONLY opens directories as well as files; the lock is advisory.
   // O_NONBLOCK: a FIFO must not hang the open (Checkpoint::Open refuses it).
@@ -137,13 +139,13 @@ Result<std::unique_ptr<WeightStore>> OpenFileStore(
   std::unique_ptr<FileStore> store(
       new FileStore(describe, record_path, std::move(record), std::move(lock),
                     std::move(cp)));
-  DCR_RETURN_IF_ERROR(store->Start(data_sync));
+  DCR_RETURN_IF_ERROR(store->Start(spec));
   return std::unique_ptr<WeightStore>(std::move(store));
 }
 
 Result<std::unique_ptr<WeightStore>> CreateFileStore(
     const std::string& path, const std::string& record_path,
-    StoreSpec::DataSync data_sync, const Manifest& manifest,
+    const StoreSpec& spec, const Manifest& manifest,
     const std::map<std::string, std::string>& metadata) {
   const std::string describe = "file:" + path;
   struct stat st;
@@ -170,7 +172,7 @@ Result<std::unique_ptr<WeightStore>> CreateFileStore(
   DCR_RETURN_IF_ERROR(
       WriteSafetensors(path, tensors, metadata)
           .WithContext("cannot create store '" + describe + "'"));
-  return OpenFileStore(path, record_path, data_sync);
+  return OpenFileStore(path, record_path, spec);
 }
 
 }  // namespace dcr::store_internal

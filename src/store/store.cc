@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -135,12 +137,21 @@ WeightStore::WeightStore(std::string describe, std::string record_path,
 // no record was written since, since every data write follows a record
 // write (BeginRefit) and may have been missed.
 struct WeightStore::Syncer {
+  using Clock = std::chrono::steady_clock;
   std::string boot_id;
+  std::chrono::milliseconds delay{0};  // StoreSpec::write_back_delay
   Mutex mu;
   CondVar cv;  // signalled when requested, done, stop or detached changes
   uint64_t requested DCR_GUARDED_BY(mu) = 0;
   uint64_t done DCR_GUARDED_BY(mu) = 0;
   uint64_t generation DCR_GUARDED_BY(mu) = 0;  // of the latest request
+  // The requests a write-back took (done while none runs), and when the
+  // first request after them came: the next write-back starts `delay`
+  // after it.
+  uint64_t taken DCR_GUARDED_BY(mu) = 0;
+  Clock::time_point first_untaken DCR_GUARDED_BY(mu);
+  // Callers of WaitDataSync: while any waits, the delay is not waited out.
+  int waiters DCR_GUARDED_BY(mu) = 0;
   bool stop DCR_GUARDED_BY(mu) = false;
   // DetachDataSync: stopping skips queued requests.
   bool detached DCR_GUARDED_BY(mu) = false;
@@ -171,10 +182,11 @@ Result<std::string> CurrentBootId() {
   return id;
 }
 
-Status WeightStore::EnableBackgroundSync() {
+Status WeightStore::EnableBackgroundSync(std::chrono::milliseconds delay) {
   DCR_ASSIGN_OR_RETURN(std::string boot, CurrentBootId());
   syncer_ = std::make_unique<Syncer>();
   syncer_->boot_id = std::move(boot);
+  syncer_->delay = std::max(delay, std::chrono::milliseconds{0});
   syncer_->thread = std::thread([this] { SyncLoop(); });
   return Status::OK();
 }
@@ -193,7 +205,10 @@ Status WeightStore::WaitDataSync() {
   if (!syncer_) return Status::OK();
   Syncer& s = *syncer_;
   MutexLock lock(&s.mu);
+  ++s.waiters;
+  s.cv.SignalAll();  // a write-back waiting out its delay starts now
   while (s.done != s.requested && !s.detached) s.cv.Wait(&s.mu);
+  --s.waiters;
   return std::exchange(s.failed, Status::OK());
 }
 
@@ -214,7 +229,15 @@ void WeightStore::SyncLoop() {
     // open settles the mark).
     while (!s.stop && s.requested <= s.done) s.cv.Wait(&s.mu);
     if (s.requested == s.done || (s.stop && s.detached)) return;
+    // Lets commits close together share this write-back, unless the store
+    // closes or someone waits for the data.
+    const Syncer::Clock::time_point due = s.first_untaken + s.delay;
+    while (!s.stop && s.waiters == 0 && Syncer::Clock::now() < due) {
+      s.cv.WaitUntil(&s.mu, due);
+    }
+    if (s.stop && s.detached) return;
     const uint64_t serving = s.requested;
+    s.taken = serving;
     const uint64_t generation = s.generation;
     lock.Unlock();
     Status st;
@@ -343,6 +366,9 @@ Status WeightStore::Records::SyncThenPersist(WeightStore& store,
   }
   {
     MutexLock lock(&syncer->mu);
+    if (syncer->requested == syncer->taken) {
+      syncer->first_untaken = Syncer::Clock::now();
+    }
     ++syncer->requested;
     syncer->generation = written;
   }
@@ -533,7 +559,7 @@ Result<std::unique_ptr<WeightStore>> OpenStore(const StoreSpec& spec) {
         return Status::InvalidArgument("file store spec names no path");
       }
       return store_internal::OpenFileStore(spec.path, ResolvedRecordPath(spec),
-                                           spec.data_sync);
+                                           spec);
     case StoreSpec::Kind::kShm:
       DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
       return store_internal::OpenShmStore(spec.path, ResolvedRecordPath(spec));
@@ -552,8 +578,7 @@ Result<std::unique_ptr<WeightStore>> CreateStore(
         return Status::InvalidArgument("file store spec names no path");
       }
       return store_internal::CreateFileStore(
-          spec.path, ResolvedRecordPath(spec), spec.data_sync, manifest,
-          metadata);
+          spec.path, ResolvedRecordPath(spec), spec, manifest, metadata);
     case StoreSpec::Kind::kShm:
       DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
       return store_internal::CreateShmStore(spec.path, ResolvedRecordPath(spec),

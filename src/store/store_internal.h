@@ -35,12 +35,13 @@ Status RemoveRecord(const std::string& record_path);
 Status LockExclusive(int fd, const std::string& what);
 
 // Backends. `record_path` is already resolved (never empty).
+// `spec` gives the data sync mode and the write-back delay.
 Result<std::unique_ptr<WeightStore>> OpenFileStore(
     const std::string& path, const std::string& record_path,
-    StoreSpec::DataSync data_sync);
+    const StoreSpec& spec);
 Result<std::unique_ptr<WeightStore>> CreateFileStore(
     const std::string& path, const std::string& record_path,
-    StoreSpec::DataSync data_sync, const Manifest& manifest,
+    const StoreSpec& spec, const Manifest& manifest,
     const std::map<std::string, std::string>& metadata);
 
 Status ValidateShmName(std::string_view name);

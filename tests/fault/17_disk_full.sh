@@ -73,7 +73,10 @@ synced() {  # synced: the leaf's background write-back dropped its record's mark
   fail "$VIC's record is still marked unsynced after 10 s: $(cat "$REC")"
 }
 
-fault_start_all
+# The leaf writes back at once (not after --write-back-delay's 30 s):
+# `synced` waits for it.
+for n in "${RELAYS[@]}"; do [[ $n == "$VIC" ]] || fault_start "$n"; done
+fault_start "$VIC" "" --write-back-delay 0
 FAULT_SEEDING=1 full_node "$V/v0.safetensors"  # seeds it: a record, committed v0
 cp "$REC" "$T/record-a"
 
@@ -96,7 +99,7 @@ synced
 # (c) Full while the leaf sits on COMMIT: the commit's record write fails.
 kill -TERM "${PID[$VIC]}"
 fault_wait_exit "$VIC" 0
-fault_start "$VIC" "relay.commit=delay(2000)@1"
+fault_start "$VIC" "relay.commit=delay(2000)@1" --write-back-delay 0
 fault_snapshot
 fault_refit_bg "$V/v3.safetensors"
 fault_wait_log "$VIC" "failpoint relay.commit (hit 1): delay"

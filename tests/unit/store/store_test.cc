@@ -11,11 +11,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/failpoint.h"
@@ -951,6 +953,71 @@ TEST_F(DataSyncTest, ACommitIsMarkedUntilTheWriteBackClearsIt) {
   EXPECT_EQ(cleared->committed->version, last);
   EXPECT_FALSE(s.record().unsynced);
   EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":1,"));
+}
+
+// StoreSpec::write_back_delay: the write-back starts that long after the
+// first commit it serves, so a commit within the wait shares it.
+TEST_F(DataSyncTest, TheWriteBackWaitsOutItsDelayForEveryCommitInIt) {
+  using Clock = std::chrono::steady_clock;
+  Fixture f;
+  StoreSpec spec = WriteFixture(f, "p.safetensors");
+  spec.write_back_delay = std::chrono::milliseconds(600);
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  WeightStore& s = **store;
+  const Version v1{1, s.Digests().version};
+  const Clock::time_point t0 = Clock::now();
+  ASSERT_TRUE(s.Commit(v1, IdOf(1)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto rec = OnDisk(s.record_path());
+  ASSERT_TRUE(rec && rec->unsynced);
+  const Version v2{2, Digest128{2, 2}};
+  ASSERT_TRUE(s.BeginRefit(IdOf(2), v1, v2).ok());
+  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  const bool within = Clock::now() - t0 < std::chrono::milliseconds(500);
+  // The first record seen without the mark names v2: one write-back
+  // served both commits (when the second came within the delay).
+  for (int i = 0; i < 500; ++i) {
+    rec = OnDisk(s.record_path());
+    ASSERT_TRUE(rec);
+    if (!rec->unsynced) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto cleared_after = Clock::now() - t0;
+  ASSERT_FALSE(rec->unsynced) << "still marked after 5 s";
+  EXPECT_GE(cleared_after, std::chrono::milliseconds(600));
+  if (within) {
+    EXPECT_EQ(rec->committed->version, v2);
+  }
+}
+
+// Who waits for the data, or closes the store, does not wait the delay out.
+TEST_F(DataSyncTest, WaitingOrClosingWritesBackAtOnce) {
+  using Clock = std::chrono::steady_clock;
+  Fixture f;
+  StoreSpec spec = WriteFixture(f, "p.safetensors");
+  spec.write_back_delay = std::chrono::minutes(10);
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  const Version v1{1, (*store)->Digests().version};
+  ASSERT_TRUE((*store)->Commit(v1, IdOf(1)).ok());
+  Clock::time_point t0 = Clock::now();
+  ASSERT_TRUE((*store)->WaitDataSync().ok());
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
+  auto rec = OnDisk((*store)->record_path());
+  ASSERT_TRUE(rec);
+  EXPECT_FALSE(rec->unsynced);
+  const Version v2{2, Digest128{2, 2}};
+  ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v2).ok());
+  ASSERT_TRUE((*store)->Commit(v2, IdOf(2)).ok());
+  const std::string record_path = (*store)->record_path();
+  t0 = Clock::now();
+  store->reset();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
+  rec = OnDisk(record_path);
+  ASSERT_TRUE(rec);
+  EXPECT_FALSE(rec->unsynced);
+  EXPECT_EQ(rec->committed->version, v2);
 }
 
 TEST_F(DataSyncTest, SyncingAtCommitNeverMarks) {
