@@ -183,7 +183,8 @@ struct StoreSpec {
   // write-protect fault per 4 KiB page once a page was written back: 0.35
   // s of CPU per GB changed). The data is as durable as the page cache
   // keeps it meanwhile (see "Durability"). WaitDataSync() and closing the
-  // store do not wait it out. 0: at once.
+  // store do not wait it out, nor does the write-back after one that a
+  // refit overlapped (it could not drop the mark). 0: at once.
   std::chrono::milliseconds write_back_delay{0};
 
   // "memory:", "file:/models/p.safetensors", "shm:/policy".

@@ -216,9 +216,10 @@ int Run(const Args& a) {
                           ? StoreSpec::DataSync::kAtCommit
                           : StoreSpec::DataSync::kBackground;
   auto delay = ParseDurationNs(a.write_back_delay);
-  if (!delay.ok()) {
+  if (!delay.ok() || *delay > uint64_t{24} * 3600 * 1000000000) {
     return ReportError(Status::InvalidArgument(fmt::format(
-        "--write-back-delay '{}': give a duration, e.g. 30s (0: at once)",
+        "--write-back-delay '{}': give a duration up to 24h, e.g. 30s (0: "
+        "at once)",
         a.write_back_delay)));
   }
   o.store.write_back_delay = std::chrono::milliseconds(*delay / 1000000);

@@ -138,18 +138,27 @@ MappedFile::~MappedFile() {
 
 Status MappedFile::Sync(size_t slice_bytes) {
   if (mode_ != Mode::kReadWrite || data_ == nullptr) return Status::OK();
-  // Only where write(2) and the mapping share the page cache; a failure
-  // here costs the pacing, not durability (the msync decides that).
+  // Only where write(2) and the mapping share the page cache. Waiting
+  // consumes the file's write-back error (the msync after it would not see
+  // it again): an error is returned, but for "not supported here", which
+  // leaves the whole write-back to the msync.
   if (slice_bytes > 0 && !write_through_map_) {
     constexpr unsigned kFlags = SYNC_FILE_RANGE_WAIT_BEFORE |
                                 SYNC_FILE_RANGE_WRITE |
                                 SYNC_FILE_RANGE_WAIT_AFTER;
-    for (size_t off = 0; off < size_; off += slice_bytes) {
+    for (size_t off = 0; off < size_;) {
       const size_t len = std::min(slice_bytes, size_ - off);
       if (::sync_file_range(fd_.get(), static_cast<off_t>(off),
-                            static_cast<off_t>(len), kFlags) != 0) {
+                            static_cast<off_t>(len), kFlags) == 0) {
+        off += len;
+        continue;
+      }
+      if (errno == EINTR) continue;
+      if (errno == EINVAL || errno == ENOSYS || errno == ESPIPE ||
+          errno == EOPNOTSUPP) {
         break;
       }
+      return Status::FromErrno("write-back of '" + path_ + "' failed", errno);
     }
   }
   if (::msync(data_, size_, MS_SYNC) != 0) {

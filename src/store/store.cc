@@ -152,6 +152,10 @@ struct WeightStore::Syncer {
   Clock::time_point first_untaken DCR_GUARDED_BY(mu);
   // Callers of WaitDataSync: while any waits, the delay is not waited out.
   int waiters DCR_GUARDED_BY(mu) = 0;
+  // The last write-back could not drop the mark (a record was written
+  // during it, as a refit's BeginRefit): the next starts without the
+  // delay, or refits closer together than it would keep the mark forever.
+  bool overdue DCR_GUARDED_BY(mu) = false;
   bool stop DCR_GUARDED_BY(mu) = false;
   // DetachDataSync: stopping skips queued requests.
   bool detached DCR_GUARDED_BY(mu) = false;
@@ -232,7 +236,8 @@ void WeightStore::SyncLoop() {
     // Lets commits close together share this write-back, unless the store
     // closes or someone waits for the data.
     const Syncer::Clock::time_point due = s.first_untaken + s.delay;
-    while (!s.stop && s.waiters == 0 && Syncer::Clock::now() < due) {
+    while (!s.stop && s.waiters == 0 && !s.overdue &&
+           Syncer::Clock::now() < due) {
       s.cv.WaitUntil(&s.mu, due);
     }
     if (s.stop && s.detached) return;
@@ -246,6 +251,7 @@ void WeightStore::SyncLoop() {
     } else {
       st = SyncData(kBackgroundSliceBytes);
     }
+    bool kept_mark = false;
     if (st.ok()) {
       MutexLock persist(&r.persist_mu);
       VersionRecord next = r.Get();
@@ -263,6 +269,7 @@ void WeightStore::SyncLoop() {
         next.unsynced.reset();
         st = r.Persist(*this, next);
       }
+      kept_mark = !current && next.unsynced.has_value();
     }
     if (!st.ok()) {
       spdlog::error(
@@ -273,6 +280,7 @@ void WeightStore::SyncLoop() {
     }
     lock.Lock();
     s.done = serving;
+    s.overdue = kept_mark;
     if (!st.ok()) {
       s.failed = st;
       s.poisoned = true;
