@@ -903,6 +903,19 @@ class DataSyncTest : public StoreTest {
     (*cp)->MutableTensorData(ids)[3] ^= std::byte{0x10};
     ASSERT_TRUE((*cp)->Flush().ok());
   }
+  // The record at `path` once the write-back dropped its mark, or as it is
+  // after `limit` if it did not (polled; the write-back runs on its own
+  // thread and tells no one).
+  static std::optional<VersionRecord> Unmarked(
+      const std::string& path, std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    std::optional<VersionRecord> rec = OnDisk(path);
+    while (rec && rec->unsynced && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      rec = OnDisk(path);
+    }
+    return rec;
+  }
   static std::optional<VersionRecord> OnDisk(const std::string& path) {
     auto rec = ReadVersionRecord(path);
     EXPECT_TRUE(rec.ok()) << rec.status().ToString();
@@ -980,12 +993,8 @@ TEST_F(DataSyncTest, TheWriteBackWaitsOutItsDelayForEveryCommitInIt) {
   const bool within = Clock::now() - t0 < std::chrono::milliseconds(500);
   // The first record seen without the mark names v2: one write-back
   // served both commits (when the second came within the delay).
-  for (int i = 0; i < 500; ++i) {
-    rec = OnDisk(s.record_path());
-    ASSERT_TRUE(rec);
-    if (!rec->unsynced) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  rec = Unmarked(s.record_path(), std::chrono::seconds(5));
+  ASSERT_TRUE(rec);
   const auto cleared_after = Clock::now() - t0;
   ASSERT_FALSE(rec->unsynced) << "still marked after 5 s";
   EXPECT_GE(cleared_after, std::chrono::milliseconds(600));
@@ -1053,12 +1062,8 @@ TEST_F(DataSyncTest, AWriteBackThatKeptTheMarkMakesTheNextOneDueAtOnce) {
   ASSERT_TRUE(rec && rec->unsynced && rec->in_progress);
   const Clock::time_point t0 = Clock::now();
   ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
-  for (int i = 0; i < 1000; ++i) {
-    rec = OnDisk(s.record_path());
-    ASSERT_TRUE(rec);
-    if (!rec->unsynced) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  rec = Unmarked(s.record_path(), std::chrono::seconds(10));
+  ASSERT_TRUE(rec);
   EXPECT_FALSE(rec->unsynced) << "still marked, the delay waited out";
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
   EXPECT_EQ(rec->committed->version, v2);
