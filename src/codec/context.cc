@@ -119,6 +119,55 @@ void GatherGroups(size_t w, const uint8_t* group, size_t n,
   }
 }
 
+// The inverse of GatherGroups: appends byte j of change i to plane
+// gp[group[i] * W + j], in order. Every group's next slot is written for
+// every change and only the change's own group advances, so the loop has
+// no branch and its counters stay in registers; each plane needs one byte
+// past its changes.
+template <size_t W, size_t G>
+void GatherByGroupWG(const uint8_t* group, size_t n,
+                     const uint8_t* const* planes, uint8_t* const* gp) {
+  size_t at[G] = {};
+  for (size_t i = 0; i < n; ++i) {
+    const size_t gi = group[i];
+#pragma GCC unroll 4
+    for (size_t g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+      for (size_t j = 0; j < W; ++j) gp[g * W + j][at[g]] = planes[j][i];
+      at[g] += gi == g ? 1 : 0;
+    }
+  }
+}
+
+template <size_t W>
+void GatherByGroupW(size_t groups, const uint8_t* group, size_t n,
+                    const uint8_t* const* planes, uint8_t* const* gp) {
+  switch (groups) {
+    case 1:
+      for (size_t j = 0; j < W; ++j) std::memcpy(gp[j], planes[j], n);
+      return;
+    case 2:
+      return GatherByGroupWG<W, 2>(group, n, planes, gp);
+    case 3:
+      return GatherByGroupWG<W, 3>(group, n, planes, gp);
+    default:
+      return GatherByGroupWG<W, 4>(group, n, planes, gp);
+  }
+}
+
+void GatherByGroup(size_t w, size_t groups, const uint8_t* group, size_t n,
+                   const uint8_t* const* planes, uint8_t* const* gp) {
+  static_assert(kMaxContextGroups == 4);
+  switch (w) {
+    case 1:
+      return GatherByGroupW<1>(groups, group, n, planes, gp);
+    case 2:
+      return GatherByGroupW<2>(groups, group, n, planes, gp);
+    default:
+      return GatherByGroupW<4>(groups, group, n, planes, gp);
+  }
+}
+
 }  // namespace
 
 bool ContextUsable(size_t elem_size, ExponentField field) {
@@ -335,20 +384,22 @@ Result<bool> ContextEncoder::Encode(const Changes& c, double gain,
 
   // Group planes, in position order within each group.
   std::array<size_t, kMaxContextGroups> gcount{};
-  for (size_t i = 0; i < changed; ++i) ++gcount[r.group[s.rng[i]]];
+  for (size_t q = 0; q < best_k; ++q) {
+    const uint32_t* h = s.hist.data() + q * w * 256;
+    size_t in_range = 0;
+    for (int v = 0; v < 256; ++v) in_range += h[v];
+    gcount[r.group[q]] += in_range;
+  }
   std::array<uint8_t*, kMaxContextGroups * 4> gp{};
   for (size_t g = 0; g < groups; ++g) {
     for (size_t j = 0; j < w; ++j) {
-      gp[g * w + j] =
-          Reserve(&s.gplanes[g * w + j], std::max<size_t>(1, gcount[g]));
+      // One byte of slack: GatherByGroup writes every group's next slot.
+      gp[g * w + j] = Reserve(&s.gplanes[g * w + j], gcount[g] + 1);
     }
   }
-  std::array<size_t, kMaxContextGroups> gat{};
-  for (size_t i = 0; i < changed; ++i) {
-    const size_t g = r.group[s.rng[i]];
-    for (size_t j = 0; j < w; ++j) gp[g * w + j][gat[g]] = c.planes[j][i];
-    ++gat[g];
-  }
+  // s.rng from here on holds each change's value group.
+  for (size_t i = 0; i < changed; ++i) s.rng[i] = r.group[s.rng[i]];
+  GatherByGroup(w, groups, s.rng.data(), changed, c.planes, gp.data());
 
   // The chunk.
   const size_t start = out->size();

@@ -74,6 +74,10 @@ struct ContextScanOps {
                            std::vector<uint32_t>* positions,
                            std::vector<uint8_t>* groups, size_t expect,
                            const std::string& name);
+  // FindChanges (codec/diff.h).
+  size_t (*find_changes)(size_t elem_size, const std::byte* base,
+                         const std::byte* target, size_t n, bool xor_values,
+                         uint32_t* positions, uint8_t* const* planes);
 };
 
 // The fastest compilation this CPU runs.
