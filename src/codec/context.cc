@@ -107,8 +107,9 @@ void GatherGroupsW(const uint8_t* group, size_t n, const uint8_t* const* gp,
 }
 
 // out[i * w + j] = byte j of the next value of change i's group.
-void GatherGroups(size_t w, const uint8_t* group, size_t n,
+void GatherGroups(size_t w, size_t groups, const uint8_t* group, size_t n,
                   const uint8_t* const* gp, std::byte* out) {
+  if (groups == 1) return JoinPlanes(w, gp, n, out);
   switch (w) {
     case 1:
       return GatherGroupsW<1>(group, n, gp, out);
@@ -566,7 +567,10 @@ Status DecodeContextChunk(std::span<const std::byte> bytes,
   // The group planes, then each change's value from its group's planes.
   const size_t n = c.changed;
   std::array<size_t, kMaxContextGroups> gcount{};
-  for (size_t i = 0; i < n; ++i) ++gcount[s.rng[i]];
+  for (size_t g = 0; g < groups; ++g) {
+    gcount[g] = static_cast<size_t>(std::count(
+        s.rng.begin(), s.rng.begin() + static_cast<ptrdiff_t>(n), g));
+  }
   std::array<const uint8_t*, kMaxContextGroups * 4> gp{};
   for (size_t g = 0; g < groups; ++g) {
     for (size_t j = 0; j < w; ++j) {
@@ -582,7 +586,7 @@ Status DecodeContextChunk(std::span<const std::byte> bytes,
     }
   }
   out->values.resize(n * w);
-  GatherGroups(w, s.rng.data(), n, gp.data(), out->values.data());
+  GatherGroups(w, groups, s.rng.data(), n, gp.data(), out->values.data());
   const uint64_t decoded_sum =
       DecodedChecksum(out->positions.data(), n, out->values.data(), w);
   if (decoded_sum != LoadLE<uint64_t>(h + 32)) {
