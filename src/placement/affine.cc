@@ -1,0 +1,260 @@
+// Affine pieces (dcr/placement.h): their checks, the exact tiling test and
+// the maps between flat positions.
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "dcr/placement.h"
+
+namespace dcr {
+namespace {
+
+__extension__ using u128 = unsigned __int128;
+__extension__ using i128 = __int128;
+
+std::string Where(const std::string& tensor, const AffinePiece& p) {
+  return "tensor '" + tensor + "', rank " + std::to_string(p.rank) +
+         " shard '" + p.shard + "'";
+}
+
+std::string ShapeText(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+// Elements of `s`, or false if the count overflows 64 bits.
+bool Volume(const Shape& s, uint64_t* n) {
+  u128 v = 1;
+  for (uint64_t d : s) {
+    v *= d;
+    if (v > UINT64_MAX) return false;
+  }
+  *n = static_cast<uint64_t>(v);
+  return true;
+}
+
+Shape RowMajorStrides(const Shape& s) {
+  Shape stride(s.size(), 1);
+  for (size_t i = s.size(); i-- > 1;) stride[i - 1] = stride[i] * s[i];
+  return stride;
+}
+
+// The progression {a + s*i : 0 <= i < n}'s last element.
+u128 Last(uint64_t a, uint64_t s, uint64_t n) {
+  return u128{a} + u128{s} * (n - 1);
+}
+
+// Inverse of x modulo m (gcd(x, m) = 1, m >= 1).
+i128 InverseMod(i128 x, i128 m) {
+  i128 r0 = m, r1 = ((x % m) + m) % m, t0 = 0, t1 = 1;
+  while (r1 != 0) {
+    const i128 q = r0 / r1;
+    std::swap(r0, r1);
+    r1 -= q * r0;
+    std::swap(t0, t1);
+    t1 -= q * t0;
+  }
+  return ((t0 % m) + m) % m;
+}
+
+// True iff {a + s*i : i < n} and {b + t*j : j < m} share an element.
+bool ProgressionsMeet(uint64_t a, uint64_t s, uint64_t n, uint64_t b,
+                      uint64_t t, uint64_t m) {
+  const u128 lo = std::max<u128>(a, b);
+  const u128 hi = std::min(Last(a, s, n), Last(b, t, m));
+  if (lo > hi) return false;
+  const uint64_t g = std::gcd(s, t);
+  const i128 diff = static_cast<i128>(b) - static_cast<i128>(a);
+  if (diff % static_cast<i128>(g) != 0) return false;
+  // x = a + s*k with s*k = b - a (mod t): k = (diff/g) * inv(s/g) mod t/g.
+  const i128 tg = static_cast<i128>(t / g);
+  const i128 k = ((diff / static_cast<i128>(g)) % tg + tg) % tg *
+                 InverseMod(static_cast<i128>(s / g), tg) % tg;
+  const i128 lcm = static_cast<i128>(s / g) * static_cast<i128>(t);
+  i128 x = static_cast<i128>(a) + static_cast<i128>(s) * k;
+  // The first common element at or above lo.
+  const i128 l = static_cast<i128>(lo);
+  if (x < l) x += (l - x + lcm - 1) / lcm * lcm;
+  return x <= static_cast<i128>(hi);
+}
+
+}  // namespace
+
+AffinePiece AffinePiece::Block(uint32_t rank, std::string shard, Shape shape,
+                               Shape to) {
+  AffinePiece p;
+  p.rank = rank;
+  p.shard = std::move(shard);
+  p.from.assign(shape.size(), 0);
+  p.extent = shape;
+  p.shard_shape = std::move(shape);
+  p.to = std::move(to);
+  p.axis.resize(p.extent.size());
+  std::iota(p.axis.begin(), p.axis.end(), 0u);
+  p.step.assign(p.extent.size(), 1);
+  return p;
+}
+
+Status CheckPiece(const std::string& tensor, const Shape& canonical_shape,
+                  const AffinePiece& p) {
+  const size_t dims = canonical_shape.size();
+  auto bad = [&](const std::string& msg) {
+    return Status::InvalidArgument(Where(tensor, p) + ": " + msg);
+  };
+  if (p.shard_shape.size() != dims || p.from.size() != dims ||
+      p.extent.size() != dims || p.to.size() != dims || p.axis.size() != dims ||
+      p.step.size() != dims) {
+    return bad("the piece's shapes must all have the canonical tensor's " +
+               std::to_string(dims) + " dimensions");
+  }
+  std::vector<bool> seen(dims, false);
+  for (uint32_t k : p.axis) {
+    if (k >= dims || seen[k]) {
+      return bad("axis must be a permutation of the shard's dimensions");
+    }
+    seen[k] = true;
+  }
+  uint64_t n;
+  if (!Volume(p.shard_shape, &n)) return bad("the shard's size overflows");
+  for (size_t k = 0; k < dims; ++k) {
+    if (p.extent[k] == 0)
+      return bad("the box is empty along dimension " + std::to_string(k));
+    if (p.from[k] > p.shard_shape[k] ||
+        p.extent[k] > p.shard_shape[k] - p.from[k]) {
+      return bad("the box " + ShapeText(p.from) + " + " + ShapeText(p.extent) +
+                 " leaves the shard's shape " + ShapeText(p.shard_shape));
+    }
+  }
+  for (size_t d = 0; d < dims; ++d) {
+    if (p.step[d] == 0) return bad("step must be at least 1");
+    if (Last(p.to[d], p.step[d], p.extent[p.axis[d]]) >= canonical_shape[d]) {
+      return bad("its image leaves the canonical shape " +
+                 ShapeText(canonical_shape) + " along dimension " +
+                 std::to_string(d));
+    }
+  }
+  return Status::OK();
+}
+
+Status CheckTiling(const std::string& tensor, const Shape& canonical_shape,
+                   std::span<const AffinePiece> pieces) {
+  uint64_t total;
+  if (!Volume(canonical_shape, &total)) {
+    return Status::InvalidArgument("tensor '" + tensor +
+                                   "': its size overflows");
+  }
+  u128 held = 0;
+  for (const AffinePiece& p : pieces) {
+    DCR_RETURN_IF_ERROR(CheckPiece(tensor, canonical_shape, p));
+    uint64_t v = 0;
+    if (!Volume(p.extent, &v)) {  // inside the canonical tensor: cannot be
+      return Status::InvalidArgument(Where(tensor, p) + ": size overflows");
+    }
+    held += v;
+  }
+  const size_t dims = canonical_shape.size();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    for (size_t j = i + 1; j < pieces.size(); ++j) {
+      const AffinePiece& a = pieces[i];
+      const AffinePiece& b = pieces[j];
+      bool meet = true;
+      for (size_t d = 0; d < dims && meet; ++d) {
+        meet = ProgressionsMeet(a.to[d], a.step[d], a.extent[a.axis[d]],
+                                b.to[d], b.step[d], b.extent[b.axis[d]]);
+      }
+      if (meet) {
+        return Status::InvalidArgument(
+            "tensor '" + tensor + "': the pieces of rank " +
+            std::to_string(a.rank) + " (shard '" + a.shard + "') and rank " +
+            std::to_string(b.rank) + " (shard '" + b.shard +
+            "') hold the same elements");
+      }
+    }
+  }
+  if (held != total) {
+    // Disjoint and inside the bounds, so held < total: a gap.
+    return Status::InvalidArgument(
+        "tensor '" + tensor +
+        "': " + std::to_string(total - static_cast<uint64_t>(held)) +
+        " of its " + std::to_string(total) + " elements are held by no rank");
+  }
+  return Status::OK();
+}
+
+PieceMap::PieceMap(const AffinePiece& p, const Shape& canonical_shape)
+    : dims_(canonical_shape.size()),
+      shard_shape_(p.shard_shape),
+      canonical_shape_(canonical_shape),
+      shard_stride_(RowMajorStrides(p.shard_shape)),
+      canonical_stride_(RowMajorStrides(canonical_shape)),
+      from_(p.from),
+      extent_(p.extent),
+      to_(p.to),
+      step_(p.step),
+      axis_(p.axis),
+      delta_(dims_, 0) {
+  Volume(p.extent, &elements_);
+  for (size_t d = 0; d < dims_; ++d) {
+    origin_ += canonical_stride_[d] * to_[d];
+    delta_[axis_[d]] = canonical_stride_[d] * step_[d];
+  }
+  // Row-major order in the box is canonical order iff no dimension is
+  // moved ahead of a slower one.
+  for (size_t d = 0; d < dims_; ++d) ascending_ &= axis_[d] == d;
+}
+
+bool PieceMap::Holds(uint64_t s) const {
+  if (dims_ == 0) return s == 0;  // a scalar
+  if (s / shard_stride_[0] >= shard_shape_[0]) return false;
+  for (size_t k = 0; k < dims_; ++k) {
+    const uint64_t c = (s / shard_stride_[k]) % shard_shape_[k];
+    if (c < from_[k] || c - from_[k] >= extent_[k]) return false;
+  }
+  return true;
+}
+
+uint64_t PieceMap::ToCanonical(uint64_t s) const {
+  uint64_t c = origin_;
+  for (size_t k = 0; k < dims_; ++k) {
+    c += delta_[k] * ((s / shard_stride_[k]) % shard_shape_[k] - from_[k]);
+  }
+  return c;
+}
+
+bool PieceMap::ToShard(uint64_t c, uint64_t* s) const {
+  if (dims_ == 0) {
+    *s = 0;
+    return c == 0;
+  }
+  if (c / canonical_stride_[0] >= canonical_shape_[0]) return false;
+  uint64_t out = 0;
+  for (size_t d = 0; d < dims_; ++d) {
+    const uint64_t coord = (c / canonical_stride_[d]) % canonical_shape_[d];
+    if (coord < to_[d]) return false;
+    const uint64_t off = coord - to_[d];
+    if (off % step_[d] != 0) return false;
+    const uint32_t k = axis_[d];
+    const uint64_t i = off / step_[d];
+    if (i >= extent_[k]) return false;
+    out += shard_stride_[k] * (from_[k] + i);
+  }
+  *s = out;
+  return true;
+}
+
+size_t PieceMap::Project(std::span<const uint64_t> changed,
+                         std::vector<uint64_t>* out) const {
+  const size_t start = out->size();
+  for (uint64_t s : changed) {
+    if (Holds(s)) out->push_back(ToCanonical(s));
+  }
+  if (!ascending_)
+    std::sort(out->begin() + static_cast<ptrdiff_t>(start), out->end());
+  return out->size() - start;
+}
+
+}  // namespace dcr
