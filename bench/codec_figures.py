@@ -29,6 +29,7 @@ import os
 import platform
 import shutil
 import subprocess
+import statistics
 import sys
 import time
 
@@ -36,6 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # lr giving about this change rate per step on the default traingen model
 # (measured: tools/src/traingen.cc --help).
 LR_FOR_RATE = {1: 6e-7, 3: 2.2e-6, 5: 4.2e-6}
+# Rounds of the whole throughput set per pair (see speed()).
+SPEED_ROUNDS = 5
 # The later pair of a run: versions LATER_STEP - 1 -> LATER_STEP.
 LATER_STEP = 5
 # key: (target, "<=" or ">="), over every row (issue 16's figures; plain
@@ -128,16 +131,25 @@ def end_to_end(args, v0, v1):
 
 def speed(args, v0, v1):
     bench = os.path.join(args.build_dir, "bench", "codec_bench")
-    out = run([bench, "speed", "--base", v0, "--target", v1,
-               "--benchmark_format=json", "--benchmark_repetitions=3",
-               f"--benchmark_min_time={0.2 if args.quick else 1}"]).stdout
-    res = {}
-    # The median of three repetitions: these machines are shared and noisy.
-    for b in json.loads(out)["benchmarks"]:
-        if b.get("error_occurred"):
-            sys.exit(f"codec_figures: {b['name']}: {b.get('error_message')}")
-        if b.get("aggregate_name") == "median":
-            res[b["run_name"].replace("/real_time", "")] = b["bytes_per_second"] / 1e9
+    # These machines are shared and their speed drifts over minutes: rather
+    # than three repetitions of each benchmark back to back, run the whole
+    # set SPEED_ROUNDS times and take each benchmark's median over the
+    # rounds, so a slow minute costs every benchmark one sample alike.
+    rounds = 1 if args.quick else SPEED_ROUNDS
+    samples = {}
+    for _ in range(rounds):
+        out = run([bench, "speed", "--base", v0, "--target", v1,
+                   "--benchmark_format=json",
+                   # The first iteration of a process runs on cold pages
+                   # (measured up to 3x slower): warm up, then time.
+                   "--benchmark_min_warmup_time=0.2",
+                   f"--benchmark_min_time={0.2 if args.quick else 0.5}"]).stdout
+        for b in json.loads(out)["benchmarks"]:
+            if b.get("error_occurred"):
+                sys.exit(f"codec_figures: {b['name']}: {b.get('error_message')}")
+            name = b["run_name"].replace("/real_time", "")
+            samples.setdefault(name, []).append(b["bytes_per_second"] / 1e9)
+    res = {name: statistics.median(v) for name, v in samples.items()}
     return {
         "encode_gbps_1t": res["BM_Encode/1"],
         "encode_gbps_2t": res["BM_Encode/2"],
