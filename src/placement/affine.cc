@@ -28,6 +28,10 @@ std::string ShapeText(const Shape& s) {
 
 // Elements of `s`, or false if the count overflows 64 bits.
 bool Volume(const Shape& s, uint64_t* n) {
+  if (std::find(s.begin(), s.end(), uint64_t{0}) != s.end()) {
+    *n = 0;
+    return true;
+  }
   u128 v = 1;
   for (uint64_t d : s) {
     v *= d;
@@ -48,9 +52,11 @@ u128 Last(uint64_t a, uint64_t s, uint64_t n) {
   return u128{a} + u128{s} * (n - 1);
 }
 
-// Inverse of x modulo m (gcd(x, m) = 1, m >= 1).
-i128 InverseMod(i128 x, i128 m) {
-  i128 r0 = m, r1 = ((x % m) + m) % m, t0 = 0, t1 = 1;
+// Inverse of x modulo m (gcd(x, m) = 1, 1 <= m < 2^64). The extended
+// Euclid's coefficients stay below m in magnitude: they fit in i128.
+u128 InverseMod(u128 x, u128 m) {
+  i128 r0 = static_cast<i128>(m), r1 = static_cast<i128>(x % m);
+  i128 t0 = 0, t1 = 1;
   while (r1 != 0) {
     const i128 q = r0 / r1;
     std::swap(r0, r1);
@@ -58,28 +64,34 @@ i128 InverseMod(i128 x, i128 m) {
     std::swap(t0, t1);
     t1 -= q * t0;
   }
-  return ((t0 % m) + m) % m;
+  const i128 mm = static_cast<i128>(m);
+  return static_cast<u128>(((t0 % mm) + mm) % mm);
 }
 
-// True iff {a + s*i : i < n} and {b + t*j : j < m} share an element.
+// True iff {a + s*i : i < n} and {b + t*j : j < m} share an element
+// (s, t >= 1; n, m >= 1). Every operand is below 2^64, so each product
+// below fits in u128.
 bool ProgressionsMeet(uint64_t a, uint64_t s, uint64_t n, uint64_t b,
                       uint64_t t, uint64_t m) {
   const u128 lo = std::max<u128>(a, b);
   const u128 hi = std::min(Last(a, s, n), Last(b, t, m));
   if (lo > hi) return false;
   const uint64_t g = std::gcd(s, t);
-  const i128 diff = static_cast<i128>(b) - static_cast<i128>(a);
-  if (diff % static_cast<i128>(g) != 0) return false;
-  // x = a + s*k with s*k = b - a (mod t): k = (diff/g) * inv(s/g) mod t/g.
-  const i128 tg = static_cast<i128>(t / g);
-  const i128 k = ((diff / static_cast<i128>(g)) % tg + tg) % tg *
-                 InverseMod(static_cast<i128>(s / g), tg) % tg;
-  const i128 lcm = static_cast<i128>(s / g) * static_cast<i128>(t);
-  i128 x = static_cast<i128>(a) + static_cast<i128>(s) * k;
-  // The first common element at or above lo.
-  const i128 l = static_cast<i128>(lo);
-  if (x < l) x += (l - x + lcm - 1) / lcm * lcm;
-  return x <= static_cast<i128>(hi);
+  // x = a (mod s) and x = b (mod t) have a solution iff g divides b - a.
+  const uint64_t gap = a <= b ? b - a : a - b;
+  if (gap % g != 0) return false;
+  // x = a + s*k with s*k = b - a (mod t), i.e. k = ((b-a)/g) * inv(s/g)
+  // (mod t/g); (b - a)/g taken modulo t/g first, so it is non-negative.
+  const u128 tg = t / g;
+  const u128 d = a <= b ? (gap / g) % tg : (tg - (gap / g) % tg) % tg;
+  const u128 k = d * InverseMod(s / g, tg) % tg;
+  const u128 x = u128{a} + u128{s} * k;  // the first common element >= a
+  const u128 lcm = u128{s / g} * t;      // common elements are x + lcm*i
+  if (x >= lo) return x <= hi;
+  // The first common element at or above lo, without overflowing.
+  const u128 r = (lo - x) % lcm;
+  const u128 up = r == 0 ? 0 : lcm - r;
+  return up <= hi - lo;
 }
 
 }  // namespace
@@ -120,6 +132,9 @@ Status CheckPiece(const std::string& tensor, const Shape& canonical_shape,
   }
   uint64_t n;
   if (!Volume(p.shard_shape, &n)) return bad("the shard's size overflows");
+  if (!Volume(canonical_shape, &n)) {
+    return bad("the canonical tensor's size overflows");
+  }
   for (size_t k = 0; k < dims; ++k) {
     if (p.extent[k] == 0)
       return bad("the box is empty along dimension " + std::to_string(k));

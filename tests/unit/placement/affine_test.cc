@@ -40,8 +40,8 @@ std::vector<std::pair<uint64_t, uint64_t>> Segments(uint64_t n,
 
 // A random tiling of `shape` (1 to 3 dimensions): a grid of cells, each
 // cell one piece or, along dimension 0, an interleave of 2 or 3 pieces;
-// 2-D pieces sometimes transposed in their shard; shards sometimes larger
-// than their box.
+// pieces sometimes with their dimensions permuted in their shard; shards
+// sometimes larger than their box.
 std::vector<AffinePiece> RandomTiling(const Shape& shape,
                                       std::mt19937_64& rng) {
   const size_t dims = shape.size();
@@ -69,7 +69,9 @@ std::vector<AffinePiece> RandomTiling(const Shape& shape,
       cext[0] = (len[0] - r + ways - 1) / ways;
       p.axis.resize(dims);
       std::iota(p.axis.begin(), p.axis.end(), 0u);
-      if (dims == 2 && rng() % 3 == 0) p.axis = {1, 0};  // transposed
+      if (dims >= 2 && rng() % 3 == 0) {  // transposed or permuted
+        std::shuffle(p.axis.begin(), p.axis.end(), rng);
+      }
       p.extent.assign(dims, 0);
       for (size_t d = 0; d < dims; ++d) p.extent[p.axis[d]] = cext[d];
       p.from.assign(dims, 0);
@@ -265,6 +267,60 @@ TEST(AffineTest, InterleavesMeetOnlyWhereTheyShareAnElement) {
               HasSubstr("held by no rank"));
 }
 
+// Where the ranges of two progressions overlap and their gcd divides the
+// difference of their starts, they may still share no element; and steps
+// and positions near 2^64 must not overflow the arithmetic.
+TEST(AffineTest, ProgressionsMeetExactly) {
+  auto rows = [](uint32_t rank, uint64_t first, uint64_t step, uint64_t n) {
+    AffinePiece p = AffinePiece::Block(rank, "r", {n}, {first});
+    p.step = {step};
+    return p;
+  };
+  // {0, 6} and {4, 8}: gcd 2 divides 4, the ranges overlap on [4, 6],
+  // yet they share nothing.
+  EXPECT_THAT(
+      CheckTiling("t", {9}, std::vector{rows(0, 0, 6, 2), rows(1, 4, 4, 2)})
+          .message(),
+      HasSubstr("held by no rank"));
+  // {0, 6, 12} and {4, 8, 12}: they share 12.
+  EXPECT_THAT(
+      CheckTiling("t", {13}, std::vector{rows(0, 0, 6, 3), rows(1, 4, 4, 3)})
+          .message(),
+      HasSubstr("hold the same elements"));
+  const uint64_t big = UINT64_MAX;
+  // {0, 2^64 - 3} and {12345}: disjoint.
+  EXPECT_THAT(CheckTiling("t", {big},
+                          std::vector{rows(0, 0, big - 2, 2),
+                                      rows(1, 12345, big - 1, 1)})
+                  .message(),
+              HasSubstr("held by no rank"));
+  // a + 2s = b with a, s, b near 2^63-2^64: they meet.
+  EXPECT_THAT(
+      CheckTiling(
+          "t", {big},
+          std::vector{
+              rows(0, 4661357722308371504ull, 6813261153219219603ull, 3),
+              rows(1, 18287880028746810710ull, 14279084399169586636ull, 1)})
+          .message(),
+      HasSubstr("hold the same elements"));
+  // One element each, steps that would overflow a product of two of them.
+  EXPECT_TRUE(
+      CheckTiling(
+          "t", {4, 2},
+          std::vector{
+              [&] {
+                AffinePiece p = AffinePiece::Block(0, "a", {4, 1}, {0, 0});
+                p.step = {1, big};
+                return p;
+              }(),
+              [&] {
+                AffinePiece p = AffinePiece::Block(1, "b", {4, 1}, {0, 1});
+                p.step = {1, big - 1};
+                return p;
+              }()})
+          .ok());
+}
+
 TEST(AffineTest, GapsAreCounted) {
   Status st = CheckTiling(
       "w", {8, 8}, std::vector{AffinePiece::Block(0, "a", {4, 8}, {0, 0})});
@@ -304,6 +360,13 @@ TEST(AffineTest, MalformedPiecesAreRefused) {
   p.shard_shape = {UINT64_MAX, 4};
   p.from = {0, 0};
   expect_bad(p, "overflows");
+  // A canonical tensor whose size does not fit in 64 bits.
+  Status st = CheckPiece("w", {uint64_t{1} << 33, uint64_t{1} << 33}, good);
+  EXPECT_THAT(st.message(), HasSubstr("canonical tensor's size overflows"));
+  // An empty canonical tensor is held by no piece, and needs none.
+  EXPECT_TRUE(CheckTiling("e", {uint64_t{1} << 40, uint64_t{1} << 40, 0},
+                          std::vector<AffinePiece>{})
+                  .ok());
 }
 
 TEST(AffineTest, ScalarsMapToThemselves) {
