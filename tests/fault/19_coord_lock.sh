@@ -45,7 +45,7 @@ print((r['committed'] or {'step': 0})['step'], 'unfinished' if r.get('in_progres
 
 # --- a. the lock -----------------------------------------------------------
 fault_snapshot
-COORD_FAILPOINTS="coord.before_commit=delay(2000)" fault_refit_bg "$V/v1.safetensors"
+COORD_FAILPOINTS="coord.before_commit=delay(4000)" fault_refit_bg "$V/v1.safetensors"
 wait_refit_log "failpoint coord.before_commit (hit 1): delay"
 COORD=$(pgrep -P "$REFIT_PID" -x dcr || true)
 [[ -n $COORD ]] || fail "no running coordinator"

@@ -254,13 +254,16 @@ fault_refit() {  # fault_refit TARGET|"" [ARGS...] ("": no --target, e.g. --resu
   set -e
   REFIT_END=$(date +%s.%N)
   echo "$RC $REFIT_END" >"$T/refit.done"
-  cp "$T/report.json" "$T/out"
+  # In the background, $T/out belongs to the foreground's commands until
+  # fault_refit_wait: copying here could replace a command's output between
+  # its run and its check.
+  [[ ${FAULT_REFIT_BG:-0} == 1 ]] || cp "$T/report.json" "$T/out"
 }
 # fault_refit_bg TARGET [ARGS...]: fault_refit in the background (REFIT_PID);
-# fault_refit_wait then sets RC and REFIT_END.
+# fault_refit_wait then sets RC and REFIT_END and puts the report in $T/out.
 fault_refit_bg() {
   rm -f "$T/refit.done"
-  fault_refit "$@" &
+  FAULT_REFIT_BG=1 fault_refit "$@" &
   REFIT_PID=$!
 }
 fault_refit_wait() {
