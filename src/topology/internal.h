@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/yaml_doc.h"
 #include "dcr/status.h"
 #include "dcr/topology.h"
 
@@ -24,25 +25,21 @@ std::string CheckName(std::string_view name);
 std::string CheckHost(std::string_view host);
 // "" when `s` is valid UTF-8 without control characters (tab and newline
 // allowed: they survive a dump), else why not.
-std::string CheckText(std::string_view s);
+using yaml_doc::CheckText;
 
 Result<TransportKind> ParseTransport(std::string_view s);
 Result<StoreKind> ParseStoreKind(std::string_view s);
 // "memory", "file:/path", "shm:name".
 Result<StoreLocation> ParseStoreSpec(std::string_view s);
 // An integer in [lo, hi] written in decimal.
-Result<uint64_t> ParseUint(std::string_view s, uint64_t lo, uint64_t hi);
+using yaml_doc::ParseUint;
 Result<uint16_t> ParsePort(std::string_view s);
 Result<bool> ParseBool(std::string_view s);
 // "all" (0) or an integer >= 1.
 Result<uint32_t> ParseMinCommit(std::string_view s);
 
-// The closest of `known` to `key` by edit distance, if close enough to be a
-// likely typo; else "".
-std::string ClosestKey(std::string_view key,
-                       std::span<const std::string_view> known);
-// ", "-joined list.
-std::string JoinKeys(std::span<const std::string_view> known);
+using yaml_doc::ClosestKey;
+using yaml_doc::JoinKeys;
 
 // Escapes "$" so that ExpandEnv returns `s` unchanged.
 std::string EscapeEnv(std::string_view s);

@@ -2,7 +2,6 @@
 // InvalidArgument status naming the file, line and key path.
 #include <yaml-cpp/yaml.h>
 
-#include <exception>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -15,13 +14,9 @@
 namespace dcr {
 namespace {
 
-using topology_internal::ClosestKey;
 using topology_internal::Error;
-using topology_internal::JoinKeys;
 using topology_internal::kDefaultsKeys;
 using topology_internal::kRootKeys;
-
-using Keys = std::span<const std::string_view>;
 
 constexpr std::string_view kTopKeys[] = {"version", "defaults", "root",
                                          "clusters", "links"};
@@ -36,66 +31,18 @@ constexpr std::string_view kLinkKeys[] = {"from", "to", "bandwidth", "latency",
 // Largest topology file read, a guard against feeding it the wrong file.
 constexpr size_t kMaxTopologyBytes = 16u << 20;
 
-const char* TypeName(const YAML::Node& n) {
-  switch (n.Type()) {
-    case YAML::NodeType::Map:
-      return "a map";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Null:
-      return "nothing";
-    case YAML::NodeType::Scalar:
-      return "a scalar";
-    default:
-      return "an undefined value";
-  }
-}
+using yaml_doc::Field;
+using yaml_doc::Fields;
+using yaml_doc::TypeName;
 
-struct Field {
-  std::string key;
-  int line;
-  YAML::Node value;
-};
-
-// The checked entries of one YAML map.
-class Fields {
+class Parser : private yaml_doc::Reader {
  public:
-  const Field* Get(std::string_view key) const {
-    for (const Field& f : fields_) {
-      if (f.key == key) return &f;
-    }
-    return nullptr;
-  }
-  std::vector<Field>& all() { return fields_; }
-  int line = 0;
-
- private:
-  std::vector<Field> fields_;
-};
-
-class Parser {
- public:
-  explicit Parser(std::string_view source) : source_(source) {}
+  explicit Parser(std::string_view source)
+      : Reader(source.empty() ? "<topology>" : source), source_(source) {}
 
   Result<Topology> Parse(std::string_view text);
 
  private:
-  int LineOf(const YAML::Node& n, int fallback) const {
-    int line = n.Mark().line;
-    return line >= 0 ? line + 1 : fallback;
-  }
-  Status Err(int line, std::string_view path, std::string_view msg) const {
-    return Error(source_, line, path, msg);
-  }
-
-  // Checks that `n` is a map whose keys are distinct known scalars.
-  Result<Fields> Map(const YAML::Node& n, int line, const std::string& path,
-                     Keys known) const;
-  Status Required(const Fields& f, const std::string& path,
-                  std::string_view key) const {
-    if (f.Get(key) != nullptr) return Status::OK();
-    return Err(f.line, path, "missing required key '" + std::string(key) + "'");
-  }
   // A scalar value, ${VAR}-expanded.
   Result<std::string> Str(const Field& f, const std::string& path) const;
   // A scalar parsed by `parse`; its error message is located.
@@ -110,10 +57,6 @@ class Parser {
   }
   Status Name(const Field& f, const std::string& path, std::string* out) const;
   Status Host(const Field& f, const std::string& path, std::string* out) const;
-  // A list (null counts as empty).
-  Result<std::vector<YAML::Node>> List(const Field& f,
-                                       const std::string& path) const;
-
   Status ParseDefaults(const Field& f, TopologyDefaults* d) const;
   Status ParseRoot(const Field& f, RootSpec* r) const;
   Status ParseCluster(const YAML::Node& n, int line, const std::string& path,
@@ -125,46 +68,6 @@ class Parser {
 
   std::string source_;
 };
-
-Result<Fields> Parser::Map(const YAML::Node& n, int line,
-                           const std::string& path, Keys known) const {
-  Fields out;
-  out.line = LineOf(n, line);
-  if (!n.IsMap()) {
-    return Err(out.line, path,
-               std::string("expected a map, got ") + TypeName(n));
-  }
-  for (const auto& kv : n) {
-    const YAML::Node k = kv.first;
-    const YAML::Node v = kv.second;
-    int kline = LineOf(k, out.line);
-    if (!k.IsScalar()) {
-      return Err(kline, path,
-                 std::string("expected a key name, got ") + TypeName(k));
-    }
-    const std::string& key = k.Scalar();
-    std::string key_path = path.empty() ? key : path + "." + key;
-    bool ok = false;
-    for (std::string_view kn : known) ok = ok || kn == key;
-    if (!ok) {
-      std::string msg = "unknown key";
-      std::string near = ClosestKey(key, known);
-      if (!near.empty()) {
-        msg += " (did you mean '" + near + "'?)";
-      } else {
-        msg += " (known keys: " + JoinKeys(known) + ")";
-      }
-      return Err(kline, key_path, msg);
-    }
-    if (const Field* prev = out.Get(key)) {
-      return Err(kline, key_path,
-                 "duplicate key (first given at line " +
-                     std::to_string(prev->line) + ")");
-    }
-    out.all().push_back(Field{key, LineOf(v, kline), v});
-  }
-  return out;
-}
 
 Result<std::string> Parser::Str(const Field& f, const std::string& path) const {
   if (!f.value.IsScalar()) {
@@ -193,18 +96,6 @@ Status Parser::Host(const Field& f, const std::string& path,
   std::string why = topology_internal::CheckHost(*out);
   if (!why.empty()) return Err(f.line, path, "host " + why);
   return Status::OK();
-}
-
-Result<std::vector<YAML::Node>> Parser::List(const Field& f,
-                                             const std::string& path) const {
-  std::vector<YAML::Node> out;
-  if (f.value.IsNull()) return out;
-  if (!f.value.IsSequence()) {
-    return Err(f.line, path,
-               std::string("expected a list, got ") + TypeName(f.value));
-  }
-  for (const auto& item : f.value) out.push_back(item);
-  return out;
 }
 
 Status Parser::ParseDefaults(const Field& df, TopologyDefaults* d) const {
@@ -400,24 +291,7 @@ Result<Topology> Parser::Parse(std::string_view text) {
   // One document. yaml-cpp 0.7's LoadAll can loop forever on malformed
   // input (jbeder/yaml-cpp#1040, fixed upstream after 0.7), so count the
   // documents by their markers and load only the first.
-  int markers = 0;             // "---" lines
-  bool content_first = false;  // content before the first marker
-  for (size_t start = 0; start < text.size();) {
-    size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view l = text.substr(start, end - start);
-    start = end + 1;
-    if (l.starts_with("---") &&
-        (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r')) {
-      ++markers;
-      continue;
-    }
-    size_t first = l.find_first_not_of(" \t\r");
-    if (markers == 0 && first != std::string_view::npos && l[first] != '#') {
-      content_first = true;
-    }
-  }
-  int docs = markers + (content_first ? 1 : 0);
+  int docs = yaml_doc::CountDocuments(text);
   if (docs > 1) {
     return Err(0, "",
                "expected one YAML document, got " + std::to_string(docs));
@@ -477,109 +351,12 @@ Result<Topology> Parser::Parse(std::string_view text) {
 
 }  // namespace
 
-namespace {
-
-// yaml-cpp parses nested collections recursively: a hostile file of
-// "[[[[..." would exhaust the stack, and aliases can make a small file
-// expand exponentially. A topology nests a few levels and needs no
-// aliases, so both are refused before yaml-cpp sees the text.
-Status CheckNesting(std::string_view text, std::string_view source_name) {
-  // YAML is text: refuse NUL, other control characters and invalid UTF-8
-  // up front (yaml-cpp 0.7 loops forever on some such inputs).
-  int text_line = 1;
-  for (size_t start = 0; start <= text.size(); ++text_line) {
-    size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view l = text.substr(start, end - start);
-    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
-    if (std::string why = topology_internal::CheckText(l); !why.empty()) {
-      return Error(source_name, text_line, "", "the line " + why);
-    }
-    start = end + 1;
-  }
-  constexpr int kMaxFlowDepth = 32;
-  constexpr size_t kMaxIndent = 256;
-  int depth = 0, line = 1;
-  size_t indent = 0;
-  bool at_line_start = true;
-  char quote = 0;
-  bool comment = false;
-  char prev = '\n';
-  int first_open_line = 0;  // of the outermost open collection
-  for (char c : text) {
-    char before = prev;
-    prev = c;
-    if (c == '\n') {
-      ++line;
-      indent = 0;
-      at_line_start = true;
-      comment = false;
-      continue;
-    }
-    if (at_line_start && (c == ' ' || c == '-')) {
-      if (++indent > kMaxIndent) {
-        return Error(source_name, line, "",
-                     "indented more than 256 columns; a topology nests a few "
-                     "levels");
-      }
-      continue;
-    }
-    at_line_start = false;
-    if (comment) continue;
-    if (quote) {
-      if (c == quote) quote = 0;
-      continue;
-    }
-    bool token_start = before == ' ' || before == '\t' || before == '\n' ||
-                       before == '[' || before == '{' || before == ',' ||
-                       before == '-' || before == ':';
-    if ((c == '&' || c == '*') && token_start) {
-      // Aliases make the document a graph whose walk can be exponential
-      // in its size ("billion laughs"); a topology never needs them.
-      return Error(source_name, line, "",
-                   "YAML anchors and aliases (&name, *name) are not allowed "
-                   "in a topology; quote a value that starts with & or *");
-    }
-    if ((c == '"' || c == '\'') && token_start) {
-      quote = c;
-    } else if (c == '#' && token_start) {
-      comment = true;
-    } else if (c == '[' || c == '{') {
-      if (depth == 0) first_open_line = line;
-      if (++depth > kMaxFlowDepth) {
-        return Error(source_name, line, "",
-                     "collections nested more than 32 deep");
-      }
-    } else if (c == ']' || c == '}') {
-      if (depth == 0) {
-        return Error(source_name, line, "",
-                     std::string("'") + c + "' closes nothing");
-      }
-      --depth;
-    }
-  }
-  if (depth != 0) {
-    // yaml-cpp 0.7 can loop forever on an unclosed flow collection.
-    return Error(source_name, first_open_line, "",
-                 "this line opens a '[' or '{' that is never closed");
-  }
-  return Status::OK();
-}
-
-}  // namespace
-
 Result<Topology> ParseTopology(std::string_view text,
                                std::string_view source_name) {
-  DCR_RETURN_IF_ERROR(CheckNesting(text, source_name));
-  try {
-    return Parser(source_name).Parse(text);
-  } catch (const YAML::Exception& e) {
-    int line = e.mark.line >= 0 ? e.mark.line + 1 : 0;
-    return Error(source_name, line, "",
-                 "YAML syntax error: " + std::string(e.msg));
-  } catch (const std::exception& e) {
-    return Error(source_name, 0, "", std::string("cannot parse: ") + e.what());
-  }
+  std::string_view shown = source_name.empty() ? "<topology>" : source_name;
+  DCR_RETURN_IF_ERROR(yaml_doc::CheckSafe(text, shown, "topology"));
+  return yaml_doc::Guarded(shown,
+                           [&] { return Parser(source_name).Parse(text); });
 }
 
 Result<Topology> LoadTopology(const std::string& path) {

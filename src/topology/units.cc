@@ -7,13 +7,14 @@
 #include <vector>
 
 #include "common/printable.h"
+#include "common/yaml_doc.h"
 #include "dcr/topology.h"
 #include "topology/internal.h"
 
 namespace dcr {
 namespace {
 
-using topology_internal::ParseUint;
+using yaml_doc::ParseUint;
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
@@ -320,15 +321,8 @@ namespace topology_internal {
 
 Status Error(std::string_view source, int line, std::string_view path,
              std::string_view msg) {
-  std::string out(source.empty() ? "<topology>" : source);
-  if (line > 0) out += ":" + std::to_string(line);
-  out += ": ";
-  if (!path.empty()) {
-    out += path;
-    out += ": ";
-  }
-  out += msg;
-  return Status::InvalidArgument(out);
+  return yaml_doc::Error(source.empty() ? "<topology>" : source, line, path,
+                         msg);
 }
 
 std::string CheckName(std::string_view name) {
@@ -344,37 +338,6 @@ std::string CheckName(std::string_view name) {
     if (!alnum(c) && c != '-' && c != '_') {
       return "may hold only letters, digits, '-' and '_', got " + Quote(name);
     }
-  }
-  return "";
-}
-
-std::string CheckText(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    auto c = static_cast<unsigned char>(s[i]);
-    if ((c < 0x20 && c != '\t' && c != '\n') || c == 0x7f) {
-      return "contains a control character (byte " + std::to_string(c) +
-             " at offset " + std::to_string(i) + ")";
-    }
-    size_t n = c < 0x80           ? 1
-               : (c >> 5) == 0x6  ? 2
-               : (c >> 4) == 0xe  ? 3
-               : (c >> 3) == 0x1e ? 4
-                                  : 0;
-    bool ok = n != 0 && i + n <= s.size();
-    for (size_t k = 1; ok && k < n; ++k) {
-      ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
-    }
-    if (ok && n > 1) {  // no overlong forms, surrogates or values > U+10FFFF
-      uint32_t cp = c & (0x7f >> n);
-      for (size_t k = 1; k < n; ++k) {
-        cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
-      }
-      ok = !(n == 2 && cp < 0x80) && !(n == 3 && cp < 0x800) &&
-           !(n == 4 && cp < 0x10000) && !(cp >= 0xd800 && cp <= 0xdfff) &&
-           cp <= 0x10ffff;
-    }
-    if (!ok) return "is not valid UTF-8 (at offset " + std::to_string(i) + ")";
-    i += n;
   }
   return "";
 }
@@ -414,24 +377,6 @@ Result<StoreLocation> ParseStoreSpec(std::string_view s) {
   return spec;
 }
 
-Result<uint64_t> ParseUint(std::string_view s, uint64_t lo, uint64_t hi) {
-  auto bad = [&] {
-    return Status::InvalidArgument("expected an integer " + std::to_string(lo) +
-                                   "-" + std::to_string(hi) + ", got " +
-                                   Quote(s));
-  };
-  if (s.empty() || s.size() > 20) return bad();
-  uint64_t v = 0;
-  for (char c : s) {
-    if (!IsDigit(c)) return bad();
-    uint64_t d = static_cast<uint64_t>(c - '0');
-    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return bad();
-    v = v * 10 + d;
-  }
-  if (v < lo || v > hi) return bad();
-  return v;
-}
-
 Result<uint16_t> ParsePort(std::string_view s) {
   DCR_ASSIGN_OR_RETURN(uint64_t v, ParseUint(s, 1, 65535));
   return static_cast<uint16_t>(v);
@@ -451,46 +396,6 @@ Result<uint32_t> ParseMinCommit(std::string_view s) {
                                    Quote(s));
   }
   return static_cast<uint32_t>(*v);
-}
-
-namespace {
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-}  // namespace
-
-std::string ClosestKey(std::string_view key,
-                       std::span<const std::string_view> known) {
-  std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  for (std::string_view k : known) {
-    size_t d = EditDistance(key, k);
-    if (d < best_d) {
-      best_d = d;
-      best = std::string(k);
-    }
-  }
-  size_t limit = std::max<size_t>(2, best.size() / 3);
-  return best_d <= limit ? best : "";
-}
-
-std::string JoinKeys(std::span<const std::string_view> known) {
-  std::string out;
-  for (std::string_view k : known) {
-    if (!out.empty()) out += ", ";
-    out += k;
-  }
-  return out;
 }
 
 std::string EscapeEnv(std::string_view s) {

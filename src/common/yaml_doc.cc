@@ -1,0 +1,324 @@
+// Checked YAML documents (common/yaml_doc.h).
+#include "common/yaml_doc.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "common/printable.h"
+
+namespace dcr::yaml_doc {
+namespace {
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// A value from the file, quoted for a message: cut to its first 80 bytes
+// (with its length) and escaped (common/printable.h).
+std::string Quote(std::string_view s) { return "'" + Abbreviated(s) + "'"; }
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+}  // namespace
+
+Status Error(std::string_view source, int line, std::string_view path,
+             std::string_view msg) {
+  std::string out(source);
+  if (line > 0) out += ":" + std::to_string(line);
+  out += ": ";
+  if (!path.empty()) {
+    out += path;
+    out += ": ";
+  }
+  out += msg;
+  return Status::InvalidArgument(out);
+}
+
+std::string CheckText(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if ((c < 0x20 && c != '\t' && c != '\n') || c == 0x7f) {
+      return "contains a control character (byte " + std::to_string(c) +
+             " at offset " + std::to_string(i) + ")";
+    }
+    size_t n = c < 0x80           ? 1
+               : (c >> 5) == 0x6  ? 2
+               : (c >> 4) == 0xe  ? 3
+               : (c >> 3) == 0x1e ? 4
+                                  : 0;
+    bool ok = n != 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) {
+      ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    }
+    if (ok && n > 1) {  // no overlong forms, surrogates or values > U+10FFFF
+      uint32_t cp = c & (0x7f >> n);
+      for (size_t k = 1; k < n; ++k) {
+        cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+      }
+      ok = !(n == 2 && cp < 0x80) && !(n == 3 && cp < 0x800) &&
+           !(n == 4 && cp < 0x10000) && !(cp >= 0xd800 && cp <= 0xdfff) &&
+           cp <= 0x10ffff;
+    }
+    if (!ok) return "is not valid UTF-8 (at offset " + std::to_string(i) + ")";
+    i += n;
+  }
+  return "";
+}
+
+Result<uint64_t> ParseUint(std::string_view s, uint64_t lo, uint64_t hi) {
+  auto bad = [&] {
+    return Status::InvalidArgument("expected an integer " + std::to_string(lo) +
+                                   "-" + std::to_string(hi) + ", got " +
+                                   Quote(s));
+  };
+  if (s.empty() || s.size() > 20) return bad();
+  uint64_t v = 0;
+  for (char c : s) {
+    if (!IsDigit(c)) return bad();
+    uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return bad();
+    v = v * 10 + d;
+  }
+  if (v < lo || v > hi) return bad();
+  return v;
+}
+
+std::string ClosestKey(std::string_view key, Keys known) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (std::string_view k : known) {
+    size_t d = EditDistance(key, k);
+    if (d < best_d) {
+      best_d = d;
+      best = std::string(k);
+    }
+  }
+  size_t limit = std::max<size_t>(2, best.size() / 3);
+  return best_d <= limit ? best : "";
+}
+
+std::string JoinKeys(Keys known) {
+  std::string out;
+  for (std::string_view k : known) {
+    if (!out.empty()) out += ", ";
+    out += k;
+  }
+  return out;
+}
+
+const char* TypeName(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Null:
+      return "nothing";
+    case YAML::NodeType::Scalar:
+      return "a scalar";
+    default:
+      return "an undefined value";
+  }
+}
+
+// yaml-cpp parses nested collections recursively: a hostile file of
+// "[[[[..." would exhaust the stack, and aliases can make a small file
+// expand exponentially. Our documents nest a few levels and need no
+// aliases, so both are refused before yaml-cpp sees the text.
+Status CheckSafe(std::string_view text, std::string_view source_name,
+                 std::string_view kind) {
+  // YAML is text: refuse NUL, other control characters and invalid UTF-8
+  // up front (yaml-cpp 0.7 loops forever on some such inputs).
+  int text_line = 1;
+  for (size_t start = 0; start <= text.size(); ++text_line) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view l = text.substr(start, end - start);
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    if (std::string why = CheckText(l); !why.empty()) {
+      return Error(source_name, text_line, "", "the line " + why);
+    }
+    start = end + 1;
+  }
+  constexpr int kMaxFlowDepth = 32;
+  constexpr size_t kMaxIndent = 256;
+  int depth = 0, line = 1;
+  size_t indent = 0;
+  bool at_line_start = true;
+  char quote = 0;
+  bool comment = false;
+  char prev = '\n';
+  int first_open_line = 0;  // of the outermost open collection
+  for (char c : text) {
+    char before = prev;
+    prev = c;
+    if (c == '\n') {
+      ++line;
+      indent = 0;
+      at_line_start = true;
+      comment = false;
+      continue;
+    }
+    if (at_line_start && (c == ' ' || c == '-')) {
+      if (++indent > kMaxIndent) {
+        return Error(source_name, line, "",
+                     "indented more than 256 columns; a " + std::string(kind) +
+                         " nests a few levels");
+      }
+      continue;
+    }
+    at_line_start = false;
+    if (comment) continue;
+    if (quote) {
+      if (c == quote) quote = 0;
+      continue;
+    }
+    bool token_start = before == ' ' || before == '\t' || before == '\n' ||
+                       before == '[' || before == '{' || before == ',' ||
+                       before == '-' || before == ':';
+    if ((c == '&' || c == '*') && token_start) {
+      // Aliases make the document a graph whose walk can be exponential
+      // in its size ("billion laughs"); a topology never needs them.
+      return Error(source_name, line, "",
+                   "YAML anchors and aliases (&name, *name) are not allowed "
+                   "in a " +
+                       std::string(kind) +
+                       "; quote a value that starts with & or *");
+    }
+    if ((c == '"' || c == '\'') && token_start) {
+      quote = c;
+    } else if (c == '#' && token_start) {
+      comment = true;
+    } else if (c == '[' || c == '{') {
+      if (depth == 0) first_open_line = line;
+      if (++depth > kMaxFlowDepth) {
+        return Error(source_name, line, "",
+                     "collections nested more than 32 deep");
+      }
+    } else if (c == ']' || c == '}') {
+      if (depth == 0) {
+        return Error(source_name, line, "",
+                     std::string("'") + c + "' closes nothing");
+      }
+      --depth;
+    }
+  }
+  if (depth != 0) {
+    // yaml-cpp 0.7 can loop forever on an unclosed flow collection.
+    return Error(source_name, first_open_line, "",
+                 "this line opens a '[' or '{' that is never closed");
+  }
+  return Status::OK();
+}
+
+int CountDocuments(std::string_view text) {
+  int markers = 0;             // "---" lines
+  bool content_first = false;  // content before the first marker
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view l = text.substr(start, end - start);
+    start = end + 1;
+    if (l.starts_with("---") &&
+        (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r')) {
+      ++markers;
+      continue;
+    }
+    size_t first = l.find_first_not_of(" \t\r");
+    if (markers == 0 && first != std::string_view::npos && l[first] != '#') {
+      content_first = true;
+    }
+  }
+  int docs = markers + (content_first ? 1 : 0);
+  return docs;
+}
+
+Result<Fields> Reader::Map(const YAML::Node& n, int line,
+                           const std::string& path, Keys known) const {
+  Fields out;
+  out.line = LineOf(n, line);
+  if (!n.IsMap()) {
+    return Err(out.line, path,
+               std::string("expected a map, got ") + TypeName(n));
+  }
+  for (const auto& kv : n) {
+    const YAML::Node k = kv.first;
+    const YAML::Node v = kv.second;
+    int kline = LineOf(k, out.line);
+    if (!k.IsScalar()) {
+      return Err(kline, path,
+                 std::string("expected a key name, got ") + TypeName(k));
+    }
+    const std::string& key = k.Scalar();
+    std::string key_path = path.empty() ? key : path + "." + key;
+    bool ok = false;
+    for (std::string_view kn : known) ok = ok || kn == key;
+    if (!ok) {
+      std::string msg = "unknown key";
+      std::string near = ClosestKey(key, known);
+      if (!near.empty()) {
+        msg += " (did you mean '" + near + "'?)";
+      } else {
+        msg += " (known keys: " + JoinKeys(known) + ")";
+      }
+      return Err(kline, key_path, msg);
+    }
+    if (const Field* prev = out.Get(key)) {
+      return Err(kline, key_path,
+                 "duplicate key (first given at line " +
+                     std::to_string(prev->line) + ")");
+    }
+    out.Add(Field{key, LineOf(v, kline), v});
+  }
+  return out;
+}
+
+Status Reader::Required(const Fields& f, const std::string& path,
+                        std::string_view key) const {
+  if (f.Get(key) != nullptr) return Status::OK();
+  return Err(f.line, path, "missing required key '" + std::string(key) + "'");
+}
+
+Result<std::vector<YAML::Node>> Reader::List(const Field& f,
+                                             const std::string& path) const {
+  std::vector<YAML::Node> out;
+  if (f.value.IsNull()) return out;
+  if (!f.value.IsSequence()) {
+    return Err(f.line, path,
+               std::string("expected a list, got ") + TypeName(f.value));
+  }
+  for (const auto& item : f.value) out.push_back(item);
+  return out;
+}
+
+Result<std::string> Reader::Scalar(const Field& f,
+                                   const std::string& path) const {
+  if (!f.value.IsScalar()) {
+    return Err(f.line, path,
+               std::string("expected a value, got ") + TypeName(f.value));
+  }
+  const std::string& s = f.value.Scalar();
+  if (std::string why = CheckText(s); !why.empty()) {
+    return Err(f.line, path, "the value " + why);
+  }
+  return s;
+}
+
+Result<uint64_t> Reader::Uint(const Field& f, const std::string& path,
+                              uint64_t lo, uint64_t hi) const {
+  DCR_ASSIGN_OR_RETURN(std::string s, Scalar(f, path));
+  auto v = ParseUint(s, lo, hi);
+  if (!v.ok()) return Err(f.line, path, v.status().message());
+  return v;
+}
+
+}  // namespace dcr::yaml_doc
