@@ -84,6 +84,7 @@ std::unique_ptr<ThreadPool> MakePool(const GlobalOptions& g);
 void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 // Registers `tree` and `topo` (validate, show, add-node, remove-node, set).
 void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
+void AddLayoutCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 
 // Registers `refit` and `status` (the coordinator).
 void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code);

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
                   "  dcr inspect v1.dcr -o json\n"
                   "  dcr tree --topology topology/local.yaml --format dot\n"
                   "  dcr topo validate topology/two-region.yaml\n"
+                  "  dcr layout check layouts/llama3-8b-tp4-pp2.yaml\n"
                   "  dcr refit --topology topology/local.yaml --target "
                   "v1.safetensors\n"
                   "  dcr status --topology topology/local.yaml\n"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   int exit_code = kExitOk;
   AddOfflineCommands(&app, &g, &exit_code);
   AddTopologyCommands(&app, &g, &exit_code);
+  AddLayoutCommands(&app, &g, &exit_code);
   AddRefitCommands(&app, &g, &exit_code);
   AddPlanCommand(&app, &g, &exit_code);
   AddKeygenCommand(&app, &exit_code);

@@ -1,0 +1,42 @@
+// Fuzzes the layout loader: YAML text in, a resolved Layout or an error
+// out, never a crash. A layout that resolves must tile every canonical
+// tensor: for small tensors the pieces' inverse maps are walked element by
+// element, independently of the resolver's own arithmetic check.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+#include "dcr/layout.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size > 64 * 1024) return 0;  // bounded: yaml-cpp is recursive
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto layout = dcr::ParseLayout(text, "fuzz.yaml");
+  if (!layout.ok()) return 0;
+  (void)layout->Fingerprint();
+  uint64_t budget = 1 << 20;  // elements walked per input
+  for (const dcr::LayoutTensor& t : layout->tensors) {
+    uint64_t n = 1;
+    for (uint64_t d : t.shape) n = d > (1u << 20) / n ? (1u << 20) + 1 : n * d;
+    if (n > budget) continue;
+    budget -= n;
+    std::vector<dcr::PieceMap> maps;
+    for (const dcr::AffinePiece& p : t.pieces) maps.emplace_back(p, t.shape);
+    for (uint64_t c = 0; c < n; ++c) {
+      int owners = 0;
+      for (const dcr::PieceMap& m : maps) {
+        uint64_t s;
+        if (!m.ToShard(c, &s)) continue;
+        if (!m.Holds(s) || m.ToCanonical(s) != c) std::abort();
+        ++owners;
+      }
+      if (owners != 1) std::abort();
+    }
+  }
+  for (uint32_t r = 0; r < layout->ranks() && r < 64; ++r) {
+    (void)layout->ShardsOf(r);
+  }
+  return 0;
+}
