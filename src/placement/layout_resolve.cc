@@ -56,9 +56,9 @@ std::string Substitute(std::string name, uint64_t layer, uint64_t expert) {
   return name;
 }
 
+// The dtypes a conversion reads and writes (dcr/shard_diff.h).
 bool IsFloat(DType d) {
-  return d == DType::kF64 || d == DType::kF32 || d == DType::kBF16 ||
-         d == DType::kF16;
+  return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16;
 }
 
 // The piece that stores `p`'s box transposed (2-D shards only).
@@ -168,12 +168,12 @@ Status Resolver::CheckEntry(const EntrySpec& e, Placeholders* ph) const {
   const DType dtype = e.dtype.value_or(spec_.dtype);
   const DType shard_dtype = e.shard_dtype.value_or(dtype);
   if ((shard_dtype != dtype || e.add != 0) &&
-      !(IsFloat(shard_dtype) && IsFloat(dtype) && dtype != DType::kF64)) {
+      !(IsFloat(shard_dtype) && IsFloat(dtype))) {
     return Err(e, "no conversion from " + std::string(DTypeName(shard_dtype)) +
                       (e.add != 0 ? " with 'add'" : "") + " to " +
                       std::string(DTypeName(dtype)) +
-                      " (conversions: F64, F32, BF16 or F16 shards to F32, "
-                      "BF16 or F16, rounded to nearest even)");
+                      " (conversions: F32, BF16 or F16 shards to F32, BF16 "
+                      "or F16, computed in F32 and rounded to nearest even)");
   }
   return Status::OK();
 }

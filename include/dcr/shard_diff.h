@@ -1,0 +1,88 @@
+// A trainer rank's side of a refit without gathering: diff the rank's
+// shards against its baseline shards and project the changes through the
+// layout's pieces into canonical coordinates (docs/PLACEMENT.md
+// §Producers). Also the inverse, for test data and tools: build a rank's
+// shards from canonical tensors.
+//
+// Only the rank's own shards are read, each once per version: a rank never
+// sees another rank's data or a whole canonical tensor it does not hold.
+//
+// Thread safety: the functions touch only their arguments; distinct calls
+// may run concurrently.
+#ifndef DCR_SHARD_DIFF_H_
+#define DCR_SHARD_DIFF_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dcr/layout.h"
+#include "dcr/status.h"
+
+namespace dcr {
+
+// A rank's shard tensors by name: their raw bytes, row-major, in the
+// layout's shard dtype.
+using ShardBytes =
+    std::map<std::string, std::span<const std::byte>, std::less<>>;
+
+// The changes one rank produces for one canonical tensor.
+struct CanonicalChanges {
+  size_t tensor = 0;                // index into Layout::tensors
+  std::vector<uint64_t> positions;  // canonical flat positions, ascending
+  // The canonical bits before and after at each position:
+  // positions.size() * DTypeSize(tensor dtype) bytes each.
+  std::vector<std::byte> base;
+  std::vector<std::byte> target;
+};
+
+struct ShardDiffStats {
+  uint64_t shard_bytes_read = 0;  // of base and target together
+  uint64_t compared = 0;          // shard elements compared (in pieces)
+  uint64_t changed = 0;           // canonical elements whose bits changed
+};
+
+// Diffs rank `rank`'s `base` shards against its `target` shards and
+// projects every changed element of the rank's pieces into canonical
+// coordinates, converted to the canonical dtype (Conversion). An element
+// whose shard bits changed but whose canonical bits did not (an FP32
+// master that rounds to the same BF16) is not a change. One entry per
+// canonical tensor with a change, in Layout::tensors order.
+//
+// Errors name the rank and the shard: a shard the layout gives the rank
+// but `base` or `target` lacks is NotFound; one whose size is not the
+// layout's shape x dtype is InvalidArgument (a trainer step that changed a
+// tensor's shape is refused here). Shards the layout does not name are
+// ignored (optimizer state, buffers).
+Result<std::vector<CanonicalChanges>> DiffShards(
+    const Layout& layout, uint32_t rank, const ShardBytes& base,
+    const ShardBytes& target, ShardDiffStats* stats = nullptr);
+
+// Canonical tensors by name (bytes in the canonical dtype), for BuildShards.
+using CanonicalBytes =
+    std::map<std::string, std::span<const std::byte>, std::less<>>;
+
+// Builds the shards rank `rank` holds from canonical tensors: each element
+// a piece maps is the canonical element's bits; elements no piece of the
+// rank maps (vocabulary padding, another rank's replica) are zero.
+// Every tensor the rank holds must have an identity conversion (the shard
+// value of a converted tensor is not determined by its canonical bits);
+// otherwise InvalidArgument naming the tensor.
+Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
+    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical);
+
+// The canonical bits of one element converted from shard bits `shard`
+// under `c` (docs/PLACEMENT.md §Residual conversion): the value is widened
+// to F32, `add` is added in F32, and the sum rounded to nearest even in
+// `canonical`. Writes DTypeSize(canonical) bytes to `out`.
+void ConvertElement(const Conversion& c, DType canonical,
+                    const std::byte* shard, std::byte* out);
+
+}  // namespace dcr
+
+#endif  // DCR_SHARD_DIFF_H_

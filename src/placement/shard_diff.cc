@@ -1,0 +1,291 @@
+// Shard diff and projection (dcr/shard_diff.h): each piece's box is walked
+// as runs along its last shard dimension, where shard elements are
+// contiguous and canonical positions advance by a fixed step.
+#include "dcr/shard_diff.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+namespace dcr {
+namespace {
+
+Shape Strides(const Shape& shape) {
+  Shape s(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
+  return s;
+}
+
+uint64_t Volume(const Shape& s) {
+  return std::accumulate(s.begin(), s.end(), uint64_t{1}, std::multiplies<>());
+}
+
+// Calls fn(shard_pos, canonical_pos, count, canonical_step) for each run of
+// `p`'s box along its last shard dimension, in shard row-major order.
+template <typename Fn>
+void ForEachRun(const AffinePiece& p, const Shape& canonical_shape, Fn fn) {
+  const size_t dims = p.shard_shape.size();
+  if (dims == 0) {
+    fn(uint64_t{0}, uint64_t{0}, uint64_t{1}, uint64_t{1});
+    return;
+  }
+  const Shape ss = Strides(p.shard_shape);
+  const Shape cs = Strides(canonical_shape);
+  Shape delta(dims, 0);
+  uint64_t origin = 0;
+  for (size_t d = 0; d < dims; ++d) {
+    origin += cs[d] * p.to[d];
+    delta[p.axis[d]] = cs[d] * p.step[d];
+  }
+  const size_t last = dims - 1;
+  std::vector<uint64_t> i(dims, 0);  // odometer over dims [0, last)
+  while (true) {
+    uint64_t s = ss[last] * p.from[last], c = origin;
+    for (size_t k = 0; k < last; ++k) {
+      s += ss[k] * (p.from[k] + i[k]);
+      c += delta[k] * i[k];
+    }
+    fn(s, c, p.extent[last], delta[last]);
+    size_t k = last;
+    while (k > 0) {
+      --k;
+      if (++i[k] < p.extent[k]) break;
+      i[k] = 0;
+      if (k == 0) return;
+    }
+    if (last == 0) return;
+  }
+}
+
+uint32_t Load32(const std::byte* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The F32 value of one element of a floating dtype (exact).
+float Widen(DType d, const std::byte* p) {
+  switch (d) {
+    case DType::kF32:
+      return std::bit_cast<float>(Load32(p));
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return std::bit_cast<float>(uint32_t{h} << 16);
+    }
+    case DType::kF16: {
+      _Float16 h;
+      std::memcpy(&h, p, 2);
+      return static_cast<float>(h);
+    }
+    default:
+      return 0;  // refused by the layout's checks
+  }
+}
+
+void Narrow(DType d, float v, std::byte* out) {
+  switch (d) {
+    case DType::kF32:
+      std::memcpy(out, &v, 4);
+      return;
+    case DType::kBF16: {
+      uint32_t b = std::bit_cast<uint32_t>(v);
+      uint16_t h =
+          (b & 0x7FFFFFFFu) > 0x7F800000u
+              ? static_cast<uint16_t>((b >> 16) | 0x40u)  // quiet NaN
+              : static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+      std::memcpy(out, &h, 2);
+      return;
+    }
+    case DType::kF16: {
+      _Float16 h = static_cast<_Float16>(v);  // round to nearest even
+      std::memcpy(out, &h, 2);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+Status CheckSize(const Layout& layout, uint32_t rank, const LayoutShard& s,
+                 const ShardBytes& bytes, const char* which,
+                 std::span<const std::byte>* out) {
+  auto it = bytes.find(s.name);
+  if (it == bytes.end()) {
+    return Status::NotFound("rank " + std::to_string(rank) + ": the " + which +
+                            " shards lack '" + s.name + "', which layout " +
+                            layout.source + " gives this rank");
+  }
+  uint64_t want = Volume(s.shape) * DTypeSize(s.dtype);
+  if (it->second.size() != want) {
+    std::string shape;
+    for (uint64_t d : s.shape)
+      shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    return Status::InvalidArgument(
+        "rank " + std::to_string(rank) + ": " + which + " shard '" + s.name +
+        "' has " + std::to_string(it->second.size()) + " bytes, but layout " +
+        layout.source + " gives it shape [" + shape + "] of " +
+        std::string(DTypeName(s.dtype)) + " (" + std::to_string(want) +
+        " bytes); a step that changes a tensor's shape needs a new layout "
+        "and a full refit");
+  }
+  *out = it->second;
+  return Status::OK();
+}
+
+}  // namespace
+
+void ConvertElement(const Conversion& c, DType canonical,
+                    const std::byte* shard, std::byte* out) {
+  float v = Widen(c.shard_dtype, shard);
+  if (c.add != 0) v += static_cast<float>(c.add);
+  Narrow(canonical, v, out);
+}
+
+Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
+                                                 uint32_t rank,
+                                                 const ShardBytes& base,
+                                                 const ShardBytes& target,
+                                                 ShardDiffStats* stats) {
+  if (rank >= layout.ranks()) {
+    return Status::InvalidArgument(
+        "rank " + std::to_string(rank) + " is not below layout " +
+        layout.source + "'s " + std::to_string(layout.ranks()) + " ranks");
+  }
+  ShardDiffStats st;
+  // Every shard checked once, before any work.
+  std::map<std::string,
+           std::pair<std::span<const std::byte>, std::span<const std::byte>>,
+           std::less<>>
+      data;
+  for (const auto& [name, shard] : layout.ShardsOf(rank)) {
+    std::span<const std::byte> b, t;
+    DCR_RETURN_IF_ERROR(CheckSize(layout, rank, shard, base, "base", &b));
+    DCR_RETURN_IF_ERROR(CheckSize(layout, rank, shard, target, "target", &t));
+    data.emplace(name, std::pair(b, t));
+    st.shard_bytes_read += b.size() + t.size();
+  }
+
+  std::vector<CanonicalChanges> out;
+  for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
+    const LayoutTensor& tensor = layout.tensors[ti];
+    const size_t cw = DTypeSize(tensor.dtype);
+    const size_t sw = DTypeSize(tensor.conversion.shard_dtype);
+    const bool identity = tensor.conversion.identity(tensor.dtype);
+    CanonicalChanges ch;
+    ch.tensor = ti;
+    bool sorted = true;
+    std::byte cb[8], ct[8];
+    for (const AffinePiece& p : tensor.pieces) {
+      if (p.rank != rank) continue;
+      const auto& [b, t] = data.at(p.shard);
+      ForEachRun(p, tensor.shape,
+                 [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+                   st.compared += n;
+                   const std::byte* bp = b.data() + s * sw;
+                   const std::byte* tp = t.data() + s * sw;
+                   // Skip equal stretches 64 elements at a time.
+                   for (uint64_t j0 = 0; j0 < n; j0 += 64) {
+                     uint64_t m = std::min<uint64_t>(64, n - j0);
+                     if (std::memcmp(bp + j0 * sw, tp + j0 * sw, m * sw) == 0) {
+                       continue;
+                     }
+                     for (uint64_t j = j0; j < j0 + m; ++j) {
+                       const std::byte* x = bp + j * sw;
+                       const std::byte* y = tp + j * sw;
+                       if (std::memcmp(x, y, sw) == 0) continue;
+                       const std::byte *ob = x, *ot = y;
+                       if (!identity) {
+                         ConvertElement(tensor.conversion, tensor.dtype, x, cb);
+                         ConvertElement(tensor.conversion, tensor.dtype, y, ct);
+                         if (std::memcmp(cb, ct, cw) == 0) continue;
+                         ob = cb, ot = ct;
+                       }
+                       uint64_t pos = c + j * step;
+                       if (!ch.positions.empty() && pos < ch.positions.back()) {
+                         sorted = false;
+                       }
+                       ch.positions.push_back(pos);
+                       ch.base.insert(ch.base.end(), ob, ob + cw);
+                       ch.target.insert(ch.target.end(), ot, ot + cw);
+                     }
+                   }
+                 });
+    }
+    if (ch.positions.empty()) continue;
+    if (!sorted) {
+      // A transposed piece, or several pieces of this rank that interleave
+      // (a row split's columns): order by canonical position.
+      std::vector<uint32_t> order(ch.positions.size());
+      std::iota(order.begin(), order.end(), 0u);
+      std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+        return ch.positions[x] < ch.positions[y];
+      });
+      CanonicalChanges s;
+      s.tensor = ti;
+      s.positions.reserve(order.size());
+      s.base.resize(ch.base.size());
+      s.target.resize(ch.target.size());
+      for (size_t k = 0; k < order.size(); ++k) {
+        s.positions.push_back(ch.positions[order[k]]);
+        std::memcpy(&s.base[k * cw], &ch.base[order[k] * cw], cw);
+        std::memcpy(&s.target[k * cw], &ch.target[order[k] * cw], cw);
+      }
+      ch = std::move(s);
+    }
+    st.changed += ch.positions.size();
+    out.push_back(std::move(ch));
+  }
+  if (stats) *stats = st;
+  return out;
+}
+
+Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
+    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const auto& [name, shard] : layout.ShardsOf(rank)) {
+    out[name].assign(Volume(shard.shape) * DTypeSize(shard.dtype),
+                     std::byte{0});
+  }
+  for (const LayoutTensor& tensor : layout.tensors) {
+    bool held = false;
+    for (const AffinePiece& p : tensor.pieces) held |= p.rank == rank;
+    if (!held) continue;
+    if (!tensor.conversion.identity(tensor.dtype)) {
+      return Status::InvalidArgument(
+          "tensor '" + tensor.name +
+          "' is converted from its shard (shard_dtype or add), so its "
+          "shard cannot be built from canonical bits");
+    }
+    auto it = canonical.find(tensor.name);
+    const size_t w = DTypeSize(tensor.dtype);
+    if (it == canonical.end() ||
+        it->second.size() != Volume(tensor.shape) * w) {
+      return Status::InvalidArgument(
+          "canonical tensor '" + tensor.name +
+          (it == canonical.end() ? "' is missing"
+                                 : "' does not have the layout's size"));
+    }
+    const std::byte* src = it->second.data();
+    for (const AffinePiece& p : tensor.pieces) {
+      if (p.rank != rank) continue;
+      std::byte* dst = out.at(p.shard).data();
+      ForEachRun(p, tensor.shape,
+                 [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+                   if (step == 1) {
+                     std::memcpy(dst + s * w, src + c * w, n * w);
+                     return;
+                   }
+                   for (uint64_t j = 0; j < n; ++j) {
+                     std::memcpy(dst + (s + j) * w, src + (c + j * step) * w,
+                                 w);
+                   }
+                 });
+    }
+  }
+  return out;
+}
+
+}  // namespace dcr

@@ -1,0 +1,274 @@
+// Shard diff and projection (dcr/shard_diff.h): over random tilings and the
+// Megatron layouts, every rank's shards are built from canonical base and
+// target tensors, each rank diffs its own, and together the ranks' changes
+// are exactly the canonical changed set with its base and target bits,
+// each element once. Conversions, missing and resized shards.
+#include "dcr/shard_diff.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "unit/placement/random_tiling.h"
+
+namespace dcr {
+namespace {
+
+using placement_testing::RandomShape;
+using placement_testing::RandomTiling;
+using placement_testing::Volume;
+using ::testing::HasSubstr;
+
+using Tensors = std::map<std::string, std::vector<std::byte>>;
+
+CanonicalBytes View(const Tensors& t) {
+  CanonicalBytes out;
+  for (const auto& [name, bytes] : t) out.emplace(name, bytes);
+  return out;
+}
+
+// Random canonical bits for every tensor of `l`, and a target that changes
+// about `rate` of the elements.
+std::pair<Tensors, Tensors> RandomVersions(const Layout& l, double rate,
+                                           std::mt19937_64& rng) {
+  Tensors base, target;
+  std::bernoulli_distribution change(rate);
+  for (const LayoutTensor& t : l.tensors) {
+    const size_t w = DTypeSize(t.dtype);
+    auto& b = base[t.name];
+    b.resize(Volume(t.shape) * w);
+    for (auto& x : b) x = static_cast<std::byte>(rng());
+    auto& g = target[t.name];
+    g = b;
+    for (size_t e = 0; e < Volume(t.shape); ++e) {
+      if (change(rng))
+        g[e * w] ^= std::byte{static_cast<unsigned char>(1 + rng() % 255)};
+    }
+  }
+  return {base, target};
+}
+
+// Diffs every rank and checks the union against the canonical diff.
+void ExpectRanksCoverTheChangedSet(const Layout& l, const Tensors& base,
+                                   const Tensors& target) {
+  std::map<size_t, std::map<uint64_t, std::pair<std::vector<std::byte>,
+                                                std::vector<std::byte>>>>
+      got;
+  uint64_t read = 0;
+  for (uint32_t r = 0; r < l.ranks(); ++r) {
+    auto bs = BuildShards(l, r, View(base));
+    auto ts = BuildShards(l, r, View(target));
+    ASSERT_TRUE(bs.ok()) << bs.status().ToString();
+    ASSERT_TRUE(ts.ok()) << ts.status().ToString();
+    ShardBytes b, t;
+    for (const auto& [n, v] : *bs) b.emplace(n, v);
+    for (const auto& [n, v] : *ts) t.emplace(n, v);
+    ShardDiffStats st;
+    auto changes = DiffShards(l, r, b, t, &st);
+    ASSERT_TRUE(changes.ok()) << changes.status().ToString();
+    uint64_t own = 0;
+    for (const auto& [n, v] : *bs) own += v.size();
+    EXPECT_EQ(st.shard_bytes_read, 2 * own) << "rank " << r;
+    read += st.shard_bytes_read;
+    for (const CanonicalChanges& c : *changes) {
+      const size_t w = DTypeSize(l.tensors[c.tensor].dtype);
+      ASSERT_EQ(c.base.size(), c.positions.size() * w);
+      ASSERT_EQ(c.target.size(), c.positions.size() * w);
+      ASSERT_TRUE(std::is_sorted(c.positions.begin(), c.positions.end()));
+      for (size_t k = 0; k < c.positions.size(); ++k) {
+        auto [it, fresh] = got[c.tensor].emplace(
+            c.positions[k],
+            std::pair(
+                std::vector<std::byte>(&c.base[k * w], &c.base[k * w] + w),
+                std::vector<std::byte>(&c.target[k * w],
+                                       &c.target[k * w] + w)));
+        ASSERT_TRUE(fresh) << l.tensors[c.tensor].name << " position "
+                           << c.positions[k] << " produced twice";
+      }
+    }
+  }
+  for (size_t ti = 0; ti < l.tensors.size(); ++ti) {
+    const LayoutTensor& t = l.tensors[ti];
+    const size_t w = DTypeSize(t.dtype);
+    const auto& b = base.at(t.name);
+    const auto& g = target.at(t.name);
+    uint64_t want = 0;
+    for (uint64_t e = 0; e < Volume(t.shape); ++e) {
+      if (std::memcmp(&b[e * w], &g[e * w], w) == 0) continue;
+      ++want;
+      auto it = got[ti].find(e);
+      ASSERT_NE(it, got[ti].end()) << t.name << " position " << e << " lost";
+      EXPECT_EQ(0, std::memcmp(it->second.first.data(), &b[e * w], w));
+      EXPECT_EQ(0, std::memcmp(it->second.second.data(), &g[e * w], w));
+    }
+    EXPECT_EQ(got[ti].size(), want) << t.name << ": unchanged elements sent";
+  }
+}
+
+TEST(ShardDiffTest, RandomTilingsCoverTheChangedSetOnce) {
+  std::mt19937_64 rng(17);
+  for (int iter = 0; iter < 200; ++iter) {
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    Layout l;
+    l.tp = 8;  // pieces name ranks 0-7
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) {
+      LayoutTensor t;
+      t.name = "t" + std::to_string(k);
+      t.shape = RandomShape(rng);
+      t.dtype = std::array{DType::kBF16, DType::kF32, DType::kU8}[rng() % 3];
+      t.conversion.shard_dtype = t.dtype;
+      t.pieces = RandomTiling(t.shape, rng);
+      for (AffinePiece& p : t.pieces) p.shard = t.name + "." + p.shard;
+      ASSERT_TRUE(CheckTiling(t.name, t.shape, t.pieces).ok());
+      l.tensors.push_back(std::move(t));
+    }
+    auto [base, target] = RandomVersions(l, rng() % 2 ? 0.05 : 0.6, rng);
+    ExpectRanksCoverTheChangedSet(l, base, target);
+  }
+}
+
+std::string Gpt(uint32_t tp, uint32_t pp) {
+  return "version: 1\nparallel: {tp: " + std::to_string(tp) +
+         ", pp: " + std::to_string(pp) + R"(}
+layers: 2
+tensors:
+  - name: embed
+    shard: emb
+    split: vocab
+    pad_to: 4
+    shape: [50, 8]
+  - names:
+      - l.{layer}.q
+      - l.{layer}.k
+      - l.{layer}.v
+    shard: l.{layer}.qkv
+    split: qkv
+    heads: 4
+    kv_heads: 4
+    head_dim: 2
+    columns: 8
+  - name: l.{layer}.o
+    shard: l.{layer}.proj
+    split: row
+    shape: [8, 8]
+  - names: [l.{layer}.gate, l.{layer}.up]
+    shard: l.{layer}.fc1
+    split: gate_up
+    shape: [12, 8]
+  - name: l.{layer}.norm
+    shard: l.{layer}.norm
+    split: replicated
+    shape: [8]
+  - name: head
+    shard: out
+    split: column
+    shape: [48, 8]
+    transpose: true
+    stage: last
+)";
+}
+
+TEST(ShardDiffTest, MegatronLayoutsCoverTheChangedSetOnce) {
+  std::mt19937_64 rng(5);
+  for (uint32_t tp : {1u, 2u, 4u}) {
+    for (uint32_t pp : {1u, 2u}) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+      std::string y = Gpt(tp, pp);
+      // Quote the flow list: YAML reads '{' in one as a map.
+      size_t at = y.find("[l.{layer}.gate, l.{layer}.up]");
+      y.replace(at, 30, "['l.{layer}.gate', 'l.{layer}.up']");
+      auto l = ParseLayout(y, "gpt.yaml");
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      for (double rate : {0.0, 0.03, 0.5, 1.0}) {
+        auto [base, target] = RandomVersions(*l, rate, rng);
+        ExpectRanksCoverTheChangedSet(*l, base, target);
+      }
+    }
+  }
+}
+
+uint16_t Bf16(float v) {
+  uint32_t b = std::bit_cast<uint32_t>(v);
+  return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+TEST(ShardDiffTest, ConvertedTensorsReportOnlyCanonicalChanges) {
+  // A zero-centred norm weight: an F32 master w - 1, published as BF16 w.
+  auto l = ParseLayout(R"(version: 1
+tensors:
+  - name: norm
+    shard: norm
+    split: replicated
+    shape: [4]
+    shard_dtype: F32
+    add: 1
+)",
+                       "n.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  std::vector<float> b = {0.5f, 0.25f, -0.125f, 0.0f};
+  std::vector<float> t = b;
+  t[0] = 0.5f + 1e-7f;  // rounds to the same BF16 after adding 1
+  t[2] = -0.5f;         // a real change
+  t[3] = std::bit_cast<float>(0x7FC00001u);  // NaN stays NaN
+  ShardBytes bs{{"norm", std::as_bytes(std::span(b))}};
+  ShardBytes ts{{"norm", std::as_bytes(std::span(t))}};
+  auto c = DiffShards(*l, 0, bs, ts);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->size(), 1u);
+  EXPECT_EQ((*c)[0].positions, (std::vector<uint64_t>{2, 3}));
+  uint16_t got[2];
+  std::memcpy(got, (*c)[0].target.data(), 4);
+  EXPECT_EQ(got[0], Bf16(0.5f));
+  EXPECT_EQ(got[1] & 0x7FC0u, 0x7FC0u);
+  std::memcpy(got, (*c)[0].base.data(), 4);
+  EXPECT_EQ(got[0], Bf16(0.875f));
+  EXPECT_EQ(got[1], Bf16(1.0f));
+  // Its shard cannot be built from canonical bits.
+  std::vector<std::byte> canon(8);
+  auto s = BuildShards(*l, 0, CanonicalBytes{{"norm", canon}});
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("tensor 'norm' is converted"));
+}
+
+TEST(ShardDiffTest, MissingAndResizedShardsAreRefused) {
+  auto l = ParseLayout(R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: w
+    shard: w.local
+    split: column
+    shape: [4, 2]
+)",
+                       "c.yaml");
+  ASSERT_TRUE(l.ok());
+  std::vector<std::byte> ok(8), small(6), extra(3);
+  ShardBytes good{{"w.local", ok}, {"adam.exp_avg", extra}};
+  ShardBytes none{{"other", ok}};
+  ShardBytes resized{{"w.local", small}};
+  // Shards the layout does not name are ignored.
+  EXPECT_TRUE(DiffShards(*l, 1, good, good).ok());
+  auto r = DiffShards(*l, 1, none, good);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsNotFound());
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("rank 1: the base shards lack 'w.local', which "
+                        "layout c.yaml gives this rank"));
+  r = DiffShards(*l, 0, good, resized);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("rank 0: target shard 'w.local' has 6 bytes, but "
+                        "layout c.yaml gives it shape [2, 2] of BF16 (8 "
+                        "bytes)"));
+  r = DiffShards(*l, 2, good, good);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("rank 2 is not below"));
+}
+
+}  // namespace
+}  // namespace dcr
