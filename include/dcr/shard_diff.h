@@ -76,6 +76,27 @@ using CanonicalBytes =
 Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
     const Layout& layout, uint32_t rank, const CanonicalBytes& canonical);
 
+// Where a rank's shard disagrees with the canonical tensor it holds.
+struct ShardMismatch {
+  std::string shard;  // the shard's name
+  uint64_t shard_element = 0;
+  std::string tensor;     // the canonical tensor
+  uint64_t element = 0;   // its element there
+  std::string shard_hex;  // the shard's bits, converted (hex, little end)
+  std::string canonical_hex;
+  uint64_t differing = 0;  // elements of this shard that differ
+};
+
+// Checks that rank `rank`'s `shards` hold the canonical bits of every
+// element the layout maps (after conversion): what tells whether a layout
+// describes a trainer, given one rank's shards and an export. Elements no
+// piece maps (padding) are not compared. One entry per differing shard,
+// for its first differing element; empty when all agree. A shard missing
+// or of the wrong size is an error, as in DiffShards.
+Result<std::vector<ShardMismatch>> CompareShards(
+    const Layout& layout, uint32_t rank, const ShardBytes& shards,
+    const CanonicalBytes& canonical);
+
 // The canonical bits of one element converted from shard bits `shard`
 // under `c` (docs/PLACEMENT.md §Residual conversion): the value is widened
 // to F32, `add` is added in F32, and the sum rounded to nearest even in

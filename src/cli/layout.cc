@@ -1,5 +1,6 @@
-// `dcr layout check`: validates a placement layout (docs/PLACEMENT.md) and
-// shows what each trainer rank holds and produces.
+// `dcr layout check` validates a placement layout (docs/PLACEMENT.md) and
+// shows what each trainer rank holds and produces; `dcr layout verify`
+// checks trainer shards against a canonical checkpoint through it.
 #include "dcr/layout.h"
 
 #include <fmt/format.h>
@@ -12,6 +13,8 @@
 
 #include "cli/cli_common.h"
 #include "common/bytes.h"
+#include "dcr/checkpoint.h"
+#include "dcr/shard_diff.h"
 
 namespace dcr::cli {
 namespace {
@@ -169,6 +172,102 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
   return kExitOk;
 }
 
+std::string ShardFile(const std::string& dir, uint32_t rank) {
+  return fmt::format("{}/rank-{:05d}.safetensors", dir, rank);
+}
+
+// Opens rank `rank`'s shard file and checks each shard the layout gives
+// the rank against the file's dtype and shape.
+Status OpenShards(const Layout& l, uint32_t rank, const std::string& dir,
+                  std::unique_ptr<Checkpoint>* file, ShardBytes* out) {
+  const std::string path = ShardFile(dir, rank);
+  DCR_ASSIGN_OR_RETURN(*file,
+                       Checkpoint::Open(path, Checkpoint::Mode::kReadOnly));
+  const Manifest& m = (*file)->manifest();
+  for (const auto& [name, shard] : l.ShardsOf(rank)) {
+    int64_t i = m.Find(name);
+    if (i < 0) {
+      return Status::NotFound(
+          fmt::format("{}: no tensor '{}', which layout {} gives rank {}", path,
+                      name, l.source, rank));
+    }
+    const TensorInfo& t = m[static_cast<size_t>(i)];
+    if (t.dtype != shard.dtype || t.shape != shard.shape) {
+      return Status::InvalidArgument(fmt::format(
+          "{}: tensor '{}' is {} {}, but layout {} says {} {}", path, name,
+          DTypeName(t.dtype), ShapeText(t.shape), l.source,
+          DTypeName(shard.dtype), ShapeText(shard.shape)));
+    }
+    out->emplace(name, (*file)->TensorData(static_cast<size_t>(i)));
+  }
+  return Status::OK();
+}
+
+int RunVerify(const GlobalOptions& g, const std::string& path,
+              const std::string& shards_dir, const std::string& canonical_path,
+              std::optional<uint32_t> only) {
+  auto l = LoadLayout(path);
+  if (!l.ok()) return ReportError(l.status());
+  if (only && *only >= l->ranks()) {
+    return ReportError(Status::InvalidArgument(fmt::format(
+        "--rank {}: the layout has ranks 0-{}", *only, l->ranks() - 1)));
+  }
+  auto ckpt = Checkpoint::Open(canonical_path, Checkpoint::Mode::kReadOnly);
+  if (!ckpt.ok()) return ReportError(ckpt.status());
+  CanonicalBytes canonical;
+  const Manifest& m = (*ckpt)->manifest();
+  for (size_t i = 0; i < m.size(); ++i) {
+    canonical.emplace(m[i].name, (*ckpt)->TensorData(i));
+  }
+  json ranks = json::array();
+  uint64_t differing = 0;
+  for (uint32_t r = 0; r < l->ranks(); ++r) {
+    if (only && r != *only) continue;
+    std::unique_ptr<Checkpoint> file;
+    ShardBytes shards;
+    Status s = OpenShards(*l, r, shards_dir, &file, &shards);
+    if (!s.ok()) return ReportError(s);
+    auto mm = CompareShards(*l, r, shards, canonical);
+    if (!mm.ok()) return ReportError(mm.status());
+    json bad = json::array();
+    for (const ShardMismatch& x : *mm) {
+      differing += x.differing;
+      bad.push_back({{"shard", x.shard},
+                     {"shard_element", x.shard_element},
+                     {"tensor", x.tensor},
+                     {"element", x.element},
+                     {"shard_bits", x.shard_hex},
+                     {"canonical_bits", x.canonical_hex},
+                     {"differing_elements", x.differing}});
+      if (g.format() == OutputFormat::kText) {
+        std::printf(
+            "rank %u shard '%s' element %llu holds %s, but '%s' element "
+            "%llu is %s (%llu elements of the shard differ)\n",
+            r, x.shard.c_str(),
+            static_cast<unsigned long long>(x.shard_element),
+            x.shard_hex.c_str(), x.tensor.c_str(),
+            static_cast<unsigned long long>(x.element), x.canonical_hex.c_str(),
+            static_cast<unsigned long long>(x.differing));
+      }
+    }
+    ranks.push_back({{"rank", r}, {"mismatches", bad}});
+  }
+  if (g.format() == OutputFormat::kJson) {
+    std::printf("%s\n", json{{"layout", path},
+                             {"shards", shards_dir},
+                             {"canonical", canonical_path},
+                             {"identical", differing == 0},
+                             {"differing_elements", differing},
+                             {"ranks", ranks}}
+                            .dump(2)
+                            .c_str());
+  } else if (differing == 0) {
+    std::printf("identical: every element the layout maps matches %s\n",
+                canonical_path.c_str());
+  }
+  return differing == 0 ? kExitOk : kExitFailed;
+}
+
 }  // namespace
 
 void AddLayoutCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
@@ -191,6 +290,38 @@ void AddLayoutCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
       "layouts/llama3-8b-tp4-pp2.yaml\n  dcr layout check "
       "layouts/traingen-tp2-pp2.yaml --rank 3 -o json\n");
   cmd->callback([=] { *exit_code = RunCheck(*g, *path, *rank); });
+
+  auto* verify = layout->add_subcommand(
+      "verify",
+      "Check that trainer shards hold a canonical checkpoint's bits where "
+      "the layout says");
+  auto vpath = std::make_shared<std::string>();
+  auto shards = std::make_shared<std::string>();
+  auto canonical = std::make_shared<std::string>();
+  auto vrank = std::make_shared<std::optional<uint32_t>>();
+  verify->add_option("FILE", *vpath, "Layout YAML file")->required();
+  verify
+      ->add_option("--shards", *shards,
+                   "Directory of rank-RRRRR.safetensors shard files")
+      ->required();
+  verify
+      ->add_option("--canonical", *canonical,
+                   "The canonical checkpoint (.safetensors, index or "
+                   "directory)")
+      ->required();
+  verify->add_option("--rank", *vrank, "Check this rank only");
+  AddOutputOption(verify, g);
+  verify->footer(
+      "\nEvery element a piece maps is compared, after the layout's "
+      "conversion; padding\nis not. Exit 0 if all match, 1 with the first "
+      "differing element of each shard\n(its shard and canonical "
+      "coordinates and bits), 2 for a bad layout, a missing\nshard or a "
+      "shard of another dtype or shape.\n\nExample:\n  dcr-traingen --out "
+      "/tmp/ckpt --steps 1 --layout layouts/traingen-tp2-pp2.yaml\n  dcr "
+      "layout verify layouts/traingen-tp2-pp2.yaml --shards "
+      "/tmp/ckpt/v1.shards \\\n    --canonical /tmp/ckpt/v1.safetensors\n");
+  verify->callback(
+      [=] { *exit_code = RunVerify(*g, *vpath, *shards, *canonical, *vrank); });
 }
 
 }  // namespace dcr::cli

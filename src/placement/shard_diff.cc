@@ -135,6 +135,17 @@ Status CheckSize(const Layout& layout, uint32_t rank, const LayoutShard& s,
   return Status::OK();
 }
 
+std::string Hex(const std::byte* p, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out = "0x";
+  for (size_t i = n; i-- > 0;) {  // most significant byte first
+    auto b = static_cast<unsigned>(p[i]);
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+
 }  // namespace
 
 void ConvertElement(const Conversion& c, DType canonical,
@@ -239,6 +250,69 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
     out.push_back(std::move(ch));
   }
   if (stats) *stats = st;
+  return out;
+}
+
+Result<std::vector<ShardMismatch>> CompareShards(
+    const Layout& layout, uint32_t rank, const ShardBytes& shards,
+    const CanonicalBytes& canonical) {
+  if (rank >= layout.ranks()) {
+    return Status::InvalidArgument(
+        "rank " + std::to_string(rank) + " is not below layout " +
+        layout.source + "'s " + std::to_string(layout.ranks()) + " ranks");
+  }
+  std::map<std::string, std::span<const std::byte>, std::less<>> data;
+  for (const auto& [name, shard] : layout.ShardsOf(rank)) {
+    std::span<const std::byte> b;
+    DCR_RETURN_IF_ERROR(CheckSize(layout, rank, shard, shards, "given", &b));
+    data.emplace(name, b);
+  }
+  std::map<std::string, ShardMismatch> found;  // by shard
+  for (const LayoutTensor& tensor : layout.tensors) {
+    const size_t cw = DTypeSize(tensor.dtype);
+    const size_t sw = DTypeSize(tensor.conversion.shard_dtype);
+    const bool identity = tensor.conversion.identity(tensor.dtype);
+    bool held = false;
+    for (const AffinePiece& p : tensor.pieces) held |= p.rank == rank;
+    if (!held) continue;
+    auto it = canonical.find(tensor.name);
+    if (it == canonical.end() ||
+        it->second.size() != Volume(tensor.shape) * cw) {
+      return Status::InvalidArgument(
+          "canonical tensor '" + tensor.name +
+          (it == canonical.end() ? "' is missing"
+                                 : "' does not have the layout's size"));
+    }
+    const std::byte* canon = it->second.data();
+    std::byte conv[8];
+    for (const AffinePiece& p : tensor.pieces) {
+      if (p.rank != rank) continue;
+      const std::byte* shard = data.at(p.shard).data();
+      ForEachRun(p, tensor.shape,
+                 [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+                   for (uint64_t j = 0; j < n; ++j) {
+                     const std::byte* x = shard + (s + j) * sw;
+                     if (!identity) {
+                       ConvertElement(tensor.conversion, tensor.dtype, x, conv);
+                       x = conv;
+                     }
+                     const std::byte* y = canon + (c + j * step) * cw;
+                     if (std::memcmp(x, y, cw) == 0) continue;
+                     ShardMismatch& m = found[p.shard];
+                     if (m.differing++ == 0) {
+                       m.shard = p.shard;
+                       m.shard_element = s + j;
+                       m.tensor = tensor.name;
+                       m.element = c + j * step;
+                       m.shard_hex = Hex(x, cw);
+                       m.canonical_hex = Hex(y, cw);
+                     }
+                   }
+                 });
+    }
+  }
+  std::vector<ShardMismatch> out;
+  for (auto& [name, m] : found) out.push_back(std::move(m));
   return out;
 }
 

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# `dcr layout check` as a user runs it: every shipped layout validates, in
-# text and JSON, with per-rank figures that add up to the model; a rank's
-# listing names its shards; a broken layout fails with exit code 2 and the
-# file, line, tensor and ranks in the message.
-# Usage: layout_cli_test.sh DCR_BINARY LAYOUTS_DIR
+# `dcr layout check` and `dcr layout verify` as a user runs them: every
+# shipped layout validates, in text and JSON, with per-rank figures that add
+# up to the model; a rank's listing names its shards; a broken layout fails
+# with exit code 2 and the file, line, tensor and ranks in the message.
+# `dcr-traingen --layout` writes each version as every rank's shards, which
+# verify against that version's canonical file and no other, and a
+# corrupted or reshaped shard is caught.
+# Usage: layout_cli_test.sh DCR_BINARY LAYOUTS_DIR TRAINGEN_BINARY
 set -euo pipefail
 DCR=$1
 LAYOUTS=$2
+TRAINGEN=$3
 T=$(mktemp -d /tmp/dcr-layout-test.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 # shellcheck source=tests/integration/lib.sh
@@ -60,4 +64,48 @@ grep -q "dup.yaml:[0-9]*: tensors\[9\]: tensor 'model.norm.weight': already decl
   fail "duplicate tensor: $(cat "$T/err")"
 expect 2 "$DCR" layout check "$T/missing.yaml"
 grep -q "does not exist" "$T/err" || fail "missing file"
+# A tiny model under the shipped traingen layout's scheme (tp 2, pp 2).
+sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 4/' \
+  -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
+  "$f" >"$T/tiny.yaml"
+expect 0 "$DCR" layout check "$T/tiny.yaml"
+expect 2 "$TRAINGEN" --hidden 64 --layers 2 --heads 4 --kv-heads 2 --vocab 300 \
+  --steps 1 --out "$T/ckpt" --layout "$T/tiny.yaml"
+grep -q "layout $T/tiny.yaml places tensor 'model.layers.2" "$T/err" ||
+  fail "a layout of another model: $(cat "$T/err")"
+expect 0 "$TRAINGEN" --hidden 64 --layers 4 --heads 4 --kv-heads 2 --vocab 300 \
+  --steps 2 --out "$T/ckpt" --layout "$T/tiny.yaml"
+for k in 0 1 2; do
+  [[ $(find "$T/ckpt/v$k.shards" -name 'rank-*.safetensors' | wc -l) -eq 4 ]] ||
+    fail "v$k: 4 rank files"
+  expect 0 "$DCR" layout verify "$T/tiny.yaml" --shards "$T/ckpt/v$k.shards" \
+    --canonical "$T/ckpt/v$k.safetensors"
+  grep -q "^identical" "$T/out" || fail "v$k shards"
+done
+expect 1 "$DCR" layout verify "$T/tiny.yaml" --shards "$T/ckpt/v1.shards" \
+  --canonical "$T/ckpt/v2.safetensors" -o json
+json 'not d["identical"] and d["differing_elements"] > 0 and len(d["ranks"]) == 4'
+# Flip one bit of rank 3's first MLP down-projection element.
+cp -r "$T/ckpt/v1.shards" "$T/bad"
+python3 - "$T/bad/rank-00003.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+start = json.loads(b[8:8 + n])["decoder.layers.0.mlp.linear_fc2.weight"]["data_offsets"][0]
+b[8 + n + start] ^= 0x01
+open(p, "wb").write(bytes(b))
+PY
+expect 1 "$DCR" layout verify "$T/tiny.yaml" --shards "$T/bad" \
+  --canonical "$T/ckpt/v1.safetensors" --rank 3
+grep -q "^rank 3 shard 'decoder.layers.0.mlp.linear_fc2.weight' element 0 holds 0x.*, but 'model.layers.2.mlp.down_proj.weight' element 96 is 0x.* (1 elements of the shard differ)" "$T/out" ||
+  fail "flipped bit: $(cat "$T/out")"
+expect 0 "$DCR" layout verify "$T/tiny.yaml" --shards "$T/bad" \
+  --canonical "$T/ckpt/v1.safetensors" --rank 2
+# The same shards under tp 1 x pp 4: shapes disagree, named with the file.
+sed 's/tp: 2, pp: 2/tp: 1, pp: 4/' "$T/tiny.yaml" >"$T/pp4.yaml"
+expect 2 "$DCR" layout verify "$T/pp4.yaml" --shards "$T/ckpt/v1.shards" \
+  --canonical "$T/ckpt/v1.safetensors"
+grep -q "rank-00000.safetensors: tensor '.*' is BF16 \[.*\], but layout .*pp4.yaml says BF16" "$T/err" ||
+  fail "reshaped shards: $(cat "$T/err")"
 echo "layout_cli: ok"

@@ -14,6 +14,7 @@
 // elements of one tensor, so the output depends on --seed and the model
 // options but never on --threads.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +31,7 @@
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -38,6 +40,8 @@
 #include "dcr/checkpoint.h"
 #include "dcr/dtype.h"
 #include "dcr/entropy.h"
+#include "dcr/layout.h"
+#include "dcr/shard_diff.h"
 #include "dcr/status.h"
 #include "dcr/thread_pool.h"
 
@@ -137,6 +141,7 @@ struct Options {
   uint64_t seed = 1;
   uint64_t warmup = 10;
   std::string out;
+  std::string layout;  // empty: no shards
   size_t threads = 0;
   std::string output = "text";
 };
@@ -270,6 +275,10 @@ class Trainer {
   void Snapshot(int out);
   // Writes buffer `buf` as a .safetensors file.
   Status Write(int buf, const std::string& path, uint64_t step) const;
+  // Writes buffer `buf` as every rank's shards under `layout`, one
+  // .safetensors file per rank in directory `dir`.
+  Status WriteShards(int buf, const Layout& layout, const std::string& dir,
+                     uint64_t step) const;
 
  private:
   Trainer(std::vector<TensorSpec> tensors, const Options& options,
@@ -437,6 +446,82 @@ Status Trainer::Write(int buf, const std::string& path, uint64_t step) const {
   return WriteSafetensors(path, out, metadata);
 }
 
+std::string ShardPath(const std::string& dir, uint32_t rank) {
+  return (std::filesystem::path(dir) /
+          fmt::format("rank-{:05d}.safetensors", rank))
+      .string();
+}
+
+Status Trainer::WriteShards(int buf, const Layout& layout,
+                            const std::string& dir, uint64_t step) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return Status::IOError(
+        fmt::format("cannot create {}: {}", dir, ec.message()));
+  }
+  CanonicalBytes canonical;
+  for (const TensorSpec& s : tensors_) {
+    canonical.emplace(s.name, std::as_bytes(std::span<const uint16_t>(
+                                  bf16_[buf].get() + s.offset, s.elements)));
+  }
+  const std::string fingerprint = layout.Fingerprint().ToHex();
+  for (uint32_t r = 0; r < layout.ranks(); ++r) {
+    DCR_ASSIGN_OR_RETURN(auto shards, BuildShards(layout, r, canonical));
+    std::vector<TensorToWrite> out;
+    const auto held = layout.ShardsOf(r);
+    for (const auto& [name, bytes] : shards) {
+      const LayoutShard& info = held.at(name);
+      out.push_back({TensorInfo{name, info.dtype, info.shape}, bytes});
+    }
+    std::map<std::string, std::string> metadata = {
+        {"dcr.step", std::to_string(step)},
+        {"dcr.rank", std::to_string(r)},
+        {"dcr.layout", fingerprint},
+        {"format", "pt"},
+        {"generator", kProgram}};
+    DCR_RETURN_IF_ERROR(WriteSafetensors(ShardPath(dir, r), out, metadata));
+  }
+  return Status::OK();
+}
+
+// The layout must describe exactly the model traingen writes.
+Status CheckLayoutMatches(const Layout& layout,
+                          const std::vector<TensorSpec>& tensors) {
+  std::map<std::string, const LayoutTensor*> by_name;
+  for (const LayoutTensor& t : layout.tensors) by_name[t.name] = &t;
+  for (const TensorSpec& s : tensors) {
+    auto it = by_name.find(s.name);
+    if (it == by_name.end()) {
+      return Status::InvalidArgument(
+          fmt::format("layout {} does not place the model's tensor '{}'",
+                      layout.source, s.name));
+    }
+    const LayoutTensor& t = *it->second;
+    if (t.shape != s.shape || t.dtype != DType::kBF16) {
+      return Status::InvalidArgument(fmt::format(
+          "layout {} gives tensor '{}' shape [{}] of {}, but the model's is "
+          "[{}] of BF16 (check --hidden, --layers, --heads, --kv-heads, "
+          "--intermediate and --vocab)",
+          layout.source, s.name, fmt::join(t.shape, ", "), DTypeName(t.dtype),
+          fmt::join(s.shape, ", ")));
+    }
+    if (!t.conversion.identity(t.dtype)) {
+      return Status::InvalidArgument(
+          fmt::format("layout {} converts tensor '{}' (shard_dtype or add): "
+                      "dcr-traingen writes shards that are bit copies only",
+                      layout.source, s.name));
+    }
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    return Status::InvalidArgument(fmt::format(
+        "layout {} places tensor '{}', which the model does not have",
+        layout.source, by_name.begin()->first));
+  }
+  return Status::OK();
+}
+
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
       .count();
@@ -454,6 +539,11 @@ Result<uint64_t> FileSize(const std::string& path) {
 std::string CheckpointPath(const std::string& dir, uint64_t k) {
   return (std::filesystem::path(dir) / fmt::format("v{}.safetensors", k))
       .string();
+}
+
+// Where --layout puts version k's shards, and rank r's file in there.
+std::string ShardDir(const std::string& dir, uint64_t k) {
+  return (std::filesystem::path(dir) / fmt::format("v{}.shards", k)).string();
 }
 
 Status PrepareOutDir(const std::string& dir) {
@@ -485,6 +575,11 @@ void PrintRow(const StepReport& r) {
 Status Run(const Options& options) {
   DCR_RETURN_IF_ERROR(Validate(options));
   DCR_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, BuildModel(options));
+  std::optional<Layout> layout;
+  if (!options.layout.empty()) {
+    DCR_ASSIGN_OR_RETURN(layout, LoadLayout(options.layout));
+    DCR_RETURN_IF_ERROR(CheckLayoutMatches(*layout, tensors));
+  }
   DCR_RETURN_IF_ERROR(PrepareOutDir(options.out));
   ThreadPool pool(options.threads);
   DCR_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
@@ -508,6 +603,10 @@ Status Run(const Options& options) {
   start = std::chrono::steady_clock::now();
   std::string path = CheckpointPath(options.out, 0);
   DCR_RETURN_IF_ERROR(trainer->Write(0, path, 0));
+  if (layout) {
+    DCR_RETURN_IF_ERROR(
+        trainer->WriteShards(0, *layout, ShardDir(options.out, 0), 0));
+  }
   DCR_ASSIGN_OR_RETURN(uint64_t checkpoint_bytes, FileSize(path));
   fmt::print(stderr, "{}: wrote {} in {:.2f} s\n", kProgram, path,
              Seconds(start));
@@ -532,6 +631,10 @@ Status Run(const Options& options) {
     start = std::chrono::steady_clock::now();
     path = CheckpointPath(options.out, k);
     DCR_RETURN_IF_ERROR(trainer->Write(out, path, k));
+    if (layout) {
+      DCR_RETURN_IF_ERROR(
+          trainer->WriteShards(out, *layout, ShardDir(options.out, k), k));
+    }
     StepReport r;
     DCR_ASSIGN_OR_RETURN(r.checkpoint_bytes, FileSize(path));
     const EntropyFloor& f = floors[0];
@@ -589,6 +692,12 @@ Change rate per step on the default model (154M parameters, --warmup 10,
 Examples:
   dcr-traingen --out /tmp/ckpt --steps 3 --lr 2.2e-6   # ~3% per step
   dcr-traingen --hidden 64 --layers 2 --vocab 256 --out /tmp/tiny -o json
+  dcr-traingen --out /tmp/ckpt --layout layouts/traingen-tp2-pp2.yaml
+
+With --layout, each version is also written as a trainer's shards:
+OUT/vK.shards/rank-RRRRR.safetensors holds what producer rank R holds under
+the layout (docs/PLACEMENT.md), named as the trainer names them. The layout
+must place exactly the model's tensors, as bit copies.
 
 Exit status: 0 on success, 2 for bad options, 1 for runtime errors.)";
 
@@ -668,6 +777,9 @@ int Main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "Adam steps taken before v0 is written")
       ->capture_default_str()
       ->check(kNonNegative);
+  app.add_option("--layout", o.layout,
+                 "Also write each version as the shards of this placement "
+                 "layout's ranks");
   app.add_option("--out", o.out, "Output directory (created if missing)")
       ->required();
   app.add_option("--threads", o.threads,

@@ -270,5 +270,59 @@ tensors:
   EXPECT_THAT(r.status().message(), HasSubstr("rank 2 is not below"));
 }
 
+TEST(ShardDiffTest, CompareShardsFindsTheFirstWrongElementOfEachShard) {
+  auto l = ParseLayout(R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: embed
+    shard: emb
+    split: vocab
+    pad_to: 4
+    shape: [10, 2]
+  - name: w
+    shard: w.t
+    split: column
+    shape: [4, 3]
+    transpose: true
+)",
+                       "v.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  std::mt19937_64 rng(3);
+  auto [canon, unused] = RandomVersions(*l, 0, rng);
+  auto built = BuildShards(*l, 1, View(canon));
+  ASSERT_TRUE(built.ok());
+  auto view = [](const Tensors& t) {
+    ShardBytes out;
+    for (const auto& [n, v] : t) out.emplace(n, v);
+    return out;
+  };
+  auto m = CompareShards(*l, 1, view(*built), View(canon));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE(m->empty());
+  // Rank 1 holds vocabulary rows 8-9 of its 8-row shard: rows 2-7 are
+  // padding, which is not compared.
+  Tensors changed = *built;
+  changed["emb"][2 * 2 * 2] ^= std::byte{1};
+  m = CompareShards(*l, 1, view(changed), View(canon));
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(m->empty());
+  // Element 4 of the transposed shard [3, 2] is shard (2, 0): canonical
+  // row 2 + 0, column 2 of w [4, 3], i.e. element 8.
+  changed["w.t"][4 * 2] ^= std::byte{1};
+  changed["emb"][1 * 2 + 1] ^= std::byte{0x80};
+  m = CompareShards(*l, 1, view(changed), View(canon));
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->size(), 2u);
+  EXPECT_EQ((*m)[0].shard, "emb");
+  EXPECT_EQ((*m)[0].shard_element, 1u);
+  EXPECT_EQ((*m)[0].tensor, "embed");
+  EXPECT_EQ((*m)[0].element, 8 * 2 + 1u);
+  EXPECT_EQ((*m)[1].shard, "w.t");
+  EXPECT_EQ((*m)[1].shard_element, 4u);
+  EXPECT_EQ((*m)[1].element, 8u);
+  EXPECT_EQ((*m)[1].differing, 1u);
+  EXPECT_NE((*m)[1].shard_hex, (*m)[1].canonical_hex);
+}
+
 }  // namespace
 }  // namespace dcr
