@@ -63,6 +63,52 @@ class Hasher128 {
   std::unique_ptr<State> state_;
 };
 
+// A 128-bit digest that is linear in the bits it covers, so that it
+// composes from parts (docs/FORMAT.md §"Linear digest"). With blocks X_b of
+// 16 bytes (little-endian elements of GF(2^128) modulo x^128 + x^7 + x^2 +
+// x + 1, the last one zero-padded) and the fixed element K of
+// kLinearDigestKey, the linear digest of a byte string is
+//
+//   L(S) = XOR over b of X_b * K^(b + 1).
+//
+// LinearHash(offset, bytes) is the contribution of `bytes` lying at byte
+// `offset` of a longer string. The string's L is the XOR of the
+// contributions of any partition of its bytes into ranges, each computed
+// knowing only its own bytes and offset: a trainer rank hashes the regions
+// of a canonical tensor it holds, and the parts add up to what a store
+// holding the whole tensor computes. It is linear: LinearHash(o, a ^ b) =
+// LinearHash(o, a) ^ LinearHash(o, b), so the XOR mask a chunk applies at
+// an offset changes the digest by the mask's LinearHash.
+//
+// It detects accidental change (two strings of n blocks that differ have
+// the same L with probability about n / 2^128 for a K drawn at random); it
+// is no MAC. Speed: docs/FORMAT.md and bench/digest_bench.
+struct LinearDigest {
+  uint64_t low = 0;
+  uint64_t high = 0;
+
+  LinearDigest& operator^=(const LinearDigest& o) {
+    low ^= o.low;
+    high ^= o.high;
+    return *this;
+  }
+  friend LinearDigest operator^(LinearDigest a, const LinearDigest& b) {
+    return a ^= b;
+  }
+  friend bool operator==(const LinearDigest&, const LinearDigest&) = default;
+  bool IsZero() const { return low == 0 && high == 0; }
+};
+
+// K: fixed by the format; never 0 or 1.
+inline constexpr LinearDigest kLinearDigestKey = {0x9e3779b97f4a7c15ull,
+                                                  0xd1b54a32d192ed03ull};
+
+LinearDigest LinearHash(uint64_t offset, std::span<const std::byte> bytes);
+
+// The product of two elements of GF(2^128) as above (for tests and for
+// combining digests).
+LinearDigest GfMultiply(const LinearDigest& a, const LinearDigest& b);
+
 }  // namespace dcr
 
 #endif  // DCR_DIGEST_H_

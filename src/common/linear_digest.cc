@@ -1,0 +1,170 @@
+// LinearHash (dcr/digest.h): the partial blocks at either end of a range,
+// the whole blocks by the fastest kernel the CPU runs, and powers of K by
+// squaring.
+#include "common/linear_digest.h"
+
+#include <array>
+#include <cstring>
+
+namespace dcr {
+namespace linear_digest {
+namespace {
+
+LinearDigest BodyGeneric(const std::byte* p, uint64_t blocks, const Powers& k) {
+  // Horner from the last block: acc = sum of X_j * K^j, then times K.
+  LinearDigest acc;
+  for (uint64_t j = blocks; j-- > 0;) {
+    LinearDigest x;
+    std::memcpy(&x.low, p + 16 * j, 8);
+    std::memcpy(&x.high, p + 16 * j + 8, 8);
+    acc = MultiplyGeneric(acc, k.k[0]) ^ x;
+  }
+  return MultiplyGeneric(acc, k.k[0]);
+}
+
+}  // namespace
+
+LinearDigest MultiplyGeneric(const LinearDigest& a, const LinearDigest& b) {
+  // Shift-and-add, reducing x^128 to x^7 + x^2 + x + 1 as `v` shifts.
+  LinearDigest out, v = a;
+  for (int i = 0; i < 128; ++i) {
+    uint64_t bit = i < 64 ? (b.low >> i) & 1 : (b.high >> (i - 64)) & 1;
+    if (bit) out ^= v;
+    uint64_t carry = v.high >> 63;
+    v.high = (v.high << 1) | (v.low >> 63);
+    v.low = (v.low << 1) ^ (carry ? 0x87u : 0u);
+  }
+  return out;
+}
+
+const Kernels kGeneric = {MultiplyGeneric, BodyGeneric};
+
+std::vector<std::pair<const char*, const Kernels*>> AllKernels() {
+  std::vector<std::pair<const char*, const Kernels*>> out = {
+      {"generic", &kGeneric}};
+#if defined(__x86_64__) && defined(__GNUC__)
+  const bool clmul = kClmul != nullptr && __builtin_cpu_supports("pclmul") &&
+                     __builtin_cpu_supports("sse4.1");
+  if (clmul) out.emplace_back("pclmul", kClmul);
+  if (clmul && kAvx512 != nullptr && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("vpclmulqdq")) {
+    out.emplace_back("vpclmulqdq", kAvx512);
+  }
+#endif
+  return out;
+}
+
+const Kernels& BestKernels() {
+  static const Kernels* k = AllKernels().back().second;
+  return *k;
+}
+
+}  // namespace linear_digest
+
+namespace {
+
+using linear_digest::Kernels;
+using linear_digest::Powers;
+
+const Kernels& Best() { return linear_digest::BestKernels(); }
+
+using Window = std::array<std::array<LinearDigest, 16>, 16>;
+
+// window[i][j] = x^(j * 16^i).
+Window MakeWindow(const LinearDigest& x) {
+  const Kernels& m = Best();
+  Window w;
+  LinearDigest base = x;  // x^(16^i)
+  for (auto& row : w) {
+    row[0] = {1, 0};
+    for (size_t j = 1; j < 16; ++j) row[j] = m.multiply(row[j - 1], base);
+    base = m.multiply(row[15], base);
+  }
+  return w;
+}
+
+struct Tables {
+  Powers k;               // K^1 .. K^8
+  Window power, inverse;  // of K and of K^-1
+  Tables() {
+    const Kernels& m = Best();
+    k.k[0] = kLinearDigestKey;
+    for (size_t j = 1; j < linear_digest::kGroup; ++j) {
+      k.k[j] = m.multiply(k.k[j - 1], kLinearDigestKey);
+    }
+    // K^-1 = K^(2^128 - 2), the product of K^(2^i) for i = 1 .. 127.
+    LinearDigest inv{1, 0}, sq = kLinearDigestKey;
+    for (int i = 1; i < 128; ++i) {
+      sq = m.multiply(sq, sq);
+      inv = m.multiply(inv, sq);
+    }
+    power = MakeWindow(kLinearDigestKey);
+    inverse = MakeWindow(inv);
+  }
+};
+
+const Tables& T() {
+  static const Tables t;
+  return t;
+}
+
+LinearDigest WindowPower(const Window& w, uint64_t n) {
+  const Kernels& m = Best();
+  LinearDigest out{1, 0};
+  bool first = true;
+  for (size_t i = 0; n != 0; ++i, n >>= 4) {
+    if ((n & 15) == 0) continue;
+    const LinearDigest& f = w[i][n & 15];
+    out = first ? f : m.multiply(out, f);
+    first = false;
+  }
+  return out;
+}
+
+// One block holding `bytes` at byte `at` of it, zero elsewhere.
+LinearDigest Partial(std::span<const std::byte> bytes, size_t at) {
+  unsigned char b[16] = {};
+  std::memcpy(b + at, bytes.data(), bytes.size());
+  LinearDigest x;
+  std::memcpy(&x.low, b, 8);
+  std::memcpy(&x.high, b + 8, 8);
+  return x;
+}
+
+}  // namespace
+
+namespace linear_digest {
+LinearDigest Power(uint64_t n) { return WindowPower(T().power, n); }
+LinearDigest InversePower(uint64_t n) { return WindowPower(T().inverse, n); }
+}  // namespace linear_digest
+
+using linear_digest::Power;
+
+LinearDigest GfMultiply(const LinearDigest& a, const LinearDigest& b) {
+  return Best().multiply(a, b);
+}
+
+LinearDigest LinearHash(uint64_t offset, std::span<const std::byte> bytes) {
+  const Kernels& m = Best();
+  LinearDigest out;
+  uint64_t block = offset / 16;
+  if (size_t at = offset % 16; at != 0 && !bytes.empty()) {
+    size_t n = std::min<size_t>(16 - at, bytes.size());
+    out ^= m.multiply(Partial(bytes.first(n), at), Power(block + 1));
+    bytes = bytes.subspan(n);
+    ++block;
+  }
+  if (uint64_t whole = bytes.size() / 16; whole > 0) {
+    // Sum of X_j K^(j+1) over the run, moved to its place by K^block.
+    LinearDigest s = m.body(bytes.data(), whole, T().k);
+    out ^= block == 0 ? s : m.multiply(s, Power(block));
+    bytes = bytes.subspan(16 * whole);
+    block += whole;
+  }
+  if (!bytes.empty()) {
+    out ^= m.multiply(Partial(bytes, 0), Power(block + 1));
+  }
+  return out;
+}
+
+}  // namespace dcr

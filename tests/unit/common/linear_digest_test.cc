@@ -1,0 +1,165 @@
+// The linear digest (dcr/digest.h): every kernel against the definition
+// computed the slow way, parts that add up to the whole for any partition
+// of the bytes, linearity (an XOR mask updates a digest), and the field's
+// laws for the multiplication underneath.
+#include "common/linear_digest.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "dcr/digest.h"
+
+namespace dcr {
+namespace {
+
+using linear_digest::MultiplyGeneric;
+
+LinearDigest Random(std::mt19937_64& rng) { return {rng(), rng()}; }
+
+std::vector<std::byte> RandomBytes(size_t n, std::mt19937_64& rng) {
+  std::vector<std::byte> out(n);
+  for (auto& b : out) b = static_cast<std::byte>(rng());
+  return out;
+}
+
+// L(S) by its definition: XOR over blocks of X_b K^(b+1), powers by
+// repeated multiplication, the last block zero-padded.
+LinearDigest Reference(std::span<const std::byte> s) {
+  LinearDigest out, power = kLinearDigestKey;
+  for (size_t b = 0; 16 * b < s.size(); ++b) {
+    unsigned char x[16] = {};
+    std::memcpy(x, s.data() + 16 * b, std::min<size_t>(16, s.size() - 16 * b));
+    LinearDigest xb;
+    std::memcpy(&xb.low, x, 8);
+    std::memcpy(&xb.high, x + 8, 8);
+    out ^= MultiplyGeneric(xb, power);
+    power = MultiplyGeneric(power, kLinearDigestKey);
+  }
+  return out;
+}
+
+std::vector<const linear_digest::Kernels*> AllKernels() {
+  std::vector<const linear_digest::Kernels*> out;
+  for (const auto& [name, k] : linear_digest::AllKernels()) out.push_back(k);
+  return out;
+}
+
+TEST(LinearDigestTest, MultiplicationIsAField) {
+  std::mt19937_64 rng(1);
+  const LinearDigest one{1, 0};
+  for (const auto* k : AllKernels()) {
+    for (int i = 0; i < 200; ++i) {
+      LinearDigest a = Random(rng), b = Random(rng), c = Random(rng);
+      EXPECT_EQ(k->multiply(a, one), a);
+      EXPECT_EQ(k->multiply(a, b), k->multiply(b, a));
+      EXPECT_EQ(k->multiply(k->multiply(a, b), c),
+                k->multiply(a, k->multiply(b, c)));
+      EXPECT_EQ(k->multiply(a, b ^ c), k->multiply(a, b) ^ k->multiply(a, c));
+      EXPECT_EQ(k->multiply(a, b), MultiplyGeneric(a, b));
+    }
+    // x^127 * x = x^128 = x^7 + x^2 + x + 1.
+    EXPECT_EQ(k->multiply({0, 1ull << 63}, {2, 0}), (LinearDigest{0x87, 0}));
+  }
+  EXPECT_FALSE(kLinearDigestKey.IsZero());
+  EXPECT_NE(kLinearDigestKey, (LinearDigest{1, 0}));
+}
+
+TEST(LinearDigestTest, PowersAndInversePowers) {
+  std::mt19937_64 rng(5);
+  const LinearDigest one{1, 0};
+  LinearDigest p = one;
+  for (uint64_t n = 0; n < 70; ++n) {
+    EXPECT_EQ(linear_digest::Power(n), p) << n;
+    EXPECT_EQ(GfMultiply(linear_digest::InversePower(n), p), one) << n;
+    p = MultiplyGeneric(p, kLinearDigestKey);
+  }
+  for (int i = 0; i < 50; ++i) {
+    uint64_t a = rng() >> (rng() % 64), b = rng() >> (rng() % 64);
+    if (a > UINT64_MAX - b) continue;
+    EXPECT_EQ(linear_digest::Power(a + b),
+              GfMultiply(linear_digest::Power(a), linear_digest::Power(b)));
+    EXPECT_EQ(
+        GfMultiply(linear_digest::Power(a), linear_digest::InversePower(a)),
+        one);
+  }
+}
+
+TEST(LinearDigestTest, KernelsMatchTheDefinition) {
+  std::mt19937_64 rng(2);
+  linear_digest::Powers k;
+  k.k[0] = kLinearDigestKey;
+  for (size_t j = 1; j < linear_digest::kGroup; ++j) {
+    k.k[j] = MultiplyGeneric(k.k[j - 1], kLinearDigestKey);
+  }
+  for (uint64_t blocks :
+       {1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 64, 65, 100}) {
+    auto bytes = RandomBytes(16 * blocks, rng);
+    for (const auto* kernel : AllKernels()) {
+      EXPECT_EQ(kernel->body(bytes.data(), blocks, k), Reference(bytes))
+          << blocks << " blocks";
+    }
+  }
+  for (size_t n = 0; n < 300; ++n) {
+    auto bytes = RandomBytes(n, rng);
+    EXPECT_EQ(LinearHash(0, bytes), Reference(bytes)) << n << " bytes";
+  }
+}
+
+TEST(LinearDigestTest, AnyPartitionAddsUpToTheWhole) {
+  std::mt19937_64 rng(3);
+  for (int iter = 0; iter < 100; ++iter) {
+    auto s = RandomBytes(1 + rng() % 5000, rng);
+    const LinearDigest whole = LinearHash(0, s);
+    LinearDigest parts;
+    for (size_t at = 0; at < s.size();) {
+      size_t n = std::min<size_t>(
+          s.size() - at, rng() % 3 == 0 ? 1 + rng() % 20 : 1 + rng() % 700);
+      parts ^= LinearHash(at, std::span(s).subspan(at, n));
+      at += n;
+    }
+    ASSERT_EQ(parts, whole) << "iteration " << iter;
+    // A part is what the whole string with zeros elsewhere hashes to.
+    size_t at = rng() % s.size(), n = 1 + rng() % (s.size() - at);
+    std::vector<std::byte> only(s.size());
+    std::memcpy(only.data() + at, s.data() + at, n);
+    ASSERT_EQ(LinearHash(at, std::span(s).subspan(at, n)), LinearHash(0, only));
+  }
+  // Far offsets: a tensor of terabytes.
+  auto s = RandomBytes(100, rng);
+  const uint64_t far = (1ull << 41) + 3;
+  EXPECT_EQ(LinearHash(far, s),
+            LinearHash(far, std::span(s).first(40)) ^
+                LinearHash(far + 40, std::span(s).subspan(40)));
+}
+
+TEST(LinearDigestTest, AnXorMaskUpdatesTheDigest) {
+  std::mt19937_64 rng(4);
+  auto base = RandomBytes(4096, rng);
+  auto target = base;
+  std::vector<std::byte> mask(base.size());
+  for (int i = 0; i < 40; ++i) {
+    size_t at = rng() % base.size();
+    auto m = static_cast<std::byte>(1 + rng() % 255);
+    target[at] ^= m;
+    mask[at] ^= m;
+  }
+  EXPECT_EQ(LinearHash(0, target), LinearHash(0, base) ^ LinearHash(0, mask));
+  // Every single-bit change of a block changes the digest, and moving a
+  // block elsewhere does too.
+  auto one = RandomBytes(64, rng);
+  const LinearDigest d = LinearHash(0, one);
+  for (size_t bit = 0; bit < 8 * one.size(); ++bit) {
+    auto c = one;
+    c[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+    ASSERT_NE(LinearHash(0, c), d) << "bit " << bit;
+  }
+  auto swapped = one;
+  std::swap_ranges(swapped.begin(), swapped.begin() + 16, swapped.begin() + 16);
+  EXPECT_NE(LinearHash(0, swapped), d);
+}
+
+}  // namespace
+}  // namespace dcr
