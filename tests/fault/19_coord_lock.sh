@@ -45,7 +45,11 @@ print((r['committed'] or {'step': 0})['step'], 'unfinished' if r.get('in_progres
 
 # --- a. the lock -----------------------------------------------------------
 fault_snapshot
-COORD_FAILPOINTS="coord.before_commit=delay(4000)" fault_refit_bg "$V/v1.safetensors"
+# The stall must outlast the refusals and statuses below on a loaded CI
+# machine (4 s did not, next to the memory-flood row): 12 s, the rest of
+# which fault_refit_wait sits out.
+REFIT_TIMEOUT=30s COORD_FAILPOINTS="coord.before_commit=delay(12000)" \
+  fault_refit_bg "$V/v1.safetensors"
 wait_refit_log "failpoint coord.before_commit (hit 1): delay"
 COORD=$(pgrep -P "$REFIT_PID" -x dcr || true)
 [[ -n $COORD ]] || fail "no running coordinator"
