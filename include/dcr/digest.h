@@ -80,9 +80,12 @@ class Hasher128 {
 // LinearHash(o, a) ^ LinearHash(o, b), so the XOR mask a chunk applies at
 // an offset changes the digest by the mask's LinearHash.
 //
-// It detects accidental change (two strings of n blocks that differ have
-// the same L with probability about n / 2^128 for a K drawn at random); it
-// is no MAC. Speed: docs/FORMAT.md and bench/digest_bench.
+// It detects accidental change between strings of the same length (two
+// strings of n blocks that differ have the same L with probability about
+// n / 2^128 for a K drawn at random); it is no MAC. L itself ignores length:
+// S and S followed by zero bytes have the same L, and all-zero strings have
+// L = 0, so a digest built on it must bind the length. Speed:
+// docs/FORMAT.md and bench/digest_bench.
 struct LinearDigest {
   uint64_t low = 0;
   uint64_t high = 0;

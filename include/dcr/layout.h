@@ -106,8 +106,8 @@ struct Layout {
   // The shards rank `rank` holds, by name (each once, also when several
   // canonical tensors read it, as a tied embedding does).
   std::map<std::string, LayoutShard> ShardsOf(uint32_t rank) const;
-  // An order-independent digest of everything a producer and the
-  // coordinator must agree on: ranks, tensors, shapes, dtypes,
+  // A digest, independent of entry and piece order, of everything a producer
+  // and the coordinator must agree on: ranks, tensors, shapes, dtypes,
   // conversions and pieces. Producers of different layouts are refused.
   Digest128 Fingerprint() const;
 };

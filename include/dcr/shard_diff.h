@@ -104,6 +104,12 @@ Result<std::vector<ShardMismatch>> CompareShards(
 void ConvertElement(const Conversion& c, DType canonical,
                     const std::byte* shard, std::byte* out);
 
+// IEEE binary16 <-> binary32: exact one way, rounded to nearest even the
+// other. FloatToHalf turns every NaN into sign | 0x7E00 (as PyTorch's
+// c10::Half does); HalfToFloat keeps a NaN's payload.
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float v);
+
 }  // namespace dcr
 
 #endif  // DCR_SHARD_DIFF_H_

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,22 +43,40 @@ struct RankSummary {
   uint64_t produced = 0;  // canonical elements this rank produces
 };
 
+// One pass over the pieces, whatever the number of ranks.
 std::vector<RankSummary> Summarize(const Layout& l) {
   std::vector<RankSummary> out(l.ranks());
+  std::vector<std::map<std::string, uint64_t>> shards(l.ranks());  // bytes
+  for (const LayoutTensor& t : l.tensors) {
+    for (const AffinePiece& p : t.pieces) {
+      out[p.rank].produced += Volume(p.extent);
+      shards[p.rank][p.shard] =
+          Volume(p.shard_shape) * DTypeSize(t.conversion.shard_dtype);
+    }
+  }
   for (uint32_t r = 0; r < l.ranks(); ++r) {
     RankSummary& s = out[r];
     s.rank = r;
     s.tp = r % l.tp;
     s.ep = r / l.tp % l.ep;
     s.pp = r / (l.tp * l.ep);
-    for (const auto& [name, shard] : l.ShardsOf(r)) {
-      ++s.shards;
-      s.shard_bytes += Volume(shard.shape) * DTypeSize(shard.dtype);
-    }
+    s.shards = shards[r].size();
+    for (const auto& [name, bytes] : shards[r]) s.shard_bytes += bytes;
   }
+  return out;
+}
+
+// The pieces rank `rank` holds, by shard, with their canonical tensors.
+std::map<std::string,
+         std::vector<std::pair<const LayoutTensor*, const AffinePiece*>>>
+PiecesOf(const Layout& l, uint32_t rank) {
+  std::map<std::string,
+           std::vector<std::pair<const LayoutTensor*, const AffinePiece*>>>
+      out;
   for (const LayoutTensor& t : l.tensors) {
-    for (const AffinePiece& p : t.pieces)
-      out[p.rank].produced += Volume(p.extent);
+    for (const AffinePiece& p : t.pieces) {
+      if (p.rank == rank) out[p.shard].emplace_back(&t, &p);
+    }
   }
   return out;
 }
@@ -113,19 +132,16 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
     j["per_rank"] = per;
     if (rank) {
       json shards = json::array();
+      const auto pieces = PiecesOf(*l, *rank);
       for (const auto& [name, shard] : l->ShardsOf(*rank)) {
         json feeds = json::array();
-        for (const LayoutTensor& t : l->tensors) {
-          for (const AffinePiece& p : t.pieces) {
-            if (p.rank == *rank && p.shard == name) {
-              feeds.push_back({{"tensor", t.name},
-                               {"from", p.from},
-                               {"extent", p.extent},
-                               {"to", p.to},
-                               {"axis", p.axis},
-                               {"step", p.step}});
-            }
-          }
+        for (const auto& [t, p] : pieces.at(name)) {
+          feeds.push_back({{"tensor", t->name},
+                           {"from", p->from},
+                           {"extent", p->extent},
+                           {"to", p->to},
+                           {"axis", p->axis},
+                           {"step", p->step}});
         }
         shards.push_back({{"name", name},
                           {"shape", shard.shape},
@@ -147,17 +163,15 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
       fp.ToHex().c_str());
   if (rank) {
     std::printf("\nrank %u holds:\n", *rank);
+    const auto pieces = PiecesOf(*l, *rank);
     for (const auto& [name, shard] : l->ShardsOf(*rank)) {
       std::printf("  %s %s %s\n", name.c_str(),
                   std::string(DTypeName(shard.dtype)).c_str(),
                   ShapeText(shard.shape).c_str());
-      for (const LayoutTensor& t : l->tensors) {
-        for (const AffinePiece& p : t.pieces) {
-          if (p.rank != *rank || p.shard != name) continue;
-          std::printf("    -> %s: box %s + %s at %s\n", t.name.c_str(),
-                      ShapeText(p.from).c_str(), ShapeText(p.extent).c_str(),
-                      ShapeText(p.to).c_str());
-        }
+      for (const auto& [t, p] : pieces.at(name)) {
+        std::printf("    -> %s: box %s + %s at %s\n", t->name.c_str(),
+                    ShapeText(p->from).c_str(), ShapeText(p->extent).c_str(),
+                    ShapeText(p->to).c_str());
       }
     }
     return kExitOk;
@@ -214,10 +228,25 @@ int RunVerify(const GlobalOptions& g, const std::string& path,
   }
   auto ckpt = Checkpoint::Open(canonical_path, Checkpoint::Mode::kReadOnly);
   if (!ckpt.ok()) return ReportError(ckpt.status());
+  // Every canonical tensor the layout places: in the checkpoint, with the
+  // layout's dtype and shape.
   CanonicalBytes canonical;
   const Manifest& m = (*ckpt)->manifest();
-  for (size_t i = 0; i < m.size(); ++i) {
-    canonical.emplace(m[i].name, (*ckpt)->TensorData(i));
+  for (const LayoutTensor& t : l->tensors) {
+    int64_t i = m.Find(t.name);
+    if (i < 0) {
+      return ReportError(Status::NotFound(
+          fmt::format("{}: no tensor '{}', which layout {} places",
+                      canonical_path, t.name, path)));
+    }
+    const TensorInfo& info = m[static_cast<size_t>(i)];
+    if (info.dtype != t.dtype || info.shape != t.shape) {
+      return ReportError(Status::InvalidArgument(fmt::format(
+          "{}: tensor '{}' is {} {}, but layout {} says {} {}", canonical_path,
+          t.name, DTypeName(info.dtype), ShapeText(info.shape), path,
+          DTypeName(t.dtype), ShapeText(t.shape))));
+    }
+    canonical.emplace(t.name, (*ckpt)->TensorData(static_cast<size_t>(i)));
   }
   json ranks = json::array();
   uint64_t differing = 0;

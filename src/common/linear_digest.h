@@ -22,7 +22,8 @@ struct Kernels {
   // a * b in GF(2^128).
   LinearDigest (*multiply)(const LinearDigest& a, const LinearDigest& b);
   // XOR over j < blocks of X_j * K^(j + 1), for the 16-byte blocks X_j at
-  // `p` (blocks > 0).
+  // `p` (blocks > 0). `k` must hold the powers of kLinearDigestKey: a
+  // kernel may keep tables derived from its first call.
   LinearDigest (*body)(const std::byte* p, uint64_t blocks, const Powers& k);
 };
 

@@ -4,6 +4,9 @@
 // every lane, and the lanes are added at the end.
 #include "common/linear_digest.h"
 
+// This file is compiled for AVX-512: it calls no inline function of a
+// header (LinearDigest's operators included), whose out-of-line copy the
+// linker could pick for callers on other CPUs.
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__VPCLMULQDQ__)
 #include <immintrin.h>
 
@@ -98,14 +101,17 @@ LinearDigest Body(const std::byte* p, uint64_t blocks, const Powers& k) {
   _mm512_store_si512(lanes, acc);
   LinearDigest out;
   for (size_t i = 0; i < 4; ++i) {
-    out ^= LinearDigest{lanes[2 * i], lanes[2 * i + 1]};
+    out.low ^= lanes[2 * i];
+    out.high ^= lanes[2 * i + 1];
   }
   if (groups > 1) out = k128.multiply(out, Power(kBlocks * (groups - 1)));
   // The blocks after the last whole group, by the PCLMUL kernel, at their
   // place: K^(32 groups).
   if (uint64_t rest = blocks - kBlocks * groups; rest > 0) {
     LinearDigest t = k128.body(p + 16 * kBlocks * groups, rest, k);
-    out ^= groups == 0 ? t : k128.multiply(t, Power(kBlocks * groups));
+    if (groups != 0) t = k128.multiply(t, Power(kBlocks * groups));
+    out.low ^= t.low;
+    out.high ^= t.high;
   }
   return out;
 }

@@ -3,6 +3,8 @@
 // three 128-bit words, and reduced once per group of 8 blocks.
 #include "common/linear_digest.h"
 
+// Compiled with -mpclmul -msse4.1: it calls no inline function of a header,
+// whose out-of-line copy the linker could pick for callers on other CPUs.
 #if defined(__x86_64__) && defined(__PCLMUL__) && defined(__SSE4_1__)
 #include <immintrin.h>
 
@@ -60,7 +62,8 @@ LinearDigest Body(const std::byte* p, uint64_t blocks, const Powers& k) {
   __m128i acc = _mm_setzero_si128();
   for (uint64_t g = groups; g-- > 0;) {
     const std::byte* q = p + 16 * kGroup * g;
-    const uint64_t n = std::min<uint64_t>(kGroup, blocks - kGroup * g);
+    const uint64_t left = blocks - kGroup * g;
+    const uint64_t n = left < kGroup ? left : kGroup;
     Acc s;
     if (g + 1 != groups) s.Add(acc, step);
     if (n == kGroup) {

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -242,10 +243,11 @@ Status Parser::ParseEntry(const YAML::Node& n, int line,
       double v = 0;
       auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
       if (ec != std::errc() || end != s.data() + s.size() ||
-          !std::isfinite(v)) {
-        return Err(x.line, kp, "expected a finite number, got '" + s + "'");
+          !(std::fabs(v) <= std::numeric_limits<float>::max())) {
+        return Err(x.line, kp,
+                   "expected a number that F32 holds, got '" + s + "'");
       }
-      e->add = v;
+      e->add = v == 0 ? 0.0 : v;  // -0 adds nothing, as 0 does
     } else if (x.key == "transpose") {
       DCR_ASSIGN_OR_RETURN(std::string s, Scalar(x, kp));
       if (s != "true" && s != "false") {
@@ -296,18 +298,24 @@ Result<LayoutSpec> Parser::Parse(std::string_view text) {
   }
   LayoutSpec spec;
   spec.source = source();
+  // The version first, before the keys are checked: a newer schema fails
+  // on its version, not on a key this dcr does not know.
+  if (doc.IsMap()) {
+    for (const auto& kv : doc) {
+      if (!kv.first.IsScalar() || kv.first.Scalar() != "version") continue;
+      Field vf{"version", LineOf(kv.second, 1), kv.second};
+      DCR_ASSIGN_OR_RETURN(uint64_t version, Uint(vf, "version", 0, 1000000));
+      if (version != static_cast<uint64_t>(kLayoutVersion)) {
+        return Err(vf.line, "version",
+                   "unsupported layout version " + std::to_string(version) +
+                       " (this dcr reads version " +
+                       std::to_string(kLayoutVersion) + ")");
+      }
+    }
+  }
   DCR_ASSIGN_OR_RETURN(Fields f, Map(doc, 1, "", kTopKeys));
   for (std::string_view k : {"version", "tensors"}) {
     DCR_RETURN_IF_ERROR(Required(f, "", k));
-  }
-  // The version first: a newer schema fails on it, not on a new key.
-  const Field* vf = f.Get("version");
-  DCR_ASSIGN_OR_RETURN(uint64_t version, Uint(*vf, "version", 0, 1000000));
-  if (version != static_cast<uint64_t>(kLayoutVersion)) {
-    return Err(vf->line, "version",
-               "unsupported layout version " + std::to_string(version) +
-                   " (this dcr reads version " +
-                   std::to_string(kLayoutVersion) + ")");
   }
   for (const Field& x : f.all()) {
     const std::string& p = x.key;
@@ -378,6 +386,9 @@ Result<Layout> LoadLayout(const std::string& path) {
   constexpr uintmax_t kMaxLayoutBytes = 16u << 20;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
+    if (ec) {
+      return Status::IOError("layout file '" + path + "': " + ec.message());
+    }
     return Status::NotFound("layout file '" + path + "' does not exist");
   }
   if (std::filesystem::file_size(path, ec) > kMaxLayoutBytes && !ec) {

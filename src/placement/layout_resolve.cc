@@ -16,6 +16,16 @@ namespace dcr {
 namespace layout_internal {
 namespace {
 
+// True iff `s` has more than kMaxElements elements.
+bool ElementsOver(const Shape& s) {
+  uint64_t n = 1;
+  for (uint64_t d : s) {
+    if (d != 0 && n > kMaxElements / d) return true;
+    n *= d;
+  }
+  return n > kMaxElements;
+}
+
 // The {layer} / {expert} placeholders a name holds.
 struct Placeholders {
   bool layer = false;
@@ -109,6 +119,24 @@ class Resolver {
                std::vector<LayoutTensor*>& out) const;
   Status AddTensor(const EntrySpec& e, const std::string& name,
                    LayoutTensor** out);
+  // The most pieces one instance of `e` makes (over all its names).
+  uint64_t PiecesPerInstance(const EntrySpec& e) const {
+    switch (e.split) {
+      case SplitKind::kReplicated:
+        return 1;
+      case SplitKind::kColumn:
+      case SplitKind::kRow:
+      case SplitKind::kVocab:
+        return spec_.tp;
+      case SplitKind::kGateUp:
+        return 2ull * spec_.tp;
+      case SplitKind::kQkv:
+        return 3 * e.kv_heads;
+      case SplitKind::kPieces:
+        return e.pieces.size();
+    }
+    return 0;
+  }
 
   const LayoutSpec& spec_;
   std::vector<uint32_t> stage_first_;  // first layer of each stage
@@ -346,6 +374,9 @@ Result<Layout> Resolver::Run() {
     int line = it == spec_.lines.end() ? 0 : it->second;
     return yaml_doc::Error(spec_.source, line, path, msg);
   };
+  if (!spec_.stages.empty() && spec_.layers == 0) {
+    return top("stages", "'stages' splits the layers: give 'layers' too");
+  }
   if (!spec_.stages.empty()) {
     uint64_t sum = 0;
     for (uint32_t s : spec_.stages) sum += s;
@@ -384,6 +415,7 @@ Result<Layout> Resolver::Run() {
     }
   }
   const uint32_t per_group = spec_.experts == 0 ? 0 : spec_.experts / spec_.ep;
+  uint64_t all_pieces = 0;
 
   for (const EntrySpec& e : spec_.entries) {
     Placeholders ph;
@@ -394,6 +426,14 @@ Result<Layout> Resolver::Run() {
         kMaxTensors) {
       return Err(e, "the layout expands to more than " +
                         std::to_string(kMaxTensors) + " tensors");
+    }
+    // Bounded before anything is built: a short file must not expand into
+    // billions of pieces.
+    const uint64_t per_instance = PiecesPerInstance(e);
+    all_pieces += uint64_t{layers} * experts * per_instance;
+    if (all_pieces > kMaxAllPieces) {
+      return Err(e, "the layout expands to more than " +
+                        std::to_string(kMaxAllPieces) + " pieces");
     }
     for (uint32_t l = 0; l < layers; ++l) {
       uint32_t stage = 0;
@@ -432,12 +472,23 @@ Result<Layout> Resolver::Run() {
     const LayoutTensor& t = layout_.tensors[i];
     const EntrySpec& e = *origin_[i];
     work += uint64_t{t.pieces.size()} * t.pieces.size();
-    if (work > (1ull << 32)) {
-      return Err(e, "the layout has too many pieces to check");
+    if (work > kMaxTilingWork) {
+      return Err(e,
+                 "the layout has too many pieces per tensor to check "
+                 "(their pairs add up to more than " +
+                     std::to_string(kMaxTilingWork) + ")");
+    }
+    if (ElementsOver(t.shape)) {
+      return TensorErr(e, t.name, "more than 2^56 elements: that is no tensor");
     }
     for (const AffinePiece& p : t.pieces) {
       Status s = CheckPiece(t.name, t.shape, p);
       if (!s.ok()) return Err(e, s.message());
+      if (ElementsOver(p.shard_shape)) {
+        return TensorErr(e, t.name,
+                         "rank " + std::to_string(p.rank) + " shard '" +
+                             p.shard + "' has more than 2^56 elements");
+      }
     }
     Status s = CheckTiling(t.name, t.shape, t.pieces);
     if (!s.ok()) return Err(e, s.message());
@@ -445,17 +496,17 @@ Result<Layout> Resolver::Run() {
 
   // A shard read by several canonical tensors (a tied embedding, a fused
   // tensor) must be declared alike by each.
-  std::map<std::pair<uint32_t, std::string>, size_t> shards;
+  std::map<std::pair<uint32_t, std::string>,
+           std::pair<size_t, const AffinePiece*>>
+      shards;
   for (size_t i = 0; i < layout_.tensors.size(); ++i) {
     const LayoutTensor& t = layout_.tensors[i];
     for (const AffinePiece& p : t.pieces) {
-      auto [it, fresh] = shards.emplace(std::pair(p.rank, p.shard), i);
+      auto [it, fresh] =
+          shards.emplace(std::pair(p.rank, p.shard), std::pair(i, &p));
       if (fresh) continue;
-      const LayoutTensor& o = layout_.tensors[it->second];
-      const AffinePiece* q = nullptr;
-      for (const AffinePiece& c : o.pieces) {
-        if (c.rank == p.rank && c.shard == p.shard) q = &c;
-      }
+      const LayoutTensor& o = layout_.tensors[it->second.first];
+      const AffinePiece* q = it->second.second;
       if (q->shard_shape != p.shard_shape ||
           o.conversion.shard_dtype != t.conversion.shard_dtype) {
         return Err(*origin_[i],
@@ -496,30 +547,34 @@ std::map<std::string, LayoutShard> Layout::ShardsOf(uint32_t rank) const {
 
 Digest128 Layout::Fingerprint() const {
   // A text form of everything resolved, in canonical name order (the
-  // order ResolveLayout leaves): independent of how the file spelled it.
+  // order ResolveLayout leaves) and with each tensor's pieces sorted:
+  // independent of how the file spelled or ordered it. Names are length
+  // prefixed, so no name can imitate the separators.
+  auto text = [](const std::string& name) {
+    return std::to_string(name.size()) + ":" + name;
+  };
+  auto dims = [](const char* tag, const auto& v) {
+    std::string out = tag;
+    for (auto d : v) out += " " + std::to_string(d);
+    return out + ";";
+  };
   std::string s = "dcr-layout-1 " + std::to_string(tp) + " " +
                   std::to_string(pp) + " " + std::to_string(ep) + "\n";
-  auto dims = [&s](const char* tag, const auto& v) {
-    s += tag;
-    for (auto d : v) s += " " + std::to_string(d);
-    s += ";";
-  };
   for (const LayoutTensor& t : tensors) {
     uint64_t add_bits;
     std::memcpy(&add_bits, &t.conversion.add, sizeof add_bits);
-    s += t.name + " " + std::string(DTypeName(t.dtype)) + " " +
+    s += text(t.name) + " " + std::string(DTypeName(t.dtype)) + " " +
          std::string(DTypeName(t.conversion.shard_dtype)) + " " +
-         std::to_string(add_bits);
-    dims(" shape", t.shape);
+         std::to_string(add_bits) + dims(" shape", t.shape);
+    std::vector<std::string> pieces;
     for (const AffinePiece& p : t.pieces) {
-      s += "\n  " + std::to_string(p.rank) + " " + p.shard;
-      dims(" s", p.shard_shape);
-      dims(" f", p.from);
-      dims(" e", p.extent);
-      dims(" t", p.to);
-      dims(" a", p.axis);
-      dims(" d", p.step);
+      pieces.push_back(std::to_string(p.rank) + " " + text(p.shard) +
+                       dims(" s", p.shard_shape) + dims(" f", p.from) +
+                       dims(" e", p.extent) + dims(" t", p.to) +
+                       dims(" a", p.axis) + dims(" d", p.step));
     }
+    std::sort(pieces.begin(), pieces.end());
+    for (const std::string& x : pieces) s += "\n  " + x;
     s += "\n";
   }
   return Hash128(std::as_bytes(std::span(s)));

@@ -20,9 +20,15 @@ inline constexpr uint32_t kMaxRanks = 65536;       // tp x pp x ep
 inline constexpr uint32_t kMaxLayers = 100000;     // also experts
 inline constexpr uint64_t kMaxTensors = 1u << 18;  // after expansion
 inline constexpr size_t kMaxDims = 8;
-inline constexpr uint64_t kMaxDim = 1ull << 40;  // one dimension's size
-inline constexpr uint64_t kMaxHeads = 1u << 16;  // heads, kv_heads
-inline constexpr size_t kMaxPieces = 4096;       // per explicit entry
+inline constexpr uint64_t kMaxDim = 1ull << 40;      // one dimension's size
+inline constexpr uint64_t kMaxHeads = 1u << 16;      // heads, kv_heads
+inline constexpr size_t kMaxPieces = 4096;           // per explicit entry
+inline constexpr uint64_t kMaxAllPieces = 1u << 20;  // after expansion
+// The tiling check compares a tensor's pieces pairwise: at most this many
+// comparisons over the whole layout.
+inline constexpr uint64_t kMaxTilingWork = 1u << 26;
+// Elements of one tensor or shard: its bytes stay far below 2^64.
+inline constexpr uint64_t kMaxElements = 1ull << 56;
 
 // "first" is stage 0; "last" is pp - 1, resolved once pp is known.
 struct StageSpec {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -18,8 +19,17 @@ Shape Strides(const Shape& shape) {
   return s;
 }
 
-uint64_t Volume(const Shape& s) {
-  return std::accumulate(s.begin(), s.end(), uint64_t{1}, std::multiplies<>());
+// BuildShards allocates shards; beyond this it refuses.
+constexpr uint64_t kMaxShardBytes = 1ull << 46;
+
+// Bytes of `s` elements of `d`, or UINT64_MAX where that overflows (a
+// Layout built by hand; ResolveLayout refuses such shapes).
+uint64_t Bytes(const Shape& s, DType d) {
+  uint64_t n = DTypeSize(d);
+  for (uint64_t x : s) {
+    if (__builtin_mul_overflow(n, x, &n)) return UINT64_MAX;
+  }
+  return n;
 }
 
 // Calls fn(shard_pos, canonical_pos, count, canonical_step) for each run of
@@ -65,6 +75,42 @@ uint32_t Load32(const std::byte* p) {
   return v;
 }
 
+}  // namespace
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in F32
+    float v = static_cast<float>(mant) * 0x1p-24f;
+    return std::bit_cast<float>(std::bit_cast<uint32_t>(v) | sign);
+  }
+  if (exp == 31) {  // infinity or NaN, payload kept
+    return std::bit_cast<float>(sign | 0x7F800000u | (mant << 13));
+  }
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+uint16_t FloatToHalf(float v) {
+  const uint32_t x = std::bit_cast<uint32_t>(v);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t a = x & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);   // NaN
+  if (a >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7C00u);  // inf
+  if (a < 0x38800000u) {
+    // Below 2^-14: a subnormal half. |v| * 2^24 is exact and below 2^10;
+    // rounding it to an integer (to nearest even, the default mode) is
+    // the half's mantissa, 1024 meaning the smallest normal.
+    float m = std::nearbyint(std::bit_cast<float>(a) * 0x1p24f);
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(m));
+  }
+  uint32_t h = (((a >> 23) - 112) << 10) | ((a >> 13) & 0x3FFu);
+  const uint32_t rest = a & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) ++h;  // may carry to inf
+  return static_cast<uint16_t>(sign | h);
+}
+
+namespace {
+
 // The F32 value of one element of a floating dtype (exact).
 float Widen(DType d, const std::byte* p) {
   switch (d) {
@@ -76,9 +122,9 @@ float Widen(DType d, const std::byte* p) {
       return std::bit_cast<float>(uint32_t{h} << 16);
     }
     case DType::kF16: {
-      _Float16 h;
+      uint16_t h;
       std::memcpy(&h, p, 2);
-      return static_cast<float>(h);
+      return HalfToFloat(h);
     }
     default:
       return 0;  // refused by the layout's checks
@@ -91,16 +137,17 @@ void Narrow(DType d, float v, std::byte* out) {
       std::memcpy(out, &v, 4);
       return;
     case DType::kBF16: {
+      // As PyTorch's c10::BFloat16: every NaN becomes 0x7FC0.
       uint32_t b = std::bit_cast<uint32_t>(v);
       uint16_t h =
           (b & 0x7FFFFFFFu) > 0x7F800000u
-              ? static_cast<uint16_t>((b >> 16) | 0x40u)  // quiet NaN
+              ? uint16_t{0x7FC0}
               : static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
       std::memcpy(out, &h, 2);
       return;
     }
     case DType::kF16: {
-      _Float16 h = static_cast<_Float16>(v);  // round to nearest even
+      uint16_t h = FloatToHalf(v);
       std::memcpy(out, &h, 2);
       return;
     }
@@ -118,7 +165,7 @@ Status CheckSize(const Layout& layout, uint32_t rank, const LayoutShard& s,
                             " shards lack '" + s.name + "', which layout " +
                             layout.source + " gives this rank");
   }
-  uint64_t want = Volume(s.shape) * DTypeSize(s.dtype);
+  uint64_t want = Bytes(s.shape, s.dtype);
   if (it->second.size() != want) {
     std::string shape;
     for (uint64_t d : s.shape)
@@ -132,6 +179,24 @@ Status CheckSize(const Layout& layout, uint32_t rank, const LayoutShard& s,
         "and a full refit");
   }
   *out = it->second;
+  return Status::OK();
+}
+
+Status CheckCanonical(const LayoutTensor& tensor,
+                      const CanonicalBytes& canonical,
+                      CanonicalBytes::const_iterator it) {
+  if (it == canonical.end()) {
+    return Status::NotFound("the canonical checkpoint has no tensor '" +
+                            tensor.name + "'");
+  }
+  const uint64_t want = Bytes(tensor.shape, tensor.dtype);
+  if (it->second.size() != want) {
+    return Status::InvalidArgument(
+        "canonical tensor '" + tensor.name + "' has " +
+        std::to_string(it->second.size()) + " bytes, but the layout gives it " +
+        std::to_string(want) + " (" + std::string(DTypeName(tensor.dtype)) +
+        ")");
+  }
   return Status::OK();
 }
 
@@ -191,7 +256,9 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
     std::byte cb[8], ct[8];
     for (const AffinePiece& p : tensor.pieces) {
       if (p.rank != rank) continue;
-      const auto& [b, t] = data.at(p.shard);
+      // Not a structured binding: lambdas may not capture those in C++20.
+      const std::span<const std::byte> b = data.at(p.shard).first;
+      const std::span<const std::byte> t = data.at(p.shard).second;
       ForEachRun(p, tensor.shape,
                  [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
                    st.compared += n;
@@ -229,9 +296,9 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
     if (!sorted) {
       // A transposed piece, or several pieces of this rank that interleave
       // (a row split's columns): order by canonical position.
-      std::vector<uint32_t> order(ch.positions.size());
-      std::iota(order.begin(), order.end(), 0u);
-      std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+      std::vector<size_t> order(ch.positions.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
         return ch.positions[x] < ch.positions[y];
       });
       CanonicalChanges s;
@@ -276,13 +343,7 @@ Result<std::vector<ShardMismatch>> CompareShards(
     for (const AffinePiece& p : tensor.pieces) held |= p.rank == rank;
     if (!held) continue;
     auto it = canonical.find(tensor.name);
-    if (it == canonical.end() ||
-        it->second.size() != Volume(tensor.shape) * cw) {
-      return Status::InvalidArgument(
-          "canonical tensor '" + tensor.name +
-          (it == canonical.end() ? "' is missing"
-                                 : "' does not have the layout's size"));
-    }
+    DCR_RETURN_IF_ERROR(CheckCanonical(tensor, canonical, it));
     const std::byte* canon = it->second.data();
     std::byte conv[8];
     for (const AffinePiece& p : tensor.pieces) {
@@ -320,8 +381,12 @@ Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
     const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
   std::map<std::string, std::vector<std::byte>> out;
   for (const auto& [name, shard] : layout.ShardsOf(rank)) {
-    out[name].assign(Volume(shard.shape) * DTypeSize(shard.dtype),
-                     std::byte{0});
+    const uint64_t bytes = Bytes(shard.shape, shard.dtype);
+    if (bytes > kMaxShardBytes) {
+      return Status::InvalidArgument("shard '" + name +
+                                     "' is too large to build");
+    }
+    out[name].assign(bytes, std::byte{0});
   }
   for (const LayoutTensor& tensor : layout.tensors) {
     bool held = false;
@@ -335,13 +400,7 @@ Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
     }
     auto it = canonical.find(tensor.name);
     const size_t w = DTypeSize(tensor.dtype);
-    if (it == canonical.end() ||
-        it->second.size() != Volume(tensor.shape) * w) {
-      return Status::InvalidArgument(
-          "canonical tensor '" + tensor.name +
-          (it == canonical.end() ? "' is missing"
-                                 : "' does not have the layout's size"));
-    }
+    DCR_RETURN_IF_ERROR(CheckCanonical(tensor, canonical, it));
     const std::byte* src = it->second.data();
     for (const AffinePiece& p : tensor.pieces) {
       if (p.rank != rank) continue;

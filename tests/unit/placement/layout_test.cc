@@ -303,9 +303,11 @@ tensors:
                        "moe.yaml");
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   EXPECT_EQ(l->ranks(), 4u);
+  int found = 0;
   // Experts 2 and 3 live on ep rank 1 (ranks 2 and 3) as local 0 and 1.
   for (const LayoutTensor& t : l->tensors) {
     if (t.name == "model.layers.0.mlp.experts.3.down_proj.weight") {
+      ++found;
       ASSERT_EQ(t.pieces.size(), 2u);
       EXPECT_EQ(t.pieces[0].rank, 2u);
       EXPECT_EQ(t.pieces[1].rank, 3u);
@@ -315,11 +317,13 @@ tensors:
       EXPECT_EQ(t.pieces[1].to, (Shape{0, 3}));
     }
     if (t.name == "model.layers.0.mlp.gate.weight") {
+      ++found;
       // Replicated over tp and ep: produced by rank 0 alone.
       ASSERT_EQ(t.pieces.size(), 1u);
       EXPECT_EQ(t.pieces[0].rank, 0u);
     }
   }
+  EXPECT_EQ(found, 2);
   EXPECT_EQ(l->tensors.size(), 1u + 4 * 3);
   EXPECT_TRUE(l->ShardsOf(3).contains(
       "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight"));
@@ -350,8 +354,11 @@ tensors:
                        "x.yaml");
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   ASSERT_EQ(l->stages, (std::vector<uint32_t>{1, 2}));
+  ASSERT_EQ(l->tensors.size(), 4u);
+  int found = 0;
   for (const LayoutTensor& t : l->tensors) {
     if (t.name == "model.layers.2.input_layernorm.weight") {
+      ++found;
       EXPECT_EQ(t.pieces[0].rank, 1u);
       EXPECT_EQ(t.pieces[0].shard, "layers.1.norm");
       EXPECT_EQ(t.conversion.shard_dtype, DType::kF32);
@@ -359,13 +366,16 @@ tensors:
       EXPECT_FALSE(t.conversion.identity(t.dtype));
     }
     if (t.name == "model.layers.0.input_layernorm.weight") {
+      ++found;
       EXPECT_EQ(t.pieces[0].rank, 0u);
     }
     if (t.name == "w") {
+      ++found;
       EXPECT_TRUE(t.conversion.identity(t.dtype));
       EXPECT_EQ(t.pieces.size(), 2u);
     }
   }
+  EXPECT_EQ(found, 3);
 }
 
 TEST(LayoutTest, FingerprintFollowsWhatIsResolvedNotHowItIsWritten) {
@@ -387,6 +397,27 @@ TEST(LayoutTest, FingerprintFollowsWhatIsResolvedNotHowItIsWritten) {
   auto d = ParseLayout(Gpt(2, 2, /*transpose_head=*/true), "d.yaml");
   ASSERT_TRUE(d.ok());
   EXPECT_NE(a->Fingerprint(), d->Fingerprint());
+  // Explicit pieces in another order, and add: -0 for nothing.
+  const std::string p1 =
+      "version: 1\nparallel: {tp: 2}\ntensors:\n  - name: w\n"
+      "    split: pieces\n    shape: [4]\n    dtype: F32\n"
+      "    shard_dtype: BF16\n    add: ADD\n    pieces:\n"
+      "      - {rank: 0, shard: a, shard_shape: [2], to: [0]}\n"
+      "      - {rank: 1, shard: b, shard_shape: [2], to: [2]}\n";
+  std::string p2 = p1;
+  const std::string first =
+      "      - {rank: 0, shard: a, shard_shape: [2], to: [0]}\n";
+  p2.erase(p2.find(first), first.size());
+  p2 += first;
+  auto with = [](std::string y, const char* add) {
+    y.replace(y.find("ADD"), 3, add);
+    return ParseLayout(y, "p.yaml");
+  };
+  auto e1 = with(p1, "0"), e2 = with(p2, "-0"), e3 = with(p1, "1");
+  ASSERT_TRUE(e1.ok() && e2.ok() && e3.ok()) << e2.status().ToString();
+  EXPECT_NE(p1, p2);
+  EXPECT_EQ(e1->Fingerprint(), e2->Fingerprint());
+  EXPECT_NE(e1->Fingerprint(), e3->Fingerprint());
 }
 
 struct BadCase {
@@ -510,6 +541,30 @@ TEST(LayoutTest, BadLayoutsAreRefusedWithTheLineAndTheFix) {
        "x.yaml:6: tensors[0].shape[0]: expected an integer 1-1099511627776, "
        "got '0'"},
       {"syntax", "version: 1\ntensors: [\n", "x.yaml:2:"},
+      {"newer version with a new key",
+       "version: 2\nquantization: {}\ntensors: []\n",
+       "x.yaml:1: version: unsupported layout version 2"},
+      {"stages without layers", One(col, "parallel: {pp: 2}\nstages: [1, 1]\n"),
+       "x.yaml:3: stages: 'stages' splits the layers: give 'layers' too"},
+      {"an add F32 cannot hold",
+       One("  - name: w\n    shard: s\n    split: replicated\n"
+           "    shape: [4]\n    add: 1e300\n"),
+       "x.yaml:7: tensors[0].add: expected a number that F32 holds, got "
+       "'1e300'"},
+      {"billions of pieces",
+       One("  - name: l.{layer}.w\n    shard: l.{layer}.s\n"
+           "    split: column\n    shape: [4096]\n",
+           "parallel: {tp: 4096}\nlayers: 100000\n"),
+       "x.yaml:5: tensors[0]: the layout expands to more than 1048576 "
+       "pieces"},
+      {"too many pieces to check",
+       One("  - names: [q, k, v]\n    shard: s\n    split: qkv\n"
+           "    heads: 16384\n    kv_heads: 16384\n    head_dim: 1\n"),
+       "the layout has too many pieces per tensor to check"},
+      {"a tensor of 2^60 elements",
+       One("  - name: w\n    shard: s\n    split: replicated\n"
+           "    shape: [1073741824, 1073741824]\n"),
+       "tensor 'w': more than 2^56 elements"},
   };
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.what);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
@@ -215,7 +216,7 @@ tensors:
   std::vector<float> t = b;
   t[0] = 0.5f + 1e-7f;  // rounds to the same BF16 after adding 1
   t[2] = -0.5f;         // a real change
-  t[3] = std::bit_cast<float>(0x7FC00001u);  // NaN stays NaN
+  t[3] = std::bit_cast<float>(0xFFC00001u);  // a NaN
   ShardBytes bs{{"norm", std::as_bytes(std::span(b))}};
   ShardBytes ts{{"norm", std::as_bytes(std::span(t))}};
   auto c = DiffShards(*l, 0, bs, ts);
@@ -225,7 +226,7 @@ tensors:
   uint16_t got[2];
   std::memcpy(got, (*c)[0].target.data(), 4);
   EXPECT_EQ(got[0], Bf16(0.5f));
-  EXPECT_EQ(got[1] & 0x7FC0u, 0x7FC0u);
+  EXPECT_EQ(got[1], 0x7FC0u);  // as PyTorch: one NaN for all
   std::memcpy(got, (*c)[0].base.data(), 4);
   EXPECT_EQ(got[0], Bf16(0.875f));
   EXPECT_EQ(got[1], Bf16(1.0f));
@@ -322,6 +323,45 @@ tensors:
   EXPECT_EQ((*m)[1].element, 8u);
   EXPECT_EQ((*m)[1].differing, 1u);
   EXPECT_NE((*m)[1].shard_hex, (*m)[1].canonical_hex);
+}
+
+TEST(ShardDiffTest, HalfConversionsMatchTheCompiler) {
+#ifdef __FLT16_MANT_DIG__  // _Float16 exists: compare with it
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    _Float16 x;
+    const auto bits = static_cast<uint16_t>(h);
+    std::memcpy(&x, &bits, 2);
+    const float want = static_cast<float>(x);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(HalfToFloat(bits))) << h;
+      continue;
+    }
+    ASSERT_EQ(std::bit_cast<uint32_t>(HalfToFloat(bits)),
+              std::bit_cast<uint32_t>(want))
+        << h;
+    // Every half is a float that converts back to itself.
+    ASSERT_EQ(FloatToHalf(want), bits) << h;
+  }
+  std::mt19937_64 rng(9);
+  for (int i = 0; i < 2000000; ++i) {
+    // Floats around the half range, ties included (low mantissa bits 0).
+    uint32_t x = static_cast<uint32_t>(rng());
+    if (i % 2) x &= ~0xFFFu;
+    x = (x & 0x807FFFFFu) | ((100 + static_cast<uint32_t>(rng() % 50)) << 23);
+    const float v = std::bit_cast<float>(x);
+    _Float16 want = static_cast<_Float16>(v);
+    uint16_t wb;
+    std::memcpy(&wb, &want, 2);
+    ASSERT_EQ(FloatToHalf(v), wb) << std::hex << x;
+  }
+#endif
+  // NaNs: one per sign, as PyTorch's c10::Half.
+  EXPECT_EQ(FloatToHalf(std::bit_cast<float>(0x7FC00123u)), 0x7E00u);
+  EXPECT_EQ(FloatToHalf(std::bit_cast<float>(0xFF800001u)), 0xFE00u);
+  EXPECT_EQ(FloatToHalf(65519.0f), 0x7BFFu);  // rounds down to 65504
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7C00u);  // the tie rounds to infinity
+  EXPECT_EQ(FloatToHalf(0x1p-25f), 0x0000u);  // half the smallest: even
+  EXPECT_EQ(FloatToHalf(0x1.8p-25f), 0x0001u);
 }
 
 }  // namespace
