@@ -264,31 +264,49 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
                    st.compared += n;
                    const std::byte* bp = b.data() + s * sw;
                    const std::byte* tp = t.data() + s * sw;
-                   // Skip equal stretches 64 elements at a time.
-                   for (uint64_t j0 = 0; j0 < n; j0 += 64) {
-                     uint64_t m = std::min<uint64_t>(64, n - j0);
-                     if (std::memcmp(bp + j0 * sw, tp + j0 * sw, m * sw) == 0) {
-                       continue;
+                   // One changed element j of the run.
+                   auto emit = [&](uint64_t j) {
+                     const std::byte* x = bp + j * sw;
+                     const std::byte* y = tp + j * sw;
+                     const std::byte *ob = x, *ot = y;
+                     if (!identity) {
+                       ConvertElement(tensor.conversion, tensor.dtype, x, cb);
+                       ConvertElement(tensor.conversion, tensor.dtype, y, ct);
+                       if (std::memcmp(cb, ct, cw) == 0) return;
+                       ob = cb, ot = ct;
                      }
-                     for (uint64_t j = j0; j < j0 + m; ++j) {
-                       const std::byte* x = bp + j * sw;
-                       const std::byte* y = tp + j * sw;
-                       if (std::memcmp(x, y, sw) == 0) continue;
-                       const std::byte *ob = x, *ot = y;
-                       if (!identity) {
-                         ConvertElement(tensor.conversion, tensor.dtype, x, cb);
-                         ConvertElement(tensor.conversion, tensor.dtype, y, ct);
-                         if (std::memcmp(cb, ct, cw) == 0) continue;
-                         ob = cb, ot = ct;
-                       }
-                       uint64_t pos = c + j * step;
-                       if (!ch.positions.empty() && pos < ch.positions.back()) {
-                         sorted = false;
-                       }
-                       ch.positions.push_back(pos);
-                       ch.base.insert(ch.base.end(), ob, ob + cw);
-                       ch.target.insert(ch.target.end(), ot, ot + cw);
+                     const uint64_t pos = c + j * step;
+                     if (!ch.positions.empty() && pos < ch.positions.back()) {
+                       sorted = false;
                      }
+                     ch.positions.push_back(pos);
+                     const size_t at = ch.base.size();
+                     ch.base.resize(at + cw);
+                     ch.target.resize(at + cw);
+                     std::memcpy(&ch.base[at], ob, cw);
+                     std::memcpy(&ch.target[at], ot, cw);
+                   };
+                   // Eight bytes at a time: a word whose XOR is zero holds
+                   // no change; otherwise each element with a nonzero lane
+                   // of it changed.
+                   const uint64_t per_word = 8 / sw;
+                   const uint64_t lane_mask =
+                       sw == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * sw)) - 1;
+                   uint64_t j = 0;
+                   for (; j + per_word <= n; j += per_word) {
+                     uint64_t x, y;
+                     std::memcpy(&x, bp + j * sw, 8);
+                     std::memcpy(&y, tp + j * sw, 8);
+                     uint64_t d = x ^ y;
+                     if (d == 0) continue;
+                     for (uint64_t k = 0; k < per_word;
+                          ++k, d >>= 4 * sw, d >>= 4 * sw) {
+                       if (d & lane_mask) emit(j + k);
+                     }
+                   }
+                   for (; j < n; ++j) {
+                     if (std::memcmp(bp + j * sw, tp + j * sw, sw) != 0)
+                       emit(j);
                    }
                  });
     }
