@@ -1,6 +1,6 @@
-// The linear digest (dcr/digest.h) against XXH3-128, today's tensor digest,
-// in the same process and rounds: dense throughput per kernel, the cost of
-// hashing a tensor as parts of 1-64 KiB cut at random byte offsets (as
+// The linear digest (dcr/digest.h), the tensor digest, against XXH3-128, the
+// earlier one, in the same process and rounds: dense throughput per kernel, the
+// cost of hashing a tensor as parts of 1-64 KiB cut at random byte offsets (as
 // producers hash the runs of their pieces), and of updating a digest change
 // by change. Prints a table; writes bench/results/digest.json.
 //

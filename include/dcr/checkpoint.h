@@ -68,7 +68,8 @@ class Manifest {
   Digest128 digest_;
 };
 
-// Per-tensor XXH3-128 digests of the bits plus the version digest, which is
+// Per-tensor digests of the bits (TensorDigest, dcr/digest.h: linear, so
+// they compose from parts) plus the version digest, which is
 // XXH3-128 over the manifest digest followed by every tensor digest in
 // canonical order. Two checkpoints have equal version digests iff (up to
 // hash collisions) their canonical bits are identical.

@@ -1,4 +1,5 @@
-// 128-bit content digests (XXH3-128) and 64-bit checksums (XXH3-64).
+// 128-bit content digests (XXH3-128), 64-bit checksums (XXH3-64), and the
+// linear digest that names a tensor's bits.
 //
 // Digests name content, not trust: they detect accidental change. Frames
 // that must resist a forger carry an authentication tag instead.
@@ -107,6 +108,27 @@ inline constexpr LinearDigest kLinearDigestKey = {0x9e3779b97f4a7c15ull,
                                                   0xd1b54a32d192ed03ull};
 
 LinearDigest LinearHash(uint64_t offset, std::span<const std::byte> bytes);
+
+// The digest of one tensor's bits, which names them in version records,
+// PLAN and END, history and delta headers (docs/FORMAT.md §1 "Digests"):
+//
+//   D = L(bytes) ^ ({length, 0} * M)
+//
+// with L the linear digest above, `length` the byte count as the low word
+// of a field element, and M the fixed element kTensorDigestLengthKey. The
+// length term tells apart strings that L alone does not (a tensor and the
+// same bytes followed by zeros, or all-zero tensors of two sizes).
+//
+// It composes: for ranges that partition a tensor's bytes, each hashed by
+// LinearHash at its byte offset wherever the range lives (a trainer rank,
+// a relay's span), FinishTensorDigest(XOR of the parts, length) equals
+// TensorDigest(bytes).
+Digest128 TensorDigest(std::span<const std::byte> bytes);
+Digest128 FinishTensorDigest(const LinearDigest& sum, uint64_t length);
+
+// M: fixed by the format; not a power of K that anyone knows.
+inline constexpr LinearDigest kTensorDigestLengthKey = {0x2545f4914f6cdd1dull,
+                                                        0x94d049bb133111ebull};
 
 // The product of two elements of GF(2^128) as above (for tests and for
 // combining digests).

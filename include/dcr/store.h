@@ -123,7 +123,7 @@ struct DataUnsynced {
 
 // What a version record file holds; see docs/FORMAT.md §version record.
 //
-//   {"format": 1 | 2,
+//   {"format": 3 | 4,
 //    "manifest": "<32 hex>",            manifest digest of the store
 //    "committed": null | {"step": N, "digest": "<32 hex>",
 //                         "refit": "<32 hex>", "committed_at": "<ISO>"},
@@ -135,17 +135,36 @@ struct DataUnsynced {
 //                 "synced": {"step": N, "digest": "<32 hex>"}}  format 2 only
 //                                      ("synced" may be absent)
 //
-// Format 2 is format 1 plus "unsynced", which it must carry (not null).
-// EncodeVersionRecord writes format 1 whenever `unsynced` is empty, so a
-// record at rest stays readable by builds that know only format 1.
+// Format 4 is format 3 plus "unsynced", which it must carry (not null);
+// EncodeVersionRecord writes format 3 whenever `unsynced` is empty. Formats
+// 3 and 4 name versions by linear tensor digests (docs/FORMAT.md
+// §"Digests"); formats 1 and 2, the same keys, by the XXH3 digests of
+// earlier builds: they decode with legacy_digests set, and builds that know
+// only them refuse 3 and 4, so no build misreads a digest.
 // Strict JSON, at most kMaxVersionRecordBytes; every key required, no
-// others allowed. A "format" above 2 is Unsupported; anything else
+// others allowed. A "format" above 4 is Unsupported; anything else
 // malformed is Corruption.
+//
+// Digests. A store opened with a record of format 1 or 2 upgrades it once,
+// before anything else reads it: one pass over the bits computes both
+// kinds of digest; if the old version digest is the committed one, the
+// record is rewritten at format 3 or 4 with the new digest (an "unsynced"
+// mark loses its synced version, which cannot be re-hashed). Bits that do
+// not hold it under an "unsynced" mark (a write-back lost) leave the store
+// never committed, as RecoverUnsynced would without a synced version. A
+// record that names a refit in progress, or whose bits do not hold its
+// committed version otherwise, is refused (Unsupported, Corruption) with a
+// message that says
+// to finish the refit with the earlier build, or to remove the record and
+// seed the store again (`dcr refit --full --node NAME`).
 struct VersionRecord {
   Digest128 manifest;
   std::optional<CommitInfo> committed;
   std::optional<RefitInProgress> in_progress;
   std::optional<DataUnsynced> unsynced;
+  // Read from a record of format 1 or 2, whose digests are of the earlier
+  // XXH3 kind: a store upgrades it at open (see "Digests").
+  bool legacy_digests = false;
   friend bool operator==(const VersionRecord&, const VersionRecord&) = default;
 };
 inline constexpr uint64_t kMaxVersionRecordBytes = 64 * 1024;
@@ -298,6 +317,9 @@ class WeightStore {
   // At open, before the store is used: settles a record left "unsynced"
   // (see "Durability"). `boot_id` is this boot's id.
   Status RecoverUnsynced(const std::string& boot_id);
+  // At open, first: rewrites a record of the XXH3 digests of earlier builds
+  // with linear digests (see "Digests" above VersionRecord).
+  Status UpgradeLegacyDigests();
 
  private:
   // The record, the locks that serialize its updates and the functions

@@ -21,7 +21,10 @@ namespace dcr {
 namespace {
 
 constexpr char kDeltaMagic[8] = {'D', 'C', 'R', 'D', 'E', 'L', 'T', 'A'};
-constexpr uint16_t kDeltaVersion = 1;
+// Version 2: the version digests are of linear tensor digests (dcr/digest.h
+// TensorDigest); version 1 had the XXH3 digests of earlier builds, in the
+// same layout.
+constexpr uint16_t kDeltaVersion = 2;
 constexpr uint16_t kFlagAllOverwrite = 1;
 constexpr size_t kWriteBufferBytes = 4 << 20;
 
@@ -69,12 +72,18 @@ Result<DeltaHeader> DecodeDeltaHeader(std::span<const std::byte> b) {
     return Status::Corruption("not a dcr delta (bad magic)");
   }
   uint16_t version = LoadLE<uint16_t>(p + 8);
+  if (version == 1) {
+    return Status::Unsupported(
+        "delta format version 1, whose digests are the XXH3 digests of an "
+        "earlier dcr (this build reads version 2): make the delta again "
+        "with this dcr's `dcr diff`");
+  }
   if (version != kDeltaVersion) {
     return Status::Unsupported("delta format version " +
                                std::to_string(version) +
-                               " (this build reads version 1)");
+                               " (this build reads version 2)");
   }
-  // The version decides the layout, so it is read first; a version 1
+  // The version decides the layout, so it is read first; a version 2
   // header ends with its checksum at 128, checked before any other field.
   if (LoadLE<uint64_t>(p + 128) != Hash64(b.first(128))) {
     return Status::Corruption("delta header checksum mismatch");

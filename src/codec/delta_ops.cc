@@ -419,7 +419,7 @@ Result<DeltaStats> ApplyDelta(const std::string& delta_path, Checkpoint* target,
     if (touched[t]) rehash.push_back(t);
   }
   pool->ParallelFor(rehash.size(), [&](size_t i, size_t) {
-    digests.tensors[rehash[i]] = Hash128(target->TensorData(rehash[i]));
+    digests.tensors[rehash[i]] = TensorDigest(target->TensorData(rehash[i]));
   });
   Digest128 result = VersionDigest(m.digest(), digests.tensors);
   if (result != h.target.digest) {

@@ -167,4 +167,14 @@ LinearDigest LinearHash(uint64_t offset, std::span<const std::byte> bytes) {
   return out;
 }
 
+Digest128 FinishTensorDigest(const LinearDigest& sum, uint64_t length) {
+  const LinearDigest d =
+      sum ^ Best().multiply(LinearDigest{length, 0}, kTensorDigestLengthKey);
+  return Digest128{d.high, d.low};
+}
+
+Digest128 TensorDigest(std::span<const std::byte> bytes) {
+  return FinishTensorDigest(LinearHash(0, bytes), bytes.size());
+}
+
 }  // namespace dcr

@@ -78,7 +78,7 @@ Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
     std::span<const std::byte> dst = store.Tensor(t);
     auto next = std::lower_bound(ids.begin(), ids.end(),
                                  std::pair<uint32_t, uint32_t>{t, 0});
-    Hasher128 h;
+    LinearDigest h;
     uint64_t mine = 0;
     uint32_t s = 0;
     for (uint64_t first = 0; first < n; first += span, ++s) {
@@ -98,9 +98,9 @@ Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
         }
         mine += bytes;
       }
-      h.Update(dst.subspan(at, bytes));
+      h ^= LinearHash(at, dst.subspan(at, bytes));
     }
-    digests[t] = h.Finish();
+    digests[t] = FinishTensorDigest(h, n * es);
     written.Add(mine);
   });
   for (const Status& e : errors) DCR_RETURN_IF_ERROR(e);

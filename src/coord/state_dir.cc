@@ -171,6 +171,7 @@ Result<CurrentRefit> StateDir::ReadCurrent() const {
   DCR_ASSIGN_OR_RETURN(c.target, f.VersionField("target"));
   DCR_ASSIGN_OR_RETURN(c.target_path, f.String("target_path"));
   DCR_RETURN_IF_ERROR(f.String("started_at").status());
+  DCR_RETURN_IF_ERROR(f.FormatWithLinearDigests());
   return c;
 }
 
@@ -198,6 +199,8 @@ Result<std::optional<Decision>> StateDir::ReadDecision(
   if (!fs::exists(path, ec)) return std::optional<Decision>();
   DCR_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(path));
   DCR_ASSIGN_OR_RETURN(Decision d, ParseDecision(j, path, refit));
+  // Pruning reads any decision; acting on one needs this build's digests.
+  DCR_RETURN_IF_ERROR(StateJson(j, path).FormatWithLinearDigests());
   return std::optional<Decision>(std::move(d));
 }
 

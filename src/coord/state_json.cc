@@ -55,6 +55,17 @@ Result<uint64_t> StateJson::Format() const {
   return f;
 }
 
+Status StateJson::FormatWithLinearDigests() const {
+  DCR_ASSIGN_OR_RETURN(uint64_t f, Format());
+  if (f >= 2) return Status::OK();
+  return Status::Unsupported(fmt::format(
+      "{}: format {} names versions by the XXH3 digests of an earlier dcr, "
+      "which this one does not compute: finish that refit with the dcr that "
+      "began it (dcr refit --resume), or remove the file and seed the "
+      "relays again (dcr refit --full)",
+      file_, f));
+}
+
 Result<uint64_t> StateJson::Uint(const char* key) const {
   DCR_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(key));
   if (!v->is_number_unsigned()) return Bad(key, "not an unsigned integer");

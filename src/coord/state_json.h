@@ -23,7 +23,9 @@ namespace dcr {
 
 // The format version of every coordinator JSON file this build writes; a
 // file without a `format` field (written before it existed) is format 1.
-inline constexpr uint64_t kStateFormat = 1;
+// Format 2 names versions by linear tensor digests (docs/FORMAT.md
+// §"Digests"); format 1 by the XXH3 digests of earlier builds.
+inline constexpr uint64_t kStateFormat = 2;
 
 // "delta" or "full".
 std::string_view RefitModeName(RefitMode mode);
@@ -44,6 +46,10 @@ class StateJson {
   Status OnlyFields(std::initializer_list<std::string_view> known) const;
   // The file's `format` (1 when absent); Unsupported above kStateFormat.
   Result<uint64_t> Format() const;
+  // Format() for a file whose digests must be this build's (a refit to
+  // finish, a commit decision): format 1 is Unsupported, saying to finish
+  // its refit with the earlier dcr or remove the file.
+  Status FormatWithLinearDigests() const;
 
   bool Has(const char* key) const { return j_.contains(key); }
   Result<uint64_t> Uint(const char* key) const;

@@ -3,20 +3,18 @@
 // out as soon as the manifest is known, and END carries the digests
 // (docs/PROTOCOL.md §"Target digests at END").
 //
-// A tensor's digest is XXH3-128 of its bytes in order (docs/FORMAT.md
-// §"Digests"), so its spans must be hashed in span order, while the pool
-// encodes them in any order. Offer is a small sequencer: the worker that
-// offers span s of a tensor hashes it if s is the tensor's next span, then
-// every later span already offered; otherwise it marks s offered and
-// returns at once. The pool hands out items in canonical order, so such
-// chains stay short. Spans are hashed from the target's mapped bytes: no
-// copy is kept.
+// A tensor's digest is linear in its bytes (docs/FORMAT.md §"Digests"):
+// the XOR of LinearHash over its spans, each at its byte offset, finished
+// with the length. So the worker that offers a span hashes it at once,
+// from the target's mapped bytes while the encoder's read of it is still
+// in cache, in whatever order the pool encodes spans; no copy is kept and
+// nobody waits for another span.
 //
 // Finish hashes whatever was not offered (an encode pass that stopped
 // early, a tensor no item covered), so its digests are those of the
 // target's bits whatever the offers were: the pass only moves the work.
 //
-// Memory: a byte per span and a hasher per tensor.
+// Memory: a byte per span and 16 bytes per tensor.
 //
 // Thread safety: Offer may run concurrently from any threads; Finish after
 // every Offer returned, alone.
@@ -26,6 +24,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/mutex.h"
@@ -61,7 +60,9 @@ class TargetDigests {
 
  private:
   struct Tensor;
-  void HashSpan(Tensor& t, uint32_t tensor, uint32_t span);
+  // Span `span` of `tensor` in the target, and its byte offset.
+  std::span<const std::byte> SpanBytes(uint32_t tensor, uint32_t span,
+                                       uint64_t* offset) const;
 
   const Checkpoint* target_;
   uint64_t span_elems_;

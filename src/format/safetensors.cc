@@ -565,7 +565,7 @@ CheckpointDigests Checkpoint::ComputeDigests(ThreadPool* pool) const {
   CheckpointDigests d;
   d.tensors.resize(manifest_.size());
   auto body = [this, &d](size_t i, size_t /*worker*/) {
-    d.tensors[i] = Hash128(TensorData(i));
+    d.tensors[i] = TensorDigest(TensorData(i));
   };
   if (pool != nullptr) {
     pool->ParallelFor(manifest_.size(), body);

@@ -257,7 +257,7 @@ void RefitSession::HashBehind(uint32_t tensor) {
     if (!hashing.TryLock()) continue;
     const uint64_t writes = th.writes.load(std::memory_order_relaxed);
     if (th.hashed_writes == writes) continue;
-    th.digest = Hash128(store_->Tensor(i));
+    th.digest = TensorDigest(store_->Tensor(i));
     th.hashed_writes = writes;
     hashed_ahead_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -309,7 +309,7 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
   auto body = [this, &stale](size_t k, size_t /*worker*/) {
     TensorHash& th = hashes_[stale[k]];
     WriterMutexLock hashing(&th.mu);
-    th.digest = Hash128(store_->Tensor(stale[k]));
+    th.digest = TensorDigest(store_->Tensor(stale[k]));
     th.hashed_writes = th.writes.load(std::memory_order_relaxed);
   };
   if (pool != nullptr) {

@@ -34,6 +34,7 @@ class FileStore final : public WeightStore {
   // Settles a record left unsynced, then starts the write-back thread for
   // kBackground (or keeps syncing at commit where the boot id is unknown).
   Status Start(const StoreSpec& spec) {
+    DCR_RETURN_IF_ERROR(UpgradeLegacyDigests());
     Result<std::string> boot = CurrentBootId();
     DCR_RETURN_IF_ERROR(RecoverUnsynced(boot.ok() ? *boot : std::string()));
     if (spec.data_sync != StoreSpec::DataSync::kBackground) {

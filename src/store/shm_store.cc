@@ -66,6 +66,9 @@ class ShmStore final : public WeightStore {
         manifest_(std::move(manifest)),
         locations_(std::move(locations)) {}
 
+  // At open: a record of an earlier build's digests is upgraded first.
+  Status Start() { return UpgradeLegacyDigests(); }
+
   const Manifest& manifest() const override { return manifest_; }
   std::span<const std::byte> Tensor(size_t i) const override {
     return {map_.data() + locations_[i].offset, locations_[i].size};
@@ -139,9 +142,11 @@ Result<std::unique_ptr<WeightStore>> FinishOpen(const std::string& name,
   }
   DCR_ASSIGN_OR_RETURN(VersionRecord record,
                        LoadRecord(record_path, image.manifest));
-  return std::unique_ptr<WeightStore>(new ShmStore(
+  std::unique_ptr<ShmStore> store(new ShmStore(
       describe, record_path, std::move(record), std::move(fd), std::move(map),
       std::move(image.manifest), std::move(image.locations)));
+  DCR_RETURN_IF_ERROR(store->Start());
+  return std::unique_ptr<WeightStore>(std::move(store));
 }
 
 }  // namespace

@@ -308,7 +308,7 @@ CheckpointDigests WeightStore::Digests(ThreadPool* pool) const {
   CheckpointDigests d;
   d.tensors.resize(m.size());
   auto body = [this, &d](size_t i, size_t /*worker*/) {
-    d.tensors[i] = Hash128(Tensor(i));
+    d.tensors[i] = TensorDigest(Tensor(i));
   };
   if (pool != nullptr) {
     pool->ParallelFor(m.size(), body);
@@ -382,6 +382,62 @@ Status WeightStore::Records::SyncThenPersist(WeightStore& store,
   }
   syncer->cv.SignalAll();
   return Status::OK();
+}
+
+Status WeightStore::UpgradeLegacyDigests() {
+  MutexLock persist(&records_->persist_mu);
+  const VersionRecord found = record();
+  if (!found.legacy_digests) return Status::OK();
+  const std::string where =
+      describe_ + ": its version record '" + record_path() +
+      "' was written by an earlier dcr, which named versions by XXH3 digests";
+  const std::string reseed =
+      "remove the record and seed the store again (dcr refit --full --node "
+      "<this relay's node>)";
+  if (found.in_progress) {
+    return Status::Unsupported(
+        where + ", and names refit " + found.in_progress->refit.ToHex() +
+        " in progress; this dcr cannot finish or restore it: finish it "
+        "with the dcr that began it (dcr refit --resume), or " +
+        reseed);
+  }
+  VersionRecord next = found;
+  next.legacy_digests = false;
+  // The synced version's bits are gone: it cannot be re-hashed, and an
+  // unknown one is what records older than the field say.
+  if (next.unsynced) next.unsynced->synced.reset();
+  if (found.committed) {
+    const Manifest& m = manifest();
+    std::vector<Digest128> old_digests(m.size()), digests(m.size());
+    for (size_t i = 0; i < m.size(); ++i) {
+      old_digests[i] = Hash128(Tensor(i));
+      digests[i] = TensorDigest(Tensor(i));
+    }
+    const Version& v = found.committed->version;
+    if (VersionDigest(m.digest(), old_digests) == v.digest) {
+      next.committed->version.digest = VersionDigest(m.digest(), digests);
+      spdlog::info("{}: re-hashed step {} with linear digests: {} (was {})",
+                   describe_, v.step, next.committed->version.digest.ShortHex(),
+                   v.digest.ShortHex());
+    } else if (found.unsynced) {
+      // A write-back that did not finish (RecoverUnsynced's case, without
+      // the synced version it would need): the store counts as never
+      // committed, and a dense copy repairs it.
+      spdlog::warn(
+          "{}: the bits on disk do not hold step {} ({}) that the record of "
+          "an earlier dcr names, whose write-back had not finished; the "
+          "store counts as never committed (seed it: dcr refit --full --node "
+          "<this relay's node>)",
+          describe_, v.step, v.digest.ShortHex());
+      next.committed.reset();
+      next.unsynced.reset();
+    } else {
+      return Status::Corruption(
+          where + "; its bits do not hold the version it names (step " +
+          std::to_string(v.step) + ", " + v.digest.ShortHex() + "): " + reseed);
+    }
+  }
+  return records_->Persist(*this, next);
 }
 
 Status WeightStore::RecoverUnsynced(const std::string& boot_id) {

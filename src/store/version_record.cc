@@ -24,10 +24,13 @@ namespace {
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
-// Format 2 is format 1 plus the "unsynced" key; a record without the mark
-// is written as format 1.
-constexpr int kRecordFormat = 1;
-constexpr int kUnsyncedRecordFormat = 2;
+// Format 4 is format 3 plus the "unsynced" key; a record without the mark
+// is written as format 3. Formats 1 and 2 are the same pair with the XXH3
+// digests of earlier builds (dcr/store.h "Digests").
+constexpr int kLegacyRecordFormat = 1;
+constexpr int kLegacyUnsyncedRecordFormat = 2;
+constexpr int kRecordFormat = 3;
+constexpr int kUnsyncedRecordFormat = 4;
 // A record nests three levels deep; anything deeper is rejected early.
 constexpr int kMaxRecordDepth = 4;
 
@@ -132,7 +135,11 @@ OrderedJson VersionToJson(const Version& v) {
 
 std::string EncodeVersionRecord(const VersionRecord& record) {
   OrderedJson j;
-  j["format"] = record.unsynced ? kUnsyncedRecordFormat : kRecordFormat;
+  // A record still holding legacy digests keeps its format: never a new
+  // format number over old digests.
+  j["format"] =
+      (record.unsynced ? kUnsyncedRecordFormat : kRecordFormat) -
+      (record.legacy_digests ? kRecordFormat - kLegacyRecordFormat : 0);
   j["manifest"] = record.manifest.ToHex();
   if (record.committed) {
     const CommitInfo& c = *record.committed;
@@ -183,12 +190,15 @@ Result<VersionRecord> DecodeVersionRecord(std::string_view text,
   auto format = j.find("format");
   if (format == j.end()) return r.Error("", "lacks key 'format'");
   DCR_ASSIGN_OR_RETURN(uint64_t fmt, r.U64(*format, "format"));
-  if (fmt != kRecordFormat && fmt != kUnsyncedRecordFormat) {
+  if (fmt < kLegacyRecordFormat || fmt > kUnsyncedRecordFormat) {
     return Status::Unsupported(w + ": record format " + std::to_string(fmt) +
                                " (this build reads formats " +
-                               std::to_string(kRecordFormat) + " and " +
+                               std::to_string(kLegacyRecordFormat) + " to " +
                                std::to_string(kUnsyncedRecordFormat) + ")");
   }
+  const bool legacy =
+      fmt == kLegacyRecordFormat || fmt == kLegacyUnsyncedRecordFormat;
+  if (legacy) fmt += kRecordFormat - kLegacyRecordFormat;
   if (fmt == kRecordFormat) {
     DCR_RETURN_IF_ERROR(r.ExpectKeys(
         j, "", {"format", "manifest", "committed", "in_progress"}));
@@ -197,6 +207,7 @@ Result<VersionRecord> DecodeVersionRecord(std::string_view text,
         j, "", {"format", "manifest", "committed", "in_progress", "unsynced"}));
   }
   VersionRecord rec;
+  rec.legacy_digests = legacy;
   DCR_ASSIGN_OR_RETURN(rec.manifest, r.Digest(j["manifest"], "manifest"));
 
   const Json& c = j["committed"];

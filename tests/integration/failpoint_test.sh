@@ -275,20 +275,20 @@ refit 0 --full  # v1 again, so that a1's write-back starts from a commit
 expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v0.safetensors" \
   --timeout 10s --progress never -o json
 json 'd["outcome"] == "committed"'
-a1_record 'r["format"] == 2 and r["unsynced"]["boot_id"] == boot and r["committed"] is not None'
+a1_record 'r["format"] == 4 and r["unsynced"]["boot_id"] == boot and r["committed"] is not None'
 [[ $(a1_metric dcr_relay_store_unsynced) == 1 ]] || fail "a1 does not report its pending write-back"
 kill -KILL "${PID[a1]}"
 wait "${PID[a1]}" || true
 unset "PID[a1]"
 start_relay a1
-a1_record 'r["format"] == 1 and "unsynced" not in r and r["committed"] is not None'
+a1_record 'r["format"] == 3 and "unsynced" not in r and r["committed"] is not None'
 [[ $(a1_metric dcr_relay_store_unsynced) == 0 ]] || fail "a1 still reports a pending write-back"
 verify_all "$V/v0.safetensors" "${RELAYS[@]}"
 mark_other_boot() {  # the record as a crash of the host would leave it
   python3 -S - "$T/a1.safetensors.dcr-version" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-r["format"] = 2
+r["format"] = 4
 r["unsynced"] = {"boot_id": "00000000-1111-2222-3333-444444444444", "since": "2026-01-01T00:00:00Z"}
 open(sys.argv[1], "w").write(json.dumps(r, separators=(",", ":")) + "\n")
 PY

@@ -396,6 +396,24 @@ TEST(DeltaHeaderTest, RoundTripAndChecksum) {
   }
 }
 
+// Version 1 is the same layout with the XXH3 digests of earlier builds:
+// refused as such, with what to do.
+TEST(DeltaHeaderTest, VersionOneIsRefusedForItsDigests) {
+  DeltaHeader h;
+  h.span_elems = 1024;
+  auto bytes = EncodeDeltaHeader(h);
+  EXPECT_EQ(LoadLE<uint16_t>(bytes.data() + 8), 2);
+  StoreLE<uint16_t>(bytes.data() + 8, 1);
+  StoreLE<uint64_t>(bytes.data() + 128,
+                    Hash64(std::span<const std::byte>(bytes).first(128)));
+  auto back = DecodeDeltaHeader(bytes);
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(back.status().message().find("XXH3 digests of an earlier dcr"),
+            std::string::npos)
+      << back.status().ToString();
+}
+
 // Sync puts every chunk appended so far in the temporary file (after a
 // zero header); Keep leaves that file behind the writer and refuses
 // Finish; an unkept writer removes it.

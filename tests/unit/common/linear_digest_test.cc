@@ -161,5 +161,35 @@ TEST(LinearDigestTest, AnXorMaskUpdatesTheDigest) {
   EXPECT_NE(LinearHash(0, swapped), d);
 }
 
+TEST(TensorDigestTest, IsTheLinearDigestBoundToTheLength) {
+  std::mt19937_64 rng(5);
+  auto s = RandomBytes(1000, rng);
+  const Digest128 d = TensorDigest(s);
+  const LinearDigest len =
+      MultiplyGeneric(LinearDigest{s.size(), 0}, kTensorDigestLengthKey);
+  const LinearDigest want = Reference(s) ^ len;
+  EXPECT_EQ(d, (Digest128{want.high, want.low}));
+  // Parts at their offsets finish to the same digest.
+  LinearDigest parts;
+  for (size_t at = 0; at < s.size(); at += 37) {
+    parts ^= LinearHash(
+        at, std::span(s).subspan(at, std::min<size_t>(37, s.size() - at)));
+  }
+  EXPECT_EQ(FinishTensorDigest(parts, s.size()), d);
+  // Trailing zeros, and all-zero tensors of other sizes, differ although
+  // their L is the same.
+  auto padded = s;
+  padded.resize(s.size() + 16);
+  EXPECT_EQ(LinearHash(0, padded), LinearHash(0, s));
+  EXPECT_NE(TensorDigest(padded), d);
+  std::vector<std::byte> z1(8), z2(16);
+  EXPECT_NE(TensorDigest(z1), TensorDigest(z2));
+  EXPECT_NE(TensorDigest({}), TensorDigest(z1));
+  EXPECT_EQ(TensorDigest({}), Digest128{});
+  // A fixed value pins the format (docs/FORMAT.md's example).
+  std::vector<std::byte> abc = {std::byte{'a'}, std::byte{'b'}, std::byte{'c'}};
+  EXPECT_EQ(TensorDigest(abc).ToHex(), "b2d9f5b5a68d45b536d985b1c5c13f8b");
+}
+
 }  // namespace
 }  // namespace dcr

@@ -78,7 +78,8 @@ TEST_F(StateDirTest, CurrentRoundTrips) {
   EXPECT_FALSE(state_.HasCurrent());
 }
 
-// What today's binaries wrote before "format" existed: format 1.
+// What builds wrote before "format" existed: format 1, with the XXH3
+// digests of earlier builds.
 constexpr const char* kOldCurrent = R"({
   "base": {"digest": "00000000000000010000000000000002", "step": 4},
   "epoch": 12,
@@ -90,8 +91,15 @@ constexpr const char* kOldCurrent = R"({
 }
 )";
 
-TEST_F(StateDirTest, CurrentWithoutFormatReadsAsFormatOne) {
-  Write(state_.CurrentPath(), kOldCurrent);
+// The same refit as this build writes it: format 2, linear digests.
+nlohmann::json Current() {
+  nlohmann::json j = nlohmann::json::parse(kOldCurrent);
+  j["format"] = 2;
+  return j;
+}
+
+TEST_F(StateDirTest, CurrentOfFormatTwoReads) {
+  Write(state_.CurrentPath(), Current().dump());
   auto r = state_.ReadCurrent();
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   CurrentRefit want = SomeCurrent();
@@ -100,12 +108,29 @@ TEST_F(StateDirTest, CurrentWithoutFormatReadsAsFormatOne) {
   // And what this build writes says so.
   ASSERT_TRUE(state_.WriteCurrent(want).ok());
   auto j = nlohmann::json::parse(*ReadFileToString(state_.CurrentPath()));
-  EXPECT_EQ(j["format"], 1);
+  EXPECT_EQ(j["format"], 2);
+}
+
+// Format 1 (with or without the field) names versions by digests this build
+// does not compute: refused, saying what to do.
+TEST_F(StateDirTest, ACurrentOfTheEarlierDigestsIsRefused) {
+  for (int with_field = 0; with_field < 2; ++with_field) {
+    nlohmann::json j = nlohmann::json::parse(kOldCurrent);
+    if (with_field) j["format"] = 1;
+    Write(state_.CurrentPath(), j.dump());
+    Status s = state_.ReadCurrent().status();
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
+    EXPECT_NE(s.message().find(state_.CurrentPath()), std::string::npos);
+    EXPECT_NE(s.message().find("XXH3 digests of an earlier dcr"),
+              std::string::npos)
+        << s.ToString();
+    EXPECT_NE(s.message().find("dcr refit --resume"), std::string::npos);
+  }
 }
 
 // Each defect of current.json: the error names the file and the field.
 TEST_F(StateDirTest, EachMalformedCurrentFieldIsNamed) {
-  const nlohmann::json good = nlohmann::json::parse(kOldCurrent);
+  const nlohmann::json good = Current();
   struct Case {
     std::string field;
     std::function<void(nlohmann::json&)> spoil;
@@ -124,7 +149,7 @@ TEST_F(StateDirTest, EachMalformedCurrentFieldIsNamed) {
       {"target_path", [](auto& j) { j["target_path"] = nullptr; }},
       {"started_at", [](auto& j) { j.erase("started_at"); }},
       {"comment", [](auto& j) { j["comment"] = "hello"; }},
-      {"format", [](auto& j) { j["format"] = "1"; }},
+      {"format", [](auto& j) { j["format"] = "2"; }},
       {"format", [](auto& j) { j["format"] = 0; }},
   };
   for (const Case& c : cases) {
@@ -141,7 +166,7 @@ TEST_F(StateDirTest, EachMalformedCurrentFieldIsNamed) {
 }
 
 TEST_F(StateDirTest, AnUnknownModeIsRefusedNotReadAsDelta) {
-  nlohmann::json j = nlohmann::json::parse(kOldCurrent);
+  nlohmann::json j = Current();
   j["mode"] = "Full";
   Write(state_.CurrentPath(), j.dump());
   Status s = state_.ReadCurrent().status();
@@ -151,8 +176,8 @@ TEST_F(StateDirTest, AnUnknownModeIsRefusedNotReadAsDelta) {
 }
 
 TEST_F(StateDirTest, ANewerFormatIsUnsupported) {
-  nlohmann::json j = nlohmann::json::parse(kOldCurrent);
-  j["format"] = 2;
+  nlohmann::json j = Current();
+  j["format"] = 3;
   Write(state_.CurrentPath(), j.dump());
   Status s = state_.ReadCurrent().status();
   EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
@@ -222,8 +247,19 @@ nlohmann::json OldDecision(const RefitId& id) {
           {"decided_at", "2026-11-30T10:00:00Z"}};
 }
 
-TEST_F(StateDirTest, DecisionWithoutFormatReadsAsFormatOne) {
+TEST_F(StateDirTest, ADecisionOfTheEarlierDigestsIsRefused) {
   Write(state_.DecisionPath(Id(2)), OldDecision(Id(2)).dump(2));
+  Status s = state_.ReadDecision(Id(2)).status();
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
+  EXPECT_NE(s.message().find("XXH3 digests of an earlier dcr"),
+            std::string::npos)
+      << s.ToString();
+}
+
+TEST_F(StateDirTest, DecisionOfFormatTwoReads) {
+  nlohmann::json d = OldDecision(Id(2));
+  d["format"] = 2;
+  Write(state_.DecisionPath(Id(2)), d.dump(2));
   auto r = state_.ReadDecision(Id(2));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_TRUE(r->has_value());
@@ -252,6 +288,7 @@ TEST_F(StateDirTest, EachMalformedDecisionFieldIsNamed) {
   const std::string path = state_.DecisionPath(Id(2));
   for (const Case& c : cases) {
     nlohmann::json j = OldDecision(Id(2));
+    j["format"] = 2;
     c.spoil(j);
     Write(path, j.dump());
     Status s = state_.ReadDecision(Id(2)).status();
@@ -309,7 +346,7 @@ TEST_F(StateDirTest, LastRefitIsTheReportsJson) {
   EXPECT_EQ(j["epoch"], 8);
   EXPECT_EQ(j["outcome"], "committed-partial");
   EXPECT_EQ(j["reason"], "excluded, now stale: n2");
-  EXPECT_EQ(j["format"], 1);
+  EXPECT_EQ(j["format"], 2);
 }
 
 RefitReport FullReport() {

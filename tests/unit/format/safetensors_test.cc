@@ -304,7 +304,7 @@ TEST_F(SafetensorsTest, DigestsWithAndWithoutPoolAndBitFlip) {
   EXPECT_EQ(serial.version, VersionDigest(serial.manifest, serial.tensors));
   for (size_t i = 0; i < f.infos.size(); ++i) {
     const int64_t idx = (*cp)->manifest().Find(f.infos[i].name);
-    EXPECT_EQ(serial.tensors[idx], Hash128(f.data[i]));
+    EXPECT_EQ(serial.tensors[idx], TensorDigest(f.data[i]));
   }
 
   const int64_t idx = (*cp)->manifest().Find("ids");

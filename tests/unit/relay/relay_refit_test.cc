@@ -297,7 +297,7 @@ TEST_F(RelayRefitStoreTest, CommitsTheTargetWhenInTheCommitSet) {
 TEST_F(RelayRefitStoreTest, TheTargetNamedAtEndIsVotedAndCommitted) {
   const Version target = plan_.target;
   std::vector<Digest128> tensors;
-  for (const Bytes& t : target_) tensors.push_back(Hash128(t));
+  for (const Bytes& t : target_) tensors.push_back(TensorDigest(t));
   ASSERT_EQ(VersionDigest(plan_.manifest, tensors), target.digest);
   plan_.target.digest = Digest128{};
   ASSERT_TRUE(plan_.target_at_end());

@@ -129,7 +129,7 @@ TEST_F(DiskFullTest, RecordWritesFailCleanlyAndResumeWhenSpaceIsFreed) {
   // The write-back drops the record's "unsynced" mark.
   ASSERT_TRUE((*store)->WaitDataSync().ok());
   const std::string committed_v1 = ReadAll(record_path);
-  EXPECT_THAT(committed_v1, HasSubstr("\"format\":1,"));
+  EXPECT_THAT(committed_v1, HasSubstr("\"format\":3,"));
 
   // Full before a refit starts: BeginRefit fails, nothing changes.
   ASSERT_NO_FATAL_FAILURE(Fill());

@@ -31,7 +31,9 @@ namespace dcr {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -466,6 +468,101 @@ TEST_F(StoreTest, RecordPathOverride) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kIOError);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("missing_dir"));
+}
+
+// A record of an earlier build names versions by XXH3 digests (formats 1
+// and 2): the store re-hashes it once at open, or refuses it with the way
+// out (dcr/store.h "Digests").
+TEST_F(StoreTest, ALegacyRecordIsReHashedOnceOrRefused) {
+  Fixture f;
+  const StoreSpec spec = WriteFixture(f, "legacy.safetensors");
+  const std::string record_path = spec.path + ".dcr-version";
+  Digest128 manifest, legacy, linear;
+  {
+    auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly);
+    ASSERT_TRUE(cp.ok()) << cp.status().ToString();
+    const Manifest& m = (*cp)->manifest();
+    std::vector<Digest128> old_digests, digests;
+    for (size_t i = 0; i < m.size(); ++i) {
+      old_digests.push_back(Hash128((*cp)->TensorData(i)));
+      digests.push_back(TensorDigest((*cp)->TensorData(i)));
+    }
+    manifest = m.digest();
+    legacy = VersionDigest(manifest, old_digests);
+    linear = VersionDigest(manifest, digests);
+  }
+  ASSERT_NE(legacy, linear);
+  auto legacy_record = [&](const Digest128& digest) {
+    VersionRecord r;
+    r.legacy_digests = true;
+    r.manifest = manifest;
+    r.committed =
+        CommitInfo{Version{7, digest}, IdOf(7), "2025-01-31T12:00:00Z"};
+    return r;
+  };
+  {
+    VersionRecord r = legacy_record(legacy);
+    r.unsynced = DataUnsynced{"591d10e2-3430-4a89-b5d5-a8e923fe2051",
+                              "2025-01-31T12:01:00Z", Version{6, legacy}};
+    // Written as it was read: format 2 (legacy digests, a mark).
+    ASSERT_TRUE(WriteVersionRecord(record_path, r).ok());
+    EXPECT_THAT(ReadAll(record_path), HasSubstr("{\"format\":2,"));
+  }
+  {
+    auto s = OpenStore(spec);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ((*s)->committed(), (Version{7, linear}));
+    EXPECT_EQ((*s)->Digests(nullptr).version, linear);
+    EXPECT_FALSE((*s)->record().legacy_digests);
+  }
+  auto upgraded = ReadVersionRecord(record_path);
+  ASSERT_TRUE(upgraded.ok() && *upgraded);
+  EXPECT_FALSE((*upgraded)->legacy_digests);
+  EXPECT_EQ((*upgraded)->committed->version, (Version{7, linear}));
+  // The mark (another boot's) was settled; its synced version is gone
+  // either way, since it could not be re-hashed.
+  if ((*upgraded)->unsynced) {
+    EXPECT_FALSE((*upgraded)->unsynced->synced);
+  }
+  EXPECT_THAT(ReadAll(record_path), Not(HasSubstr("{\"format\":1,")));
+
+  // Bits that do not hold the version the record names.
+  ASSERT_TRUE(
+      WriteVersionRecord(record_path, legacy_record(Digest128{1, 2})).ok());
+  auto wrong = OpenStore(spec);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_TRUE(wrong.status().IsCorruption());
+  EXPECT_THAT(std::string(wrong.status().message()),
+              AllOf(HasSubstr("earlier dcr"), HasSubstr("do not hold"),
+                    HasSubstr("dcr refit --full --node")));
+  // The same under an "unsynced" mark: a write-back the host lost. The
+  // store opens never committed, to be seeded.
+  {
+    VersionRecord lost = legacy_record(Digest128{1, 2});
+    lost.unsynced = DataUnsynced{"591d10e2-3430-4a89-b5d5-a8e923fe2051",
+                                 "2025-01-31T12:01:00Z", std::nullopt};
+    ASSERT_TRUE(WriteVersionRecord(record_path, lost).ok());
+    auto s = OpenStore(spec);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_FALSE((*s)->committed().has_value());
+    EXPECT_FALSE((*s)->record().unsynced);
+  }
+  // A refit in progress under the old digests.
+  VersionRecord busy = legacy_record(legacy);
+  busy.in_progress =
+      RefitInProgress{IdOf(8), Version{7, legacy}, Version{8, Digest128{}},
+                      "2025-01-31T12:02:00Z"};
+  ASSERT_TRUE(WriteVersionRecord(record_path, busy).ok());
+  auto in_progress = OpenStore(spec);
+  ASSERT_FALSE(in_progress.ok());
+  EXPECT_EQ(in_progress.status().code(), StatusCode::kUnsupported);
+  EXPECT_THAT(std::string(in_progress.status().message()),
+              AllOf(HasSubstr(IdOf(8).ToHex()), HasSubstr("dcr refit --resume"),
+                    HasSubstr("dcr refit --full --node")));
+  // Refused records are left as they were.
+  auto kept = ReadVersionRecord(record_path);
+  ASSERT_TRUE(kept.ok() && *kept);
+  EXPECT_EQ(**kept, busy);
 }
 
 TEST_F(StoreTest, CorruptOrForeignRecordFailsOpen) {
@@ -958,14 +1055,14 @@ TEST_F(DataSyncTest, ACommitIsMarkedUntilTheWriteBackClearsIt) {
     EXPECT_EQ(marked->unsynced->synced, v);
   }
   const Version& last = v3;
-  EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":2,"));
+  EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":4,"));
   ASSERT_TRUE(s.WaitDataSync().ok());
   auto cleared = OnDisk(s.record_path());
   ASSERT_TRUE(cleared);
   EXPECT_FALSE(cleared->unsynced);
   EXPECT_EQ(cleared->committed->version, last);
   EXPECT_FALSE(s.record().unsynced);
-  EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":1,"));
+  EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":3,"));
 }
 
 // StoreSpec::write_back_delay: the write-back starts that long after the

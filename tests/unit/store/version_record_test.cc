@@ -65,7 +65,7 @@ TEST(RefitIdTest, HexRoundTrip) {
 TEST(VersionRecordTest, EncodingIsPinned) {
   // The example in docs/FORMAT.md §version record.
   EXPECT_EQ(EncodeVersionRecord(FullRecord()),
-            "{\"format\":1,\"manifest\":\"0123456789abcdeffedcba9876543210\","
+            "{\"format\":3,\"manifest\":\"0123456789abcdeffedcba9876543210\","
             "\"committed\":{\"step\":41,\"digest\":"
             "\"00000000000000010000000000000002\",\"refit\":"
             "\"101112131415161718191a1b1c1d1e1f\",\"committed_at\":"
@@ -107,14 +107,16 @@ TEST(VersionRecordTest, RejectsMalformedRecords) {
   };
   const Case cases[] = {
       {"", "malformed JSON"},
-      {"{\"format\":1", "malformed JSON"},
+      {"{\"format\":3", "malformed JSON"},
       {good + "x", "malformed JSON"},
       {"[1]", "not an object"},
       {"{}", "lacks key 'format'"},
-      {replaced("\"format\":1", "\"format\":\"1\""), "not a non-negative"},
-      {replaced("\"format\":1,", "\"format\":1,\"extra\":0,"),
+      {replaced("\"format\":3", "\"format\":\"3\""), "not a non-negative"},
+      {replaced("\"format\":3,", "\"format\":3,\"extra\":0,"),
        "unexpected key 'extra'"},
-      {replaced("\"format\":1,", "\"format\":1,\"format\":1,"),
+      {replaced("\"format\":3,", "\"format\":1,\"extra\":0,"),
+       "unexpected key 'extra'"},
+      {replaced("\"format\":3,", "\"format\":3,\"format\":3,"),
        "appears twice"},
       {replaced("\"manifest\":\"0123", "\"manifest\":\"x123"), "manifest"},
       {replaced("\"step\":41", "\"step\":-1"), "committed.step"},
@@ -137,10 +139,14 @@ TEST(VersionRecordTest, RejectsMalformedRecords) {
 }
 
 TEST(VersionRecordTest, NewerFormatIsUnsupported) {
-  auto r = DecodeVersionRecord("{\"format\":3,\"whatever\":true}", "rec");
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("format 3"));
+  for (const char* text : {"{\"format\":5,\"whatever\":true}",
+                           "{\"format\":0,\"whatever\":true}"}) {
+    auto r = DecodeVersionRecord(text, "rec");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("(this build reads formats 1 to 4)"));
+  }
 }
 
 VersionRecord UnsyncedRecord() {
@@ -151,11 +157,11 @@ VersionRecord UnsyncedRecord() {
   return r;
 }
 
-TEST(VersionRecordTest, AnUnsyncedMarkIsFormatTwo) {
+TEST(VersionRecordTest, AnUnsyncedMarkIsFormatFour) {
   // The example in docs/FORMAT.md §version record.
   const std::string text = EncodeVersionRecord(UnsyncedRecord());
   EXPECT_EQ(text,
-            "{\"format\":2,\"manifest\":\"0123456789abcdeffedcba9876543210\","
+            "{\"format\":4,\"manifest\":\"0123456789abcdeffedcba9876543210\","
             "\"committed\":{\"step\":41,\"digest\":"
             "\"00000000000000010000000000000002\",\"refit\":"
             "\"101112131415161718191a1b1c1d1e1f\",\"committed_at\":"
@@ -165,10 +171,10 @@ TEST(VersionRecordTest, AnUnsyncedMarkIsFormatTwo) {
   auto back = DecodeVersionRecord(text, "test");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, UnsyncedRecord());
-  // Without the mark the same record is format 1, for older readers.
+  // Without the mark the same record is format 3.
   VersionRecord synced = UnsyncedRecord();
   synced.unsynced.reset();
-  EXPECT_THAT(EncodeVersionRecord(synced), HasSubstr("{\"format\":1,"));
+  EXPECT_THAT(EncodeVersionRecord(synced), HasSubstr("{\"format\":3,"));
 
   auto replaced = [&text](const std::string& from, const std::string& to) {
     std::string s = text;
@@ -181,8 +187,9 @@ TEST(VersionRecordTest, AnUnsyncedMarkIsFormatTwo) {
     std::string expect;
   };
   const Case cases[] = {
-      // Format 1 has no such key; format 2 must carry it, not null.
-      {replaced("\"format\":2", "\"format\":1"), "unexpected key 'unsynced'"},
+      // Format 3 has no such key; format 4 must carry it, not null.
+      {replaced("\"format\":4", "\"format\":3"), "unexpected key 'unsynced'"},
+      {replaced("\"format\":4", "\"format\":1"), "unexpected key 'unsynced'"},
       {replaced(",\"unsynced\":{\"boot_id\":\"591d10e2-3430-4a89-b5d5-"
                 "a8e923fe2051\",\"since\":\"2025-01-31T12:01:00Z\"}",
                 ""),
