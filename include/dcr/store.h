@@ -132,7 +132,7 @@ struct DataUnsynced {
 //                           "target": {"step": N, "digest": "<32 hex>"},
 //                           "started_at": "<ISO>"},
 //    "unsynced": {"boot_id": "<uuid>", "since": "<ISO>",
-//                 "synced": {"step": N, "digest": "<32 hex>"}}  format 2 only
+//                 "synced": {"step": N, "digest": "<32 hex>"}}  format 4 only
 //                                      ("synced" may be absent)
 //
 // Format 4 is format 3 plus "unsynced", which it must carry (not null);
@@ -146,17 +146,16 @@ struct DataUnsynced {
 // malformed is Corruption.
 //
 // Digests. A store opened with a record of format 1 or 2 upgrades it once,
-// before anything else reads it: one pass over the bits computes both
-// kinds of digest; if the old version digest is the committed one, the
-// record is rewritten at format 3 or 4 with the new digest (an "unsynced"
-// mark loses its synced version, which cannot be re-hashed). Bits that do
-// not hold it under an "unsynced" mark (a write-back lost) leave the store
-// never committed, as RecoverUnsynced would without a synced version. A
-// record that names a refit in progress, or whose bits do not hold its
-// committed version otherwise, is refused (Unsupported, Corruption) with a
-// message that says
-// to finish the refit with the earlier build, or to remove the record and
-// seed the store again (`dcr refit --full --node NAME`).
+// before anything else reads it: it hashes its bits both ways; if the old
+// version digest is the committed one, the record is rewritten at format 3
+// or 4 with the new digest (an "unsynced" mark loses its synced version).
+// Bits that do not hold it under an "unsynced" mark (a write-back lost),
+// and a record that names a refit in progress (a mix no build can finish
+// now), leave the store never committed, to be seeded, as RecoverUnsynced
+// does without a synced version. Bits that do not hold the committed
+// version otherwise are refused (Corruption, the record left as it was)
+// with a message that says to remove the record and seed the store again
+// (`dcr refit --full --node NAME`).
 struct VersionRecord {
   Digest128 manifest;
   std::optional<CommitInfo> committed;

@@ -392,16 +392,22 @@ Status WeightStore::UpgradeLegacyDigests() {
       describe_ + ": its version record '" + record_path() +
       "' was written by an earlier dcr, which named versions by XXH3 digests";
   const std::string reseed =
-      "remove the record and seed the store again (dcr refit --full --node "
-      "<this relay's node>)";
-  if (found.in_progress) {
-    return Status::Unsupported(
-        where + ", and names refit " + found.in_progress->refit.ToHex() +
-        " in progress; this dcr cannot finish or restore it: finish it "
-        "with the dcr that began it (dcr refit --resume), or " +
-        reseed);
-  }
+      "remove the record and seed the store again (a relay's store: dcr "
+      "refit --full --node NAME)";
   VersionRecord next = found;
+  if (found.in_progress) {
+    // The bits are a mix of the refit's base and target under digests this
+    // build does not compute, and no coordinator of this build can finish
+    // that refit: the store counts as never committed, to be seeded.
+    spdlog::warn(
+        "{}, and names refit {} in progress, which this dcr cannot finish or "
+        "restore: the store now counts as never committed; seed it (a "
+        "relay's store: dcr refit --full --node NAME)",
+        where, found.in_progress->refit.ToHex());
+    next = VersionRecord();
+    next.manifest = found.manifest;
+    return records_->Persist(*this, next);
+  }
   next.legacy_digests = false;
   // The synced version's bits are gone: it cannot be re-hashed, and an
   // unknown one is what records older than the field say.
@@ -426,8 +432,8 @@ Status WeightStore::UpgradeLegacyDigests() {
       spdlog::warn(
           "{}: the bits on disk do not hold step {} ({}) that the record of "
           "an earlier dcr names, whose write-back had not finished; the "
-          "store counts as never committed (seed it: dcr refit --full --node "
-          "<this relay's node>)",
+          "store counts as never committed (seed it; a relay's store: dcr "
+          "refit --full --node NAME)",
           describe_, v.step, v.digest.ShortHex());
       next.committed.reset();
       next.unsynced.reset();

@@ -307,7 +307,7 @@ class Harness {
     if (p.mode == RefitMode::kFull) p.tensors = F().manifest.tensors();
     if (flags & 0x80) {
       for (const Bytes& t : root_target_) {
-        p.target_tensor_digests.push_back(Hash128(t));
+        p.target_tensor_digests.push_back(TensorDigest(t));
       }
     }
     root_id_ = IdOf(1 + ((flags >> 3) & 3) % 3);
@@ -658,7 +658,7 @@ class Harness {
       std::vector<uint32_t> differ;
       if (plan_.target_tensor_digests.size() == model_.size()) {
         for (uint32_t t = 0; t < model_.size(); ++t) {
-          if (Hash128(model_[t]) != plan_.target_tensor_digests[t]) {
+          if (TensorDigest(model_[t]) != plan_.target_tensor_digests[t]) {
             differ.push_back(t);
           }
         }
