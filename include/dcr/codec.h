@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dcr/dtype.h"
@@ -56,12 +57,31 @@ inline constexpr uint64_t kDefaultSpanElems = 1ull << 20;
 inline constexpr uint64_t kMaxSpanElems = 1ull << 26;
 inline constexpr int kDefaultZstdLevel = 1;
 
+// A chunk's id. `part` 0 is the whole span: the changes of every element
+// of the span (a single-stream refit, repairs, catch-up, delta files). A
+// producers' refit (docs/design/producer-stream.md) sends each span as
+// parts, one per producer that holds elements of it, part = producer rank
+// + 1; the parts of one span carry disjoint positions. Ids order by
+// (tensor, span, part).
 struct ChunkId {
   uint32_t tensor = 0;  // index in the canonical manifest
   uint32_t span = 0;    // span index within the tensor
+  uint16_t part = 0;    // 0: the whole span; r + 1: producer r's part
   friend bool operator==(const ChunkId&, const ChunkId&) = default;
   friend auto operator<=>(const ChunkId&, const ChunkId&) = default;
 };
+
+// The most producers a refit can have: parts are u16 on the wire.
+inline constexpr uint32_t kMaxChunkParts = 65535;
+
+// "tensor 3, span 5" or, for a part, "tensor 3, span 5, part 2": how
+// messages name a chunk.
+std::string ChunkIdText(const ChunkId& id);
+
+// The same span: chunks of one span may be parts of it.
+inline bool SameSpan(const ChunkId& a, const ChunkId& b) {
+  return a.tensor == b.tensor && a.span == b.span;
+}
 
 // The fixed part of a chunk, as read from its header.
 struct ChunkHeader {
@@ -117,7 +137,9 @@ class ChunkEncoder {
 
   // Diffs `base` against `target` (the same span of one tensor, each
   // span_elems * elem_size bytes) and appends a chunk of `kind` to `out`.
-  // Returns false and appends nothing when no element changed.
+  // Returns false and appends nothing when no element changed. This and
+  // the other whole-span encoders (EncodeDiffInContext, EncodeFull) take
+  // part 0 only: InvalidArgument otherwise.
   Result<bool> EncodeDiff(ChunkKind kind, ChunkId id, size_t elem_size,
                           std::span<const std::byte> base,
                           std::span<const std::byte> target,
@@ -146,14 +168,16 @@ class ChunkEncoder {
                     std::span<const std::byte> target,
                     std::vector<std::byte>* out, ChunkSizes* sizes = nullptr);
 
-  // Appends an overwrite chunk that sets the elements at `positions`
-  // (ascending, < span_elems) to `values` (positions.size() * elem_size
-  // bytes, element-major). Used to resend uncertain chunks.
-  Status EncodeOverwrite(ChunkId id, size_t elem_size, uint32_t span_elems,
-                         std::span<const uint32_t> positions,
-                         std::span<const std::byte> values,
-                         std::vector<std::byte>* out,
-                         ChunkSizes* sizes = nullptr);
+  // Appends a sparse chunk of `kind` for the elements at `positions`
+  // (ascending, < span_elems) with `values` (positions.size() * elem_size
+  // bytes, element-major: XOR masks or new values). Used to resend
+  // uncertain chunks as overwrites, and for parts (id.part > 0), whose
+  // changes a producer holds as positions rather than whole spans.
+  Status EncodeChanges(ChunkKind kind, ChunkId id, size_t elem_size,
+                       uint32_t span_elems, std::span<const uint32_t> positions,
+                       std::span<const std::byte> values,
+                       std::vector<std::byte>* out,
+                       ChunkSizes* sizes = nullptr);
 
  private:
   struct Impl;

@@ -6,7 +6,7 @@
 //
 //   offset size field
 //        0    4 magic "DCRF"
-//        4    1 version (kFrameVersion = 2)
+//        4    1 version (kFrameVersion = 3)
 //        5    1 type (FrameType)
 //        6    2 flags (kFrameFlag...)
 //        8    4 payload length L, at most the receiver's max_payload
@@ -56,8 +56,9 @@ inline constexpr std::array<std::byte, 4> kFrameMagic = {
     std::byte{'D'}, std::byte{'C'}, std::byte{'R'}, std::byte{'F'}};
 // 2: versions are named by linear tensor digests (dcr/digest.h); a build
 // of version 1 computes XXH3 digests, so the two refuse each other's frames
-// instead of failing the vote.
-inline constexpr uint8_t kFrameVersion = 2;
+// instead of failing the vote. 3: chunk ids have parts (dcr/codec.h
+// ChunkId): END's id digest and the signed manifest carry them.
+inline constexpr uint8_t kFrameVersion = 3;
 inline constexpr size_t kAuthTagSize = 32;
 inline constexpr uint32_t kDefaultMaxFramePayload = 256u << 20;  // 256 MiB
 

@@ -4,7 +4,7 @@
 //   0  u32 magic "DCRC"      4 u8 version   5 u8 kind   6 u8 encoding
 //   7  u8  elem_size          8 u32 total_bytes (whole chunk)
 //   12 u32 tensor            16 u32 span     20 u32 span_elems
-//   24 u32 changed           28 u8 rice_k   29 u8 planes   30 u16 reserved
+//   24 u32 changed           28 u8 rice_k   29 u8 planes   30 u16 part
 //   32 u32 positions_bytes   36 planes x {u8 plane encoding, u32 bytes}
 //   ... positions (Rice)  ... planes  ... u64 XXH3-64 of all bytes before it
 #include <algorithm>
@@ -35,11 +35,24 @@ size_t HeaderBytes(size_t planes) {
 bool ValidElemSize(size_t w) { return w == 1 || w == 2 || w == 4 || w == 8; }
 
 std::string ChunkName(const ChunkId& id) {
-  return "chunk (tensor " + std::to_string(id.tensor) + ", span " +
-         std::to_string(id.span) + ")";
+  return "chunk (" + ChunkIdText(id) + ")";
+}
+
+Status WholeSpanOnly(const ChunkId& id) {
+  if (id.part == 0) return Status::OK();
+  return Status::InvalidArgument(
+      ChunkName(id) +
+      ": a part carries its own positions; encode it with EncodeChanges");
 }
 
 }  // namespace
+
+std::string ChunkIdText(const ChunkId& id) {
+  std::string s = "tensor " + std::to_string(id.tensor) + ", span " +
+                  std::to_string(id.span);
+  if (id.part != 0) s += ", part " + std::to_string(id.part);
+  return s;
+}
 
 // ---------------------------------------------------------------- encoder
 
@@ -89,6 +102,7 @@ struct ChunkEncoder::Impl {
     std::byte* h = out->data() + start;
     h[28] = static_cast<std::byte>(k);
     h[29] = static_cast<std::byte>(w);
+    StoreLE<uint16_t>(h + 30, id.part);
     StoreLE<uint32_t>(h + 32, static_cast<uint32_t>(pos_bytes));
     const uint32_t changed = encoding == ChunkEncoding::kSparse
                                  ? static_cast<uint32_t>(pos.size())
@@ -165,6 +179,7 @@ Result<bool> ChunkEncoder::EncodeDiffInContext(
     std::vector<std::byte>* out, ChunkSizes* sizes,
     std::vector<std::byte>* base_independent) {
   DCR_RETURN_IF_ERROR(CheckSpanArgs(id, elem_size, target.size()));
+  DCR_RETURN_IF_ERROR(WholeSpanOnly(id));
   if (kind != ChunkKind::kXor && kind != ChunkKind::kOverwrite) {
     return Status::InvalidArgument(ChunkName(id) + ": unknown chunk kind");
   }
@@ -234,18 +249,22 @@ Status ChunkEncoder::EncodeFull(ChunkId id, size_t elem_size,
                                 std::vector<std::byte>* out,
                                 ChunkSizes* sizes) {
   DCR_RETURN_IF_ERROR(CheckSpanArgs(id, elem_size, target.size()));
+  DCR_RETURN_IF_ERROR(WholeSpanOnly(id));
   return impl_->WriteDense(ChunkKind::kOverwrite, id, elem_size, target,
                            nullptr, out, sizes);
 }
 
-Status ChunkEncoder::EncodeOverwrite(ChunkId id, size_t elem_size,
-                                     uint32_t span_elems,
-                                     std::span<const uint32_t> positions,
-                                     std::span<const std::byte> values,
-                                     std::vector<std::byte>* out,
-                                     ChunkSizes* sizes) {
+Status ChunkEncoder::EncodeChanges(ChunkKind kind, ChunkId id, size_t elem_size,
+                                   uint32_t span_elems,
+                                   std::span<const uint32_t> positions,
+                                   std::span<const std::byte> values,
+                                   std::vector<std::byte>* out,
+                                   ChunkSizes* sizes) {
   DCR_RETURN_IF_ERROR(CheckSpanArgs(
       id, elem_size, static_cast<size_t>(span_elems) * elem_size));
+  if (kind != ChunkKind::kXor && kind != ChunkKind::kOverwrite) {
+    return Status::InvalidArgument(ChunkName(id) + ": unknown chunk kind");
+  }
   if (values.size() != positions.size() * elem_size) {
     return Status::InvalidArgument(ChunkName(id) +
                                    ": values do not match positions");
@@ -268,8 +287,8 @@ Status ChunkEncoder::EncodeOverwrite(ChunkId id, size_t elem_size,
       p[i] = static_cast<uint8_t>(values[i * elem_size + j]);
     }
   }
-  return m.Write(ChunkKind::kOverwrite, ChunkEncoding::kSparse, id, elem_size,
-                 span_elems, positions, k, out, sizes);
+  return m.Write(kind, ChunkEncoding::kSparse, id, elem_size, span_elems,
+                 positions, k, out, sizes);
 }
 
 // ---------------------------------------------------------------- decoder
@@ -298,6 +317,9 @@ Result<ChunkHeader> PeekChunkHeader(std::span<const std::byte> bytes) {
   c.id.span = LoadLE<uint32_t>(h + 16);
   c.span_elems = LoadLE<uint32_t>(h + 20);
   c.changed = LoadLE<uint32_t>(h + 24);
+  // Version 1's u16 at 30 is the part (reserved, 0, before parts); version
+  // 2 (context) chunks are whole spans and use the byte for their ranges.
+  if (version == kChunkVersion) c.id.part = LoadLE<uint16_t>(h + 30);
   std::string name = ChunkName(c.id);
   if (kind != 1 && kind != 2) return Status::Corruption(name + ": bad kind");
   // Version 1 has the base-independent encodings, version 2 the context.
@@ -315,6 +337,9 @@ Result<ChunkHeader> PeekChunkHeader(std::span<const std::byte> bytes) {
   if (c.changed == 0 || c.changed > c.span_elems ||
       (c.encoding == ChunkEncoding::kDense && c.changed != c.span_elems)) {
     return Status::Corruption(name + ": changed count out of range");
+  }
+  if (c.encoding == ChunkEncoding::kDense && c.id.part != 0) {
+    return Status::Corruption(name + ": a dense chunk is a whole span");
   }
   const size_t header = c.encoding == ChunkEncoding::kContext
                             ? kContextFixedBytes
@@ -376,8 +401,8 @@ Status ChunkDecoder::DecodeInto(std::span<const std::byte> bytes,
   }
   size_t w = c.elem_size;
   uint32_t rice_k = static_cast<uint8_t>(h[28]);
-  if (static_cast<uint8_t>(h[29]) != w || LoadLE<uint16_t>(h + 30) != 0) {
-    return Status::Corruption(name + ": bad plane count or reserved field");
+  if (static_cast<uint8_t>(h[29]) != w) {
+    return Status::Corruption(name + ": bad plane count");
   }
   uint32_t pos_bytes = LoadLE<uint32_t>(h + 32);
   size_t header = HeaderBytes(w);

@@ -351,7 +351,8 @@ Result<std::unique_ptr<ComposedDelta>> ComposedDelta::Open(
       if (!more) break;
       auto header = PeekChunkHeader(chunk);
       if (!header.ok()) return header.status().WithContext(path);
-      index[header->id].push_back(chunk);
+      // The parts of a span compose into one whole-span chunk.
+      index[ChunkId{header->id.tensor, header->id.span, 0}].push_back(chunk);
     }
     c->readers_.push_back(std::move(reader));
   }
@@ -442,9 +443,9 @@ Result<bool> ComposedDelta::EncodeUnion(size_t i, size_t elem_size,
     std::memcpy(values.data() + p * elem_size,
                 target.data() + size_t{positions[p]} * elem_size, elem_size);
   }
-  DCR_RETURN_IF_ERROR(encoder->EncodeOverwrite(id, elem_size,
-                                               static_cast<uint32_t>(elems),
-                                               positions, values, out, sizes));
+  DCR_RETURN_IF_ERROR(encoder->EncodeChanges(
+      ChunkKind::kOverwrite, id, elem_size, static_cast<uint32_t>(elems),
+      positions, values, out, sizes));
   return true;
 }
 

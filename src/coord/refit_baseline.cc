@@ -36,7 +36,7 @@ Status RefitRun::AdvanceBaselineAndHistory(
     u.tensor_digests = &setup_.plan.target_tensor_digests;
     u.span_elems = setup_.plan.span_elems;
     u.all = report_.mode == RefitMode::kFull || copy_all_;
-    if (!u.all) u.changed = sent_.StreamIds();
+    if (!u.all) u.changed = sent_.StreamSpans();
     b = UpdateBaseline(u, setup_.baseline_spec, &setup_.baseline);
   });
   // The history file is made durable while the replies come and the

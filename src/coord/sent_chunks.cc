@@ -6,21 +6,24 @@ namespace dcr {
 
 void SentChunks::Add(const ChunkId& id, const Sha256Digest& sha256,
                      const ChunkSizes& sizes, bool repair) {
-  (repair ? repair_ : stream_).emplace_back(id.tensor, id.span);
+  (repair ? repair_ : stream_).push_back(id);
   if (sign_) manifest_.push_back({id, sha256});
   if (!repair) stream_sizes_ += sizes;
 }
 
 EndMsg SentChunks::End() const {
-  std::vector<std::pair<uint32_t, uint32_t>> ids = stream_;
+  std::vector<ChunkId> ids = stream_;
   ids.insert(ids.end(), repair_.begin(), repair_.end());
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return EndMsg(ids.size(), ChunkIdsDigest(ids));
+  const uint64_t count = ids.size();
+  return EndMsg(count, ChunkIdsDigest(std::move(ids)));
 }
 
-std::vector<std::pair<uint32_t, uint32_t>> SentChunks::StreamIds() const {
-  std::vector<std::pair<uint32_t, uint32_t>> ids = stream_;
+std::vector<std::pair<uint32_t, uint32_t>> SentChunks::StreamSpans() const {
+  std::vector<std::pair<uint32_t, uint32_t>> ids;
+  ids.reserve(stream_.size());
+  for (const ChunkId& id : stream_) ids.emplace_back(id.tensor, id.span);
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;

@@ -31,8 +31,9 @@ class SentChunks {
 
   // END for every distinct chunk id sent so far (unsigned).
   EndMsg End() const;
-  // The stream's chunk ids, sorted and distinct.
-  std::vector<std::pair<uint32_t, uint32_t>> StreamIds() const;
+  // The spans the stream changed as (tensor, span), sorted and distinct
+  // (the parts of a span are one span).
+  std::vector<std::pair<uint32_t, uint32_t>> StreamSpans() const;
   // Every chunk sent with its hash, in order (empty unless signing).
   const std::vector<ManifestEntry>& manifest() const { return manifest_; }
   // Elements the stream changed (repair rounds not counted).
@@ -41,8 +42,8 @@ class SentChunks {
 
  private:
   bool sign_ = false;
-  std::vector<std::pair<uint32_t, uint32_t>> stream_;
-  std::vector<std::pair<uint32_t, uint32_t>> repair_;
+  std::vector<ChunkId> stream_;
+  std::vector<ChunkId> repair_;
   std::vector<ManifestEntry> manifest_;
   ChunkSizes stream_sizes_;
   std::atomic<uint64_t> scanned_{0};

@@ -519,14 +519,15 @@ Result<ProgressMsg> DecodeProgress(std::span<const std::byte> b) {
   return m;
 }
 
-Digest128 ChunkIdsDigest(std::vector<std::pair<uint32_t, uint32_t>> ids) {
+Digest128 ChunkIdsDigest(std::vector<ChunkId> ids) {
   std::sort(ids.begin(), ids.end());
   Hasher128 h;
-  for (const auto& [tensor, span] : ids) {
-    std::byte b[8];
-    StoreLE<uint32_t>(b, tensor);
-    StoreLE<uint32_t>(b + 4, span);
-    h.Update(std::span<const std::byte>(b, 8));
+  for (const ChunkId& id : ids) {
+    std::byte b[10];
+    StoreLE<uint32_t>(b, id.tensor);
+    StoreLE<uint32_t>(b + 4, id.span);
+    StoreLE<uint16_t>(b + 8, id.part);
+    h.Update(std::span<const std::byte>(b, sizeof b));
   }
   return h.Finish();
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dcr/checkpoint.h"
+#include "dcr/codec.h"
 #include "dcr/digest.h"
 #include "dcr/refit_codes.h"  // RefitMode, NodeCode
 #include "dcr/status.h"
@@ -174,9 +175,9 @@ struct ResultsMsg {
 };
 
 // After the last CHUNK: how many distinct chunk ids the root sent and a
-// digest over them in ascending (tensor, span) order (XXH3-128 of u32
-// tensor, u32 span per id), so a relay can tell a complete stream from one
-// with losses. ChunkIdsDigest computes it.
+// digest over them in ascending (tensor, span, part) order (XXH3-128 of
+// u32 tensor, u32 span, u16 part per id), so a relay can tell a complete
+// stream from one with losses. ChunkIdsDigest computes it.
 //
 // A root with a signing key adds the signed refit manifest
 // (relay/refit_manifest.h): its encoded bytes and the root's Ed25519
@@ -265,7 +266,7 @@ Result<AbortMsg> DecodeAbort(std::span<const std::byte> b);
 Result<ProgressMsg> DecodeProgress(std::span<const std::byte> b);
 
 // The END digest of a set of chunk ids (any order; sorted here).
-Digest128 ChunkIdsDigest(std::vector<std::pair<uint32_t, uint32_t>> ids);
+Digest128 ChunkIdsDigest(std::vector<ChunkId> ids);
 
 // The subtree of plan node `index` as a plan for that node: the same
 // fields, nodes re-indexed with `index` first. Requires a valid plan.

@@ -10,7 +10,7 @@
 namespace dcr {
 namespace {
 
-constexpr uint8_t kManifestVersion = 1;
+constexpr uint8_t kManifestVersion = 2;
 
 size_t VarintSize(uint64_t v) {
   size_t n = 1;
@@ -71,6 +71,7 @@ std::vector<std::byte> EncodeManifest(const RefitManifest& m) {
   for (const ManifestEntry& e : m.chunks) {
     w.Put<uint32_t>(e.id.tensor);
     w.Put<uint32_t>(e.id.span);
+    w.Put<uint16_t>(e.id.part);
     w.PutBytes(e.sha256);
   }
   return out;
@@ -113,7 +114,7 @@ Result<RefitManifest> DecodeManifest(std::span<const std::byte> b) {
   for (ManifestEntry& e : m.chunks) {
     std::span<const std::byte> h;
     // Cannot fail: the size was checked above.
-    if (!r.Get(&e.id.tensor) || !r.Get(&e.id.span) ||
+    if (!r.Get(&e.id.tensor) || !r.Get(&e.id.span) || !r.Get(&e.id.part) ||
         !r.GetBytes(kSha256Size, &h)) {
       return Bad("chunks", "truncated");
     }
@@ -181,9 +182,9 @@ Status VerifyRefitManifest(const EndMsg& end, const Ed25519PublicKey& key,
         std::any_of(m.chunks.begin(), m.chunks.end(),
                     [&](const ManifestEntry& e) { return e.id == a.id; });
     return Status::Corruption(fmt::format(
-        "chunk (tensor {}, span {}) applied here with SHA-256 {}... {} the "
-        "signed manifest: it was not the root's",
-        a.id.tensor, a.id.span, Sha256Hex(a.sha256, 8),
+        "chunk ({}) applied here with SHA-256 {}... {} the signed manifest: "
+        "it was not the root's",
+        ChunkIdText(a.id), Sha256Hex(a.sha256, 8),
         id_listed ? "has another hash in" : "is not in"));
   }
   return Status::OK();

@@ -9,14 +9,15 @@
 //
 // Byte layout (little-endian, like the refit messages):
 //
-//   u8   version            1
+//   u8   version            2 (1: before parts, refused)
 //   16   refit id
 //   u64  epoch
 //   u8   mode               1 delta, 2 full
 //   u64  base step,   u64 base digest high,   u64 base digest low
 //   u64  target step, u64 target digest high, u64 target digest low
 //   varint count            <= kMaxManifestChunks
-//   count x { u32 tensor, u32 span, 32 bytes SHA-256 of the chunk }
+//   count x { u32 tensor, u32 span, u16 part, 32 bytes SHA-256 of the
+//             chunk }
 //
 // A chunk id may appear more than once: a later repair round resends a
 // span as an overwrite chunk, and the END that follows carries a manifest
@@ -43,9 +44,9 @@ namespace dcr {
 // Bytes before the first entry at most (the count's varint takes 1 to 10),
 // and per entry.
 inline constexpr size_t kManifestFixedBytes = 1 + 16 + 8 + 1 + 24 + 24 + 10;
-inline constexpr size_t kManifestEntryBytes = 4 + 4 + kSha256Size;
+inline constexpr size_t kManifestEntryBytes = 4 + 4 + 2 + kSha256Size;
 // An END frame carries the manifest, so it must fit the default frame
-// payload bound (256 MiB): about 6.7 million chunks. A decoder refuses a
+// payload bound (256 MiB): about 6.3 million chunks. A decoder refuses a
 // larger count before it allocates.
 inline constexpr size_t kMaxManifestChunks = 6'000'000;
 // Prepended to the manifest bytes before signing, so that a signature made

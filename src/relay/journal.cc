@@ -169,6 +169,7 @@ Status ParseApply(std::span<const std::byte> p, JournalApply* out) {
   }
   out->id.tensor = LoadLE<uint32_t>(p.data());
   out->id.span = LoadLE<uint32_t>(p.data() + 4);
+  out->id.part = LoadLE<uint16_t>(p.data() + 22);
   out->offset = LoadLE<uint64_t>(p.data() + 8);
   const uint32_t count = LoadLE<uint32_t>(p.data() + 16);
   out->elem_size = static_cast<uint8_t>(p[20]);
@@ -368,7 +369,7 @@ Result<Journal::Ref> Journal::AppendApply(const DecodedChunk& chunk,
   StoreLE<uint32_t>(p + 16, static_cast<uint32_t>(count));
   p[20] = static_cast<std::byte>(w);
   p[21] = static_cast<std::byte>(dense ? 1 : 0);
-  p[22] = p[23] = std::byte{0};
+  StoreLE<uint16_t>(p + 22, h.id.part);
   p += kApplyFixed;
   if (dense) {
     std::memcpy(p, span.data(), span.size());

@@ -146,8 +146,7 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
 
 Status RefitSession::Check(const ChunkHeader& h) const {
   const Manifest& m = store_->manifest();
-  std::string where =
-      fmt::format("chunk (tensor {}, span {})", h.id.tensor, h.id.span);
+  std::string where = fmt::format("chunk ({})", ChunkIdText(h.id));
   if (h.id.tensor >= m.size()) {
     return Status::Corruption(where + " names a tensor past the manifest");
   }
@@ -194,16 +193,8 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   bool is_xor = h.kind == ChunkKind::kXor;
   {
     MutexLock lock(&mu_);
-    SpanState& st = spans_[h.id];
-    // One application per span at a time. An XOR chunk applies only to a
-    // span nothing was applied to yet: after an earlier XOR it would
-    // revert the span, after an overwrite (a retry that overtook it) it
-    // would corrupt it; every chunk of a span carries the same target.
-    // After a restart (rejoined_) every span may hold its XOR already.
-    if (st.in_flight || (is_xor && (!st.stack.empty() || rejoined_))) {
-      return ApplyOutcome::kDuplicate;
-    }
-    st.in_flight = true;
+    if (Conflicts(h.id, is_xor)) return ApplyOutcome::kDuplicate;
+    spans_[h.id].in_flight = true;
   }
   Applied a;
   Status s;
@@ -244,6 +235,32 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   return ApplyOutcome::kApplied;
 }
 
+bool RefitSession::Conflicts(const ChunkId& id, bool is_xor) const {
+  // One application per chunk id at a time, and none beside a whole-span
+  // chunk of the same span. An XOR chunk applies only where nothing it
+  // overlaps was applied yet: after an earlier XOR it would revert the
+  // elements, after an overwrite (a retry that overtook it) it would
+  // corrupt them; every chunk of an element carries the same target.
+  // Parts of one span hold disjoint elements, so they do not conflict.
+  // After a restart (rejoined_) every span may hold its XOR already.
+  if (is_xor && rejoined_) return true;
+  auto busy = [is_xor](const SpanState& st) {
+    return st.in_flight || (is_xor && !st.stack.empty());
+  };
+  if (id.part != 0) {
+    for (const ChunkId& other : {id, ChunkId{id.tensor, id.span, 0}}) {
+      auto it = spans_.find(other);
+      if (it != spans_.end() && busy(it->second)) return true;
+    }
+    return false;
+  }
+  for (auto it = spans_.lower_bound(id);
+       it != spans_.end() && SameSpan(it->first, id); ++it) {
+    if (busy(it->second)) return true;
+  }
+  return false;
+}
+
 void RefitSession::HashBehind(uint32_t tensor) {
   uint32_t from = hash_frontier_.load(std::memory_order_relaxed);
   do {
@@ -278,16 +295,16 @@ uint64_t RefitSession::chunks_applied() const {
 NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
   NodeResult r;
   r.node = node_;
-  std::vector<std::pair<uint32_t, uint32_t>> ids;
+  std::vector<ChunkId> ids;
   {
     MutexLock lock(&mu_);
     for (const auto& [id, st] : spans_) {
-      if (!st.stack.empty()) ids.emplace_back(id.tensor, id.span);
+      if (!st.stack.empty()) ids.push_back(id);
     }
   }
   r.chunks_applied = ids.size();
   bool complete = ids.size() == end.chunk_count &&
-                  ChunkIdsDigest(ids) == end.chunk_ids_digest;
+                  ChunkIdsDigest(std::move(ids)) == end.chunk_ids_digest;
   // The first vote takes the digests hashed ahead of tensors no Apply
   // touched since; every later vote (a repair round) hashes every tensor,
   // so that bits changed outside the refit (a flipped bit) cannot slip
@@ -395,11 +412,20 @@ Status RefitSession::Abort(ChunkDecoder* /*decoder*/) {
   JournalApply record;
   // A fresh store has no base bits to go back to: its record says it holds
   // no committed version, which is all a later refit checks.
-  for (auto& [id, st] : spans_) {
-    if (!keep_undo_) break;
-    // Reverse the applications of this span, last first.
-    for (auto it = st.stack.rbegin(); it != st.stack.rend(); ++it) {
-      DCR_RETURN_IF_ERROR(journal_->Read(it->record, &record));
+  if (keep_undo_) {
+    // Reverse every application, last written first. Applications that
+    // overlap (a part and its span's whole-span overwrite) never run at
+    // once, so their records are in the order they wrote.
+    std::vector<Journal::Ref> refs;
+    for (const auto& [id, st] : spans_) {
+      for (const Applied& a : st.stack) refs.push_back(a.record);
+    }
+    std::sort(refs.begin(), refs.end(),
+              [](const Journal::Ref& x, const Journal::Ref& y) {
+                return x.offset > y.offset;
+              });
+    for (const Journal::Ref& ref : refs) {
+      DCR_RETURN_IF_ERROR(journal_->Read(ref, &record));
       DCR_RETURN_IF_ERROR(
           RestoreApply(record, store_->MutableTensor(record.id.tensor)));
     }
@@ -493,7 +519,7 @@ RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
       out.detail = "cannot restore from " + journal_path + ": " + s.ToString();
       return out;
     }
-    spans.insert(a.id);
+    spans.insert(ChunkId{a.id.tensor, a.id.span, 0});  // parts: one span
     out.bytes += a.bytes();
   }
   out.spans = spans.size();

@@ -207,10 +207,15 @@ class RefitSession {
   struct Applied {
     Journal::Ref record;
   };
+  // Per chunk id (a span, or one part of it).
   struct SpanState {
     bool in_flight = false;
     std::vector<Applied> stack;  // in order of application
   };
+  // Whether a chunk `id` must not apply now: a conflicting chunk (the same
+  // id, or either is the whole span, part 0) is being applied, or, for an
+  // XOR chunk, one was applied already.
+  bool Conflicts(const ChunkId& id, bool is_xor) const DCR_REQUIRES(mu_);
 
   WeightStore* store_;
   bool keep_undo_ = true;

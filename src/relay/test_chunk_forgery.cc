@@ -52,22 +52,8 @@ FrameBuffer TEST_ForgeChunkFrame(const FrameBuffer& frame,
     for (uint32_t i = 0; i < h.span_elems; ++i) positions[i] = i;
   }
   std::vector<std::byte> payload;
-  Status s;
-  if (h.kind == ChunkKind::kOverwrite) {
-    s = (*encoder)->EncodeOverwrite(h.id, es, h.span_elems, positions, c.values,
-                                    &payload);
-  } else {
-    // XOR against zeros: the target holds the (forged) XOR values.
-    std::vector<std::byte> zeros(size_t{h.span_elems} * es);
-    std::vector<std::byte> target = zeros;
-    for (size_t k = 0; k < positions.size(); ++k) {
-      std::copy_n(c.values.begin() + k * es, es,
-                  target.begin() + size_t{positions[k]} * es);
-    }
-    auto changed = (*encoder)->EncodeDiff(ChunkKind::kXor, h.id, es, zeros,
-                                          target, &payload);
-    if (!changed.ok() || !*changed) return nullptr;
-  }
+  Status s = (*encoder)->EncodeChanges(h.kind, h.id, es, h.span_elems,
+                                       positions, c.values, &payload);
   if (!s.ok()) return nullptr;
   FrameHeader header = parsed->header;
   header.flags &= static_cast<uint16_t>(~kFrameFlagsWireMask);

@@ -387,7 +387,9 @@ class Harness {
                                          : std::byte(in.U8()));
             }
           }
-          if (!F().encoder->EncodeOverwrite(id, w, n, positions, values, &chunk)
+          if (!F().encoder
+                   ->EncodeChanges(ChunkKind::kOverwrite, id, w, n, positions,
+                                   values, &chunk)
                    .ok()) {
             return;
           }
@@ -419,7 +421,9 @@ class Harness {
         }
       }
     }
-    EndMsg e{ids.size(), ChunkIdsDigest(std::vector(ids.begin(), ids.end()))};
+    std::vector<ChunkId> sent;
+    for (const auto& [t, s] : ids) sent.push_back(ChunkId{t, s});
+    EndMsg e{ids.size(), ChunkIdsDigest(std::move(sent))};
     if ((v & 3) == 2) e.chunk_count += 1 + (v >> 2);
     if ((v & 3) == 3) e.chunk_ids_digest.low ^= v;
     Send(FrameType::kEnd, EncodeEnd(e), root_id_, tx);
@@ -633,8 +637,7 @@ class Harness {
   void OnEnd(const EndMsg& e) {
     NodeResult v = session_->Vote(e, nullptr);
     Trace("vote", std::string(NodeCodeName(v.code)) + " " + v.detail);
-    std::vector<std::pair<uint32_t, uint32_t>> ids;
-    for (const ChunkId& id : applied_) ids.emplace_back(id.tensor, id.span);
+    std::vector<ChunkId> ids(applied_.begin(), applied_.end());
     bool complete = ids.size() == e.chunk_count &&
                     ChunkIdsDigest(ids) == e.chunk_ids_digest;
     const Digest128 digest = F().DigestOf(model_);

@@ -208,15 +208,82 @@ TEST_F(ChunkTest, FullAndExplicitOverwrite) {
   Bytes vals = {std::byte{1}, std::byte{2}, std::byte{3},
                 std::byte{4}, std::byte{5}, std::byte{6}};
   chunk.clear();
-  ASSERT_TRUE(enc_->EncodeOverwrite({1, 0}, 2, n, pos, vals, &chunk).ok());
+  ASSERT_TRUE(enc_->EncodeChanges(ChunkKind::kOverwrite, {1, 0}, 2, n, pos,
+                                  vals, &chunk)
+                  .ok());
   ASSERT_TRUE(dec_->Decode(chunk, &c).ok());
   ASSERT_TRUE(ApplyChunk(c, work).ok());
   EXPECT_EQ(work[6], std::byte{1});
   EXPECT_EQ(work[9999], std::byte{6});
   std::vector<uint32_t> bad = {7, 3};
-  EXPECT_FALSE(
-      enc_->EncodeOverwrite({1, 0}, 2, n, bad, std::span(vals).first(4), &chunk)
-          .ok());
+  EXPECT_FALSE(enc_->EncodeChanges(ChunkKind::kOverwrite, {1, 0}, 2, n, bad,
+                                   std::span(vals).first(4), &chunk)
+                   .ok());
+}
+
+// A producer's part: the changes of its elements of a span, coded in the
+// span's coordinates with the part in the header (offset 30, the field
+// whole-span chunks leave 0). Parts of one span apply in any order.
+TEST_F(ChunkTest, PartsCarryTheirIdAndApplyInAnyOrder) {
+  const uint32_t n = 4096;
+  Bytes base = RandomBytes(n * 2, 5), target = base;
+  std::mt19937_64 rng(6);
+  for (int k = 0; k < 300; ++k) Change(&target, rng() % n, 2, 1 + rng() % 255);
+  std::vector<Bytes> parts;
+  for (uint16_t p = 0; p < 4; ++p) {
+    std::vector<uint32_t> pos;
+    Bytes masks;
+    for (uint32_t e = p; e < n; e += 4) {
+      if (base[2 * e] == target[2 * e] && base[2 * e + 1] == target[2 * e + 1])
+        continue;
+      pos.push_back(e);
+      masks.push_back(base[2 * e] ^ target[2 * e]);
+      masks.push_back(base[2 * e + 1] ^ target[2 * e + 1]);
+    }
+    ASSERT_FALSE(pos.empty());
+    Bytes chunk;
+    ChunkSizes sizes;
+    const ChunkId id{2, 7, static_cast<uint16_t>(p + 1)};
+    ASSERT_TRUE(enc_->EncodeChanges(ChunkKind::kXor, id, 2, n, pos, masks,
+                                    &chunk, &sizes)
+                    .ok());
+    EXPECT_EQ(sizes.total(), chunk.size());
+    EXPECT_EQ(LoadLE<uint16_t>(chunk.data() + 30), p + 1);
+    auto h = PeekChunkHeader(chunk);
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ(h->id, id);
+    EXPECT_EQ(h->changed, pos.size());
+    parts.push_back(std::move(chunk));
+  }
+  Bytes work = base;
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    DecodedChunk c;
+    ASSERT_TRUE(dec_->Decode(*it, &c).ok());
+    ASSERT_TRUE(ApplyChunk(c, work).ok());
+  }
+  EXPECT_EQ(work, target);
+  EXPECT_EQ(ChunkIdText({2, 7, 3}), "tensor 2, span 7, part 3");
+  EXPECT_EQ(ChunkIdText({2, 7}), "tensor 2, span 7");
+  EXPECT_LT((ChunkId{2, 7, 9}), (ChunkId{2, 8, 0}));
+}
+
+TEST_F(ChunkTest, WholeSpanEncodingsRefuseAPartAndADensePartIsCorrupt) {
+  const size_t n = 4096;
+  Bytes base = RandomBytes(n * 2, 7), target = RandomBytes(n * 2, 8);
+  Bytes chunk;
+  const ChunkId part{0, 0, 2};
+  auto r = enc_->EncodeDiff(ChunkKind::kXor, part, 2, base, target, &chunk);
+  EXPECT_TRUE(r.status().IsInvalidArgument());
+  EXPECT_NE(r.status().message().find("part 2"), std::string::npos);
+  EXPECT_TRUE(enc_->EncodeFull(part, 2, target, &chunk).IsInvalidArgument());
+  EXPECT_TRUE(chunk.empty());
+  // A dense chunk covers every element of its span: it cannot be a part.
+  ASSERT_TRUE(enc_->EncodeFull({0, 0}, 2, target, &chunk).ok());
+  StoreLE<uint16_t>(chunk.data() + 30, 2);
+  auto h = PeekChunkHeader(chunk);
+  EXPECT_TRUE(h.status().IsCorruption());
+  EXPECT_NE(h.status().message().find("a dense chunk is a whole span"),
+            std::string::npos);
 }
 
 TEST_F(ChunkTest, UncompressedPlanesCarryTheBytesAsTheyAre) {

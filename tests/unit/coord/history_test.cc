@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -62,10 +63,13 @@ class HistoryTest : public ::testing::Test {
   }
 
   // Records the delta a -> b as a refit would (XOR chunks, in order);
-  // `overwrite` turns the chunk of that id into a dense overwrite.
+  // `overwrite` turns the chunk of that id into a dense overwrite; `parts`
+  // > 0 records each span as that many XOR parts, as a producers' refit
+  // sends them (element e in part e % parts + 1).
   void Record(Model a, Model b, uint64_t from, uint64_t to,
               std::optional<ChunkId> overwrite = std::nullopt,
-              std::optional<RefitId> aborted = std::nullopt) {
+              std::optional<RefitId> aborted = std::nullopt,
+              uint16_t parts = 0) {
     auto w = history_.Record(V(to));
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     if (aborted) {
@@ -78,6 +82,29 @@ class HistoryTest : public ::testing::Test {
         Bytes out;
         if (overwrite == id) {
           ASSERT_TRUE(encoder_->EncodeFull(id, kElem, b.Span(id), &out).ok());
+        } else if (parts > 0) {
+          auto sa = a.Span(id), sb = b.Span(id);
+          const uint32_t n = static_cast<uint32_t>(sa.size() / kElem);
+          for (uint16_t p = 0; p < parts; ++p) {
+            std::vector<uint32_t> pos;
+            Bytes masks;
+            for (uint32_t e = p; e < n; e += parts) {
+              if (std::memcmp(&sa[e * kElem], &sb[e * kElem], kElem) == 0)
+                continue;
+              pos.push_back(e);
+              for (size_t k = 0; k < kElem; ++k)
+                masks.push_back(sa[e * kElem + k] ^ sb[e * kElem + k]);
+            }
+            if (pos.empty()) continue;
+            Bytes part;
+            ASSERT_TRUE(encoder_
+                            ->EncodeChanges(ChunkKind::kXor,
+                                            ChunkId{t, s, uint16_t(p + 1)},
+                                            kElem, n, pos, masks, &part)
+                            .ok());
+            ASSERT_TRUE((*w)->Append(part).ok());
+          }
+          continue;
         } else {
           auto changed = encoder_->EncodeDiff(ChunkKind::kXor, id, kElem,
                                               a.Span(id), b.Span(id), &out);
@@ -156,6 +183,24 @@ TEST_F(HistoryTest, AnOverwriteInTheChainBecomesADenseOverwrite) {
   auto chain = history_.Chain(V(0), V(2));
   ASSERT_TRUE(chain.ok());
   EXPECT_EQ(Compose(*chain, v0, v2).t, v2.t);
+}
+
+// A producers' refit records its spans as parts; catch-up composes them
+// into one whole-span chunk per span, with the other deltas of the chain.
+TEST_F(HistoryTest, PartsComposeIntoWholeSpans) {
+  Model v0(1), v1 = v0.Step(0.03, 2), v2 = v1.Step(0.03, 3);
+  Record(v0, v1, 0, 1, std::nullopt, std::nullopt, /*parts=*/3);
+  Record(v1, v2, 1, 2);
+  auto chain = history_.Chain(V(0), V(2));
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  auto c = ComposedDelta::Open(*chain, kManifest, kSpan);
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ((*c)->ids().size(), 4u);  // the spans, not the parts
+  for (const ChunkId& id : (*c)->ids()) EXPECT_EQ(id.part, 0);
+  EXPECT_EQ(Compose(*chain, v0, v2).t, v2.t);
+  auto one = history_.Chain(V(0), V(1));
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(Compose(*one, v0, v1).t, v1.t);
 }
 
 TEST_F(HistoryTest, MasksThatCancelSendNothing) {

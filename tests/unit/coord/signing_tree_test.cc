@@ -338,7 +338,7 @@ TEST_F(SigningTreeTest, RootKeyErrorsStopBeforeAnyRelayIsAsked) {
   EXPECT_TRUE(r.status().IsInvalidArgument());
   EXPECT_THAT(r.status().message(), HasSubstr("chmod 600"));
   // A manifest that could not fit in one END frame: 14 spans of 4096
-  // elements, 40 bytes each, beside 3 tensor digests, against a 600-byte
+  // elements, 42 bytes each, beside 3 tensor digests, against a 600-byte
   // frame bound.
   o.signing_key_file = dir_.Path("root.key");
   o.transport_options.frames.max_payload = 600;
@@ -346,8 +346,8 @@ TEST_F(SigningTreeTest, RootKeyErrorsStopBeforeAnyRelayIsAsked) {
   EXPECT_TRUE(r.status().IsInvalidArgument());
   EXPECT_THAT(r.status().message(),
               HasSubstr("test.yaml: a signed refit of 14 chunks needs an END "
-                        "of about 826 bytes, above the frame payload limit of "
-                        "600 bytes (8 chunks at most); raise "
+                        "of about 854 bytes, above the frame payload limit of "
+                        "600 bytes (7 chunks at most); raise "
                         "defaults.span_elems (now 4096)"));
   EXPECT_FALSE(std::filesystem::exists(dir_.Path("state/epoch")));
 }

@@ -145,6 +145,14 @@ TEST(MessagesTest, ResendFlagAndReceivedThrough) {
   EXPECT_LT((FramePosition{2, 0}), (FramePosition{2, 1}));
 }
 
+// END's digest names every id with its part, in any order given.
+TEST(MessagesTest, ChunkIdsDigestCoversPartsInAnyOrder) {
+  const Digest128 d = ChunkIdsDigest({{0, 1, 2}, {0, 1, 1}, {3, 0, 0}});
+  EXPECT_EQ(d, ChunkIdsDigest({{3, 0, 0}, {0, 1, 1}, {0, 1, 2}}));
+  EXPECT_NE(d, ChunkIdsDigest({{0, 1, 2}, {0, 1, 3}, {3, 0, 0}}));
+  EXPECT_NE(ChunkIdsDigest({{0, 1, 0}}), ChunkIdsDigest({{0, 1, 1}}));
+}
+
 TEST(MessagesTest, SubPlanKeepsTheSubtree) {
   PlanMsg p = SamplePlan();
   PlanMsg s = SubPlan(p, 1);

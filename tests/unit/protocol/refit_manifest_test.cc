@@ -27,7 +27,7 @@ RefitManifest Sample() {
   // (0, 1) twice: a repair round resent it as an overwrite.
   m.chunks = {{{0, 0}, HashOf(1)},
               {{0, 1}, HashOf(2)},
-              {{2, 9}, HashOf(3)},
+              {{2, 9, 4}, HashOf(3)},  // a producer's part
               {{0, 1}, HashOf(4)}};
   return m;
 }
@@ -90,11 +90,11 @@ TEST(RefitManifestTest, TruncatedTrailingOversizedAndMalformed) {
   auto longer = bytes;
   longer.push_back(std::byte{0});
   EXPECT_THAT(DecodeManifest(longer).status().message(),
-              HasSubstr("4 entries need 160 bytes, 161 left"));
+              HasSubstr("4 entries need 168 bytes, 169 left"));
   auto version = bytes;
-  version[0] = std::byte{2};
+  version[0] = std::byte{1};  // before chunk parts
   EXPECT_THAT(DecodeManifest(version).status().message(),
-              HasSubstr("unknown manifest version 2"));
+              HasSubstr("unknown manifest version 1"));
   auto mode = bytes;
   mode[1 + 16 + 8] = std::byte{3};
   EXPECT_THAT(DecodeManifest(mode).status().message(),
@@ -197,15 +197,19 @@ TEST(RefitManifestTest, EveryMismatchIsNamed) {
   // A chunk applied with a hash the root did not sign, and one the root
   // never sent.
   EXPECT_THAT(why(end, *pub, m.refit, m.epoch, plan,
-                  {{{0, 0}, HashOf(1)}, {{2, 9}, HashOf(5)}}),
-              HasSubstr("chunk (tensor 2, span 9) applied here with SHA-256 " +
+                  {{{0, 0}, HashOf(1)}, {{2, 9, 4}, HashOf(5)}}),
+              HasSubstr("chunk (tensor 2, span 9, part 4) applied here with "
+                        "SHA-256 " +
                         Sha256Hex(HashOf(5), 8) +
                         "... has another hash in the signed manifest"));
   EXPECT_THAT(
       why(end, *pub, m.refit, m.epoch, plan, {{{1, 0}, HashOf(1)}}),
       HasSubstr("chunk (tensor 1, span 0) applied here with SHA-256 " +
                 Sha256Hex(HashOf(1), 8) + "... is not in the signed manifest"));
-  // The hash of one chunk does not vouch for another id.
+  // The hash of one chunk does not vouch for another id, nor one part's
+  // for another part of its span.
+  EXPECT_THAT(why(end, *pub, m.refit, m.epoch, plan, {{{2, 9, 3}, HashOf(3)}}),
+              HasSubstr("(tensor 2, span 9, part 3) applied here"));
   EXPECT_THAT(why(end, *pub, m.refit, m.epoch, plan, {{{0, 0}, HashOf(2)}}),
               HasSubstr("(tensor 0, span 0)"));
 }

@@ -68,7 +68,9 @@ TEST(JournalTest, RecordsReadBackFromTheWriterAndFromDisk) {
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   Bytes tensor = Iota(64, 10);  // 32 elements of 2 bytes
   auto span = std::span<const std::byte>(tensor).subspan(32, 32);
-  auto a = (*j)->AppendApply(Sparse(0, 1, 16, {0, 3, 15}), 32, span);
+  DecodedChunk part = Sparse(0, 1, 16, {0, 3, 15});
+  part.header.id.part = 7;  // a producer's part: the id keeps it
+  auto a = (*j)->AppendApply(part, 32, span);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   auto b = (*j)->AppendApply(Dense(2, 0, 16), 0,
                              std::span<const std::byte>(tensor).first(32));
@@ -78,7 +80,7 @@ TEST(JournalTest, RecordsReadBackFromTheWriterAndFromDisk) {
 
   JournalApply r;
   ASSERT_TRUE((*j)->Read(*a, &r).ok());
-  EXPECT_EQ(r.id, (ChunkId{0, 1}));
+  EXPECT_EQ(r.id, (ChunkId{0, 1, 7}));
   EXPECT_EQ(r.offset, 32u);
   EXPECT_FALSE(r.dense);
   EXPECT_EQ(r.positions, (std::vector<uint32_t>{0, 3, 15}));

@@ -84,6 +84,40 @@ class RefitSessionTest : public ::testing::Test {
       }
     }
   }
+  // Each span's changes cut into `parts` parts as a producers' refit
+  // sends them: element e goes to part e % parts + 1 (ranks interleaved
+  // element by element, the hardest case). Values are XOR masks or the
+  // target's bits, by `kind`.
+  void MakePartChunks(ChunkKind kind, uint16_t parts, std::vector<Bytes>* out) {
+    auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
+    for (uint32_t t = 0; t < infos_.size(); ++t) {
+      size_t w = DTypeSize(infos_[t].dtype);
+      uint64_t n = infos_[t].NumElements();
+      for (uint32_t s = 0; s < SpanCount(n, kSpan); ++s) {
+        const uint64_t first = s * kSpan;
+        const uint32_t len = static_cast<uint32_t>(std::min(kSpan, n - first));
+        for (uint16_t p = 0; p < parts; ++p) {
+          std::vector<uint32_t> positions;
+          Bytes values;
+          for (uint32_t e = p; e < len; e += parts) {
+            const std::byte* b = base_[t].data() + (first + e) * w;
+            const std::byte* g = target_[t].data() + (first + e) * w;
+            if (std::memcmp(b, g, w) == 0) continue;
+            positions.push_back(e);
+            for (size_t k = 0; k < w; ++k) {
+              values.push_back(kind == ChunkKind::kXor ? (b[k] ^ g[k]) : g[k]);
+            }
+          }
+          if (positions.empty()) continue;
+          Bytes c;
+          ASSERT_TRUE(enc->EncodeChanges(kind, ChunkId{t, s, uint16_t(p + 1)},
+                                         w, len, positions, values, &c)
+                          .ok());
+          out->push_back(std::move(c));
+        }
+      }
+    }
+  }
   void MakeFullChunks(std::vector<Bytes>* out) {
     auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
     for (uint32_t t = 0; t < infos_.size(); ++t) {
@@ -100,12 +134,10 @@ class RefitSessionTest : public ::testing::Test {
     }
   }
   EndMsg End(const std::vector<Bytes>& chunks) {
-    std::vector<std::pair<uint32_t, uint32_t>> ids;
-    for (const auto& c : chunks) {
-      auto h = PeekChunkHeader(c);
-      ids.emplace_back(h->id.tensor, h->id.span);
-    }
-    return EndMsg{ids.size(), ChunkIdsDigest(ids)};
+    std::vector<ChunkId> ids;
+    for (const auto& c : chunks) ids.push_back(PeekChunkHeader(c)->id);
+    const uint64_t n = ids.size();
+    return EndMsg{n, ChunkIdsDigest(std::move(ids))};
   }
   std::unique_ptr<RefitSession> Begin(RefitSession::Options options = {}) {
     NodeResult refusal;

@@ -221,7 +221,7 @@ class RelayRefitStoreTest : public RelayRefitTest {
             std::span(target_[t]).subspan(off, len), &c);
         ASSERT_TRUE(changed.ok());
         if (*changed) {
-          ids_.emplace_back(t, s);
+          ids_.push_back(ChunkId{t, s});
           chunks_.push_back(std::make_shared<Bytes>(std::move(c)));
         }
       }
@@ -273,7 +273,7 @@ class RelayRefitStoreTest : public RelayRefitTest {
   std::vector<Bytes> base_, target_;
   PlanMsg plan_;
   std::vector<FrameBuffer> chunks_;
-  std::vector<std::pair<uint32_t, uint32_t>> ids_;
+  std::vector<ChunkId> ids_;
 };
 
 TEST_F(RelayRefitStoreTest, CommitsTheTargetWhenInTheCommitSet) {

@@ -36,7 +36,7 @@ TEST(FrameTest, HeaderLayoutIsLittleEndianAtDocumentedOffsets) {
   const std::vector<std::byte>& b = **buf;
   ASSERT_EQ(b.size(), kFrameHeaderSize + 100);
   EXPECT_EQ(0, std::memcmp(b.data(), "DCRF", 4));
-  EXPECT_EQ(LoadLE<uint8_t>(&b[4]), 2);
+  EXPECT_EQ(LoadLE<uint8_t>(&b[4]), 3);
   EXPECT_EQ(LoadLE<uint8_t>(&b[5]), 4);  // CHUNK
   EXPECT_EQ(LoadLE<uint16_t>(&b[6]), 0x0300);
   EXPECT_EQ(LoadLE<uint32_t>(&b[8]), 100u);
@@ -153,7 +153,7 @@ TEST(FrameTest, HeaderFieldChecksNameTheField) {
   std::vector<Case> cases = {
       {WithFieldValue<uint32_t>(*buf, 0, 0x46524358), "magic"},
       {WithFieldValue<uint8_t>(*buf, 4, 1), "version 1"},
-      {WithFieldValue<uint8_t>(*buf, 4, 3), "version 3"},
+      {WithFieldValue<uint8_t>(*buf, 4, 2), "version 2"},
       {WithFieldValue<uint8_t>(*buf, 4, 0), "version 0"},
       {WithFieldValue<uint8_t>(*buf, 5, 0), "type 0"},
       {WithFieldValue<uint8_t>(*buf, 5, 16), "type 16"},

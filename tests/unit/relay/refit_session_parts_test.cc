@@ -1,0 +1,131 @@
+// A relay's session taking a producers' refit: the chunks of one span come
+// as parts (ChunkId::part), each with its own elements. Parts apply in any
+// order and concurrently, a repeated part is a duplicate, a part never
+// applies over its span's whole-span overwrite, END counts parts, and
+// Abort restores the base whatever mix of parts and overwrites applied.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "relay/refit_session.h"
+#include "unit/relay/refit_session_fixture.h"
+
+namespace dcr {
+namespace {
+
+using testing_relay::Bytes;
+using testing_relay::RefitSessionTest;
+using Outcome = RefitSession::ApplyOutcome;
+
+class PartsSessionTest : public RefitSessionTest {
+ protected:
+  void SetUp() override {
+    RefitSessionTest::SetUp();
+    MakePartChunks(ChunkKind::kXor, 3, &xor_parts_);
+    MakePartChunks(ChunkKind::kOverwrite, 3, &overwrite_parts_);
+    ASSERT_GT(xor_parts_.size(), 2 * xor_chunks_.size());
+  }
+  std::vector<Bytes> xor_parts_, overwrite_parts_;
+};
+
+TEST_F(PartsSessionTest, PartsApplyInAnyOrderAndVoteTheTarget) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  for (auto it = xor_parts_.rbegin(); it != xor_parts_.rend(); ++it) {
+    ASSERT_EQ(*s->Apply(*it, decoder_.get()), Outcome::kApplied);
+    // A part applied twice would revert its elements: dropped.
+    ASSERT_EQ(*s->Apply(*it, decoder_.get()), Outcome::kDuplicate);
+  }
+  EXPECT_EQ(s->chunks_applied(), xor_parts_.size());
+  NodeResult v = s->Vote(End(xor_parts_), nullptr);
+  EXPECT_EQ(v.code, NodeCode::kOk) << v.detail;
+  EXPECT_EQ(v.chunks_applied, xor_parts_.size());
+  ASSERT_TRUE(s->Commit().ok());
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
+TEST_F(PartsSessionTest, AMissingPartVotesIncomplete) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  for (size_t i = 1; i < xor_parts_.size(); ++i) {
+    ASSERT_EQ(*s->Apply(xor_parts_[i], decoder_.get()), Outcome::kApplied);
+  }
+  EXPECT_EQ(s->Vote(End(xor_parts_), nullptr).code, NodeCode::kIncomplete);
+  ASSERT_EQ(*s->Apply(xor_parts_[0], decoder_.get()), Outcome::kApplied);
+  EXPECT_EQ(s->Vote(End(xor_parts_), nullptr).code, NodeCode::kOk);
+}
+
+TEST_F(PartsSessionTest, NoXorPartOverItsSpansOverwriteAndNoXorSpanOverAPart) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  // The first span's first part by XOR, then the whole span by overwrite
+  // (a repair that resent the span): the span's other XOR parts would
+  // apply over the target and are dropped; a part retried as an
+  // overwrite still applies (it carries the target's bits).
+  const ChunkId span0 = PeekChunkHeader(xor_chunks_[0])->id;
+  ASSERT_EQ(PeekChunkHeader(xor_parts_[0])->id, (ChunkId{0, 0, 1}));
+  ASSERT_EQ(*s->Apply(xor_parts_[0], decoder_.get()), Outcome::kApplied);
+  // A whole-span XOR chunk overlaps the part already applied.
+  EXPECT_EQ(*s->Apply(xor_chunks_[0], decoder_.get()), Outcome::kDuplicate);
+  ASSERT_EQ(*s->Apply(overwrite_chunks_[0], decoder_.get()), Outcome::kApplied);
+  for (const Bytes& c : xor_parts_) {
+    if (!SameSpan(PeekChunkHeader(c)->id, span0)) continue;
+    EXPECT_EQ(*s->Apply(c, decoder_.get()), Outcome::kDuplicate);
+  }
+  for (const Bytes& c : overwrite_parts_) {
+    if (!SameSpan(PeekChunkHeader(c)->id, span0)) continue;
+    EXPECT_EQ(*s->Apply(c, decoder_.get()), Outcome::kApplied);
+  }
+  // The span holds the target: everything else by parts.
+  for (const Bytes& c : xor_parts_) {
+    if (SameSpan(PeekChunkHeader(c)->id, span0)) continue;
+    ASSERT_EQ(*s->Apply(c, decoder_.get()), Outcome::kApplied);
+  }
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
+TEST_F(PartsSessionTest, AbortRestoresTheBaseAfterOverlappingParts) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  // Overlapping applications in both orders: a part, its span's whole
+  // overwrite, then the part again as an overwrite; elsewhere a part's
+  // overwrite before the XOR of another part.
+  ASSERT_EQ(*s->Apply(xor_parts_[0], decoder_.get()), Outcome::kApplied);
+  ASSERT_EQ(*s->Apply(overwrite_chunks_[0], decoder_.get()), Outcome::kApplied);
+  ASSERT_EQ(*s->Apply(overwrite_parts_[0], decoder_.get()), Outcome::kApplied);
+  ASSERT_EQ(*s->Apply(overwrite_parts_.back(), decoder_.get()),
+            Outcome::kApplied);
+  ASSERT_EQ(*s->Apply(xor_parts_[xor_parts_.size() - 2], decoder_.get()),
+            Outcome::kApplied);
+  ASSERT_TRUE(s->Abort(decoder_.get()).ok());
+  EXPECT_TRUE(StoreHolds(base_));
+  EXPECT_FALSE(store_->InProgress().has_value());
+}
+
+TEST_F(PartsSessionTest, ConcurrentPartsOfOneSpanAllApply) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  // Three threads, each the parts of one producer, in the same span order:
+  // parts of a span do not conflict, so none is dropped while another
+  // part of its span is being applied.
+  std::vector<std::thread> threads;
+  std::atomic<int> dropped{0};
+  for (uint16_t part = 1; part <= 3; ++part) {
+    threads.emplace_back([&, part] {
+      auto dec = std::move(*ChunkDecoder::Create());
+      for (const auto& c : xor_parts_) {
+        if (PeekChunkHeader(c)->id.part != part) continue;
+        auto r = s->Apply(c, dec.get());
+        ASSERT_TRUE(r.ok());
+        if (*r != Outcome::kApplied) ++dropped;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(dropped.load(), 0);
+  EXPECT_EQ(s->Vote(End(xor_parts_), nullptr).code, NodeCode::kOk);
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
+}  // namespace
+}  // namespace dcr
