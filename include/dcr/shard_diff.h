@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dcr/digest.h"
 #include "dcr/layout.h"
 #include "dcr/status.h"
 
@@ -62,6 +63,18 @@ struct ShardDiffStats {
 Result<std::vector<CanonicalChanges>> DiffShards(
     const Layout& layout, uint32_t rank, const ShardBytes& base,
     const ShardBytes& target, ShardDiffStats* stats = nullptr);
+
+// Per canonical tensor (Layout::tensors order), the linear digest of the
+// canonical bits rank `rank` holds in `shards` (after conversion), each
+// region hashed at its canonical byte offset (LinearHash, dcr/digest.h).
+// XOR the ranks' parts and FinishTensorDigest with the tensor's byte count
+// to get its TensorDigest: every element is held by exactly one rank, so
+// no process sees a whole tensor. One pass over the rank's shards; runs
+// the layout maps contiguously hash at LinearHash's speed, strided ones
+// (transposes) element by element. Errors as DiffShards'.
+Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
+                                                   uint32_t rank,
+                                                   const ShardBytes& shards);
 
 // Canonical tensors by name (bytes in the canonical dtype), for BuildShards.
 using CanonicalBytes =

@@ -15,6 +15,7 @@
 #include "cli/cli_common.h"
 #include "common/bytes.h"
 #include "dcr/checkpoint.h"
+#include "dcr/shard_delta.h"
 #include "dcr/shard_diff.h"
 
 namespace dcr::cli {
@@ -186,37 +187,6 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
   return kExitOk;
 }
 
-std::string ShardFile(const std::string& dir, uint32_t rank) {
-  return fmt::format("{}/rank-{:05d}.safetensors", dir, rank);
-}
-
-// Opens rank `rank`'s shard file and checks each shard the layout gives
-// the rank against the file's dtype and shape.
-Status OpenShards(const Layout& l, uint32_t rank, const std::string& dir,
-                  std::unique_ptr<Checkpoint>* file, ShardBytes* out) {
-  const std::string path = ShardFile(dir, rank);
-  DCR_ASSIGN_OR_RETURN(*file,
-                       Checkpoint::Open(path, Checkpoint::Mode::kReadOnly));
-  const Manifest& m = (*file)->manifest();
-  for (const auto& [name, shard] : l.ShardsOf(rank)) {
-    int64_t i = m.Find(name);
-    if (i < 0) {
-      return Status::NotFound(
-          fmt::format("{}: no tensor '{}', which layout {} gives rank {}", path,
-                      name, l.source, rank));
-    }
-    const TensorInfo& t = m[static_cast<size_t>(i)];
-    if (t.dtype != shard.dtype || t.shape != shard.shape) {
-      return Status::InvalidArgument(fmt::format(
-          "{}: tensor '{}' is {} {}, but layout {} says {} {}", path, name,
-          DTypeName(t.dtype), ShapeText(t.shape), l.source,
-          DTypeName(shard.dtype), ShapeText(shard.shape)));
-    }
-    out->emplace(name, (*file)->TensorData(static_cast<size_t>(i)));
-  }
-  return Status::OK();
-}
-
 int RunVerify(const GlobalOptions& g, const std::string& path,
               const std::string& shards_dir, const std::string& canonical_path,
               std::optional<uint32_t> only) {
@@ -252,11 +222,9 @@ int RunVerify(const GlobalOptions& g, const std::string& path,
   uint64_t differing = 0;
   for (uint32_t r = 0; r < l->ranks(); ++r) {
     if (only && r != *only) continue;
-    std::unique_ptr<Checkpoint> file;
-    ShardBytes shards;
-    Status s = OpenShards(*l, r, shards_dir, &file, &shards);
-    if (!s.ok()) return ReportError(s);
-    auto mm = CompareShards(*l, r, shards, canonical);
+    auto shards = RankShards::Open(*l, r, shards_dir);
+    if (!shards.ok()) return ReportError(shards.status());
+    auto mm = CompareShards(*l, r, shards->bytes(), canonical);
     if (!mm.ok()) return ReportError(mm.status());
     json bad = json::array();
     for (const ShardMismatch& x : *mm) {

@@ -12,6 +12,8 @@
 #include "common/progress.h"
 #include "dcr/checkpoint.h"
 #include "dcr/delta.h"
+#include "dcr/layout.h"
+#include "dcr/shard_delta.h"
 
 namespace dcr::cli {
 namespace {
@@ -135,6 +137,51 @@ int RunDiff(const GlobalOptions& g, const std::string& base_path,
                 HumanBytes(static_cast<uint64_t>(
                                Ratio(stats->checkpoint_bytes, stats->seconds)))
                     .c_str());
+  }
+  return kExitOk;
+}
+
+// dcr diff --layout: the delta from the ranks' shard files.
+int RunDiffFromShards(const GlobalOptions& g, const std::string& layout_path,
+                      const std::string& base_dir,
+                      const std::string& target_dir,
+                      const std::string& out_path, bool overwrite,
+                      uint64_t span_elems, int level,
+                      std::optional<uint64_t> base_step,
+                      std::optional<uint64_t> target_step) {
+  auto layout = LoadLayout(layout_path);
+  if (!layout.ok()) return ReportError(layout.status());
+  DiffOptions opt;
+  opt.kind = overwrite ? ChunkKind::kOverwrite : ChunkKind::kXor;
+  opt.span_elems = span_elems;
+  opt.encode.zstd_level = level;
+  opt.base_step = base_step.value_or(0);
+  opt.target_step = target_step.value_or(opt.base_step + 1);
+  auto pool = MakePool(g);
+  // Progress in target shard bytes, a rank at a time.
+  uint64_t total = 0;
+  for (uint32_t r = 0; r < layout->ranks(); ++r) {
+    for (const auto& [name, shard] : layout->ShardsOf(r)) {
+      uint64_t n = DTypeSize(shard.dtype);
+      for (uint64_t d : shard.shape) n *= d;
+      total += n;
+    }
+  }
+  Progress progress("diff", total, g.ShowProgress());
+  opt.progress = [&](uint64_t n) { progress.Add(n); };
+  auto stats = WriteDeltaFromShards(*layout, base_dir, target_dir, out_path,
+                                    opt, pool.get());
+  progress.Finish();
+  if (!stats.ok()) return ReportError(stats.status());
+  if (g.format() == OutputFormat::kJson) {
+    json j = DeltaJson(*stats, out_path);
+    j["layout"] = layout_path;
+    j["producers"] = layout->ranks();
+    PrintJson(j);
+  } else {
+    PrintDeltaText(*stats, out_path);
+    std::printf("producers    %u (layout %s), %.2fs\n", layout->ranks(),
+                layout_path.c_str(), stats->seconds);
   }
   return kExitOk;
 }
@@ -324,12 +371,21 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
     auto level = std::make_shared<int>(kDefaultZstdLevel);
     auto base_step = std::make_shared<std::optional<uint64_t>>();
     auto target_step = std::make_shared<std::optional<uint64_t>>();
+    auto layout = std::make_shared<std::string>();
+    auto base_shards = std::make_shared<std::string>();
+    auto target_shards = std::make_shared<std::string>();
     cmd->add_option("BASE", *base,
                     "Base checkpoint: a .safetensors file or a directory with "
-                    "model.safetensors.index.json")
-        ->required();
-    cmd->add_option("TARGET", *target, "Target checkpoint (same tensors)")
-        ->required();
+                    "model.safetensors.index.json");
+    cmd->add_option("TARGET", *target, "Target checkpoint (same tensors)");
+    cmd->add_option("--layout", *layout,
+                    "Build the delta from trainer shards placed by this "
+                    "layout (docs/PLACEMENT.md) instead of two checkpoints");
+    cmd->add_option("--base-shards", *base_shards,
+                    "With --layout: directory of the base's "
+                    "rank-RRRRR.safetensors shard files");
+    cmd->add_option("--target-shards", *target_shards,
+                    "With --layout: directory of the target's shard files");
     cmd->add_option("-o,--out", *out, "Delta file to write (.dcr)")->required();
     cmd->add_flag("--overwrite", *overwrite,
                   "Carry new values instead of XOR masks (idempotent; larger)");
@@ -350,9 +406,31 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
     cmd->footer(
         "\nExample:\n  dcr diff ckpt/v0.safetensors ckpt/v1.safetensors -o "
         "v1.dcr\n  dcr diff old/ new/ -o new.dcr --format json   # sharded "
-        "checkpoints\n");
+        "checkpoints\n  dcr diff --layout layouts/traingen-tp2-pp2.yaml "
+        "--base-shards ckpt/v0.shards \\\n      --target-shards "
+        "ckpt/v1.shards -o v1.dcr   # from trainer ranks' shards\n");
     cmd->callback([=] {
-      *exit_code = RunDiff(*g, *base, *target, *out, *overwrite, *span, *level,
+      const bool shards = !layout->empty();
+      if (shards && (base_shards->empty() || target_shards->empty() ||
+                     !base->empty() || !target->empty())) {
+        *exit_code = ReportError(Status::InvalidArgument(
+            "--layout takes --base-shards DIR and --target-shards DIR "
+            "instead of BASE and TARGET (see dcr diff --help)"));
+        return;
+      }
+      if (!shards && (base->empty() || target->empty() ||
+                      !base_shards->empty() || !target_shards->empty())) {
+        *exit_code = ReportError(Status::InvalidArgument(
+            "give BASE and TARGET checkpoints, or --layout L with "
+            "--base-shards DIR and --target-shards DIR (see dcr diff "
+            "--help)"));
+        return;
+      }
+      *exit_code =
+          shards ? RunDiffFromShards(*g, *layout, *base_shards, *target_shards,
+                                     *out, *overwrite, *span, *level,
+                                     *base_step, *target_step)
+                 : RunDiff(*g, *base, *target, *out, *overwrite, *span, *level,
                            *base_step, *target_step);
     });
   }

@@ -395,6 +395,57 @@ Result<std::vector<ShardMismatch>> CompareShards(
   return out;
 }
 
+Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
+                                                   uint32_t rank,
+                                                   const ShardBytes& shards) {
+  if (rank >= layout.ranks()) {
+    return Status::InvalidArgument(
+        "rank " + std::to_string(rank) + " is not below layout " +
+        layout.source + "'s " + std::to_string(layout.ranks()) + " ranks");
+  }
+  std::map<std::string, std::span<const std::byte>, std::less<>> data;
+  for (const auto& [name, shard] : layout.ShardsOf(rank)) {
+    std::span<const std::byte> b;
+    DCR_RETURN_IF_ERROR(CheckSize(layout, rank, shard, shards, "given", &b));
+    data.emplace(name, b);
+  }
+  std::vector<LinearDigest> out(layout.tensors.size());
+  std::vector<std::byte> converted;
+  for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
+    const LayoutTensor& tensor = layout.tensors[ti];
+    const size_t cw = DTypeSize(tensor.dtype);
+    const size_t sw = DTypeSize(tensor.conversion.shard_dtype);
+    const bool identity = tensor.conversion.identity(tensor.dtype);
+    LinearDigest& sum = out[ti];
+    for (const AffinePiece& p : tensor.pieces) {
+      if (p.rank != rank) continue;
+      const std::byte* shard = data.at(p.shard).data();
+      ForEachRun(p, tensor.shape,
+                 [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+                   const std::byte* run = shard + s * sw;
+                   if (!identity) {
+                     converted.resize(n * cw);
+                     for (uint64_t j = 0; j < n; ++j) {
+                       ConvertElement(tensor.conversion, tensor.dtype,
+                                      run + j * sw, &converted[j * cw]);
+                     }
+                     run = converted.data();
+                   }
+                   if (step == 1) {  // contiguous in the canonical tensor
+                     sum ^= LinearHash(c * cw, {run, n * cw});
+                     return;
+                   }
+                   // Strided (a transpose): element by element, each at
+                   // its own offset.
+                   for (uint64_t j = 0; j < n; ++j) {
+                     sum ^= LinearHash((c + j * step) * cw, {run + j * cw, cw});
+                   }
+                 });
+    }
+  }
+  return out;
+}
+
 Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
     const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
   std::map<std::string, std::vector<std::byte>> out;

@@ -5,7 +5,9 @@
 # with exit code 2 and the file, line, tensor and ranks in the message.
 # `dcr-traingen --layout` writes each version as every rank's shards, which
 # verify against that version's canonical file and no other, and a
-# corrupted or reshaped shard is caught.
+# corrupted or reshaped shard is caught. `dcr diff --layout` builds a delta
+# from the ranks' shards alone that `dcr apply` takes from the canonical
+# base to the canonical target, naming both as the canonical diff does.
 # Usage: layout_cli_test.sh DCR_BINARY LAYOUTS_DIR TRAINGEN_BINARY
 set -euo pipefail
 DCR=$1
@@ -108,4 +110,34 @@ expect 2 "$DCR" layout verify "$T/pp4.yaml" --shards "$T/ckpt/v1.shards" \
   --canonical "$T/ckpt/v1.safetensors"
 grep -q "rank-00000.safetensors: tensor '.*' is BF16 \[.*\], but layout .*pp4.yaml says BF16" "$T/err" ||
   fail "reshaped shards: $(cat "$T/err")"
+# A delta from the ranks' shards: the same versions as the canonical diff,
+# and applied to the gathered base it gives the gathered target.
+expect 0 "$DCR" diff --layout "$T/tiny.yaml" --base-shards "$T/ckpt/v0.shards" \
+  --target-shards "$T/ckpt/v1.shards" -o "$T/shards.dcr" --format json
+json 'd["producers"] == 4 and d["chunks"] > 0 and d["changed_elements"] > 0'
+python3 -c "import json; json.dump(json.load(open('$T/out')), open('$T/shards.json', 'w'))"
+expect 0 "$DCR" diff "$T/ckpt/v0.safetensors" "$T/ckpt/v1.safetensors" \
+  -o "$T/canon.dcr" --format json
+python3 - "$T/shards.json" "$T/out" <<'PY'
+import json, sys
+s, c = (json.load(open(p)) for p in sys.argv[1:])
+for k in ("base", "target", "tensors", "changed_elements"):
+    assert s[k] == c[k], (k, s[k], c[k])
+PY
+cp "$T/ckpt/v0.safetensors" "$T/work.safetensors"
+expect 0 "$DCR" apply "$T/shards.dcr" "$T/work.safetensors"
+expect 0 "$DCR" verify "$T/work.safetensors" "$T/ckpt/v1.safetensors"
+expect 0 "$DCR" inspect "$T/shards.dcr"
+# Mixed or missing inputs are usage errors; a missing rank is named.
+expect 2 "$DCR" diff --layout "$T/tiny.yaml" "$T/ckpt/v0.safetensors" \
+  --base-shards "$T/ckpt/v0.shards" --target-shards "$T/ckpt/v1.shards" -o "$T/x.dcr"
+grep -q "instead of BASE and TARGET" "$T/err" || fail "mixed diff inputs"
+expect 2 "$DCR" diff --base-shards "$T/ckpt/v0.shards" -o "$T/x.dcr"
+grep -q "give BASE and TARGET" "$T/err" || fail "shards without a layout"
+mkdir "$T/three"
+cp "$T/ckpt/v1.shards"/rank-0000[012].safetensors "$T/three/"
+expect 2 "$DCR" diff --layout "$T/tiny.yaml" --base-shards "$T/ckpt/v0.shards" \
+  --target-shards "$T/three" -o "$T/x.dcr"
+grep -q "rank-00003.safetensors' does not exist" "$T/err" || fail "missing rank: $(cat "$T/err")"
+[[ ! -e "$T/x.dcr" ]] || fail "a failed diff left a delta"
 echo "layout_cli: ok"

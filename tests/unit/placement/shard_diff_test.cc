@@ -17,43 +17,19 @@
 #include <vector>
 
 #include "unit/placement/random_tiling.h"
+#include "unit/placement/versions.h"
 
 namespace dcr {
 namespace {
 
+using placement_testing::Gpt;
 using placement_testing::RandomShape;
 using placement_testing::RandomTiling;
+using placement_testing::RandomVersions;
+using placement_testing::Tensors;
+using placement_testing::View;
 using placement_testing::Volume;
 using ::testing::HasSubstr;
-
-using Tensors = std::map<std::string, std::vector<std::byte>>;
-
-CanonicalBytes View(const Tensors& t) {
-  CanonicalBytes out;
-  for (const auto& [name, bytes] : t) out.emplace(name, bytes);
-  return out;
-}
-
-// Random canonical bits for every tensor of `l`, and a target that changes
-// about `rate` of the elements.
-std::pair<Tensors, Tensors> RandomVersions(const Layout& l, double rate,
-                                           std::mt19937_64& rng) {
-  Tensors base, target;
-  std::bernoulli_distribution change(rate);
-  for (const LayoutTensor& t : l.tensors) {
-    const size_t w = DTypeSize(t.dtype);
-    auto& b = base[t.name];
-    b.resize(Volume(t.shape) * w);
-    for (auto& x : b) x = static_cast<std::byte>(rng());
-    auto& g = target[t.name];
-    g = b;
-    for (size_t e = 0; e < Volume(t.shape); ++e) {
-      if (change(rng))
-        g[e * w] ^= std::byte{static_cast<unsigned char>(1 + rng() % 255)};
-    }
-  }
-  return {base, target};
-}
 
 // Diffs every rank and checks the union against the canonical diff.
 void ExpectRanksCoverTheChangedSet(const Layout& l, const Tensors& base,
@@ -134,57 +110,12 @@ TEST(ShardDiffTest, RandomTilingsCoverTheChangedSetOnce) {
   }
 }
 
-std::string Gpt(uint32_t tp, uint32_t pp) {
-  return "version: 1\nparallel: {tp: " + std::to_string(tp) +
-         ", pp: " + std::to_string(pp) + R"(}
-layers: 2
-tensors:
-  - name: embed
-    shard: emb
-    split: vocab
-    pad_to: 4
-    shape: [50, 8]
-  - names:
-      - l.{layer}.q
-      - l.{layer}.k
-      - l.{layer}.v
-    shard: l.{layer}.qkv
-    split: qkv
-    heads: 4
-    kv_heads: 4
-    head_dim: 2
-    columns: 8
-  - name: l.{layer}.o
-    shard: l.{layer}.proj
-    split: row
-    shape: [8, 8]
-  - names: [l.{layer}.gate, l.{layer}.up]
-    shard: l.{layer}.fc1
-    split: gate_up
-    shape: [12, 8]
-  - name: l.{layer}.norm
-    shard: l.{layer}.norm
-    split: replicated
-    shape: [8]
-  - name: head
-    shard: out
-    split: column
-    shape: [48, 8]
-    transpose: true
-    stage: last
-)";
-}
-
 TEST(ShardDiffTest, MegatronLayoutsCoverTheChangedSetOnce) {
   std::mt19937_64 rng(5);
   for (uint32_t tp : {1u, 2u, 4u}) {
     for (uint32_t pp : {1u, 2u}) {
       SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
-      std::string y = Gpt(tp, pp);
-      // Quote the flow list: YAML reads '{' in one as a map.
-      size_t at = y.find("[l.{layer}.gate, l.{layer}.up]");
-      y.replace(at, 30, "['l.{layer}.gate', 'l.{layer}.up']");
-      auto l = ParseLayout(y, "gpt.yaml");
+      auto l = ParseLayout(Gpt(tp, pp), "gpt.yaml");
       ASSERT_TRUE(l.ok()) << l.status().ToString();
       for (double rate : {0.0, 0.03, 0.5, 1.0}) {
         auto [base, target] = RandomVersions(*l, rate, rng);

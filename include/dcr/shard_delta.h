@@ -1,0 +1,101 @@
+// A delta built by the trainer's ranks from their own shards, without
+// gathering a canonical tensor (docs/PLACEMENT.md §"Deltas from shards"):
+// each rank diffs its shards (DiffShards), encodes its changes as chunk
+// parts in canonical span coordinates (docs/FORMAT.md §2 "Parts") and
+// hashes the canonical regions it holds; the parts of all ranks make the
+// delta, and the hashes compose into the tensor digests of its header.
+//
+// What a producer does at each step, and what `dcr diff --layout` runs
+// offline for every rank in turn (each rank reads only its own files).
+//
+// Thread safety: the functions touch only their arguments; distinct calls
+// may run concurrently.
+#ifndef DCR_SHARD_DELTA_H_
+#define DCR_SHARD_DELTA_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dcr/checkpoint.h"
+#include "dcr/codec.h"
+#include "dcr/delta.h"
+#include "dcr/digest.h"
+#include "dcr/layout.h"
+#include "dcr/shard_diff.h"
+#include "dcr/status.h"
+
+namespace dcr {
+
+class ThreadPool;
+
+// A rank's shard file in a directory of shards:
+// DIR/rank-RRRRR.safetensors (rank zero-padded to 5 digits), as
+// `dcr-traingen --layout` writes them.
+std::string ShardFilePath(const std::string& dir, uint32_t rank);
+
+// One rank's shards, mapped from its shard file: every shard the layout
+// gives the rank, checked against the file's dtype and shape (errors name
+// the file, the tensor and the layout). Tensors the layout does not name
+// are ignored.
+class RankShards {
+ public:
+  static Result<RankShards> Open(const Layout& layout, uint32_t rank,
+                                 const std::string& dir);
+  const ShardBytes& bytes() const { return bytes_; }
+  uint64_t file_bytes() const;  // of the shards the layout names
+
+ private:
+  std::unique_ptr<Checkpoint> file_;
+  ShardBytes bytes_;
+};
+
+// The part id of rank `rank`'s chunks: rank + 1.
+inline uint16_t PartOf(uint32_t rank) {
+  return static_cast<uint16_t>(rank + 1);
+}
+
+// Called with each chunk a rank encodes, in ascending id order.
+using PartSink =
+    std::function<Status(const ChunkId&, std::span<const std::byte>)>;
+
+// Encodes rank `rank`'s `changes` (DiffShards' output) as chunk parts:
+// per canonical tensor and span of `span_elems` elements with a change,
+// one sparse chunk of `kind` with id (tensor, span, PartOf(rank)) holding
+// the rank's changed positions in the span (XOR masks, or the target's
+// bits for overwrites). Tensor ids are Layout::tensors indices, which are
+// the canonical manifest's. `sizes`, if given, adds up the chunks' sizes.
+Status EncodeParts(const Layout& layout, uint32_t rank,
+                   std::span<const CanonicalChanges> changes, ChunkKind kind,
+                   uint64_t span_elems, ChunkEncoder* encoder,
+                   const PartSink& sink, ChunkSizes* sizes = nullptr);
+
+// The tensor digests and version digest of the canonical checkpoint that
+// the ranks' shards hold, from every rank's HashShardRegions parts
+// (parts[rank][tensor]).
+CheckpointDigests DigestsFromParts(
+    const Layout& layout, std::span<const std::vector<LinearDigest>> parts);
+
+// The canonical manifest the layout places (names, dtypes, shapes).
+Result<Manifest> ManifestOf(const Layout& layout);
+
+// `dcr diff --layout`: the delta from the checkpoint whose shards are in
+// `base_dir` to the one in `target_dir`, written to `path` from chunk
+// parts: each rank's shard files are read by that rank's task alone
+// (ranks run on `pool`), never a canonical tensor. Applied to the gathered
+// canonical base it gives the gathered canonical target, and its header
+// names both versions by the digests a canonical checkpoint would have.
+// Memory: the delta's chunks until they are written in id order.
+Result<DeltaStats> WriteDeltaFromShards(const Layout& layout,
+                                        const std::string& base_dir,
+                                        const std::string& target_dir,
+                                        const std::string& path,
+                                        const DiffOptions& options,
+                                        ThreadPool* pool);
+
+}  // namespace dcr
+
+#endif  // DCR_SHARD_DELTA_H_

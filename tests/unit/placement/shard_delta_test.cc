@@ -1,0 +1,276 @@
+// Deltas from shards (dcr/shard_delta.h): every rank encodes its changes as
+// chunk parts and hashes its regions; over random tilings and the Megatron
+// layouts the parts of all ranks take the canonical base to the canonical
+// target bit for bit, and the regions' hashes compose into the canonical
+// tensor digests. `dcr diff --layout`'s writer against the canonical files.
+#include "dcr/shard_delta.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "dcr/thread_pool.h"
+#include "testing/temp_dir.h"
+#include "unit/placement/random_tiling.h"
+#include "unit/placement/versions.h"
+
+namespace dcr {
+namespace {
+
+using placement_testing::Gpt;
+using placement_testing::RandomShape;
+using placement_testing::RandomTiling;
+using placement_testing::RandomVersions;
+using placement_testing::Tensors;
+using placement_testing::View;
+using ::testing::HasSubstr;
+
+ShardBytes ViewShards(const std::map<std::string, std::vector<std::byte>>& s) {
+  ShardBytes out;
+  for (const auto& [n, v] : s) out.emplace(n, v);
+  return out;
+}
+
+// Every rank of `l` diffs, encodes and hashes its own shards (built from
+// the canonical versions); checks that the parts rebuild the target from
+// the base and that the hashes give the canonical digests.
+void ExpectPartsRebuildTheTarget(const Layout& l, const Tensors& base,
+                                 const Tensors& target, uint64_t span_elems,
+                                 ChunkKind kind) {
+  auto encoder = std::move(*ChunkEncoder::Create(EncodeOptions()));
+  auto decoder = std::move(*ChunkDecoder::Create());
+  Tensors work = base;
+  std::vector<std::vector<LinearDigest>> base_parts, target_parts;
+  for (uint32_t r = 0; r < l.ranks(); ++r) {
+    auto bs = BuildShards(l, r, View(base));
+    auto ts = BuildShards(l, r, View(target));
+    ASSERT_TRUE(bs.ok() && ts.ok());
+    const ShardBytes b = ViewShards(*bs), t = ViewShards(*ts);
+    auto changes = DiffShards(l, r, b, t);
+    ASSERT_TRUE(changes.ok()) << changes.status().ToString();
+    std::optional<ChunkId> last;
+    Status s =
+        EncodeParts(l, r, *changes, kind, span_elems, encoder.get(),
+                    [&](const ChunkId& id, std::span<const std::byte> chunk) {
+                      EXPECT_EQ(id.part, r + 1);
+                      EXPECT_TRUE(!last || *last < id) << "ids ascend per rank";
+                      last = id;
+                      DecodedChunk c;
+                      DCR_RETURN_IF_ERROR(decoder->Decode(chunk, &c));
+                      EXPECT_EQ(c.header.id, id);
+                      EXPECT_EQ(c.header.kind, kind);
+                      const LayoutTensor& lt = l.tensors[id.tensor];
+                      const size_t w = DTypeSize(lt.dtype);
+                      auto& bytes = work[lt.name];
+                      const uint64_t first = uint64_t{id.span} * span_elems;
+                      return ApplyChunk(
+                          c, std::span(bytes).subspan(
+                                 first * w, uint64_t{c.header.span_elems} * w));
+                    });
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    auto hb = HashShardRegions(l, r, b);
+    auto ht = HashShardRegions(l, r, t);
+    ASSERT_TRUE(hb.ok() && ht.ok());
+    base_parts.push_back(*hb);
+    target_parts.push_back(*ht);
+  }
+  EXPECT_EQ(work, target);
+  const CheckpointDigests bd = DigestsFromParts(l, base_parts);
+  const CheckpointDigests td = DigestsFromParts(l, target_parts);
+  for (size_t ti = 0; ti < l.tensors.size(); ++ti) {
+    const std::string& name = l.tensors[ti].name;
+    EXPECT_EQ(bd.tensors[ti], TensorDigest(base.at(name))) << name;
+    EXPECT_EQ(td.tensors[ti], TensorDigest(target.at(name))) << name;
+  }
+}
+
+TEST(ShardDeltaTest, RandomTilingsPartsRebuildTheTargetAndDigests) {
+  std::mt19937_64 rng(23);
+  for (int iter = 0; iter < 150; ++iter) {
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    Layout l;
+    l.tp = 8;
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) {
+      LayoutTensor t;
+      t.name = "t" + std::to_string(k);
+      t.shape = RandomShape(rng);
+      t.dtype = std::array{DType::kBF16, DType::kF32, DType::kU8}[rng() % 3];
+      t.conversion.shard_dtype = t.dtype;
+      t.pieces = RandomTiling(t.shape, rng);
+      for (AffinePiece& p : t.pieces) p.shard = t.name + "." + p.shard;
+      l.tensors.push_back(std::move(t));
+    }
+    auto [base, target] = RandomVersions(l, rng() % 2 ? 0.05 : 0.6, rng);
+    const uint64_t span = 1 + rng() % 200;
+    ExpectPartsRebuildTheTarget(
+        l, base, target, span,
+        rng() % 4 ? ChunkKind::kXor : ChunkKind::kOverwrite);
+  }
+}
+
+TEST(ShardDeltaTest, MegatronLayoutsPartsRebuildTheTargetAndDigests) {
+  std::mt19937_64 rng(29);
+  for (uint32_t tp : {1u, 2u, 4u}) {
+    for (uint32_t pp : {1u, 2u}) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+      auto l = ParseLayout(Gpt(tp, pp), "gpt.yaml");
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      for (double rate : {0.0, 0.03, 1.0}) {
+        auto [base, target] = RandomVersions(*l, rate, rng);
+        ExpectPartsRebuildTheTarget(*l, base, target, 16, ChunkKind::kXor);
+      }
+    }
+  }
+}
+
+// A converted tensor (an F32 master published as BF16 w = master + 1) is
+// hashed by its canonical bits, not its shard's.
+TEST(ShardDeltaTest, ConvertedRegionsHashTheirCanonicalBits) {
+  auto l = ParseLayout(R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: norm
+    shard: norm
+    split: column
+    shape: [4]
+    shard_dtype: F32
+    add: 1
+)",
+                       "n.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  std::vector<float> r0 = {0.5f, 0.25f}, r1 = {-0.125f, 0.0f};
+  std::vector<std::byte> canon(8);
+  const float all[4] = {0.5f, 0.25f, -0.125f, 0.0f};
+  for (int i = 0; i < 4; ++i) {
+    ConvertElement(l->tensors[0].conversion, DType::kBF16,
+                   reinterpret_cast<const std::byte*>(&all[i]), &canon[2 * i]);
+  }
+  auto h0 = HashShardRegions(*l, 0, {{"norm", std::as_bytes(std::span(r0))}});
+  auto h1 = HashShardRegions(*l, 1, {{"norm", std::as_bytes(std::span(r1))}});
+  ASSERT_TRUE(h0.ok() && h1.ok());
+  std::vector<std::vector<LinearDigest>> parts = {*h0, *h1};
+  EXPECT_EQ(DigestsFromParts(*l, parts).tensors[0], TensorDigest(canon));
+}
+
+TEST(ShardDeltaTest, BadArgumentsAreRefused) {
+  auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
+  ASSERT_TRUE(l.ok());
+  auto encoder = std::move(*ChunkEncoder::Create(EncodeOptions()));
+  auto sink = [](const ChunkId&, std::span<const std::byte>) {
+    return Status::OK();
+  };
+  CanonicalChanges c;
+  c.tensor = 0;
+  c.positions = {5, 3};  // not ascending
+  c.base.resize(4);
+  c.target.assign(4, std::byte{1});
+  Status s =
+      EncodeParts(*l, 0, {&c, 1}, ChunkKind::kXor, 1024, encoder.get(), sink);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_THAT(s.message(), HasSubstr("not ascending"));
+  c.positions = {3, 1u << 30};  // past the tensor
+  s = EncodeParts(*l, 0, {&c, 1}, ChunkKind::kXor, 1024, encoder.get(), sink);
+  EXPECT_THAT(s.message(), HasSubstr("outside it"));
+  s = EncodeParts(*l, 2, {}, ChunkKind::kXor, 1024, encoder.get(), sink);
+  EXPECT_THAT(s.message(),
+              HasSubstr("rank 2 is not below layout gpt.yaml's 2"));
+  s = EncodeParts(*l, 0, {}, ChunkKind::kXor, 0, encoder.get(), sink);
+  EXPECT_THAT(s.message(), HasSubstr("span length"));
+}
+
+class ShardDeltaFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto l = ParseLayout(Gpt(2, 2), "gpt.yaml");
+    ASSERT_TRUE(l.ok());
+    layout_ = std::move(*l);
+    std::mt19937_64 rng(31);
+    std::tie(base_, target_) = RandomVersions(layout_, 0.05, rng);
+    WriteVersion(base_, "v0");
+    WriteVersion(target_, "v1");
+  }
+  // The canonical file DIR/NAME.safetensors and the shards DIR/NAME.shards.
+  void WriteVersion(const Tensors& t, const std::string& name) {
+    std::vector<TensorToWrite> tw;
+    for (const LayoutTensor& lt : layout_.tensors) {
+      tw.push_back({TensorInfo{lt.name, lt.dtype, lt.shape}, t.at(lt.name)});
+    }
+    ASSERT_TRUE(
+        WriteSafetensors(dir_.Path(name + ".safetensors"), tw, {}).ok());
+    std::filesystem::create_directories(dir_.Path(name + ".shards"));
+    for (uint32_t r = 0; r < layout_.ranks(); ++r) {
+      auto shards = BuildShards(layout_, r, View(t));
+      ASSERT_TRUE(shards.ok());
+      std::vector<TensorToWrite> sw;
+      for (const auto& [n, info] : layout_.ShardsOf(r)) {
+        sw.push_back({TensorInfo{n, info.dtype, info.shape}, shards->at(n)});
+      }
+      ASSERT_TRUE(WriteSafetensors(
+                      ShardFilePath(dir_.Path(name + ".shards"), r), sw, {})
+                      .ok());
+    }
+  }
+
+  testing::TempDir dir_;
+  Layout layout_;
+  Tensors base_, target_;
+};
+
+TEST_F(ShardDeltaFileTest, TheDeltaTakesTheCanonicalBaseToTheTarget) {
+  ThreadPool pool(2);
+  DiffOptions opt;
+  opt.span_elems = 64;
+  opt.base_step = 4;
+  opt.target_step = 5;
+  const std::string out = dir_.Path("v1.dcr");
+  auto stats = WriteDeltaFromShards(layout_, dir_.Path("v0.shards"),
+                                    dir_.Path("v1.shards"), out, opt, &pool);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_GT(stats->chunks, 0u);
+  // The header names both versions as their canonical files do.
+  auto b = Checkpoint::Open(dir_.Path("v0.safetensors"),
+                            Checkpoint::Mode::kReadOnly);
+  auto t = Checkpoint::Open(dir_.Path("v1.safetensors"),
+                            Checkpoint::Mode::kReadWrite);
+  ASSERT_TRUE(b.ok() && t.ok());
+  EXPECT_EQ(stats->header.base, (Version{4, (*b)->ComputeDigests().version}));
+  const Version target_v{5, (*t)->ComputeDigests().version};
+  EXPECT_EQ(stats->header.target, target_v);
+  EXPECT_EQ(stats->header.manifest, (*b)->manifest().digest());
+  t->reset();
+  // Applied to the gathered base, it gives the gathered target.
+  std::filesystem::copy_file(dir_.Path("v0.safetensors"),
+                             dir_.Path("work.safetensors"));
+  auto work = Checkpoint::Open(dir_.Path("work.safetensors"),
+                               Checkpoint::Mode::kReadWrite);
+  ASSERT_TRUE(work.ok());
+  auto applied = ApplyDelta(out, work->get(), &pool);
+  ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+  EXPECT_EQ((*work)->ComputeDigests().version, target_v.digest);
+}
+
+TEST_F(ShardDeltaFileTest, MissingAndReshapedShardFilesAreNamed) {
+  DiffOptions opt;
+  std::filesystem::remove(ShardFilePath(dir_.Path("v1.shards"), 3));
+  auto r = WriteDeltaFromShards(layout_, dir_.Path("v0.shards"),
+                                dir_.Path("v1.shards"), dir_.Path("x.dcr"), opt,
+                                nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("rank-00003.safetensors"));
+  // A rank file whose tensor changed shape: the layout no longer holds.
+  auto tp1 = ParseLayout(Gpt(1, 2), "gpt-tp1.yaml");
+  ASSERT_TRUE(tp1.ok());
+  r = WriteDeltaFromShards(*tp1, dir_.Path("v0.shards"), dir_.Path("v0.shards"),
+                           dir_.Path("x.dcr"), opt, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("but layout gpt-tp1.yaml says"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Path("x.dcr")));
+}
+
+}  // namespace
+}  // namespace dcr
