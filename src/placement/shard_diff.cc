@@ -10,6 +10,8 @@
 #include <numeric>
 #include <string>
 
+#include "codec/diff.h"
+
 namespace dcr {
 namespace {
 
@@ -68,6 +70,19 @@ void ForEachRun(const AffinePiece& p, const Shape& canonical_shape, Fn fn) {
     if (last == 0) return;
   }
 }
+
+// Elements FindChanges scans at a time: its outputs fit in the L1 cache.
+constexpr uint64_t kScanBlock = 4096;
+
+// FindChanges' outputs for one block (the value planes are not used).
+struct Scan {
+  uint32_t positions[kScanBlock];
+  uint8_t plane_bytes[8][kScanBlock];
+  uint8_t* planes[8];
+  Scan() {
+    for (int j = 0; j < 8; ++j) planes[j] = plane_bytes[j];
+  }
+};
 
 uint32_t Load32(const std::byte* p) {
   uint32_t v;
@@ -245,6 +260,7 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
   }
 
   std::vector<CanonicalChanges> out;
+  Scan scan;
   for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
     const LayoutTensor& tensor = layout.tensors[ti];
     const size_t cw = DTypeSize(tensor.dtype);
@@ -259,56 +275,50 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
       // Not a structured binding: lambdas may not capture those in C++20.
       const std::span<const std::byte> b = data.at(p.shard).first;
       const std::span<const std::byte> t = data.at(p.shard).second;
-      ForEachRun(p, tensor.shape,
-                 [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
-                   st.compared += n;
-                   const std::byte* bp = b.data() + s * sw;
-                   const std::byte* tp = t.data() + s * sw;
-                   // One changed element j of the run.
-                   auto emit = [&](uint64_t j) {
-                     const std::byte* x = bp + j * sw;
-                     const std::byte* y = tp + j * sw;
-                     const std::byte *ob = x, *ot = y;
-                     if (!identity) {
-                       ConvertElement(tensor.conversion, tensor.dtype, x, cb);
-                       ConvertElement(tensor.conversion, tensor.dtype, y, ct);
-                       if (std::memcmp(cb, ct, cw) == 0) return;
-                       ob = cb, ot = ct;
-                     }
-                     const uint64_t pos = c + j * step;
-                     if (!ch.positions.empty() && pos < ch.positions.back()) {
-                       sorted = false;
-                     }
-                     ch.positions.push_back(pos);
-                     const size_t at = ch.base.size();
-                     ch.base.resize(at + cw);
-                     ch.target.resize(at + cw);
-                     std::memcpy(&ch.base[at], ob, cw);
-                     std::memcpy(&ch.target[at], ot, cw);
-                   };
-                   // Eight bytes at a time: a word whose XOR is zero holds
-                   // no change; otherwise each element with a nonzero lane
-                   // of it changed.
-                   const uint64_t per_word = 8 / sw;
-                   const uint64_t lane_mask =
-                       sw == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * sw)) - 1;
-                   uint64_t j = 0;
-                   for (; j + per_word <= n; j += per_word) {
-                     uint64_t x, y;
-                     std::memcpy(&x, bp + j * sw, 8);
-                     std::memcpy(&y, tp + j * sw, 8);
-                     uint64_t d = x ^ y;
-                     if (d == 0) continue;
-                     for (uint64_t k = 0; k < per_word;
-                          ++k, d >>= 4 * sw, d >>= 4 * sw) {
-                       if (d & lane_mask) emit(j + k);
-                     }
-                   }
-                   for (; j < n; ++j) {
-                     if (std::memcmp(bp + j * sw, tp + j * sw, sw) != 0)
-                       emit(j);
-                   }
-                 });
+      ForEachRun(
+          p, tensor.shape,
+          [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+            st.compared += n;
+            const std::byte* bp = b.data() + s * sw;
+            const std::byte* tp = t.data() + s * sw;
+            // The codec's vectorized scan finds the changed elements of a
+            // block of the run; they are then appended in bulk.
+            for (uint64_t off = 0; off < n; off += kScanBlock) {
+              const size_t m =
+                  static_cast<size_t>(std::min(kScanBlock, n - off));
+              const size_t k = FindChanges(sw, bp + off * sw, tp + off * sw, m,
+                                           /*xor_values=*/false, scan.positions,
+                                           scan.planes);
+              if (k == 0) continue;
+              const size_t at = ch.positions.size();
+              ch.positions.resize(at + k);
+              ch.base.resize((at + k) * cw);
+              ch.target.resize((at + k) * cw);
+              size_t kept = 0;
+              for (size_t i = 0; i < k; ++i) {
+                const uint64_t j = off + scan.positions[i];
+                const std::byte* ob = bp + j * sw;
+                const std::byte* ot = tp + j * sw;
+                if (!identity) {
+                  ConvertElement(tensor.conversion, tensor.dtype, ob, cb);
+                  ConvertElement(tensor.conversion, tensor.dtype, ot, ct);
+                  if (std::memcmp(cb, ct, cw) == 0) continue;
+                  ob = cb, ot = ct;
+                }
+                ch.positions[at + kept] = c + j * step;
+                std::memcpy(&ch.base[(at + kept) * cw], ob, cw);
+                std::memcpy(&ch.target[(at + kept) * cw], ot, cw);
+                ++kept;
+              }
+              if (at > 0 && kept > 0 &&
+                  ch.positions[at] < ch.positions[at - 1]) {
+                sorted = false;  // runs ascend; pieces may not
+              }
+              ch.positions.resize(at + kept);
+              ch.base.resize((at + kept) * cw);
+              ch.target.resize((at + kept) * cw);
+            }
+          });
     }
     if (ch.positions.empty()) continue;
     if (!sorted) {
