@@ -15,7 +15,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -81,6 +83,59 @@ CheckpointDigests DigestsFromParts(
 
 // The canonical manifest the layout places (names, dtypes, shapes).
 Result<Manifest> ManifestOf(const Layout& layout);
+
+// A trainer rank's producer across steps (what the Python module's
+// ShardProducer wraps): it keeps its baseline shards, a copy in host
+// memory of the rank's shards at the last committed version, and diffs
+// each step's shards against them.
+//
+// Memory: the baseline copy (the rank's shard bytes) plus, during Diff,
+// the changes and their chunks. Thread safety: one thread at a time.
+class ShardProducer {
+ public:
+  ShardProducer(Layout layout, uint32_t rank, uint64_t span_elems,
+                EncodeOptions encode = {});
+
+  // What one step produced.
+  struct Step {
+    // The rank's parts in ascending id order (chunk bytes by id).
+    std::vector<std::pair<ChunkId, std::vector<std::byte>>> chunks;
+    // Per canonical tensor, the linear digest parts of the rank's regions
+    // at the baseline and at the target (HashShardRegions).
+    std::vector<LinearDigest> base_digests, target_digests;
+    uint64_t changed = 0;  // canonical elements whose bits changed
+    ChunkSizes sizes;
+  };
+
+  // Copies `shards` (every shard the layout gives the rank; others are
+  // ignored) as the baseline. Errors as DiffShards'.
+  Status SetBaseline(const ShardBytes& shards);
+  // Diffs `target` against the baseline: the parts (XOR masks) and both
+  // digest parts. InvalidArgument before a baseline was set.
+  Result<Step> Diff(const ShardBytes& target);
+  // The refit of `target` committed: it becomes the baseline. `target`
+  // must hold the bits the last Diff was given (its regions hash to that
+  // step's target digests): BaseMismatch naming the first tensor otherwise
+  // (the trainer stepped again before the commit), InvalidArgument when
+  // nothing was diffed.
+  Status Advance(const ShardBytes& target);
+
+  const Layout& layout() const { return layout_; }
+  uint32_t rank() const { return rank_; }
+  bool has_baseline() const { return !baseline_.empty(); }
+  uint64_t baseline_bytes() const;
+
+ private:
+  Status CheckRank() const;
+  Layout layout_;
+  uint32_t rank_;
+  uint64_t span_elems_;
+  std::unique_ptr<ChunkEncoder> encoder_;
+  Status encoder_status_;
+  std::map<std::string, std::vector<std::byte>, std::less<>> baseline_;
+  std::vector<LinearDigest> baseline_digests_;
+  std::optional<std::vector<LinearDigest>> last_target_digests_;
+};
 
 // `dcr diff --layout`: the delta from the checkpoint whose shards are in
 // `base_dir` to the one in `target_dir`, written to `path` from chunk

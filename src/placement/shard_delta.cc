@@ -152,6 +152,95 @@ Status EncodeParts(const Layout& layout, uint32_t rank,
   return Status::OK();
 }
 
+ShardProducer::ShardProducer(Layout layout, uint32_t rank, uint64_t span_elems,
+                             EncodeOptions encode)
+    : layout_(std::move(layout)), rank_(rank), span_elems_(span_elems) {
+  auto e = ChunkEncoder::Create(encode);
+  if (e.ok()) {
+    encoder_ = std::move(*e);
+  } else {
+    encoder_status_ = e.status();
+  }
+}
+
+Status ShardProducer::CheckRank() const {
+  DCR_RETURN_IF_ERROR(encoder_status_);
+  return dcr::CheckRank(layout_, rank_);
+}
+
+uint64_t ShardProducer::baseline_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, b] : baseline_) n += b.size();
+  return n;
+}
+
+Status ShardProducer::SetBaseline(const ShardBytes& shards) {
+  DCR_RETURN_IF_ERROR(CheckRank());
+  // Checked (presence and sizes) and hashed before anything is kept.
+  DCR_ASSIGN_OR_RETURN(auto digests, HashShardRegions(layout_, rank_, shards));
+  std::map<std::string, std::vector<std::byte>, std::less<>> copy;
+  for (const auto& [name, shard] : layout_.ShardsOf(rank_)) {
+    auto b = shards.at(name);
+    copy[name].assign(b.begin(), b.end());
+  }
+  baseline_ = std::move(copy);
+  baseline_digests_ = std::move(digests);
+  last_target_digests_.reset();
+  return Status::OK();
+}
+
+Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target) {
+  DCR_RETURN_IF_ERROR(CheckRank());
+  if (!has_baseline()) {
+    return Status::InvalidArgument(fmt::format(
+        "rank {}: no baseline yet; set the committed shards first", rank_));
+  }
+  ShardBytes base;
+  for (const auto& [name, b] : baseline_) base.emplace(name, b);
+  ShardDiffStats stats;
+  DCR_ASSIGN_OR_RETURN(auto changes,
+                       DiffShards(layout_, rank_, base, target, &stats));
+  Step step;
+  step.changed = stats.changed;
+  step.base_digests = baseline_digests_;
+  DCR_ASSIGN_OR_RETURN(step.target_digests,
+                       HashShardRegions(layout_, rank_, target));
+  DCR_RETURN_IF_ERROR(EncodeParts(
+      layout_, rank_, changes, ChunkKind::kXor, span_elems_, encoder_.get(),
+      [&](const ChunkId& id, std::span<const std::byte> c) {
+        step.chunks.emplace_back(id,
+                                 std::vector<std::byte>(c.begin(), c.end()));
+        return Status::OK();
+      },
+      &step.sizes));
+  last_target_digests_ = step.target_digests;
+  return step;
+}
+
+Status ShardProducer::Advance(const ShardBytes& target) {
+  DCR_RETURN_IF_ERROR(CheckRank());
+  if (!last_target_digests_) {
+    return Status::InvalidArgument(
+        fmt::format("rank {}: nothing was diffed to advance to", rank_));
+  }
+  DCR_ASSIGN_OR_RETURN(auto digests, HashShardRegions(layout_, rank_, target));
+  for (size_t i = 0; i < digests.size(); ++i) {
+    if (digests[i] != (*last_target_digests_)[i]) {
+      return Status::BaseMismatch(fmt::format(
+          "rank {}: tensor '{}' is not what the last diff was given (did the "
+          "trainer step again before the refit committed?)",
+          rank_, layout_.tensors[i].name));
+    }
+  }
+  for (auto& [name, b] : baseline_) {
+    auto t = target.at(name);
+    std::copy(t.begin(), t.end(), b.begin());
+  }
+  baseline_digests_ = std::move(digests);
+  last_target_digests_.reset();
+  return Status::OK();
+}
+
 Result<Manifest> ManifestOf(const Layout& layout) {
   std::vector<TensorInfo> infos;
   infos.reserve(layout.tensors.size());

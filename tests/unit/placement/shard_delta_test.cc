@@ -183,6 +183,49 @@ TEST(ShardDeltaTest, BadArgumentsAreRefused) {
   EXPECT_THAT(s.message(), HasSubstr("span length"));
 }
 
+// A rank's producer across steps: its baseline copy, a diff per step, and
+// an advance only to the bits it diffed.
+TEST(ShardProducerTest, DiffsAgainstItsBaselineAndAdvancesOnlyToWhatItDiffed) {
+  auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
+  ASSERT_TRUE(l.ok());
+  std::mt19937_64 rng(37);
+  auto [base, target] = RandomVersions(*l, 0.05, rng);
+  auto [unused, other] = RandomVersions(*l, 0.05, rng);
+  const uint32_t rank = 1;
+  auto bs = BuildShards(*l, rank, View(base));
+  auto ts = BuildShards(*l, rank, View(target));
+  auto os = BuildShards(*l, rank, View(other));
+  ASSERT_TRUE(bs.ok() && ts.ok() && os.ok());
+  ShardProducer p(*l, rank, 32);
+  auto early = p.Diff(ViewShards(*ts));
+  EXPECT_TRUE(early.status().IsInvalidArgument());
+  EXPECT_THAT(early.status().message(), HasSubstr("no baseline yet"));
+  ASSERT_TRUE(p.SetBaseline(ViewShards(*bs)).ok());
+  uint64_t own = 0;
+  for (const auto& [n, v] : *bs) own += v.size();
+  EXPECT_EQ(p.baseline_bytes(), own);
+  EXPECT_TRUE(p.Advance(ViewShards(*ts)).IsInvalidArgument());  // no diff
+  auto step = p.Diff(ViewShards(*ts));
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_GT(step->changed, 0u);
+  EXPECT_FALSE(step->chunks.empty());
+  EXPECT_TRUE(std::is_sorted(
+      step->chunks.begin(), step->chunks.end(),
+      [](const auto& a, const auto& b) { return a.first < b.first; }));
+  for (const auto& [id, bytes] : step->chunks) EXPECT_EQ(id.part, rank + 1);
+  // The trainer stepped again: the bits are not the diffed ones.
+  Status s = p.Advance(ViewShards(*os));
+  EXPECT_TRUE(s.IsBaseMismatch()) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("did the trainer step again"));
+  ASSERT_TRUE(p.Advance(ViewShards(*ts)).ok());
+  // The target is the baseline now: nothing changed since.
+  auto again = p.Diff(ViewShards(*ts));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->chunks.empty());
+  EXPECT_EQ(again->base_digests, step->target_digests);
+  EXPECT_EQ(again->target_digests, step->target_digests);
+}
+
 class ShardDeltaFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
