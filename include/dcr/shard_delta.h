@@ -122,7 +122,7 @@ class ShardProducer {
 
   const Layout& layout() const { return layout_; }
   uint32_t rank() const { return rank_; }
-  bool has_baseline() const { return !baseline_.empty(); }
+  bool has_baseline() const { return has_baseline_; }
   uint64_t baseline_bytes() const;
 
  private:
@@ -132,6 +132,7 @@ class ShardProducer {
   uint64_t span_elems_;
   std::unique_ptr<ChunkEncoder> encoder_;
   Status encoder_status_;
+  bool has_baseline_ = false;
   std::map<std::string, std::vector<std::byte>, std::less<>> baseline_;
   std::vector<LinearDigest> baseline_digests_;
   std::optional<std::vector<LinearDigest>> last_target_digests_;

@@ -155,8 +155,16 @@ int RunDiffFromShards(const GlobalOptions& g, const std::string& layout_path,
   opt.kind = overwrite ? ChunkKind::kOverwrite : ChunkKind::kXor;
   opt.span_elems = span_elems;
   opt.encode.zstd_level = level;
-  opt.base_step = base_step.value_or(0);
-  opt.target_step = target_step.value_or(opt.base_step + 1);
+  // Steps as the canonical diff takes them: the dcr.step metadata of the
+  // shard files (rank 0's), else 0 and base + 1.
+  auto step_of = [](const std::string& dir) -> std::optional<uint64_t> {
+    auto f =
+        Checkpoint::Open(ShardFilePath(dir, 0), Checkpoint::Mode::kReadOnly);
+    return f.ok() ? MetadataStep(**f) : std::nullopt;
+  };
+  opt.base_step = base_step.value_or(step_of(base_dir).value_or(0));
+  opt.target_step =
+      target_step.value_or(step_of(target_dir).value_or(opt.base_step + 1));
   auto pool = MakePool(g);
   // Progress in target shard bytes, a rank at a time.
   uint64_t total = 0;

@@ -220,11 +220,15 @@ Result<std::vector<IndexedChunk>> IndexChunks(DeltaReader* reader,
     DCR_ASSIGN_OR_RETURN(bool more, reader->Next(&c));
     if (!more) break;
     DCR_ASSIGN_OR_RETURN(ChunkHeader ch, PeekChunkHeader(c));
-    std::string where =
-        fmt::format("{}: chunk {} (tensor {}, span {})", reader->path(),
-                    chunks.size(), ch.id.tensor, ch.id.span);
+    std::string where = fmt::format("{}: chunk {} ({})", reader->path(),
+                                    chunks.size(), ChunkIdText(ch.id));
     if (prev && !(*prev < ch.id)) {
       return Status::Corruption(where + " is out of order or repeated");
+    }
+    // Parts of a span are disjoint; the whole span overlaps them all.
+    if (prev && SameSpan(*prev, ch.id) && prev->part == 0) {
+      return Status::Corruption(where + " is a part of a span the delta " +
+                                "also carries whole");
     }
     prev = ch.id;
     if (ch.id.tensor >= h.tensor_count) {

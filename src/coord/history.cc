@@ -401,7 +401,7 @@ Status ComposedDelta::DecodePart(size_t k, const ChunkId& id, size_t elem_size,
   if (chunk->header.elem_size != elem_size ||
       uint64_t{chunk->header.span_elems} * elem_size != span_bytes) {
     return Status::Corruption(fmt::format(
-        "history chunk ({}, {}) does not fit its tensor", id.tensor, id.span));
+        "history chunk ({}) does not fit its tensor", ChunkIdText(id)));
   }
   return Status::OK();
 }

@@ -184,6 +184,7 @@ Status ShardProducer::SetBaseline(const ShardBytes& shards) {
     copy[name].assign(b.begin(), b.end());
   }
   baseline_ = std::move(copy);
+  has_baseline_ = true;
   baseline_digests_ = std::move(digests);
   last_target_digests_.reset();
   return Status::OK();

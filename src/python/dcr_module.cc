@@ -10,8 +10,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -80,20 +82,78 @@ Bytes BytesOf(const py::handle& obj, bool writable, const std::string& name) {
   }
   py::buffer_info info =
       py::reinterpret_borrow<py::buffer>(o).request(writable);
+  // Row-major and dense, or refused: the bytes are read (and written) as
+  // one block.
+  py::ssize_t stride = info.itemsize;
+  for (size_t d = info.ndim; d-- > 0;) {
+    if (info.shape[d] > 1 && info.strides[d] != stride) {
+      throw py::value_error("tensor '" + name +
+                            "' is not a contiguous row-major buffer");
+    }
+    stride *= info.shape[d];
+  }
   return Bytes{std::move(info)};
 }
 
-// A name -> tensor dict as shard bytes; `held` keeps the buffers alive.
-ShardBytes ShardsOf(const py::dict& named, std::vector<Bytes>* held) {
+// The safetensors spelling of a torch dtype ("" if dcr has none).
+std::string DTypeOfTorch(const py::handle& t) {
+  static const std::map<std::string, std::string> kNames = {
+      {"torch.bfloat16", "BF16"}, {"torch.float16", "F16"},
+      {"torch.float32", "F32"},   {"torch.float64", "F64"},
+      {"torch.int8", "I8"},       {"torch.uint8", "U8"},
+      {"torch.int16", "I16"},     {"torch.int32", "I32"},
+      {"torch.int64", "I64"},     {"torch.bool", "BOOL"}};
+  auto it = kNames.find(py::str(t.attr("dtype")).cast<std::string>());
+  return it == kNames.end() ? "" : it->second;
+}
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string out;
+  for (uint64_t d : shape) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + out + "]";
+}
+
+// A name -> tensor dict as rank `rank`'s shard bytes; `held` keeps the
+// buffers alive. A torch tensor of a shard the layout gives the rank must
+// have the layout's shape and dtype (a transposed or retyped tensor of the
+// same size would otherwise be taken); sizes are checked for any buffer.
+ShardBytes ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named,
+                    std::vector<Bytes>* held) {
+  const auto shards = layout.ShardsOf(rank);
   ShardBytes out;
   held->reserve(named.size());
   for (auto [k, v] : named) {
     const std::string name = k.cast<std::string>();
+    auto it = shards.find(name);
+    if (it != shards.end() && py::hasattr(v, "dtype") &&
+        py::hasattr(v, "is_cuda")) {
+      const auto shape = v.attr("shape").cast<std::vector<uint64_t>>();
+      const std::string dtype = DTypeOfTorch(v);
+      if (shape != it->second.shape || dtype != DTypeName(it->second.dtype)) {
+        throw py::value_error(
+            "rank " + std::to_string(rank) + ": shard '" + name + "' is " +
+            (dtype.empty() ? "of another dtype" : dtype) + " " +
+            ShapeText(shape) + ", but layout " + layout.source + " gives it " +
+            std::string(DTypeName(it->second.dtype)) + " " +
+            ShapeText(it->second.shape) +
+            "; a step that changes a tensor's shape needs a new layout and "
+            "a full refit");
+      }
+    }
     held->push_back(BytesOf(v, false, name));
     out.emplace(name, held->back().span());
   }
   return out;
 }
+
+// ShardProducer is used by one thread at a time; Python threads may share
+// one, so each call takes this lock, with the GIL released while it waits.
+struct PyProducer {
+  PyProducer(const Layout& l, uint32_t rank, uint64_t span_elems)
+      : producer(l, rank, span_elems) {}
+  ShardProducer producer;
+  std::mutex mu;
+};
 
 std::string Hex(const LinearDigest& d) {
   return Digest128{d.high, d.low}.ToHex();
@@ -135,8 +195,15 @@ PYBIND11_MODULE(dcr, m) {
 
   py::class_<Layout>(m, "Layout",
                      "A placement layout (docs/PLACEMENT.md), resolved")
-      .def(py::init(
-               [](const std::string& path) { return Take(LoadLayout(path)); }),
+      .def(py::init([](const std::string& path) {
+             auto l = LoadLayout(path);
+             if (l.status().IsNotFound()) {
+               PyErr_SetString(PyExc_FileNotFoundError,
+                               l.status().ToString().c_str());
+               throw py::error_already_set();
+             }
+             return Take(std::move(l));
+           }),
            "path"_a)
       .def_property_readonly("ranks", &Layout::ranks)
       .def_property_readonly("source", [](const Layout& l) { return l.source; })
@@ -167,36 +234,51 @@ PYBIND11_MODULE(dcr, m) {
           "rank"_a,
           "the shards a rank hands its producer: name -> (shape, dtype)");
 
-  py::class_<ShardProducer>(
+  py::class_<PyProducer>(
       m, "ShardProducer",
       "A trainer rank's producer: keeps its baseline shards and diffs each "
       "step's shards against them")
       .def(py::init([](const Layout& l, uint32_t rank, uint64_t span_elems) {
-             return std::make_unique<ShardProducer>(l, rank, span_elems);
+             return std::make_unique<PyProducer>(l, rank, span_elems);
            }),
            "layout"_a, "rank"_a, "span_elems"_a = kDefaultSpanElems)
-      .def_property_readonly("rank", &ShardProducer::rank)
-      .def_property_readonly("baseline_bytes", &ShardProducer::baseline_bytes)
+      .def_property_readonly(
+          "rank", [](const PyProducer& p) { return p.producer.rank(); })
+      .def_property_readonly("baseline_bytes",
+                             [](PyProducer& p) {
+                               py::gil_scoped_release unlocked;
+                               std::lock_guard<std::mutex> lock(p.mu);
+                               return p.producer.baseline_bytes();
+                             })
       .def(
           "set_baseline",
-          [](ShardProducer& p, const py::dict& named) {
+          [](PyProducer& p, const py::dict& named) {
             std::vector<Bytes> held;
-            ShardBytes shards = ShardsOf(named, &held);
-            Check(p.SetBaseline(shards));
+            ShardBytes shards =
+                ShardsOf(p.producer.layout(), p.producer.rank(), named, &held);
+            Status s;
+            {
+              py::gil_scoped_release unlocked;
+              std::lock_guard<std::mutex> lock(p.mu);
+              s = p.producer.SetBaseline(shards);
+            }
+            Check(s);
           },
           "shards"_a,
           "copy the rank's shards (name -> tensor) as the committed baseline")
       .def(
           "diff",
-          [](ShardProducer& p, const py::dict& named) {
+          [](PyProducer& p, const py::dict& named) {
             std::vector<Bytes> held;
-            ShardBytes shards = ShardsOf(named, &held);
-            ShardProducer::Step step;
+            ShardBytes shards =
+                ShardsOf(p.producer.layout(), p.producer.rank(), named, &held);
+            Result<ShardProducer::Step> step = Status::Internal("not run");
             {
               py::gil_scoped_release unlocked;
-              step = Take(p.Diff(shards));
+              std::lock_guard<std::mutex> lock(p.mu);
+              step = p.producer.Diff(shards);
             }
-            return StepDict(step);
+            return StepDict(Take(std::move(step)));
           },
           "shards"_a,
           "diff this step's shards against the baseline: {'chunks': [(tensor, "
@@ -204,10 +286,17 @@ PYBIND11_MODULE(dcr, m) {
           "'payload_bytes'}")
       .def(
           "advance",
-          [](ShardProducer& p, const py::dict& named) {
+          [](PyProducer& p, const py::dict& named) {
             std::vector<Bytes> held;
-            ShardBytes shards = ShardsOf(named, &held);
-            Check(p.Advance(shards));
+            ShardBytes shards =
+                ShardsOf(p.producer.layout(), p.producer.rank(), named, &held);
+            Status s;
+            {
+              py::gil_scoped_release unlocked;
+              std::lock_guard<std::mutex> lock(p.mu);
+              s = p.producer.Advance(shards);
+            }
+            Check(s);
           },
           "shards"_a,
           "the refit committed: these shards (the ones last diffed) become "
@@ -217,6 +306,10 @@ PYBIND11_MODULE(dcr, m) {
       "apply_chunks",
       [](const Layout& l, const py::dict& canonical, const py::list& chunks,
          uint64_t span_elems) {
+        if (span_elems == 0 || span_elems > kMaxSpanElems) {
+          throw py::value_error("span_elems must be 1 to " +
+                                std::to_string(kMaxSpanElems));
+        }
         auto decoder = Take(ChunkDecoder::Create());
         std::map<std::string, Bytes> held;
         for (auto [k, v] : canonical) {
@@ -239,13 +332,24 @@ PYBIND11_MODULE(dcr, m) {
             throw py::key_error("no canonical tensor '" +
                                 l.tensors[id.tensor].name + "' given");
           }
-          const uint64_t w = c.header.elem_size;
-          const uint64_t first = uint64_t{id.span} * span_elems * w;
+          // The chunk must fit the tensor as the layout gives it, cut in
+          // spans of `span_elems`.
+          const LayoutTensor& lt = l.tensors[id.tensor];
+          uint64_t n = 1;
+          for (uint64_t d : lt.shape) n *= d;
+          const uint64_t w = DTypeSize(lt.dtype);
           auto t = it->second.span();
-          if (first + uint64_t{c.header.span_elems} * w > t.size()) {
+          if (t.size() != n * w || c.header.elem_size != w ||
+              id.span >= SpanCount(n, span_elems) ||
+              c.header.span_elems !=
+                  std::min<uint64_t>(span_elems,
+                                     n - uint64_t{id.span} * span_elems)) {
             throw py::value_error("chunk (" + ChunkIdText(id) +
-                                  ") does not fit tensor '" + it->first + "'");
+                                  ") does not fit tensor '" + it->first +
+                                  "' in spans of " +
+                                  std::to_string(span_elems) + " elements");
           }
+          const uint64_t first = uint64_t{id.span} * span_elems * w;
           Check(ApplyChunk(c, t.subspan(first, c.header.span_elems * w)));
         }
       },
@@ -264,6 +368,11 @@ PYBIND11_MODULE(dcr, m) {
   m.def(
       "finish_digests",
       [](const Layout& l, const std::vector<std::vector<std::string>>& parts) {
+        if (parts.size() != l.ranks()) {
+          throw py::value_error(
+              "digest parts of " + std::to_string(parts.size()) +
+              " ranks; the layout has " + std::to_string(l.ranks()));
+        }
         std::vector<std::vector<LinearDigest>> ranks;
         for (const auto& r : parts) {
           if (r.size() != l.tensors.size()) {

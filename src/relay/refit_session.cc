@@ -193,7 +193,12 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   bool is_xor = h.kind == ChunkKind::kXor;
   {
     MutexLock lock(&mu_);
-    if (Conflicts(h.id, is_xor)) return ApplyOutcome::kDuplicate;
+    for (;;) {
+      const Admission a = Admit(h.id, is_xor);
+      if (a == Admission::kDuplicate) return ApplyOutcome::kDuplicate;
+      if (a == Admission::kApply) break;
+      applied_.Wait(&mu_);
+    }
     spans_[h.id].in_flight = true;
   }
   Applied a;
@@ -228,6 +233,7 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
     MutexLock lock(&mu_);
     SpanState& st = spans_[h.id];
     st.in_flight = false;
+    applied_.SignalAll();
     if (!s.ok()) return s;
     st.stack.push_back(a);
   }
@@ -235,30 +241,42 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   return ApplyOutcome::kApplied;
 }
 
-bool RefitSession::Conflicts(const ChunkId& id, bool is_xor) const {
-  // One application per chunk id at a time, and none beside a whole-span
-  // chunk of the same span. An XOR chunk applies only where nothing it
-  // overlaps was applied yet: after an earlier XOR it would revert the
-  // elements, after an overwrite (a retry that overtook it) it would
-  // corrupt them; every chunk of an element carries the same target.
-  // Parts of one span hold disjoint elements, so they do not conflict.
-  // After a restart (rejoined_) every span may hold its XOR already.
-  if (is_xor && rejoined_) return true;
-  auto busy = [is_xor](const SpanState& st) {
-    return st.in_flight || (is_xor && !st.stack.empty());
+RefitSession::Admission RefitSession::Admit(const ChunkId& id,
+                                            bool is_xor) const {
+  // An XOR chunk applies only where nothing it overlaps was applied or is
+  // being applied: after an earlier XOR it would revert the elements,
+  // after an overwrite (a retry that overtook it) it would corrupt them;
+  // every chunk of an element carries the same target. Parts of one span
+  // hold disjoint elements, so they do not overlap; the whole span (part
+  // 0) overlaps every part. After a restart (rejoined_) every span may
+  // hold its XOR already.
+  if (is_xor && rejoined_) return Admission::kDuplicate;
+  bool wait = false;
+  auto visit = [&](const ChunkId& other, const SpanState& st) {
+    if (is_xor) return st.in_flight || !st.stack.empty();
+    if (!st.in_flight) return false;
+    // An overwrite is idempotent: it is dropped only while a chunk that
+    // covers it (its own id, or its span's part 0) is being applied (that
+    // one carries the same target bits); a whole-span overwrite waits for
+    // the narrower parts being applied.
+    if (other == id || other.part == 0) return true;
+    wait = true;
+    return false;
   };
   if (id.part != 0) {
     for (const ChunkId& other : {id, ChunkId{id.tensor, id.span, 0}}) {
       auto it = spans_.find(other);
-      if (it != spans_.end() && busy(it->second)) return true;
+      if (it != spans_.end() && visit(it->first, it->second)) {
+        return Admission::kDuplicate;
+      }
     }
-    return false;
+    return Admission::kApply;
   }
   for (auto it = spans_.lower_bound(id);
        it != spans_.end() && SameSpan(it->first, id); ++it) {
-    if (busy(it->second)) return true;
+    if (visit(it->first, it->second)) return Admission::kDuplicate;
   }
-  return false;
+  return wait ? Admission::kWait : Admission::kApply;
 }
 
 void RefitSession::HashBehind(uint32_t tensor) {

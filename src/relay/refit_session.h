@@ -98,9 +98,13 @@ class RefitSession {
 
   enum class ApplyOutcome { kApplied, kDuplicate };
   // Validates `chunk` (checksum, and that it fits a tensor of the store
-  // with the plan's span length) and applies it. An XOR chunk for a span
-  // that already got a chunk is dropped as a duplicate; an overwrite chunk
-  // is applied again (idempotent). `decoder` belongs to the calling
+  // with the plan's span length) and applies it. Chunks of one span
+  // conflict when they have the same part or either is the whole span
+  // (part 0): an XOR chunk is dropped as a duplicate when a conflicting
+  // chunk was applied or is being applied; an overwrite chunk is applied
+  // again (idempotent), dropped only while a chunk that covers it (its own
+  // id, or its span's part 0) is being applied, and waits for parts being
+  // applied when it is the whole span. `decoder` belongs to the calling
   // thread.
   Result<ApplyOutcome> Apply(std::span<const std::byte> chunk,
                              ChunkDecoder* decoder) DCR_EXCLUDES(mu_);
@@ -127,11 +131,11 @@ class RefitSession {
   // left behind names a refit the record no longer does; the next start
   // removes it.
   Status Commit(std::unique_ptr<Journal>* spent = nullptr) DCR_EXCLUDES(mu_);
-  // Restores the base bits: every span's journal records, last first,
-  // write back the values they replaced. Then clears the in-progress
-  // record, or, when this refit took over one left unfinished, records
-  // that one again (the bits are its mix again), and removes the journal.
-  // `decoder` is unused (kept for callers).
+  // Restores the base bits: every journal record of this session, last
+  // written first, writes back the values it replaced. Then clears the
+  // in-progress record, or, when this refit took over one left unfinished,
+  // records that one again (the bits are its mix again), and removes the
+  // journal. `decoder` is unused (kept for callers).
   Status Abort(ChunkDecoder* decoder) DCR_EXCLUDES(mu_);
 
   // At a relay's start, before anything else touches `store`: if its
@@ -212,10 +216,11 @@ class RefitSession {
     bool in_flight = false;
     std::vector<Applied> stack;  // in order of application
   };
-  // Whether a chunk `id` must not apply now: a conflicting chunk (the same
-  // id, or either is the whole span, part 0) is being applied, or, for an
-  // XOR chunk, one was applied already.
-  bool Conflicts(const ChunkId& id, bool is_xor) const DCR_REQUIRES(mu_);
+  // What a chunk `id` arriving now does (Apply's rule): applies, is a
+  // duplicate, or (a whole-span overwrite while parts of its span are
+  // being applied) waits for them.
+  enum class Admission { kApply, kDuplicate, kWait };
+  Admission Admit(const ChunkId& id, bool is_xor) const DCR_REQUIRES(mu_);
 
   WeightStore* store_;
   bool keep_undo_ = true;
@@ -231,6 +236,7 @@ class RefitSession {
   PlanMsg plan_;
   mutable Mutex mu_;
   std::map<ChunkId, SpanState> spans_ DCR_GUARDED_BY(mu_);
+  CondVar applied_;  // an apply finished: a waiting overwrite may go
 
   bool hash_ahead_ = true;
   std::unique_ptr<TensorHash[]> hashes_;  // one per tensor of the manifest

@@ -128,6 +128,11 @@ cp "$T/ckpt/v0.safetensors" "$T/work.safetensors"
 expect 0 "$DCR" apply "$T/shards.dcr" "$T/work.safetensors"
 expect 0 "$DCR" verify "$T/work.safetensors" "$T/ckpt/v1.safetensors"
 expect 0 "$DCR" inspect "$T/shards.dcr"
+# Steps come from the shard files' dcr.step, as the canonical diff's do.
+expect 0 "$DCR" diff --layout "$T/tiny.yaml" --base-shards "$T/ckpt/v1.shards" \
+  --target-shards "$T/ckpt/v2.shards" -o "$T/v2.dcr" --format json
+json 'd["base"]["step"] == 1 and d["target"]["step"] == 2'
+
 # Mixed or missing inputs are usage errors; a missing rank is named.
 expect 2 "$DCR" diff --layout "$T/tiny.yaml" "$T/ckpt/v0.safetensors" \
   --base-shards "$T/ckpt/v0.shards" --target-shards "$T/ckpt/v1.shards" -o "$T/x.dcr"

@@ -392,12 +392,37 @@ def worker(t, tp, steps, module_dir, rdzv, result):
         check(False, "a reshaped shard was taken")
     except ValueError as e:
         check("changes a tensor's shape" in str(e), str(e))
+    # A tensor of the right size but transposed: refused, not read as is.
+    bad[some] = params[some].data.t().contiguous()
+    if bad[some].shape != params[some].shape:
+        try:
+            producer.diff(bad)
+            check(False, "a transposed shard was taken")
+        except ValueError as e:
+            check("but layout" in str(e), str(e))
     del bad[some]
     try:
         producer.diff(bad)
         check(False, "a missing shard was taken")
     except KeyError as e:
         check(some in str(e), str(e))
+    if t == 0:
+        import numpy as np
+        try:
+            dcr.tensor_digest(np.arange(10, dtype=np.int16)[::2])
+            check(False, "a strided buffer was read as contiguous")
+        except ValueError as e:
+            check("not a contiguous" in str(e), str(e))
+        try:
+            dcr.Layout(layout_path + ".missing")
+            check(False, "a missing layout file was taken")
+        except FileNotFoundError:
+            pass
+        try:
+            dcr.finish_digests(layout, [])
+            check(tp == 0, "digest parts of no rank were finished")
+        except ValueError as e:
+            check("ranks" in str(e), str(e))
     dist.barrier()
     dist.destroy_process_group()
     if t == 0:

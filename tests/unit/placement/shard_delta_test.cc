@@ -297,6 +297,49 @@ TEST_F(ShardDeltaFileTest, TheDeltaTakesTheCanonicalBaseToTheTarget) {
   EXPECT_EQ((*work)->ComputeDigests().version, target_v.digest);
 }
 
+// A delta that carries a span whole and also a part of it is refused
+// before anything is written: the two overlap.
+TEST_F(ShardDeltaFileTest, ADeltaWithASpanWholeAndInPartsIsRefused) {
+  DiffOptions opt;
+  opt.span_elems = 64;
+  const std::string parts = dir_.Path("parts.dcr");
+  auto stats =
+      WriteDeltaFromShards(layout_, dir_.Path("v0.shards"),
+                           dir_.Path("v1.shards"), parts, opt, nullptr);
+  ASSERT_TRUE(stats.ok());
+  auto reader = DeltaReader::Open(parts);
+  ASSERT_TRUE(reader.ok());
+  std::span<const std::byte> first;
+  ASSERT_TRUE(*(*reader)->Next(&first));
+  DecodedChunk c;
+  ASSERT_TRUE((*ChunkDecoder::Create())->Decode(first, &c).ok());
+  // The first part's changes again as part 0 of its span, ahead of it.
+  ChunkId whole = c.header.id;
+  whole.part = 0;
+  std::vector<std::byte> w;
+  ASSERT_TRUE((*ChunkEncoder::Create(EncodeOptions()))
+                  ->EncodeChanges(ChunkKind::kXor, whole, c.header.elem_size,
+                                  c.header.span_elems, c.positions, c.values,
+                                  &w)
+                  .ok());
+  const std::string mixed = dir_.Path("mixed.dcr");
+  auto writer = DeltaWriter::Create(mixed);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Append(w).ok());
+  ASSERT_TRUE((*writer)->Append(first).ok());
+  DeltaHeader h = stats->header;
+  ASSERT_TRUE((*writer)->Finish(h).ok());
+  std::filesystem::copy_file(dir_.Path("v0.safetensors"),
+                             dir_.Path("work.safetensors"));
+  auto work = Checkpoint::Open(dir_.Path("work.safetensors"),
+                               Checkpoint::Mode::kReadWrite);
+  ASSERT_TRUE(work.ok());
+  auto r = ApplyDelta(mixed, work->get(), nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr("also carries whole"));
+}
+
 TEST_F(ShardDeltaFileTest, MissingAndReshapedShardFilesAreNamed) {
   DiffOptions opt;
   std::filesystem::remove(ShardFilePath(dir_.Path("v1.shards"), 3));

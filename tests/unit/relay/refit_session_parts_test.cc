@@ -102,6 +102,55 @@ TEST_F(PartsSessionTest, AbortRestoresTheBaseAfterOverlappingParts) {
   EXPECT_FALSE(store_->InProgress().has_value());
 }
 
+// Overlapping overwrites undone in the order they wrote: the whole span
+// first, then one of its parts. Undoing by chunk id (part 0 before part 1)
+// would write the part's old values (the whole overwrite's target bits)
+// back last.
+TEST_F(PartsSessionTest, AbortUndoesAPartOverwriteBeforeItsSpansOverwrite) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  ASSERT_EQ(PeekChunkHeader(overwrite_parts_[0])->id, (ChunkId{0, 0, 1}));
+  ASSERT_EQ(*s->Apply(overwrite_chunks_[0], decoder_.get()), Outcome::kApplied);
+  ASSERT_EQ(*s->Apply(overwrite_parts_[0], decoder_.get()), Outcome::kApplied);
+  ASSERT_TRUE(s->Abort(decoder_.get()).ok());
+  EXPECT_TRUE(StoreHolds(base_));
+}
+
+// A whole-span overwrite (a repair resending the span) that arrives while
+// parts of its span are being applied waits for them instead of being
+// dropped: the parts cover only their own elements.
+TEST_F(PartsSessionTest, AWholeSpanOverwriteIsNeverDroppedForAPartInFlight) {
+  for (int round = 0; round < 20; ++round) {
+    auto s = Begin();
+    ASSERT_TRUE(s);
+    std::atomic<int> dropped{0};
+    std::vector<std::thread> threads;
+    for (uint16_t part = 1; part <= 3; ++part) {
+      threads.emplace_back([&, part] {
+        auto dec = std::move(*ChunkDecoder::Create());
+        for (const auto& c : overwrite_parts_) {
+          if (PeekChunkHeader(c)->id.part == part) {
+            ASSERT_TRUE(s->Apply(c, dec.get()).ok());
+          }
+        }
+      });
+    }
+    threads.emplace_back([&] {
+      auto dec = std::move(*ChunkDecoder::Create());
+      for (const auto& c : overwrite_chunks_) {
+        auto r = s->Apply(c, dec.get());
+        ASSERT_TRUE(r.ok());
+        if (*r != Outcome::kApplied) ++dropped;
+      }
+    });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(dropped.load(), 0);
+    EXPECT_TRUE(StoreHolds(target_));
+    ASSERT_TRUE(s->Abort(decoder_.get()).ok());
+    EXPECT_TRUE(StoreHolds(base_));
+  }
+}
+
 TEST_F(PartsSessionTest, ConcurrentPartsOfOneSpanAllApply) {
   auto s = Begin();
   ASSERT_TRUE(s);
