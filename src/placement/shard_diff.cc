@@ -171,6 +171,15 @@ void Narrow(DType d, float v, std::byte* out) {
   }
 }
 
+Status CheckRank(const Layout& layout, uint32_t rank) {
+  if (rank >= layout.ranks()) {
+    return Status::InvalidArgument(
+        "rank " + std::to_string(rank) + " is not below layout " +
+        layout.source + "'s " + std::to_string(layout.ranks()) + " ranks");
+  }
+  return Status::OK();
+}
+
 Status CheckSize(const Layout& layout, uint32_t rank, const LayoutShard& s,
                  const ShardBytes& bytes, const char* which,
                  std::span<const std::byte>* out) {
@@ -240,11 +249,7 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
                                                  const ShardBytes& base,
                                                  const ShardBytes& target,
                                                  ShardDiffStats* stats) {
-  if (rank >= layout.ranks()) {
-    return Status::InvalidArgument(
-        "rank " + std::to_string(rank) + " is not below layout " +
-        layout.source + "'s " + std::to_string(layout.ranks()) + " ranks");
-  }
+  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
   ShardDiffStats st;
   // Every shard checked once, before any work.
   std::map<std::string,
@@ -351,11 +356,7 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
 Result<std::vector<ShardMismatch>> CompareShards(
     const Layout& layout, uint32_t rank, const ShardBytes& shards,
     const CanonicalBytes& canonical) {
-  if (rank >= layout.ranks()) {
-    return Status::InvalidArgument(
-        "rank " + std::to_string(rank) + " is not below layout " +
-        layout.source + "'s " + std::to_string(layout.ranks()) + " ranks");
-  }
+  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
   std::map<std::string, std::span<const std::byte>, std::less<>> data;
   for (const auto& [name, shard] : layout.ShardsOf(rank)) {
     std::span<const std::byte> b;
@@ -408,11 +409,7 @@ Result<std::vector<ShardMismatch>> CompareShards(
 Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
                                                    uint32_t rank,
                                                    const ShardBytes& shards) {
-  if (rank >= layout.ranks()) {
-    return Status::InvalidArgument(
-        "rank " + std::to_string(rank) + " is not below layout " +
-        layout.source + "'s " + std::to_string(layout.ranks()) + " ranks");
-  }
+  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
   std::map<std::string, std::span<const std::byte>, std::less<>> data;
   for (const auto& [name, shard] : layout.ShardsOf(rank)) {
     std::span<const std::byte> b;

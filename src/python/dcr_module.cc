@@ -151,6 +151,17 @@ ShardBytes ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named,
 struct PyProducer {
   PyProducer(const Layout& l, uint32_t rank, uint64_t span_elems)
       : producer(l, rank, span_elems) {}
+  // Calls fn(producer, shards) for `named`'s shards, holding the lock and
+  // not the GIL.
+  template <typename Fn>
+  auto With(const py::dict& named, Fn fn) {
+    std::vector<Bytes> held;
+    ShardBytes shards =
+        ShardsOf(producer.layout(), producer.rank(), named, &held);
+    py::gil_scoped_release unlocked;
+    std::lock_guard<std::mutex> lock(mu);
+    return fn(producer, shards);
+  }
   ShardProducer producer;
   std::mutex mu;
 };
@@ -253,32 +264,19 @@ PYBIND11_MODULE(dcr, m) {
       .def(
           "set_baseline",
           [](PyProducer& p, const py::dict& named) {
-            std::vector<Bytes> held;
-            ShardBytes shards =
-                ShardsOf(p.producer.layout(), p.producer.rank(), named, &held);
-            Status s;
-            {
-              py::gil_scoped_release unlocked;
-              std::lock_guard<std::mutex> lock(p.mu);
-              s = p.producer.SetBaseline(shards);
-            }
-            Check(s);
+            Check(p.With(named, [](ShardProducer& sp, const ShardBytes& b) {
+              return sp.SetBaseline(b);
+            }));
           },
           "shards"_a,
           "copy the rank's shards (name -> tensor) as the committed baseline")
       .def(
           "diff",
           [](PyProducer& p, const py::dict& named) {
-            std::vector<Bytes> held;
-            ShardBytes shards =
-                ShardsOf(p.producer.layout(), p.producer.rank(), named, &held);
-            Result<ShardProducer::Step> step = Status::Internal("not run");
-            {
-              py::gil_scoped_release unlocked;
-              std::lock_guard<std::mutex> lock(p.mu);
-              step = p.producer.Diff(shards);
-            }
-            return StepDict(Take(std::move(step)));
+            return StepDict(
+                Take(p.With(named, [](ShardProducer& sp, const ShardBytes& b) {
+                  return sp.Diff(b);
+                })));
           },
           "shards"_a,
           "diff this step's shards against the baseline: {'chunks': [(tensor, "
@@ -287,16 +285,9 @@ PYBIND11_MODULE(dcr, m) {
       .def(
           "advance",
           [](PyProducer& p, const py::dict& named) {
-            std::vector<Bytes> held;
-            ShardBytes shards =
-                ShardsOf(p.producer.layout(), p.producer.rank(), named, &held);
-            Status s;
-            {
-              py::gil_scoped_release unlocked;
-              std::lock_guard<std::mutex> lock(p.mu);
-              s = p.producer.Advance(shards);
-            }
-            Check(s);
+            Check(p.With(named, [](ShardProducer& sp, const ShardBytes& b) {
+              return sp.Advance(b);
+            }));
           },
           "shards"_a,
           "the refit committed: these shards (the ones last diffed) become "
