@@ -33,7 +33,7 @@
 #include "dcr/dtype.h"
 #include "dcr/entropy.h"
 #include "dcr/thread_pool.h"
-#include "relay/journal.h"
+#include "session/journal.h"
 
 namespace dcr {
 namespace {
@@ -312,7 +312,7 @@ void BM_EncodePlain(benchmark::State& state) { Encode(state, false); }
 void BM_DecodeApply(benchmark::State& state) { DecodeApply(state, true); }
 void BM_DecodeApplyPlain(benchmark::State& state) { DecodeApply(state, false); }
 
-// The cost of a relay's journal (relay/journal.h) on its apply path: every
+// The cost of a relay's journal (session/journal.h) on its apply path: every
 // XOR chunk decoded and applied on one thread, as a relay's apply worker
 // does, without and then with the write-ahead record (positions and old
 // values, appended to a file in `dir`) before each apply. Runs alternate,

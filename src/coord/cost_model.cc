@@ -76,7 +76,7 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
   e.stream_s = slowest + hops;
   e.prepare_s = 0;
   // Relays hash each tensor once the stream has moved past it
-  // (relay/refit_session.h, "Hashing ahead"), in the time applying leaves
+  // (session/refit_session.h, "Hashing ahead"), in the time applying leaves
   // their cores idle; what does not fit there is the vote's tail.
   const double hash_s = shape.model_bytes / (p.hash_rate * p.relay_cores);
   e.verify_s = std::max(0.0, hash_s - std::max(0.0, slowest - e.apply_s));

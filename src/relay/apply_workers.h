@@ -30,7 +30,7 @@
 #include "dcr/status.h"
 #include "dcr/transport.h"
 #include "protocol/refit_manifest.h"
-#include "relay/refit_session.h"
+#include "session/refit_session.h"
 
 namespace dcr {
 

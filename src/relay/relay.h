@@ -114,7 +114,7 @@ struct RelayOptions {
   // (relay/memory_budget.h), each lowered, never raised, and refuses a cap
   // too small to work.
   uint64_t memory_limit_bytes = 0;
-  // Where a refit's journal lives (relay/journal.h, kept across a crash of
+  // Where a refit's journal lives (session/journal.h, kept across a crash of
   // the process); empty: beside the store's version record. A full
   // refit's journal holds every value it replaced, up to the store's
   // size: a store in shared memory keeps it on a disk this way. Start

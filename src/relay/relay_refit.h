@@ -49,7 +49,7 @@
 #include "dcr/transport.h"
 #include "protocol/messages.h"
 #include "relay/apply_workers.h"
-#include "relay/refit_session.h"
+#include "session/refit_session.h"
 #include "wire/signature.h"
 
 namespace dcr {

@@ -74,7 +74,7 @@
 #include "dcr/store.h"
 #include "dcr/wire.h"
 #include "protocol/messages.h"
-#include "relay/refit_session.h"
+#include "session/refit_session.h"
 
 namespace dcr {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "dcr/checkpoint.h"
 #include "dcr/store.h"
-#include "unit/relay/store_pair.h"
+#include "testing/store_pair.h"
 
 namespace dcr {
 namespace {

@@ -8,7 +8,7 @@
 // duplicates are dropped (3); the vote is yes only if the store's digest is
 // the target's (1); Abort returns the store to the base bits without a
 // reload (5). What Abort needs is kept in the refit's journal
-// (relay/journal.h), a named file beside the store's version record, not on
+// (session/journal.h), a named file beside the store's version record, not on
 // the heap: every apply is preceded by a record of the values it replaces,
 // and a yes vote by a durable "voted yes" record. The journal outlives a
 // crash of the process, so a relay restarted mid-refit recovers on its own
@@ -32,8 +32,8 @@
 // Thread safety: Apply may be called concurrently from worker threads
 // (chunks of distinct spans, or duplicates of one); Vote, Commit and Abort
 // require that no Apply is running.
-#ifndef DCR_RELAY_REFIT_SESSION_H_
-#define DCR_RELAY_REFIT_SESSION_H_
+#ifndef DCR_SESSION_REFIT_SESSION_H_
+#define DCR_SESSION_REFIT_SESSION_H_
 
 #include <atomic>
 #include <map>
@@ -50,7 +50,7 @@
 #include "dcr/thread_pool.h"
 #include "dcr/version.h"
 #include "protocol/messages.h"
-#include "relay/journal.h"
+#include "session/journal.h"
 
 namespace dcr {
 
@@ -249,4 +249,4 @@ class RefitSession {
 
 }  // namespace dcr
 
-#endif  // DCR_RELAY_REFIT_SESSION_H_
+#endif  // DCR_SESSION_REFIT_SESSION_H_

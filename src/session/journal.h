@@ -38,8 +38,8 @@
 //
 // Thread safety: Append* and Read may be called concurrently; Remove
 // requires that no other call is running.
-#ifndef DCR_RELAY_JOURNAL_H_
-#define DCR_RELAY_JOURNAL_H_
+#ifndef DCR_SESSION_JOURNAL_H_
+#define DCR_SESSION_JOURNAL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -164,4 +164,4 @@ class JournalReader {
 
 }  // namespace dcr
 
-#endif  // DCR_RELAY_JOURNAL_H_
+#endif  // DCR_SESSION_JOURNAL_H_

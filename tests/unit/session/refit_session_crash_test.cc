@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "relay/refit_session.h"
-#include "unit/relay/refit_session_fixture.h"
+#include "session/refit_session.h"
+#include "unit/session/refit_session_fixture.h"
 
 namespace dcr {
 namespace {

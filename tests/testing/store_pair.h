@@ -1,8 +1,8 @@
 // Test data shared by the relay's unit tests: a base and a target for a
 // list of tensors (random base bits; the target flips the low bit of every
 // 7th byte, about 1 in 7 elements changed), and a check of a store's bits.
-#ifndef DCR_TESTS_UNIT_RELAY_STORE_PAIR_H_
-#define DCR_TESTS_UNIT_RELAY_STORE_PAIR_H_
+#ifndef DCR_TESTS_TESTING_STORE_PAIR_H_
+#define DCR_TESTS_TESTING_STORE_PAIR_H_
 
 #include <algorithm>
 #include <cstddef>
@@ -45,4 +45,4 @@ inline bool StoreHolds(const WeightStore& store,
 
 }  // namespace dcr::testing
 
-#endif  // DCR_TESTS_UNIT_RELAY_STORE_PAIR_H_
+#endif  // DCR_TESTS_TESTING_STORE_PAIR_H_

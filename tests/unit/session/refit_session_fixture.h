@@ -16,10 +16,10 @@
 #include <thread>
 
 #include "dcr/checkpoint.h"
-#include "relay/journal.h"
-#include "relay/refit_session.h"
+#include "session/journal.h"
+#include "session/refit_session.h"
+#include "testing/store_pair.h"
 #include "testing/temp_dir.h"
-#include "unit/relay/store_pair.h"
 
 namespace dcr::testing_relay {
 

@@ -1,4 +1,4 @@
-#include "relay/refit_session.h"
+#include "session/refit_session.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

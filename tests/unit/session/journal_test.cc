@@ -1,7 +1,7 @@
 // The relay journal: records read back as written, a torn tail is ignored,
 // restoring in reverse order of append gives the first values back, and a
 // yes vote is found.
-#include "relay/journal.h"
+#include "session/journal.h"
 
 #include <gtest/gtest.h>
 

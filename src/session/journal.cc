@@ -1,4 +1,4 @@
-#include "relay/journal.h"
+#include "session/journal.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -1,13 +1,13 @@
 // The local half of a relay's refit against a real file store: baseline
 // binding, apply, duplicates, votes, commit and abort-restore. Crash
 // recovery: refit_session_crash_test.cc.
-#include "relay/refit_session.h"
+#include "session/refit_session.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 
-#include "unit/relay/refit_session_fixture.h"
+#include "unit/session/refit_session_fixture.h"
 
 namespace dcr {
 namespace {
