@@ -4,12 +4,29 @@ producers diff their own shards after every Adam step (issue 17).
 
 The model, written for the test: a vocabulary-parallel embedding and output
 layer (padded vocabulary), column-parallel fused QKV with grouped-query
-attention, a row-parallel output projection, column-parallel fused gate/up,
-a row-parallel down projection, replicated RMS norms and an F32 master of
-the final norm published as BF16 (a residual conversion). Tensor-parallel
-communication is Megatron's: identity forward / all-reduce backward into
-a column-parallel layer, all-reduce forward / identity backward out of a
-row-parallel one, all-gather of the vocabulary-parallel logits.
+attention, a row-parallel output projection, an MLP, replicated RMS norms
+and an F32 master of the final norm published as BF16 (a residual
+conversion). The MLP is dense (column-parallel fused gate/up, row-parallel
+down projection) or, with --moe, a mixture of experts: a replicated router
+sends each token to its top 2 of 4 experts, each expert a fused gate/up and
+a down projection of its own, split over tensor parallel like the dense one.
+
+Ranks are numbered as the layout numbers them (docs/PLACEMENT.md), tensor
+parallel fastest: rank = tp_rank + tp * (ep_rank + ep * stage).
+- Tensor parallel (--tp): Megatron's communication, identity forward /
+  all-reduce backward into a column-parallel layer, all-reduce forward /
+  identity backward out of a row-parallel one, all-gather of the
+  vocabulary-parallel logits.
+- Pipeline parallel (--pp): a stage holds its layers under local names
+  (stage 0 also the embedding, the last the final norm and output layer);
+  activations go to the next stage's rank of the same tp and ep rank and
+  gradients come back (send/recv); the loss is the last stage's. 3 layers:
+  the stages split them unevenly ([2, 1] for pp 2).
+- Expert parallel (--ep, implies --moe): each ep rank of a stage holds
+  4/ep experts under local names. Every rank routes the same tokens and
+  computes its experts (their tp slices) on the tokens routed to them; the
+  stage's ranks sum the outputs. The rest of the stage is replicated over
+  the ep ranks and produced by ep rank 0.
 
 After every step each rank hands its shards (torch tensors, no copy) to its
 dcr.ShardProducer, which diffs them against its baseline shards and
@@ -19,7 +36,8 @@ the parts of all ranks take the previous export to this one bit for bit,
 that the ranks' digest parts finish into each tensor's digest, and that
 every part is its rank's. Then the producers advance, as on a commit.
 
-Usage: producer_trainer_test.py PYTHON_MODULE_DIR --tp N [--steps K]
+Usage: producer_trainer_test.py PYTHON_MODULE_DIR [--tp N] [--pp N] [--ep N]
+           [--moe] [--steps K]
 Exit 0 when every check holds; prints one JSON line of figures.
 """
 import argparse
@@ -34,20 +52,57 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 VOCAB, PAD_TO, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS = \
-    50, 4, 16, 8, 4, 2, 24, 2
+    50, 4, 16, 8, 4, 2, 24, 3
+EXPERTS, TOP_K, EXPERT_FFN = 4, 2, 8  # the MoE MLP
 SPAN = 64  # elements per span: small, so tensors have several
 
 
-def layout_yaml(tp):
-    return f"""version: 1
-parallel: {{tp: {tp}}}
+class Parallel:
+    """The trainer's parallel sizes and its ranks, numbered as the layout
+    numbers them."""
+
+    def __init__(self, tp, pp, ep, moe):
+        self.tp, self.pp, self.ep, self.moe = tp, pp, ep, moe
+        self.world = tp * ep * pp
+        # Layers per stage: the first stages take what an even split leaves.
+        base, extra = divmod(LAYERS, pp)
+        self.stages = [base + (s < extra) for s in range(pp)]
+
+    def rank(self, t, e, s):
+        return t + self.tp * (e + self.ep * s)
+
+    def coords(self, rank):
+        """(tp_rank, ep_rank, stage) of `rank`."""
+        return (rank % self.tp, rank // self.tp % self.ep,
+                rank // (self.tp * self.ep))
+
+    def layers(self, s):
+        """The global indices of stage s's layers, in order."""
+        first = sum(self.stages[:s])
+        return range(first, first + self.stages[s])
+
+    def experts(self, e):
+        """The global indices of ep rank e's experts, in order."""
+        n = EXPERTS // self.ep
+        return range(e * n, (e + 1) * n)
+
+
+def layout_yaml(par):
+    stages = ", ".join(str(n) for n in par.stages)
+    head = f"""version: 1
+parallel: {{tp: {par.tp}, pp: {par.pp}, ep: {par.ep}}}
 layers: {LAYERS}
-tensors:
+stages: [{stages}]
+"""
+    if par.moe:
+        head += f"experts: {EXPERTS}\n"
+    attention = f"""tensors:
   - name: model.embed_tokens.weight
     shard: embedding.word_embeddings.weight
     split: vocab
     pad_to: {PAD_TO}
     shape: [{VOCAB}, {HIDDEN}]
+    stage: first
   - name: model.layers.{{layer}}.input_layernorm.weight
     shard: decoder.layers.{{layer}}.input_layernorm.weight
     split: replicated
@@ -70,7 +125,8 @@ tensors:
     shard: decoder.layers.{{layer}}.pre_mlp_layernorm.weight
     split: replicated
     shape: [{HIDDEN}]
-  - names:
+"""
+    dense = f"""  - names:
       - model.layers.{{layer}}.mlp.gate_proj.weight
       - model.layers.{{layer}}.mlp.up_proj.weight
     shard: decoder.layers.{{layer}}.mlp.linear_fc1.weight
@@ -80,17 +136,36 @@ tensors:
     shard: decoder.layers.{{layer}}.mlp.linear_fc2.weight
     split: row
     shape: [{HIDDEN}, {FFN}]
-  - name: model.norm.weight
+"""
+    moe = f"""  - name: model.layers.{{layer}}.mlp.gate.weight
+    shard: decoder.layers.{{layer}}.mlp.router.weight
+    split: replicated
+    shape: [{EXPERTS}, {HIDDEN}]
+  - names:
+      - model.layers.{{layer}}.mlp.experts.{{expert}}.gate_proj.weight
+      - model.layers.{{layer}}.mlp.experts.{{expert}}.up_proj.weight
+    shard: decoder.layers.{{layer}}.mlp.experts.local_experts.{{expert}}.linear_fc1.weight
+    split: gate_up
+    shape: [{EXPERT_FFN}, {HIDDEN}]
+  - name: model.layers.{{layer}}.mlp.experts.{{expert}}.down_proj.weight
+    shard: decoder.layers.{{layer}}.mlp.experts.local_experts.{{expert}}.linear_fc2.weight
+    split: row
+    shape: [{HIDDEN}, {EXPERT_FFN}]
+"""
+    output = f"""  - name: model.norm.weight
     shard: decoder.final_layernorm.weight
     split: replicated
     shape: [{HIDDEN}]
     shard_dtype: F32
+    stage: last
   - name: lm_head.weight
     shard: output_layer.weight
     split: vocab
     pad_to: {PAD_TO}
     shape: [{VOCAB}, {HIDDEN}]
+    stage: last
 """
+    return head + attention + (moe if par.moe else dense) + output
 
 
 def padded_vocab(tp):
@@ -98,54 +173,79 @@ def padded_vocab(tp):
     return (VOCAB + m - 1) // m * m
 
 
-# ------------------------------------------------ tensor-parallel mappings
+# ------------------------------------------------ parallel mappings
 
 
-def all_reduce(x):
-    """Sum over the ranks, in F32 (gloo's types), the same on every rank."""
+def all_reduce(x, group):
+    """Sum over the group, in F32 (gloo's types), the same on every rank."""
     y = x.float().contiguous()
-    dist.all_reduce(y)
+    dist.all_reduce(y, group=group)
     return y.to(x.dtype)
 
 
-class CopyToTP(torch.autograd.Function):
+class CopyTo(torch.autograd.Function):
+    """Into a region parallel over `group`: identity, all-reduce backward."""
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         return x
 
     @staticmethod
     def backward(ctx, g):
-        return all_reduce(g)
+        return all_reduce(g, ctx.group), None
 
 
-class ReduceFromTP(torch.autograd.Function):
+class ReduceFrom(torch.autograd.Function):
+    """Out of a region parallel over `group`: all-reduce, identity backward."""
+
     @staticmethod
-    def forward(ctx, x):
-        return all_reduce(x)
+    def forward(ctx, x, group):
+        return all_reduce(x, group)
 
     @staticmethod
     def backward(ctx, g):
-        return g
+        return g, None
 
 
 class GatherLastDim(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, x.contiguous())
-        ctx.n = x.shape[-1]
+    def forward(ctx, x, group):
+        parts = [torch.empty_like(x)
+                 for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        ctx.n, ctx.r = x.shape[-1], dist.get_rank(group)
         return torch.cat(parts, dim=-1)
 
     @staticmethod
     def backward(ctx, g):
-        r = dist.get_rank()
-        return g[..., r * ctx.n:(r + 1) * ctx.n].contiguous()
+        return g[..., ctx.r * ctx.n:(ctx.r + 1) * ctx.n].contiguous(), None
+
+
+class Groups:
+    """A rank's process groups: `tp`, the ranks of its stage and ep rank
+    (tensor parallel); `stage`, all its stage's ranks (the MoE MLP sums its
+    experts' outputs over them)."""
+
+    def __init__(self, par, rank):
+        _, e, s = par.coords(rank)
+        # Every rank creates every group, in the same order.
+        for gs in range(par.pp):
+            for ge in range(par.ep):
+                first = par.rank(0, ge, gs)
+                g = dist.new_group(list(range(first, first + par.tp)))
+                if (ge, gs) == (e, s):
+                    self.tp = g
+            first = par.rank(0, 0, gs)
+            g = dist.new_group(list(range(first, first + par.tp * par.ep)))
+            if gs == s:
+                self.stage = g
 
 
 # ------------------------------------------------ the canonical model
 
 
-def canonical_init(seed=7):
+def canonical_init(moe, seed=7):
     """The canonical tensors every rank starts from (same seed on all)."""
     g = torch.Generator().manual_seed(seed)
 
@@ -164,94 +264,176 @@ def canonical_init(seed=7):
         c[p + "self_attn.k_proj.weight"] = rnd(KV_HEADS * HEAD_DIM, HIDDEN)
         c[p + "self_attn.v_proj.weight"] = rnd(KV_HEADS * HEAD_DIM, HIDDEN)
         c[p + "self_attn.o_proj.weight"] = rnd(HIDDEN, HEADS * HEAD_DIM)
-        c[p + "mlp.gate_proj.weight"] = rnd(FFN, HIDDEN)
-        c[p + "mlp.up_proj.weight"] = rnd(FFN, HIDDEN)
-        c[p + "mlp.down_proj.weight"] = rnd(HIDDEN, FFN)
+        if not moe:
+            c[p + "mlp.gate_proj.weight"] = rnd(FFN, HIDDEN)
+            c[p + "mlp.up_proj.weight"] = rnd(FFN, HIDDEN)
+            c[p + "mlp.down_proj.weight"] = rnd(HIDDEN, FFN)
+            continue
+        c[p + "mlp.gate.weight"] = rnd(EXPERTS, HIDDEN)
+        for x in range(EXPERTS):
+            q = p + f"mlp.experts.{x}."
+            c[q + "gate_proj.weight"] = rnd(EXPERT_FFN, HIDDEN)
+            c[q + "up_proj.weight"] = rnd(EXPERT_FFN, HIDDEN)
+            c[q + "down_proj.weight"] = rnd(HIDDEN, EXPERT_FFN)
     return c
 
 
-def shard_of(c, tp, t):
-    """Rank t's shards, cut from canonical tensors as Megatron holds them
-    (written here independently of dcr's layout maps)."""
-    s = {}
-    pv = padded_vocab(tp)
-    rows = pv // tp
-    for canon, shard in (("model.embed_tokens.weight",
-                          "embedding.word_embeddings.weight"),
-                         ("lm_head.weight", "output_layer.weight")):
-        padded = torch.zeros(pv, HIDDEN, dtype=torch.bfloat16)
-        padded[:VOCAB] = c[canon]
-        s[shard] = padded[t * rows:(t + 1) * rows].clone()
-    s["decoder.final_layernorm.weight"] = c["model.norm.weight"].clone()
+# How Megatron cuts a tensor for tensor-parallel rank t of tp, and how the
+# cuts of all tp ranks join again (written here independently of dcr's
+# layout maps).
+
+
+def vocab_cut(w, t, tp):
+    padded = torch.zeros(padded_vocab(tp), w.shape[1], dtype=w.dtype)
+    padded[:VOCAB] = w
+    rows = padded.shape[0] // tp
+    return padded[t * rows:(t + 1) * rows].clone()
+
+
+def vocab_join(cuts):
+    return torch.cat(cuts)[:VOCAB]
+
+
+def qkv_cut(q, k, v, t, tp):
     groups, qpg = KV_HEADS // tp, HEADS // KV_HEADS
-    for i in range(LAYERS):
-        p, d = f"model.layers.{i}.", f"decoder.layers.{i}."
-        s[d + "input_layernorm.weight"] = c[p + "input_layernorm.weight"].clone()
-        s[d + "pre_mlp_layernorm.weight"] = \
+    blocks = []
+    for g in range(t * groups, (t + 1) * groups):
+        blocks += [q[g * qpg * HEAD_DIM:(g + 1) * qpg * HEAD_DIM],
+                   k[g * HEAD_DIM:(g + 1) * HEAD_DIM],
+                   v[g * HEAD_DIM:(g + 1) * HEAD_DIM]]
+    return torch.cat(blocks).clone()
+
+
+def qkv_join(cuts):
+    groups, qpg = KV_HEADS // len(cuts), HEADS // KV_HEADS
+    per = (qpg + 2) * HEAD_DIM
+    qs, ks, vs = [], [], []
+    for cut in cuts:
+        for g in range(groups):
+            b = cut[g * per:(g + 1) * per]
+            qs.append(b[:qpg * HEAD_DIM])
+            ks.append(b[qpg * HEAD_DIM:(qpg + 1) * HEAD_DIM])
+            vs.append(b[(qpg + 1) * HEAD_DIM:])
+    return torch.cat(qs), torch.cat(ks), torch.cat(vs)
+
+
+def gate_up_cut(gate, up, t, tp):
+    f = gate.shape[0] // tp
+    return torch.cat([gate[t * f:(t + 1) * f], up[t * f:(t + 1) * f]]).clone()
+
+
+def gate_up_join(cuts):
+    f = cuts[0].shape[0] // 2
+    return torch.cat([x[:f] for x in cuts]), torch.cat([x[f:] for x in cuts])
+
+
+def row_cut(w, t, tp):
+    cols = w.shape[1] // tp
+    return w[:, t * cols:(t + 1) * cols].clone()
+
+
+def row_join(cuts):
+    return torch.cat(cuts, dim=1)
+
+
+def mlp_names(par, p, d, e):
+    """(canonical gate, up, down; shard fc1, fc2) of the MLPs of layer
+    prefix p (canonical) / d (the rank's shard) on ep rank e: the dense
+    one, or e's experts."""
+    if not par.moe:
+        return [(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                 p + "mlp.down_proj.weight",
+                 d + "mlp.linear_fc1.weight", d + "mlp.linear_fc2.weight")]
+    out = []
+    for k, x in enumerate(par.experts(e)):
+        q = p + f"mlp.experts.{x}."
+        m = d + f"mlp.experts.local_experts.{k}."
+        out.append((q + "gate_proj.weight", q + "up_proj.weight",
+                    q + "down_proj.weight",
+                    m + "linear_fc1.weight", m + "linear_fc2.weight"))
+    return out
+
+
+def shard_of(c, par, rank):
+    """A rank's shards, cut from canonical tensors as Megatron holds them:
+    its stage's layers under local names and, with experts, its ep rank's
+    experts under local names."""
+    t, e, s = par.coords(rank)
+    tp = par.tp
+    sh = {}
+    if s == 0:
+        sh["embedding.word_embeddings.weight"] = vocab_cut(
+            c["model.embed_tokens.weight"], t, tp)
+    if s == par.pp - 1:
+        sh["decoder.final_layernorm.weight"] = c["model.norm.weight"].clone()
+        sh["output_layer.weight"] = vocab_cut(c["lm_head.weight"], t, tp)
+    for j, i in enumerate(par.layers(s)):
+        p, d = f"model.layers.{i}.", f"decoder.layers.{j}."
+        sh[d + "input_layernorm.weight"] = c[p + "input_layernorm.weight"].clone()
+        sh[d + "pre_mlp_layernorm.weight"] = \
             c[p + "post_attention_layernorm.weight"].clone()
-        q = c[p + "self_attn.q_proj.weight"]
-        k = c[p + "self_attn.k_proj.weight"]
-        v = c[p + "self_attn.v_proj.weight"]
-        blocks = []
-        for g in range(t * groups, (t + 1) * groups):
-            blocks += [q[g * qpg * HEAD_DIM:(g + 1) * qpg * HEAD_DIM],
-                       k[g * HEAD_DIM:(g + 1) * HEAD_DIM],
-                       v[g * HEAD_DIM:(g + 1) * HEAD_DIM]]
-        s[d + "self_attention.linear_qkv.weight"] = torch.cat(blocks).clone()
-        cols = HEADS * HEAD_DIM // tp
-        s[d + "self_attention.linear_proj.weight"] = \
-            c[p + "self_attn.o_proj.weight"][:, t * cols:(t + 1) * cols].clone()
-        f = FFN // tp
-        s[d + "mlp.linear_fc1.weight"] = torch.cat(
-            [c[p + "mlp.gate_proj.weight"][t * f:(t + 1) * f],
-             c[p + "mlp.up_proj.weight"][t * f:(t + 1) * f]]).clone()
-        s[d + "mlp.linear_fc2.weight"] = \
-            c[p + "mlp.down_proj.weight"][:, t * f:(t + 1) * f].clone()
-    return s
+        sh[d + "self_attention.linear_qkv.weight"] = qkv_cut(
+            c[p + "self_attn.q_proj.weight"], c[p + "self_attn.k_proj.weight"],
+            c[p + "self_attn.v_proj.weight"], t, tp)
+        sh[d + "self_attention.linear_proj.weight"] = row_cut(
+            c[p + "self_attn.o_proj.weight"], t, tp)
+        if par.moe:
+            sh[d + "mlp.router.weight"] = c[p + "mlp.gate.weight"].clone()
+        for gate, up, down, fc1, fc2 in mlp_names(par, p, d, e):
+            sh[fc1] = gate_up_cut(c[gate], c[up], t, tp)
+            sh[fc2] = row_cut(c[down], t, tp)
+    return sh
 
 
-def export(params, tp):
-    """The canonical tensors, gathered from every rank's shards (collective;
-    the result is meaningful on rank 0): the reference the check uses."""
-    full = {}
-    for name, p in params.items():
-        # The bits, as bytes: gloo moves them without a conversion.
-        mine = p.data.contiguous().view(torch.uint8)
-        parts = [torch.empty_like(mine) for _ in range(tp)]
-        dist.all_gather(parts, mine)
-        full[name] = [x.view(p.dtype) for x in parts]
-    c = {}
-    c["model.embed_tokens.weight"] = torch.cat(
-        full["embedding.word_embeddings.weight"])[:VOCAB]
-    c["lm_head.weight"] = torch.cat(full["output_layer.weight"])[:VOCAB]
-    c["model.norm.weight"] = full["decoder.final_layernorm.weight"][0].to(
-        torch.bfloat16)
-    groups, qpg = KV_HEADS // tp, HEADS // KV_HEADS
-    f = FFN // tp
-    for i in range(LAYERS):
-        p, d = f"model.layers.{i}.", f"decoder.layers.{i}."
-        c[p + "input_layernorm.weight"] = full[d + "input_layernorm.weight"][0]
-        c[p + "post_attention_layernorm.weight"] = \
-            full[d + "pre_mlp_layernorm.weight"][0]
-        qs, ks, vs = [], [], []
-        for shard in full[d + "self_attention.linear_qkv.weight"]:
-            per = (qpg + 2) * HEAD_DIM
-            for g in range(groups):
-                b = shard[g * per:(g + 1) * per]
-                qs.append(b[:qpg * HEAD_DIM])
-                ks.append(b[qpg * HEAD_DIM:(qpg + 1) * HEAD_DIM])
-                vs.append(b[(qpg + 1) * HEAD_DIM:])
-        c[p + "self_attn.q_proj.weight"] = torch.cat(qs)
-        c[p + "self_attn.k_proj.weight"] = torch.cat(ks)
-        c[p + "self_attn.v_proj.weight"] = torch.cat(vs)
-        c[p + "self_attn.o_proj.weight"] = torch.cat(
-            full[d + "self_attention.linear_proj.weight"], dim=1)
-        fc1 = full[d + "mlp.linear_fc1.weight"]
-        c[p + "mlp.gate_proj.weight"] = torch.cat([x[:f] for x in fc1])
-        c[p + "mlp.up_proj.weight"] = torch.cat([x[f:] for x in fc1])
-        c[p + "mlp.down_proj.weight"] = torch.cat(
-            full[d + "mlp.linear_fc2.weight"], dim=1)
+def canonical_of(held, par):
+    """The canonical tensors from every rank's shards (held[rank]). A tensor
+    held whole by several ranks is read from its owner, the stage's rank of
+    tp and ep rank 0; one split over tp from the ranks of ep rank 0, an
+    expert's from its ep rank's."""
+    def tp_ranks(s, e=0):
+        return [held[par.rank(t, e, s)] for t in range(par.tp)]
+
+    first, last = tp_ranks(0), tp_ranks(par.pp - 1)
+    c = {"model.embed_tokens.weight": vocab_join(
+             [h["embedding.word_embeddings.weight"] for h in first]),
+         "lm_head.weight": vocab_join(
+             [h["output_layer.weight"] for h in last]),
+         "model.norm.weight": last[0]["decoder.final_layernorm.weight"].to(
+             torch.bfloat16)}
+    for s in range(par.pp):
+        ranks = tp_ranks(s)
+        for j, i in enumerate(par.layers(s)):
+            p, d = f"model.layers.{i}.", f"decoder.layers.{j}."
+            c[p + "input_layernorm.weight"] = \
+                ranks[0][d + "input_layernorm.weight"]
+            c[p + "post_attention_layernorm.weight"] = \
+                ranks[0][d + "pre_mlp_layernorm.weight"]
+            qkv = [h[d + "self_attention.linear_qkv.weight"] for h in ranks]
+            for x, w in zip("qkv", qkv_join(qkv)):
+                c[p + f"self_attn.{x}_proj.weight"] = w
+            c[p + "self_attn.o_proj.weight"] = row_join(
+                [h[d + "self_attention.linear_proj.weight"] for h in ranks])
+            if par.moe:
+                c[p + "mlp.gate.weight"] = ranks[0][d + "mlp.router.weight"]
+            for e in range(par.ep):
+                cuts = tp_ranks(s, e)
+                for gate, up, down, fc1, fc2 in mlp_names(par, p, d, e):
+                    c[gate], c[up] = gate_up_join([h[fc1] for h in cuts])
+                    c[down] = row_join([h[fc2] for h in cuts])
     return {k: v.contiguous() for k, v in c.items()}
+
+
+def export(params, par):
+    """The canonical tensors, gathered on rank 0 from every rank's shards
+    (collective; None on the other ranks): the reference the check uses."""
+    held = [None] * par.world if dist.get_rank() == 0 else None
+    # Pickled tensors: their bits cross unchanged.
+    dist.gather_object({n: p.detach() for n, p in params.items()}, held,
+                       dst=0)
+    return None if held is None else canonical_of(held, par)
+
+
+# ------------------------------------------------ the forward pass
 
 
 def rms(x, w):
@@ -260,39 +442,104 @@ def rms(x, w):
     return (y * w.float()).to(torch.bfloat16)
 
 
-def forward(P, tokens, tp, t):
-    """Loss of the tensor-parallel model on `tokens` [B, S]."""
-    rows = padded_vocab(tp) // tp
+def embed(P, tokens, par, t, G):
+    rows = padded_vocab(par.tp) // par.tp
     lo = t * rows
     local = (tokens >= lo) & (tokens < lo + rows)
     ids = torch.where(local, tokens - lo, torch.zeros_like(tokens))
     x = P["embedding.word_embeddings.weight"][ids]
-    x = ReduceFromTP.apply(x * local.unsqueeze(-1).to(x.dtype))
-    groups, qpg = KV_HEADS // tp, HEADS // KV_HEADS
-    B, S = tokens.shape
+    return ReduceFrom.apply(x * local.unsqueeze(-1).to(x.dtype), G.tp)
+
+
+def dense_mlp(P, n, d, par, G):
+    n = CopyTo.apply(n, G.tp)
+    gu = n @ P[d + "mlp.linear_fc1.weight"].t()
+    f = FFN // par.tp
+    a = torch.nn.functional.silu(gu[..., :f].float()) * gu[..., f:].float()
+    return ReduceFrom.apply(
+        a.to(torch.bfloat16) @ P[d + "mlp.linear_fc2.weight"].t(), G.tp)
+
+
+def moe_mlp(P, n, d, par, e, G):
+    """Each token's top-2 experts by the replicated router, weighted by the
+    router's softmax renormalized over them; this rank computes its own
+    experts (their tp slices) on the tokens routed to them, and the stage's
+    ranks sum the outputs."""
+    B, S, H = n.shape
+    n = n.reshape(-1, H)
+    probs = torch.softmax((n @ P[d + "mlp.router.weight"].t()).float(), -1)
+    weight, chosen = probs.topk(TOP_K, dim=-1)
+    weight = weight / weight.sum(-1, keepdim=True)
+    # The router's path is replicated, the experts' parallel over the stage.
+    xn, weight = CopyTo.apply(n, G.stage), CopyTo.apply(weight, G.stage)
+    f = EXPERT_FFN // par.tp
+    y = torch.zeros(n.shape)
+    for k, x in enumerate(par.experts(e)):
+        tok, slot = (chosen == x).nonzero(as_tuple=True)
+        m = d + f"mlp.experts.local_experts.{k}."
+        gu = xn[tok] @ P[m + "linear_fc1.weight"].t()
+        a = torch.nn.functional.silu(gu[:, :f].float()) * gu[:, f:].float()
+        out = (a.to(torch.bfloat16) @ P[m + "linear_fc2.weight"].t()).float()
+        y = y.index_add(0, tok, out * weight[tok, slot].unsqueeze(-1))
+    return ReduceFrom.apply(y, G.stage).to(torch.bfloat16).view(B, S, H)
+
+
+def layer(P, x, d, par, e, G):
+    """One decoder layer; d: its shards' prefix on this rank."""
+    groups, qpg = KV_HEADS // par.tp, HEADS // KV_HEADS
+    B, S, _ = x.shape
     mask = torch.full((S, S), float("-inf")).triu(1)
-    for i in range(LAYERS):
-        d = f"decoder.layers.{i}."
-        n = CopyToTP.apply(rms(x, P[d + "input_layernorm.weight"]))
-        qkv = n @ P[d + "self_attention.linear_qkv.weight"].t()
-        qkv = qkv.view(B, S, groups, qpg + 2, HEAD_DIM).float()
-        q, k, v = qkv[:, :, :, :qpg], qkv[:, :, :, qpg], qkv[:, :, :, qpg + 1]
-        att = torch.einsum("bsgqd,btgd->bgqst", q, k) / HEAD_DIM ** 0.5
-        att = torch.softmax(att + mask, dim=-1)
-        o = torch.einsum("bgqst,btgd->bsgqd", att, v).reshape(B, S, -1)
-        o = o.to(torch.bfloat16) @ P[d + "self_attention.linear_proj.weight"].t()
-        x = x + ReduceFromTP.apply(o)
-        n = CopyToTP.apply(rms(x, P[d + "pre_mlp_layernorm.weight"]))
-        gu = n @ P[d + "mlp.linear_fc1.weight"].t()
-        f = FFN // tp
-        a = torch.nn.functional.silu(gu[..., :f].float()) * gu[..., f:].float()
-        x = x + ReduceFromTP.apply(
-            a.to(torch.bfloat16) @ P[d + "mlp.linear_fc2.weight"].t())
-    n = CopyToTP.apply(rms(x, P["decoder.final_layernorm.weight"]))
+    n = CopyTo.apply(rms(x, P[d + "input_layernorm.weight"]), G.tp)
+    qkv = n @ P[d + "self_attention.linear_qkv.weight"].t()
+    qkv = qkv.view(B, S, groups, qpg + 2, HEAD_DIM).float()
+    q, k, v = qkv[:, :, :, :qpg], qkv[:, :, :, qpg], qkv[:, :, :, qpg + 1]
+    att = torch.einsum("bsgqd,btgd->bgqst", q, k) / HEAD_DIM ** 0.5
+    att = torch.softmax(att + mask, dim=-1)
+    o = torch.einsum("bgqst,btgd->bsgqd", att, v).reshape(B, S, -1)
+    o = o.to(torch.bfloat16) @ P[d + "self_attention.linear_proj.weight"].t()
+    x = x + ReduceFrom.apply(o, G.tp)
+    n = rms(x, P[d + "pre_mlp_layernorm.weight"])
+    if par.moe:
+        return x + moe_mlp(P, n, d, par, e, G)
+    return x + dense_mlp(P, n, d, par, G)
+
+
+def output_loss(P, x, tokens, G):
+    n = CopyTo.apply(rms(x, P["decoder.final_layernorm.weight"]), G.tp)
     logits = GatherLastDim.apply(
-        (n @ P["output_layer.weight"].t()).float())[..., :VOCAB]
+        (n @ P["output_layer.weight"].t()).float(), G.tp)[..., :VOCAB]
     return torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def train_step(P, opt, tokens, par, rank, G):
+    """One Adam step on `tokens` [B, S]. A stage runs its layers on what the
+    stage before sent (from its rank of the same tp and ep rank), the last
+    stage computes the loss, and the gradients go back the same way. The
+    loss on the last stage, None elsewhere."""
+    t, e, s = par.coords(rank)
+    if s == 0:
+        x = embed(P, tokens, par, t, G)
+    else:
+        x_in = torch.empty(*tokens.shape, HIDDEN, dtype=torch.bfloat16)
+        dist.recv(x_in, par.rank(t, e, s - 1))
+        x = x_in.requires_grad_()
+    for j in range(par.stages[s]):
+        x = layer(P, x, f"decoder.layers.{j}.", par, e, G)
+    opt.zero_grad()
+    loss = None
+    if s == par.pp - 1:
+        loss = output_loss(P, x, tokens, G)
+        loss.backward()
+    else:
+        dist.send(x.detach(), par.rank(t, e, s + 1))
+        g = torch.empty_like(x)
+        dist.recv(g, par.rank(t, e, s + 1))
+        x.backward(g)
+    if s > 0:
+        dist.send(x_in.grad, par.rank(t, e, s - 1))
+    opt.step()
+    return None if loss is None else float(loss)
 
 
 # ------------------------------------------------ one rank
@@ -307,55 +554,58 @@ def bits(t):
     return t.contiguous().view(-1).view(torch.uint8)
 
 
-def worker(t, tp, steps, module_dir, rdzv, result):
+def worker(rank, par, steps, module_dir, rdzv, result):
     sys.path.insert(0, module_dir)
     import dcr  # noqa: E402  (the module under test)
     dist.init_process_group("gloo", init_method=f"file://{rdzv}",
-                            rank=t, world_size=tp)
+                            rank=rank, world_size=par.world)
+    G = Groups(par, rank)
     torch.manual_seed(100)  # the same batches on every rank
     layout_path = os.path.join(os.path.dirname(rdzv), "layout.yaml")
     layout = dcr.Layout(layout_path)
-    check(layout.ranks == tp, "layout ranks")
+    check(layout.ranks == par.world, "layout ranks")
     params = {n: torch.nn.Parameter(v)
-              for n, v in shard_of(canonical_init(), tp, t).items()}
-    names = set(layout.shards(t))
-    check(names <= set(params), f"rank {t}: the layout names shards the "
+              for n, v in shard_of(canonical_init(par.moe), par, rank).items()}
+    names = set(layout.shards(rank))
+    check(names <= set(params), f"rank {rank}: the layout names shards the "
           f"trainer lacks: {sorted(names - set(params))}")
     opt = torch.optim.Adam(params.values(), lr=2e-3)
-    producer = dcr.ShardProducer(layout, t, span_elems=SPAN)
+    producer = dcr.ShardProducer(layout, rank, span_elems=SPAN)
     mine = {n: params[n].data for n in names}
     producer.set_baseline(mine)
     check(producer.baseline_bytes == sum(v.numel() * v.element_size()
                                          for v in mine.values()),
           "the baseline is the rank's shards, nothing more")
-    before = export(params, tp)
-    figures = {"steps": [], "tp": tp}
+    before = first = export(params, par)
+    if rank == 0:
+        check(sorted(before) == layout.tensors,
+              "the layout's tensors are the model's")
+    figures = {"steps": [], "tp": par.tp, "pp": par.pp, "ep": par.ep,
+               "experts": EXPERTS if par.moe else 0}
     for step in range(1, steps + 1):
         tokens = torch.randint(0, VOCAB, (4, 12))
-        loss = forward(params, tokens, tp, t)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = train_step(params, opt, tokens, par, rank, G)
         t0 = time.perf_counter()
         out = producer.diff({n: params[n].data for n in names})
         diff_s = time.perf_counter() - t0
         for (_, _, part, _) in out["chunks"]:
-            check(part == t + 1, f"rank {t} sent part {part}")
-        gathered = [None] * tp
-        dist.all_gather_object(gathered, out)
-        after = export(params, tp)
-        if t == 0:
+            check(part == rank + 1, f"rank {rank} sent part {part}")
+        gathered = [None] * par.world if rank == 0 else None
+        dist.gather_object((out, loss), gathered, dst=0)
+        after = export(params, par)
+        if rank == 0:
+            outs = [o for o, _ in gathered]
             work = {k: v.clone() for k, v in before.items()}
-            chunks = [c for o in gathered for c in o["chunks"]]
+            chunks = [c for o in outs for c in o["chunks"]]
             dcr.apply_chunks(layout, work, chunks, SPAN)
             for k in after:
                 check(torch.equal(bits(work[k]), bits(after[k])),
                       f"step {step}: '{k}' differs from the export after "
                       "applying every rank's parts")
             target = dcr.finish_digests(
-                layout, [o["target_digests"] for o in gathered])
+                layout, [o["target_digests"] for o in outs])
             base = dcr.finish_digests(
-                layout, [o["base_digests"] for o in gathered])
+                layout, [o["base_digests"] for o in outs])
             for k in after:
                 check(target[k] == dcr.tensor_digest(after[k]),
                       f"step {step}: target digest of '{k}'")
@@ -363,19 +613,23 @@ def worker(t, tp, steps, module_dir, rdzv, result):
                       f"step {step}: base digest of '{k}'")
             elements = sum(v.numel() for v in after.values())
             figures["steps"].append({
-                "step": step, "loss": float(loss),
-                "changed": sum(o["changed"] for o in gathered),
+                "step": step,
+                "loss": gathered[par.rank(0, 0, par.pp - 1)][1],
+                "changed": sum(o["changed"] for o in outs),
                 "elements": elements,
                 "parts": len(chunks),
-                "payload_bytes": sum(o["payload_bytes"] for o in gathered),
+                "payload_bytes": sum(o["payload_bytes"] for o in outs),
                 "diff_seconds_rank0": diff_s})
         producer.advance({n: params[n].data for n in names})
         before = after
+    if rank == 0 and par.moe:
+        # Routed: every expert got tokens, so its weights moved.
+        for k in first:
+            if ".mlp.experts." in k:
+                check(not torch.equal(bits(first[k]), bits(before[k])),
+                      f"'{k}' never changed: no token was routed to it")
     # A refused advance: the trainer stepped again after the diff.
-    loss = forward(params, torch.randint(0, VOCAB, (4, 12)), tp, t)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+    train_step(params, opt, torch.randint(0, VOCAB, (4, 12)), par, rank, G)
     producer.diff({n: params[n].data for n in names})
     opt.step()
     try:
@@ -406,7 +660,7 @@ def worker(t, tp, steps, module_dir, rdzv, result):
         check(False, "a missing shard was taken")
     except KeyError as e:
         check(some in str(e), str(e))
-    if t == 0:
+    if rank == 0:
         import numpy as np
         try:
             dcr.tensor_digest(np.arange(10, dtype=np.int16)[::2])
@@ -420,12 +674,12 @@ def worker(t, tp, steps, module_dir, rdzv, result):
             pass
         try:
             dcr.finish_digests(layout, [])
-            check(tp == 0, "digest parts of no rank were finished")
+            check(False, "digest parts of no rank were finished")
         except ValueError as e:
             check("ranks" in str(e), str(e))
     dist.barrier()
     dist.destroy_process_group()
-    if t == 0:
+    if rank == 0:
         with open(result, "w") as f:
             json.dump(figures, f)
 
@@ -433,20 +687,35 @@ def worker(t, tp, steps, module_dir, rdzv, result):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("module_dir")
-    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--tp", type=int, default=2, help="tensor parallel")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    ap.add_argument("--ep", type=int, default=1,
+                    help="expert parallel (implies --moe)")
+    ap.add_argument("--moe", action="store_true",
+                    help=f"an MoE MLP of {EXPERTS} experts, top {TOP_K}")
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
+    if KV_HEADS % a.tp:
+        ap.error(f"--tp must divide the {KV_HEADS} kv heads")
+    if not 1 <= a.pp <= LAYERS:
+        ap.error(f"--pp must be 1 to {LAYERS} (the layers)")
+    if EXPERTS % a.ep:
+        ap.error(f"--ep must divide {EXPERTS} experts")
+    par = Parallel(a.tp, a.pp, a.ep, a.moe or a.ep > 1)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "layout.yaml"), "w") as f:
-            f.write(layout_yaml(a.tp))
+            f.write(layout_yaml(par))
         result = os.path.join(d, "result.json")
-        mp.spawn(worker, args=(a.tp, a.steps, a.module_dir,
-                               os.path.join(d, "rdzv"), result),
-                 nprocs=a.tp, join=True)
+        # Forked, not spawned: a spawned rank imports torch again (about a
+        # second of CPU each).
+        mp.start_processes(worker, args=(par, a.steps, a.module_dir,
+                                         os.path.join(d, "rdzv"), result),
+                           nprocs=par.world, join=True, start_method="fork")
         figures = json.load(open(result))
     print(json.dumps(figures))
-    print(f"producer_trainer: tp {a.tp}: ok", file=sys.stderr)
+    print(f"producer_trainer: tp {par.tp} pp {par.pp} ep {par.ep}"
+          f"{' moe' if par.moe else ''}: ok", file=sys.stderr)
 
 
 if __name__ == "__main__":
