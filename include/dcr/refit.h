@@ -59,9 +59,18 @@
 
 namespace dcr {
 
+class ProducerHub;  // dcr/producer.h
+
 struct RefitOptions {
   Topology topology;
   std::string target;  // safetensors file, sharded directory or index
+  // A producers' refit (dcr/producer.h): the target is what the trainer's
+  // ranks stream through this hub, not a file (`target` unused). A delta
+  // of the whole tree; needs root.baseline, which takes the merged stream.
+  ProducerHub* producers = nullptr;
+  // A producers' refit waits for the first rank's PRODUCER_HELLO as long
+  // as it takes, then this long for the other ranks'.
+  std::chrono::milliseconds producer_wait{60000};
   RefitMode mode = RefitMode::kDelta;
   // A full refit of these relays only (each fed directly by the root),
   // to seed or repair them at the tree's current version: the target must
@@ -218,6 +227,10 @@ struct RefitReport {
   // no longer a pass before PLAN. 0 when the target was hashed before PLAN
   // (named nodes) or not at all.
   double hashed_in_stream_seconds = 0;
+  // A producers' refit: how many ranks streamed it, at which trainer step
+  // (0 and 0 otherwise).
+  uint32_t producers = 0;
+  uint64_t trainer_step = 0;
   std::vector<NodeOutcome> nodes;  // every receiver in tree order
   std::vector<CatchUpReport> catch_up;
 

@@ -111,8 +111,9 @@ class ShardProducer {
   // ignored) as the baseline. Errors as DiffShards'.
   Status SetBaseline(const ShardBytes& shards);
   // Diffs `target` against the baseline: the parts (XOR masks) and both
-  // digest parts. InvalidArgument before a baseline was set.
-  Result<Step> Diff(const ShardBytes& target);
+  // digest parts. InvalidArgument before a baseline was set. `span_elems`
+  // (0: the constructor's) is the refit's span length.
+  Result<Step> Diff(const ShardBytes& target, uint64_t span_elems = 0);
   // The refit of `target` committed: it becomes the baseline. `target`
   // must hold the bits the last Diff was given (its regions hash to that
   // step's target digests): BaseMismatch naming the first tensor otherwise
@@ -123,6 +124,11 @@ class ShardProducer {
   const Layout& layout() const { return layout_; }
   uint32_t rank() const { return rank_; }
   bool has_baseline() const { return has_baseline_; }
+  // Per canonical tensor, the linear digest parts of the baseline's
+  // regions (empty without a baseline).
+  const std::vector<LinearDigest>& baseline_digests() const {
+    return baseline_digests_;
+  }
   uint64_t baseline_bytes() const;
 
  private:

@@ -87,8 +87,14 @@ enum class FrameType : uint8_t {
   kHeartbeat = 13,
   kResendRequest = 14,
   kError = 15,
+  // Between a trainer rank's producer and the coordinator
+  // (protocol/producer_messages.h), never on a tree link.
+  kProducerHello = 16,
+  kProducerGo = 17,
+  kProducerDone = 18,
+  kProducerDecision = 19,
 };
-inline constexpr uint8_t kMaxFrameType = 15;
+inline constexpr uint8_t kMaxFrameType = 19;
 
 // Returns true iff `type` names a FrameType this version knows.
 bool IsKnownFrameType(uint8_t type);

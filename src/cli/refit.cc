@@ -2,9 +2,12 @@
 #include "dcr/refit.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli/cli_common.h"
 #include "common/bytes.h"
@@ -12,6 +15,8 @@
 #include "common/progress.h"
 #include "coord/coordinator.h"  // QueryStatus
 #include "coord/state_dir.h"
+#include "dcr/layout.h"
+#include "dcr/producer.h"
 #include "dcr/store.h"
 #include "dcr/topology.h"
 #include "wire/hmac_authenticator.h"
@@ -35,7 +40,37 @@ struct RefitArgs {
   bool resume = false;
   int repair_rounds = 2;
   bool no_catch_up = false;
+  // Producers' refits.
+  int producers = 0;
+  std::string layout;
+  std::string listen = "127.0.0.1:7480";
+  std::string producer_wait = "60s";
+  int refits = 0;  // 0: until SIGINT or SIGTERM
 };
+
+// "host:port" (a bracketed IPv6 host too); InvalidArgument naming `flag`.
+Result<std::pair<std::string, uint16_t>> HostPort(const std::string& flag,
+                                                  const std::string& s) {
+  size_t colon = s.rfind(':');
+  auto bad = [&] {
+    return Status::InvalidArgument(
+        fmt::format("{} '{}': give host:port, e.g. 0.0.0.0:7480", flag, s));
+  };
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) {
+    return bad();
+  }
+  uint32_t port = 0;
+  for (char c : s.substr(colon + 1)) {
+    if (c < '0' || c > '9') return bad();
+    port = port * 10 + uint32_t(c - '0');
+    if (port > 65535) return bad();
+  }
+  std::string host = s.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(host, static_cast<uint16_t>(port));
+}
 
 Result<std::chrono::milliseconds> ParseTimeout(const std::string& s) {
   auto ns = ParseDurationNs(s);
@@ -158,6 +193,97 @@ void PrintReport(const RefitReport& r) {
   }
 }
 
+int OutcomeExit(RefitOutcome outcome) {
+  switch (outcome) {
+    case RefitOutcome::kCommitted:
+      return kExitOk;
+    case RefitOutcome::kPartial:
+      return kExitCommittedPartial;
+    case RefitOutcome::kAborted:
+    case RefitOutcome::kUnfinished:  // the reason says: --resume
+      return kExitFailed;
+  }
+  return kExitFailed;
+}
+
+// `dcr refit --producers N`: a coordinator that runs one refit per trainer
+// step, each streamed by the N ranks' producers (dcr/producer.h), until
+// --refits of them ran or a signal asks it to stop. A refit that fails is
+// reported (and told to the producers); the next step is still served.
+// Exit: 1 if any refit failed or aborted, else 3 if any committed partial,
+// else 0; 2 for a usage or configuration error before the first.
+int RunProducerRefits(const RefitArgs& a, const GlobalOptions& g,
+                      RefitOptions* o, std::unique_ptr<Progress>* progress) {
+  auto layout = LoadLayout(a.layout);
+  if (!layout.ok()) return ReportError(layout.status());
+  if (static_cast<uint32_t>(a.producers) != layout->ranks()) {
+    return ReportError(Status::InvalidArgument(fmt::format(
+        "--producers {}: the layout {} has {} ranks (tp {} x pp {} x ep {})",
+        a.producers, a.layout, layout->ranks(), layout->tp, layout->pp,
+        layout->ep)));
+  }
+  auto wait = ParseTimeout(a.producer_wait);
+  if (!wait.ok()) {
+    return ReportError(Status::InvalidArgument(fmt::format(
+        "--producer-wait '{}': give a duration, e.g. 60s", a.producer_wait)));
+  }
+  auto address = HostPort("--listen", a.listen);
+  if (!address.ok()) return ReportError(address.status());
+  // SIGINT and SIGTERM are taken by sigwait in one thread: blocked before
+  // the hub's threads start, which inherit the mask.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto listened = ProducerHub::Listen(*layout, address->first, address->second,
+                                      o->transport_options);
+  if (!listened.ok()) return ReportError(listened.status());
+  std::shared_ptr<ProducerHub> hub = *std::move(listened);
+  // (A weak reference: the hub's destructor, at return, lets the last
+  // decisions reach their producers.)
+  std::thread([set, weak = std::weak_ptr<ProducerHub>(hub)] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    std::fprintf(stderr,
+                 "dcr: %s: no further refits (a refit in progress finishes)\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM");
+    if (auto h = weak.lock()) h->Stop();
+  }).detach();
+  std::fprintf(stderr, "dcr: waiting for %d producers on %s:%u (layout %s)\n",
+               a.producers, address->first.c_str(), hub->port(),
+               a.layout.c_str());
+  o->producers = hub.get();
+  o->producer_wait = *wait;
+  bool failed = false, partial = false;
+  for (int done = 0; a.refits == 0 || done < a.refits; ++done) {
+    auto report = RunRefit(*o);
+    if (*progress) {
+      (*progress)->Finish();
+      progress->reset();
+    }
+    if (!report.ok()) {
+      if (hub->stopped()) break;
+      ReportError(report.status());
+      failed = true;
+      continue;
+    }
+    if (g.format() == OutputFormat::kJson) {
+      std::printf("%s\n", report->ToJson().c_str());
+    } else {
+      std::printf("trainer step %llu from %u producers:\n",
+                  static_cast<unsigned long long>(report->trainer_step),
+                  report->producers);
+      PrintReport(*report);
+    }
+    std::fflush(stdout);
+    int rc = OutcomeExit(report->outcome);
+    failed |= rc == kExitFailed;
+    partial |= rc == kExitCommittedPartial;
+  }
+  return failed ? kExitFailed : partial ? kExitCommittedPartial : kExitOk;
+}
+
 int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
   auto topo = LoadTopology(a.topology);
   if (!topo.ok()) return ReportError(topo.status());
@@ -180,7 +306,22 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
         "--resume finishes the refit recorded in root.state_dir: give no "
         "--target, --full or --node"));
   }
-  if (!a.resume && a.target.empty()) {
+  if (a.producers > 0 &&
+      (a.resume || !a.target.empty() || a.full || !a.nodes.empty())) {
+    return ReportError(Status::InvalidArgument(
+        "--producers streams the trainer's ranks' changes: give no --target, "
+        "--full, --node or --resume"));
+  }
+  if (a.producers > 0 && a.layout.empty()) {
+    return ReportError(Status::InvalidArgument(
+        "--producers needs --layout (the layout file the trainer's ranks "
+        "use)"));
+  }
+  if (a.producers == 0 && (!a.layout.empty() || a.refits != 0)) {
+    return ReportError(
+        Status::InvalidArgument("--layout and --refits go with --producers N"));
+  }
+  if (!a.resume && a.target.empty() && a.producers == 0) {
     return ReportError(Status::InvalidArgument(
         "--target is required (or --resume to finish an interrupted refit)"));
   }
@@ -244,6 +385,7 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
       }
     };
   }
+  if (a.producers > 0) return RunProducerRefits(a, g, &o, &progress);
   auto report = a.resume ? ResumeRefit(o) : RunRefit(o);
   if (progress) progress->Finish();
   if (a.resume && !report.ok() && report.status().IsNotFound()) {
@@ -257,16 +399,7 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
   } else {
     PrintReport(*report);
   }
-  switch (report->outcome) {
-    case RefitOutcome::kCommitted:
-      return kExitOk;
-    case RefitOutcome::kPartial:
-      return kExitCommittedPartial;
-    case RefitOutcome::kAborted:
-    case RefitOutcome::kUnfinished:  // the reason says: --resume
-      return kExitFailed;
-  }
-  return kExitFailed;
+  return OutcomeExit(report->outcome);
 }
 
 int RunStatusCommand(const std::string& path, const std::string& timeout_text,
@@ -523,6 +656,26 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                   "Leave relays that are versions behind stale instead of "
                   "bringing them up after the commit (from the delta "
                   "history in root.state_dir, else with a dense copy)");
+    cmd->add_option("--producers", a->producers,
+                    "Run producers' refits: wait for this many trainer ranks "
+                    "(dcr.Producer; the layout's tp x pp x ep) to stream "
+                    "their shards' changes, one refit per trainer step")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--layout", a->layout,
+                    "With --producers: the layout YAML the ranks use "
+                    "(docs/PLACEMENT.md); producers of another are refused");
+    cmd->add_option("--listen", a->listen,
+                    "With --producers: where producers connect (default "
+                    "127.0.0.1:7480; 0.0.0.0:PORT for ranks on other hosts)");
+    cmd->add_option("--producer-wait", a->producer_wait,
+                    "With --producers: once the first rank of a step "
+                    "connected, how long to wait for the others (default "
+                    "60s); the missing ranks are named");
+    cmd->add_option("--refits", a->refits,
+                    "With --producers: stop after this many refits (default "
+                    "0: until SIGINT or SIGTERM, which end the wait for the "
+                    "next step; a refit in progress finishes)")
+        ->check(CLI::Range(0, 1 << 30));
     cmd->add_option("--link-rate", a->link_rate,
                     "Pace each of the root's links to this bandwidth, e.g. "
                     "200Mbps (testing without tc)");

@@ -151,6 +151,7 @@ void CatchUpBehind(const RefitOptions& options,
   // The bits every run sends are the baseline's (the tree's version `to`);
   // without a baseline, the target of a refit that committed holds them.
   RefitOptions o = options;
+  o.producers = nullptr;  // the bits come from root.baseline
   if (!options.topology.root.baseline.empty()) {
     o.target = options.topology.root.baseline;
   } else if (aborted) {

@@ -75,8 +75,16 @@ void ChunkProducer::Run() {
   const size_t batch = std::max<size_t>(4, pool_->size() * 4);
   std::vector<EncodedChunk> out(batch);
   std::vector<Status> errors(batch);
-  for (size_t begin = 0; begin < job_.items; begin += batch) {
-    const size_t n = std::min(batch, job_.items - begin);
+  for (size_t begin = 0;;) {
+    size_t n = 0;
+    if (job_.fetch) {
+      Result<size_t> fetched = job_.fetch(batch);
+      if (!fetched.ok()) return Stop(fetched.status());
+      n = std::min(*fetched, batch);
+    } else if (begin < job_.items) {
+      n = std::min(batch, job_.items - begin);
+    }
+    if (n == 0) break;
     pool_->ParallelFor(n, [&](size_t i, size_t worker) {
       out[i].Clear();
       errors[i] = job_.encode(begin + i, worker, &out[i]);
@@ -90,11 +98,12 @@ void ChunkProducer::Run() {
       if (!queue_.Push(*std::move(o))) return Stop(Status::OK());
       if (wake_) wake_();
     }
-    if (job_.after_batch) {
+    if (job_.after_batch && !job_.fetch) {
       if (Status s = job_.after_batch(begin + n == job_.items); !s.ok()) {
         return Stop(std::move(s));
       }
     }
+    begin += n;
   }
   Stop(Status::OK());
 }

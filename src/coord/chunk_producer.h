@@ -84,7 +84,14 @@ struct EncodedChunk {
 };
 
 struct ChunkJob {
+  // The items: `items` of them, or, with `fetch`, as many as it brings.
   size_t items = 0;
+  // Brings the next batch of at most `max` items (numbered on from those
+  // before it) and returns how many; blocks until it has some, 0 when
+  // there are no more. An error stops the producer.
+  std::function<Result<size_t>(size_t max)> fetch;
+  // With `fetch`: wakes a fetch that blocks (the consumer cancelled).
+  std::function<void()> interrupt;
   // Runs first, on the producer thread (per-worker encoders, say).
   std::function<Status()> prepare;
   // Encodes item `i` on pool worker `worker` into `out` (cleared).
@@ -92,8 +99,8 @@ struct ChunkJob {
   // Frames encoded item `i`, in item order, on the producer thread.
   std::function<Result<Outgoing>(size_t i, const EncodedChunk& chunk)> emit;
   // Optional: after each batch's items were emitted and queued, on the
-  // producer thread (`last`: the final batch); it may use the pool. An
-  // error stops the producer like an encode failure.
+  // producer thread (`last`: the final batch; never with `fetch`); it may
+  // use the pool. An error stops the producer like an encode failure.
   std::function<Status(bool last)> after_batch;
 };
 
@@ -113,7 +120,10 @@ class ChunkProducer {
   // The producer stopped: every item queued, a failure, or cancelled. What
   // it queued before stays to be popped.
   bool done() const { return done_.load(std::memory_order_acquire); }
-  void Cancel() { queue_.Cancel(); }
+  void Cancel() {
+    queue_.Cancel();
+    if (job_.interrupt && !done()) job_.interrupt();
+  }
   // The producer waits for the consumer: the queue is full.
   bool blocked() const { return queue_.blocked() != 0; }
   // Waits for the producer thread; its failure, or OK.

@@ -38,6 +38,7 @@ Status FinishInterruptedCommit(const RefitOptions& options) {
       StateDir(options.topology.root.state_dir).CurrentPath());
   RefitOptions whole_tree = options;  // the interrupted refit's tree
   whole_tree.only_nodes.clear();
+  whole_tree.producers = nullptr;
   RefitRun run(whole_tree);
   auto r = run.Resume();
   if (!r.ok()) {

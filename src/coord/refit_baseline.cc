@@ -25,6 +25,9 @@ Status RefitRun::AdvanceBaselineAndHistory(
   Status b;
   std::thread baseline([&] {
     if (!whole_tree || !setup_.target) return;
+    // A producers' refit applied every part to root.baseline as it
+    // streamed: its session commits below.
+    if (producers_) return;
     // Written while streaming: nothing left but the record.
     if (in_stream_ && in_stream_->complete() && !copy_all_) return;
     BaselineUpdate u;
@@ -63,7 +66,8 @@ Status RefitRun::AdvanceBaselineAndHistory(
     // refit in progress for --resume (DESIGN.md invariant 8).
     b = CommitReachedNoOne(root_->Results(), commit_set)
             ? Status::Aborted("the COMMIT reached no one")
-            : setup_.baseline->Commit(report_.target, report_.refit);
+        : producers_ ? producers_->Commit()
+                     : setup_.baseline->Commit(report_.target, report_.refit);
   }
   if (!b.ok() && recorded) {
     // The history must end at the baseline's version.

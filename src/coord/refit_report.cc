@@ -157,6 +157,10 @@ std::string RefitReport::ToJson() const {
     }
   }
   j["catch_up"] = std::move(catch_up_json);
+  if (producers > 0) {
+    j["producers"] = producers;
+    j["trainer_step"] = trainer_step;
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -189,7 +193,9 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
                                     "link_class_bytes",
                                     "seconds",
                                     "nodes",
-                                    "catch_up"}));
+                                    "catch_up",
+                                    "producers",
+                                    "trainer_step"}));
   DCR_RETURN_IF_ERROR(f.Format().status());
   RefitReport r;
   DCR_ASSIGN_OR_RETURN(r.refit, f.Refit("refit"));
@@ -216,6 +222,12 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
                 {"resend_misses", &r.resend_misses}};
   for (const auto& c : counts) {
     DCR_ASSIGN_OR_RETURN(*c.to, f.Uint(c.key));
+  }
+  // Producers' refits only.
+  if (f.Has("producers")) {
+    DCR_ASSIGN_OR_RETURN(uint64_t n, f.Uint("producers"));
+    r.producers = static_cast<uint32_t>(n);
+    DCR_ASSIGN_OR_RETURN(r.trainer_step, f.Uint("trainer_step"));
   }
   // Written since context-coded chunks; older files lack it.
   if (f.Has("context_chunks")) {

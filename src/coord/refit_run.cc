@@ -30,9 +30,55 @@ Status RefitRun::WriteCurrent() {
 }
 
 Result<RefitReport> RefitRun::Run() {
+  if (options_.producers) {
+    producers_ = std::make_unique<ProducerFeed>(options_.producers);
+  }
+  Result<RefitReport> r = RunPhases();
+  if (producers_) {
+    // The producers learn the decision before any catch-up runs.
+    ProducerOutcome outcome = ProducerOutcome::kRefused;
+    std::string reason;
+    if (!r.ok()) {
+      reason = std::string(r.status().message());
+    } else {
+      reason = r->reason;
+      switch (r->outcome) {
+        case RefitOutcome::kCommitted:
+          outcome = ProducerOutcome::kCommitted;
+          break;
+        case RefitOutcome::kPartial:
+          outcome = ProducerOutcome::kPartial;
+          break;
+        case RefitOutcome::kAborted:
+          outcome = ProducerOutcome::kAborted;
+          break;
+        case RefitOutcome::kUnfinished:
+          outcome = ProducerOutcome::kUnfinished;
+          break;
+      }
+    }
+    producers_->Decide(outcome, report_.refit, report_.target, reason);
+  }
+  return r;
+}
+
+Result<RefitReport> RefitRun::RunPhases() {
+  if (producers_) {
+    // First: a long-running coordinator waits here for the trainer's next
+    // step; whatever fails after is told to the producers.
+    DCR_RETURN_IF_ERROR(producers_->Gather(options_.producer_wait));
+  }
   auto t0 = Clock::now();
   DCR_ASSIGN_OR_RETURN(setup_, SetUpRefit(options_, feed_, &report_));
   const Topology& topo = options_.topology;
+  if (producers_) {
+    DCR_RETURN_IF_ERROR(producers_->CheckBaseline(
+        *setup_.baseline, report_.base, setup_.pool.get()));
+    report_.producers = producers_->ranks();
+    report_.trainer_step = producers_->step();
+    spdlog::info("{} producers at trainer step {}", report_.producers,
+                 report_.trainer_step);
+  }
   sent_.set_sign(setup_.signer != nullptr);
   if (options_.mode == RefitMode::kDelta && options_.only_nodes.empty() &&
       setup_.baseline) {
@@ -104,7 +150,9 @@ Result<RefitReport> RefitRun::Run() {
     auto t_stream = Clock::now();
     report_.stream_seconds = Seconds(t_plan, t_stream);
     if (!produced.ok()) {
-      report_.reason = "encoding failed: " + produced.ToString();
+      report_.reason = (producers_ ? "the producers' stream failed: "
+                                   : "encoding failed: ") +
+                       produced.ToString();
     } else if (options_.mode == RefitMode::kDelta && target_at_end_ &&
                report_.target.digest == report_.base.digest) {
       // Known only now that the target is hashed: aborted, not refused
@@ -113,7 +161,9 @@ Result<RefitReport> RefitRun::Run() {
       report_.reason = fmt::format(
           "the target {} holds the same bits as the baseline (step {}): "
           "nothing to refit",
-          options_.target, report_.base.step);
+          producers_ ? fmt::format("of trainer step {}", report_.trainer_step)
+                     : options_.target,
+          report_.base.step);
     } else {
       // 3. Vote (and repair).
       DCR_RETURN_IF_ERROR(phases_.Vote());
@@ -166,6 +216,7 @@ Result<RefitReport> RefitRun::Run() {
 }
 
 Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
+  if (producers_ && !repair) return StreamProducers();
   SpanEncoder::Options eo;
   eo.target = setup_.target.get();
   eo.baseline = setup_.baseline.get();
@@ -303,6 +354,64 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   return produced;
 }
 
+Status RefitRun::StreamProducers() {
+  ThreadPool* pool = setup_.pool.get();
+  DCR_RETURN_IF_ERROR(producers_->Begin(setup_.baseline.get(), report_.refit,
+                                        setup_.plan, pool));
+  const uint64_t window = setup_.plan.chunk_window_bytes;
+  ProducerGoMsg go;
+  go.refit = report_.refit;
+  go.span_elems = setup_.plan.span_elems;
+  go.base = report_.base;
+  go.target_step = report_.target.step;
+  producers_->Go(go, window);
+  ChunkProducer producer(pool, window, [this] { root_->Wake(); });
+  ChunkJob job = producers_->Job(options_.phase_timeout,
+                                 setup_.signer != nullptr, pool->size());
+  job.emit = [&](size_t i, const EncodedChunk& chunk) -> Result<Outgoing> {
+    DCR_ASSIGN_OR_RETURN(FrameBuffer frame,
+                         root_->sender().Next(FrameType::kChunk, chunk.bytes));
+    sent_.Add(producers_->id(i), chunk.sha256, chunk.sizes, /*repair=*/false);
+    // Sparse XOR parts are base-independent: the history keeps them as
+    // they are.
+    record_.Append(chunk.bytes);
+    return Outgoing{std::move(frame), chunk.bytes.size()};
+  };
+  auto progress = [&](RefitOptions::Progress* p) {
+    p->total_bytes = report_.checkpoint_bytes;
+    options_.on_progress(*p);
+  };
+  producer.Start(std::move(job));
+  RootTree::Streamed streamed = root_->StreamFrom(
+      &producer, window,
+      options_.on_progress
+          ? std::function<void(RefitOptions::Progress*)>(progress)
+          : nullptr);
+  Status produced = producer.Join();
+  report_.chunks = streamed.chunks;
+  report_.payload_bytes = streamed.payload_bytes;
+  if (!produced.ok()) return produced;
+  CheckpointDigests d = producers_->Finish();
+  report_.target.digest = d.version;
+  setup_.plan.target = report_.target;
+  setup_.plan.target_tensor_digests = std::move(d.tensors);
+  target_at_end_ = true;
+  report_.changed_elements = producers_->changed_elements();
+  spdlog::info(
+      "target step {} is {} (from {} producers' digest parts): {} chunks, "
+      "{:.1f} MB",
+      report_.target.step, report_.target.digest.ShortHex(),
+      producers_->ranks(), report_.chunks,
+      static_cast<double>(report_.payload_bytes) / 1e6);
+  if (options_.on_progress) {
+    RefitOptions::Progress p;
+    p.payload_bytes = streamed.payload_bytes;
+    p.chunks = streamed.chunks;
+    progress(&p);
+  }
+  return Status::OK();
+}
+
 Status RefitRun::SignEnd(EndMsg* end) const {
   if (!setup_.signer) return Status::OK();
   RefitManifest m;
@@ -396,6 +505,17 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
     replies_.final = root_->Results();
     report_.outcome = RefitOutcome::kAborted;
     commit_set.clear();
+    if (producers_) {
+      // root.baseline took the producers' parts: its session restores the
+      // base from its journal, as a relay does.
+      if (Status r = producers_->Abort(); !r.ok()) {
+        spdlog::error(
+            "root.baseline could not be restored to step {}: {}; it stays "
+            "flagged unfinished",
+            report_.base.step, r.ToString());
+        keep_current_ = true;
+      }
+    }
     // The baseline back to the base before its undo log moves.
     // The undo is exact while the target's bits are the ones the baseline
     // took; where its files changed (the abort's likely cause), the result

@@ -18,6 +18,7 @@
 
 #include "coord/baseline_stream.h"
 #include "coord/history.h"
+#include "coord/producer_feed.h"
 #include "coord/refit_report.h"
 #include "coord/refit_setup.h"
 #include "coord/root_phase.h"
@@ -49,7 +50,11 @@ class RefitRun {
  private:
   using Clock = std::chrono::steady_clock;
 
+  // Run's phases; Run tells the producers (if any) how they ended.
+  Result<RefitReport> RunPhases();
   Status WriteCurrent();
+  // A producers' refit's stream: their parts, merged (ProducerFeed).
+  Status StreamProducers();
   // Streams chunks down the tree: the delta (or every span for --full, or
   // the composed history chain), or with `repair` dense overwrites of every
   // span of `tensors`. The producer's failure, if any.
@@ -94,6 +99,8 @@ class RefitRun {
   // root.baseline updated as the delta streams (coord/baseline_stream.h);
   // null when it is updated after the decision.
   std::unique_ptr<BaselineInStream> in_stream_;
+  // A producers' refit (options.producers): root.baseline's session.
+  std::unique_ptr<ProducerFeed> producers_;
   // END names the target (hashed in the first pass; the PLAN left it).
   bool target_at_end_ = false;
   FileStamps target_stamps_;   // the target's files when the refit began

@@ -95,6 +95,9 @@ Status OpenBaseline(const RefitOptions& options, bool strict,
 // or (auto) whichever the cost model predicts faster through the tree.
 bool UseContextCoding(const RefitOptions& options, const RefitSetup& setup) {
   using CC = RefitOptions::ContextCoding;
+  // A producer's part cannot be coded in its span's context (another part
+  // may change it first): docs/design/producer-stream.md.
+  if (options.producers) return false;
   if (options.context_coding != CC::kAuto) {
     return options.context_coding == CC::kOn;
   }
@@ -250,9 +253,29 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
     }
     setup.signer = *std::move(signer);
   }
-  DCR_ASSIGN_OR_RETURN(
-      setup.target,
-      Checkpoint::Open(options.target, Checkpoint::Mode::kReadOnly));
+  if (options.producers) {
+    if (options.mode != RefitMode::kDelta || !options.only_nodes.empty() ||
+        !feed.empty()) {
+      return Status::InvalidArgument(
+          "a producers' refit is a delta refit of the whole tree (no --full, "
+          "no --node)");
+    }
+    if (topo.root.baseline.empty()) {
+      return Status::InvalidArgument(
+          topo.source +
+          ": root.baseline is required for a producers' refit (the canonical "
+          "copy the merged stream is applied to)");
+    }
+    // root.baseline becomes the target as the producers' parts are
+    // applied to it: repairs and the history read the target there.
+    DCR_ASSIGN_OR_RETURN(
+        setup.target,
+        Checkpoint::Open(topo.root.baseline, Checkpoint::Mode::kReadOnly));
+  } else {
+    DCR_ASSIGN_OR_RETURN(
+        setup.target,
+        Checkpoint::Open(options.target, Checkpoint::Mode::kReadOnly));
+  }
   if (topo.root.baseline.empty() && options.mode == RefitMode::kDelta) {
     return Status::InvalidArgument(
         topo.source +

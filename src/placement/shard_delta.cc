@@ -190,7 +190,8 @@ Status ShardProducer::SetBaseline(const ShardBytes& shards) {
   return Status::OK();
 }
 
-Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target) {
+Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
+                                                uint64_t span_elems) {
   DCR_RETURN_IF_ERROR(CheckRank());
   if (!has_baseline()) {
     return Status::InvalidArgument(fmt::format(
@@ -207,7 +208,8 @@ Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target) {
   DCR_ASSIGN_OR_RETURN(step.target_digests,
                        HashShardRegions(layout_, rank_, target));
   DCR_RETURN_IF_ERROR(EncodeParts(
-      layout_, rank_, changes, ChunkKind::kXor, span_elems_, encoder_.get(),
+      layout_, rank_, changes, ChunkKind::kXor,
+      span_elems != 0 ? span_elems : span_elems_, encoder_.get(),
       [&](const ChunkId& id, std::span<const std::byte> c) {
         step.chunks.emplace_back(id,
                                  std::vector<std::byte>(c.begin(), c.end()));

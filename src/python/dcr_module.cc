@@ -17,9 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "common/failpoint.h"
 #include "dcr/codec.h"
 #include "dcr/digest.h"
 #include "dcr/layout.h"
+#include "dcr/producer.h"
 #include "dcr/shard_delta.h"
 #include "dcr/shard_diff.h"
 
@@ -146,11 +148,13 @@ ShardBytes ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named,
   return out;
 }
 
-// ShardProducer is used by one thread at a time; Python threads may share
-// one, so each call takes this lock, with the GIL released while it waits.
-struct PyProducer {
-  PyProducer(const Layout& l, uint32_t rank, uint64_t span_elems)
-      : producer(l, rank, span_elems) {}
+// A ShardProducer or Producer is used by one thread at a time; Python
+// threads may share one, so each call takes this lock, with the GIL
+// released while it waits.
+template <typename P>
+struct Locked {
+  template <typename... Args>
+  explicit Locked(Args&&... args) : producer(std::forward<Args>(args)...) {}
   // Calls fn(producer, shards) for `named`'s shards, holding the lock and
   // not the GIL.
   template <typename Fn>
@@ -162,9 +166,27 @@ struct PyProducer {
     std::lock_guard<std::mutex> lock(mu);
     return fn(producer, shards);
   }
-  ShardProducer producer;
+  P producer;
   std::mutex mu;
 };
+using PyProducer = Locked<ShardProducer>;
+using PyLiveProducer = Locked<Producer>;
+
+py::dict DecisionDict(const ProducerDecision& d) {
+  py::dict out;
+  out["outcome"] = std::string(ProducerOutcomeName(d.outcome));
+  out["committed"] = Advanced(d.outcome);
+  out["refit"] = d.refit.ToHex();
+  out["target_step"] = d.target.step;
+  out["target_digest"] = d.target.digest.ToHex();
+  out["reason"] = d.reason;
+  out["chunks"] = d.chunks;
+  out["payload_bytes"] = d.payload_bytes;
+  out["changed"] = d.changed_elements;
+  out["diff_seconds"] = d.diff_seconds;
+  out["total_seconds"] = d.total_seconds;
+  return out;
+}
 
 std::string Hex(const LinearDigest& d) {
   return Digest128{d.high, d.low}.ToHex();
@@ -202,7 +224,13 @@ PYBIND11_MODULE(dcr, m) {
   using namespace pybind11::literals;
   m.doc() =
       "dcr for trainer ranks: diff a rank's shards into chunk parts and "
-      "digest parts (docs/PYTHON.md)";
+      "digest parts, and stream them to dcr refit --producers "
+      "(docs/PYTHON.md)";
+  // Tests make a rank fail on purpose (docs/TESTING.md §"Failpoints"): the
+  // module is the process's entry to dcr, as main is for the binaries.
+  if (Status s = InitFailpointsFromEnv(); !s.ok()) {
+    throw py::value_error("DCR_FAILPOINTS: " + s.ToString());
+  }
 
   py::class_<Layout>(m, "Layout",
                      "A placement layout (docs/PLACEMENT.md), resolved")
@@ -291,6 +319,56 @@ PYBIND11_MODULE(dcr, m) {
           },
           "shards"_a,
           "the refit committed: these shards (the ones last diffed) become "
+          "the baseline");
+
+  py::class_<PyLiveProducer>(
+      m, "Producer",
+      "A trainer rank's producer for dcr refit --producers: after each "
+      "optimizer step, refit(step, shards) streams the rank's changes to the "
+      "coordinator and returns its decision")
+      .def(py::init([](const Layout& l, uint32_t rank,
+                       const std::string& coordinator, double timeout_s,
+                       double connect_timeout_s) {
+             if (rank >= l.ranks()) {
+               throw py::value_error("rank " + std::to_string(rank) +
+                                     " is not below the layout's " +
+                                     std::to_string(l.ranks()) + " ranks");
+             }
+             ProducerOptions o;
+             o.coordinator = coordinator;
+             o.timeout = std::chrono::milliseconds(
+                 static_cast<int64_t>(timeout_s * 1000));
+             o.connect_timeout = std::chrono::milliseconds(
+                 static_cast<int64_t>(connect_timeout_s * 1000));
+             return std::make_unique<PyLiveProducer>(l, rank, std::move(o));
+           }),
+           "layout"_a, "rank"_a, "coordinator"_a, "timeout_s"_a = 600.0,
+           "connect_timeout_s"_a = 10.0)
+      .def_property_readonly(
+          "rank", [](const PyLiveProducer& p) { return p.producer.rank(); })
+      .def(
+          "set_baseline",
+          [](PyLiveProducer& p, const py::dict& named) {
+            Check(p.With(named, [](Producer& pr, const ShardBytes& b) {
+              return pr.SetBaseline(b);
+            }));
+          },
+          "shards"_a,
+          "copy the rank's shards (name -> tensor) at the version the tree "
+          "holds now")
+      .def(
+          "refit",
+          [](PyLiveProducer& p, uint64_t step, const py::dict& named) {
+            return DecisionDict(
+                Take(p.With(named, [step](Producer& pr, const ShardBytes& b) {
+                  return pr.Refit(step, b);
+                })));
+          },
+          "step"_a, "shards"_a,
+          "one refit of this step's shards; blocks until the coordinator "
+          "decided: {'outcome', 'committed', 'refit', 'target_step', "
+          "'target_digest', 'reason', 'chunks', 'payload_bytes', 'changed', "
+          "'diff_seconds', 'total_seconds'}. On a commit the shards become "
           "the baseline");
 
   m.def(

@@ -49,6 +49,14 @@ std::string FrameTypeName(FrameType type) {
       return "RESEND_REQUEST";
     case FrameType::kError:
       return "ERROR";
+    case FrameType::kProducerHello:
+      return "PRODUCER_HELLO";
+    case FrameType::kProducerGo:
+      return "PRODUCER_GO";
+    case FrameType::kProducerDone:
+      return "PRODUCER_DONE";
+    case FrameType::kProducerDecision:
+      return "PRODUCER_DECISION";
   }
   return "UNKNOWN(" + std::to_string(static_cast<unsigned>(type)) + ")";
 }

@@ -109,17 +109,31 @@ TEST(FrameTest, EncodeRejectsWireFlagsUnknownTypeAndOversizedPayload) {
 }
 
 TEST(FrameTest, TypeNamesAreStable) {
-  const char* names[] = {
-      "HELLO",     "PLAN",           "PLAN_REPLY",     "CHUNK",
-      "END",       "VOTE",           "COMMIT",         "COMMIT_REPLY",
-      "ABORT",     "ABORT_REPLY",    "STATUS_REQUEST", "STATUS_REPLY",
-      "HEARTBEAT", "RESEND_REQUEST", "ERROR"};
+  const char* names[] = {"HELLO",
+                         "PLAN",
+                         "PLAN_REPLY",
+                         "CHUNK",
+                         "END",
+                         "VOTE",
+                         "COMMIT",
+                         "COMMIT_REPLY",
+                         "ABORT",
+                         "ABORT_REPLY",
+                         "STATUS_REQUEST",
+                         "STATUS_REPLY",
+                         "HEARTBEAT",
+                         "RESEND_REQUEST",
+                         "ERROR",
+                         "PRODUCER_HELLO",
+                         "PRODUCER_GO",
+                         "PRODUCER_DONE",
+                         "PRODUCER_DECISION"};
   for (int t = 1; t <= kMaxFrameType; ++t) {
     EXPECT_TRUE(IsKnownFrameType(uint8_t(t)));
     EXPECT_EQ(FrameTypeName(static_cast<FrameType>(t)), names[t - 1]);
   }
   EXPECT_FALSE(IsKnownFrameType(0));
-  EXPECT_FALSE(IsKnownFrameType(16));
+  EXPECT_FALSE(IsKnownFrameType(kMaxFrameType + 1));
   EXPECT_EQ(FrameTypeName(static_cast<FrameType>(200)), "UNKNOWN(200)");
 }
 
@@ -156,7 +170,7 @@ TEST(FrameTest, HeaderFieldChecksNameTheField) {
       {WithFieldValue<uint8_t>(*buf, 4, 2), "version 2"},
       {WithFieldValue<uint8_t>(*buf, 4, 0), "version 0"},
       {WithFieldValue<uint8_t>(*buf, 5, 0), "type 0"},
-      {WithFieldValue<uint8_t>(*buf, 5, 16), "type 16"},
+      {WithFieldValue<uint8_t>(*buf, 5, 20), "type 20"},
       {WithFieldValue<uint8_t>(*buf, 5, 255), "type 255"},
       {WithFieldValue<uint16_t>(*buf, 6, 0x0002), "wire flags"},
       {WithFieldValue<uint16_t>(*buf, 6, 0x0080), "wire flags"},

@@ -1,0 +1,157 @@
+// Producers' refits (docs/design/producer-stream.md, docs/PLACEMENT.md):
+// every trainer rank diffs its own shards and streams its chunk parts to a
+// coordinator, which merges the ranks' streams into one refit through the
+// relay tree. No process gathers a canonical tensor or reads a checkpoint
+// file.
+//
+//   trainer rank r ──Producer──▶ ProducerHub (in `dcr refit --producers N`)
+//                                  │ merged CHUNK stream ─▶ relay tree
+//                                  └─ applied to root.baseline (a session
+//                                     of its own, like a relay's store)
+//
+// One refit, from a producer's side (docs/PROTOCOL.md §"Producers"):
+//  1. It connects and says who it is: PRODUCER_HELLO with its rank, the
+//     world size, the trainer step, the layout's fingerprint and the digest
+//     parts of its baseline shards. The coordinator waits for every rank
+//     (RefitOptions::producer_wait), refuses a producer of another world
+//     size, layout or step, and checks that the ranks' baselines compose
+//     into root.baseline's digest (the version every relay holds).
+//  2. After the relays took the PLAN, PRODUCER_GO names the refit, the
+//     span length and the target step. The producer diffs its shards
+//     against its baseline and sends its parts (XOR chunks with part
+//     rank + 1), then PRODUCER_DONE with the digest parts of its target.
+//  3. The coordinator forwards every part down the tree as it arrives and
+//     applies it to root.baseline; the target's digests are the XOR of the
+//     ranks' parts. Votes, repair rounds and the decision are those of any
+//     refit (dcr/refit.h). PRODUCER_DECISION tells each producer the
+//     outcome; on a commit its baseline shards become this step's.
+// A producer that leaves (or stays silent for the phase timeout) before
+// its PRODUCER_DONE aborts the refit: every relay and root.baseline
+// restore their base bits, and the other producers are told "aborted".
+//
+// Thread safety: a Producer is used by one thread at a time. A ProducerHub
+// is handed to one RunRefit at a time; its listener runs on its own event
+// thread.
+#ifndef DCR_PRODUCER_H_
+#define DCR_PRODUCER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "dcr/codec.h"
+#include "dcr/layout.h"
+#include "dcr/shard_diff.h"
+#include "dcr/status.h"
+#include "dcr/transport.h"
+#include "dcr/version.h"
+
+namespace dcr {
+
+// How a producer's refit ended.
+enum class ProducerOutcome {
+  kCommitted,   // every receiver committed; the baseline shards advanced
+  kPartial,     // committed, some receivers excluded; the shards advanced
+  kAborted,     // nothing committed; the shards stay at the base
+  kUnfinished,  // decided commit, confirmed by no relay yet (dcr refit
+                // --resume finishes it); the shards advanced
+  kRefused,     // the coordinator refused this producer or gave up before
+                // the stream (the reason says why); nothing changed
+};
+std::string_view ProducerOutcomeName(ProducerOutcome o);
+// Whether the tree moved to the target (committed, partial, unfinished).
+inline bool Advanced(ProducerOutcome o) {
+  return o == ProducerOutcome::kCommitted || o == ProducerOutcome::kPartial ||
+         o == ProducerOutcome::kUnfinished;
+}
+
+struct ProducerDecision {
+  ProducerOutcome outcome = ProducerOutcome::kRefused;
+  RefitId refit;
+  Version target;      // the tree's version after a commit
+  std::string reason;  // why it aborted or was refused
+  // This rank's share.
+  uint64_t chunks = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t changed_elements = 0;
+  double diff_seconds = 0;   // diff and encode of its shards
+  double total_seconds = 0;  // connect to decision
+};
+
+struct ProducerOptions {
+  std::string coordinator;  // host:port of `dcr refit --producers`
+  // Connecting, and each wait for the coordinator (GO, the decision).
+  std::chrono::milliseconds connect_timeout{10000};
+  std::chrono::milliseconds timeout{600000};
+  // tcp only; TLS and frame authentication as the relays'.
+  TransportOptions transport;
+  // Passed to the chunk encoder (threads, compression).
+  EncodeOptions encode;
+};
+
+class ShardProducer;
+
+// A trainer rank's producer across steps.
+class Producer {
+ public:
+  Producer(Layout layout, uint32_t rank, ProducerOptions options);
+  ~Producer();
+  Producer(const Producer&) = delete;
+  Producer& operator=(const Producer&) = delete;
+
+  // The rank's shards at the version the tree holds now (every shard the
+  // layout gives the rank; others ignored); copied. Errors as DiffShards'.
+  Status SetBaseline(const ShardBytes& shards);
+  // One refit of trainer step `step` with `shards` (the rank's tensors
+  // after the optimizer step; read, not kept). Returns the decision once
+  // the coordinator made it; on a commit the shards' bits become the
+  // baseline. Errors (not a decision) when the coordinator cannot be
+  // reached or the link fails before the decision (the baseline stays:
+  // the tree aborts a refit whose producer left), or for shards that do
+  // not fit the layout (a changed shape names the tensor).
+  Result<ProducerDecision> Refit(uint64_t step, const ShardBytes& shards);
+
+  uint32_t rank() const { return rank_; }
+  const Layout& layout() const;
+  bool has_baseline() const;
+
+ private:
+  uint32_t rank_;
+  ProducerOptions options_;
+  std::unique_ptr<ShardProducer> shards_;
+};
+
+// The coordinator's listener for producers: it accepts their links for
+// the refits it is handed to (RefitOptions::producers), one at a time.
+class ProducerHub {
+ public:
+  class Impl;  // src/coord/producer_hub.h
+
+  // Listens on `host:port` (port 0: an ephemeral one) with a "tcp"
+  // transport of `transport`'s options. Producers of other layouts are
+  // refused.
+  static Result<std::unique_ptr<ProducerHub>> Listen(
+      Layout layout, std::string_view host, uint16_t port,
+      const TransportOptions& transport);
+  ~ProducerHub();
+  ProducerHub(const ProducerHub&) = delete;
+  ProducerHub& operator=(const ProducerHub&) = delete;
+
+  uint16_t port() const;
+  const Layout& layout() const;
+  // Any thread: the refit waiting for its producers (now or next) returns
+  // an error ("stopped"); a refit already streaming runs to its end.
+  void Stop();
+  bool stopped() const;
+  Impl& impl() { return *impl_; }
+
+ private:
+  explicit ProducerHub(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dcr
+
+#endif  // DCR_PRODUCER_H_

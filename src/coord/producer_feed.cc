@@ -1,0 +1,187 @@
+#include "coord/producer_feed.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "dcr/shard_delta.h"
+#include "wire/signature.h"
+
+namespace dcr {
+
+ProducerFeed::ProducerFeed(ProducerHub* hub) : hub_(&hub->impl()) {}
+
+ProducerFeed::~ProducerFeed() = default;
+
+Status ProducerFeed::Gather(std::chrono::milliseconds wait) {
+  DCR_ASSIGN_OR_RETURN(joined_, hub_->Gather(wait));
+  step_ = joined_.empty() ? 0 : joined_[0].step;
+  return Status::OK();
+}
+
+Status ProducerFeed::CheckBaseline(const WeightStore& baseline,
+                                   const Version& base, ThreadPool* pool) {
+  const Layout& layout = hub_->layout();
+  if (baseline.manifest().digest() != ManifestOf(layout)->digest()) {
+    return Status::InvalidArgument(fmt::format(
+        "the layout {} places other tensors than root.baseline {} holds: {}",
+        layout.source, baseline.describe(),
+        Manifest::Difference(baseline.manifest(), *ManifestOf(layout))));
+  }
+  std::vector<std::vector<LinearDigest>> parts;
+  for (const auto& j : joined_) parts.push_back(j.base_parts);
+  CheckpointDigests d = DigestsFromParts(layout, parts);
+  if (d.version == base.digest) return Status::OK();
+  // Name what differs: a pass over root.baseline, on this error path only.
+  CheckpointDigests held = baseline.Digests(pool);
+  std::vector<std::string> differ;
+  for (size_t t = 0; t < layout.tensors.size(); ++t) {
+    if (t < held.tensors.size() && held.tensors[t] != d.tensors[t]) {
+      differ.push_back(layout.tensors[t].name);
+    }
+  }
+  if (differ.size() > 4) {
+    differ.resize(4);
+    differ.push_back("...");
+  }
+  return Status::BaseMismatch(fmt::format(
+      "the producers' baseline shards are not the tree's step {} "
+      "(root.baseline {}): {} differ{}. Set each rank's baseline to the "
+      "weights of the tree's version (Producer::SetBaseline)",
+      base.step, baseline.describe(), fmt::join(differ, ", "),
+      differ.size() == 1 ? "s" : ""));
+}
+
+Status ProducerFeed::Begin(WeightStore* baseline, const RefitId& refit,
+                           const PlanMsg& plan, ThreadPool* pool) {
+  NodeResult refusal;
+  RefitSession::Options o;
+  o.pool = pool;
+  // Nobody asks root.baseline for a vote (Finish).
+  o.hash_ahead = false;
+  session_ =
+      RefitSession::Begin(baseline, "root.baseline", refit, plan, &refusal, o);
+  if (!session_) {
+    return Status::InvalidArgument(
+        fmt::format("root.baseline cannot take the producers' refit: {} ({})",
+                    refusal.detail, NodeCodeName(refusal.code)));
+  }
+  return Status::OK();
+}
+
+void ProducerFeed::Go(const ProducerGoMsg& go, uint64_t window) {
+  hub_->Go(go, window);
+}
+
+ChunkJob ProducerFeed::Job(std::chrono::milliseconds idle, bool sign,
+                           size_t workers) {
+  ChunkJob job;
+  job.prepare = [this, workers]() -> Status {
+    decoders_.clear();
+    for (size_t w = 0; w < workers; ++w) {
+      DCR_ASSIGN_OR_RETURN(auto d, ChunkDecoder::Create());
+      decoders_.push_back(std::move(d));
+    }
+    return Status::OK();
+  };
+  job.fetch = [this, idle](size_t max) { return Fetch(max, idle); };
+  job.interrupt = [this] { hub_->Cancel("the tree left the refit"); };
+  job.encode = [this, sign](size_t i, size_t worker, EncodedChunk* out) {
+    return Apply(i, worker, sign, out);
+  };
+  return job;
+}
+
+Result<size_t> ProducerFeed::Fetch(size_t max, std::chrono::milliseconds idle) {
+  batch_begin_ = fetched_;
+  batch_.clear();
+  DCR_RETURN_IF_ERROR(hub_->Fetch(max, idle, &scratch_));
+  for (ProducerChunk& c : scratch_) {
+    Item item{std::move(c), ChunkId()};
+    auto h = PeekChunkHeader(item.chunk.chunk);
+    if (!h.ok()) {
+      return Status::Aborted(fmt::format(
+          "producer rank {}: {}", item.chunk.rank, h.status().ToString()));
+    }
+    item.id = h->id;
+    if (h->id.part != PartOf(item.chunk.rank) || h->kind != ChunkKind::kXor ||
+        h->encoding != ChunkEncoding::kSparse) {
+      return Status::Aborted(fmt::format(
+          "producer rank {} sent chunk ({}), {} {}: a producer's chunks are "
+          "sparse XOR parts {}",
+          item.chunk.rank, ChunkIdText(h->id),
+          h->kind == ChunkKind::kXor ? "XOR" : "overwrite",
+          h->encoding == ChunkEncoding::kSparse ? "sparse" : "not sparse",
+          PartOf(item.chunk.rank)));
+    }
+    batch_.push_back(std::move(item));
+  }
+  fetched_ += batch_.size();
+  return batch_.size();
+}
+
+const ChunkId& ProducerFeed::id(size_t i) const {
+  return batch_[i - batch_begin_].id;
+}
+
+Status ProducerFeed::Apply(size_t i, size_t worker, bool sign,
+                           EncodedChunk* out) {
+  const Item& item = batch_[i - batch_begin_];
+  auto applied = session_->Apply(item.chunk.chunk, decoders_[worker].get());
+  if (!applied.ok()) {
+    return Status::Aborted(fmt::format("producer rank {}: {}", item.chunk.rank,
+                                       applied.status().ToString()));
+  }
+  if (*applied == RefitSession::ApplyOutcome::kDuplicate) {
+    return Status::Aborted(fmt::format("producer rank {} sent chunk ({}) twice",
+                                       item.chunk.rank, ChunkIdText(item.id)));
+  }
+  out->bytes.assign(item.chunk.chunk.begin(), item.chunk.chunk.end());
+  auto h = PeekChunkHeader(out->bytes);
+  out->sizes.changed = h.ok() ? h->changed : 0;
+  out->sizes.header = out->bytes.size();  // not split into sections here
+  if (sign) out->sha256 = Sha256(out->bytes);
+  return Status::OK();
+}
+
+CheckpointDigests ProducerFeed::Finish() {
+  std::vector<ProducerDoneMsg> done = hub_->Done();
+  std::vector<std::vector<LinearDigest>> parts;
+  changed_ = 0;
+  for (ProducerDoneMsg& d : done) {
+    changed_ += d.changed;
+    parts.push_back(std::move(d.target_parts));
+  }
+  CheckpointDigests d = DigestsFromParts(hub_->layout(), parts);
+  Version target = session_->plan().target;
+  target.digest = d.version;
+  session_->LearnTarget(target, d.tensors);
+  return d;
+}
+
+Status ProducerFeed::Commit() {
+  if (!session_) return Status::OK();
+  Status s = session_->Commit();
+  session_.reset();
+  return s;
+}
+
+Status ProducerFeed::Abort() {
+  if (!session_) return Status::OK();
+  Status s = session_->Abort(nullptr);
+  session_.reset();
+  return s;
+}
+
+void ProducerFeed::Decide(ProducerOutcome outcome, const RefitId& refit,
+                          const Version& target, const std::string& reason) {
+  ProducerDecisionMsg m;
+  m.outcome = static_cast<uint8_t>(outcome);
+  m.refit = refit;
+  m.target = target;
+  m.reason = reason;
+  hub_->Decide(m);
+}
+
+}  // namespace dcr

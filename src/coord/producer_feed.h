@@ -1,0 +1,110 @@
+// The root's half of a producers' refit (dcr/producer.h): the trainer's
+// ranks, gathered by the ProducerHub, stream chunk parts that the root
+// merges into the refit's stream (a ChunkJob that fetches instead of
+// encoding), and root.baseline takes them as a relay's store would: a
+// session of its own (session/refit_session.h) applies every part behind
+// the undo journal beside root.baseline's version record, checks at the
+// vote that its bits are the target the producers' digest parts name,
+// and commits or restores with the tree. root.baseline stays the
+// canonical copy that repairs, catch-up and seeding read.
+//
+// Thread safety: Gather, Begin, Go, Finish, Commit, Abort and Decide on
+// the coordinator thread; Fetch on the chunk producer's thread; Apply on
+// the pool's workers (distinct items), id() from the producer thread.
+#ifndef DCR_COORD_PRODUCER_FEED_H_
+#define DCR_COORD_PRODUCER_FEED_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coord/chunk_producer.h"
+#include "coord/producer_hub.h"
+#include "dcr/checkpoint.h"
+#include "dcr/codec.h"
+#include "dcr/refit.h"
+#include "dcr/store.h"
+#include "dcr/thread_pool.h"
+#include "protocol/messages.h"
+#include "session/refit_session.h"
+
+namespace dcr {
+
+class ProducerFeed {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit ProducerFeed(ProducerHub* hub);
+  ~ProducerFeed();
+
+  // Waits for a producer of every rank (ProducerHub::Impl::Gather).
+  Status Gather(std::chrono::milliseconds wait);
+  // Checks that the layout places root.baseline's tensors and that the
+  // producers' baseline shards compose into its version `base` (naming
+  // the tensors that differ, after a pass over root.baseline).
+  Status CheckBaseline(const WeightStore& baseline, const Version& base,
+                       ThreadPool* pool);
+  // The trainer step the producers named.
+  uint64_t step() const { return step_; }
+  uint32_t ranks() const { return static_cast<uint32_t>(joined_.size()); }
+
+  // Opens root.baseline's session for `plan` (its base must be the
+  // baseline's committed version), journal beside its record.
+  Status Begin(WeightStore* baseline, const RefitId& refit, const PlanMsg& plan,
+               ThreadPool* pool);
+  // PRODUCER_GO to every producer.
+  void Go(const ProducerGoMsg& go, uint64_t window);
+
+  // The stream's job: fetches the producers' chunks in batches, applies
+  // each to root.baseline on the pool (Apply) and hands the chunk on
+  // unchanged (`out->bytes`, hashed when `sign`). A part of another rank,
+  // a chunk that is not an XOR part, or one sent twice fails the stream.
+  // `idle`: a producer silent for this long fails it too.
+  ChunkJob Job(std::chrono::milliseconds idle, bool sign, size_t workers);
+  const ChunkId& id(size_t i) const;
+
+  // After the stream: the target's digests, from the producers' parts
+  // (what root.baseline records on a commit). root.baseline's bits are not
+  // hashed here (a pass over the model): they are the relays', applied by
+  // the same code, and every relay checks its own against these digests.
+  CheckpointDigests Finish();
+  // Elements the producers changed (their PRODUCER_DONEs).
+  uint64_t changed_elements() const { return changed_; }
+
+  // root.baseline records the target (after the decision, once the COMMIT
+  // reached someone) or restores its base.
+  Status Commit();
+  Status Abort();
+  // Whether root.baseline took any part (an abort must restore it).
+  bool touched() const { return session_ != nullptr; }
+
+  // Tells every producer how the refit ended and closes their links.
+  void Decide(ProducerOutcome outcome, const RefitId& refit,
+              const Version& target, const std::string& reason);
+
+ private:
+  struct Item {
+    ProducerChunk chunk;
+    ChunkId id;
+  };
+  Result<size_t> Fetch(size_t max, std::chrono::milliseconds idle);
+  Status Apply(size_t i, size_t worker, bool sign, EncodedChunk* out);
+
+  ProducerHub::Impl* hub_;
+  std::vector<ProducerHub::Impl::Joined> joined_;
+  uint64_t step_ = 0;
+  uint64_t changed_ = 0;
+  std::unique_ptr<RefitSession> session_;
+  std::vector<std::unique_ptr<ChunkDecoder>> decoders_;
+  // The batch being encoded: items [batch_begin_, batch_begin_ + size).
+  std::vector<Item> batch_;
+  size_t batch_begin_ = 0;
+  size_t fetched_ = 0;
+  std::vector<ProducerChunk> scratch_;
+};
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_PRODUCER_FEED_H_

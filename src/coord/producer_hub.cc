@@ -1,0 +1,473 @@
+#include "coord/producer_hub.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <set>
+
+namespace dcr {
+namespace {
+
+std::string Ranks(const std::vector<uint32_t>& ranks) {
+  return fmt::format("{}", fmt::join(ranks, ", "));
+}
+
+}  // namespace
+
+class ProducerHub::Impl::Handler : public LinkHandler {
+ public:
+  explicit Handler(Impl* hub) : hub_(hub) {}
+  void OnOpen(Link& link) override { hub_->OnOpen(link); }
+  void OnFrame(Link& link, const Frame& frame,
+               const FrameBuffer& buffer) override {
+    hub_->OnFrame(link, frame, buffer);
+  }
+  void OnClosed(Link& link, const Status& why) override {
+    hub_->OnClosed(link, why);
+  }
+
+ private:
+  Impl* hub_;
+};
+
+ProducerHub::Impl::Impl(Layout layout, std::unique_ptr<Transport> transport,
+                        FrameOptions frames)
+    : layout_(std::move(layout)),
+      fingerprint_(layout_.Fingerprint()),
+      frames_(std::move(frames)),
+      transport_(std::move(transport)) {}
+
+ProducerHub::Impl::~Impl() {
+  {
+    // The last decisions reach their producers (at most 2 s).
+    MutexLock lock(&mu_);
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (!closing_.empty() && !changed_.WaitUntil(&mu_, deadline)) {
+    }
+  }
+  transport_->Stop();
+}
+
+Status ProducerHub::Impl::Listen(std::string_view host, uint16_t port) {
+  return transport_->Listen(host, port, std::make_shared<Handler>(this));
+}
+
+void ProducerHub::Impl::Send(Link& link, FrameType type,
+                             const std::vector<std::byte>& payload) {
+  FrameHeader h;
+  h.type = type;
+  auto frame = EncodeFrame(h, payload, frames_);
+  if (frame.ok()) link.Send(*std::move(frame));
+}
+
+void ProducerHub::Impl::Refuse(Link& link, const std::string& why) {
+  spdlog::warn("producer at {} refused: {}", link.peer(), why);
+  ProducerDecisionMsg d;
+  d.outcome = static_cast<uint8_t>(ProducerOutcome::kRefused);
+  d.reason = why;
+  Send(link, FrameType::kProducerDecision, EncodeProducerDecision(d));
+  {
+    MutexLock lock(&mu_);
+    closing_.insert(link.id());
+  }
+  link.CloseAfterFlush();
+}
+
+void ProducerHub::Impl::OnOpen(Link& link) {
+  MutexLock lock(&mu_);
+  Peer& p = peers_[link.id()];
+  p.link = link.shared_from_this();
+  p.peer = link.peer();
+  p.last_frame = Clock::now();
+}
+
+// Why `hello` cannot join, or "".
+std::string ProducerHub::Impl::CheckHello(const ProducerHelloMsg& hello) const {
+  if (hello.world != layout_.ranks()) {
+    return fmt::format(
+        "rank {} says the world has {} ranks; the layout {} has {} (tp {}, "
+        "pp {}, ep {})",
+        hello.rank, hello.world, layout_.source, layout_.ranks(), layout_.tp,
+        layout_.pp, layout_.ep);
+  }
+  if (hello.layout != fingerprint_) {
+    return fmt::format(
+        "rank {} runs another layout than the coordinator's {} (fingerprint "
+        "{} here, {} there): start both from the same layout file",
+        hello.rank, layout_.source, fingerprint_.ShortHex(),
+        hello.layout.ShortHex());
+  }
+  if (!hello.base_parts.empty() &&
+      hello.base_parts.size() != layout_.tensors.size()) {
+    return fmt::format(
+        "rank {} sent digest parts of {} tensors; the layout "
+        "has {}",
+        hello.rank, hello.base_parts.size(), layout_.tensors.size());
+  }
+  if (hello.base_parts.empty()) {
+    return fmt::format(
+        "rank {} has no baseline shards: set them to the tree's version "
+        "(Producer::SetBaseline) before its first refit",
+        hello.rank);
+  }
+  return "";
+}
+
+void ProducerHub::Impl::OnFrame(Link& link, const Frame& frame,
+                                const FrameBuffer& buffer) {
+  std::string refuse;
+  {
+    MutexLock lock(&mu_);
+    auto it = peers_.find(link.id());
+    if (it == peers_.end()) return;
+    Peer& p = it->second;
+    p.last_frame = Clock::now();
+    const bool in_refit = p.hello_seen && refit_.count(p.hello.rank) &&
+                          refit_.at(p.hello.rank) == link.id();
+    switch (frame.type()) {
+      case FrameType::kProducerHello: {
+        if (p.hello_seen) {
+          refuse = "a second PRODUCER_HELLO on one link";
+          break;
+        }
+        auto hello = DecodeProducerHello(frame.payload);
+        if (!hello.ok()) {
+          refuse = hello.status().ToString();
+          break;
+        }
+        refuse = CheckHello(*hello);
+        for (const auto& [id, q] : peers_) {
+          if (refuse.empty() && id != link.id() && q.hello_seen &&
+              q.state != State::kGone && q.hello.rank == hello->rank) {
+            refuse = fmt::format("rank {} is already connected from {}",
+                                 hello->rank, q.peer);
+          }
+        }
+        if (!refuse.empty()) break;
+        p.hello = *std::move(hello);
+        p.hello_seen = true;
+        if (!first_hello_ && refit_.empty()) first_hello_ = Clock::now();
+        spdlog::info("producer rank {} of {} connected from {} (step {})",
+                     p.hello.rank, p.hello.world, p.peer, p.hello.step);
+        break;
+      }
+      case FrameType::kChunk:
+        if (!in_refit || p.state != State::kStreaming) {
+          if (in_refit) {
+            Fail(fmt::format("producer rank {} ({}) sent a CHUNK out of turn",
+                             p.hello.rank, p.peer));
+          } else {
+            refuse = "a CHUNK before the refit began";
+          }
+          break;
+        }
+        queue_.push_back(ProducerChunk{p.hello.rank, buffer, frame.payload});
+        queued_bytes_ += frame.payload.size();
+        if (queued_bytes_ > window_) {
+          for (auto& [id, q] : peers_) {
+            if (q.state == State::kStreaming && !q.paused) {
+              q.paused = true;
+              q.link->PauseReading();
+            }
+          }
+        }
+        break;
+      case FrameType::kProducerDone: {
+        if (!in_refit || p.state != State::kStreaming) {
+          if (in_refit) {
+            Fail(fmt::format(
+                "producer rank {} ({}) sent PRODUCER_DONE out of turn",
+                p.hello.rank, p.peer));
+          } else {
+            refuse = "a PRODUCER_DONE before the refit began";
+          }
+          break;
+        }
+        auto done = DecodeProducerDone(frame.payload);
+        if (!done.ok()) {
+          Fail(fmt::format("producer rank {} ({}): {}", p.hello.rank, p.peer,
+                           done.status().ToString()));
+          break;
+        }
+        if (done->target_parts.size() != layout_.tensors.size()) {
+          Fail(fmt::format(
+              "producer rank {} ({}) sent target digest parts of {} tensors; "
+              "the layout has {}",
+              p.hello.rank, p.peer, done->target_parts.size(),
+              layout_.tensors.size()));
+          break;
+        }
+        p.done = *std::move(done);
+        p.state = State::kDone;
+        break;
+      }
+      case FrameType::kError:
+        if (in_refit) {
+          Fail(fmt::format(
+              "producer rank {} ({}) gave up: {}", p.hello.rank, p.peer,
+              std::string(reinterpret_cast<const char*>(frame.payload.data()),
+                          std::min<size_t>(frame.payload.size(), 1024))));
+        }
+        refuse = in_refit ? "" : "gave up";
+        break;
+      default:
+        if (in_refit) {
+          Fail(
+              fmt::format("producer rank {} ({}) sent {}, which a producer "
+                          "never sends",
+                          p.hello.rank, p.peer, FrameTypeName(frame.type())));
+        } else {
+          refuse = "unexpected " + FrameTypeName(frame.type());
+        }
+        break;
+    }
+    if (!refuse.empty()) peers_.erase(it);
+  }
+  changed_.SignalAll();
+  if (!refuse.empty()) Refuse(link, refuse);
+}
+
+void ProducerHub::Impl::OnClosed(Link& link, const Status& why) {
+  {
+    MutexLock lock(&mu_);
+    closing_.erase(link.id());
+    auto it = peers_.find(link.id());
+    if (it == peers_.end()) return;
+    Peer& p = it->second;
+    const bool in_refit = p.hello_seen && refit_.count(p.hello.rank) &&
+                          refit_.at(p.hello.rank) == link.id();
+    if (!in_refit) {
+      peers_.erase(it);
+    } else {
+      if (p.state != State::kDone) {
+        Fail(fmt::format("producer rank {} ({}) left before it was done: {}",
+                         p.hello.rank, p.peer,
+                         why.ok() ? "closed" : why.ToString()));
+      }
+      p.state = State::kGone;
+    }
+  }
+  changed_.SignalAll();
+}
+
+void ProducerHub::Impl::Fail(const std::string& why) {
+  if (failure_.empty()) {
+    spdlog::error("{}", why);
+    failure_ = why;
+  }
+}
+
+std::vector<uint32_t> ProducerHub::Impl::MissingRanks() const {
+  std::set<uint32_t> present;
+  for (const auto& [id, p] : peers_) {
+    if (p.hello_seen && p.state == State::kWaiting)
+      present.insert(p.hello.rank);
+  }
+  std::vector<uint32_t> missing;
+  for (uint32_t r = 0; r < layout_.ranks(); ++r) {
+    if (!present.count(r)) missing.push_back(r);
+  }
+  return missing;
+}
+
+void ProducerHub::Impl::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stopped_ = true;
+  }
+  changed_.SignalAll();
+}
+
+bool ProducerHub::Impl::stopped() const {
+  MutexLock lock(&mu_);
+  return stopped_;
+}
+
+Result<std::vector<ProducerHub::Impl::Joined>> ProducerHub::Impl::Gather(
+    std::chrono::milliseconds wait) {
+  Result<std::vector<Joined>> out = std::vector<Joined>();
+  {
+    MutexLock lock(&mu_);
+    refit_.clear();
+    queue_.clear();
+    queued_bytes_ = 0;
+    failure_.clear();
+    for (;;) {
+      if (stopped_) return Status::Aborted("stopped");
+      std::vector<uint32_t> missing = MissingRanks();
+      if (missing.empty()) break;
+      // (One that said hello while the last refit ran starts the clock now.)
+      if (!first_hello_ && missing.size() < layout_.ranks()) {
+        first_hello_ = Clock::now();
+      }
+      if (!first_hello_) {
+        changed_.Wait(&mu_);
+        continue;
+      }
+      const auto deadline = *first_hello_ + wait;
+      if (changed_.WaitUntil(&mu_, deadline) && Clock::now() >= deadline) {
+        missing = MissingRanks();
+        if (missing.empty()) break;
+        first_hello_.reset();
+        return Status::Aborted(fmt::format(
+            "waited {:.0f} s after the first producer for all {}: rank{} {} "
+            "did not connect",
+            std::chrono::duration<double>(wait).count(), layout_.ranks(),
+            missing.size() == 1 ? "" : "s", Ranks(missing)));
+      }
+    }
+    first_hello_.reset();
+    std::map<uint64_t, std::vector<uint32_t>> by_step;
+    for (auto& [id, p] : peers_) {
+      if (p.hello_seen && p.state == State::kWaiting) refit_[p.hello.rank] = id;
+    }
+    std::vector<Joined> joined;
+    for (const auto& [rank, id] : refit_) {
+      Peer& p = peers_.at(id);
+      by_step[p.hello.step].push_back(rank);
+      p.state = State::kGathered;
+      joined.push_back(Joined{rank, p.hello.step, p.peer, p.hello.base_parts});
+    }
+    if (by_step.size() > 1) {
+      std::vector<std::string> steps;
+      for (const auto& [step, ranks] : by_step) {
+        steps.push_back(fmt::format("step {} (rank{} {})", step,
+                                    ranks.size() == 1 ? "" : "s",
+                                    Ranks(ranks)));
+      }
+      out = Status::InvalidArgument(
+          fmt::format("the producers are at different trainer steps: {}",
+                      fmt::join(steps, ", ")));
+    } else {
+      out = std::move(joined);
+    }
+  }
+  return out;
+}
+
+void ProducerHub::Impl::Go(const ProducerGoMsg& go, uint64_t window) {
+  std::vector<std::byte> payload = EncodeProducerGo(go);
+  MutexLock lock(&mu_);
+  window_ = window;
+  for (const auto& [rank, id] : refit_) {
+    Peer& p = peers_.at(id);
+    if (p.state != State::kGathered) continue;
+    p.state = State::kStreaming;
+    p.last_frame = Clock::now();
+    Send(*p.link, FrameType::kProducerGo, payload);
+  }
+}
+
+void ProducerHub::Impl::ResumeIfRoom() {
+  if (queued_bytes_ > window_ / 2) return;
+  for (auto& [id, p] : peers_) {
+    if (!p.paused) continue;
+    p.paused = false;
+    p.last_frame = Clock::now();  // its silence was ours
+    p.link->ResumeReading();
+  }
+}
+
+Status ProducerHub::Impl::Fetch(size_t max, std::chrono::milliseconds idle,
+                                std::vector<ProducerChunk>* out) {
+  out->clear();
+  MutexLock lock(&mu_);
+  for (;;) {
+    if (!failure_.empty()) return Status::Aborted(failure_);
+    if (!queue_.empty()) {
+      while (!queue_.empty() && out->size() < max) {
+        queued_bytes_ -= queue_.front().chunk.size();
+        out->push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      ResumeIfRoom();
+      return Status::OK();
+    }
+    // Nothing queued: every link is being read.
+    ResumeIfRoom();
+    Clock::time_point wake = Clock::time_point::max();
+    bool all_done = true;
+    const auto now = Clock::now();
+    for (const auto& [rank, id] : refit_) {
+      const Peer& p = peers_.at(id);
+      if (p.state == State::kDone) continue;
+      all_done = false;
+      if (now - p.last_frame >= idle) {
+        Fail(fmt::format("producer rank {} ({}) sent nothing for {:.0f} s",
+                         rank, p.peer,
+                         std::chrono::duration<double>(idle).count()));
+        break;
+      }
+      wake = std::min(wake, p.last_frame + idle);
+    }
+    if (!failure_.empty()) continue;
+    if (all_done) return Status::OK();
+    changed_.WaitUntil(&mu_, wake);
+  }
+}
+
+void ProducerHub::Impl::Cancel(const std::string& why) {
+  {
+    MutexLock lock(&mu_);
+    Fail(why);
+  }
+  changed_.SignalAll();
+}
+
+std::vector<ProducerDoneMsg> ProducerHub::Impl::Done() const {
+  MutexLock lock(&mu_);
+  std::vector<ProducerDoneMsg> done;
+  for (const auto& [rank, id] : refit_) done.push_back(peers_.at(id).done);
+  return done;
+}
+
+void ProducerHub::Impl::Decide(const ProducerDecisionMsg& decision) {
+  std::vector<std::byte> payload = EncodeProducerDecision(decision);
+  MutexLock lock(&mu_);
+  std::vector<uint64_t> to;
+  if (!refit_.empty()) {
+    for (const auto& [rank, id] : refit_) to.push_back(id);
+  } else {
+    // The refit never gathered: everyone waiting is told why.
+    for (const auto& [id, p] : peers_) {
+      if (p.hello_seen) to.push_back(id);
+    }
+  }
+  for (uint64_t id : to) {
+    Peer& p = peers_.at(id);
+    if (p.state != State::kGone) {
+      Send(*p.link, FrameType::kProducerDecision, payload);
+      closing_.insert(id);
+      p.link->CloseAfterFlush();
+    }
+    peers_.erase(id);
+  }
+  refit_.clear();
+  queue_.clear();
+  queued_bytes_ = 0;
+}
+
+ProducerHub::ProducerHub(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProducerHub::~ProducerHub() = default;
+
+Result<std::unique_ptr<ProducerHub>> ProducerHub::Listen(
+    Layout layout, std::string_view host, uint16_t port,
+    const TransportOptions& transport) {
+  DCR_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t,
+                       CreateTransport("tcp", transport));
+  auto impl =
+      std::make_unique<Impl>(std::move(layout), std::move(t), transport.frames);
+  if (Status s = impl->Listen(host, port); !s.ok()) {
+    return s.WithContext(
+        fmt::format("listening for producers on {}:{}", host, port));
+  }
+  return std::unique_ptr<ProducerHub>(new ProducerHub(std::move(impl)));
+}
+
+uint16_t ProducerHub::port() const { return impl_->port(); }
+const Layout& ProducerHub::layout() const { return impl_->layout(); }
+void ProducerHub::Stop() { impl_->Stop(); }
+bool ProducerHub::stopped() const { return impl_->stopped(); }
+
+}  // namespace dcr

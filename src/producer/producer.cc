@@ -1,0 +1,276 @@
+// A trainer rank's producer (dcr/producer.h): one link to the coordinator
+// per refit, driven from the caller's thread; the transport's event thread
+// only queues what arrives.
+#include "dcr/producer.h"
+
+#include <fmt/format.h>
+
+#include <deque>
+
+#include "common/elapsed.h"
+#include "common/failpoint.h"
+#include "common/mutex.h"
+#include "dcr/shard_delta.h"
+#include "protocol/producer_messages.h"
+
+namespace dcr {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The send window: chunks wait while more than this is queued on the link.
+constexpr size_t kSendWindow = size_t{16} << 20;
+
+// The link's events, for the thread that drives the refit.
+class Inbox : public LinkHandler {
+ public:
+  void OnFrame(Link&, const Frame& frame, const FrameBuffer& buffer) override {
+    {
+      MutexLock lock(&mu_);
+      frames_.push_back(DecodedFrame{frame, buffer});
+    }
+    changed_.SignalAll();
+  }
+  void OnClosed(Link&, const Status& why) override {
+    {
+      MutexLock lock(&mu_);
+      closed_ = true;
+      why_ =
+          why.ok() ? Status::IOError("the coordinator closed the link") : why;
+    }
+    changed_.SignalAll();
+  }
+  void OnDrained(Link&) override { changed_.SignalAll(); }
+
+  // The next frame, or the reason there is none by `deadline`.
+  Result<DecodedFrame> Next(Clock::time_point deadline, const char* waiting) {
+    MutexLock lock(&mu_);
+    for (;;) {
+      if (!frames_.empty()) {
+        DecodedFrame f = std::move(frames_.front());
+        frames_.pop_front();
+        return f;
+      }
+      if (closed_) return why_;
+      if (changed_.WaitUntil(&mu_, deadline) && Clock::now() >= deadline) {
+        return Status::Aborted(
+            fmt::format("no answer from the coordinator while {}", waiting));
+      }
+    }
+  }
+  // Waits until `link` has room for more, or it closed.
+  Status WaitForRoom(Link& link) {
+    MutexLock lock(&mu_);
+    while (link.QueuedBytes() > kSendWindow) {
+      if (closed_) return why_;
+      changed_.WaitFor(&mu_, std::chrono::milliseconds(100));
+    }
+    return closed_ ? why_ : Status::OK();
+  }
+
+ private:
+  Mutex mu_;
+  CondVar changed_;
+  std::deque<DecodedFrame> frames_ DCR_GUARDED_BY(mu_);
+  bool closed_ DCR_GUARDED_BY(mu_) = false;
+  Status why_ DCR_GUARDED_BY(mu_);
+};
+
+Status SendFrame(Link& link, FrameType type, const RefitId& refit,
+                 std::span<const std::byte> payload,
+                 const FrameOptions& frames) {
+  FrameHeader h;
+  h.type = type;
+  h.refit_id = refit;
+  DCR_ASSIGN_OR_RETURN(FrameBuffer f, EncodeFrame(h, payload, frames));
+  link.Send(std::move(f));
+  return Status::OK();
+}
+
+ProducerDecision FromMessage(const ProducerDecisionMsg& m) {
+  ProducerDecision d;
+  d.outcome = static_cast<ProducerOutcome>(m.outcome);
+  d.refit = m.refit;
+  d.target = m.target;
+  d.reason = m.reason;
+  return d;
+}
+
+Result<std::pair<std::string, uint16_t>> SplitAddress(const std::string& a) {
+  size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == a.size()) {
+    return Status::InvalidArgument(
+        fmt::format("coordinator '{}': expected host:port", a));
+  }
+  uint32_t port = 0;
+  for (char c : a.substr(colon + 1)) {
+    if (c < '0' || c > '9' || (port = port * 10 + uint32_t(c - '0')) > 65535) {
+      return Status::InvalidArgument(
+          fmt::format("coordinator '{}': bad port", a));
+    }
+  }
+  if (port == 0) {
+    return Status::InvalidArgument(fmt::format("coordinator '{}': port 0", a));
+  }
+  std::string host = a.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(host, static_cast<uint16_t>(port));
+}
+
+}  // namespace
+
+std::string_view ProducerOutcomeName(ProducerOutcome o) {
+  switch (o) {
+    case ProducerOutcome::kCommitted:
+      return "committed";
+    case ProducerOutcome::kPartial:
+      return "partial";
+    case ProducerOutcome::kAborted:
+      return "aborted";
+    case ProducerOutcome::kUnfinished:
+      return "unfinished";
+    case ProducerOutcome::kRefused:
+      return "refused";
+  }
+  return "unknown";
+}
+
+Producer::Producer(Layout layout, uint32_t rank, ProducerOptions options)
+    : rank_(rank),
+      options_(std::move(options)),
+      shards_(std::make_unique<ShardProducer>(std::move(layout), rank,
+                                              /*span_elems=*/0,
+                                              options_.encode)) {}
+
+Producer::~Producer() = default;
+
+const Layout& Producer::layout() const { return shards_->layout(); }
+bool Producer::has_baseline() const { return shards_->has_baseline(); }
+
+Status Producer::SetBaseline(const ShardBytes& shards) {
+  return shards_->SetBaseline(shards);
+}
+
+Result<ProducerDecision> Producer::Refit(uint64_t step,
+                                         const ShardBytes& shards) {
+  const auto t0 = Clock::now();
+  if (!shards_->has_baseline()) {
+    return Status::InvalidArgument(fmt::format(
+        "rank {}: no baseline shards: call SetBaseline with the weights the "
+        "tree holds before the first refit",
+        rank_));
+  }
+  // Shapes and dtypes are checked (HashShardRegions) before anything is
+  // asked of the coordinator: a trainer step that changed a shape is an
+  // error here, naming the tensor.
+  DCR_RETURN_IF_ERROR(
+      HashShardRegions(shards_->layout(), rank_, shards).status());
+  DCR_ASSIGN_OR_RETURN(auto address, SplitAddress(options_.coordinator));
+  DCR_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
+                       CreateTransport("tcp", options_.transport));
+  auto inbox = std::make_shared<Inbox>();
+  DCR_ASSIGN_OR_RETURN(std::shared_ptr<Link> link,
+                       transport->Connect(address.first, address.second, inbox,
+                                          options_.connect_timeout));
+  link->SetWatermarks(kSendWindow, kSendWindow / 2);
+  const FrameOptions& frames = options_.transport.frames;
+  auto fail = [&](Status s) {
+    link->Close();
+    transport->Stop();
+    return s.WithContext(fmt::format("rank {} refit of step {} with {}", rank_,
+                                     step, options_.coordinator));
+  };
+
+  ProducerHelloMsg hello;
+  hello.rank = rank_;
+  hello.world = shards_->layout().ranks();
+  hello.step = step;
+  hello.layout = shards_->layout().Fingerprint();
+  hello.base_parts = shards_->baseline_digests();
+  if (Status s = SendFrame(*link, FrameType::kProducerHello, RefitId(),
+                           EncodeProducerHello(hello), frames);
+      !s.ok()) {
+    return fail(s);
+  }
+  auto go_frame =
+      inbox->Next(Clock::now() + options_.timeout, "waiting for the refit");
+  if (!go_frame.ok()) return fail(go_frame.status());
+  if (go_frame->frame.type() == FrameType::kProducerDecision) {
+    auto d = DecodeProducerDecision(go_frame->frame.payload);
+    if (!d.ok()) return fail(d.status());
+    transport->Stop();
+    ProducerDecision decision = FromMessage(*d);
+    decision.total_seconds = Seconds(t0, Clock::now());
+    return decision;
+  }
+  if (go_frame->frame.type() != FrameType::kProducerGo) {
+    return fail(Status::Corruption(
+        fmt::format("the coordinator sent {} instead of PRODUCER_GO",
+                    FrameTypeName(go_frame->frame.type()))));
+  }
+  auto go = DecodeProducerGo(go_frame->frame.payload);
+  if (!go.ok()) return fail(go.status());
+
+  ProducerDecision decision;
+  const auto t_diff = Clock::now();
+  auto diffed = shards_->Diff(shards, go->span_elems);
+  if (!diffed.ok()) {
+    // The coordinator aborts the refit when the link closes; the error
+    // frame tells it why.
+    std::string why = diffed.status().ToString();
+    (void)SendFrame(*link, FrameType::kError, go->refit,
+                    std::as_bytes(std::span(why.data(), why.size())), frames);
+    link->CloseAfterFlush();
+    transport->Stop();
+    return diffed.status();
+  }
+  decision.diff_seconds = Seconds(t_diff, Clock::now());
+  for (const auto& [id, chunk] : diffed->chunks) {
+    DCR_FAILPOINT("producer.send_chunk");
+    if (Status s = inbox->WaitForRoom(*link); !s.ok()) return fail(s);
+    if (Status s =
+            SendFrame(*link, FrameType::kChunk, go->refit, chunk, frames);
+        !s.ok()) {
+      return fail(s);
+    }
+    ++decision.chunks;
+    decision.payload_bytes += chunk.size();
+  }
+  decision.changed_elements = diffed->changed;
+  ProducerDoneMsg done;
+  done.chunks = diffed->chunks.size();
+  done.changed = diffed->changed;
+  done.target_parts = diffed->target_digests;
+  diffed->chunks.clear();
+  if (Status s = SendFrame(*link, FrameType::kProducerDone, go->refit,
+                           EncodeProducerDone(done), frames);
+      !s.ok()) {
+    return fail(s);
+  }
+  auto end =
+      inbox->Next(Clock::now() + options_.timeout, "waiting for the decision");
+  if (!end.ok()) return fail(end.status());
+  if (end->frame.type() != FrameType::kProducerDecision) {
+    return fail(Status::Corruption(
+        fmt::format("the coordinator sent {} instead of PRODUCER_DECISION",
+                    FrameTypeName(end->frame.type()))));
+  }
+  auto d = DecodeProducerDecision(end->frame.payload);
+  if (!d.ok()) return fail(d.status());
+  transport->Stop();
+  ProducerDecision told = FromMessage(*d);
+  told.chunks = decision.chunks;
+  told.payload_bytes = decision.payload_bytes;
+  told.changed_elements = decision.changed_elements;
+  told.diff_seconds = decision.diff_seconds;
+  if (Advanced(told.outcome)) {
+    // The tree moved to these bits: they are the next refit's base.
+    DCR_RETURN_IF_ERROR(shards_->Advance(shards));
+  }
+  told.total_seconds = Seconds(t0, Clock::now());
+  return told;
+}
+
+}  // namespace dcr

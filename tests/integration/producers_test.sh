@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Producers' refits (issue 17) with real processes on loopback: `dcr refit
+# --producers 4` as a long-running coordinator, two dcr-relay processes,
+# and trainer ranks (producers_driver.py, the `dcr` Python module) that
+# stream the shards `dcr-traingen --layout` wrote, one refit per step.
+#   a. usage errors name what to fix (exit 2);
+#   b. two steps commit; after each, both relays and root.baseline hold the
+#      gathered canonical checkpoint of that step (dcr verify);
+#   c. a rank that never connects: the others are refused, naming it;
+#   d. ranks at different trainer steps: refused, naming both;
+#   e. a rank that dies mid-refit (failpoint producer.send_chunk=exit):
+#      the refit aborts, relays and root.baseline hold the base again, the
+#      other ranks are told "aborted"; the restarted rank commits the next;
+#   f. SIGTERM ends a coordinator waiting for the next step, exit 0.
+# Usage: producers_test.sh DCR DCR_RELAY TRAINGEN PYTHON_MODULE_DIR LAYOUTS
+set -euo pipefail
+DCR=$1
+RELAY=$2
+TRAINGEN=$3
+MODULE=$4
+LAYOUTS=$5
+DRIVER="/usr/bin/python3 $(dirname "$0")/producers_driver.py $MODULE"
+T=$(mktemp -d /tmp/dcr-producers-test.XXXXXX)
+declare -A PID
+# shellcheck source=tests/integration/lib.sh
+source "$(dirname "$0")/lib.sh"
+COORD_PID=""
+trap '[[ -n $COORD_PID ]] && kill -KILL $COORD_PID 2>/dev/null; cleanup' EXIT
+
+# A tiny model under the shipped traingen layout's scheme (tp 2, pp 2).
+sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 4/' \
+  -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
+  "$LAYOUTS/traingen-tp2-pp2.yaml" >"$T/tiny.yaml"
+"$TRAINGEN" --hidden 64 --layers 4 --heads 4 --kv-heads 2 --vocab 300 \
+  --steps 4 --out "$T/ck" --layout "$T/tiny.yaml" >/dev/null 2>"$T/traingen.log" ||
+  { cat "$T/traingen.log" >&2; fail "traingen"; }
+for n in root a b; do cp "$T/ck/v0.safetensors" "$T/$n.safetensors"; done
+
+read -r -a PORTS < <(free_ports 4)
+[[ ${#PORTS[@]} -eq 4 ]] || fail "could not pick free ports"
+COORD=127.0.0.1:${PORTS[3]}
+TOPO=$T/tree.yaml
+cat >"$TOPO" <<EOF
+version: 1
+defaults: {transport: tcp, fanout: 2, span_elems: 4096}
+root: {name: trainer, host: 127.0.0.1, port: ${PORTS[0]}, cluster: train, state_dir: "$T/state", baseline: "$T/root.safetensors"}
+clusters:
+  - name: train
+  - name: rollout
+    nodes:
+      - {name: a, host: 127.0.0.1, port: ${PORTS[1]}, store: {kind: file, path: "$T/a.safetensors"}}
+      - {name: b, host: 127.0.0.1, port: ${PORTS[2]}, store: {kind: file, path: "$T/b.safetensors"}}
+links:
+  - {from: train, to: rollout, bandwidth: 1Gbps, latency: 1ms}
+EOF
+for n in a b; do
+  "$RELAY" --topology "$TOPO" --node "$n" --ready-file "$T/$n.ready" \
+    >>"$T/$n.log" 2>&1 &
+  PID[$n]=$!
+done
+wait_ready a b
+
+# verify_step K: both relays and root.baseline hold step K's canonical file.
+verify_step() {
+  verify_all "$T/ck/v$1.safetensors" a b root
+}
+VERIFY="$DCR verify $T/a.safetensors $T/ck/v{k}.safetensors >/dev/null && \
+$DCR verify $T/b.safetensors $T/ck/v{k}.safetensors >/dev/null && \
+$DCR verify $T/root.safetensors $T/ck/v{k}.safetensors >/dev/null"
+
+# start_coord ARGS...: a coordinator in the background, its output in
+# $T/coord.out and $T/coord.err; stop_coord WANT: its exit code is WANT.
+start_coord() {
+  "$DCR" refit --topology "$TOPO" --producers 4 --layout "$T/tiny.yaml" \
+    --listen "$COORD" --progress never -o json --timeout 10s "$@" \
+    >"$T/coord.out" 2>"$T/coord.err" &
+  COORD_PID=$!
+  for _ in $(seq 100); do
+    grep -q "waiting for 4 producers" "$T/coord.err" && return
+    kill -0 "$COORD_PID" 2>/dev/null || { cat "$T/coord.err" >&2; fail "coordinator exited: $*"; }
+    sleep 0.1
+  done
+  fail "the coordinator did not listen"
+}
+stop_coord() {
+  local want=$1 rc
+  set +e
+  wait "$COORD_PID"
+  rc=$?
+  set -e
+  COORD_PID=""
+  [[ $rc -eq $want ]] || { cat "$T/coord.err" >&2; fail "coordinator exited $rc, want $want"; }
+}
+# decisions K EXPR: EXPR holds for every rank's decision r of step K
+# (driver output in $T/driver.out).
+decisions() {
+  python3 -S - "$T/driver.out" "$1" "$2" <<'PY' || { cat "$T/driver.out" >&2; fail "decisions of step $1: $2"; }
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+step = [l for l in lines if l["step"] == int(sys.argv[2])]
+assert step, "no line for the step"
+for rank, r in step[-1]["ranks"].items():
+    assert eval(sys.argv[3]), (rank, r)
+PY
+}
+
+# --- a. Usage ------------------------------------------------------------
+expect 2 "$DCR" refit --topology "$TOPO" --producers 3 --layout "$T/tiny.yaml"
+grep -q "the layout $T/tiny.yaml has 4 ranks (tp 2 x pp 2 x ep 1)" "$T/err" ||
+  fail "--producers 3: $(cat "$T/err")"
+expect 2 "$DCR" refit --topology "$TOPO" --producers 4
+grep -q -- "--producers needs --layout" "$T/err" || fail "no --layout"
+expect 2 "$DCR" refit --topology "$TOPO" --layout "$T/tiny.yaml"
+grep -q -- "--layout and --refits go with --producers" "$T/err" || fail "no --producers"
+expect 2 "$DCR" refit --topology "$TOPO" --producers 4 --layout "$T/tiny.yaml" \
+  --target "$T/ck/v1.safetensors"
+grep -q "give no --target" "$T/err" || fail "--producers with --target"
+expect 0 "$DCR" refit --help
+grep -q -- "--producers" "$T/out" || fail "--help lacks --producers"
+
+# --- b. Two steps commit -------------------------------------------------
+start_coord --refits 2
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 0 --steps 1,2 \
+  --verify "$VERIFY" >"$T/driver.out" ||
+  { cat "$T/driver.out" "$T/coord.err" >&2; fail "steps 1 and 2"; }
+stop_coord 0
+decisions 1 'r["outcome"] == "committed" and r["target_step"] == 1 and r["chunks"] > 0'
+decisions 2 'r["outcome"] == "committed" and r["target_step"] == 2'
+python3 -S - "$T/coord.out" <<'PY' || fail "coordinator reports"
+import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["outcome"] for r in rs] == ["committed"] * 2, rs
+assert [r["trainer_step"] for r in rs] == [1, 2] and all(r["producers"] == 4 for r in rs)
+assert all(n["committed"] for r in rs for n in r["nodes"])
+assert all(r["chunks"] > 0 and r["changed_elements"] > 0 for r in rs)
+PY
+verify_step 2
+
+# --- c. A rank that never connects ---------------------------------------
+start_coord --refits 1 --producer-wait 1s
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 2 --steps 3 --ranks 0,1,2 \
+  >"$T/driver.out"
+stop_coord 1
+decisions 3 'r["outcome"] == "refused" and "rank 3 did not connect" in r["reason"]'
+grep -q "rank 3 did not connect" "$T/coord.err" || fail "coordinator names rank 3"
+verify_step 2
+
+# --- d. Ranks at different steps -----------------------------------------
+start_coord --refits 1
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 2 --steps 3 --ranks 0,1 \
+  --step-label 7 >"$T/driver.out" &
+other=$!
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 2 --steps 3 --ranks 2,3 \
+  --step-label 8 >"$T/driver2.out"
+wait $other
+stop_coord 1
+cat "$T/driver2.out" >>"$T/driver.out"
+decisions 3 'r["outcome"] == "refused" and "step 7 (ranks 0, 1), step 8 (ranks 2, 3)" in r["reason"]'
+verify_step 2
+
+# --- e. A rank dies mid-refit --------------------------------------------
+start_coord --refits 2
+DCR_FAILPOINTS="producer.send_chunk=exit@3" \
+  $DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 2 --steps 3 --ranks 3 \
+  >/dev/null 2>"$T/dead.err" &
+dead=$!
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 2 --steps 3 --ranks 0,1,2 \
+  >"$T/driver.out"
+set +e
+wait $dead
+rc=$?
+set -e
+[[ $rc -eq 86 ]] || fail "the failpoint's rank exited $rc, want 86"
+decisions 3 'r["outcome"] == "aborted" and "producer rank 3" in r["reason"]'
+verify_step 2
+# Restarted from its baseline (step 2), rank 3 joins the next refit.
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 2 --steps 3 \
+  --verify "$VERIFY" >"$T/driver.out" ||
+  { cat "$T/driver.out" "$T/coord.err" >&2; fail "step 3 after the abort"; }
+stop_coord 1  # one of its two refits aborted
+decisions 3 'r["outcome"] == "committed"'
+python3 -S - "$T/coord.out" <<'PY' || fail "the aborted refit's report"
+import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["outcome"] for r in rs] == ["aborted", "committed"], rs
+assert "producer rank 3" in rs[0]["reason"], rs[0]["reason"]
+PY
+verify_step 3
+
+# --- f. SIGTERM while waiting for the next step --------------------------
+start_coord
+kill -TERM "$COORD_PID"
+stop_coord 0
+grep -q "SIGTERM: no further refits" "$T/coord.err" || fail "SIGTERM message"
+
+echo "producers_test: OK"
