@@ -4,11 +4,44 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "dcr/shard_delta.h"
 #include "wire/signature.h"
 
 namespace dcr {
+
+Status SettleRootSession(WeightStore* baseline, bool commit,
+                         const Version& target, const RefitId& refit,
+                         ThreadPool* pool) {
+  const std::string journal = JournalPath(baseline->record_path(), "");
+  if (commit) {
+    const Digest128 d = baseline->Digests(pool).version;
+    if (d != target.digest) {
+      return Status::Corruption(fmt::format(
+          "root.baseline {} reads {}, not the committed target {} of refit "
+          "{}; copy the tree's checkpoint there",
+          baseline->describe(), d.ShortHex(), target.digest.ShortHex(),
+          refit.ToHex()));
+    }
+    DCR_RETURN_IF_ERROR(baseline->Commit(target, refit));
+    std::error_code ec;
+    std::filesystem::remove(journal, ec);
+    return Status::OK();
+  }
+  Result<std::string> boot = CurrentBootId();
+  RefitSession::CrashRecovery r = RefitSession::RecoverAfterCrash(
+      baseline, journal, boot.ok() ? *boot : std::string(), pool);
+  using O = RefitSession::CrashRecovery::Outcome;
+  if (r.outcome == O::kRestored || r.outcome == O::kNothing) {
+    spdlog::info("root.baseline restored to its base from {} ({} spans)",
+                 journal, r.spans);
+    return Status::OK();
+  }
+  return Status::Corruption(fmt::format(
+      "root.baseline {} could not be restored from its journal {}: {}",
+      baseline->describe(), journal, r.detail));
+}
 
 ProducerFeed::ProducerFeed(ProducerHub* hub) : hub_(&hub->impl()) {}
 

@@ -32,6 +32,16 @@
 
 namespace dcr {
 
+// A producers' refit that a stopped coordinator left (dcr refit --resume):
+// root.baseline, whose record names `refit` in progress, is settled from
+// its session's journal. With a commit decision its bits are the target
+// already (the stream ended before the vote): checked against `target`'s
+// digest (a pass over it), then committed; without one the journal's
+// records restore the base. The journal is removed either way.
+Status SettleRootSession(WeightStore* baseline, bool commit,
+                         const Version& target, const RefitId& refit,
+                         ThreadPool* pool);
+
 class ProducerFeed {
  public:
   using Clock = std::chrono::steady_clock;

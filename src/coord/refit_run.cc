@@ -23,7 +23,10 @@ RefitRun::~RefitRun() = default;
 
 Status RefitRun::WriteCurrent() {
   std::error_code ec;
-  std::string target = std::filesystem::absolute(options_.target, ec);
+  std::string target =
+      producers_
+          ? std::string(kProducersTarget) + options_.producers->layout().source
+          : std::filesystem::absolute(options_.target, ec).string();
   return setup_.state.WriteCurrent(
       CurrentRefit{report_.refit, report_.epoch, report_.mode, report_.base,
                    report_.target, ec ? options_.target : target});
@@ -586,7 +589,16 @@ Result<RefitReport> RefitRun::Resume() {
         "--resume";
   }
   if (r.baseline_done) setup_.target.reset();
-  if (r.restore_base) {
+  if (r.producers && setup_.baseline &&
+      (r.restore_base || (r.commit && !r.baseline_done))) {
+    if (Status s =
+            SettleRootSession(setup_.baseline.get(), r.commit, report_.target,
+                              report_.refit, setup_.pool.get());
+        !s.ok()) {
+      spdlog::error("{}; root.baseline stays flagged unfinished", s.ToString());
+      keep_current_ = true;
+    }
+  } else if (r.restore_base) {
     // The interrupted run's undo log: its history record, unfinished (the
     // run died) or kept as aborted (its restore failed).
     DeltaHistory history(setup_.state.HistoryDir(),

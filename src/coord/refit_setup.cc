@@ -350,7 +350,9 @@ Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
       setup.baseline ? setup.baseline->InProgress() : std::nullopt;
   resumption->restore_base =
       !resumption->commit && in_progress && in_progress->refit == current.refit;
-  if (((resumption->commit && !resumption->baseline_done) ||
+  resumption->producers = current.target_path.rfind(kProducersTarget, 0) == 0;
+  if (!resumption->producers &&
+      ((resumption->commit && !resumption->baseline_done) ||
        resumption->restore_base) &&
       !topo.root.baseline.empty()) {
     auto t = Checkpoint::Open(current.target_path, Checkpoint::Mode::kReadOnly);

@@ -68,6 +68,9 @@ struct Resumption {
   // it goes back to the base (coord/baseline_stream.h).
   bool restore_base = false;
   std::string target_path;
+  // A producers' refit (kProducersTarget): root.baseline took its stream
+  // through a session whose journal settles it (SettleRootSession).
+  bool producers = false;
 };
 
 // The refit state_dir/current.json names (NotFound: none), at a new epoch:

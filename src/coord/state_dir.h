@@ -40,6 +40,10 @@
 namespace dcr {
 
 // current.json: the refit a coordinator started and has not reported.
+// CurrentRefit::target_path of a producers' refit: this prefix, then the
+// layout file (there is no target file; root.baseline took the stream).
+inline constexpr std::string_view kProducersTarget = "producers:";
+
 struct CurrentRefit {
   RefitId refit;
   uint64_t epoch = 0;

@@ -11,7 +11,9 @@
 #   e. a rank that dies mid-refit (failpoint producer.send_chunk=exit):
 #      the refit aborts, relays and root.baseline hold the base again, the
 #      other ranks are told "aborted"; the restarted rank commits the next;
-#   f. SIGTERM ends a coordinator waiting for the next step, exit 0.
+#   f. SIGTERM ends a coordinator waiting for the next step, exit 0;
+#   g. a coordinator that dies before or after its decision: dcr refit
+#      --resume aborts or commits, root.baseline settled from its journal.
 # Usage: producers_test.sh DCR DCR_RELAY TRAINGEN PYTHON_MODULE_DIR LAYOUTS
 set -euo pipefail
 DCR=$1
@@ -186,6 +188,32 @@ assert [r["outcome"] for r in rs] == ["aborted", "committed"], rs
 assert "producer rank 3" in rs[0]["reason"], rs[0]["reason"]
 PY
 verify_step 3
+
+# --- g. The coordinator dies: dcr refit --resume settles root.baseline --
+# Before the decision (its last CHUNK queued): the resume aborts; the
+# relays and root.baseline (from its journal) hold the base again.
+DCR_FAILPOINTS="coord.after_stream=exit" start_coord --refits 1
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 3 --steps 4 >"$T/driver.out"
+stop_coord 86
+decisions 4 '"error" in r'
+refit_json 1 "$TOPO" --resume
+json 'd["outcome"] == "aborted"'
+verify_step 3
+# After a durable commit decision: the resume commits, and root.baseline
+# (which took the whole stream before the vote) records the target.
+DCR_FAILPOINTS="coord.before_commit=exit" start_coord --refits 1
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 3 --steps 4 >"$T/driver.out"
+stop_coord 86
+refit_json 0 "$TOPO" --resume
+json 'd["outcome"] == "committed"'
+verify_step 4
+[[ ! -e $T/root.safetensors.dcr-journal ]] || fail "root.baseline's journal left behind"
+# The ranks never heard the decision: their baselines are step 3's, which
+# the next refit refuses, naming what differs.
+start_coord --refits 1
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 3 --steps 4 >"$T/driver.out"
+stop_coord 1
+decisions 4 'r["outcome"] == "refused" and "baseline shards are not the tree" in r["reason"] and "step 4" in r["reason"]'
 
 # --- f. SIGTERM while waiting for the next step --------------------------
 start_coord
