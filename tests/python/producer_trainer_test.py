@@ -36,13 +36,32 @@ the parts of all ranks take the previous export to this one bit for bit,
 that the ranks' digest parts finish into each tensor's digest, and that
 every part is its rank's. Then the producers advance, as on a commit.
 
+With --refit DCR DCR_RELAY, every rank's dcr.Producer also refits a local
+relay tree after each step: two dcr-relay processes on loopback fed by a
+`dcr refit --producers N` coordinator. Before training rank 0 writes the
+reference export of the initial weights as a canonical safetensors file,
+which becomes root.baseline and both relays' stores; the test process
+starts the relays and the coordinator, and after every step all ranks call
+refit(step, shards) at once. Every rank must be told "committed" for this
+step, with the version digest the ranks' digest parts finish into, and
+after each commit rank 0 checks with `dcr verify` that both relays' stores
+and root.baseline hold the step's reference export bit for bit. At the end
+the coordinator must have exited 0, reporting every step committed on every
+node, and the relays must exit 0 on SIGTERM.
+
 Usage: producer_trainer_test.py PYTHON_MODULE_DIR [--tp N] [--pp N] [--ep N]
-           [--moe] [--steps K]
+           [--moe] [--steps K] [--refit DCR DCR_RELAY]
 Exit 0 when every check holds; prints one JSON line of figures.
 """
 import argparse
+import ctypes
 import json
 import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -542,6 +561,236 @@ def train_step(P, opt, tokens, par, rank, G):
     return None if loss is None else float(loss)
 
 
+# ------------------------------------------------ the relay tree (--refit)
+
+ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16",
+             torch.float32: "F32", torch.float64: "F64", torch.int8: "I8",
+             torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
+             torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def write_safetensors(path, tensors):
+    """A canonical checkpoint with the standard library: the 8-byte
+    little-endian header length, the JSON header and the data, both in
+    canonical order (bytewise by name), the header padded with spaces to a
+    multiple of 8 bytes; written to a temporary file renamed into place."""
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors, key=lambda n: n.encode()):
+        t = tensors[name]
+        b = bits(t).numpy().tobytes()
+        header[name] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    os.rename(tmp, path)
+
+
+def free_ports(n):
+    """n distinct ports free now, from below the kernel's ephemeral range
+    (as tests/integration/lib.sh free_ports picks them)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        lo = max(int(f.read().split()[0]), 12000)
+    socks = []
+    try:
+        for port in random.sample(range(10000, lo), lo - 10000):
+            if len(socks) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+                socks.append(s)
+            except OSError:
+                s.close()
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def die_with_parent():
+    """SIGKILL when the test process dies (in a relay or the coordinator
+    before exec, in a forked rank), so that nothing outlives a test killed
+    by its timeout."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class RelayTree:
+    """Two dcr-relay processes (a, b) on loopback under a root whose
+    coordinator, `dcr refit --producers`, takes the trainer ranks' streams.
+    The test process owns them: start() once rank 0 wrote the reference
+    export of the initial weights (d/ref/v0.safetensors), finish() when the
+    ranks are done, kill() on every path out."""
+
+    RELAYS = ("a", "b")
+
+    def __init__(self, d, dcr_bin, relay_bin, par, steps):
+        self.d, self.dcr, self.relay = d, dcr_bin, relay_bin
+        self.par, self.steps = par, steps
+        self.procs = {}  # name -> Popen; "coord" is the coordinator
+        ports = free_ports(4)
+        if len(ports) != 4:
+            raise RuntimeError("could not pick free ports")
+        self.coordinator = f"127.0.0.1:{ports[3]}"
+        self.layout = os.path.join(d, "layout.yaml")
+        self.topology = os.path.join(d, "tree.yaml")
+        os.makedirs(os.path.join(d, "ref"))
+        with open(self.topology, "w") as f:
+            f.write(f"""version: 1
+defaults: {{transport: tcp, fanout: 2, span_elems: {SPAN}}}
+root: {{name: trainer, host: 127.0.0.1, port: {ports[0]}, cluster: train, state_dir: "{d}/state", baseline: "{self.store('root')}"}}
+clusters:
+  - name: train
+  - name: rollout
+    nodes:
+      - {{name: a, host: 127.0.0.1, port: {ports[1]}, store: {{kind: file, path: "{self.store('a')}"}}}}
+      - {{name: b, host: 127.0.0.1, port: {ports[2]}, store: {{kind: file, path: "{self.store('b')}"}}}}
+links:
+  - {{from: train, to: rollout, bandwidth: 1Gbps, latency: 1ms}}
+""")
+
+    def store(self, name):
+        return os.path.join(self.d, f"{name}.safetensors")
+
+    def log(self, name):
+        return os.path.join(self.d, f"{name}.log")
+
+    def reference(self, step):
+        return os.path.join(self.d, "ref", f"v{step}.safetensors")
+
+    def stores(self):
+        return [self.store(n) for n in self.RELAYS + ("root",)]
+
+    def tail(self, name):
+        try:
+            with open(self.log(name), errors="replace") as f:
+                return f"--- {name}.log:\n" + f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def spawn(self, name, argv, stdout):
+        with open(self.log(name), "ab") as err:
+            self.procs[name] = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err,
+                preexec_fn=die_with_parent)
+
+    def start(self):
+        for n in self.RELAYS + ("root",):
+            shutil.copyfile(self.reference(0), self.store(n))
+        for n in self.RELAYS:
+            ready = os.path.join(self.d, f"{n}.ready")
+            self.spawn(n, [self.relay, "--topology", self.topology, "--node",
+                           n, "--ready-file", ready], subprocess.DEVNULL)
+        for n in self.RELAYS:
+            self.wait_for(n, lambda: os.path.getsize(
+                os.path.join(self.d, f"{n}.ready")) > 0, "ready")
+        with open(os.path.join(self.d, "coord.out"), "wb") as out:
+            self.spawn("coord", [
+                self.dcr, "refit", "--topology", self.topology,
+                "--producers", str(self.par.world), "--layout", self.layout,
+                "--listen", self.coordinator, "--refits", str(self.steps),
+                "--timeout", "20s", "-o", "json", "--progress", "never"], out)
+
+        def listening():
+            with open(self.log("coord")) as f:
+                return "waiting for" in f.read()
+        self.wait_for("coord", listening, "listening")
+
+    def wait_for(self, name, cond, what, within=10.0):
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            try:
+                if cond():
+                    return
+            except OSError:
+                pass
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"{name} exited {self.procs[name].returncode}"
+                                   f" before it was {what}\n" + self.tail(name))
+            time.sleep(0.02)
+        raise RuntimeError(f"{name} not {what} within {within:g} s\n" +
+                           self.tail(name))
+
+    def finish(self):
+        """The coordinator exits 0 after the last refit, having reported
+        every step committed on every node; the relays exit 0 on SIGTERM."""
+        coord = self.procs.pop("coord")
+        try:
+            rc = coord.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            coord.kill()
+            coord.wait()
+            raise RuntimeError("the coordinator did not exit after its "
+                               f"{self.steps} refits\n" + self.tail("coord"))
+        if rc != 0:
+            raise RuntimeError(f"the coordinator exited {rc}, want 0\n" +
+                               self.tail("coord"))
+        with open(os.path.join(self.d, "coord.out")) as f:
+            reports = [json.loads(l) for l in f if l.strip()]
+        check([r["outcome"] for r in reports] == ["committed"] * self.steps,
+              f"coordinator outcomes: {[r['outcome'] for r in reports]}")
+        check([r["trainer_step"] for r in reports] ==
+              list(range(1, self.steps + 1)),
+              f"coordinator steps: {[r['trainer_step'] for r in reports]}")
+        for r in reports:
+            check(r["producers"] == self.par.world,
+                  f"step {r['trainer_step']}: {r['producers']} producers")
+            check(sorted(n["node"] for n in r["nodes"]) == list(self.RELAYS)
+                  and all(n["committed"] for n in r["nodes"]),
+                  f"step {r['trainer_step']}: nodes {r['nodes']}")
+            check(r["chunks"] > 0 and r["changed_elements"] > 0,
+                  f"step {r['trainer_step']}: no changes streamed")
+        for n in self.RELAYS:
+            p = self.procs.pop(n)
+            p.send_signal(signal.SIGTERM)
+            try:
+                rc = p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                raise RuntimeError(f"relay {n} still running 5 s after "
+                                   "SIGTERM\n" + self.tail(n))
+            if rc != 0:
+                raise RuntimeError(f"relay {n} exited {rc} after SIGTERM, "
+                                   "want 0\n" + self.tail(n))
+        return reports
+
+    def kill(self):
+        """On any path out: SIGKILL the coordinator, SIGTERM the relays and
+        SIGKILL what is left after 5 s."""
+        coord = self.procs.pop("coord", None)
+        if coord is not None and coord.poll() is None:
+            coord.kill()
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        end = time.monotonic() + 5
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if coord is not None:
+            coord.wait()
+        self.procs.clear()
+
+
+def dcr_verify(dcr_bin, store, reference):
+    r = subprocess.run([dcr_bin, "verify", "--progress", "never", store,
+                        reference], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"dcr verify {store} {reference}: exit "
+          f"{r.returncode}\n{r.stdout}{r.stderr}")
+
+
 # ------------------------------------------------ one rank
 
 
@@ -554,7 +803,22 @@ def bits(t):
     return t.contiguous().view(-1).view(torch.uint8)
 
 
-def worker(rank, par, steps, module_dir, rdzv, result):
+def wait_file(path, within, what):
+    end = time.monotonic() + within
+    while not os.path.exists(path):
+        check(time.monotonic() < end, f"{what}: not within {within:g} s")
+        time.sleep(0.02)
+
+
+def worker(rank, par, steps, module_dir, rdzv, result, tree):
+    """One trainer rank. tree (--refit): the relay tree the test process
+    starts, {"coordinator": host:port, "dir": the test's directory, "dcr":
+    the binary, "stores": the files dcr verify checks}; else None."""
+    # A rank does not outlive the test process (killed by its timeout).
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:
+        os._exit(1)
     sys.path.insert(0, module_dir)
     import dcr  # noqa: E402  (the module under test)
     dist.init_process_group("gloo", init_method=f"file://{rdzv}",
@@ -576,10 +840,24 @@ def worker(rank, par, steps, module_dir, rdzv, result):
     check(producer.baseline_bytes == sum(v.numel() * v.element_size()
                                          for v in mine.values()),
           "the baseline is the rank's shards, nothing more")
+    live = None
+    if tree:
+        live = dcr.Producer(layout, rank, tree["coordinator"], timeout_s=60)
+        check(live.rank == rank, "the producer's rank")
+        live.set_baseline(mine)
     before = first = export(params, par)
     if rank == 0:
         check(sorted(before) == layout.tensors,
               "the layout's tensors are the model's")
+    if tree:
+        ref = os.path.join(tree["dir"], "ref")
+        if rank == 0:
+            # The tree's version 0: the test process copies it to
+            # root.baseline and both relays' stores and starts them.
+            write_safetensors(os.path.join(ref, "v0.safetensors"), before)
+            wait_file(os.path.join(tree["dir"], "tree.ready"), 60,
+                      "the relay tree")
+        dist.barrier()
     figures = {"steps": [], "tp": par.tp, "pp": par.pp, "ep": par.ep,
                "experts": EXPERTS if par.moe else 0}
     for step in range(1, steps + 1):
@@ -590,11 +868,16 @@ def worker(rank, par, steps, module_dir, rdzv, result):
         diff_s = time.perf_counter() - t0
         for (_, _, part, _) in out["chunks"]:
             check(part == rank + 1, f"rank {rank} sent part {part}")
+        decision = None
+        if live:
+            # Every rank at once (each its own process): the coordinator
+            # merges their streams into one refit of the tree.
+            decision = live.refit(step, {n: params[n].data for n in names})
         gathered = [None] * par.world if rank == 0 else None
-        dist.gather_object((out, loss), gathered, dst=0)
+        dist.gather_object((out, loss, decision), gathered, dst=0)
         after = export(params, par)
         if rank == 0:
-            outs = [o for o, _ in gathered]
+            outs = [o for o, _, _ in gathered]
             work = {k: v.clone() for k, v in before.items()}
             chunks = [c for o in outs for c in o["chunks"]]
             dcr.apply_chunks(layout, work, chunks, SPAN)
@@ -611,6 +894,32 @@ def worker(rank, par, steps, module_dir, rdzv, result):
                       f"step {step}: target digest of '{k}'")
                 check(base[k] == dcr.tensor_digest(before[k]),
                       f"step {step}: base digest of '{k}'")
+            if live:
+                decisions = [d for _, _, d in gathered]
+                for r, (d, o) in enumerate(zip(decisions, outs)):
+                    check(d["outcome"] == "committed" and d["committed"] and
+                          d["target_step"] == step and not d["reason"],
+                          f"step {step}: rank {r}'s decision {d}")
+                    # The same spans as the ShardProducer's (the topology's
+                    # span_elems is SPAN): the same parts.
+                    check(d["chunks"] == len(o["chunks"]) and
+                          d["changed"] == o["changed"],
+                          f"step {step}: rank {r} streamed {d['chunks']} "
+                          f"chunks, {d['changed']} changed; its diff has "
+                          f"{len(o['chunks'])}, {o['changed']}")
+                check(len({d["refit"] for d in decisions}) == 1,
+                      f"step {step}: the ranks were told of several refits")
+                check(all(d["target_digest"] == target["__version__"]
+                          for d in decisions),
+                      f"step {step}: the tree's version is not the one the "
+                      "ranks' digest parts finish into")
+                # The reference export, for the check only.
+                t0 = time.perf_counter()
+                path = os.path.join(ref, f"v{step}.safetensors")
+                write_safetensors(path, after)
+                for store in tree["stores"]:
+                    dcr_verify(tree["dcr"], store, path)
+                verify_s = time.perf_counter() - t0
             elements = sum(v.numel() for v in after.values())
             figures["steps"].append({
                 "step": step,
@@ -620,6 +929,12 @@ def worker(rank, par, steps, module_dir, rdzv, result):
                 "parts": len(chunks),
                 "payload_bytes": sum(o["payload_bytes"] for o in outs),
                 "diff_seconds_rank0": diff_s})
+            if live:
+                figures["steps"][-1].update({
+                    "refit": decisions[0]["refit"],
+                    "refit_seconds": max(d["total_seconds"]
+                                         for d in decisions),
+                    "verify_seconds": verify_s})
         producer.advance({n: params[n].data for n in names})
         before = after
     if rank == 0 and par.moe:
@@ -641,11 +956,12 @@ def worker(rank, par, steps, module_dir, rdzv, result):
     bad = {n: params[n].data for n in names}
     some = sorted(n for n in names if params[n].dim() == 2)[0]
     bad[some] = params[some].data[:1]
-    try:
-        producer.diff(bad)
-        check(False, "a reshaped shard was taken")
-    except ValueError as e:
-        check("changes a tensor's shape" in str(e), str(e))
+    for p in (producer, live) if live else (producer,):
+        try:
+            p.refit(steps + 1, bad) if p is live else p.diff(bad)
+            check(False, f"a reshaped shard was taken by {type(p).__name__}")
+        except ValueError as e:
+            check("changes a tensor's shape" in str(e), str(e))
     # A tensor of the right size but transposed: refused, not read as is.
     bad[some] = params[some].data.t().contiguous()
     if bad[some].shape != params[some].shape:
@@ -655,11 +971,12 @@ def worker(rank, par, steps, module_dir, rdzv, result):
         except ValueError as e:
             check("but layout" in str(e), str(e))
     del bad[some]
-    try:
-        producer.diff(bad)
-        check(False, "a missing shard was taken")
-    except KeyError as e:
-        check(some in str(e), str(e))
+    for p in (producer, live) if live else (producer,):
+        try:
+            p.refit(steps + 1, bad) if p is live else p.diff(bad)
+            check(False, f"a missing shard was taken by {type(p).__name__}")
+        except KeyError as e:
+            check(some in str(e), str(e))
     if rank == 0:
         import numpy as np
         try:
@@ -694,6 +1011,10 @@ def main():
     ap.add_argument("--moe", action="store_true",
                     help=f"an MoE MLP of {EXPERTS} experts, top {TOP_K}")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--refit", nargs=2, metavar=("DCR", "DCR_RELAY"),
+                    help="after each step every rank's dcr.Producer refits "
+                    "a relay tree of two dcr-relay processes (these "
+                    "binaries) on loopback")
     a = ap.parse_args()
     if KV_HEADS % a.tp:
         ap.error(f"--tp must divide the {KV_HEADS} kv heads")
@@ -703,19 +1024,55 @@ def main():
         ap.error(f"--ep must divide {EXPERTS} experts")
     par = Parallel(a.tp, a.pp, a.ep, a.moe or a.ep > 1)
     torch.set_num_threads(1)
+    t_start = time.monotonic()
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "layout.yaml"), "w") as f:
             f.write(layout_yaml(par))
         result = os.path.join(d, "result.json")
+        tree = spec = None
+        if a.refit:
+            tree = RelayTree(d, *a.refit, par, a.steps)
+            spec = {"coordinator": tree.coordinator, "dir": d,
+                    "dcr": a.refit[0], "stores": tree.stores()}
         # Forked, not spawned: a spawned rank imports torch again (about a
         # second of CPU each).
-        mp.start_processes(worker, args=(par, a.steps, a.module_dir,
-                                         os.path.join(d, "rdzv"), result),
-                           nprocs=par.world, join=True, start_method="fork")
+        ranks = mp.start_processes(
+            worker, args=(par, a.steps, a.module_dir,
+                          os.path.join(d, "rdzv"), result, spec),
+            nprocs=par.world, join=False, start_method="fork")
+        # The ranks are forked: from here a SIGTERM ends this process
+        # through the cleanup below (SIGKILL: the children's death signal).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            if tree:
+                v0 = tree.reference(0)
+                while not os.path.exists(v0):
+                    check(not ranks.join(timeout=0.05),
+                          "the ranks ended before rank 0 wrote version 0")
+                tree.start()
+                open(os.path.join(d, "tree.ready"), "w").close()
+            while not ranks.join():
+                pass
+            if tree:
+                reports = tree.finish()
+        finally:
+            for p in ranks.processes:
+                if p.is_alive():
+                    p.terminate()
+                    p.join()
+            if tree:
+                tree.kill()
         figures = json.load(open(result))
+    if tree:
+        figures["coordinator"] = [
+            {k: r.get(k) for k in ("trainer_step", "outcome", "chunks",
+                                   "changed_elements", "seconds")}
+            for r in reports]
+    figures["seconds"] = round(time.monotonic() - t_start, 2)
     print(json.dumps(figures))
     print(f"producer_trainer: tp {par.tp} pp {par.pp} ep {par.ep}"
-          f"{' moe' if par.moe else ''}: ok", file=sys.stderr)
+          f"{' moe' if par.moe else ''}"
+          f"{' refit of a relay tree' if tree else ''}: ok", file=sys.stderr)
 
 
 if __name__ == "__main__":
