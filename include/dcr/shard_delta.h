@@ -151,6 +151,20 @@ class ShardProducer {
 // canonical base it gives the gathered canonical target, and its header
 // names both versions by the digests a canonical checkpoint would have.
 // Memory: the delta's chunks until they are written in id order.
+// The same from shards that come from anywhere (the Python module's
+// torch.save files): `source(rank, use)` opens rank `rank`'s base and
+// target shards, calls `use` with them and closes them. Ranks run on
+// `pool` (one worker: one rank at a time, as a source that takes a lock
+// needs).
+using RankShardsUse =
+    std::function<Status(const ShardBytes& base, const ShardBytes& target)>;
+using RankShardsSource =
+    std::function<Status(uint32_t rank, const RankShardsUse& use)>;
+Result<DeltaStats> WriteDeltaFromRanks(const Layout& layout,
+                                       const RankShardsSource& source,
+                                       const std::string& path,
+                                       const DiffOptions& options,
+                                       ThreadPool* pool);
 Result<DeltaStats> WriteDeltaFromShards(const Layout& layout,
                                         const std::string& base_dir,
                                         const std::string& target_dir,

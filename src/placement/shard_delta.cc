@@ -279,6 +279,21 @@ Result<DeltaStats> WriteDeltaFromShards(const Layout& layout,
                                         const std::string& path,
                                         const DiffOptions& options,
                                         ThreadPool* pool) {
+  auto files = [&](uint32_t rank, const RankShardsUse& use) -> Status {
+    DCR_ASSIGN_OR_RETURN(RankShards base,
+                         RankShards::Open(layout, rank, base_dir));
+    DCR_ASSIGN_OR_RETURN(RankShards target,
+                         RankShards::Open(layout, rank, target_dir));
+    return use(base.bytes(), target.bytes());
+  };
+  return WriteDeltaFromRanks(layout, files, path, options, pool);
+}
+
+Result<DeltaStats> WriteDeltaFromRanks(const Layout& layout,
+                                       const RankShardsSource& source,
+                                       const std::string& path,
+                                       const DiffOptions& options,
+                                       ThreadPool* pool) {
   const auto start = std::chrono::steady_clock::now();
   DCR_ASSIGN_OR_RETURN(Manifest m, ManifestOf(layout));
   DCR_RETURN_IF_ERROR(CheckRank(layout, 0));
@@ -291,30 +306,32 @@ Result<DeltaStats> WriteDeltaFromShards(const Layout& layout,
   pool->ParallelFor(ranks.size(), [&](size_t r, size_t /*worker*/) {
     RankDelta& out = ranks[r];
     const uint32_t rank = static_cast<uint32_t>(r);
-    out.status = [&]() -> Status {
-      DCR_ASSIGN_OR_RETURN(RankShards base,
-                           RankShards::Open(layout, rank, base_dir));
-      DCR_ASSIGN_OR_RETURN(RankShards target,
-                           RankShards::Open(layout, rank, target_dir));
-      DCR_ASSIGN_OR_RETURN(
-          auto changes, DiffShards(layout, rank, base.bytes(), target.bytes()));
-      DCR_ASSIGN_OR_RETURN(out.base_parts,
-                           HashShardRegions(layout, rank, base.bytes()));
-      DCR_ASSIGN_OR_RETURN(out.target_parts,
-                           HashShardRegions(layout, rank, target.bytes()));
-      DCR_ASSIGN_OR_RETURN(auto encoder, ChunkEncoder::Create(options.encode));
-      DCR_RETURN_IF_ERROR(EncodeParts(
-          layout, rank, changes, options.kind, options.span_elems,
-          encoder.get(),
-          [&](const ChunkId& id, std::span<const std::byte> c) {
-            out.chunks.emplace_back(id,
-                                    std::vector<std::byte>(c.begin(), c.end()));
-            return Status::OK();
-          },
-          &out.sizes));
-      if (options.progress) options.progress(target.file_bytes());
-      return Status::OK();
-    }();
+    out.status = source(
+        rank, [&](const ShardBytes& base, const ShardBytes& target) -> Status {
+          DCR_ASSIGN_OR_RETURN(auto changes,
+                               DiffShards(layout, rank, base, target));
+          DCR_ASSIGN_OR_RETURN(out.base_parts,
+                               HashShardRegions(layout, rank, base));
+          DCR_ASSIGN_OR_RETURN(out.target_parts,
+                               HashShardRegions(layout, rank, target));
+          DCR_ASSIGN_OR_RETURN(auto encoder,
+                               ChunkEncoder::Create(options.encode));
+          DCR_RETURN_IF_ERROR(EncodeParts(
+              layout, rank, changes, options.kind, options.span_elems,
+              encoder.get(),
+              [&](const ChunkId& id, std::span<const std::byte> c) {
+                out.chunks.emplace_back(
+                    id, std::vector<std::byte>(c.begin(), c.end()));
+                return Status::OK();
+              },
+              &out.sizes));
+          if (options.progress) {
+            uint64_t bytes = 0;
+            for (const auto& [name, b] : target) bytes += b.size();
+            options.progress(bytes);
+          }
+          return Status::OK();
+        });
   });
   for (const RankDelta& r : ranks) DCR_RETURN_IF_ERROR(r.status);
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
@@ -24,6 +25,7 @@
 #include "dcr/producer.h"
 #include "dcr/shard_delta.h"
 #include "dcr/shard_diff.h"
+#include "dcr/thread_pool.h"
 
 namespace py = pybind11;
 
@@ -370,6 +372,83 @@ PYBIND11_MODULE(dcr, m) {
           "'target_digest', 'reason', 'chunks', 'payload_bytes', 'changed', "
           "'diff_seconds', 'total_seconds'}. On a commit the shards become "
           "the baseline");
+
+  m.def(
+      "write_delta",
+      [](const Layout& l, const std::string& base_dir,
+         const std::string& target_dir, const std::string& path,
+         uint64_t span_elems, uint64_t base_step, uint64_t target_step) {
+        if (span_elems == 0 || span_elems > kMaxSpanElems) {
+          throw py::value_error("span_elems must be 1 to " +
+                                std::to_string(kMaxSpanElems));
+        }
+        DiffOptions o;
+        o.span_elems = span_elems;
+        o.base_step = base_step;
+        o.target_step = target_step;
+        // Each rank's shards: DIR/rank-RRRRR.pt (torch.save of a name ->
+        // tensor dict), read under the GIL one rank at a time; or the
+        // safetensors files dcr diff --layout reads.
+        auto pt = [](const std::string& dir, uint32_t rank) {
+          std::string p = ShardFilePath(dir, rank);
+          return p.substr(0, p.size() - std::string(".safetensors").size()) +
+                 ".pt";
+        };
+        RankShardsSource source = [&](uint32_t rank,
+                                      const RankShardsUse& use) -> Status {
+          py::gil_scoped_acquire gil;
+          std::vector<Bytes> held;
+          ShardBytes shards[2];
+          std::vector<py::object> files;
+          const std::string dirs[2] = {base_dir, target_dir};
+          // (Python errors become a Status here: they must not cross the
+          // pool's worker.)
+          try {
+            py::object torch = py::module_::import("torch");
+            for (int k = 0; k < 2; ++k) {
+              files.push_back(torch.attr("load")(pt(dirs[k], rank),
+                                                 "map_location"_a = "cpu",
+                                                 "weights_only"_a = true));
+              if (!py::isinstance<py::dict>(files.back())) {
+                return Status::InvalidArgument(pt(dirs[k], rank) +
+                                               ": not a dict of tensors");
+              }
+              shards[k] = ShardsOf(l, rank, files.back(), &held);
+            }
+          } catch (const std::exception& e) {
+            return Status::InvalidArgument(
+                pt(dirs[files.size() < 2 ? files.size() : 1], rank) + ": " +
+                e.what());
+          }
+          py::gil_scoped_release released;
+          return use(shards[0], shards[1]);
+        };
+        const bool torch_files = std::filesystem::exists(pt(base_dir, 0)) &&
+                                 std::filesystem::exists(pt(target_dir, 0));
+        DeltaStats stats;
+        {
+          py::gil_scoped_release released;
+          ThreadPool pool(1);
+          stats =
+              Take(torch_files ? WriteDeltaFromRanks(l, source, path, o, &pool)
+                               : WriteDeltaFromShards(l, base_dir, target_dir,
+                                                      path, o, &pool));
+        }
+        py::dict out;
+        out["chunks"] = stats.chunks;
+        out["changed"] = stats.header.changed_elements;
+        out["file_bytes"] = stats.file_bytes;
+        out["base_digest"] = stats.header.base.digest.ToHex();
+        out["target_digest"] = stats.header.target.digest.ToHex();
+        return out;
+      },
+      "layout"_a, "base"_a, "target"_a, "path"_a,
+      "span_elems"_a = kDefaultSpanElems, "base_step"_a = 0,
+      "target_step"_a = 1,
+      "dcr diff --layout from Python: the delta from the shards in directory "
+      "`base` to those in `target` (each rank's rank-RRRRR.pt, torch.save of "
+      "a name -> tensor dict, or rank-RRRRR.safetensors), written to `path`; "
+      "no canonical tensor is gathered");
 
   m.def(
       "apply_chunks",
