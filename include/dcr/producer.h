@@ -76,7 +76,8 @@ struct ProducerDecision {
   uint64_t chunks = 0;
   uint64_t payload_bytes = 0;
   uint64_t changed_elements = 0;
-  double diff_seconds = 0;   // diff and encode of its shards
+  // Diff and encode of its shards, and sending its parts (which overlaps).
+  double diff_seconds = 0;
   double total_seconds = 0;  // connect to decision
 };
 

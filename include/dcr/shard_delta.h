@@ -112,8 +112,11 @@ class ShardProducer {
   Status SetBaseline(const ShardBytes& shards);
   // Diffs `target` against the baseline: the parts (XOR masks) and both
   // digest parts. InvalidArgument before a baseline was set. `span_elems`
-  // (0: the constructor's) is the refit's span length.
-  Result<Step> Diff(const ShardBytes& target, uint64_t span_elems = 0);
+  // (0: the constructor's) is the refit's span length. With `sink`, each
+  // part goes there as soon as it is encoded (Step::chunks stays empty):
+  // one canonical tensor's changes are held at a time, not the step's.
+  Result<Step> Diff(const ShardBytes& target, uint64_t span_elems = 0,
+                    const PartSink& sink = nullptr);
   // The refit of `target` committed: it becomes the baseline. `target`
   // must hold the bits the last Diff was given (its regions hash to that
   // step's target digests): BaseMismatch naming the first tensor otherwise

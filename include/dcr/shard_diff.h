@@ -63,6 +63,18 @@ struct ShardDiffStats {
 Result<std::vector<CanonicalChanges>> DiffShards(
     const Layout& layout, uint32_t rank, const ShardBytes& base,
     const ShardBytes& target, ShardDiffStats* stats = nullptr);
+// Whether `shards` holds every shard the layout gives rank `rank`, each of
+// its size: the errors DiffShards gives, without reading the bits.
+Status CheckShards(const Layout& layout, uint32_t rank,
+                   const ShardBytes& shards);
+// The same, one canonical tensor at a time: `each` gets a tensor's changes
+// (tensors ascending, those without a change skipped) as soon as they are
+// found, so only one tensor's changes are held at once. An error from
+// `each` stops the diff and is returned.
+Status DiffShardsEach(const Layout& layout, uint32_t rank,
+                      const ShardBytes& base, const ShardBytes& target,
+                      const std::function<Status(CanonicalChanges&&)>& each,
+                      ShardDiffStats* stats = nullptr);
 
 // Per canonical tensor (Layout::tensors order), the linear digest of the
 // canonical bits rank `rank` holds in `shards` (after conversion), each

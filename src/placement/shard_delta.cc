@@ -191,7 +191,8 @@ Status ShardProducer::SetBaseline(const ShardBytes& shards) {
 }
 
 Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
-                                                uint64_t span_elems) {
+                                                uint64_t span_elems,
+                                                const PartSink& sink) {
   DCR_RETURN_IF_ERROR(CheckRank());
   if (!has_baseline()) {
     return Status::InvalidArgument(fmt::format(
@@ -199,23 +200,27 @@ Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
   }
   ShardBytes base;
   for (const auto& [name, b] : baseline_) base.emplace(name, b);
-  ShardDiffStats stats;
-  DCR_ASSIGN_OR_RETURN(auto changes,
-                       DiffShards(layout_, rank_, base, target, &stats));
   Step step;
-  step.changed = stats.changed;
   step.base_digests = baseline_digests_;
+  // Hashed first: it checks every shard's presence and size before any
+  // part goes out.
   DCR_ASSIGN_OR_RETURN(step.target_digests,
                        HashShardRegions(layout_, rank_, target));
-  DCR_RETURN_IF_ERROR(EncodeParts(
-      layout_, rank_, changes, ChunkKind::kXor,
-      span_elems != 0 ? span_elems : span_elems_, encoder_.get(),
-      [&](const ChunkId& id, std::span<const std::byte> c) {
-        step.chunks.emplace_back(id,
-                                 std::vector<std::byte>(c.begin(), c.end()));
-        return Status::OK();
+  const PartSink keep = [&](const ChunkId& id, std::span<const std::byte> c) {
+    step.chunks.emplace_back(id, std::vector<std::byte>(c.begin(), c.end()));
+    return Status::OK();
+  };
+  ShardDiffStats stats;
+  DCR_RETURN_IF_ERROR(DiffShardsEach(
+      layout_, rank_, base, target,
+      [&](CanonicalChanges&& changes) {
+        return EncodeParts(layout_, rank_, std::span(&changes, 1),
+                           ChunkKind::kXor,
+                           span_elems != 0 ? span_elems : span_elems_,
+                           encoder_.get(), sink ? sink : keep, &step.sizes);
       },
-      &step.sizes));
+      &stats));
+  step.changed = stats.changed;
   last_target_digests_ = step.target_digests;
   return step;
 }

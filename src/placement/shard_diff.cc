@@ -244,11 +244,36 @@ void ConvertElement(const Conversion& c, DType canonical,
   Narrow(canonical, v, out);
 }
 
+Status CheckShards(const Layout& layout, uint32_t rank,
+                   const ShardBytes& shards) {
+  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
+  for (const auto& [name, shard] : layout.ShardsOf(rank)) {
+    std::span<const std::byte> b;
+    DCR_RETURN_IF_ERROR(CheckSize(layout, rank, shard, shards, "given", &b));
+  }
+  return Status::OK();
+}
+
 Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
                                                  uint32_t rank,
                                                  const ShardBytes& base,
                                                  const ShardBytes& target,
                                                  ShardDiffStats* stats) {
+  std::vector<CanonicalChanges> out;
+  DCR_RETURN_IF_ERROR(DiffShardsEach(
+      layout, rank, base, target,
+      [&](CanonicalChanges&& ch) {
+        out.push_back(std::move(ch));
+        return Status::OK();
+      },
+      stats));
+  return out;
+}
+
+Status DiffShardsEach(const Layout& layout, uint32_t rank,
+                      const ShardBytes& base, const ShardBytes& target,
+                      const std::function<Status(CanonicalChanges&&)>& each,
+                      ShardDiffStats* stats) {
   DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
   ShardDiffStats st;
   // Every shard checked once, before any work.
@@ -264,7 +289,6 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
     st.shard_bytes_read += b.size() + t.size();
   }
 
-  std::vector<CanonicalChanges> out;
   Scan scan;
   for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
     const LayoutTensor& tensor = layout.tensors[ti];
@@ -347,10 +371,13 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
       ch = std::move(s);
     }
     st.changed += ch.positions.size();
-    out.push_back(std::move(ch));
+    if (Status s = each(std::move(ch)); !s.ok()) {
+      if (stats) *stats = st;
+      return s;
+    }
   }
   if (stats) *stats = st;
-  return out;
+  return Status::OK();
 }
 
 Result<std::vector<ShardMismatch>> CompareShards(

@@ -11,6 +11,7 @@
 #include "common/failpoint.h"
 #include "common/mutex.h"
 #include "dcr/shard_delta.h"
+#include "dcr/shard_diff.h"
 #include "protocol/producer_messages.h"
 
 namespace dcr {
@@ -162,11 +163,9 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
         "tree holds before the first refit",
         rank_));
   }
-  // Shapes and dtypes are checked (HashShardRegions) before anything is
-  // asked of the coordinator: a trainer step that changed a shape is an
-  // error here, naming the tensor.
-  DCR_RETURN_IF_ERROR(
-      HashShardRegions(shards_->layout(), rank_, shards).status());
+  // Sizes are checked before anything is asked of the coordinator: a
+  // trainer step that changed a shape is an error here, naming the tensor.
+  DCR_RETURN_IF_ERROR(CheckShards(shards_->layout(), rank_, shards));
   DCR_ASSIGN_OR_RETURN(auto address, SplitAddress(options_.coordinator));
   DCR_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                        CreateTransport("tcp", options_.transport));
@@ -215,7 +214,19 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
 
   ProducerDecision decision;
   const auto t_diff = Clock::now();
-  auto diffed = shards_->Diff(shards, go->span_elems);
+  // Each part goes out as soon as it is encoded: the diff of the next
+  // tensors overlaps the transfer, and only the link's window of chunks
+  // is held.
+  auto send = [&](const ChunkId&, std::span<const std::byte> chunk) {
+    DCR_FAILPOINT("producer.send_chunk");
+    DCR_RETURN_IF_ERROR(inbox->WaitForRoom(*link));
+    DCR_RETURN_IF_ERROR(
+        SendFrame(*link, FrameType::kChunk, go->refit, chunk, frames));
+    ++decision.chunks;
+    decision.payload_bytes += chunk.size();
+    return Status::OK();
+  };
+  auto diffed = shards_->Diff(shards, go->span_elems, send);
   if (!diffed.ok()) {
     // The coordinator aborts the refit when the link closes; the error
     // frame tells it why.
@@ -227,20 +238,9 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
     return diffed.status();
   }
   decision.diff_seconds = Seconds(t_diff, Clock::now());
-  for (const auto& [id, chunk] : diffed->chunks) {
-    DCR_FAILPOINT("producer.send_chunk");
-    if (Status s = inbox->WaitForRoom(*link); !s.ok()) return fail(s);
-    if (Status s =
-            SendFrame(*link, FrameType::kChunk, go->refit, chunk, frames);
-        !s.ok()) {
-      return fail(s);
-    }
-    ++decision.chunks;
-    decision.payload_bytes += chunk.size();
-  }
   decision.changed_elements = diffed->changed;
   ProducerDoneMsg done;
-  done.chunks = diffed->chunks.size();
+  done.chunks = decision.chunks;
   done.changed = diffed->changed;
   done.target_parts = diffed->target_digests;
   diffed->chunks.clear();
