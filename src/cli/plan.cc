@@ -26,6 +26,8 @@ struct PlanArgs {
   std::string lan;
   uint32_t root_cores = 0;
   uint32_t relay_cores = 0;
+  uint32_t producers = 0;
+  uint32_t producer_cores = 4;
 };
 
 // "0.03", "3%" -> 0.03.
@@ -56,12 +58,19 @@ std::string Secs(double s) {
 }
 
 nlohmann::json EstimateJson(const RefitEstimate& e) {
-  return {{"payload_bytes", e.payload_bytes}, {"transfer_s", e.transfer_s},
-          {"encode_s", e.encode_s},           {"apply_s", e.apply_s},
-          {"stream_s", e.stream_s},           {"prepare_s", e.prepare_s},
-          {"target_hash_s", e.target_hash_s}, {"verify_s", e.verify_s},
-          {"baseline_s", e.baseline_s},       {"commit_s", e.commit_s},
-          {"control_s", e.control_s},         {"total_s", e.total_s},
+  return {{"payload_bytes", e.payload_bytes},
+          {"transfer_s", e.transfer_s},
+          {"encode_s", e.encode_s},
+          {"apply_s", e.apply_s},
+          {"stream_s", e.stream_s},
+          {"prepare_s", e.prepare_s},
+          {"target_hash_s", e.target_hash_s},
+          {"verify_s", e.verify_s},
+          {"baseline_s", e.baseline_s},
+          {"commit_s", e.commit_s},
+          {"producers_s", e.producers_s},
+          {"control_s", e.control_s},
+          {"total_s", e.total_s},
           {"bottleneck", e.bottleneck}};
 }
 
@@ -136,8 +145,11 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
   }
   auto rate = ParseRate(a.change_rate);
   if (!rate.ok()) return ReportError(rate.status());
-  CostParameters p =
-      a.no_context ? CostParameters::BaseIndependent() : CostParameters();
+  // A producers' refit codes its parts without context (their spans are
+  // shared between ranks): base-independent parameters.
+  CostParameters p = a.no_context || a.producers > 0
+                         ? CostParameters::BaseIndependent()
+                         : CostParameters();
   if (!a.calibration.empty()) {
     auto text = ReadFileToString(a.calibration);
     if (!text.ok()) return ReportError(text.status());
@@ -147,6 +159,8 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
   }
   if (a.root_cores) p.root_cores = a.root_cores;
   if (a.relay_cores) p.relay_cores = a.relay_cores;
+  p.producers = a.producers;
+  p.producer_cores = a.producer_cores;
   uint64_t default_bps = 0;
   if (!a.bandwidth.empty()) {
     auto bps = ParseBandwidth(a.bandwidth);
@@ -167,6 +181,8 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
                         {"calibration", p.source},
                         {"root_cores", p.root_cores},
                         {"relay_cores", p.relay_cores},
+                        {"producers", p.producers},
+                        {"producer_cores", p.producer_cores},
                         {"delta", EstimateJson(e->delta)},
                         {"full", EstimateJson(e->full)},
                         {"speedup", e->speedup}};
@@ -179,9 +195,17 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
       topo->source.c_str(), e->receivers, e->depth,
       fmt::format("{:.3g} Gbit/s", e->bottleneck_bps / 1e9).c_str(),
       e->bottleneck_cluster.c_str(), e->path_latency_s * 1e3);
-  std::printf("model %s, %.2f%% of elements change; calibration: %s\n\n",
+  std::printf("model %s, %.2f%% of elements change; calibration: %s\n",
               HumanBytes(static_cast<uint64_t>(bytes)).c_str(), *rate * 100,
               p.source.c_str());
+  if (p.producers > 0) {
+    std::printf(
+        "delta from %u producers x %u cores (they diff and hash their "
+        "shards: %s); the root applies the parts to root.baseline (%s)\n",
+        p.producers, p.producer_cores, Secs(e->delta.producers_s).c_str(),
+        Secs(e->delta.baseline_s).c_str());
+  }
+  std::printf("\n");
   std::printf("%-6s %10s %10s %10s %10s %10s %10s %10s  %s\n", "refit",
               "payload", "transfer", "encode", "apply", "verify", "commit",
               "total", "bound by");
@@ -232,6 +256,15 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--relay-cores", a->relay_cores,
                   "Apply and hash cores per relay (default 16)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--producers", a->producers,
+                  "Predict a producers' refit (dcr refit --producers): this "
+                  "many trainer ranks diff and hash their own shards; the "
+                  "root only applies the parts to root.baseline")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--producer-cores", a->producer_cores,
+                  "With --producers: cores each rank's host gives dcr "
+                  "(default 4)")
       ->check(CLI::Range(1, 4096));
   AddOutputOption(cmd, g);
   cmd->footer(

@@ -67,6 +67,15 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
   e.target_hash_s = shape.model_bytes / (root_hash_rate * p.root_cores);
   e.encode_s = shape.model_bytes / (encode_rate * p.root_cores) +
                e.target_hash_s + (baseline_in_stream ? e.baseline_s : 0);
+  if (p.producers > 0 && baseline_in_stream) {
+    // The ranks diff and hash their shards; the root applies the merged
+    // parts to root.baseline beside them (coord/producer_feed.h).
+    const double cores = static_cast<double>(p.producers) * p.producer_cores;
+    e.target_hash_s = shape.model_bytes / (root_hash_rate * cores);
+    e.baseline_s = shape.model_bytes / (apply_rate * p.root_cores);
+    e.producers_s = shape.model_bytes / (encode_rate * cores) + e.target_hash_s;
+    e.encode_s = std::max(e.producers_s, e.baseline_s);
+  }
   e.apply_s = shape.model_bytes / (apply_rate * p.relay_cores);
   double slowest = std::max({e.transfer_s, e.encode_s, e.apply_s});
   e.bottleneck = slowest == e.transfer_s ? "transfer"

@@ -33,6 +33,15 @@
 //   control        = 3 round trips (PLAN, END/VOTE, COMMIT) of the deepest
 //                    path + fixed overhead
 //   total          = prepare + control + stream + verify + commit
+// A producers' refit (producers > 0; dcr/producer.h) has no root pass over
+// the model: the ranks diff and hash their own shards, and the root only
+// applies the merged parts to root.baseline:
+//   encode         = max(model_bytes / (encode rate * producer cores)
+//                        + model_bytes / (root hash rate * producer cores),
+//                        baseline)
+//   baseline       = model_bytes / (apply rate(change rate) * root cores)
+// with producer cores = producers * cores each (their chunks are
+// base-independent: use BaseIndependent() parameters).
 // A full refit has the same terms with the full payload, no diff (encode is
 // a zstd pass, full_encode rate) and a dense apply (copy rate).
 //
@@ -80,10 +89,14 @@ struct CostParameters {
   // stores, or file stores with dcr-relay --data-sync background, the
   // default: the write-back follows the commit).
   double commit_sync_rate = 0;
-  double hop_overhead_s = 0.002;    // per hop, beyond the link latency
-  double fixed_overhead_s = 0.05;   // connect, hello, durable decision
-  uint32_t root_cores = 32;         // encoder threads at the root
-  uint32_t relay_cores = 16;        // apply and hash threads per relay
+  double hop_overhead_s = 0.002;   // per hop, beyond the link latency
+  double fixed_overhead_s = 0.05;  // connect, hello, durable decision
+  uint32_t root_cores = 32;        // encoder threads at the root
+  uint32_t relay_cores = 16;       // apply and hash threads per relay
+  // Producers' refits: trainer ranks streaming their shards' changes, and
+  // the cores each gives dcr (0 producers: the root reads a checkpoint).
+  uint32_t producers = 0;
+  uint32_t producer_cores = 4;
   std::string source = "built-in";  // where the numbers come from
 
   // Reads a calibration JSON ({"payload_ratio": [[rate, ratio], ...],
@@ -117,6 +130,8 @@ struct RefitEstimate {
   // The root's baseline pass: within encode_s for a delta refit (written
   // while streaming), within commit_s for a full one.
   double baseline_s = 0;
+  // A producers' refit: the ranks' diff, encode and hash (within encode_s).
+  double producers_s = 0;
   double commit_s = 0;
   double control_s = 0;
   double total_s = 0;

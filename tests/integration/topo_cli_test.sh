@@ -115,6 +115,14 @@ cp "$T/out" "$T/plan-builtin.json"
 expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
   --change-rate 3% --wan 3.048Gbps --lan 100Gbps -o json --calibration "$T/cal.json"
 python3 -c "import json; a=json.load(open('$T/plan-builtin.json')); b=json.load(open('$T/out')); assert abs(b['delta']['baseline_s'] - 2 * a['delta']['baseline_s']) < 1e-6, (a, b)"
+# A producers' refit: the root's pass over the model is gone from the
+# encode stage (the ranks' diff and the root's apply of their parts).
+expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
+  --change-rate 3% --wan 3.048Gbps --lan 100Gbps -o json --producers 64
+python3 -c "import json; a=json.load(open('$T/plan-builtin.json')); b=json.load(open('$T/out')); assert b['producers'] == 64 and b['producer_cores'] == 4 and 0 < b['delta']['producers_s'] <= b['delta']['encode_s'] < a['delta']['encode_s'] / 4, (a['delta'], b['delta'])"
+expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
+  --change-rate 3% --wan 3.048Gbps --producers 64 --producer-cores 8
+grep -q "delta from 64 producers x 8 cores" "$T/out" || fail "plan --producers text"
 expect 2 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T --change-rate 150%
 expect_err "--change-rate '150%'"
 echo '{"baseline_rte": 1e9}' >"$T/badcal.json"

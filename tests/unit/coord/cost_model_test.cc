@@ -154,6 +154,36 @@ TEST(CostModelTest, FastLinksMakeTheRefitComputeBound) {
   EXPECT_GT(busy->delta.verify_s, 0);
 }
 
+TEST(CostModelTest, ProducersTakeTheRootsPassOverTheModel) {
+  // Fast links: the root's stage bounds a canonical refit.
+  CostParameters canonical = CostParameters::BaseIndependent();
+  canonical.root_cores = 8;
+  CostParameters producers = canonical;
+  producers.producers = 64;
+  producers.producer_cores = 4;
+  const Tree tree = TwoRegion(400'000'000'000);
+  auto c = EstimateRefit(tree, 2e12, 0.03, canonical);
+  auto p = EstimateRefit(tree, 2e12, 0.03, producers);
+  ASSERT_TRUE(c.ok() && p.ok());
+  const double encode = producers.encode_rate[1].second;
+  const double apply = producers.apply_rate[1].second;
+  const double cores = 64.0 * 4;
+  // The ranks diff, encode and hash their shards over their cores; the
+  // root only applies the parts to root.baseline.
+  EXPECT_NEAR(p->delta.producers_s,
+              2e12 / (encode * cores) + 2e12 / (producers.hash_rate * cores),
+              1e-6);
+  EXPECT_NEAR(p->delta.baseline_s, 2e12 / (apply * 8), 1e-6);
+  EXPECT_NEAR(p->delta.encode_s,
+              std::max(p->delta.producers_s, p->delta.baseline_s), 1e-9);
+  EXPECT_LT(p->delta.encode_s, c->delta.encode_s / 4);
+  EXPECT_LT(p->delta.total_s, c->delta.total_s);
+  // Same payload, same transfer; a full refit is untouched.
+  EXPECT_EQ(p->delta.payload_bytes, c->delta.payload_bytes);
+  EXPECT_EQ(p->full.total_s, c->full.total_s);
+  EXPECT_EQ(c->delta.producers_s, 0);
+}
+
 TEST(CostModelTest, ContextCodingWhereTheLinkIsSlowerThanTheCores) {
   const double tb2 = 2e12;
   // A link ten times the paper's, 32 root cores: the relays' decode bounds
