@@ -128,7 +128,16 @@ void ProducerHub::Impl::OnFrame(Link& link, const Frame& frame,
     switch (frame.type()) {
       case FrameType::kProducerHello: {
         if (p.hello_seen) {
-          refuse = "a second PRODUCER_HELLO on one link";
+          // A producer of the refit stays in peers_ (refit_ names it):
+          // the refit fails, as on any frame out of turn.
+          if (in_refit) {
+            Fail(fmt::format(
+                "producer rank {} ({}) sent a second PRODUCER_HELLO during "
+                "the refit",
+                p.hello.rank, p.peer));
+          } else {
+            refuse = "a second PRODUCER_HELLO on one link";
+          }
           break;
         }
         auto hello = DecodeProducerHello(frame.payload);
@@ -145,9 +154,14 @@ void ProducerHub::Impl::OnFrame(Link& link, const Frame& frame,
           }
         }
         if (!refuse.empty()) break;
+        // The first of the next refit starts the clock, also when the ones
+        // that said hello before it left.
+        if (refit_.empty() &&
+            (!first_hello_ || MissingRanks().size() == layout_.ranks())) {
+          first_hello_ = Clock::now();
+        }
         p.hello = *std::move(hello);
         p.hello_seen = true;
-        if (!first_hello_ && refit_.empty()) first_hello_ = Clock::now();
         spdlog::info("producer rank {} of {} connected from {} (step {})",
                      p.hello.rank, p.hello.world, p.peer, p.hello.step);
         break;
@@ -232,20 +246,23 @@ void ProducerHub::Impl::OnClosed(Link& link, const Status& why) {
   {
     MutexLock lock(&mu_);
     closing_.erase(link.id());
+    // A refused or decided link is no peer any more; the destructor,
+    // waiting for closing_ to empty, still needs the signal below.
     auto it = peers_.find(link.id());
-    if (it == peers_.end()) return;
-    Peer& p = it->second;
-    const bool in_refit = p.hello_seen && refit_.count(p.hello.rank) &&
-                          refit_.at(p.hello.rank) == link.id();
-    if (!in_refit) {
-      peers_.erase(it);
-    } else {
-      if (p.state != State::kDone) {
-        Fail(fmt::format("producer rank {} ({}) left before it was done: {}",
-                         p.hello.rank, p.peer,
-                         why.ok() ? "closed" : why.ToString()));
+    if (it != peers_.end()) {
+      Peer& p = it->second;
+      const bool in_refit = p.hello_seen && refit_.count(p.hello.rank) &&
+                            refit_.at(p.hello.rank) == link.id();
+      if (!in_refit) {
+        peers_.erase(it);
+      } else {
+        if (p.state != State::kDone) {
+          Fail(fmt::format("producer rank {} ({}) left before it was done: {}",
+                           p.hello.rank, p.peer,
+                           why.ok() ? "closed" : why.ToString()));
+        }
+        p.state = State::kGone;
       }
-      p.state = State::kGone;
     }
   }
   changed_.SignalAll();
@@ -297,6 +314,9 @@ Result<std::vector<ProducerHub::Impl::Joined>> ProducerHub::Impl::Gather(
       if (stopped_) return Status::Aborted("stopped");
       std::vector<uint32_t> missing = MissingRanks();
       if (missing.empty()) break;
+      // Nobody waits (those that said hello left): the next hello starts
+      // the clock.
+      if (missing.size() == layout_.ranks()) first_hello_.reset();
       // (One that said hello while the last refit ran starts the clock now.)
       if (!first_hello_ && missing.size() < layout_.ranks()) {
         first_hello_ = Clock::now();
@@ -311,7 +331,7 @@ Result<std::vector<ProducerHub::Impl::Joined>> ProducerHub::Impl::Gather(
         if (missing.empty()) break;
         first_hello_.reset();
         return Status::Aborted(fmt::format(
-            "waited {:.0f} s after the first producer for all {}: rank{} {} "
+            "waited {:.3g} s after the first producer for all {}: rank{} {} "
             "did not connect",
             std::chrono::duration<double>(wait).count(), layout_.ranks(),
             missing.size() == 1 ? "" : "s", Ranks(missing)));
@@ -394,7 +414,7 @@ Status ProducerHub::Impl::Fetch(size_t max, std::chrono::milliseconds idle,
       if (p.state == State::kDone) continue;
       all_done = false;
       if (now - p.last_frame >= idle) {
-        Fail(fmt::format("producer rank {} ({}) sent nothing for {:.0f} s",
+        Fail(fmt::format("producer rank {} ({}) sent nothing for {:.3g} s",
                          rank, p.peer,
                          std::chrono::duration<double>(idle).count()));
         break;

@@ -59,6 +59,12 @@ class Inbox : public LinkHandler {
       }
     }
   }
+  // Waits until the link closed, at most until `deadline`.
+  void WaitClosed(Clock::time_point deadline) {
+    MutexLock lock(&mu_);
+    while (!closed_ && !changed_.WaitUntil(&mu_, deadline)) {
+    }
+  }
   // Waits until `link` has room for more, or it closed.
   Status WaitForRoom(Link& link) {
     MutexLock lock(&mu_);
@@ -234,6 +240,8 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
     (void)SendFrame(*link, FrameType::kError, go->refit,
                     std::as_bytes(std::span(why.data(), why.size())), frames);
     link->CloseAfterFlush();
+    // (Stop would drop the frame still queued.)
+    inbox->WaitClosed(Clock::now() + std::chrono::seconds(2));
     transport->Stop();
     return diffed.status();
   }

@@ -1,7 +1,8 @@
-// Fuzzes the refit message decoders (src/relay/messages.h, and the signed
-// manifest a version-2 END carries, src/relay/refit_manifest.h). The first
-// byte picks the message; whatever decodes must encode back to the same
-// bytes (the encodings are canonical).
+// Fuzzes the refit message decoders (src/protocol/messages.h, the signed
+// manifest a version-2 END carries, src/protocol/refit_manifest.h, and the
+// producers' messages, src/protocol/producer_messages.h). The first byte
+// picks the message (modulo 10); whatever decodes must encode back to the
+// same bytes (the encodings are canonical).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "protocol/messages.h"
+#include "protocol/producer_messages.h"
 #include "protocol/refit_manifest.h"
 
 namespace {
@@ -31,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::span<const std::byte> b(reinterpret_cast<const std::byte*>(data) + 1,
                                size - 1);
-  switch (data[0] % 6) {
+  switch (data[0] % 10) {
     case 0:
       RoundTrip(b, dcr::DecodeHello, dcr::EncodeHello);
       break;
@@ -69,6 +71,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 5:
       RoundTrip(b, dcr::DecodeAbort, dcr::EncodeAbort);
+      break;
+    case 6:
+      RoundTrip(b, dcr::DecodeProducerHello, dcr::EncodeProducerHello);
+      break;
+    case 7:
+      RoundTrip(b, dcr::DecodeProducerGo, dcr::EncodeProducerGo);
+      break;
+    case 8:
+      RoundTrip(b, dcr::DecodeProducerDone, dcr::EncodeProducerDone);
+      break;
+    case 9:
+      RoundTrip(b, dcr::DecodeProducerDecision, dcr::EncodeProducerDecision);
       break;
   }
   return 0;

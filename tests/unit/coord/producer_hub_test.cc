@@ -1,0 +1,705 @@
+// The coordinator's listener for producers (coord/producer_hub.h) over
+// real TCP on 127.0.0.1, with raw clients that send the producers' frames
+// by hand: refused hellos, Gather, Decide, and the chunk queue (Fetch).
+//
+// Waits for what will happen are generous (kWait); only waits for what
+// must not happen (a rank that never connects, a producer that stays
+// silent) are short.
+#include "coord/producer_hub.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dcr/layout.h"
+#include "dcr/transport.h"
+#include "dcr/wire.h"
+#include "protocol/producer_messages.h"
+#include "unit/transport/transport_test_util.h"
+
+namespace dcr {
+namespace {
+
+using std::chrono::milliseconds;
+using Joined = ProducerHub::Impl::Joined;
+using dcr::testing::kWait;
+using dcr::testing::Recorder;
+
+constexpr milliseconds kConnectTimeout{5000};
+// What a Fetch or Gather may wait for something that will come.
+constexpr milliseconds kLong{20000};
+
+// Two tp ranks, two canonical tensors.
+constexpr const char* kLayoutYaml = R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: model.norm.weight
+    shard: norm
+    split: replicated
+    shape: [4]
+  - name: model.proj.weight
+    shard: proj
+    split: column
+    shape: [4, 2]
+)";
+
+Layout TestLayout() {
+  auto l = ParseLayout(kLayoutYaml, "hub.yaml");
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  return l.ok() ? *std::move(l) : Layout();
+}
+
+std::unique_ptr<ProducerHub> Listen() {
+  Layout layout = TestLayout();
+  EXPECT_EQ(layout.ranks(), 2u);
+  EXPECT_EQ(layout.tensors.size(), 2u);
+  auto hub = ProducerHub::Listen(std::move(layout), "127.0.0.1", 0,
+                                 TransportOptions());
+  EXPECT_TRUE(hub.ok()) << hub.status().ToString();
+  if (!hub.ok()) return nullptr;
+  EXPECT_NE((*hub)->port(), 0);
+  return *std::move(hub);
+}
+
+// A well-formed hello of `rank` for the test layout.
+ProducerHelloMsg Hello(const Layout& layout, uint32_t rank, uint64_t step) {
+  ProducerHelloMsg h;
+  h.rank = rank;
+  h.world = layout.ranks();
+  h.step = step;
+  h.layout = layout.Fingerprint();
+  for (size_t t = 0; t < layout.tensors.size(); ++t) {
+    h.base_parts.push_back(LinearDigest{rank * 100 + t, t + 1});
+  }
+  return h;
+}
+
+// A producer by hand: one TCP link to the hub, and what came back on it.
+struct Client {
+  std::unique_ptr<Transport> transport;
+  std::shared_ptr<Recorder> inbox = std::make_shared<Recorder>();
+  std::shared_ptr<Link> link;
+
+  explicit Client(uint16_t port) {
+    auto t = CreateTransport("tcp", TransportOptions());
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return;
+    transport = *std::move(t);
+    auto l = transport->Connect("127.0.0.1", port, inbox, kConnectTimeout);
+    EXPECT_TRUE(l.ok()) << l.status().ToString();
+    if (l.ok()) link = *std::move(l);
+  }
+  bool connected() const { return link != nullptr; }
+
+  void Send(FrameType type, std::span<const std::byte> payload) {
+    FrameHeader h;
+    h.type = type;
+    auto f = EncodeFrame(h, payload);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    link->Send(*std::move(f));
+  }
+  void SendHello(const ProducerHelloMsg& h) {
+    Send(FrameType::kProducerHello, EncodeProducerHello(h));
+  }
+  void SendChunk(uint32_t rank, uint8_t i) {
+    const std::vector<std::byte> payload = {std::byte{0xc0}, std::byte(rank),
+                                            std::byte(i)};
+    Send(FrameType::kChunk, payload);
+  }
+  void SendDone(const Layout& layout, uint64_t chunks) {
+    ProducerDoneMsg d;
+    d.chunks = chunks;
+    d.changed = chunks * 10;
+    d.target_parts.assign(layout.tensors.size(), LinearDigest{chunks, 7});
+    Send(FrameType::kProducerDone, EncodeProducerDone(d));
+  }
+
+  // The `n`th frame the hub sent (0-based), once it came.
+  Result<DecodedFrame> Frame(size_t n) {
+    if (!inbox->WaitFrames(n + 1)) {
+      return Status::Aborted("no frame " + std::to_string(n) + " from the hub");
+    }
+    const Recorder::Received r = inbox->frames()[n];
+    auto f = ParseFrame(*r.buffer);
+    if (!f.ok()) return f.status();
+    return DecodedFrame{*f, r.buffer};
+  }
+  Result<ProducerGoMsg> Go() {
+    DCR_ASSIGN_OR_RETURN(DecodedFrame f, Frame(0));
+    if (f.frame.type() != FrameType::kProducerGo) {
+      return Status::Corruption("got " + FrameTypeName(f.frame.type()));
+    }
+    return DecodeProducerGo(f.frame.payload);
+  }
+  // The decision, frame `n`, after which the hub closed the link.
+  Result<ProducerDecisionMsg> DecisionThenClose(size_t n = 0) {
+    DCR_ASSIGN_OR_RETURN(DecodedFrame f, Frame(n));
+    if (f.frame.type() != FrameType::kProducerDecision) {
+      return Status::Corruption("got " + FrameTypeName(f.frame.type()));
+    }
+    if (!inbox->WaitClosed(1)) return Status::Aborted("the link stays open");
+    if (inbox->frames().size() != n + 1) {
+      return Status::Corruption("more frames after the decision");
+    }
+    return DecodeProducerDecision(f.frame.payload);
+  }
+};
+
+bool Contains(std::string_view s, std::string_view what) {
+  return s.find(what) != std::string_view::npos;
+}
+
+// Gather, with a watchdog: a Gather that would wait for a first hello
+// forever returns "stopped" after kWait instead of hanging the test.
+Result<std::vector<Joined>> GatherWithin(ProducerHub& hub, milliseconds wait) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, kWait, [&] { return done; })) {
+      ADD_FAILURE() << "Gather still waiting after " << kWait.count() << " s";
+      hub.Stop();
+    }
+  });
+  auto r = hub.impl().Gather(wait);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
+  return r;
+}
+
+// Gathers both ranks of the test layout at `step`.
+Result<std::vector<Joined>> GatherBoth(ProducerHub& hub, Client& c0, Client& c1,
+                                       uint64_t step = 7) {
+  c0.SendHello(Hello(hub.layout(), 0, step));
+  c1.SendHello(Hello(hub.layout(), 1, step));
+  return GatherWithin(hub, kLong);
+}
+
+ProducerGoMsg SampleGo() {
+  ProducerGoMsg go;
+  go.refit.bytes[0] = 0xab;
+  go.span_elems = 1024;
+  go.base = {6, Digest128{1, 2}};
+  go.target_step = 7;
+  return go;
+}
+
+// Each hello the hub cannot take gets a PRODUCER_DECISION "refused" naming
+// why, and its link closes.
+TEST(ProducerHubTest, RefusesBadHellos) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  const Layout& layout = hub->layout();
+  struct Case {
+    const char* what;
+    std::function<void(Client&)> send;
+    std::vector<std::string> reason;
+  };
+  const std::vector<Case> cases = {
+      {"wrong world size",
+       [&](Client& c) {
+         ProducerHelloMsg h = Hello(layout, 0, 7);
+         h.world = 3;
+         c.SendHello(h);
+       },
+       {"rank 0 says the world has 3 ranks", "hub.yaml has 2"}},
+      {"wrong layout fingerprint",
+       [&](Client& c) {
+         ProducerHelloMsg h = Hello(layout, 1, 7);
+         h.layout = Digest128{1, 2};
+         c.SendHello(h);
+       },
+       {"rank 1 runs another layout", "hub.yaml",
+        layout.Fingerprint().ShortHex(), Digest128{1, 2}.ShortHex()}},
+      {"wrong number of base digest parts",
+       [&](Client& c) {
+         ProducerHelloMsg h = Hello(layout, 0, 7);
+         h.base_parts.push_back(LinearDigest{9, 9});
+         c.SendHello(h);
+       },
+       {"rank 0 sent digest parts of 3 tensors; the layout has 2"}},
+      {"no baseline",
+       [&](Client& c) {
+         ProducerHelloMsg h = Hello(layout, 1, 7);
+         h.base_parts.clear();
+         c.SendHello(h);
+       },
+       {"rank 1 has no baseline shards", "SetBaseline"}},
+      {"garbage payload",
+       [&](Client& c) {
+         const std::vector<std::byte> junk = {std::byte{1}, std::byte{2},
+                                              std::byte{3}};
+         c.Send(FrameType::kProducerHello, junk);
+       },
+       {"PRODUCER_HELLO.rank: truncated"}},
+      {"hello payload of a rank beyond the world",
+       [&](Client& c) {
+         ProducerHelloMsg h = Hello(layout, 0, 7);
+         h.rank = 2;
+         c.SendHello(h);
+       },
+       {"PRODUCER_HELLO.rank: not below world"}},
+      {"CHUNK before any refit (no hello)",
+       [&](Client& c) { c.SendChunk(0, 0); },
+       {"a CHUNK before the refit began"}},
+      {"PRODUCER_DONE before any refit",
+       [&](Client& c) { c.SendDone(layout, 0); },
+       {"a PRODUCER_DONE before the refit began"}},
+      {"a frame a producer never sends",
+       [&](Client& c) {
+         c.Send(FrameType::kProducerGo, EncodeProducerGo(SampleGo()));
+       },
+       {"unexpected PRODUCER_GO"}},
+  };
+  for (const Case& tc : cases) {
+    SCOPED_TRACE(tc.what);
+    Client c(hub->port());
+    ASSERT_TRUE(c.connected());
+    tc.send(c);
+    auto d = c.DecisionThenClose();
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->outcome, static_cast<uint8_t>(ProducerOutcome::kRefused));
+    for (const std::string& what : tc.reason) {
+      EXPECT_TRUE(Contains(d->reason, what))
+          << "'" << d->reason << "' does not name '" << what << "'";
+    }
+  }
+}
+
+// A CHUNK (or a second hello) from a producer that said hello while no
+// refit runs: refused, and its rank is free again.
+TEST(ProducerHubTest, RefusesAChunkAfterHelloBeforeTheRefit) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  {
+    Client c(hub->port());
+    ASSERT_TRUE(c.connected());
+    c.SendHello(Hello(hub->layout(), 0, 7));
+    c.SendChunk(0, 0);
+    auto d = c.DecisionThenClose();
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->outcome, 4);
+    EXPECT_EQ(d->reason, "a CHUNK before the refit began");
+  }
+  {
+    Client c(hub->port());
+    ASSERT_TRUE(c.connected());
+    c.SendHello(Hello(hub->layout(), 0, 7));
+    c.SendHello(Hello(hub->layout(), 0, 7));
+    auto d = c.DecisionThenClose();
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->outcome, 4);
+    EXPECT_EQ(d->reason, "a second PRODUCER_HELLO on one link");
+  }
+  // Neither refused link holds rank 0.
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  auto joined = GatherBoth(*hub, c0, c1);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  EXPECT_EQ(joined->size(), 2u);
+}
+
+// A rank that waits, then Gather gives up on the one missing; the waiting
+// producer is told why by Decide, and a second hello for its rank from
+// elsewhere is refused meanwhile.
+TEST(ProducerHubTest, GatherNamesTheMissingRankAndRefusesADuplicate) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port());
+  ASSERT_TRUE(c0.connected());
+  c0.SendHello(Hello(hub->layout(), 0, 7));
+  // Gather waits for the first hello as long as it takes, then 50 ms for
+  // rank 1, which never comes.
+  auto joined = GatherWithin(*hub, milliseconds(50));
+  ASSERT_FALSE(joined.ok());
+  EXPECT_TRUE(joined.status().code() == StatusCode::kAborted)
+      << joined.status().ToString();
+  EXPECT_TRUE(Contains(joined.status().message(), "rank 1 did not connect"))
+      << joined.status().ToString();
+  EXPECT_TRUE(Contains(joined.status().message(), "for all 2"))
+      << joined.status().ToString();
+
+  // Rank 0 is still connected (the hub processed its hello: Gather saw it).
+  Client dup(hub->port());
+  ASSERT_TRUE(dup.connected());
+  dup.SendHello(Hello(hub->layout(), 0, 7));
+  auto refused = dup.DecisionThenClose();
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->outcome, 4);
+  EXPECT_TRUE(Contains(refused->reason, "rank 0 is already connected from"))
+      << refused->reason;
+  EXPECT_TRUE(Contains(refused->reason, "127.0.0.1")) << refused->reason;
+
+  // The refit failed before it gathered: the producer waiting is told.
+  ProducerDecisionMsg m;
+  m.outcome = static_cast<uint8_t>(ProducerOutcome::kRefused);
+  m.reason = std::string(joined.status().message());
+  hub->impl().Decide(m);
+  auto told = c0.DecisionThenClose();
+  ASSERT_TRUE(told.ok()) << told.status().ToString();
+  EXPECT_EQ(*told, m);
+}
+
+// A producer that said hello and left does not start the next Gather's
+// clock: Gather waits for a first hello again, then `wait` for the rest.
+TEST(ProducerHubTest, GatherClockStartsAgainAfterTheFirstProducerLeft) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  {
+    // Said hello (the clock started), then refused for a CHUNK: gone.
+    Client gone(hub->port());
+    ASSERT_TRUE(gone.connected());
+    gone.SendHello(Hello(hub->layout(), 0, 7));
+    gone.SendChunk(0, 0);
+    ASSERT_TRUE(gone.DecisionThenClose().ok());
+  }
+  // Longer than the wait below: a clock left running would have run out.
+  std::this_thread::sleep_for(milliseconds(150));
+  constexpr milliseconds kShort{100};
+  Client c0(hub->port());
+  ASSERT_TRUE(c0.connected());
+  Result<std::vector<Joined>> joined = std::vector<Joined>();
+  std::chrono::steady_clock::time_point returned;
+  std::thread gather([&] {
+    joined = GatherWithin(*hub, kShort);
+    returned = std::chrono::steady_clock::now();
+  });
+  const auto sent = std::chrono::steady_clock::now();
+  c0.SendHello(Hello(hub->layout(), 0, 8));
+  gather.join();
+  ASSERT_FALSE(joined.ok());
+  EXPECT_TRUE(Contains(joined.status().message(), "rank 1 did not connect"))
+      << joined.status().ToString();
+  // Not before `wait` after rank 0's hello.
+  EXPECT_GE(returned - sent, kShort);
+}
+
+TEST(ProducerHubTest, GatherRefusesProducersAtDifferentSteps) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  c0.SendHello(Hello(hub->layout(), 0, 5));
+  c1.SendHello(Hello(hub->layout(), 1, 6));
+  auto joined = GatherWithin(*hub, kLong);
+  ASSERT_FALSE(joined.ok());
+  EXPECT_TRUE(joined.status().IsInvalidArgument())
+      << joined.status().ToString();
+  EXPECT_TRUE(Contains(joined.status().message(),
+                       "different trainer steps: step 5 (rank 0), "
+                       "step 6 (rank 1)"))
+      << joined.status().ToString();
+  // Both are told, as RefitRun does after a failed Gather.
+  ProducerDecisionMsg m;
+  m.outcome = 4;
+  m.reason = std::string(joined.status().message());
+  hub->impl().Decide(m);
+  for (Client* c : {&c0, &c1}) {
+    auto d = c->DecisionThenClose();
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(*d, m);
+  }
+}
+
+TEST(ProducerHubTest, GatherReturnsTheRanksInOrder) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  // Rank 1 first.
+  c1.SendHello(Hello(hub->layout(), 1, 9));
+  c0.SendHello(Hello(hub->layout(), 0, 9));
+  auto joined = GatherWithin(*hub, kLong);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  ASSERT_EQ(joined->size(), 2u);
+  for (uint32_t r = 0; r < 2; ++r) {
+    const Joined& j = (*joined)[r];
+    EXPECT_EQ(j.rank, r);
+    EXPECT_EQ(j.step, 9u);
+    EXPECT_TRUE(Contains(j.peer, "127.0.0.1")) << j.peer;
+    EXPECT_EQ(j.base_parts, Hello(hub->layout(), r, 9).base_parts);
+  }
+  EXPECT_NE((*joined)[0].peer, (*joined)[1].peer);
+}
+
+TEST(ProducerHubTest, StopEndsAWaitingGather) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  EXPECT_FALSE(hub->stopped());
+  Result<std::vector<Joined>> joined = std::vector<Joined>();
+  std::thread gather([&] { joined = hub->impl().Gather(kLong); });
+  // Whether Gather waits already or not, it returns "stopped".
+  std::this_thread::sleep_for(milliseconds(20));
+  hub->Stop();
+  gather.join();
+  EXPECT_TRUE(hub->stopped());
+  EXPECT_TRUE(joined.status().code() == StatusCode::kAborted)
+      << joined.status().ToString();
+  EXPECT_EQ(joined.status().message(), "stopped");
+  // And every later one, even with its producers there.
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  auto again = GatherBoth(*hub, c0, c1);
+  EXPECT_TRUE(again.status().code() == StatusCode::kAborted)
+      << again.status().ToString();
+  EXPECT_EQ(again.status().message(), "stopped");
+}
+
+// Decide tells every gathered producer, closes their links, and frees the
+// ranks for the next refit.
+TEST(ProducerHubTest, DecideTellsEveryGatheredProducer) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  {
+    Client c0(hub->port()), c1(hub->port());
+    ASSERT_TRUE(c0.connected() && c1.connected());
+    auto joined = GatherBoth(*hub, c0, c1);
+    ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+    ProducerDecisionMsg m;
+    m.outcome = static_cast<uint8_t>(ProducerOutcome::kAborted);
+    m.refit.bytes[3] = 0x42;
+    m.target = {8, Digest128{3, 4}};
+    m.reason = "the tree said no";
+    hub->impl().Decide(m);
+    for (Client* c : {&c0, &c1}) {
+      auto d = c->DecisionThenClose();
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      EXPECT_EQ(*d, m);
+    }
+  }
+  // The next refit: the same ranks from new links.
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  auto joined = GatherBoth(*hub, c0, c1, 8);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  ASSERT_EQ(joined->size(), 2u);
+  EXPECT_EQ((*joined)[0].step, 8u);
+}
+
+// The hub's destructor lets the last decisions reach their producers, and
+// returns as soon as their links closed (not after its 2 s bound).
+TEST(ProducerHubTest, DestroyingTheHubFlushesTheLastDecisions) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
+  ProducerDecisionMsg m;
+  m.outcome = static_cast<uint8_t>(ProducerOutcome::kCommitted);
+  m.reason = "last";
+  hub->impl().Decide(m);
+  const auto t0 = std::chrono::steady_clock::now();
+  hub.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1500));
+  for (Client* c : {&c0, &c1}) {
+    auto d = c->DecisionThenClose();
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(*d, m);
+  }
+}
+
+// Fetches until the hub says every producer is done (or fails).
+Status FetchAll(ProducerHub& hub, size_t max, milliseconds idle,
+                std::map<uint32_t, std::vector<uint8_t>>* got) {
+  std::vector<ProducerChunk> out;
+  for (int rounds = 0; rounds < 10000; ++rounds) {
+    DCR_RETURN_IF_ERROR(hub.impl().Fetch(max, idle, &out));
+    if (out.empty()) return Status::OK();
+    EXPECT_LE(out.size(), max);
+    for (const ProducerChunk& c : out) {
+      EXPECT_EQ(c.chunk.size(), 3u);
+      if (c.chunk.size() != 3) continue;
+      EXPECT_EQ(c.chunk[1], std::byte(c.rank));
+      // The payload views into the frame kept alive by the buffer.
+      EXPECT_GE(c.chunk.data(), c.buffer->data());
+      (*got)[c.rank].push_back(static_cast<uint8_t>(c.chunk[2]));
+    }
+  }
+  return Status::Aborted("Fetch never ended");
+}
+
+std::vector<uint8_t> Iota(uint8_t n) {
+  std::vector<uint8_t> v;
+  for (uint8_t i = 0; i < n; ++i) v.push_back(i);
+  return v;
+}
+
+// After GO, each producer's chunks come out of Fetch in the order sent,
+// then Fetch returns empty once both sent PRODUCER_DONE; `window` 1 pauses
+// the links after every chunk (backpressure) and resumes them as Fetch
+// drains.
+void StreamBoth(uint64_t window) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
+  const ProducerGoMsg go = SampleGo();
+  hub->impl().Go(go, window);
+  const uint8_t n0 = 40, n1 = 25;
+  for (Client* c : {&c0, &c1}) {
+    auto g = c->Go();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(*g, go);
+  }
+  for (uint8_t i = 0; i < std::max(n0, n1); ++i) {
+    if (i < n0) c0.SendChunk(0, i);
+    if (i < n1) c1.SendChunk(1, i);
+  }
+  c0.SendDone(hub->layout(), n0);
+  c1.SendDone(hub->layout(), n1);
+  std::map<uint32_t, std::vector<uint8_t>> got;
+  Status s = FetchAll(*hub, 4, kLong, &got);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(got[0], Iota(n0));
+  EXPECT_EQ(got[1], Iota(n1));
+  std::vector<ProducerDoneMsg> done = hub->impl().Done();
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].chunks, n0);
+  EXPECT_EQ(done[1].chunks, n1);
+  EXPECT_EQ(done[1].target_parts.size(), 2u);
+  // Once done, Fetch stays empty.
+  std::vector<ProducerChunk> out;
+  EXPECT_TRUE(hub->impl().Fetch(4, milliseconds(1), &out).ok());
+  EXPECT_TRUE(out.empty());
+
+  ProducerDecisionMsg m;
+  m.outcome = static_cast<uint8_t>(ProducerOutcome::kCommitted);
+  m.refit = go.refit;
+  m.target = {7, Digest128{5, 6}};
+  hub->impl().Decide(m);
+  for (Client* c : {&c0, &c1}) {
+    auto d = c->DecisionThenClose(1);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(*d, m);
+  }
+}
+
+TEST(ProducerHubTest, FetchReturnsEachProducersChunksInOrder) {
+  StreamBoth(/*window=*/1 << 20);
+}
+
+TEST(ProducerHubTest, FetchUnderBackpressureKeepsTheOrder) {
+  StreamBoth(/*window=*/1);
+}
+
+TEST(ProducerHubTest, FetchFailsWhenAProducerLeavesBeforeItIsDone) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
+  hub->impl().Go(SampleGo(), 1 << 20);
+  ASSERT_TRUE(c0.Go().ok());
+  ASSERT_TRUE(c1.Go().ok());
+  c0.SendChunk(0, 0);
+  c0.SendDone(hub->layout(), 1);
+  c1.SendChunk(1, 0);
+  c1.link->Close();
+  std::map<uint32_t, std::vector<uint8_t>> got;
+  Status s = FetchAll(*hub, 4, kLong, &got);
+  EXPECT_TRUE(s.code() == StatusCode::kAborted) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "producer rank 1 (127.0.0.1"))
+      << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "left before it was done")) << s.ToString();
+  // It stays failed.
+  std::vector<ProducerChunk> out;
+  EXPECT_TRUE(hub->impl().Fetch(4, kLong, &out).code() == StatusCode::kAborted);
+  // The one still connected learns the outcome.
+  ProducerDecisionMsg m;
+  m.outcome = static_cast<uint8_t>(ProducerOutcome::kAborted);
+  m.reason = std::string(s.message());
+  hub->impl().Decide(m);
+  auto d = c0.DecisionThenClose(1);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(*d, m);
+}
+
+TEST(ProducerHubTest, FetchFailsWhenAProducerStaysSilent) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  hub->impl().Go(SampleGo(), 1 << 20);
+  // Rank 1 is done at once; rank 0 never sends anything. (Rank 0 is the
+  // first the hub checks: it is named even if rank 1's DONE were late.)
+  c1.SendDone(hub->layout(), 0);
+  std::vector<ProducerChunk> out;
+  Status s = hub->impl().Fetch(4, milliseconds(100), &out);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(100));
+  EXPECT_TRUE(s.code() == StatusCode::kAborted) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "sent nothing for")) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "producer rank 0 (127.0.0.1"))
+      << s.ToString();
+  EXPECT_TRUE(out.empty());
+}
+
+// Cancel (the tree left) ends a Fetch that waits.
+TEST(ProducerHubTest, CancelEndsAWaitingFetch) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
+  hub->impl().Go(SampleGo(), 1 << 20);
+  Status s;
+  std::thread fetch([&] {
+    std::vector<ProducerChunk> out;
+    s = hub->impl().Fetch(4, kLong, &out);
+  });
+  std::this_thread::sleep_for(milliseconds(20));
+  hub->impl().Cancel("the tree left the refit");
+  fetch.join();
+  EXPECT_TRUE(s.code() == StatusCode::kAborted) << s.ToString();
+  EXPECT_EQ(s.message(), "the tree left the refit");
+}
+
+// A producer that says hello again in the middle of a refit fails that
+// refit (as any frame out of turn does); it must not take the hub down.
+TEST(ProducerHubTest, ASecondHelloDuringARefitFailsTheRefit) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
+  c0.SendHello(Hello(hub->layout(), 0, 7));
+  hub->impl().Go(SampleGo(), 1 << 20);
+  std::map<uint32_t, std::vector<uint8_t>> got;
+  Status s = FetchAll(*hub, 4, kLong, &got);
+  EXPECT_TRUE(s.code() == StatusCode::kAborted) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "producer rank 0 (127.0.0.1"))
+      << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "PRODUCER_HELLO")) << s.ToString();
+  EXPECT_EQ(hub->impl().Done().size(), 2u);
+  ProducerDecisionMsg m;
+  m.outcome = static_cast<uint8_t>(ProducerOutcome::kAborted);
+  m.reason = std::string(s.message());
+  hub->impl().Decide(m);
+  for (Client* c : {&c0, &c1}) {
+    // GO came first (if the hub sent it before the hello arrived), then
+    // the decision.
+    ASSERT_TRUE(c->inbox->WaitClosed(1));
+    auto frames = c->inbox->frames();
+    ASSERT_FALSE(frames.empty());
+    auto d = c->DecisionThenClose(frames.size() - 1);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(*d, m);
+  }
+}
+
+}  // namespace
+}  // namespace dcr
