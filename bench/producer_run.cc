@@ -1,0 +1,138 @@
+// One trainer rank's producer as a process of its own, for
+// bench/producers_bench.py: it reads its baseline and target shard files
+// (the files `dcr-traingen --layout` writes) and either refits them
+// through `dcr refit --producers` or, with --diff-only, only diffs them.
+//
+//   producer_run --layout L --rank R --base DIR --target DIR
+//                (--coordinator HOST:PORT --step S | --diff-only)
+//
+// Prints one JSON line: the decision (or the diff's figures), the bytes of
+// shard files it mapped, what the library holds (its baseline copy and the
+// step's chunks), its peak RSS and its CPU time.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "dcr/layout.h"
+#include "dcr/producer.h"
+#include "dcr/shard_delta.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int Fail(const dcr::Status& s) {
+  std::fprintf(stderr, "producer_run: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+uint64_t PeakRssBytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<uint64_t>(u.ru_maxrss) * 1024;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string layout_path, base_dir, target_dir, coordinator;
+  uint32_t rank = 0;
+  uint64_t step = 1;
+  bool diff_only = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : ""; };
+    if (a == "--layout") layout_path = next();
+    if (a == "--rank") rank = static_cast<uint32_t>(std::stoul(next()));
+    if (a == "--base") base_dir = next();
+    if (a == "--target") target_dir = next();
+    if (a == "--coordinator") coordinator = next();
+    if (a == "--step") step = std::stoull(next());
+    if (a == "--diff-only") diff_only = true;
+  }
+  if (layout_path.empty() || base_dir.empty() || target_dir.empty() ||
+      (coordinator.empty() && !diff_only)) {
+    std::fprintf(stderr,
+                 "usage: producer_run --layout L --rank R --base DIR --target "
+                 "DIR (--coordinator HOST:PORT --step S | --diff-only)\n");
+    return 2;
+  }
+  auto layout = dcr::LoadLayout(layout_path);
+  if (!layout.ok()) return Fail(layout.status());
+  nlohmann::json out = {{"rank", rank}};
+  uint64_t mapped = 0;
+  const auto t0 = Clock::now();
+  auto elapsed = [](Clock::time_point a) {
+    return std::chrono::duration<double>(Clock::now() - a).count();
+  };
+  if (diff_only) {
+    dcr::ShardProducer p(*layout, rank, dcr::kDefaultSpanElems);
+    {
+      auto base = dcr::RankShards::Open(*layout, rank, base_dir);
+      if (!base.ok()) return Fail(base.status());
+      mapped += base->file_bytes();
+      if (dcr::Status s = p.SetBaseline(base->bytes()); !s.ok()) return Fail(s);
+    }
+    auto target = dcr::RankShards::Open(*layout, rank, target_dir);
+    if (!target.ok()) return Fail(target.status());
+    mapped += target->file_bytes();
+    const double cpu0 = CpuSeconds();
+    const auto t = Clock::now();
+    auto step_out = p.Diff(target->bytes());
+    if (!step_out.ok()) return Fail(step_out.status());
+    out["diff_seconds"] = elapsed(t);
+    out["diff_cpu_seconds"] = CpuSeconds() - cpu0;
+    out["shard_bytes"] = target->file_bytes();
+    out["chunks"] = step_out->chunks.size();
+    out["payload_bytes"] = step_out->sizes.total();
+    out["changed"] = step_out->changed;
+    out["baseline_bytes"] = p.baseline_bytes();
+  } else {
+    dcr::ProducerOptions o;
+    o.coordinator = coordinator;
+    dcr::Producer p(*layout, rank, o);
+    uint64_t shard_bytes = 0;
+    {
+      auto base = dcr::RankShards::Open(*layout, rank, base_dir);
+      if (!base.ok()) return Fail(base.status());
+      mapped += base->file_bytes();
+      if (dcr::Status s = p.SetBaseline(base->bytes()); !s.ok()) return Fail(s);
+    }
+    auto target = dcr::RankShards::Open(*layout, rank, target_dir);
+    if (!target.ok()) return Fail(target.status());
+    mapped += target->file_bytes();
+    shard_bytes = target->file_bytes();
+    const double cpu0 = CpuSeconds();
+    auto d = p.Refit(step, target->bytes());
+    if (!d.ok()) return Fail(d.status());
+    out["outcome"] = std::string(dcr::ProducerOutcomeName(d->outcome));
+    out["reason"] = d->reason;
+    out["diff_seconds"] = d->diff_seconds;
+    out["refit_seconds"] = d->total_seconds;
+    out["refit_cpu_seconds"] = CpuSeconds() - cpu0;
+    out["shard_bytes"] = shard_bytes;
+    out["chunks"] = d->chunks;
+    out["payload_bytes"] = d->payload_bytes;
+    out["changed"] = d->changed_elements;
+    // What the library holds at its peak: the baseline copy (the shard's
+    // size) and the step's encoded chunks.
+    out["baseline_bytes"] = shard_bytes;
+  }
+  out["library_bytes"] =
+      out["baseline_bytes"].get<uint64_t>() + out["payload_bytes"].get<uint64_t>();
+  out["mapped_file_bytes"] = mapped;
+  out["peak_rss_bytes"] = PeakRssBytes();
+  out["seconds"] = elapsed(t0);
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}

@@ -1,0 +1,261 @@
+#!/usr/bin/python3
+"""Producers' refits against the canonical-file refit (issue 17's figures).
+
+A traingen model (default: hidden 2048, 8 layers, about 1 GB BF16) is
+written as canonical files and as the shards of an 8-rank layout (tp 4 x
+pp 2). On one topology (root.baseline and two relays on loopback, file
+stores) the same step is refitted, alternately:
+  - canonical: `dcr refit --target v1.safetensors` (the root reads and
+    diffs the gathered checkpoint);
+  - producers: `dcr refit --producers 8`, with eight `producer_run`
+    processes (C++ producers reading their rank's shard files).
+Each run starts from copies of v0 and is checked with `dcr verify`.
+Reported: the refit's time (the producers' includes their construction;
+the canonical one leaves out the gather and export a trainer would need
+first), per producer the bytes of shard files it mapped, what the library
+holds, its peak RSS and its construction time; and construction
+throughput per core with 1, 2, 4 and 8 producers diffing at once
+(`producer_run --diff-only`).
+
+Usage: bench/producers_bench.py [--build build] [--dir D] [--rounds N]
+Writes bench/results/producers.json.
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def finish(p):
+    """Reads a child's stdout to the end and reaps it: (stdout, CPU seconds
+    it used), its returncode set."""
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return out, ru.ru_utime + ru.ru_stime
+
+
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--dir", default="/tmp/dcr-producers-bench")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--only", choices=("canonical", "producers"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/producers.json"))
+    a = ap.parse_args()
+    dcr = os.path.join(a.build, "src/cli/dcr")
+    relay = os.path.join(a.build, "src/cli/dcr-relay")
+    traingen = os.path.join(a.build, "tools/dcr-traingen")
+    prun = os.path.join(a.build, "bench/producer_run")
+    d = a.dir
+    os.makedirs(d, exist_ok=True)
+    layout = os.path.join(d, "l8.yaml")
+    with open(os.path.join(ROOT, "layouts/traingen-tp2-pp2.yaml")) as f:
+        text = f.read()
+    h, ffn = a.hidden, (a.hidden * 43 // 16 + 63) // 64 * 64
+    text = (text.replace("tp: 2, pp: 2", "tp: 4, pp: 2")
+            .replace("1024", str(h)).replace("2752", str(ffn))
+            .replace("head_dim: 64", f"head_dim: {h // 16}")
+            .replace("layers: 8", f"layers: {a.layers}"))
+    with open(layout, "w") as f:
+        f.write(text)
+    ck = os.path.join(d, "ck")
+    if not os.path.exists(os.path.join(ck, "v1.shards")):
+        subprocess.run([traingen, "--hidden", str(h), "--layers", str(a.layers),
+                        "--steps", "1", "--layout", layout, "--out", ck],
+                       check=True, stdout=subprocess.DEVNULL)
+    v0, v1 = os.path.join(ck, "v0.safetensors"), os.path.join(ck, "v1.safetensors")
+    model_bytes = os.path.getsize(v1)
+
+    ports = [free_port() for _ in range(3)]
+    coord_port = free_port()
+    topo = os.path.join(d, "tree.yaml")
+    with open(topo, "w") as f:
+        f.write(f"""version: 1
+defaults: {{transport: tcp, fanout: 2}}
+root: {{name: trainer, host: 127.0.0.1, port: {ports[0]}, cluster: train, state_dir: "{d}/state", baseline: "{d}/root.safetensors"}}
+clusters:
+  - name: train
+  - name: rollout
+    nodes:
+      - {{name: a, host: 127.0.0.1, port: {ports[1]}, store: {{kind: file, path: "{d}/a.safetensors"}}}}
+      - {{name: b, host: 127.0.0.1, port: {ports[2]}, store: {{kind: file, path: "{d}/b.safetensors"}}}}
+links:
+  - {{from: train, to: rollout, bandwidth: 10Gbps, latency: 1ms}}
+""")
+
+    def reset():
+        # Every store back to v0, records and state gone: the same start.
+        for n in ("root", "a", "b"):
+            for suffix in (".dcr-version", ".dcr-journal", ".dcr-epoch"):
+                p = os.path.join(d, n + ".safetensors" + suffix)
+                if os.path.exists(p):
+                    os.remove(p)
+            shutil.copyfile(v0, os.path.join(d, n + ".safetensors"))
+        shutil.rmtree(os.path.join(d, "state"), ignore_errors=True)
+
+    def verify():
+        for n in ("root", "a", "b"):
+            subprocess.run([dcr, "verify", os.path.join(d, n + ".safetensors"), v1],
+                           check=True, stdout=subprocess.DEVNULL)
+
+    relays = []
+
+    def start_relays():
+        for n in ("a", "b"):
+            ready = os.path.join(d, n + ".ready")
+            if os.path.exists(ready):
+                os.remove(ready)
+            relays.append(subprocess.Popen(
+                [relay, "--topology", topo, "--node", n, "--ready-file", ready],
+                stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, n + ".log"), "a")))
+            for _ in range(200):
+                if os.path.exists(ready) and os.path.getsize(ready) > 0:
+                    break
+                time.sleep(0.05)
+
+    def stop_relays():
+        for p in relays:
+            p.terminate()
+        for p in relays:
+            p.wait()
+        relays.clear()
+
+    def canonical():
+        reset()
+        start_relays()
+        t = time.monotonic()
+        p = subprocess.Popen([dcr, "refit", "--topology", topo, "--target", v1,
+                              "--progress", "never", "-o", "json", "--context", "off"],
+                             stdout=subprocess.PIPE,
+                             stderr=open(os.path.join(d, "coord.log"), "a"), text=True)
+        out, cpu = finish(p)
+        wall = time.monotonic() - t
+        stop_relays()
+        if p.returncode != 0:
+            sys.exit("canonical refit failed: see coord.log")
+        rep = json.loads(out)
+        verify()
+        return {"wall_seconds": wall, "report": rep, "root_cpu_seconds": cpu}
+
+    def producers():
+        reset()
+        start_relays()
+        coord = subprocess.Popen(
+            [dcr, "refit", "--topology", topo, "--producers", "8", "--layout", layout,
+             "--listen", f"127.0.0.1:{coord_port}", "--refits", "1",
+             "--progress", "never", "-o", "json"],
+            stdout=subprocess.PIPE, stderr=open(os.path.join(d, "coord.log"), "a"),
+            text=True)
+        time.sleep(0.3)
+        t = time.monotonic()
+        procs = [subprocess.Popen(
+            [prun, "--layout", layout, "--rank", str(r), "--base", ck + "/v0.shards",
+             "--target", ck + "/v1.shards", "--coordinator", f"127.0.0.1:{coord_port}",
+             "--step", "1"], stdout=subprocess.PIPE, text=True) for r in range(8)]
+        outs = [json.loads(p.communicate()[0]) for p in procs]
+        wall = time.monotonic() - t
+        out, root_cpu = finish(coord)
+        rep = json.loads(out)
+        stop_relays()
+        if coord.returncode != 0 or any(o["outcome"] != "committed" for o in outs):
+            sys.exit(f"producers' refit failed: {rep.get('reason')}, {outs}")
+        verify()
+        return {"wall_seconds": wall, "report": rep, "producers": outs,
+                "root_cpu_seconds": root_cpu}
+
+    runs = {"canonical": [], "producers": []}
+    if a.only:
+        # One kind of refit once (profiling): no table, no JSON.
+        r = canonical() if a.only == "canonical" else producers()
+        print(json.dumps(r["report"]["seconds"]))
+        return
+    for _ in range(a.rounds):
+        runs["canonical"].append(canonical())
+        runs["producers"].append(producers())
+
+    # Construction alone: 1, 2, 4 and 8 producers diffing at once.
+    scaling = []
+    for n in (1, 2, 4, 8):
+        t = time.monotonic()
+        procs = [subprocess.Popen(
+            [prun, "--layout", layout, "--rank", str(r), "--base", ck + "/v0.shards",
+             "--target", ck + "/v1.shards", "--diff-only"],
+            stdout=subprocess.PIPE, text=True) for r in range(n)]
+        outs = [json.loads(p.communicate()[0]) for p in procs]
+        wall = time.monotonic() - t
+        shard = sum(o["shard_bytes"] for o in outs)
+        cpu = sum(o["diff_cpu_seconds"] for o in outs)
+        scaling.append({"producers": n, "shard_bytes": shard,
+                        "diff_cpu_seconds": cpu,
+                        "per_core_GBps": shard / cpu / 1e9,
+                        "max_diff_seconds": max(o["diff_seconds"] for o in outs),
+                        "wall_seconds": wall})
+
+    c_tot = median([r["report"]["seconds"]["total"] for r in runs["canonical"]])
+    p_tot = median([r["report"]["seconds"]["total"] for r in runs["producers"]])
+    c_wall = median([r["wall_seconds"] for r in runs["canonical"]])
+    p_wall = median([r["wall_seconds"] for r in runs["producers"]])
+    last = runs["producers"][-1]["producers"]
+    print(f"model {model_bytes / 1e9:.2f} GB, 8 ranks ({layout}), "
+          f"{a.rounds} rounds, medians")
+    print(f"{'refit':<12}{'report s':>10}{'wall s':>10}{'payload MB':>12}{'chunks':>8}")
+    for name, tot, wall in (("canonical", c_tot, c_wall), ("producers", p_tot, p_wall)):
+        rep = runs[name][-1]["report"]
+        print(f"{name:<12}{tot:>10.3f}{wall:>10.3f}{rep['payload_bytes'] / 1e6:>12.2f}"
+              f"{rep['chunks']:>8}")
+    print(f"producers / canonical (wall): {p_wall / c_wall:.2f}")
+    c_cpu = median([r["root_cpu_seconds"] for r in runs["canonical"]])
+    p_cpu = median([r["root_cpu_seconds"] for r in runs["producers"]])
+    prod_cpu = median([sum(o["refit_cpu_seconds"] for o in r["producers"])
+                       for r in runs["producers"]])
+    print(f"CPU seconds: the root {c_cpu:.2f} (canonical) vs {p_cpu:.2f} "
+          f"(producers); the 8 producers' refits together {prod_cpu:.2f}")
+    print(f"{'rank':>4}{'shard MB':>10}{'mapped MB':>11}{'library MB':>12}"
+          f"{'peak RSS MB':>13}{'diff s':>8}{'refit s':>9}")
+    for o in last:
+        print(f"{o['rank']:>4}{o['shard_bytes'] / 1e6:>10.1f}"
+              f"{o['mapped_file_bytes'] / 1e6:>11.1f}{o['library_bytes'] / 1e6:>12.1f}"
+              f"{o['peak_rss_bytes'] / 1e6:>13.1f}{o['diff_seconds']:>8.3f}"
+              f"{o['refit_seconds']:>9.3f}")
+    print(f"{'producers':>10}{'shard GB':>10}{'GB/s/core':>11}{'max diff s':>12}{'wall s':>8}")
+    for s in scaling:
+        print(f"{s['producers']:>10}{s['shard_bytes'] / 1e9:>10.2f}"
+              f"{s['per_core_GBps']:>11.2f}{s['max_diff_seconds']:>12.3f}"
+              f"{s['wall_seconds']:>8.2f}")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"model_bytes": model_bytes, "layout": "tp4 x pp2 (8 ranks)",
+                   "rounds": a.rounds, "cores": os.cpu_count(),
+                   "canonical_total_seconds": c_tot, "producers_total_seconds": p_tot,
+                   "canonical_wall_seconds": c_wall, "producers_wall_seconds": p_wall,
+                   "canonical_root_cpu_seconds": c_cpu,
+                   "producers_root_cpu_seconds": p_cpu,
+                   "producers_cpu_seconds": prod_cpu,
+                   "runs": runs, "scaling": scaling}, f, indent=1)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
