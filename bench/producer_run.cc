@@ -128,8 +128,8 @@ int main(int argc, char** argv) {
     // size) and the step's encoded chunks.
     out["baseline_bytes"] = shard_bytes;
   }
-  out["library_bytes"] =
-      out["baseline_bytes"].get<uint64_t>() + out["payload_bytes"].get<uint64_t>();
+  out["library_bytes"] = out["baseline_bytes"].get<uint64_t>() +
+                         out["payload_bytes"].get<uint64_t>();
   out["mapped_file_bytes"] = mapped;
   out["peak_rss_bytes"] = PeakRssBytes();
   out["seconds"] = elapsed(t0);
