@@ -146,6 +146,12 @@ class ProducerHub {
   // an error ("stopped"); a refit already streaming runs to its end.
   void Stop();
   bool stopped() const;
+  // Refits that began waiting for their producers (RunRefit that failed
+  // before: its producers heard nothing; see RefuseWaiting).
+  uint64_t gathers() const;
+  // Tells every producer that said hello and waits that it is refused, with
+  // `why`, and closes their links.
+  void RefuseWaiting(const std::string& why);
   Impl& impl() { return *impl_; }
 
  private:

@@ -15,8 +15,10 @@
 #include "common/progress.h"
 #include "coord/coordinator.h"  // QueryStatus
 #include "coord/state_dir.h"
+#include "dcr/checkpoint.h"
 #include "dcr/layout.h"
 #include "dcr/producer.h"
+#include "dcr/shard_delta.h"
 #include "dcr/store.h"
 #include "dcr/topology.h"
 #include "wire/hmac_authenticator.h"
@@ -229,6 +231,30 @@ int RunProducerRefits(const RefitArgs& a, const GlobalOptions& g,
   }
   auto address = HostPort("--listen", a.listen);
   if (!address.ok()) return ReportError(address.status());
+  // What every step would refuse, refused once now (exit 2).
+  const Topology& topo = o->topology;
+  if (topo.root.baseline.empty() || topo.root.state_dir.empty()) {
+    return ReportError(Status::InvalidArgument(
+        topo.source +
+        ": a producers' refit needs root.baseline (the canonical copy the "
+        "ranks' parts are applied to) and root.state_dir"));
+  }
+  {
+    auto baseline =
+        Checkpoint::Open(topo.root.baseline, Checkpoint::Mode::kReadOnly);
+    if (!baseline.ok()) {
+      return ReportError(
+          baseline.status().WithContext(topo.source + ": root.baseline"));
+    }
+    auto placed = ManifestOf(*layout);
+    if (!placed.ok()) return ReportError(placed.status());
+    if (placed->digest() != (*baseline)->manifest().digest()) {
+      return ReportError(Status::InvalidArgument(fmt::format(
+          "the layout {} places other tensors than root.baseline {} holds: {}",
+          a.layout, topo.root.baseline,
+          Manifest::Difference((*baseline)->manifest(), *placed))));
+    }
+  }
   // SIGINT and SIGTERM are taken by sigwait in one thread: blocked before
   // the hub's threads start, which inherit the mask.
   sigset_t set;
@@ -246,9 +272,15 @@ int RunProducerRefits(const RefitArgs& a, const GlobalOptions& g,
     int sig = 0;
     sigwait(&set, &sig);
     std::fprintf(stderr,
-                 "dcr: %s: no further refits (a refit in progress finishes)\n",
+                 "dcr: %s: no further refits (a refit in progress finishes; "
+                 "a second signal stops at once)\n",
                  sig == SIGINT ? "SIGINT" : "SIGTERM");
     if (auto h = weak.lock()) h->Stop();
+    // A second signal takes its default action (this thread is the one
+    // that has them unblocked).
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
   }).detach();
   std::fprintf(stderr, "dcr: waiting for %d producers on %s:%u (layout %s)\n",
                a.producers, address->first.c_str(), hub->port(),
@@ -257,14 +289,28 @@ int RunProducerRefits(const RefitArgs& a, const GlobalOptions& g,
   o->producer_wait = *wait;
   bool failed = false, partial = false;
   for (int done = 0; a.refits == 0 || done < a.refits; ++done) {
+    const uint64_t gathers = hub->gathers();
     auto report = RunRefit(*o);
     if (*progress) {
       (*progress)->Finish();
       progress->reset();
     }
     if (!report.ok()) {
-      if (hub->stopped()) break;
-      ReportError(report.status());
+      const Status& s = report.status();
+      // SIGINT or SIGTERM while waiting for the next step.
+      if (hub->stopped() && s.code() == StatusCode::kAborted &&
+          s.message() == "stopped") {
+        break;
+      }
+      ReportError(s);
+      if (hub->gathers() == gathers) {
+        // It failed before waiting for its producers (another coordinator
+        // on the state_dir, a refit left to resume): it would fail again
+        // at once. Whoever waits is told; the next command fixes it.
+        hub->RefuseWaiting(std::string(s.message()));
+        return s.IsInvalidArgument() || s.IsNotFound() ? kExitUsage
+                                                       : kExitFailed;
+      }
       failed = true;
       continue;
     }

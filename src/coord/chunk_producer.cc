@@ -95,7 +95,12 @@ void ChunkProducer::Run() {
       Result<Outgoing> o = job_.emit(begin + i, out[i]);
       if (!o.ok()) return Stop(o.status());
       // False: cancelled by the consumer, which is not waiting for more.
-      if (!queue_.Push(*std::move(o))) return Stop(Status::OK());
+      if (!queue_.Push(*std::move(o))) {
+        // A fetched stream cut short is not whole (items: the consumer
+        // stopped wanting them).
+        return Stop(job_.fetch ? Status::Aborted("the stream was cancelled")
+                               : Status::OK());
+      }
       if (wake_) wake_();
     }
     if (job_.after_batch && !job_.fetch) {

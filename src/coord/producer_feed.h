@@ -3,10 +3,9 @@
 // merges into the refit's stream (a ChunkJob that fetches instead of
 // encoding), and root.baseline takes them as a relay's store would: a
 // session of its own (session/refit_session.h) applies every part behind
-// the undo journal beside root.baseline's version record, checks at the
-// vote that its bits are the target the producers' digest parts name,
-// and commits or restores with the tree. root.baseline stays the
-// canonical copy that repairs, catch-up and seeding read.
+// the undo journal beside root.baseline's version record, and commits or
+// restores with the tree. Its bits are not hashed (Finish). root.baseline stays
+// the canonical copy that repairs, catch-up and seeding read.
 //
 // Thread safety: Gather, Begin, Go, Finish, Commit, Abort and Decide on
 // the coordinator thread; Fetch on the chunk producer's thread; Apply on
@@ -80,6 +79,9 @@ class ProducerFeed {
   // hashed here (a pass over the model): they are the relays', applied by
   // the same code, and every relay checks its own against these digests.
   CheckpointDigests Finish();
+  // OK while every producer of the refit is still there (checked before a
+  // commit decision: one that left would not follow the tree).
+  Status StillThere() const { return hub_->Failure(); }
   // Elements the producers changed (their PRODUCER_DONEs).
   uint64_t changed_elements() const { return changed_; }
 

@@ -256,11 +256,12 @@ void ProducerHub::Impl::OnClosed(Link& link, const Status& why) {
       if (!in_refit) {
         peers_.erase(it);
       } else {
-        if (p.state != State::kDone) {
-          Fail(fmt::format("producer rank {} ({}) left before it was done: {}",
-                           p.hello.rank, p.peer,
-                           why.ok() ? "closed" : why.ToString()));
-        }
+        // Before its decision: it will not hear it, and its baseline would
+        // not follow the tree (the refit must not commit).
+        Fail(fmt::format(
+            "producer rank {} ({}) left before {}: {}", p.hello.rank, p.peer,
+            p.state == State::kDone ? "the decision" : "it was done",
+            why.ok() ? "closed" : why.ToString()));
         p.state = State::kGone;
       }
     }
@@ -296,6 +297,11 @@ void ProducerHub::Impl::Stop() {
   changed_.SignalAll();
 }
 
+uint64_t ProducerHub::Impl::gathers() const {
+  MutexLock lock(&mu_);
+  return gathers_;
+}
+
 bool ProducerHub::Impl::stopped() const {
   MutexLock lock(&mu_);
   return stopped_;
@@ -306,6 +312,7 @@ Result<std::vector<ProducerHub::Impl::Joined>> ProducerHub::Impl::Gather(
   Result<std::vector<Joined>> out = std::vector<Joined>();
   {
     MutexLock lock(&mu_);
+    ++gathers_;
     refit_.clear();
     queue_.clear();
     queued_bytes_ = 0;
@@ -427,6 +434,11 @@ Status ProducerHub::Impl::Fetch(size_t max, std::chrono::milliseconds idle,
   }
 }
 
+Status ProducerHub::Impl::Failure() const {
+  MutexLock lock(&mu_);
+  return failure_.empty() ? Status::OK() : Status::Aborted(failure_);
+}
+
 void ProducerHub::Impl::Cancel(const std::string& why) {
   {
     MutexLock lock(&mu_);
@@ -488,6 +500,13 @@ Result<std::unique_ptr<ProducerHub>> ProducerHub::Listen(
 uint16_t ProducerHub::port() const { return impl_->port(); }
 const Layout& ProducerHub::layout() const { return impl_->layout(); }
 void ProducerHub::Stop() { impl_->Stop(); }
+uint64_t ProducerHub::gathers() const { return impl_->gathers(); }
+void ProducerHub::RefuseWaiting(const std::string& why) {
+  ProducerDecisionMsg m;
+  m.outcome = static_cast<uint8_t>(ProducerOutcome::kRefused);
+  m.reason = why;
+  impl_->Decide(m);
+}
 bool ProducerHub::stopped() const { return impl_->stopped(); }
 
 }  // namespace dcr

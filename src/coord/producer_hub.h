@@ -78,6 +78,11 @@ class ProducerHub::Impl {
   // Makes a Fetch that waits (now or later in this refit) return Aborted
   // with `why`. Any thread.
   void Cancel(const std::string& why) DCR_EXCLUDES(mu_);
+  // Why the refit failed (a producer left, even after its DONE, or sent
+  // something out of turn), or OK: checked before a commit decision.
+  Status Failure() const DCR_EXCLUDES(mu_);
+  // Gathers begun so far (the CLI tells errors before one).
+  uint64_t gathers() const DCR_EXCLUDES(mu_);
   // After Fetch returned empty: each rank's PRODUCER_DONE.
   std::vector<ProducerDoneMsg> Done() const DCR_EXCLUDES(mu_);
   // Sends `decision` to every producer of the refit (those gathered, or
@@ -130,6 +135,7 @@ class ProducerHub::Impl {
   uint64_t queued_bytes_ DCR_GUARDED_BY(mu_) = 0;
   std::string failure_ DCR_GUARDED_BY(mu_);
   bool stopped_ DCR_GUARDED_BY(mu_) = false;
+  uint64_t gathers_ DCR_GUARDED_BY(mu_) = 0;
   // Links closing after their last frame (a decision): the destructor
   // lets them flush.
   std::set<uint64_t> closing_ DCR_GUARDED_BY(mu_);

@@ -69,6 +69,9 @@ Status RefitRun::AdvanceBaselineAndHistory(
         : producers_ ? producers_->Commit()
                      : setup_.baseline->Commit(report_.target, report_.refit);
   }
+  // A producers' root.baseline whose commit failed stays flagged: the next
+  // run settles it from its journal (FinishInterruptedCommit).
+  if (!b.ok() && producers_ && whole_tree) keep_current_ = true;
   if (!b.ok() && recorded) {
     // The history must end at the baseline's version.
     std::error_code ec;

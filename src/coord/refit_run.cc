@@ -185,6 +185,12 @@ Result<RefitReport> RefitRun::RunPhases() {
 
   // 4. Decide, durably, then tell the tree.
   auto t_decide = Clock::now();
+  if (commit && producers_) {
+    if (Status s = producers_->StillThere(); !s.ok()) {
+      commit = false;
+      report_.reason = std::string(s.message()) + "; aborted";
+    }
+  }
   if (commit && in_stream_ && in_stream_->touched()) {
     // The baseline took the target's bits from the file as it streamed:
     // a file rewritten meanwhile would leave it at other bits than the

@@ -8,6 +8,7 @@
 
 #include "coord/cost_model.h"
 #include "coord/root_tree.h"
+#include "dcr/producer.h"
 
 namespace dcr {
 namespace {
@@ -295,6 +296,8 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
     for (const TensorInfo& t : setup.target->manifest().tensors()) {
       spans += SpanCount(t.NumElements(), topo.defaults.span_elems);
     }
+    // A producers' stream carries up to one part per rank per span.
+    if (options.producers) spans *= options.producers->layout().ranks();
     if (Status s =
             setup.signer->CheckFits(spans, setup.target->manifest().size());
         !s.ok()) {

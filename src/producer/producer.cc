@@ -59,6 +59,12 @@ class Inbox : public LinkHandler {
       }
     }
   }
+  // Whether a frame waits (the coordinator decided while this rank still
+  // streams).
+  bool HasFrame() {
+    MutexLock lock(&mu_);
+    return !frames_.empty();
+  }
   // Waits until the link closed, at most until `deadline`.
   void WaitClosed(Clock::time_point deadline) {
     MutexLock lock(&mu_);
@@ -223,17 +229,46 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
   // Each part goes out as soon as it is encoded: the diff of the next
   // tensors overlaps the transfer, and only the link's window of chunks
   // is held.
+  bool link_ended = false;  // the coordinator decided, or the link failed
   auto send = [&](const ChunkId&, std::span<const std::byte> chunk) {
     DCR_FAILPOINT("producer.send_chunk");
-    DCR_RETURN_IF_ERROR(inbox->WaitForRoom(*link));
-    DCR_RETURN_IF_ERROR(
-        SendFrame(*link, FrameType::kChunk, go->refit, chunk, frames));
+    // The coordinator decided already (another rank failed): stop diffing.
+    if (inbox->HasFrame()) {
+      link_ended = true;
+      return Status::Aborted("the coordinator decided");
+    }
+    Status s = inbox->WaitForRoom(*link);
+    if (s.ok()) {
+      s = SendFrame(*link, FrameType::kChunk, go->refit, chunk, frames);
+    }
+    if (!s.ok()) {
+      link_ended = true;
+      return s;
+    }
     ++decision.chunks;
     decision.payload_bytes += chunk.size();
     return Status::OK();
   };
   auto diffed = shards_->Diff(shards, go->span_elems, send);
   if (!diffed.ok()) {
+    // The coordinator may have ended the refit while this rank streamed
+    // (its link closes after the decision): that decision is the answer.
+    auto early = link_ended
+                     ? inbox->Next(Clock::now() + std::chrono::seconds(2),
+                                   "reading the decision")
+                     : Result<DecodedFrame>(Status::Aborted("no decision"));
+    if (early.ok() && early->frame.type() == FrameType::kProducerDecision) {
+      auto d = DecodeProducerDecision(early->frame.payload);
+      if (d.ok()) {
+        transport->Stop();
+        ProducerDecision told = FromMessage(*d);
+        told.chunks = decision.chunks;
+        told.payload_bytes = decision.payload_bytes;
+        told.total_seconds = Seconds(t0, Clock::now());
+        // (The tree cannot have moved without this rank's parts.)
+        if (!Advanced(told.outcome)) return told;
+      }
+    }
     // The coordinator aborts the refit when the link closes; the error
     // frame tells it why.
     std::string why = diffed.status().ToString();

@@ -117,6 +117,11 @@ grep -q -- "--layout and --refits go with --producers" "$T/err" || fail "no --pr
 expect 2 "$DCR" refit --topology "$TOPO" --producers 4 --layout "$T/tiny.yaml" \
   --target "$T/ck/v1.safetensors"
 grep -q "give no --target" "$T/err" || fail "--producers with --target"
+# A layout of another model than root.baseline's: refused at start.
+expect 2 "$DCR" refit --topology "$TOPO" --producers 4 \
+  --layout "$LAYOUTS/traingen-tp2-pp2.yaml"
+grep -q "places other tensors than root.baseline" "$T/err" ||
+  fail "layout of another model: $(cat "$T/err")"
 expect 0 "$DCR" refit --help
 grep -q -- "--producers" "$T/out" || fail "--help lacks --producers"
 
