@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dcr/status.h"
@@ -246,6 +247,13 @@ struct TransportSupport {
 // and lists the transport resources it found). Takes well under a second;
 // never throws, never aborts the process.
 std::vector<TransportSupport> ProbeTransports();
+
+// "host:port" (a bracketed IPv6 host too) split for Listen and Connect;
+// InvalidArgument naming `what` (a flag or option) and an example.
+// `allow_zero`: port 0 (an ephemeral port, for listening) is accepted.
+Result<std::pair<std::string, uint16_t>> SplitHostPort(std::string_view what,
+                                                       std::string_view s,
+                                                       bool allow_zero);
 
 // Loads `tls`'s three files as CreateTransport("tcp", ...) would and returns
 // the same error: for commands that check their configuration up front.

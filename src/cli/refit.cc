@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/cli_common.h"
+#include "cli/refit_cli.h"
 #include "common/bytes.h"
 #include "common/file.h"
 #include "common/progress.h"
@@ -24,66 +25,6 @@
 #include "wire/hmac_authenticator.h"
 
 namespace dcr::cli {
-namespace {
-
-using json = nlohmann::json;
-
-struct RefitArgs {
-  std::string topology;
-  std::string target;
-  bool full = false;
-  bool no_compress = false;
-  std::string context = "auto";
-  std::string data_sync = "background";
-  std::string timeout = "60s";
-  std::string link_rate;
-  std::string heartbeat = "1s";
-  std::vector<std::string> nodes;
-  bool resume = false;
-  int repair_rounds = 2;
-  bool no_catch_up = false;
-  // Producers' refits.
-  int producers = 0;
-  std::string layout;
-  std::string listen = "127.0.0.1:7480";
-  std::string producer_wait = "60s";
-  int refits = 0;  // 0: until SIGINT or SIGTERM
-};
-
-// "host:port" (a bracketed IPv6 host too); InvalidArgument naming `flag`.
-Result<std::pair<std::string, uint16_t>> HostPort(const std::string& flag,
-                                                  const std::string& s) {
-  size_t colon = s.rfind(':');
-  auto bad = [&] {
-    return Status::InvalidArgument(
-        fmt::format("{} '{}': give host:port, e.g. 0.0.0.0:7480", flag, s));
-  };
-  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) {
-    return bad();
-  }
-  uint32_t port = 0;
-  for (char c : s.substr(colon + 1)) {
-    if (c < '0' || c > '9') return bad();
-    port = port * 10 + uint32_t(c - '0');
-    if (port > 65535) return bad();
-  }
-  std::string host = s.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return std::make_pair(host, static_cast<uint16_t>(port));
-}
-
-Result<std::chrono::milliseconds> ParseTimeout(const std::string& s) {
-  auto ns = ParseDurationNs(s);
-  if (!ns.ok() || *ns < 1000000) {
-    return Status::InvalidArgument(
-        fmt::format("--timeout '{}': give a duration of at least 1ms, e.g. "
-                    "30s or 500ms",
-                    s));
-  }
-  return std::chrono::milliseconds(*ns / 1000000);
-}
 
 // Keys the frames of `options` from the topology's defaults.auth_key_file
 // when it names one. Returns kExitOk, or kExitUsage after printing a
@@ -100,9 +41,22 @@ int UseTopologyKey(const Topology& topo, TransportOptions* options) {
   return kExitOk;
 }
 
+Result<std::chrono::milliseconds> ParseTimeout(const std::string& s) {
+  auto ns = ParseDurationNs(s);
+  if (!ns.ok() || *ns < 1000000) {
+    return Status::InvalidArgument(
+        fmt::format("--timeout '{}': give a duration of at least 1ms, e.g. "
+                    "30s or 500ms",
+                    s));
+  }
+  return std::chrono::milliseconds(*ns / 1000000);
+}
+
+namespace {
 std::string Pct(uint64_t part, uint64_t whole) {
   return whole ? fmt::format("{:.2f}%", 100.0 * part / whole) : "-";
 }
+}  // namespace
 
 void PrintReport(const RefitReport& r) {
   // (A refit that ended before the stream hashed its target does not know
@@ -208,127 +162,26 @@ int OutcomeExit(RefitOutcome outcome) {
   return kExitFailed;
 }
 
-// `dcr refit --producers N`: a coordinator that runs one refit per trainer
-// step, each streamed by the N ranks' producers (dcr/producer.h), until
-// --refits of them ran or a signal asks it to stop. A refit that fails is
-// reported (and told to the producers); the next step is still served.
-// Exit: 1 if any refit failed or aborted, else 3 if any committed partial,
-// else 0; 2 for a usage or configuration error before the first.
-int RunProducerRefits(const RefitArgs& a, const GlobalOptions& g,
-                      RefitOptions* o, std::unique_ptr<Progress>* progress) {
-  auto layout = LoadLayout(a.layout);
-  if (!layout.ok()) return ReportError(layout.status());
-  if (static_cast<uint32_t>(a.producers) != layout->ranks()) {
-    return ReportError(Status::InvalidArgument(fmt::format(
-        "--producers {}: the layout {} has {} ranks (tp {} x pp {} x ep {})",
-        a.producers, a.layout, layout->ranks(), layout->tp, layout->pp,
-        layout->ep)));
-  }
-  auto wait = ParseTimeout(a.producer_wait);
-  if (!wait.ok()) {
-    return ReportError(Status::InvalidArgument(fmt::format(
-        "--producer-wait '{}': give a duration, e.g. 60s", a.producer_wait)));
-  }
-  auto address = HostPort("--listen", a.listen);
-  if (!address.ok()) return ReportError(address.status());
-  // What every step would refuse, refused once now (exit 2).
-  const Topology& topo = o->topology;
-  if (topo.root.baseline.empty() || topo.root.state_dir.empty()) {
-    return ReportError(Status::InvalidArgument(
-        topo.source +
-        ": a producers' refit needs root.baseline (the canonical copy the "
-        "ranks' parts are applied to) and root.state_dir"));
-  }
-  {
-    auto baseline =
-        Checkpoint::Open(topo.root.baseline, Checkpoint::Mode::kReadOnly);
-    if (!baseline.ok()) {
-      return ReportError(
-          baseline.status().WithContext(topo.source + ": root.baseline"));
-    }
-    auto placed = ManifestOf(*layout);
-    if (!placed.ok()) return ReportError(placed.status());
-    if (placed->digest() != (*baseline)->manifest().digest()) {
-      return ReportError(Status::InvalidArgument(fmt::format(
-          "the layout {} places other tensors than root.baseline {} holds: {}",
-          a.layout, topo.root.baseline,
-          Manifest::Difference((*baseline)->manifest(), *placed))));
-    }
-  }
-  // SIGINT and SIGTERM are taken by sigwait in one thread: blocked before
-  // the hub's threads start, which inherit the mask.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  auto listened = ProducerHub::Listen(*layout, address->first, address->second,
-                                      o->transport_options);
-  if (!listened.ok()) return ReportError(listened.status());
-  std::shared_ptr<ProducerHub> hub = *std::move(listened);
-  // (A weak reference: the hub's destructor, at return, lets the last
-  // decisions reach their producers.)
-  std::thread([set, weak = std::weak_ptr<ProducerHub>(hub)] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    std::fprintf(stderr,
-                 "dcr: %s: no further refits (a refit in progress finishes; "
-                 "a second signal stops at once)\n",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM");
-    if (auto h = weak.lock()) h->Stop();
-    // A second signal takes its default action (this thread is the one
-    // that has them unblocked).
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
-  }).detach();
-  std::fprintf(stderr, "dcr: waiting for %d producers on %s:%u (layout %s)\n",
-               a.producers, address->first.c_str(), hub->port(),
-               a.layout.c_str());
-  o->producers = hub.get();
-  o->producer_wait = *wait;
-  bool failed = false, partial = false;
-  for (int done = 0; a.refits == 0 || done < a.refits; ++done) {
-    const uint64_t gathers = hub->gathers();
-    auto report = RunRefit(*o);
-    if (*progress) {
-      (*progress)->Finish();
-      progress->reset();
-    }
-    if (!report.ok()) {
-      const Status& s = report.status();
-      // SIGINT or SIGTERM while waiting for the next step.
-      if (hub->stopped() && s.code() == StatusCode::kAborted &&
-          s.message() == "stopped") {
-        break;
-      }
-      ReportError(s);
-      if (hub->gathers() == gathers) {
-        // It failed before waiting for its producers (another coordinator
-        // on the state_dir, a refit left to resume): it would fail again
-        // at once. Whoever waits is told; the next command fixes it.
-        hub->RefuseWaiting(std::string(s.message()));
-        return s.IsInvalidArgument() || s.IsNotFound() ? kExitUsage
-                                                       : kExitFailed;
-      }
-      failed = true;
-      continue;
-    }
-    if (g.format() == OutputFormat::kJson) {
-      std::printf("%s\n", report->ToJson().c_str());
-    } else {
-      std::printf("trainer step %llu from %u producers:\n",
-                  static_cast<unsigned long long>(report->trainer_step),
-                  report->producers);
-      PrintReport(*report);
-    }
-    std::fflush(stdout);
-    int rc = OutcomeExit(report->outcome);
-    failed |= rc == kExitFailed;
-    partial |= rc == kExitCommittedPartial;
-  }
-  return failed ? kExitFailed : partial ? kExitCommittedPartial : kExitOk;
-}
+namespace {
+
+using json = nlohmann::json;
+
+struct RefitArgs {
+  std::string topology;
+  std::string target;
+  bool full = false;
+  bool no_compress = false;
+  std::string context = "auto";
+  std::string data_sync = "background";
+  std::string timeout = "60s";
+  std::string link_rate;
+  std::string heartbeat = "1s";
+  std::vector<std::string> nodes;
+  bool resume = false;
+  int repair_rounds = 2;
+  bool no_catch_up = false;
+  ProducerArgs p;  // producers' refits
+};
 
 int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
   auto topo = LoadTopology(a.topology);
@@ -352,22 +205,22 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
         "--resume finishes the refit recorded in root.state_dir: give no "
         "--target, --full or --node"));
   }
-  if (a.producers > 0 &&
+  if (a.p.producers > 0 &&
       (a.resume || !a.target.empty() || a.full || !a.nodes.empty())) {
     return ReportError(Status::InvalidArgument(
         "--producers streams the trainer's ranks' changes: give no --target, "
         "--full, --node or --resume"));
   }
-  if (a.producers > 0 && a.layout.empty()) {
+  if (a.p.producers > 0 && a.p.layout.empty()) {
     return ReportError(Status::InvalidArgument(
         "--producers needs --layout (the layout file the trainer's ranks "
         "use)"));
   }
-  if (a.producers == 0 && (!a.layout.empty() || a.refits != 0)) {
+  if (a.p.producers == 0 && (!a.p.layout.empty() || a.p.refits != 0)) {
     return ReportError(
         Status::InvalidArgument("--layout and --refits go with --producers N"));
   }
-  if (!a.resume && a.target.empty() && a.producers == 0) {
+  if (!a.resume && a.target.empty() && a.p.producers == 0) {
     return ReportError(Status::InvalidArgument(
         "--target is required (or --resume to finish an interrupted refit)"));
   }
@@ -431,7 +284,7 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
       }
     };
   }
-  if (a.producers > 0) return RunProducerRefits(a, g, &o, &progress);
+  if (a.p.producers > 0) return RunProducerRefits(a.p, g, &o, &progress);
   auto report = a.resume ? ResumeRefit(o) : RunRefit(o);
   if (progress) progress->Finish();
   if (a.resume && !report.ok() && report.status().IsNotFound()) {
@@ -446,203 +299,6 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
     PrintReport(*report);
   }
   return OutcomeExit(report->outcome);
-}
-
-int RunStatusCommand(const std::string& path, const std::string& timeout_text,
-                     const GlobalOptions& g) {
-  auto topo = LoadTopology(path);
-  if (!topo.ok()) return ReportError(topo.status());
-  auto timeout = ParseTimeout(timeout_text);
-  if (!timeout.ok()) return ReportError(timeout.status());
-  TransportOptions transport_options;
-  if (int rc = UseTopologyKey(*topo, &transport_options); rc != kExitOk) {
-    return rc;
-  }
-  if (Status s = UseTlsOptions(&*topo, nullptr, &transport_options); !s.ok()) {
-    return ReportError(s);
-  }
-  std::vector<NodeStatus> nodes =
-      QueryStatus(*topo, *timeout, "", transport_options);
-  // The root's side: its baseline's version and the last refit's report.
-  json root = {{"name", topo->root.name}};
-  if (!topo->root.baseline.empty()) {
-    StoreSpec spec;
-    spec.kind = StoreSpec::Kind::kFile;
-    spec.path = topo->root.baseline;
-    auto rec = ReadVersionRecord(DefaultRecordPath(spec));
-    root["baseline"] = topo->root.baseline;
-    if (rec.ok() && *rec && (*rec)->committed) {
-      const Version& v = (*rec)->committed->version;
-      root["baseline_version"] = {{"step", v.step},
-                                  {"digest", v.digest.ToHex()}};
-    }
-  }
-  json last;
-  if (!topo->root.state_dir.empty()) {
-    auto report = StateDir(topo->root.state_dir).ReadLastRefit();
-    if (report.ok()) {
-      last = json::parse(report->ToJson());
-    } else if (!report.status().IsNotFound()) {
-      std::fprintf(stderr, "dcr: last refit not shown: %s\n",
-                   report.status().ToString().c_str());
-    }
-  }
-  // A relay is stale when it holds another version than the baseline.
-  std::optional<Version> baseline_version;
-  if (root.contains("baseline_version")) {
-    auto d = Digest128::FromHex(root["baseline_version"].value("digest", ""));
-    if (d.ok()) {
-      baseline_version =
-          Version{root["baseline_version"].value("step", uint64_t{0}), *d};
-    }
-  }
-  auto stale = [&](const NodeStatus& n) {
-    return n.reachable && baseline_version &&
-           (!n.committed || *n.committed != *baseline_version);
-  };
-  // Exit 1 when a relay cannot be reached or holds an unfinished refit's
-  // mix; a stale relay holds a whole (older) version.
-  bool all_whole = true;
-  for (const NodeStatus& n : nodes) {
-    const NodeState st = StateOf(n, baseline_version);
-    all_whole &= st != NodeState::kUnreachable &&
-                 st != NodeState::kUnfinished && st != NodeState::kRepairing;
-  }
-  // The last refit's target, when it committed somewhere.
-  std::optional<Version> last_target;
-  if (last.is_object() && last.value("outcome", "") != "aborted" &&
-      last.contains("target") && last["target"].is_object() &&
-      last["target"].contains("digest") &&
-      last["target"]["digest"].is_string()) {
-    auto d = Digest128::FromHex(last["target"].value("digest", ""));
-    if (d.ok()) {
-      last_target = Version{last["target"].value("step", uint64_t{0}), *d};
-    }
-  }
-  auto last_for = [&](const NodeStatus& s) -> std::string {
-    if (!last.is_object() || !last.contains("nodes")) return "";
-    for (const json& n : last["nodes"]) {
-      if (n.value("node", "") != s.node) continue;
-      if (n.value("committed", false)) return "committed";
-      // Its COMMIT_REPLY was lost (or came late), but the version it
-      // reports now is the refit's target: it committed.
-      if (last_target && s.committed && *s.committed == *last_target) {
-        return "committed (reply lost; its version confirms it)";
-      }
-      return n.value("code", "") + (n.value("phase", "").empty()
-                                        ? ""
-                                        : " at " + n.value("phase", ""));
-    }
-    return "";
-  };
-  // A coordinator run holding root.state_dir (read without locking it).
-  std::optional<LockHolder> running;
-  if (!topo->root.state_dir.empty()) {
-    running = StateDir(topo->root.state_dir).Running();
-  }
-  if (g.format() == OutputFormat::kJson) {
-    if (running) {
-      root["running"] = {{"pid", running->pid},
-                         {"command", running->command},
-                         {"since", running->since}};
-    } else {
-      root["running"] = nullptr;
-    }
-    json out = {{"root", root}, {"nodes", json::array()}};
-    if (!last.is_null()) out["last_refit"] = last;
-    for (const NodeStatus& n : nodes) {
-      json j = {
-          {"node", n.node},
-          {"cluster", n.cluster},
-          {"address", n.address},
-          {"reachable", n.reachable},
-          {"error", n.error},
-          {"code", std::string(NodeCodeName(n.code))},
-          {"detail", n.detail},
-          {"last_refit_result", last_for(n)},
-          {"stale", stale(n)},
-          {"state", std::string(NodeStateName(StateOf(n, baseline_version)))},
-          {"serving_ready", ServingReady(StateOf(n, baseline_version))}};
-      if (n.store.unfinished) {
-        j["unfinished"] = {
-            {"refit", n.store.unfinished->ToHex()},
-            {"base",
-             {{"step", n.store.base.step},
-              {"digest", n.store.base.digest.ToHex()}}},
-            {"target",
-             {{"step", n.store.target.step},
-              // null: not known yet (the relay stopped
-              // before END named it).
-              {"digest", n.store.target.digest == Digest128{}
-                             ? nlohmann::json()
-                             : nlohmann::json(n.store.target.digest.ToHex())}}},
-            {"prepared", n.store.prepared},
-            {"repairing", n.store.repairing}};
-      } else {
-        j["unfinished"] = nullptr;
-      }
-      if (n.committed) {
-        j["committed"] = {{"step", n.committed->step},
-                          {"digest", n.committed->digest.ToHex()}};
-      } else {
-        j["committed"] = nullptr;
-      }
-      out["nodes"].push_back(std::move(j));
-    }
-    std::printf(
-        "%s\n",
-        out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
-  } else {
-    if (root.contains("baseline_version")) {
-      const json& v = root["baseline_version"];
-      std::printf("root %s: baseline step %llu (%s)\n", topo->root.name.c_str(),
-                  static_cast<unsigned long long>(v.value("step", uint64_t{0})),
-                  v.value("digest", "").substr(0, 12).c_str());
-    }
-    if (running) {
-      std::printf("a refit is running (pid %lld, %s, since %s)\n",
-                  static_cast<long long>(running->pid),
-                  running->command.c_str(), running->since.c_str());
-    }
-    if (last.is_object()) {
-      std::printf("last refit %s: %s, step %llu -> %llu\n",
-                  last.value("refit", "?").c_str(),
-                  last.value("outcome", "?").c_str(),
-                  static_cast<unsigned long long>(
-                      last["base"].value("step", uint64_t{0})),
-                  static_cast<unsigned long long>(
-                      last["target"].value("step", uint64_t{0})));
-    }
-    std::printf("%-10s %-12s %-21s %-6s %-14s %s\n", "NODE", "CLUSTER",
-                "ADDRESS", "STEP", "DIGEST", "STATE");
-    for (const NodeStatus& n : nodes) {
-      std::string step = n.committed ? std::to_string(n.committed->step) : "-";
-      std::string digest = n.committed ? n.committed->digest.ShortHex() : "-";
-      std::string state =
-          n.reachable
-              ? (n.code == NodeCode::kOk
-                     ? n.detail
-                     : fmt::format("{} ({})", NodeCodeName(n.code), n.detail))
-              : "unreachable: " + n.error;
-      if (n.reachable && n.store.unfinished) {
-        // The bits are no version: no step or digest to show.
-        step = digest = "-";
-        state = fmt::format("{}: {}; last committed step {}; {}",
-                            n.store.repairing ? "REPAIRING" : "UNFINISHED",
-                            DescribeUnfinished(n.store),
-                            n.committed ? std::to_string(n.committed->step)
-                                        : std::string("none"),
-                            state);
-      } else if (stale(n)) {
-        state = fmt::format("STALE (baseline is step {}) {}",
-                            baseline_version->step, state);
-      }
-      std::printf("%-10s %-12s %-21s %-6s %-14s %s\n", n.node.c_str(),
-                  n.cluster.c_str(), n.address.c_str(), step.c_str(),
-                  digest.c_str(), state.c_str());
-    }
-  }
-  return all_whole ? kExitOk : kExitFailed;
 }
 
 }  // namespace
@@ -702,22 +358,22 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                   "Leave relays that are versions behind stale instead of "
                   "bringing them up after the commit (from the delta "
                   "history in root.state_dir, else with a dense copy)");
-    cmd->add_option("--producers", a->producers,
+    cmd->add_option("--producers", a->p.producers,
                     "Run producers' refits: wait for this many trainer ranks "
                     "(dcr.Producer; the layout's tp x pp x ep) to stream "
                     "their shards' changes, one refit per trainer step")
         ->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--layout", a->layout,
+    cmd->add_option("--layout", a->p.layout,
                     "With --producers: the layout YAML the ranks use "
                     "(docs/PLACEMENT.md); producers of another are refused");
-    cmd->add_option("--listen", a->listen,
+    cmd->add_option("--listen", a->p.listen,
                     "With --producers: where producers connect (default "
                     "127.0.0.1:7480; 0.0.0.0:PORT for ranks on other hosts)");
-    cmd->add_option("--producer-wait", a->producer_wait,
+    cmd->add_option("--producer-wait", a->p.producer_wait,
                     "With --producers: once the first rank of a step "
                     "connected, how long to wait for the others (default "
                     "60s); the missing ranks are named");
-    cmd->add_option("--refits", a->refits,
+    cmd->add_option("--refits", a->p.refits,
                     "With --producers: stop after this many refits (default "
                     "0: until SIGINT or SIGTERM, which end the wait for the "
                     "next step; a refit in progress finishes)")

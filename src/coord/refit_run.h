@@ -4,7 +4,9 @@
 // job: the root's links (root_tree.h), the encoder pipeline
 // (chunk_producer.h, span_encoder.h), what was sent (sent_chunks.h), the
 // signed END (end_signer.h), the history record (history.h), the baseline
-// pass (baseline_update.h) and the report (refit_report.h).
+// pass (baseline_update.h), the producers' stream (producer_feed.h) and
+// the report (refit_report.h). The stream phase is in refit_stream.cc,
+// the baseline's end in refit_baseline.cc.
 //
 // Thread safety: a RefitRun is used once (Run or Resume) by one thread.
 #ifndef DCR_COORD_REFIT_RUN_H_
@@ -55,6 +57,13 @@ class RefitRun {
   Status WriteCurrent();
   // A producers' refit's stream: their parts, merged (ProducerFeed).
   Status StreamProducers();
+  // Runs `job` on the encoder pipeline and sends what it queues down the
+  // tree (RootTree::StreamFrom, with progress); the pipeline's failure.
+  Status SendJob(ChunkJob job, RootTree::Streamed* streamed);
+  // RefitOptions::on_progress with the scan and checkpoint sizes; the
+  // overload reports the stream's end (a no-op without a callback).
+  void ReportProgress(RefitOptions::Progress* p);
+  void ReportProgress(const RootTree::Streamed& streamed);
   // Streams chunks down the tree: the delta (or every span for --full, or
   // the composed history chain), or with `repair` dense overwrites of every
   // span of `tensors`. The producer's failure, if any.

@@ -109,29 +109,6 @@ ProducerDecision FromMessage(const ProducerDecisionMsg& m) {
   return d;
 }
 
-Result<std::pair<std::string, uint16_t>> SplitAddress(const std::string& a) {
-  size_t colon = a.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == a.size()) {
-    return Status::InvalidArgument(
-        fmt::format("coordinator '{}': expected host:port", a));
-  }
-  uint32_t port = 0;
-  for (char c : a.substr(colon + 1)) {
-    if (c < '0' || c > '9' || (port = port * 10 + uint32_t(c - '0')) > 65535) {
-      return Status::InvalidArgument(
-          fmt::format("coordinator '{}': bad port", a));
-    }
-  }
-  if (port == 0) {
-    return Status::InvalidArgument(fmt::format("coordinator '{}': port 0", a));
-  }
-  std::string host = a.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return std::make_pair(host, static_cast<uint16_t>(port));
-}
-
 }  // namespace
 
 std::string_view ProducerOutcomeName(ProducerOutcome o) {
@@ -178,7 +155,9 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
   // Sizes are checked before anything is asked of the coordinator: a
   // trainer step that changed a shape is an error here, naming the tensor.
   DCR_RETURN_IF_ERROR(CheckShards(shards_->layout(), rank_, shards));
-  DCR_ASSIGN_OR_RETURN(auto address, SplitAddress(options_.coordinator));
+  DCR_ASSIGN_OR_RETURN(auto address,
+                       SplitHostPort("coordinator", options_.coordinator,
+                                     /*allow_zero=*/false));
   DCR_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                        CreateTransport("tcp", options_.transport));
   auto inbox = std::make_shared<Inbox>();

@@ -1,5 +1,8 @@
-// The members of Transport that every backend shares.
+// The members of Transport that every backend shares, and the address
+// parsing of its callers.
 #include "dcr/transport.h"
+
+#include <fmt/format.h>
 
 #include <future>
 #include <memory>
@@ -24,6 +27,32 @@ Result<std::shared_ptr<Link>> Transport::Connect(
                  promise->set_value(std::move(r));
                });
   return future.get();
+}
+
+Result<std::pair<std::string, uint16_t>> SplitHostPort(std::string_view what,
+                                                       std::string_view s,
+                                                       bool allow_zero) {
+  auto bad = [&] {
+    return Status::InvalidArgument(
+        fmt::format("{} '{}': give host:port, e.g. {}:7480", what, s,
+                    allow_zero ? "0.0.0.0" : "10.0.0.5"));
+  };
+  const size_t colon = s.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == s.size()) {
+    return bad();
+  }
+  uint32_t port = 0;
+  for (char c : s.substr(colon + 1)) {
+    if (c < '0' || c > '9') return bad();
+    port = port * 10 + uint32_t(c - '0');
+    if (port > 65535) return bad();
+  }
+  if (port == 0 && !allow_zero) return bad();
+  std::string_view host = s.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(std::string(host), static_cast<uint16_t>(port));
 }
 
 }  // namespace dcr

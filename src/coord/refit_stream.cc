@@ -1,0 +1,206 @@
+// RefitRun's stream phase: the chunks of a refit (the delta, every span
+// for --full, a history chain or union, a repair round's overwrites) or of
+// a producers' refit (their parts, merged) go down the tree through the
+// encoder pipeline (chunk_producer.h); the phase driver is refit_run.cc.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "coord/chunk_producer.h"
+#include "coord/refit_run.h"
+#include "coord/span_encoder.h"
+
+namespace dcr {
+
+Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
+  if (producers_ && !repair) return StreamProducers();
+  SpanEncoder::Options eo;
+  eo.target = setup_.target.get();
+  eo.baseline = setup_.baseline.get();
+  eo.composed = setup_.composed.get();
+  eo.span_elems = setup_.plan.span_elems;
+  const bool union_feed =
+      setup_.composed && feed_.kind == ComposedDelta::Kind::kUnion;
+  eo.compress =
+      options_.mode != RefitMode::kFull || options_.compress_full || union_feed;
+  eo.hash = setup_.signer != nullptr;
+  eo.context = setup_.plan.context_coded;
+  eo.base_independent = record_.active();
+  eo.scanned = repair ? nullptr : sent_.scanned();
+  SpanEncoder::Kind kind = repair            ? SpanEncoder::Kind::kFull
+                           : union_feed      ? SpanEncoder::Kind::kRepair
+                           : setup_.composed ? SpanEncoder::Kind::kCompose
+                           : options_.mode == RefitMode::kFull
+                               ? SpanEncoder::Kind::kFull
+                               : SpanEncoder::Kind::kDiff;
+  // The first pass of a refit whose PLAN left the target's digests to END
+  // hashes the target as it encodes it.
+  std::unique_ptr<TargetDigests> digests;
+  if (!repair && setup_.plan.target_at_end() && setup_.target &&
+      (kind == SpanEncoder::Kind::kDiff || kind == SpanEncoder::Kind::kFull)) {
+    digests = std::make_unique<TargetDigests>(setup_.target.get(),
+                                              setup_.plan.span_elems);
+    eo.digests = digests.get();
+  }
+  SpanEncoder encoder(eo, kind, std::move(tensors));
+  // The baseline takes the target's bits as the delta streams, behind the
+  // history record (its undo log): a whole-tree delta refit that records.
+  if (!repair && kind == SpanEncoder::Kind::kDiff && setup_.baseline &&
+      setup_.target && record_.active() && options_.only_nodes.empty()) {
+    BaselineInStream::Options bo;
+    bo.baseline = setup_.baseline.get();
+    bo.target = setup_.target.get();
+    bo.pool = setup_.pool.get();
+    bo.record = &record_;
+    bo.refit = report_.refit;
+    bo.base = report_.base;
+    bo.to = report_.target;
+    bo.span_elems = setup_.plan.span_elems;
+    in_stream_ = std::make_unique<BaselineInStream>(std::move(bo));
+  }
+  ChunkJob job;
+  job.items = encoder.size();
+  job.prepare = [&] { return encoder.Prepare(setup_.pool->size()); };
+  job.encode = [&](size_t i, size_t worker, EncodedChunk* out) {
+    return encoder.Encode(i, worker, out);
+  };
+  job.emit = [&](size_t i, const EncodedChunk& chunk) -> Result<Outgoing> {
+    // Numbered in the order queued: the coordinator thread sends nothing
+    // else while the producer runs.
+    DCR_ASSIGN_OR_RETURN(FrameBuffer frame,
+                         root_->sender().Next(FrameType::kChunk, chunk.bytes));
+    sent_.Add(encoder.id(i), chunk.sha256, chunk.sizes, repair);
+    // The history keeps base-independent chunks: it is decoded later,
+    // against no base.
+    if (!repair) {
+      auto h = PeekChunkHeader(chunk.bytes);
+      const bool context = h.ok() && h->encoding == ChunkEncoding::kContext;
+      if (context) ++report_.context_chunks;
+      if (!chunk.base_independent.empty()) {
+        record_.Append(chunk.base_independent);
+      } else if (!context) {
+        record_.Append(chunk.bytes);
+      } else if (record_.active()) {
+        // Never reached (the encoder keeps a base-independent copy while
+        // the history records); a history must not hold a context chunk.
+        spdlog::error(
+            "not recording the history of this refit: chunk "
+            "without a base-independent copy");
+        record_.Discard();
+      }
+    }
+    if (!repair && in_stream_) in_stream_->Changed(encoder.id(i));
+    return Outgoing{std::move(frame), chunk.bytes.size()};
+  };
+  if (!repair && in_stream_) {
+    job.after_batch = [&](bool last) { return in_stream_->AfterBatch(last); };
+  }
+  RootTree::Streamed streamed;
+  Status produced = SendJob(std::move(job), &streamed);
+  if (repair) {
+    report_.repair_chunks += streamed.chunks;
+    report_.repair_bytes += streamed.payload_bytes;
+    if (!produced.ok()) {
+      spdlog::warn("encoding the repair round failed: {}", produced.ToString());
+    }
+    return produced;
+  }
+  report_.chunks = streamed.chunks;
+  report_.payload_bytes = streamed.payload_bytes;
+  if (digests && produced.ok()) {
+    // Whatever the pass did not reach (it hashed every span it encoded).
+    CheckpointDigests d = digests->Finish(setup_.pool.get());
+    report_.hashed_in_stream_seconds = digests->offered_seconds();
+    report_.target.digest = d.version;
+    setup_.plan.target = report_.target;
+    setup_.plan.target_tensor_digests = std::move(d.tensors);
+    target_at_end_ = true;
+    spdlog::info("target step {} is {} (hashed during the stream: {:.3f} s)",
+                 report_.target.step, report_.target.digest.ShortHex(),
+                 report_.hashed_in_stream_seconds);
+  }
+  if (in_stream_) {
+    report_.baseline_in_stream_seconds = in_stream_->seconds();
+    spdlog::debug(
+        "root.baseline: {:.1f} MB written during the stream in {:.3f} s{}",
+        static_cast<double>(in_stream_->written_bytes()) / 1e6,
+        in_stream_->seconds(),
+        in_stream_->complete()
+            ? ""
+            : " (not every span: the rest after the decision)");
+  }
+  report_.changed_elements = sent_.changed_elements();
+  ReportProgress(streamed);
+  return produced;
+}
+
+Status RefitRun::SendJob(ChunkJob job, RootTree::Streamed* streamed) {
+  const uint64_t window = setup_.plan.chunk_window_bytes;
+  ChunkProducer producer(setup_.pool.get(), window, [this] { root_->Wake(); });
+  producer.Start(std::move(job));
+  *streamed = root_->StreamFrom(
+      &producer, window,
+      options_.on_progress
+          ? std::function<void(RefitOptions::Progress*)>(
+                [this](RefitOptions::Progress* p) { ReportProgress(p); })
+          : nullptr);
+  return producer.Join();
+}
+
+void RefitRun::ReportProgress(RefitOptions::Progress* p) {
+  p->scanned_bytes = *sent_.scanned();
+  p->total_bytes = report_.checkpoint_bytes;
+  options_.on_progress(*p);
+}
+
+void RefitRun::ReportProgress(const RootTree::Streamed& streamed) {
+  if (!options_.on_progress) return;
+  RefitOptions::Progress p;
+  p.payload_bytes = streamed.payload_bytes;
+  p.chunks = streamed.chunks;
+  ReportProgress(&p);
+}
+
+Status RefitRun::StreamProducers() {
+  ThreadPool* pool = setup_.pool.get();
+  DCR_RETURN_IF_ERROR(producers_->Begin(setup_.baseline.get(), report_.refit,
+                                        setup_.plan, pool));
+  const uint64_t window = setup_.plan.chunk_window_bytes;
+  ProducerGoMsg go;
+  go.refit = report_.refit;
+  go.span_elems = setup_.plan.span_elems;
+  go.base = report_.base;
+  go.target_step = report_.target.step;
+  producers_->Go(go, window);
+  ChunkJob job = producers_->Job(options_.phase_timeout,
+                                 setup_.signer != nullptr, pool->size());
+  job.emit = [&](size_t i, const EncodedChunk& chunk) -> Result<Outgoing> {
+    DCR_ASSIGN_OR_RETURN(FrameBuffer frame,
+                         root_->sender().Next(FrameType::kChunk, chunk.bytes));
+    sent_.Add(producers_->id(i), chunk.sha256, chunk.sizes, /*repair=*/false);
+    // Sparse XOR parts are base-independent: the history keeps them as
+    // they are.
+    record_.Append(chunk.bytes);
+    return Outgoing{std::move(frame), chunk.bytes.size()};
+  };
+  RootTree::Streamed streamed;
+  Status produced = SendJob(std::move(job), &streamed);
+  report_.chunks = streamed.chunks;
+  report_.payload_bytes = streamed.payload_bytes;
+  if (!produced.ok()) return produced;
+  CheckpointDigests d = producers_->Finish();
+  report_.target.digest = d.version;
+  setup_.plan.target = report_.target;
+  setup_.plan.target_tensor_digests = std::move(d.tensors);
+  target_at_end_ = true;
+  report_.changed_elements = producers_->changed_elements();
+  spdlog::info(
+      "target step {} is {} (from {} producers' digest parts): {} chunks, "
+      "{:.1f} MB",
+      report_.target.step, report_.target.digest.ShortHex(),
+      producers_->ranks(), report_.chunks,
+      static_cast<double>(report_.payload_bytes) / 1e6);
+  ReportProgress(streamed);
+  return Status::OK();
+}
+
+}  // namespace dcr
