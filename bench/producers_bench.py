@@ -166,9 +166,16 @@ links:
             [dcr, "refit", "--topology", topo, "--producers", "8", "--layout", layout,
              "--listen", f"127.0.0.1:{coord_port}", "--refits", "1",
              "--progress", "never", "-o", "json"],
-            stdout=subprocess.PIPE, stderr=open(os.path.join(d, "coord.log"), "a"),
+            stdout=subprocess.PIPE, stderr=open(os.path.join(d, "coord.log"), "w"),
             text=True)
-        time.sleep(0.3)
+        # The ranks connect once the coordinator listens (it says so).
+        for _ in range(600):
+            with open(os.path.join(d, "coord.log")) as f:
+                if "waiting for 8 producers" in f.read():
+                    break
+            if coord.poll() is not None:
+                sys.exit("the coordinator exited: see coord.log")
+            time.sleep(0.05)
         t = time.monotonic()
         procs = [subprocess.Popen(
             [prun, "--layout", layout, "--rank", str(r), "--base", ck + "/v0.shards",
