@@ -83,9 +83,17 @@ struct ProducerDecision {
 
 struct ProducerOptions {
   std::string coordinator;  // host:port of `dcr refit --producers`
-  // Connecting, and each wait for the coordinator (GO, the decision).
+  // Connecting; and how long the coordinator may stay silent while this
+  // producer waits for GO or the decision (it sends a HEARTBEAT every
+  // second while it works for the tree, so this bounds a dead coordinator,
+  // not a long refit).
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds timeout{600000};
+  // While it diffs, the producer sends a HEARTBEAT this often (0: never):
+  // the coordinator takes a rank silent for its --timeout as gone, and a
+  // rank diffing long runs of unchanged (e.g. frozen) weights sends no
+  // chunk meanwhile.
+  std::chrono::milliseconds heartbeat{1000};
   // tcp only; TLS and frame authentication as the relays'.
   TransportOptions transport;
   // Passed to the chunk encoder (threads, compression).

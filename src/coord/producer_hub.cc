@@ -39,6 +39,14 @@ ProducerHub::Impl::Impl(Layout layout, std::unique_ptr<Transport> transport,
       transport_(std::move(transport)) {}
 
 ProducerHub::Impl::~Impl() {
+  if (heartbeat_.joinable()) {
+    {
+      MutexLock lock(&mu_);
+      ending_ = true;
+    }
+    heartbeat_wake_.SignalAll();
+    heartbeat_.join();
+  }
   {
     // The last decisions reach their producers (at most 2 s).
     MutexLock lock(&mu_);
@@ -50,7 +58,27 @@ ProducerHub::Impl::~Impl() {
 }
 
 Status ProducerHub::Impl::Listen(std::string_view host, uint16_t port) {
-  return transport_->Listen(host, port, std::make_shared<Handler>(this));
+  DCR_RETURN_IF_ERROR(
+      transport_->Listen(host, port, std::make_shared<Handler>(this)));
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  return Status::OK();
+}
+
+void ProducerHub::Impl::HeartbeatLoop() {
+  MutexLock lock(&mu_);
+  while (!ending_) {
+    if (!heartbeat_wake_.WaitFor(&mu_, kHeartbeatInterval) || ending_) {
+      continue;
+    }
+    // Whoever said hello waits for something from this side: GO while
+    // the relays take the PLAN, or the decision while they vote, repair
+    // and commit, which can take minutes on a large tree.
+    for (auto& [id, p] : peers_) {
+      if (p.hello_seen && p.state != State::kGone && !closing_.count(id)) {
+        Send(*p.link, FrameType::kHeartbeat, {});
+      }
+    }
+  }
 }
 
 void ProducerHub::Impl::Send(Link& link, FrameType type,
@@ -166,6 +194,8 @@ void ProducerHub::Impl::OnFrame(Link& link, const Frame& frame,
                      p.hello.rank, p.hello.world, p.peer, p.hello.step);
         break;
       }
+      case FrameType::kHeartbeat:
+        break;  // (it counted as a frame above)
       case FrameType::kChunk:
         if (!in_refit || p.state != State::kStreaming) {
           if (in_refit) {

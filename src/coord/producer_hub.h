@@ -8,6 +8,9 @@
 // when it does not decode, names another world size or layout, a rank
 // already waiting, or carries digest parts of another tensor count.
 // Producers that say hello while no refit gathers wait for the next one.
+// Every producer that said hello gets a HEARTBEAT each second until its
+// decision (it waits on the tree meanwhile); a producer's HEARTBEATs while
+// it diffs count as frames against `idle` (Fetch).
 //
 // Thread safety: the transport's event thread runs the link callbacks;
 // every public member is for the coordinator thread, one refit at a time.
@@ -22,6 +25,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/mutex.h"
@@ -119,6 +123,9 @@ class ProducerHub::Impl {
   // The refit failed: `why`, unless it failed already.
   void Fail(const std::string& why) DCR_REQUIRES(mu_);
   std::vector<uint32_t> MissingRanks() const DCR_REQUIRES(mu_);
+  // Its own thread, from Listen to the destructor.
+  void HeartbeatLoop() DCR_EXCLUDES(mu_);
+  static constexpr std::chrono::seconds kHeartbeatInterval{1};
 
   const Layout layout_;
   const Digest128 fingerprint_;
@@ -141,6 +148,9 @@ class ProducerHub::Impl {
   std::set<uint64_t> closing_ DCR_GUARDED_BY(mu_);
   // When the first producer of the next refit said hello.
   std::optional<Clock::time_point> first_hello_ DCR_GUARDED_BY(mu_);
+  CondVar heartbeat_wake_;  // ending_ was set
+  bool ending_ DCR_GUARDED_BY(mu_) = false;
+  std::thread heartbeat_;
 };
 
 }  // namespace dcr

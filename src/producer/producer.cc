@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <deque>
+#include <thread>
 
 #include "common/elapsed.h"
 #include "common/failpoint.h"
@@ -28,7 +29,12 @@ class Inbox : public LinkHandler {
   void OnFrame(Link&, const Frame& frame, const FrameBuffer& buffer) override {
     {
       MutexLock lock(&mu_);
-      frames_.push_back(DecodedFrame{frame, buffer});
+      // A HEARTBEAT only says the coordinator is there (it is busy with
+      // the tree): it restarts a wait's clock and is not a frame to read.
+      heard_ = Clock::now();
+      if (frame.type() != FrameType::kHeartbeat) {
+        frames_.push_back(DecodedFrame{frame, buffer});
+      }
     }
     changed_.SignalAll();
   }
@@ -43,9 +49,11 @@ class Inbox : public LinkHandler {
   }
   void OnDrained(Link&) override { changed_.SignalAll(); }
 
-  // The next frame, or the reason there is none by `deadline`.
-  Result<DecodedFrame> Next(Clock::time_point deadline, const char* waiting) {
+  // The next frame, or the reason there is none: the link closed, or the
+  // coordinator sent nothing (not even a HEARTBEAT) for `silence`.
+  Result<DecodedFrame> Next(Clock::duration silence, const char* waiting) {
     MutexLock lock(&mu_);
+    const auto start = Clock::now();
     for (;;) {
       if (!frames_.empty()) {
         DecodedFrame f = std::move(frames_.front());
@@ -53,9 +61,12 @@ class Inbox : public LinkHandler {
         return f;
       }
       if (closed_) return why_;
-      if (changed_.WaitUntil(&mu_, deadline) && Clock::now() >= deadline) {
-        return Status::Aborted(
-            fmt::format("no answer from the coordinator while {}", waiting));
+      const auto deadline = std::max(start, heard_) + silence;
+      if (changed_.WaitUntil(&mu_, deadline) && Clock::now() >= deadline &&
+          frames_.empty() && !closed_ && heard_ + silence <= Clock::now()) {
+        return Status::Aborted(fmt::format(
+            "no answer from the coordinator for {:.3g} s while {}",
+            std::chrono::duration<double>(silence).count(), waiting));
       }
     }
   }
@@ -85,6 +96,7 @@ class Inbox : public LinkHandler {
   Mutex mu_;
   CondVar changed_;
   std::deque<DecodedFrame> frames_ DCR_GUARDED_BY(mu_);
+  Clock::time_point heard_ DCR_GUARDED_BY(mu_);  // the last frame of any kind
   bool closed_ DCR_GUARDED_BY(mu_) = false;
   Status why_ DCR_GUARDED_BY(mu_);
 };
@@ -99,6 +111,43 @@ Status SendFrame(Link& link, FrameType type, const RefitId& refit,
   link.Send(std::move(f));
   return Status::OK();
 }
+
+// While it lives, a HEARTBEAT on `link` every `interval`: a rank diffing
+// long runs of unchanged weights sends no chunk, and the coordinator takes
+// a rank silent for its --timeout as gone.
+class HeartbeatSender {
+ public:
+  HeartbeatSender(Link* link, const RefitId& refit, const FrameOptions& frames,
+                  std::chrono::milliseconds interval) {
+    if (interval.count() <= 0) return;
+    thread_ = std::thread([this, link, refit, frames, interval] {
+      MutexLock lock(&mu_);
+      while (!stop_) {
+        if (!wake_.WaitFor(&mu_, interval) || stop_) continue;
+        // Queued behind the chunks waiting on the link, if any: those say
+        // as much.
+        (void)SendFrame(*link, FrameType::kHeartbeat, refit, {}, frames);
+      }
+    });
+  }
+  ~HeartbeatSender() {
+    if (!thread_.joinable()) return;
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    wake_.SignalAll();
+    thread_.join();
+  }
+  HeartbeatSender(const HeartbeatSender&) = delete;
+  HeartbeatSender& operator=(const HeartbeatSender&) = delete;
+
+ private:
+  Mutex mu_;
+  CondVar wake_;
+  bool stop_ DCR_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 ProducerDecision FromMessage(const ProducerDecisionMsg& m) {
   ProducerDecision d;
@@ -184,8 +233,7 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
       !s.ok()) {
     return fail(s);
   }
-  auto go_frame =
-      inbox->Next(Clock::now() + options_.timeout, "waiting for the refit");
+  auto go_frame = inbox->Next(options_.timeout, "waiting for the refit");
   if (!go_frame.ok()) return fail(go_frame.status());
   if (go_frame->frame.type() == FrameType::kProducerDecision) {
     auto d = DecodeProducerDecision(go_frame->frame.payload);
@@ -228,14 +276,18 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
     decision.payload_bytes += chunk.size();
     return Status::OK();
   };
-  auto diffed = shards_->Diff(shards, go->span_elems, send);
+  auto diffed = [&] {
+    HeartbeatSender heartbeat(link.get(), go->refit, frames,
+                              options_.heartbeat);
+    return shards_->Diff(shards, go->span_elems, send);
+  }();
   if (!diffed.ok()) {
     // The coordinator may have ended the refit while this rank streamed
     // (its link closes after the decision): that decision is the answer.
-    auto early = link_ended
-                     ? inbox->Next(Clock::now() + std::chrono::seconds(2),
-                                   "reading the decision")
-                     : Result<DecodedFrame>(Status::Aborted("no decision"));
+    auto early =
+        link_ended
+            ? inbox->Next(std::chrono::seconds(2), "reading the decision")
+            : Result<DecodedFrame>(Status::Aborted("no decision"));
     if (early.ok() && early->frame.type() == FrameType::kProducerDecision) {
       auto d = DecodeProducerDecision(early->frame.payload);
       if (d.ok()) {
@@ -271,8 +323,7 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
       !s.ok()) {
     return fail(s);
   }
-  auto end =
-      inbox->Next(Clock::now() + options_.timeout, "waiting for the decision");
+  auto end = inbox->Next(options_.timeout, "waiting for the decision");
   if (!end.ok()) return fail(end.status());
   if (end->frame.type() != FrameType::kProducerDecision) {
     return fail(Status::Corruption(

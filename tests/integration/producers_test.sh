@@ -13,7 +13,9 @@
 #      other ranks are told "aborted"; the restarted rank commits the next;
 #   f. SIGTERM ends a coordinator waiting for the next step, exit 0;
 #   g. a coordinator that dies before or after its decision: dcr refit
-#      --resume aborts or commits, root.baseline settled from its journal.
+#      --resume aborts or commits, root.baseline settled from its journal;
+#   h. HEARTBEATs both ways: a rank silent past the coordinator's --timeout
+#      while it diffs, ranks waiting past their own timeout for a decision.
 # Usage: producers_test.sh DCR DCR_RELAY TRAINGEN PYTHON_MODULE_DIR LAYOUTS
 set -euo pipefail
 DCR=$1
@@ -34,7 +36,7 @@ sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 4/' \
   -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
   "$LAYOUTS/traingen-tp2-pp2.yaml" >"$T/tiny.yaml"
 "$TRAINGEN" --hidden 64 --layers 4 --heads 4 --kv-heads 2 --vocab 300 \
-  --steps 4 --out "$T/ck" --layout "$T/tiny.yaml" >/dev/null 2>"$T/traingen.log" ||
+  --steps 6 --out "$T/ck" --layout "$T/tiny.yaml" >/dev/null 2>"$T/traingen.log" ||
   { cat "$T/traingen.log" >&2; fail "traingen"; }
 for n in root a b; do cp "$T/ck/v0.safetensors" "$T/$n.safetensors"; done
 
@@ -74,7 +76,7 @@ $DCR verify $T/root.safetensors $T/ck/v{k}.safetensors >/dev/null"
 # $T/coord.out and $T/coord.err; stop_coord WANT: its exit code is WANT.
 start_coord() {
   "$DCR" refit --topology "$TOPO" --producers 4 --layout "$T/tiny.yaml" \
-    --listen "$COORD" --progress never -o json --timeout 10s "$@" \
+    --listen "$COORD" --progress never -o json --timeout "${COORD_TIMEOUT:-10s}" "$@" \
     >"$T/coord.out" 2>"$T/coord.err" &
   COORD_PID=$!
   for _ in $(seq 100); do
@@ -219,6 +221,28 @@ start_coord --refits 1
 $DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 3 --steps 4 >"$T/driver.out"
 stop_coord 1
 decisions 4 'r["outcome"] == "refused" and "baseline shards are not the tree" in r["reason"] and "step 4" in r["reason"]'
+
+# --- h. Heartbeats --------------------------------------------------------
+# A rank that sends no chunk for longer than the coordinator's --timeout
+# (here its first chunk waits 4 s, as behind a long run of unchanged
+# weights) is kept alive by its HEARTBEATs.
+COORD_TIMEOUT=2s start_coord --refits 1
+DCR_FAILPOINTS="producer.send_chunk=delay(4000)@1" \
+  $DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 4 --steps 5 \
+  --verify "$VERIFY" >"$T/driver.out" ||
+  { cat "$T/driver.out" "$T/coord.err" >&2; fail "a rank silent for 4 s"; }
+stop_coord 0
+decisions 5 'r["outcome"] == "committed"'
+verify_step 5
+# Ranks that wait longer than their own timeout (1.5 s) for a decision the
+# coordinator takes 3 s to send hear its HEARTBEATs meanwhile.
+DCR_FAILPOINTS="coord.before_commit=delay(3000)" start_coord --refits 1
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 5 --steps 6 --timeout 1.5 \
+  --verify "$VERIFY" >"$T/driver.out" ||
+  { cat "$T/driver.out" "$T/coord.err" >&2; fail "a decision after 3 s"; }
+stop_coord 0
+decisions 6 'r["outcome"] == "committed"'
+verify_step 6
 
 # --- f. SIGTERM while waiting for the next step --------------------------
 start_coord

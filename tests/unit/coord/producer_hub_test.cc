@@ -121,12 +121,22 @@ struct Client {
     Send(FrameType::kProducerDone, EncodeProducerDone(d));
   }
 
-  // The `n`th frame the hub sent (0-based), once it came.
+  // What the hub sent but HEARTBEATs (one a second while it waits).
+  std::vector<Recorder::Received> Messages() {
+    std::vector<Recorder::Received> out;
+    for (const Recorder::Received& r : inbox->frames()) {
+      if (r.header.type != FrameType::kHeartbeat) out.push_back(r);
+    }
+    return out;
+  }
+  size_t Heartbeats() { return inbox->frames().size() - Messages().size(); }
+  // The `n`th frame the hub sent (0-based, HEARTBEATs left out), once it
+  // came.
   Result<DecodedFrame> Frame(size_t n) {
-    if (!inbox->WaitFrames(n + 1)) {
+    if (!inbox->WaitFor([&] { return Messages().size() >= n + 1; })) {
       return Status::Aborted("no frame " + std::to_string(n) + " from the hub");
     }
-    const Recorder::Received r = inbox->frames()[n];
+    const Recorder::Received r = Messages()[n];
     auto f = ParseFrame(*r.buffer);
     if (!f.ok()) return f.status();
     return DecodedFrame{*f, r.buffer};
@@ -145,7 +155,7 @@ struct Client {
       return Status::Corruption("got " + FrameTypeName(f.frame.type()));
     }
     if (!inbox->WaitClosed(1)) return Status::Aborted("the link stays open");
-    if (inbox->frames().size() != n + 1) {
+    if (Messages().size() != n + 1) {
       return Status::Corruption("more frames after the decision");
     }
     return DecodeProducerDecision(f.frame.payload);
@@ -646,6 +656,49 @@ TEST(ProducerHubTest, FetchFailsWhenAProducerStaysSilent) {
   EXPECT_TRUE(Contains(s.message(), "producer rank 0 (127.0.0.1"))
       << s.ToString();
   EXPECT_TRUE(out.empty());
+}
+
+// A producer that diffs a long run of unchanged weights sends no chunk,
+// only HEARTBEATs: it is not taken for gone.
+TEST(ProducerHubTest, FetchKeepsAProducerThatSendsHeartbeats) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
+  hub->impl().Go(SampleGo(), 1 << 20);
+  c1.SendDone(hub->layout(), 0);
+  std::thread beats([&] {
+    // 400 ms of HEARTBEATs every 20 ms against a 150 ms idle limit, then
+    // its DONE.
+    for (int i = 0; i < 20; ++i) {
+      c0.Send(FrameType::kHeartbeat, {});
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    c0.SendDone(hub->layout(), 0);
+  });
+  std::vector<ProducerChunk> out;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = hub->impl().Fetch(4, milliseconds(150), &out);
+  beats.join();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(out.empty());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(300));
+  EXPECT_TRUE(hub->impl().Failure().ok());
+  EXPECT_EQ(hub->impl().Done().size(), 2u);
+}
+
+// The hub tells the producers that wait on the tree (here for GO) that it
+// is still there, once a second.
+TEST(ProducerHubTest, SendsHeartbeatsToProducersThatWait) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port());
+  ASSERT_TRUE(c0.connected());
+  c0.SendHello(Hello(hub->layout(), 0, 1));
+  EXPECT_TRUE(c0.inbox->WaitFor([&] { return c0.Heartbeats() >= 2; },
+                                milliseconds(5000)));
+  EXPECT_TRUE(c0.Messages().empty());
 }
 
 // Cancel (the tree left) ends a Fetch that waits.
