@@ -284,6 +284,12 @@ void ProducerHub::Impl::OnClosed(Link& link, const Status& why) {
       const bool in_refit = p.hello_seen && refit_.count(p.hello.rank) &&
                             refit_.at(p.hello.rank) == link.id();
       if (!in_refit) {
+        // A link that failed before its HELLO counted (unauthenticated
+        // frames, not dcr at all): whoever runs that rank needs to know.
+        if (!p.hello_seen && !why.ok()) {
+          spdlog::warn("producer link from {} dropped before its hello: {}",
+                       p.peer, why.ToString());
+        }
         peers_.erase(it);
       } else {
         // Before its decision: it will not hear it, and its baseline would

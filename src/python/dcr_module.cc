@@ -26,6 +26,7 @@
 #include "dcr/shard_delta.h"
 #include "dcr/shard_diff.h"
 #include "dcr/thread_pool.h"
+#include "wire/hmac_authenticator.h"
 
 namespace py = pybind11;
 
@@ -330,22 +331,50 @@ PYBIND11_MODULE(dcr, m) {
       "coordinator and returns its decision")
       .def(py::init([](const Layout& l, uint32_t rank,
                        const std::string& coordinator, double timeout_s,
-                       double connect_timeout_s) {
+                       double connect_timeout_s, double heartbeat_s,
+                       const std::string& auth_key_file,
+                       const std::string& tls_ca_file,
+                       const std::string& tls_cert_file,
+                       const std::string& tls_key_file) {
              if (rank >= l.ranks()) {
                throw py::value_error("rank " + std::to_string(rank) +
                                      " is not below the layout's " +
                                      std::to_string(l.ranks()) + " ranks");
              }
+             auto ms = [](double s) {
+               return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+             };
              ProducerOptions o;
              o.coordinator = coordinator;
-             o.timeout = std::chrono::milliseconds(
-                 static_cast<int64_t>(timeout_s * 1000));
-             o.connect_timeout = std::chrono::milliseconds(
-                 static_cast<int64_t>(connect_timeout_s * 1000));
+             o.timeout = ms(timeout_s);
+             o.connect_timeout = ms(connect_timeout_s);
+             o.heartbeat = ms(heartbeat_s);
+             // The coordinator's links are keyed and encrypted as its
+             // topology's defaults say: the same files here.
+             if (!auth_key_file.empty()) {
+               auto key = LoadFrameKey(auth_key_file);
+               if (!key.ok()) {
+                 throw py::value_error("auth_key_file: " +
+                                       key.status().ToString());
+               }
+               o.transport.frames.authenticator = *std::move(key);
+             }
+             o.transport.tls =
+                 TlsOptions{tls_ca_file, tls_cert_file, tls_key_file};
+             if (o.transport.tls.enabled() &&
+                 (tls_ca_file.empty() || tls_cert_file.empty() ||
+                  tls_key_file.empty())) {
+               throw py::value_error(
+                   "TLS needs tls_ca_file, tls_cert_file and tls_key_file "
+                   "together (the topology's defaults.tls_* of the "
+                   "coordinator's tree)");
+             }
              return std::make_unique<PyLiveProducer>(l, rank, std::move(o));
            }),
            "layout"_a, "rank"_a, "coordinator"_a, "timeout_s"_a = 600.0,
-           "connect_timeout_s"_a = 10.0)
+           "connect_timeout_s"_a = 10.0, "heartbeat_s"_a = 1.0,
+           "auth_key_file"_a = "", "tls_ca_file"_a = "", "tls_cert_file"_a = "",
+           "tls_key_file"_a = "")
       .def_property_readonly(
           "rank", [](const PyLiveProducer& p) { return p.producer.rank(); })
       .def(

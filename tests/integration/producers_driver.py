@@ -53,6 +53,8 @@ def main():
                    help="the trainer step every rank names (default: k)")
     p.add_argument("--verify", default="")
     p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--auth-key-file", default="",
+                   help="the topology's defaults.auth_key_file")
     args = p.parse_args()
     sys.path.insert(0, args.module)
     import dcr
@@ -63,7 +65,8 @@ def main():
     steps = [int(k) for k in args.steps.split(",")]
     producers = {}
     for r in ranks:
-        pr = dcr.Producer(layout, r, args.coordinator, timeout_s=args.timeout)
+        pr = dcr.Producer(layout, r, args.coordinator, timeout_s=args.timeout,
+                          auth_key_file=args.auth_key_file)
         pr.set_baseline(read_shards(
             os.path.join(args.ckpt, f"v{args.base}.shards",
                          f"rank-{r:05d}.safetensors")))

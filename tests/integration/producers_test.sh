@@ -23,8 +23,12 @@ RELAY=$2
 TRAINGEN=$3
 MODULE=$4
 LAYOUTS=$5
-DRIVER="/usr/bin/python3 $(dirname "$0")/producers_driver.py $MODULE"
 T=$(mktemp -d /tmp/dcr-producers-test.XXXXXX)
+# Every frame is keyed (defaults.auth_key_file): the ranks take the file.
+head -c 32 /dev/urandom >"$T/frame.key"
+chmod 600 "$T/frame.key"
+UNKEYED_DRIVER="/usr/bin/python3 $(dirname "$0")/producers_driver.py $MODULE"
+DRIVER="$UNKEYED_DRIVER --auth-key-file $T/frame.key"
 declare -A PID
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -46,7 +50,7 @@ COORD=127.0.0.1:${PORTS[3]}
 TOPO=$T/tree.yaml
 cat >"$TOPO" <<EOF
 version: 1
-defaults: {transport: tcp, fanout: 2, span_elems: 4096}
+defaults: {transport: tcp, fanout: 2, span_elems: 4096, auth_key_file: "$T/frame.key"}
 root: {name: trainer, host: 127.0.0.1, port: ${PORTS[0]}, cluster: train, state_dir: "$T/state", baseline: "$T/root.safetensors"}
 clusters:
   - name: train
@@ -144,6 +148,35 @@ assert all(n["committed"] for r in rs for n in r["nodes"])
 assert all(r["chunks"] > 0 and r["changed_elements"] > 0 for r in rs)
 PY
 verify_step 2
+
+# --- b2. A rank without the frame key ------------------------------------
+start_coord --refits 1
+set +e
+$UNKEYED_DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 2 --steps 3 --ranks 0 \
+  --timeout 5 >"$T/driver.out" 2>&1
+set -e
+kill -TERM "$COORD_PID"
+stop_coord 0
+decisions 3 '"error" in r'
+grep -q "authentication" "$T/coord.err" ||
+  { cat "$T/coord.err" >&2; fail "the coordinator does not say why it dropped the unkeyed rank"; }
+verify_step 2
+# Bad transport files are refused when the producer is made, naming them.
+cp "$T/frame.key" "$T/open.key"
+chmod 644 "$T/open.key"
+/usr/bin/python3 -S - "$MODULE" "$T/tiny.yaml" "$T/open.key" <<'PY' || fail "producer transport files"
+import sys
+sys.path.insert(0, sys.argv[1])
+import dcr
+layout = dcr.Layout(sys.argv[2])
+for kw, want in (({"auth_key_file": sys.argv[3]}, "mode 0644"),
+                 ({"tls_ca_file": "/nonexistent/ca.pem"}, "TLS needs tls_ca_file")):
+    try:
+        dcr.Producer(layout, 0, "127.0.0.1:1", **kw)
+        raise SystemExit(f"{kw} was taken")
+    except ValueError as e:
+        assert want in str(e), (kw, str(e))
+PY
 
 # --- c. A rank that never connects ---------------------------------------
 start_coord --refits 1 --producer-wait 1s
