@@ -3,18 +3,24 @@
 // (the files `dcr-traingen --layout` writes) and either refits them
 // through `dcr refit --producers` or, with --diff-only, only diffs them.
 //
-//   producer_run --layout L --rank R --base DIR --target DIR
+//   producer_run --layout L --rank R --base DIR --target DIR [--target ...]
 //                (--coordinator HOST:PORT --step S | --diff-only)
 //
-// Prints one JSON line: the decision (or the diff's figures), the bytes of
-// shard files it mapped, what the library holds (its baseline copy and the
-// step's chunks), its peak RSS and its CPU time.
+// Several --target directories are refitted in turn as steps S, S+1, ...
+// by one producer, as a trainer's rank would: only the first refit pays
+// the baseline's copy and hash. Prints one JSON line: the last step's
+// decision (or the diff's figures; --diff-only takes the first target),
+// every step's in "steps", the bytes of shard files it mapped, what the
+// library holds (its baseline copy and the step's chunks), its peak RSS
+// and its CPU time.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "dcr/layout.h"
 #include "dcr/producer.h"
@@ -45,7 +51,8 @@ uint64_t PeakRssBytes() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string layout_path, base_dir, target_dir, coordinator;
+  std::string layout_path, base_dir, coordinator;
+  std::vector<std::string> target_dirs;
   uint32_t rank = 0;
   uint64_t step = 1;
   bool diff_only = false;
@@ -55,12 +62,12 @@ int main(int argc, char** argv) {
     if (a == "--layout") layout_path = next();
     if (a == "--rank") rank = static_cast<uint32_t>(std::stoul(next()));
     if (a == "--base") base_dir = next();
-    if (a == "--target") target_dir = next();
+    if (a == "--target") target_dirs.push_back(next());
     if (a == "--coordinator") coordinator = next();
     if (a == "--step") step = std::stoull(next());
     if (a == "--diff-only") diff_only = true;
   }
-  if (layout_path.empty() || base_dir.empty() || target_dir.empty() ||
+  if (layout_path.empty() || base_dir.empty() || target_dirs.empty() ||
       (coordinator.empty() && !diff_only)) {
     std::fprintf(stderr,
                  "usage: producer_run --layout L --rank R --base DIR --target "
@@ -83,7 +90,7 @@ int main(int argc, char** argv) {
       mapped += base->file_bytes();
       if (dcr::Status s = p.SetBaseline(base->bytes()); !s.ok()) return Fail(s);
     }
-    auto target = dcr::RankShards::Open(*layout, rank, target_dir);
+    auto target = dcr::RankShards::Open(*layout, rank, target_dirs[0]);
     if (!target.ok()) return Fail(target.status());
     mapped += target->file_bytes();
     const double cpu0 = CpuSeconds();
@@ -101,29 +108,39 @@ int main(int argc, char** argv) {
     dcr::ProducerOptions o;
     o.coordinator = coordinator;
     dcr::Producer p(*layout, rank, o);
-    uint64_t shard_bytes = 0;
+    uint64_t shard_bytes = 0, base_bytes = 0;
     {
       auto base = dcr::RankShards::Open(*layout, rank, base_dir);
       if (!base.ok()) return Fail(base.status());
+      base_bytes = base->file_bytes();
       mapped += base->file_bytes();
       if (dcr::Status s = p.SetBaseline(base->bytes()); !s.ok()) return Fail(s);
     }
-    auto target = dcr::RankShards::Open(*layout, rank, target_dir);
-    if (!target.ok()) return Fail(target.status());
-    mapped += target->file_bytes();
-    shard_bytes = target->file_bytes();
-    const double cpu0 = CpuSeconds();
-    auto d = p.Refit(step, target->bytes());
-    if (!d.ok()) return Fail(d.status());
-    out["outcome"] = std::string(dcr::ProducerOutcomeName(d->outcome));
-    out["reason"] = d->reason;
-    out["diff_seconds"] = d->diff_seconds;
-    out["refit_seconds"] = d->total_seconds;
-    out["refit_cpu_seconds"] = CpuSeconds() - cpu0;
+    out["steps"] = nlohmann::json::array();
+    for (size_t k = 0; k < target_dirs.size(); ++k) {
+      // Each step's shards are mapped while it runs (a trainer's tensors).
+      auto target = dcr::RankShards::Open(*layout, rank, target_dirs[k]);
+      if (!target.ok()) return Fail(target.status());
+      mapped = std::max(mapped, base_bytes + target->file_bytes());
+      shard_bytes = target->file_bytes();
+      const double cpu0 = CpuSeconds();
+      auto d = p.Refit(step + k, target->bytes());
+      if (!d.ok()) return Fail(d.status());
+      nlohmann::json s = {
+          {"step", step + k},
+          {"outcome", std::string(dcr::ProducerOutcomeName(d->outcome))},
+          {"reason", d->reason},
+          {"diff_seconds", d->diff_seconds},
+          {"refit_seconds", d->total_seconds},
+          {"refit_cpu_seconds", CpuSeconds() - cpu0},
+          {"chunks", d->chunks},
+          {"payload_bytes", d->payload_bytes},
+          {"changed", d->changed_elements}};
+      out["steps"].push_back(s);
+      for (const auto& [key, value] : s.items()) out[key] = value;
+      if (!dcr::Advanced(d->outcome)) break;
+    }
     out["shard_bytes"] = shard_bytes;
-    out["chunks"] = d->chunks;
-    out["payload_bytes"] = d->payload_bytes;
-    out["changed"] = d->changed_elements;
     // What the library holds at its peak: the baseline copy (the shard's
     // size) and the step's encoded chunks.
     out["baseline_bytes"] = shard_bytes;
