@@ -12,10 +12,12 @@
 // One refit, from a producer's side (docs/PROTOCOL.md §"Producers"):
 //  1. It connects and says who it is: PRODUCER_HELLO with its rank, the
 //     world size, the trainer step, the layout's fingerprint and the digest
-//     parts of its baseline shards. The coordinator waits for every rank
-//     (RefitOptions::producer_wait), refuses a producer of another world
-//     size, layout or step, and checks that the ranks' baselines compose
-//     into root.baseline's digest (the version every relay holds).
+//     parts of its baseline shards (none without a baseline: then
+//     PRODUCER_BASELINE frames bring it the tree's, from root.baseline).
+//     The coordinator waits for every rank (RefitOptions::producer_wait),
+//     refuses a producer of another world size, layout or step, and checks
+//     that the ranks' baselines compose into root.baseline's digest (the
+//     version every relay holds).
 //  2. After the relays took the PLAN, PRODUCER_GO names the refit, the
 //     span length and the target step. The producer diffs its shards
 //     against its baseline and sends its parts (XOR chunks with part
@@ -112,6 +114,11 @@ class Producer {
 
   // The rank's shards at the version the tree holds now (every shard the
   // layout gives the rank; others ignored); copied. Errors as DiffShards'.
+  // Optional: a producer without a baseline (a rank restarted without its
+  // shards) gets the tree's from the coordinator, which builds it from
+  // root.baseline, at its next Refit; that takes a rank whose layout
+  // converts no tensor (an F32 master cannot be rebuilt from its BF16
+  // canonical bits: such a rank is refused, naming the tensor).
   Status SetBaseline(const ShardBytes& shards);
   // One refit of trainer step `step` with `shards` (the rank's tensors
   // after the optimizer step; read, not kept). Returns the decision once

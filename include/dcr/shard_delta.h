@@ -110,6 +110,10 @@ class ShardProducer {
   // Copies `shards` (every shard the layout gives the rank; others are
   // ignored) as the baseline. Errors as DiffShards'.
   Status SetBaseline(const ShardBytes& shards);
+  // As SetBaseline, taking the buffers instead of copying them (a rank
+  // restarted without its baseline gets the tree's from the coordinator).
+  Status AdoptBaseline(
+      std::map<std::string, std::vector<std::byte>, std::less<>> shards);
   // Diffs `target` against the baseline: the parts (XOR masks) and both
   // digest parts. InvalidArgument before a baseline was set. `span_elems`
   // (0: the constructor's) is the refit's span length. With `sink`, each

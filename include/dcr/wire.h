@@ -93,8 +93,9 @@ enum class FrameType : uint8_t {
   kProducerGo = 17,
   kProducerDone = 18,
   kProducerDecision = 19,
+  kProducerBaseline = 20,
 };
-inline constexpr uint8_t kMaxFrameType = 19;
+inline constexpr uint8_t kMaxFrameType = 20;
 
 // Returns true iff `type` names a FrameType this version knows.
 bool IsKnownFrameType(uint8_t type);

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "dcr/shard_delta.h"
+#include "dcr/shard_diff.h"
 #include "wire/signature.h"
 
 namespace dcr {
@@ -50,6 +51,52 @@ ProducerFeed::~ProducerFeed() = default;
 Status ProducerFeed::Gather(std::chrono::milliseconds wait) {
   DCR_ASSIGN_OR_RETURN(joined_, hub_->Gather(wait));
   step_ = joined_.empty() ? 0 : joined_[0].step;
+  return Status::OK();
+}
+
+Status ProducerFeed::ServeBaselines(const WeightStore& baseline,
+                                    std::chrono::milliseconds timeout) {
+  const Layout& layout = hub_->layout();
+  CanonicalBytes canonical;
+  for (ProducerHub::Impl::Joined& j : joined_) {
+    if (!j.base_parts.empty()) continue;
+    if (canonical.empty()) {
+      if (baseline.manifest().digest() != ManifestOf(layout)->digest()) {
+        return Status::InvalidArgument(fmt::format(
+            "the layout {} places other tensors than root.baseline {} holds",
+            layout.source, baseline.describe()));
+      }
+      for (size_t t = 0; t < layout.tensors.size(); ++t) {
+        canonical.emplace(layout.tensors[t].name, baseline.Tensor(t));
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto shards = BuildShards(layout, j.rank, canonical);
+    if (!shards.ok()) {
+      return Status::InvalidArgument(fmt::format(
+          "producer rank {} has no baseline, and root.baseline cannot give "
+          "it one: {}. Give that rank its baseline shards "
+          "(Producer::SetBaseline)",
+          j.rank, shards.status().message()));
+    }
+    ShardBytes view;
+    uint64_t bytes = 0;
+    for (const auto& [name, b] : *shards) {
+      view.emplace(name, b);
+      bytes += b.size();
+    }
+    DCR_ASSIGN_OR_RETURN(j.base_parts, HashShardRegions(layout, j.rank, view));
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& [name, b] : *shards) {
+      DCR_RETURN_IF_ERROR(hub_->SendBaseline(j.rank, name, b, deadline));
+    }
+    spdlog::info(
+        "producer rank {} had no baseline: sent its {} shards ({:.1f} MB) "
+        "from root.baseline in {:.3f} s",
+        j.rank, shards->size(), static_cast<double>(bytes) / 1e6,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count());
+  }
   return Status::OK();
 }
 

@@ -50,6 +50,16 @@ class ProducerFeed {
 
   // Waits for a producer of every rank (ProducerHub::Impl::Gather).
   Status Gather(std::chrono::milliseconds wait);
+  // Ranks that said hello without a baseline (restarted without their
+  // shards) get root.baseline's bits of their shards (ProducerHub's
+  // SendBaseline), and their base digest parts are hashed from what they
+  // were sent. InvalidArgument, naming the rank and the tensor, when the
+  // rank's layout converts a tensor (its shard bits are not a copy of the
+  // canonical ones: the trainer must give that rank its baseline); Aborted
+  // when a rank leaves or takes nothing for `timeout`. Before
+  // CheckBaseline, with root.baseline at the refit's base.
+  Status ServeBaselines(const WeightStore& baseline,
+                        std::chrono::milliseconds timeout);
   // Checks that the layout places root.baseline's tensors and that the
   // producers' baseline shards compose into its version `base` (naming
   // the tensors that differ, after a pass over root.baseline).

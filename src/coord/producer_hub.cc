@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 
 namespace dcr {
 namespace {
@@ -133,13 +134,47 @@ std::string ProducerHub::Impl::CheckHello(const ProducerHelloMsg& hello) const {
         "has {}",
         hello.rank, hello.base_parts.size(), layout_.tensors.size());
   }
-  if (hello.base_parts.empty()) {
-    return fmt::format(
-        "rank {} has no baseline shards: set them to the tree's version "
-        "(Producer::SetBaseline) before its first refit",
-        hello.rank);
-  }
   return "";
+}
+
+Status ProducerHub::Impl::SendBaseline(uint32_t rank, const std::string& shard,
+                                       std::span<const std::byte> bytes,
+                                       Clock::time_point deadline) {
+  std::shared_ptr<Link> link;
+  {
+    MutexLock lock(&mu_);
+    auto it = refit_.find(rank);
+    if (it != refit_.end() && peers_.count(it->second)) {
+      link = peers_.at(it->second).link;
+    }
+  }
+  if (!link) {
+    return Status::Aborted(fmt::format("producer rank {} left", rank));
+  }
+  constexpr uint64_t kPiece = uint64_t{16} << 20;
+  // At most a few pieces queued on the link: a rank's shards can be tens
+  // of GB.
+  constexpr size_t kQueued = size_t{4} * kPiece;
+  uint64_t at = 0;
+  do {
+    while (link->QueuedBytes() > kQueued) {
+      if (Status s = Failure(); !s.ok()) return s;
+      if (Clock::now() >= deadline) {
+        return Status::Aborted(fmt::format(
+            "producer rank {} took no baseline bytes for the phase timeout",
+            rank));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ProducerBaselineMsg m;
+    m.shard = shard;
+    m.total = bytes.size();
+    m.offset = at;
+    m.bytes = bytes.subspan(at, std::min<uint64_t>(kPiece, bytes.size() - at));
+    Send(*link, FrameType::kProducerBaseline, EncodeProducerBaseline(m));
+    at += m.bytes.size();
+  } while (at < bytes.size());
+  return Failure();
 }
 
 void ProducerHub::Impl::OnFrame(Link& link, const Frame& frame,

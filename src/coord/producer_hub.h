@@ -6,7 +6,9 @@
 //
 // A HELLO is refused at once (PRODUCER_DECISION "refused", link closed)
 // when it does not decode, names another world size or layout, a rank
-// already waiting, or carries digest parts of another tensor count.
+// already waiting, or carries digest parts of another tensor count. One
+// without digest parts is a rank without a baseline: the refit sends it
+// the tree's (SendBaseline).
 // Producers that say hello while no refit gathers wait for the next one.
 // Every producer that said hello gets a HEARTBEAT each second until its
 // decision (it waits on the tree meanwhile); a producer's HEARTBEATs while
@@ -24,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,6 +72,14 @@ class ProducerHub::Impl {
   // Any thread: a Gather waiting now or later returns Aborted.
   void Stop() DCR_EXCLUDES(mu_);
   bool stopped() const DCR_EXCLUDES(mu_);
+  // The bytes of `rank`'s shard `shard` at the tree's version, to a
+  // gathered producer that said hello without a baseline
+  // (PRODUCER_BASELINE pieces, before its GO), at most a few pieces queued
+  // on its link at a time. Aborted when it left, the refit failed, or the
+  // link took nothing until `deadline`.
+  Status SendBaseline(uint32_t rank, const std::string& shard,
+                      std::span<const std::byte> bytes,
+                      Clock::time_point deadline) DCR_EXCLUDES(mu_);
   // PRODUCER_GO to every gathered producer: from now on their chunks are
   // queued, at most `window` bytes before their links stop being read.
   void Go(const ProducerGoMsg& go, uint64_t window) DCR_EXCLUDES(mu_);

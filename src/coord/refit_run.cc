@@ -75,6 +75,8 @@ Result<RefitReport> RefitRun::RunPhases() {
   DCR_ASSIGN_OR_RETURN(setup_, SetUpRefit(options_, feed_, &report_));
   const Topology& topo = options_.topology;
   if (producers_) {
+    DCR_RETURN_IF_ERROR(
+        producers_->ServeBaselines(*setup_.baseline, options_.phase_timeout));
     DCR_RETURN_IF_ERROR(producers_->CheckBaseline(
         *setup_.baseline, report_.base, setup_.pool.get()));
     report_.producers = producers_->ranks();

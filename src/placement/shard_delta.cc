@@ -190,6 +190,22 @@ Status ShardProducer::SetBaseline(const ShardBytes& shards) {
   return Status::OK();
 }
 
+Status ShardProducer::AdoptBaseline(
+    std::map<std::string, std::vector<std::byte>, std::less<>> shards) {
+  DCR_RETURN_IF_ERROR(CheckRank());
+  ShardBytes view;
+  for (const auto& [name, b] : shards) view.emplace(name, b);
+  DCR_ASSIGN_OR_RETURN(auto digests, HashShardRegions(layout_, rank_, view));
+  // Only the rank's shards are kept.
+  const auto held = layout_.ShardsOf(rank_);
+  std::erase_if(shards, [&](const auto& kv) { return !held.count(kv.first); });
+  baseline_ = std::move(shards);
+  has_baseline_ = true;
+  baseline_digests_ = std::move(digests);
+  last_target_digests_.reset();
+  return Status::OK();
+}
+
 Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
                                                 uint64_t span_elems,
                                                 const PartSink& sink) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <deque>
+#include <map>
 #include <thread>
 
 #include "common/elapsed.h"
@@ -149,6 +150,39 @@ class HeartbeatSender {
   std::thread thread_;
 };
 
+// One PRODUCER_BASELINE piece into `fetched`: only for a rank that asked
+// (`fetch`), of one of its shards, of that shard's size, in order.
+Status TakeBaselinePiece(
+    bool fetch, const std::map<std::string, LayoutShard>& held,
+    std::span<const std::byte> payload,
+    std::map<std::string, std::vector<std::byte>, std::less<>>* fetched) {
+  if (!fetch) {
+    return Status::Corruption(
+        "the coordinator sent PRODUCER_BASELINE to a rank that has one");
+  }
+  DCR_ASSIGN_OR_RETURN(ProducerBaselineMsg piece,
+                       DecodeProducerBaseline(payload));
+  auto it = held.find(piece.shard);
+  if (it == held.end()) {
+    return Status::Corruption(fmt::format(
+        "the coordinator sent baseline shard '{}', which this rank does not "
+        "hold",
+        piece.shard));
+  }
+  uint64_t want = DTypeSize(it->second.dtype);
+  for (uint64_t d : it->second.shape) want *= d;
+  std::vector<std::byte>& buf = (*fetched)[piece.shard];
+  if (piece.total != want || piece.offset != buf.size()) {
+    return Status::Corruption(fmt::format(
+        "baseline shard '{}': a piece at {} of {} bytes, after {} received "
+        "(the layout gives it {})",
+        piece.shard, piece.offset, piece.total, buf.size(), want));
+  }
+  if (buf.empty()) buf.reserve(want);
+  buf.insert(buf.end(), piece.bytes.begin(), piece.bytes.end());
+  return Status::OK();
+}
+
 ProducerDecision FromMessage(const ProducerDecisionMsg& m) {
   ProducerDecision d;
   d.outcome = static_cast<ProducerOutcome>(m.outcome);
@@ -195,12 +229,9 @@ Status Producer::SetBaseline(const ShardBytes& shards) {
 Result<ProducerDecision> Producer::Refit(uint64_t step,
                                          const ShardBytes& shards) {
   const auto t0 = Clock::now();
-  if (!shards_->has_baseline()) {
-    return Status::InvalidArgument(fmt::format(
-        "rank {}: no baseline shards: call SetBaseline with the weights the "
-        "tree holds before the first refit",
-        rank_));
-  }
+  // Without a baseline (a rank restarted without its shards), the
+  // coordinator sends the tree's version from root.baseline before GO.
+  const bool fetch = !shards_->has_baseline();
   // Sizes are checked before anything is asked of the coordinator: a
   // trainer step that changed a shape is an error here, naming the tensor.
   DCR_RETURN_IF_ERROR(CheckShards(shards_->layout(), rank_, shards));
@@ -227,14 +258,27 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
   hello.world = shards_->layout().ranks();
   hello.step = step;
   hello.layout = shards_->layout().Fingerprint();
-  hello.base_parts = shards_->baseline_digests();
+  if (!fetch) hello.base_parts = shards_->baseline_digests();
   if (Status s = SendFrame(*link, FrameType::kProducerHello, RefitId(),
                            EncodeProducerHello(hello), frames);
       !s.ok()) {
     return fail(s);
   }
-  auto go_frame = inbox->Next(options_.timeout, "waiting for the refit");
-  if (!go_frame.ok()) return fail(go_frame.status());
+  std::map<std::string, std::vector<std::byte>, std::less<>> fetched;
+  const auto held = shards_->layout().ShardsOf(rank_);
+  Result<DecodedFrame> go_frame = Status::Aborted("no frame");
+  for (;;) {
+    go_frame =
+        inbox->Next(options_.timeout, fetch ? "receiving the tree's baseline"
+                                            : "waiting for the refit");
+    if (!go_frame.ok()) return fail(go_frame.status());
+    if (go_frame->frame.type() != FrameType::kProducerBaseline) break;
+    if (Status s =
+            TakeBaselinePiece(fetch, held, go_frame->frame.payload, &fetched);
+        !s.ok()) {
+      return fail(s);
+    }
+  }
   if (go_frame->frame.type() == FrameType::kProducerDecision) {
     auto d = DecodeProducerDecision(go_frame->frame.payload);
     if (!d.ok()) return fail(d.status());
@@ -250,6 +294,14 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
   }
   auto go = DecodeProducerGo(go_frame->frame.payload);
   if (!go.ok()) return fail(go.status());
+  if (fetch) {
+    // (Whatever becomes of the refit, these are the tree's bits at its
+    // base: kept as the baseline.)
+    if (Status s = shards_->AdoptBaseline(std::move(fetched)); !s.ok()) {
+      return fail(Status::Corruption("the baseline the coordinator sent: " +
+                                     s.ToString()));
+    }
+  }
 
   ProducerDecision decision;
   const auto t_diff = Clock::now();

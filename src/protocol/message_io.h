@@ -68,6 +68,12 @@ class Reader {
     }
     return ok() ? v : 0;
   }
+  // `n` bytes of the payload, not copied (valid as long as it is).
+  std::span<const std::byte> View(const char* field, uint64_t n) {
+    std::span<const std::byte> b;
+    if (ok() && !r_.GetBytes(n, &b)) Fail(field, "truncated");
+    return ok() ? b : std::span<const std::byte>();
+  }
   // Exactly `n` bytes, checked against what is left before copying.
   std::vector<std::byte> Bytes(const char* field, uint64_t n) {
     std::span<const std::byte> b;

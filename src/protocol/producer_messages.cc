@@ -138,4 +138,34 @@ Result<ProducerDecisionMsg> DecodeProducerDecision(
   return m;
 }
 
+std::vector<std::byte> EncodeProducerBaseline(const ProducerBaselineMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  PutString(&w, m.shard);
+  w.Put<uint64_t>(m.total);
+  w.Put<uint64_t>(m.offset);
+  w.PutVarint(m.bytes.size());
+  out.insert(out.end(), m.bytes.begin(), m.bytes.end());
+  return out;
+}
+
+Result<ProducerBaselineMsg> DecodeProducerBaseline(
+    std::span<const std::byte> b) {
+  Reader r(b, "PRODUCER_BASELINE");
+  ProducerBaselineMsg m;
+  m.shard = r.String("shard");
+  m.total = r.Get<uint64_t>("total");
+  m.offset = r.Get<uint64_t>("offset");
+  const uint64_t n = r.Varint("bytes", kMaxProducerBaselinePiece);
+  if (r.ok() && (m.offset > m.total || n > m.total - m.offset)) {
+    r.Fail("bytes", "offset " + std::to_string(m.offset) + " + " +
+                        std::to_string(n) + " bytes pass the shard's " +
+                        std::to_string(m.total));
+  }
+  m.bytes = r.View("bytes", n);
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
 }  // namespace dcr

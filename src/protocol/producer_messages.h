@@ -72,10 +72,26 @@ struct ProducerDecisionMsg {
 };
 inline constexpr uint8_t kMaxProducerOutcome = 4;
 
+// Coordinator to a producer that said hello without a baseline (a rank
+// restarted without its shards), before PRODUCER_GO: a piece of one of its
+// shards at the tree's version, from root.baseline. Every shard of the
+// rank comes whole, in order of offset, before the GO. Version 1: string
+// shard (its name in the layout), u64 total (the shard's bytes), u64
+// offset, varint n (at most kMaxProducerBaselinePiece) then n bytes;
+// offset + n <= total.
+struct ProducerBaselineMsg {
+  std::string shard;
+  uint64_t total = 0;
+  uint64_t offset = 0;
+  std::span<const std::byte> bytes;  // views the payload it was decoded from
+};
+inline constexpr uint64_t kMaxProducerBaselinePiece = uint64_t{64} << 20;
+
 std::vector<std::byte> EncodeProducerHello(const ProducerHelloMsg& m);
 std::vector<std::byte> EncodeProducerGo(const ProducerGoMsg& m);
 std::vector<std::byte> EncodeProducerDone(const ProducerDoneMsg& m);
 std::vector<std::byte> EncodeProducerDecision(const ProducerDecisionMsg& m);
+std::vector<std::byte> EncodeProducerBaseline(const ProducerBaselineMsg& m);
 
 // Corruption naming the message and the field on malformed, truncated,
 // oversized or trailing input, or an unknown version.
@@ -83,6 +99,8 @@ Result<ProducerHelloMsg> DecodeProducerHello(std::span<const std::byte> b);
 Result<ProducerGoMsg> DecodeProducerGo(std::span<const std::byte> b);
 Result<ProducerDoneMsg> DecodeProducerDone(std::span<const std::byte> b);
 Result<ProducerDecisionMsg> DecodeProducerDecision(
+    std::span<const std::byte> b);
+Result<ProducerBaselineMsg> DecodeProducerBaseline(
     std::span<const std::byte> b);
 
 }  // namespace dcr

@@ -57,6 +57,8 @@ std::string FrameTypeName(FrameType type) {
       return "PRODUCER_DONE";
     case FrameType::kProducerDecision:
       return "PRODUCER_DECISION";
+    case FrameType::kProducerBaseline:
+      return "PRODUCER_BASELINE";
   }
   return "UNKNOWN(" + std::to_string(static_cast<unsigned>(type)) + ")";
 }

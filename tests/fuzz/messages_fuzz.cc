@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::span<const std::byte> b(reinterpret_cast<const std::byte*>(data) + 1,
                                size - 1);
-  switch (data[0] % 10) {
+  switch (data[0] % 11) {
     case 0:
       RoundTrip(b, dcr::DecodeHello, dcr::EncodeHello);
       break;
@@ -83,6 +83,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 9:
       RoundTrip(b, dcr::DecodeProducerDecision, dcr::EncodeProducerDecision);
+      break;
+    case 10:
+      RoundTrip(b, dcr::DecodeProducerBaseline, dcr::EncodeProducerBaseline);
       break;
   }
   return 0;

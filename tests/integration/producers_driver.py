@@ -53,6 +53,9 @@ def main():
                    help="the trainer step every rank names (default: k)")
     p.add_argument("--verify", default="")
     p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--no-baseline", default="",
+                   help="ranks started without a baseline (the coordinator "
+                   "sends them the tree's)")
     p.add_argument("--auth-key-file", default="",
                    help="the topology's defaults.auth_key_file")
     args = p.parse_args()
@@ -67,9 +70,10 @@ def main():
     for r in ranks:
         pr = dcr.Producer(layout, r, args.coordinator, timeout_s=args.timeout,
                           auth_key_file=args.auth_key_file)
-        pr.set_baseline(read_shards(
-            os.path.join(args.ckpt, f"v{args.base}.shards",
-                         f"rank-{r:05d}.safetensors")))
+        if str(r) not in args.no_baseline.split(","):
+            pr.set_baseline(read_shards(
+                os.path.join(args.ckpt, f"v{args.base}.shards",
+                             f"rank-{r:05d}.safetensors")))
         producers[r] = pr
     failed = False
     for k in steps:

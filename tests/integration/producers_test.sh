@@ -10,7 +10,8 @@
 #   d. ranks at different trainer steps: refused, naming both;
 #   e. a rank that dies mid-refit (failpoint producer.send_chunk=exit):
 #      the refit aborts, relays and root.baseline hold the base again, the
-#      other ranks are told "aborted"; the restarted rank commits the next;
+#      other ranks are told "aborted"; the rank, restarted without its
+#      baseline, gets the tree's from root.baseline and commits the next;
 #   f. SIGTERM ends a coordinator waiting for the next step, exit 0;
 #   g. a coordinator that dies before or after its decision: dcr refit
 #      --resume aborts or commits, root.baseline settled from its journal;
@@ -215,10 +216,13 @@ set -e
 [[ $rc -eq 86 ]] || fail "the failpoint's rank exited $rc, want 86"
 decisions 3 'r["outcome"] == "aborted" and "producer rank 3" in r["reason"]'
 verify_step 2
-# Restarted from its baseline (step 2), rank 3 joins the next refit.
-$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 2 --steps 3 \
+# Restarted without its baseline (its trainer lost the shards of step 2),
+# rank 3 gets the tree's from root.baseline and joins the next refit.
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 2 --steps 3 --no-baseline 3 \
   --verify "$VERIFY" >"$T/driver.out" ||
   { cat "$T/driver.out" "$T/coord.err" >&2; fail "step 3 after the abort"; }
+grep -q "producer rank 3 had no baseline: sent its" "$T/coord.err" ||
+  fail "the coordinator does not say it sent rank 3 its baseline"
 stop_coord 1  # one of its two refits aborted
 decisions 3 'r["outcome"] == "committed"'
 python3 -S - "$T/coord.out" <<'PY' || fail "the aborted refit's report"

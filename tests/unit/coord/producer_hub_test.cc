@@ -18,7 +18,11 @@
 #include <thread>
 #include <vector>
 
+#include "coord/producer_feed.h"
 #include "dcr/layout.h"
+#include "dcr/shard_delta.h"
+#include "dcr/shard_diff.h"
+#include "dcr/store.h"
 #include "dcr/transport.h"
 #include "dcr/wire.h"
 #include "protocol/producer_messages.h"
@@ -240,13 +244,6 @@ TEST(ProducerHubTest, RefusesBadHellos) {
          c.SendHello(h);
        },
        {"rank 0 sent digest parts of 3 tensors; the layout has 2"}},
-      {"no baseline",
-       [&](Client& c) {
-         ProducerHelloMsg h = Hello(layout, 1, 7);
-         h.base_parts.clear();
-         c.SendHello(h);
-       },
-       {"rank 1 has no baseline shards", "SetBaseline"}},
       {"garbage payload",
        [&](Client& c) {
          const std::vector<std::byte> junk = {std::byte{1}, std::byte{2},
@@ -698,6 +695,150 @@ TEST(ProducerHubTest, SendsHeartbeatsToProducersThatWait) {
   c0.SendHello(Hello(hub->layout(), 0, 1));
   EXPECT_TRUE(c0.inbox->WaitFor([&] { return c0.Heartbeats() >= 2; },
                                 milliseconds(5000)));
+  EXPECT_TRUE(c0.Messages().empty());
+}
+
+// A rank that says hello without a baseline joins; the refit sends it its
+// shards in pieces (at most 16 MB each, in order), which add up to the
+// bytes given.
+TEST(ProducerHubTest, SendsARankWithoutABaselineItsShards) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ProducerHelloMsg bare = Hello(hub->layout(), 0, 7);
+  bare.base_parts.clear();
+  c0.SendHello(bare);
+  c1.SendHello(Hello(hub->layout(), 1, 7));
+  auto joined = GatherWithin(*hub, kLong);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  ASSERT_EQ(joined->size(), 2u);
+  EXPECT_TRUE((*joined)[0].base_parts.empty());
+  EXPECT_EQ((*joined)[1].base_parts.size(), hub->layout().tensors.size());
+  std::vector<std::byte> shard((size_t{16} << 20) * 2 + 5);
+  for (size_t i = 0; i < shard.size(); ++i) shard[i] = std::byte(i * 131);
+  Status s = hub->impl().SendBaseline(0, "w", shard,
+                                      std::chrono::steady_clock::now() + kLong);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  std::vector<std::byte> got;
+  for (size_t n = 0; n < 3; ++n) {
+    auto f = c0.Frame(n);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    ASSERT_EQ(f->frame.type(), FrameType::kProducerBaseline);
+    auto m = DecodeProducerBaseline(f->frame.payload);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(m->shard, "w");
+    EXPECT_EQ(m->total, shard.size());
+    EXPECT_EQ(m->offset, got.size());
+    EXPECT_LE(m->bytes.size(), size_t{16} << 20);
+    got.insert(got.end(), m->bytes.begin(), m->bytes.end());
+  }
+  EXPECT_EQ(got, shard);
+  // Only the rank that asked got anything.
+  EXPECT_TRUE(c1.Messages().empty());
+}
+
+// The root's side: a rank without a baseline gets root.baseline's bits of
+// its shards (the layout's maps inverted), and its base parts for the base
+// check are what those shards hash to.
+TEST(ProducerFeedTest, ServesRootBaselineToARankWithoutOne) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  const Layout& layout = hub->layout();
+  auto manifest = ManifestOf(layout);
+  ASSERT_TRUE(manifest.ok());
+  StoreSpec spec;
+  spec.kind = StoreSpec::Kind::kMemory;
+  auto store = CreateStore(spec, *manifest);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  CanonicalBytes canonical;
+  for (size_t t = 0; t < manifest->size(); ++t) {
+    std::span<std::byte> bits = (*store)->MutableTensor(t);
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = std::byte(t * 64 + i);
+    canonical.emplace(layout.tensors[t].name, bits);
+  }
+  // Rank 0 holds the tree's version; rank 1 holds nothing.
+  auto shards0 = BuildShards(layout, 0, canonical);
+  ASSERT_TRUE(shards0.ok());
+  ShardBytes view0;
+  for (const auto& [name, bytes] : *shards0) view0.emplace(name, bytes);
+  ProducerHelloMsg hello0 = Hello(layout, 0, 7);
+  auto parts0 = HashShardRegions(layout, 0, view0);
+  ASSERT_TRUE(parts0.ok());
+  hello0.base_parts = *parts0;
+  ProducerHelloMsg bare = Hello(layout, 1, 7);
+  bare.base_parts.clear();
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  c0.SendHello(hello0);
+  c1.SendHello(bare);
+  ProducerFeed feed(hub.get());
+  ASSERT_TRUE(feed.Gather(kLong).ok());
+  Status s = feed.ServeBaselines(**store, kLong);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  auto want = BuildShards(layout, 1, canonical);
+  ASSERT_TRUE(want.ok());
+  std::map<std::string, std::vector<std::byte>> got;
+  for (size_t n = 0; n < want->size(); ++n) {
+    auto f = c1.Frame(n);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    auto m = DecodeProducerBaseline(f->frame.payload);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    got[m->shard].insert(got[m->shard].end(), m->bytes.begin(), m->bytes.end());
+  }
+  for (const auto& [name, bytes] : *want) {
+    EXPECT_EQ(got[name], bytes) << name;
+  }
+  EXPECT_TRUE(c0.Messages().empty());
+  // Rank 1's base parts, hashed from what it was sent, complete the base
+  // check against root.baseline's own digest.
+  const Version base{3, (*store)->Digests().version};
+  Status check = feed.CheckBaseline(**store, base, nullptr);
+  EXPECT_TRUE(check.ok()) << check.ToString();
+}
+
+// A converted tensor's shard bits are not a copy of the canonical ones:
+// a rank without a baseline that holds one is refused, naming it.
+TEST(ProducerFeedTest, RefusesARankWithoutBaselineWhoseTensorsAreConverted) {
+  auto layout = ParseLayout(R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: model.norm.weight
+    shard: norm
+    split: replicated
+    shape: [4]
+    shard_dtype: F32
+  - name: model.proj.weight
+    shard: proj
+    split: column
+    shape: [4, 2]
+)",
+                            "converted.yaml");
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  auto listened =
+      ProducerHub::Listen(*layout, "127.0.0.1", 0, TransportOptions());
+  ASSERT_TRUE(listened.ok());
+  std::shared_ptr<ProducerHub> hub = *std::move(listened);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ProducerHelloMsg bare = Hello(*layout, 0, 7);
+  bare.base_parts.clear();
+  c0.SendHello(bare);
+  c1.SendHello(Hello(*layout, 1, 7));
+  ProducerFeed feed(hub.get());
+  ASSERT_TRUE(feed.Gather(kLong).ok());
+  auto manifest = ManifestOf(*layout);
+  ASSERT_TRUE(manifest.ok());
+  StoreSpec spec;
+  spec.kind = StoreSpec::Kind::kMemory;
+  auto store = CreateStore(spec, *manifest);
+  ASSERT_TRUE(store.ok());
+  Status s = feed.ServeBaselines(**store, kLong);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "producer rank 0 has no baseline"))
+      << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "model.norm.weight")) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "Producer::SetBaseline")) << s.ToString();
   EXPECT_TRUE(c0.Messages().empty());
 }
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,17 @@ ProducerDecisionMsg SampleDecision() {
   return m;
 }
 
+const Bytes kBaselineBytes = {std::byte{1}, std::byte{2}, std::byte{3}};
+
+ProducerBaselineMsg SampleBaseline() {
+  ProducerBaselineMsg m;
+  m.shard = "decoder.layers.1.self_attention.linear_qkv.weight";
+  m.total = 100;
+  m.offset = 97;
+  m.bytes = kBaselineBytes;
+  return m;
+}
+
 // One message's sample encoding and its decoder's status.
 struct Codec {
   const char* name;
@@ -82,7 +94,21 @@ const Codec kCodecs[] = {
      [](std::span<const std::byte> b) {
        return StatusOf(DecodeProducerDecision, b);
      }},
+    {"PRODUCER_BASELINE",
+     [] { return EncodeProducerBaseline(SampleBaseline()); },
+     [](std::span<const std::byte> b) {
+       return StatusOf(DecodeProducerBaseline, b);
+     }},
 };
+
+// LEB128 of `v`.
+void PutVarint(Bytes* b, uint64_t v) {
+  while (v >= 0x80) {
+    b->push_back(std::byte(static_cast<uint8_t>(v) | 0x80));
+    v >>= 7;
+  }
+  b->push_back(std::byte(static_cast<uint8_t>(v)));
+}
 
 // Expects `s` to be Corruption whose message contains `what`.
 void ExpectCorruption(const Status& s, const std::string& what) {
@@ -216,6 +242,43 @@ TEST(ProducerMessagesTest, GoSpanOutOfRangeIsRefused) {
   }
 }
 
+TEST(ProducerMessagesTest, BaselinePieceRoundTripsAndViewsItsPayload) {
+  Bytes b = EncodeProducerBaseline(SampleBaseline());
+  auto m = DecodeProducerBaseline(b);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->shard, SampleBaseline().shard);
+  EXPECT_EQ(m->total, 100u);
+  EXPECT_EQ(m->offset, 97u);
+  EXPECT_TRUE(std::equal(m->bytes.begin(), m->bytes.end(),
+                         kBaselineBytes.begin(), kBaselineBytes.end()));
+  // No copy: the bytes are the payload's last three.
+  EXPECT_EQ(m->bytes.data(), b.data() + b.size() - 3);
+}
+
+// A piece that passes its shard's end, or one over the piece bound, is
+// refused before anything is read.
+TEST(ProducerMessagesTest, BaselinePieceOutOfItsShardIsRefused) {
+  ProducerBaselineMsg m = SampleBaseline();
+  m.offset = 98;  // 98 + 3 > 100
+  ExpectCorruption(
+      DecodeProducerBaseline(EncodeProducerBaseline(m)).status(),
+      "PRODUCER_BASELINE.bytes: offset 98 + 3 bytes pass the shard's 100");
+  m.offset = 101;
+  ExpectCorruption(DecodeProducerBaseline(EncodeProducerBaseline(m)).status(),
+                   "PRODUCER_BASELINE.bytes");
+  // A count over the bound, without the bytes behind it.
+  Bytes b = {std::byte{1}};
+  b.push_back(std::byte{1});
+  b.push_back(std::byte{'w'});
+  for (int i = 0; i < 8; ++i) b.push_back(std::byte{0xff});  // total
+  for (int i = 0; i < 8; ++i) b.push_back(std::byte{0});     // offset
+  PutVarint(&b, kMaxProducerBaselinePiece + 1);
+  ExpectCorruption(DecodeProducerBaseline(b).status(),
+                   "PRODUCER_BASELINE.bytes: " +
+                       std::to_string(kMaxProducerBaselinePiece + 1) +
+                       " exceeds");
+}
+
 TEST(ProducerMessagesTest, DecisionUnknownOutcomeIsRefused) {
   ProducerDecisionMsg c = SampleDecision();
   for (unsigned o : {kMaxProducerOutcome + 1u, 255u}) {
@@ -224,15 +287,6 @@ TEST(ProducerMessagesTest, DecisionUnknownOutcomeIsRefused) {
         DecodeProducerDecision(EncodeProducerDecision(c)).status(),
         "PRODUCER_DECISION.outcome: unknown value " + std::to_string(o));
   }
-}
-
-// LEB128 of `v`.
-void PutVarint(Bytes* b, uint64_t v) {
-  while (v >= 0x80) {
-    b->push_back(std::byte(static_cast<uint8_t>(v) | 0x80));
-    v >>= 7;
-  }
-  b->push_back(std::byte(static_cast<uint8_t>(v)));
 }
 
 // A count of digest parts over kMaxProducerTensors is refused by its value,

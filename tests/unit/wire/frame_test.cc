@@ -127,7 +127,8 @@ TEST(FrameTest, TypeNamesAreStable) {
                          "PRODUCER_HELLO",
                          "PRODUCER_GO",
                          "PRODUCER_DONE",
-                         "PRODUCER_DECISION"};
+                         "PRODUCER_DECISION",
+                         "PRODUCER_BASELINE"};
   for (int t = 1; t <= kMaxFrameType; ++t) {
     EXPECT_TRUE(IsKnownFrameType(uint8_t(t)));
     EXPECT_EQ(FrameTypeName(static_cast<FrameType>(t)), names[t - 1]);
@@ -170,7 +171,7 @@ TEST(FrameTest, HeaderFieldChecksNameTheField) {
       {WithFieldValue<uint8_t>(*buf, 4, 2), "version 2"},
       {WithFieldValue<uint8_t>(*buf, 4, 0), "version 0"},
       {WithFieldValue<uint8_t>(*buf, 5, 0), "type 0"},
-      {WithFieldValue<uint8_t>(*buf, 5, 20), "type 20"},
+      {WithFieldValue<uint8_t>(*buf, 5, 21), "type 21"},
       {WithFieldValue<uint8_t>(*buf, 5, 255), "type 255"},
       {WithFieldValue<uint16_t>(*buf, 6, 0x0002), "wire flags"},
       {WithFieldValue<uint16_t>(*buf, 6, 0x0080), "wire flags"},
