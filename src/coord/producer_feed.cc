@@ -54,6 +54,58 @@ Status ProducerFeed::Gather(std::chrono::milliseconds wait) {
   return Status::OK();
 }
 
+namespace {
+
+// root.baseline's canonical tensors by name.
+CanonicalBytes CanonicalOf(const Layout& layout, const WeightStore& baseline) {
+  CanonicalBytes canonical;
+  for (size_t t = 0; t < layout.tensors.size(); ++t) {
+    canonical.emplace(layout.tensors[t].name, baseline.Tensor(t));
+  }
+  return canonical;
+}
+
+}  // namespace
+
+Status ProducerFeed::Serve(ProducerHub::Impl::Joined* j,
+                           const CanonicalBytes& canonical,
+                           std::chrono::milliseconds timeout) {
+  const Layout& layout = hub_->layout();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto shards = BuildShards(layout, j->rank, canonical);
+  if (!shards.ok()) {
+    return Status::InvalidArgument(fmt::format(
+        "producer rank {} {}, and root.baseline cannot give it the tree's: "
+        "{}. Give that rank its baseline shards (Producer::SetBaseline)",
+        j->rank,
+        j->base_parts.empty() ? "has no baseline"
+                              : "holds another version than the tree's",
+        shards.status().message()));
+  }
+  ShardBytes view;
+  uint64_t bytes = 0;
+  for (const auto& [name, b] : *shards) {
+    view.emplace(name, b);
+    bytes += b.size();
+  }
+  DCR_ASSIGN_OR_RETURN(auto parts, HashShardRegions(layout, j->rank, view));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (const auto& [name, b] : *shards) {
+    DCR_RETURN_IF_ERROR(hub_->SendBaseline(j->rank, name, b, deadline));
+  }
+  spdlog::info(
+      "producer rank {} {}: sent its {} shards ({:.1f} MB) from "
+      "root.baseline in {:.3f} s",
+      j->rank,
+      j->base_parts.empty() ? "had no baseline"
+                            : "held another version than the tree's",
+      shards->size(), static_cast<double>(bytes) / 1e6,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count());
+  j->base_parts = std::move(parts);
+  return Status::OK();
+}
+
 Status ProducerFeed::ServeBaselines(const WeightStore& baseline,
                                     std::chrono::milliseconds timeout) {
   const Layout& layout = hub_->layout();
@@ -66,42 +118,16 @@ Status ProducerFeed::ServeBaselines(const WeightStore& baseline,
             "the layout {} places other tensors than root.baseline {} holds",
             layout.source, baseline.describe()));
       }
-      for (size_t t = 0; t < layout.tensors.size(); ++t) {
-        canonical.emplace(layout.tensors[t].name, baseline.Tensor(t));
-      }
+      canonical = CanonicalOf(layout, baseline);
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    auto shards = BuildShards(layout, j.rank, canonical);
-    if (!shards.ok()) {
-      return Status::InvalidArgument(fmt::format(
-          "producer rank {} has no baseline, and root.baseline cannot give "
-          "it one: {}. Give that rank its baseline shards "
-          "(Producer::SetBaseline)",
-          j.rank, shards.status().message()));
-    }
-    ShardBytes view;
-    uint64_t bytes = 0;
-    for (const auto& [name, b] : *shards) {
-      view.emplace(name, b);
-      bytes += b.size();
-    }
-    DCR_ASSIGN_OR_RETURN(j.base_parts, HashShardRegions(layout, j.rank, view));
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (const auto& [name, b] : *shards) {
-      DCR_RETURN_IF_ERROR(hub_->SendBaseline(j.rank, name, b, deadline));
-    }
-    spdlog::info(
-        "producer rank {} had no baseline: sent its {} shards ({:.1f} MB) "
-        "from root.baseline in {:.3f} s",
-        j.rank, shards->size(), static_cast<double>(bytes) / 1e6,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count());
+    DCR_RETURN_IF_ERROR(Serve(&j, canonical, timeout));
   }
   return Status::OK();
 }
 
 Status ProducerFeed::CheckBaseline(const WeightStore& baseline,
-                                   const Version& base, ThreadPool* pool) {
+                                   const Version& base, ThreadPool* pool,
+                                   std::chrono::milliseconds timeout) {
   const Layout& layout = hub_->layout();
   if (baseline.manifest().digest() != ManifestOf(layout)->digest()) {
     return Status::InvalidArgument(fmt::format(
@@ -113,6 +139,30 @@ Status ProducerFeed::CheckBaseline(const WeightStore& baseline,
   for (const auto& j : joined_) parts.push_back(j.base_parts);
   CheckpointDigests d = DigestsFromParts(layout, parts);
   if (d.version == base.digest) return Status::OK();
+  // Some ranks hold another version (they did not hear the last decision:
+  // the coordinator stopped after it). Which ones: each rank's regions of
+  // root.baseline hashed as the rank hashes its shards (a pass over the
+  // model, on this path only). Those are sent the tree's and the check
+  // runs again; a rank whose shards cannot be rebuilt is refused below.
+  const CanonicalBytes canonical = CanonicalOf(layout, baseline);
+  std::vector<size_t> stale;
+  for (size_t i = 0; i < joined_.size(); ++i) {
+    auto shards = BuildShards(layout, joined_[i].rank, canonical);
+    if (!shards.ok()) continue;
+    ShardBytes view;
+    for (const auto& [name, b] : *shards) view.emplace(name, b);
+    auto want = HashShardRegions(layout, joined_[i].rank, view);
+    if (want.ok() && *want != joined_[i].base_parts) stale.push_back(i);
+  }
+  for (size_t i : stale) {
+    DCR_RETURN_IF_ERROR(Serve(&joined_[i], canonical, timeout));
+  }
+  if (!stale.empty()) {
+    parts.clear();
+    for (const auto& j : joined_) parts.push_back(j.base_parts);
+    d = DigestsFromParts(layout, parts);
+    if (d.version == base.digest) return Status::OK();
+  }
   // Name what differs: a pass over root.baseline, on this error path only.
   CheckpointDigests held = baseline.Digests(pool);
   std::vector<std::string> differ;
@@ -120,6 +170,15 @@ Status ProducerFeed::CheckBaseline(const WeightStore& baseline,
     if (t < held.tensors.size() && held.tensors[t] != d.tensors[t]) {
       differ.push_back(layout.tensors[t].name);
     }
+  }
+  if (differ.empty()) {
+    // The ranks agree with root.baseline's bits, which are not the version
+    // its record names.
+    return Status::BaseMismatch(fmt::format(
+        "root.baseline {} does not hold its recorded step {} ({}): its bits "
+        "hash to {}. Copy the tree's checkpoint of that step there",
+        baseline.describe(), base.step, base.digest.ShortHex(),
+        held.version.ShortHex()));
   }
   if (differ.size() > 4) {
     differ.resize(4);

@@ -24,6 +24,7 @@
 #include "dcr/checkpoint.h"
 #include "dcr/codec.h"
 #include "dcr/refit.h"
+#include "dcr/shard_diff.h"
 #include "dcr/store.h"
 #include "dcr/thread_pool.h"
 #include "protocol/messages.h"
@@ -61,10 +62,13 @@ class ProducerFeed {
   Status ServeBaselines(const WeightStore& baseline,
                         std::chrono::milliseconds timeout);
   // Checks that the layout places root.baseline's tensors and that the
-  // producers' baseline shards compose into its version `base` (naming
-  // the tensors that differ, after a pass over root.baseline).
+  // producers' baseline shards compose into its version `base`. When they
+  // do not, the ranks whose shards differ from root.baseline's (ranks that
+  // missed the last decision) are found by one pass over it and sent the
+  // tree's, as ServeBaselines does; what still differs is refused,
+  // naming the tensors (BaseMismatch).
   Status CheckBaseline(const WeightStore& baseline, const Version& base,
-                       ThreadPool* pool);
+                       ThreadPool* pool, std::chrono::milliseconds timeout);
   // The trainer step the producers named.
   uint64_t step() const { return step_; }
   uint32_t ranks() const { return static_cast<uint32_t>(joined_.size()); }
@@ -112,6 +116,10 @@ class ProducerFeed {
     ChunkId id;
   };
   Result<size_t> Fetch(size_t max, std::chrono::milliseconds idle);
+  // Sends `j` root.baseline's bits of its shards and sets its base parts
+  // to theirs.
+  Status Serve(ProducerHub::Impl::Joined* j, const CanonicalBytes& canonical,
+               std::chrono::milliseconds timeout);
   Status Apply(size_t i, size_t worker, bool sign, EncodedChunk* out);
 
   ProducerHub::Impl* hub_;

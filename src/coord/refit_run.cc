@@ -77,8 +77,9 @@ Result<RefitReport> RefitRun::RunPhases() {
   if (producers_) {
     DCR_RETURN_IF_ERROR(
         producers_->ServeBaselines(*setup_.baseline, options_.phase_timeout));
-    DCR_RETURN_IF_ERROR(producers_->CheckBaseline(
-        *setup_.baseline, report_.base, setup_.pool.get()));
+    DCR_RETURN_IF_ERROR(
+        producers_->CheckBaseline(*setup_.baseline, report_.base,
+                                  setup_.pool.get(), options_.phase_timeout));
     report_.producers = producers_->ranks();
     report_.trainer_step = producers_->step();
     spdlog::info("{} producers at trainer step {}", report_.producers,

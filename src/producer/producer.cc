@@ -150,16 +150,12 @@ class HeartbeatSender {
   std::thread thread_;
 };
 
-// One PRODUCER_BASELINE piece into `fetched`: only for a rank that asked
-// (`fetch`), of one of its shards, of that shard's size, in order.
+// One PRODUCER_BASELINE piece into `fetched`: of one of the rank's
+// shards, of that shard's size, in order.
 Status TakeBaselinePiece(
-    bool fetch, const std::map<std::string, LayoutShard>& held,
+    const std::map<std::string, LayoutShard>& held,
     std::span<const std::byte> payload,
     std::map<std::string, std::vector<std::byte>, std::less<>>* fetched) {
-  if (!fetch) {
-    return Status::Corruption(
-        "the coordinator sent PRODUCER_BASELINE to a rank that has one");
-  }
   DCR_ASSIGN_OR_RETURN(ProducerBaselineMsg piece,
                        DecodeProducerBaseline(payload));
   auto it = held.find(piece.shard);
@@ -229,8 +225,9 @@ Status Producer::SetBaseline(const ShardBytes& shards) {
 Result<ProducerDecision> Producer::Refit(uint64_t step,
                                          const ShardBytes& shards) {
   const auto t0 = Clock::now();
-  // Without a baseline (a rank restarted without its shards), the
-  // coordinator sends the tree's version from root.baseline before GO.
+  // Without a baseline (a rank restarted without its shards), or with
+  // another version than the tree's (a rank that missed a decision), the
+  // coordinator sends the tree's from root.baseline before GO.
   const bool fetch = !shards_->has_baseline();
   // Sizes are checked before anything is asked of the coordinator: a
   // trainer step that changed a shape is an error here, naming the tensor.
@@ -273,8 +270,7 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
                                             : "waiting for the refit");
     if (!go_frame.ok()) return fail(go_frame.status());
     if (go_frame->frame.type() != FrameType::kProducerBaseline) break;
-    if (Status s =
-            TakeBaselinePiece(fetch, held, go_frame->frame.payload, &fetched);
+    if (Status s = TakeBaselinePiece(held, go_frame->frame.payload, &fetched);
         !s.ok()) {
       return fail(s);
     }
@@ -294,7 +290,7 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
   }
   auto go = DecodeProducerGo(go_frame->frame.payload);
   if (!go.ok()) return fail(go.status());
-  if (fetch) {
+  if (!fetched.empty()) {
     // (Whatever becomes of the refit, these are the tree's bits at its
     // base: kept as the baseline.)
     if (Status s = shards_->AdoptBaseline(std::move(fetched)); !s.ok()) {

@@ -15,6 +15,7 @@
 #   f. SIGTERM ends a coordinator waiting for the next step, exit 0;
 #   g. a coordinator that dies before or after its decision: dcr refit
 #      --resume aborts or commits, root.baseline settled from its journal;
+#      the ranks that missed the decision are resynced by the next refit;
 #   h. HEARTBEATs both ways: a rank silent past the coordinator's --timeout
 #      while it diffs, ranks waiting past their own timeout for a decision.
 # Usage: producers_test.sh DCR DCR_RELAY TRAINGEN PYTHON_MODULE_DIR LAYOUTS
@@ -41,7 +42,7 @@ sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 4/' \
   -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
   "$LAYOUTS/traingen-tp2-pp2.yaml" >"$T/tiny.yaml"
 "$TRAINGEN" --hidden 64 --layers 4 --heads 4 --kv-heads 2 --vocab 300 \
-  --steps 6 --out "$T/ck" --layout "$T/tiny.yaml" >/dev/null 2>"$T/traingen.log" ||
+  --steps 7 --out "$T/ck" --layout "$T/tiny.yaml" >/dev/null 2>"$T/traingen.log" ||
   { cat "$T/traingen.log" >&2; fail "traingen"; }
 for n in root a b; do cp "$T/ck/v0.safetensors" "$T/$n.safetensors"; done
 
@@ -252,12 +253,18 @@ refit_json 0 "$TOPO" --resume
 json 'd["outcome"] == "committed"'
 verify_step 4
 [[ ! -e $T/root.safetensors.dcr-journal ]] || fail "root.baseline's journal left behind"
-# The ranks never heard the decision: their baselines are step 3's, which
-# the next refit refuses, naming what differs.
+# The ranks never heard the decision: their baselines are step 3's. The
+# next refit finds them by its base check, sends them the tree's (step 4)
+# from root.baseline, and commits their step 5.
 start_coord --refits 1
-$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 3 --steps 4 >"$T/driver.out"
-stop_coord 1
-decisions 4 'r["outcome"] == "refused" and "baseline shards are not the tree" in r["reason"] and "step 4" in r["reason"]'
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 3 --steps 5 \
+  --verify "$VERIFY" >"$T/driver.out" ||
+  { cat "$T/driver.out" "$T/coord.err" >&2; fail "stale ranks at step 5"; }
+stop_coord 0
+decisions 5 'r["outcome"] == "committed"'
+[[ $(grep -c "held another version than the tree's: sent its" "$T/coord.err") -eq 4 ]] ||
+  { cat "$T/coord.err" >&2; fail "the four stale ranks were not resynced"; }
+verify_step 5
 
 # --- h. Heartbeats --------------------------------------------------------
 # A rank that sends no chunk for longer than the coordinator's --timeout
@@ -265,21 +272,21 @@ decisions 4 'r["outcome"] == "refused" and "baseline shards are not the tree" in
 # weights) is kept alive by its HEARTBEATs.
 COORD_TIMEOUT=2s start_coord --refits 1
 DCR_FAILPOINTS="producer.send_chunk=delay(4000)@1" \
-  $DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 4 --steps 5 \
+  $DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 5 --steps 6 \
   --verify "$VERIFY" >"$T/driver.out" ||
   { cat "$T/driver.out" "$T/coord.err" >&2; fail "a rank silent for 4 s"; }
 stop_coord 0
-decisions 5 'r["outcome"] == "committed"'
-verify_step 5
+decisions 6 'r["outcome"] == "committed"'
+verify_step 6
 # Ranks that wait longer than their own timeout (1.5 s) for a decision the
 # coordinator takes 3 s to send hear its HEARTBEATs meanwhile.
 DCR_FAILPOINTS="coord.before_commit=delay(3000)" start_coord --refits 1
-$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 5 --steps 6 --timeout 1.5 \
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 6 --steps 7 --timeout 1.5 \
   --verify "$VERIFY" >"$T/driver.out" ||
   { cat "$T/driver.out" "$T/coord.err" >&2; fail "a decision after 3 s"; }
 stop_coord 0
-decisions 6 'r["outcome"] == "committed"'
-verify_step 6
+decisions 7 'r["outcome"] == "committed"'
+verify_step 7
 
 # --- f. SIGTERM while waiting for the next step --------------------------
 start_coord

@@ -793,8 +793,71 @@ TEST(ProducerFeedTest, ServesRootBaselineToARankWithoutOne) {
   // Rank 1's base parts, hashed from what it was sent, complete the base
   // check against root.baseline's own digest.
   const Version base{3, (*store)->Digests().version};
-  Status check = feed.CheckBaseline(**store, base, nullptr);
+  Status check = feed.CheckBaseline(**store, base, nullptr, kLong);
   EXPECT_TRUE(check.ok()) << check.ToString();
+}
+
+// A rank whose baseline is another version than the tree's (it missed the
+// last decision) is found by the base check and sent the tree's; the
+// check then passes. The rank that agreed gets nothing.
+TEST(ProducerFeedTest, ResyncsARankThatHoldsAnotherVersion) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  const Layout& layout = hub->layout();
+  auto manifest = ManifestOf(layout);
+  ASSERT_TRUE(manifest.ok());
+  StoreSpec spec;
+  spec.kind = StoreSpec::Kind::kMemory;
+  auto store = CreateStore(spec, *manifest);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  CanonicalBytes canonical;
+  for (size_t t = 0; t < manifest->size(); ++t) {
+    std::span<std::byte> bits = (*store)->MutableTensor(t);
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = std::byte(t * 32 + i);
+    canonical.emplace(layout.tensors[t].name, bits);
+  }
+  auto parts_of = [&](uint32_t rank) {
+    auto shards = BuildShards(layout, rank, canonical);
+    EXPECT_TRUE(shards.ok());
+    ShardBytes view;
+    for (const auto& [name, bytes] : *shards) view.emplace(name, bytes);
+    auto parts = HashShardRegions(layout, rank, view);
+    EXPECT_TRUE(parts.ok());
+    return *parts;
+  };
+  ProducerHelloMsg hello0 = Hello(layout, 0, 7);  // made-up parts: stale
+  ProducerHelloMsg hello1 = Hello(layout, 1, 7);
+  hello1.base_parts = parts_of(1);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  c0.SendHello(hello0);
+  c1.SendHello(hello1);
+  ProducerFeed feed(hub.get());
+  ASSERT_TRUE(feed.Gather(kLong).ok());
+  ASSERT_TRUE(feed.ServeBaselines(**store, kLong).ok());
+  EXPECT_TRUE(c0.Messages().empty());  // it said it had one
+  const Version base{3, (*store)->Digests().version};
+  Status check = feed.CheckBaseline(**store, base, nullptr, kLong);
+  EXPECT_TRUE(check.ok()) << check.ToString();
+  auto want = BuildShards(layout, 0, canonical);
+  ASSERT_TRUE(want.ok());
+  std::map<std::string, std::vector<std::byte>> got;
+  for (size_t n = 0; n < want->size(); ++n) {
+    auto f = c0.Frame(n);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    auto m = DecodeProducerBaseline(f->frame.payload);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    got[m->shard].insert(got[m->shard].end(), m->bytes.begin(), m->bytes.end());
+  }
+  for (const auto& [name, bytes] : *want) EXPECT_EQ(got[name], bytes) << name;
+  EXPECT_TRUE(c1.Messages().empty());
+  // A base that root.baseline does not hold is refused, saying so (every
+  // rank now agrees with root.baseline's bits, not with that version).
+  Status other =
+      feed.CheckBaseline(**store, Version{3, Digest128{1, 2}}, nullptr, kLong);
+  EXPECT_TRUE(other.code() == StatusCode::kBaseMismatch) << other.ToString();
+  EXPECT_TRUE(Contains(other.message(), "does not hold its recorded step 3"))
+      << other.ToString();
 }
 
 // A converted tensor's shard bits are not a copy of the canonical ones:
