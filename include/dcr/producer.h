@@ -74,6 +74,10 @@ struct ProducerDecision {
   RefitId refit;
   Version target;      // the tree's version after a commit
   std::string reason;  // why it aborted or was refused
+  // The tree moved, but this rank's shards were not what it diffed any more
+  // when the decision came (the trainer stepped again): its baseline was
+  // dropped (`reason` says why) and the next refit fetches the tree's.
+  bool baseline_dropped = false;
   // This rank's share.
   uint64_t chunks = 0;
   uint64_t payload_bytes = 0;
@@ -121,12 +125,14 @@ class Producer {
   // canonical bits: such a rank is refused, naming the tensor).
   Status SetBaseline(const ShardBytes& shards);
   // One refit of trainer step `step` with `shards` (the rank's tensors
-  // after the optimizer step; read, not kept). Returns the decision once
-  // the coordinator made it; on a commit the shards' bits become the
-  // baseline. Errors (not a decision) when the coordinator cannot be
-  // reached or the link fails before the decision (the baseline stays:
-  // the tree aborts a refit whose producer left), or for shards that do
-  // not fit the layout (a changed shape names the tensor).
+  // after the optimizer step; read, not kept, and not to be changed until
+  // it returns). Returns the decision once the coordinator made it; on a
+  // commit the shards' bits become the baseline (if they changed
+  // meanwhile, ProducerDecision::baseline_dropped). Errors (not a decision)
+  // when the coordinator cannot be reached or the link fails before the
+  // decision (the baseline stays: the tree aborts a refit whose producer left),
+  // or for shards that do not fit the layout (a changed shape names the
+  // tensor).
   Result<ProducerDecision> Refit(uint64_t step, const ShardBytes& shards);
 
   uint32_t rank() const { return rank_; }

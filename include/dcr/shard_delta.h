@@ -114,6 +114,8 @@ class ShardProducer {
   // restarted without its baseline gets the tree's from the coordinator).
   Status AdoptBaseline(
       std::map<std::string, std::vector<std::byte>, std::less<>> shards);
+  // Forgets the baseline (its memory too): has_baseline() turns false.
+  void DropBaseline();
   // Diffs `target` against the baseline: the parts (XOR masks) and both
   // digest parts. InvalidArgument before a baseline was set. `span_elems`
   // (0: the constructor's) is the refit's span length. With `sink`, each

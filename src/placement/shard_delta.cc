@@ -206,6 +206,13 @@ Status ShardProducer::AdoptBaseline(
   return Status::OK();
 }
 
+void ShardProducer::DropBaseline() {
+  baseline_.clear();
+  has_baseline_ = false;
+  baseline_digests_.clear();
+  last_target_digests_.reset();
+}
+
 Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
                                                 uint64_t span_elems,
                                                 const PartSink& sink) {

@@ -388,7 +388,14 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
   told.diff_seconds = decision.diff_seconds;
   if (Advanced(told.outcome)) {
     // The tree moved to these bits: they are the next refit's base.
-    DCR_RETURN_IF_ERROR(shards_->Advance(shards));
+    if (Status s = shards_->Advance(shards); !s.ok()) {
+      // The trainer changed them before the decision came: the decision
+      // stands (the tree moved), and the rank's baseline, neither the old
+      // version nor the new, is dropped: the next refit fetches the tree's.
+      shards_->DropBaseline();
+      told.baseline_dropped = true;
+      told.reason = s.ToString();
+    }
   }
   told.total_seconds = Seconds(t0, Clock::now());
   return told;

@@ -183,6 +183,7 @@ py::dict DecisionDict(const ProducerDecision& d) {
   out["target_step"] = d.target.step;
   out["target_digest"] = d.target.digest.ToHex();
   out["reason"] = d.reason;
+  out["baseline_dropped"] = d.baseline_dropped;
   out["chunks"] = d.chunks;
   out["payload_bytes"] = d.payload_bytes;
   out["changed"] = d.changed_elements;
@@ -398,9 +399,11 @@ PYBIND11_MODULE(dcr, m) {
           "step"_a, "shards"_a,
           "one refit of this step's shards; blocks until the coordinator "
           "decided: {'outcome', 'committed', 'refit', 'target_step', "
-          "'target_digest', 'reason', 'chunks', 'payload_bytes', 'changed', "
-          "'diff_seconds', 'total_seconds'}. On a commit the shards become "
-          "the baseline");
+          "'target_digest', 'reason', 'baseline_dropped', 'chunks', "
+          "'payload_bytes', 'changed', 'diff_seconds', 'total_seconds'}. On a "
+          "commit the shards become the baseline; if they changed before "
+          "the decision came, baseline_dropped is set and the next refit "
+          "fetches the tree's");
 
   m.def(
       "write_delta",

@@ -56,6 +56,10 @@ def main():
     p.add_argument("--no-baseline", default="",
                    help="ranks started without a baseline (the coordinator "
                    "sends them the tree's)")
+    p.add_argument("--mutate-rank", type=int, default=-1,
+                   help="at the first step, this rank's trainer changes a "
+                   "shard byte --mutate-after seconds into its refit")
+    p.add_argument("--mutate-after", type=float, default=1.0)
     p.add_argument("--auth-key-file", default="",
                    help="the topology's defaults.auth_key_file")
     args = p.parse_args()
@@ -83,6 +87,14 @@ def main():
             try:
                 shards = read_shards(os.path.join(
                     args.ckpt, f"v{k}.shards", f"rank-{r:05d}.safetensors"))
+                if r == args.mutate_rank and k == steps[0]:
+                    # The trainer steps again before the decision came.
+                    shards = {n: a.copy() for n, a in shards.items()}
+                    first = next(iter(shards.values()))
+                    timer = threading.Timer(
+                        args.mutate_after,
+                        lambda: first.__setitem__(0, first[0] ^ 1))
+                    timer.start()
                 label = k if args.step_label < 0 else args.step_label
                 results[r] = producers[r].refit(label, shards)
             except Exception as e:  # reported in the JSON line

@@ -17,7 +17,9 @@
 #      --resume aborts or commits, root.baseline settled from its journal;
 #      the ranks that missed the decision are resynced by the next refit;
 #   h. HEARTBEATs both ways: a rank silent past the coordinator's --timeout
-#      while it diffs, ranks waiting past their own timeout for a decision.
+#      while it diffs, ranks waiting past their own timeout for a decision;
+#      a rank whose shards change before the decision drops its baseline
+#      and fetches the tree's at the next refit.
 # Usage: producers_test.sh DCR DCR_RELAY TRAINGEN PYTHON_MODULE_DIR LAYOUTS
 set -euo pipefail
 DCR=$1
@@ -42,7 +44,7 @@ sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 4/' \
   -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
   "$LAYOUTS/traingen-tp2-pp2.yaml" >"$T/tiny.yaml"
 "$TRAINGEN" --hidden 64 --layers 4 --heads 4 --kv-heads 2 --vocab 300 \
-  --steps 7 --out "$T/ck" --layout "$T/tiny.yaml" >/dev/null 2>"$T/traingen.log" ||
+  --steps 8 --out "$T/ck" --layout "$T/tiny.yaml" >/dev/null 2>"$T/traingen.log" ||
   { cat "$T/traingen.log" >&2; fail "traingen"; }
 for n in root a b; do cp "$T/ck/v0.safetensors" "$T/$n.safetensors"; done
 
@@ -278,15 +280,24 @@ DCR_FAILPOINTS="producer.send_chunk=delay(4000)@1" \
 stop_coord 0
 decisions 6 'r["outcome"] == "committed"'
 verify_step 6
-# Ranks that wait longer than their own timeout (1.5 s) for a decision the
-# coordinator takes 3 s to send hear its HEARTBEATs meanwhile.
-DCR_FAILPOINTS="coord.before_commit=delay(3000)" start_coord --refits 1
-$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 6 --steps 7 --timeout 1.5 \
+# Ranks that wait longer than their own timeout (2.5 s) for a decision the
+# coordinator takes 5 s to send hear its HEARTBEATs (every second)
+# meanwhile. Rank 1's trainer changes its shards 2.5 s into its refit
+# (its diff took well under that; the decision is 5 s away): the commit
+# stands, its baseline (neither version) is dropped, and the next refit
+# fetches it.
+DCR_FAILPOINTS="coord.before_commit=delay(5000)" start_coord --refits 2
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 6 --steps 7,8 --timeout 2.5 \
+  --mutate-rank 1 --mutate-after 2.5 \
   --verify "$VERIFY" >"$T/driver.out" ||
   { cat "$T/driver.out" "$T/coord.err" >&2; fail "a decision after 3 s"; }
 stop_coord 0
-decisions 7 'r["outcome"] == "committed"'
-verify_step 7
+decisions 7 'r["outcome"] == "committed" and r["baseline_dropped"] == (rank == "1")'
+decisions 7 'rank != "1" or "did the trainer step again" in r["reason"]'
+decisions 8 'r["outcome"] == "committed" and not r["baseline_dropped"]'
+grep -q "producer rank 1 had no baseline: sent its" "$T/coord.err" ||
+  fail "rank 1's dropped baseline was not fetched at step 8"
+verify_step 8
 
 # --- f. SIGTERM while waiting for the next step --------------------------
 start_coord
