@@ -67,67 +67,53 @@ CanonicalBytes CanonicalOf(const Layout& layout, const WeightStore& baseline) {
 
 }  // namespace
 
-Status ProducerFeed::Serve(ProducerHub::Impl::Joined* j,
-                           const CanonicalBytes& canonical,
-                           std::chrono::milliseconds timeout) {
-  const Layout& layout = hub_->layout();
-  const auto t0 = std::chrono::steady_clock::now();
-  auto shards = BuildShards(layout, j->rank, canonical);
+Result<std::map<std::string, std::vector<std::byte>>> ProducerFeed::TreeShards(
+    const ProducerHub::Impl::Joined& j, const CanonicalBytes& canonical) const {
+  auto shards = BuildShards(hub_->layout(), j.rank, canonical);
   if (!shards.ok()) {
     return Status::InvalidArgument(fmt::format(
         "producer rank {} {}, and root.baseline cannot give it the tree's: "
         "{}. Give that rank its baseline shards (Producer::SetBaseline)",
-        j->rank,
-        j->base_parts.empty() ? "has no baseline"
-                              : "holds another version than the tree's",
+        j.rank,
+        j.base_parts.empty() ? "has no baseline"
+                             : "holds another version than the tree's",
         shards.status().message()));
   }
+  return shards;
+}
+
+Result<std::vector<LinearDigest>> ProducerFeed::TreeParts(
+    const ProducerHub::Impl::Joined& j, const CanonicalBytes& canonical) const {
+  DCR_ASSIGN_OR_RETURN(auto shards, TreeShards(j, canonical));
   ShardBytes view;
+  for (const auto& [name, b] : shards) view.emplace(name, b);
+  return HashShardRegions(hub_->layout(), j.rank, view);
+}
+
+Status ProducerFeed::Serve(const Pending& p, const CanonicalBytes& canonical,
+                           std::chrono::milliseconds stall) {
+  const ProducerHub::Impl::Joined& j = joined_[p.joined];
+  const auto t0 = std::chrono::steady_clock::now();
+  DCR_ASSIGN_OR_RETURN(auto shards, TreeShards(j, canonical));
   uint64_t bytes = 0;
-  for (const auto& [name, b] : *shards) {
-    view.emplace(name, b);
+  for (const auto& [name, b] : shards) {
+    DCR_RETURN_IF_ERROR(hub_->SendBaseline(j.rank, name, b, stall));
     bytes += b.size();
-  }
-  DCR_ASSIGN_OR_RETURN(auto parts, HashShardRegions(layout, j->rank, view));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (const auto& [name, b] : *shards) {
-    DCR_RETURN_IF_ERROR(hub_->SendBaseline(j->rank, name, b, deadline));
   }
   spdlog::info(
       "producer rank {} {}: sent its {} shards ({:.1f} MB) from "
       "root.baseline in {:.3f} s",
-      j->rank,
-      j->base_parts.empty() ? "had no baseline"
-                            : "held another version than the tree's",
-      shards->size(), static_cast<double>(bytes) / 1e6,
+      j.rank,
+      p.had_none ? "had no baseline" : "held another version than the tree's",
+      shards.size(), static_cast<double>(bytes) / 1e6,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count());
-  j->base_parts = std::move(parts);
-  return Status::OK();
-}
-
-Status ProducerFeed::ServeBaselines(const WeightStore& baseline,
-                                    std::chrono::milliseconds timeout) {
-  const Layout& layout = hub_->layout();
-  CanonicalBytes canonical;
-  for (ProducerHub::Impl::Joined& j : joined_) {
-    if (!j.base_parts.empty()) continue;
-    if (canonical.empty()) {
-      if (baseline.manifest().digest() != ManifestOf(layout)->digest()) {
-        return Status::InvalidArgument(fmt::format(
-            "the layout {} places other tensors than root.baseline {} holds",
-            layout.source, baseline.describe()));
-      }
-      canonical = CanonicalOf(layout, baseline);
-    }
-    DCR_RETURN_IF_ERROR(Serve(&j, canonical, timeout));
-  }
   return Status::OK();
 }
 
 Status ProducerFeed::CheckBaseline(const WeightStore& baseline,
                                    const Version& base, ThreadPool* pool,
-                                   std::chrono::milliseconds timeout) {
+                                   std::chrono::milliseconds stall) {
   const Layout& layout = hub_->layout();
   if (baseline.manifest().digest() != ManifestOf(layout)->digest()) {
     return Status::InvalidArgument(fmt::format(
@@ -135,33 +121,67 @@ Status ProducerFeed::CheckBaseline(const WeightStore& baseline,
         layout.source, baseline.describe(),
         Manifest::Difference(baseline.manifest(), *ManifestOf(layout))));
   }
-  std::vector<std::vector<LinearDigest>> parts;
-  for (const auto& j : joined_) parts.push_back(j.base_parts);
-  CheckpointDigests d = DigestsFromParts(layout, parts);
-  if (d.version == base.digest) return Status::OK();
-  // Some ranks hold another version (they did not hear the last decision:
-  // the coordinator stopped after it). Which ones: each rank's regions of
-  // root.baseline hashed as the rank hashes its shards (a pass over the
-  // model, on this path only). Those are sent the tree's and the check
-  // runs again; a rank whose shards cannot be rebuilt is refused below.
-  const CanonicalBytes canonical = CanonicalOf(layout, baseline);
-  std::vector<size_t> stale;
-  for (size_t i = 0; i < joined_.size(); ++i) {
-    auto shards = BuildShards(layout, joined_[i].rank, canonical);
-    if (!shards.ok()) continue;
-    ShardBytes view;
-    for (const auto& [name, b] : *shards) view.emplace(name, b);
-    auto want = HashShardRegions(layout, joined_[i].rank, view);
-    if (want.ok() && *want != joined_[i].base_parts) stale.push_back(i);
-  }
-  for (size_t i : stale) {
-    DCR_RETURN_IF_ERROR(Serve(&joined_[i], canonical, timeout));
-  }
-  if (!stale.empty()) {
-    parts.clear();
+  // Whom root.baseline's bits will be sent to, once the check passes:
+  // nothing is sent for a refit that is then refused.
+  std::vector<Pending> pending;
+  CanonicalBytes canonical;
+  auto compose = [&] {
+    std::vector<std::vector<LinearDigest>> parts;
     for (const auto& j : joined_) parts.push_back(j.base_parts);
-    d = DigestsFromParts(layout, parts);
-    if (d.version == base.digest) return Status::OK();
+    return DigestsFromParts(layout, parts);
+  };
+  // Ranks without a baseline: their parts are what they will be sent.
+  for (size_t i = 0; i < joined_.size(); ++i) {
+    if (!joined_[i].base_parts.empty()) continue;
+    if (canonical.empty()) canonical = CanonicalOf(layout, baseline);
+    DCR_ASSIGN_OR_RETURN(auto parts, TreeParts(joined_[i], canonical));
+    joined_[i].base_parts = std::move(parts);
+    pending.push_back(Pending{i, /*had_none=*/true});
+  }
+  CheckpointDigests d = compose();
+  if (d.version != base.digest) {
+    // Some ranks hold another version (they did not hear the last
+    // decision: the coordinator stopped after it). Which ones: each rank's
+    // regions of root.baseline hashed as the rank hashes its shards (a
+    // pass over the model, on this path only). They are predicted to take
+    // the tree's, and the check runs again; a rank whose shards cannot be
+    // rebuilt keeps its parts, and the check names what differs.
+    if (canonical.empty()) canonical = CanonicalOf(layout, baseline);
+    std::vector<Pending> stale;
+    std::vector<std::vector<LinearDigest>> want(joined_.size());
+    for (size_t i = 0; i < joined_.size(); ++i) {
+      auto parts = TreeParts(joined_[i], canonical);
+      if (parts.ok() && *parts != joined_[i].base_parts) {
+        want[i] = *std::move(parts);
+        stale.push_back(Pending{i, /*had_none=*/false});
+      }
+    }
+    if (!stale.empty()) {
+      std::vector<std::vector<LinearDigest>> before(joined_.size());
+      for (const Pending& p : stale) {
+        before[p.joined] = std::move(joined_[p.joined].base_parts);
+        joined_[p.joined].base_parts = std::move(want[p.joined]);
+      }
+      d = compose();
+      if (d.version == base.digest) {
+        pending.insert(pending.end(), stale.begin(), stale.end());
+      } else {
+        for (const Pending& p : stale) {
+          joined_[p.joined].base_parts = std::move(before[p.joined]);
+        }
+        d = compose();
+      }
+    }
+  }
+  if (d.version == base.digest) {
+    for (const Pending& p : pending) {
+      DCR_RETURN_IF_ERROR(Serve(p, canonical, stall));
+    }
+    return Status::OK();
+  }
+  // Refused: the ranks without a baseline still have none.
+  for (const Pending& p : pending) {
+    if (p.had_none) joined_[p.joined].base_parts.clear();
   }
   // Name what differs: a pass over root.baseline, on this error path only.
   CheckpointDigests held = baseline.Digests(pool);

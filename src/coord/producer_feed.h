@@ -51,24 +51,24 @@ class ProducerFeed {
 
   // Waits for a producer of every rank (ProducerHub::Impl::Gather).
   Status Gather(std::chrono::milliseconds wait);
-  // Ranks that said hello without a baseline (restarted without their
-  // shards) get root.baseline's bits of their shards (ProducerHub's
-  // SendBaseline), and their base digest parts are hashed from what they
-  // were sent. InvalidArgument, naming the rank and the tensor, when the
-  // rank's layout converts a tensor (its shard bits are not a copy of the
-  // canonical ones: the trainer must give that rank its baseline); Aborted
-  // when a rank leaves or takes nothing for `timeout`. Before
-  // CheckBaseline, with root.baseline at the refit's base.
-  Status ServeBaselines(const WeightStore& baseline,
-                        std::chrono::milliseconds timeout);
   // Checks that the layout places root.baseline's tensors and that the
-  // producers' baseline shards compose into its version `base`. When they
-  // do not, the ranks whose shards differ from root.baseline's (ranks that
-  // missed the last decision) are found by one pass over it and sent the
-  // tree's, as ServeBaselines does; what still differs is refused,
-  // naming the tensors (BaseMismatch).
+  // producers' baseline shards compose into its version `base`, giving
+  // root.baseline's bits of their shards (ProducerHub's SendBaseline) to
+  // the ranks that need them, once the check passes with them:
+  //  - ranks that said hello without a baseline (restarted without their
+  //    shards): their base parts are those of the shards they will get;
+  //  - when the parts do not compose, ranks whose shards differ from
+  //    root.baseline's (they missed the last decision), found by one pass
+  //    over it, if taking the tree's makes the parts compose.
+  // Nothing is sent for a refit that is refused. InvalidArgument, naming
+  // the rank and the tensor, for a rank without a baseline whose layout
+  // converts a tensor (its shard bits are not a copy of the canonical
+  // ones: the trainer must give it its baseline); BaseMismatch naming the
+  // tensors that still differ, or saying that root.baseline's bits are
+  // not its recorded version; Aborted when a rank leaves or its link takes
+  // nothing for `stall` while it is sent its shards.
   Status CheckBaseline(const WeightStore& baseline, const Version& base,
-                       ThreadPool* pool, std::chrono::milliseconds timeout);
+                       ThreadPool* pool, std::chrono::milliseconds stall);
   // The trainer step the producers named.
   uint64_t step() const { return step_; }
   uint32_t ranks() const { return static_cast<uint32_t>(joined_.size()); }
@@ -116,10 +116,21 @@ class ProducerFeed {
     ChunkId id;
   };
   Result<size_t> Fetch(size_t max, std::chrono::milliseconds idle);
-  // Sends `j` root.baseline's bits of its shards and sets its base parts
-  // to theirs.
-  Status Serve(ProducerHub::Impl::Joined* j, const CanonicalBytes& canonical,
-               std::chrono::milliseconds timeout);
+  // A rank to be sent root.baseline's bits of its shards.
+  struct Pending {
+    size_t joined = 0;      // index into joined_
+    bool had_none = false;  // it had no baseline (else another version)
+  };
+  // Rank `j`'s shards built from root.baseline (the layout's maps), and
+  // their digest parts.
+  Result<std::map<std::string, std::vector<std::byte>>> TreeShards(
+      const ProducerHub::Impl::Joined& j,
+      const CanonicalBytes& canonical) const;
+  Result<std::vector<LinearDigest>> TreeParts(
+      const ProducerHub::Impl::Joined& j,
+      const CanonicalBytes& canonical) const;
+  Status Serve(const Pending& p, const CanonicalBytes& canonical,
+               std::chrono::milliseconds stall);
   Status Apply(size_t i, size_t worker, bool sign, EncodedChunk* out);
 
   ProducerHub::Impl* hub_;

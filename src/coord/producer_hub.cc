@@ -139,7 +139,7 @@ std::string ProducerHub::Impl::CheckHello(const ProducerHelloMsg& hello) const {
 
 Status ProducerHub::Impl::SendBaseline(uint32_t rank, const std::string& shard,
                                        std::span<const std::byte> bytes,
-                                       Clock::time_point deadline) {
+                                       std::chrono::milliseconds stall) {
   std::shared_ptr<Link> link;
   {
     MutexLock lock(&mu_);
@@ -157,14 +157,21 @@ Status ProducerHub::Impl::SendBaseline(uint32_t rank, const std::string& shard,
   constexpr size_t kQueued = size_t{4} * kPiece;
   uint64_t at = 0;
   do {
-    while (link->QueuedBytes() > kQueued) {
+    // A stall, not the whole transfer, is bounded: tens of GB take
+    // minutes on a fast link.
+    auto progress = Clock::now();
+    size_t queued = link->QueuedBytes();
+    while (queued > kQueued) {
       if (Status s = Failure(); !s.ok()) return s;
-      if (Clock::now() >= deadline) {
-        return Status::Aborted(fmt::format(
-            "producer rank {} took no baseline bytes for the phase timeout",
-            rank));
-      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const size_t now_queued = link->QueuedBytes();
+      if (now_queued < queued) progress = Clock::now();
+      queued = now_queued;
+      if (Clock::now() - progress >= stall) {
+        return Status::Aborted(fmt::format(
+            "producer rank {} took none of its baseline's bytes for {:.3g} s",
+            rank, std::chrono::duration<double>(stall).count()));
+      }
     }
     ProducerBaselineMsg m;
     m.shard = shard;
@@ -230,7 +237,10 @@ void ProducerHub::Impl::OnFrame(Link& link, const Frame& frame,
         break;
       }
       case FrameType::kHeartbeat:
-        break;  // (it counted as a frame above)
+        // (It counted as a frame above.) Only a producer that said who it
+        // is keeps its link open by them.
+        if (!p.hello_seen) refuse = "a HEARTBEAT before PRODUCER_HELLO";
+        break;
       case FrameType::kChunk:
         if (!in_refit || p.state != State::kStreaming) {
           if (in_refit) {

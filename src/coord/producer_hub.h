@@ -73,13 +73,12 @@ class ProducerHub::Impl {
   void Stop() DCR_EXCLUDES(mu_);
   bool stopped() const DCR_EXCLUDES(mu_);
   // The bytes of `rank`'s shard `shard` at the tree's version, to a
-  // gathered producer that said hello without a baseline
-  // (PRODUCER_BASELINE pieces, before its GO), at most a few pieces queued
-  // on its link at a time. Aborted when it left, the refit failed, or the
-  // link took nothing until `deadline`.
+  // gathered producer (PRODUCER_BASELINE pieces of at most 16 MiB, before
+  // its GO), about 64 MiB queued on its link at most. Aborted when it
+  // left, the refit failed, or its link took no byte for `stall`.
   Status SendBaseline(uint32_t rank, const std::string& shard,
                       std::span<const std::byte> bytes,
-                      Clock::time_point deadline) DCR_EXCLUDES(mu_);
+                      std::chrono::milliseconds stall) DCR_EXCLUDES(mu_);
   // PRODUCER_GO to every gathered producer: from now on their chunks are
   // queued, at most `window` bytes before their links stop being read.
   void Go(const ProducerGoMsg& go, uint64_t window) DCR_EXCLUDES(mu_);

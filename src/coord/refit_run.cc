@@ -76,8 +76,6 @@ Result<RefitReport> RefitRun::RunPhases() {
   const Topology& topo = options_.topology;
   if (producers_) {
     DCR_RETURN_IF_ERROR(
-        producers_->ServeBaselines(*setup_.baseline, options_.phase_timeout));
-    DCR_RETURN_IF_ERROR(
         producers_->CheckBaseline(*setup_.baseline, report_.base,
                                   setup_.pool.get(), options_.phase_timeout));
     report_.producers = producers_->ranks();

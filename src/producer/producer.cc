@@ -290,10 +290,15 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
   }
   auto go = DecodeProducerGo(go_frame->frame.payload);
   if (!go.ok()) return fail(go.status());
+  // From GO to DONE the coordinator hears from this rank at least every
+  // heartbeat, also while it hashes a baseline it was sent.
+  auto heartbeat = std::make_unique<HeartbeatSender>(
+      link.get(), go->refit, frames, options_.heartbeat);
   if (!fetched.empty()) {
     // (Whatever becomes of the refit, these are the tree's bits at its
     // base: kept as the baseline.)
     if (Status s = shards_->AdoptBaseline(std::move(fetched)); !s.ok()) {
+      heartbeat.reset();
       return fail(Status::Corruption("the baseline the coordinator sent: " +
                                      s.ToString()));
     }
@@ -324,11 +329,8 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
     decision.payload_bytes += chunk.size();
     return Status::OK();
   };
-  auto diffed = [&] {
-    HeartbeatSender heartbeat(link.get(), go->refit, frames,
-                              options_.heartbeat);
-    return shards_->Diff(shards, go->span_elems, send);
-  }();
+  auto diffed = shards_->Diff(shards, go->span_elems, send);
+  heartbeat.reset();
   if (!diffed.ok()) {
     // The coordinator may have ended the refit while this rank streamed
     // (its link closes after the decision): that decision is the answer.
@@ -394,7 +396,8 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
       // version nor the new, is dropped: the next refit fetches the tree's.
       shards_->DropBaseline();
       told.baseline_dropped = true;
-      told.reason = s.ToString();
+      told.reason = told.reason.empty() ? s.ToString()
+                                        : told.reason + "; " + s.ToString();
     }
   }
   told.total_seconds = Seconds(t0, Clock::now());

@@ -717,8 +717,7 @@ TEST(ProducerHubTest, SendsARankWithoutABaselineItsShards) {
   EXPECT_EQ((*joined)[1].base_parts.size(), hub->layout().tensors.size());
   std::vector<std::byte> shard((size_t{16} << 20) * 2 + 5);
   for (size_t i = 0; i < shard.size(); ++i) shard[i] = std::byte(i * 131);
-  Status s = hub->impl().SendBaseline(0, "w", shard,
-                                      std::chrono::steady_clock::now() + kLong);
+  Status s = hub->impl().SendBaseline(0, "w", shard, kLong);
   ASSERT_TRUE(s.ok()) << s.ToString();
   std::vector<std::byte> got;
   for (size_t n = 0; n < 3; ++n) {
@@ -774,7 +773,15 @@ TEST(ProducerFeedTest, ServesRootBaselineToARankWithoutOne) {
   c1.SendHello(bare);
   ProducerFeed feed(hub.get());
   ASSERT_TRUE(feed.Gather(kLong).ok());
-  Status s = feed.ServeBaselines(**store, kLong);
+  // A refit the check refuses sends nothing.
+  Status refused =
+      feed.CheckBaseline(**store, Version{3, Digest128{1, 2}}, nullptr, kLong);
+  EXPECT_TRUE(refused.code() == StatusCode::kBaseMismatch)
+      << refused.ToString();
+  // Rank 1's base parts, those of the shards it will be sent, complete the
+  // check against root.baseline's own digest; then it is sent them.
+  const Version base{3, (*store)->Digests().version};
+  Status s = feed.CheckBaseline(**store, base, nullptr, kLong);
   ASSERT_TRUE(s.ok()) << s.ToString();
   auto want = BuildShards(layout, 1, canonical);
   ASSERT_TRUE(want.ok());
@@ -790,11 +797,7 @@ TEST(ProducerFeedTest, ServesRootBaselineToARankWithoutOne) {
     EXPECT_EQ(got[name], bytes) << name;
   }
   EXPECT_TRUE(c0.Messages().empty());
-  // Rank 1's base parts, hashed from what it was sent, complete the base
-  // check against root.baseline's own digest.
-  const Version base{3, (*store)->Digests().version};
-  Status check = feed.CheckBaseline(**store, base, nullptr, kLong);
-  EXPECT_TRUE(check.ok()) << check.ToString();
+  EXPECT_EQ(c1.Messages().size(), want->size());  // none from the refusal
 }
 
 // A rank whose baseline is another version than the tree's (it missed the
@@ -834,8 +837,6 @@ TEST(ProducerFeedTest, ResyncsARankThatHoldsAnotherVersion) {
   c1.SendHello(hello1);
   ProducerFeed feed(hub.get());
   ASSERT_TRUE(feed.Gather(kLong).ok());
-  ASSERT_TRUE(feed.ServeBaselines(**store, kLong).ok());
-  EXPECT_TRUE(c0.Messages().empty());  // it said it had one
   const Version base{3, (*store)->Digests().version};
   Status check = feed.CheckBaseline(**store, base, nullptr, kLong);
   EXPECT_TRUE(check.ok()) << check.ToString();
@@ -896,7 +897,8 @@ tensors:
   spec.kind = StoreSpec::Kind::kMemory;
   auto store = CreateStore(spec, *manifest);
   ASSERT_TRUE(store.ok());
-  Status s = feed.ServeBaselines(**store, kLong);
+  Status s =
+      feed.CheckBaseline(**store, Version{0, Digest128{1, 2}}, nullptr, kLong);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
   EXPECT_TRUE(Contains(s.message(), "producer rank 0 has no baseline"))
       << s.ToString();
