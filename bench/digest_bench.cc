@@ -1,7 +1,8 @@
 // The linear digest (dcr/digest.h), the tensor digest, against XXH3-128, the
 // earlier one, in the same process and rounds: dense throughput per kernel, the
 // cost of hashing a tensor as parts of 1-64 KiB cut at random byte offsets (as
-// producers hash the runs of their pieces), and of updating a digest change
+// producers hash the runs of their pieces), of a column split's 1 KiB rows
+// one by one and batched (LinearHashRuns), and of updating a digest change
 // by change. Prints a table; writes bench/results/digest.json.
 //
 //   digest_bench [--mib N] [--rounds R] [--out FILE]
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
   const size_t updates = std::min<size_t>(changed.size(), 100000);
 
   std::map<std::string, std::vector<double>> gbps;  // per round
-  std::vector<double> ratio_best, update_us;
+  std::vector<double> ratio_best, update_us, rows_ratio;
   const auto kernels = dcr::linear_digest::AllKernels();
   const dcr::LinearDigest whole = dcr::LinearHash(0, buf);
   for (int r = 0; r < rounds; ++r) {
@@ -91,6 +92,28 @@ int main(int argc, char** argv) {
     gbps["linear/1-64 KiB parts"].push_back(n / Seconds(t0) / 1e9);
     if (!(sum == whole)) {
       std::fprintf(stderr, "parts do not add up to the whole\n");
+      return 1;
+    }
+    // A 4-way column split's rows: 1 KiB runs, each at a 4 KiB stride of
+    // the canonical tensor; one LinearHash per row against LinearHashRuns.
+    constexpr size_t kRow = 1024;
+    const size_t rows = n / kRow;
+    t0 = Clock::now();
+    dcr::LinearDigest each;
+    for (size_t i = 0; i < rows; ++i) {
+      each ^= dcr::LinearHash(4 * kRow * i + kRow,
+                              std::span(buf).subspan(i * kRow, kRow));
+    }
+    const double each_gbps = n / Seconds(t0) / 1e9;
+    gbps["linear/1 KiB rows, each"].push_back(each_gbps);
+    t0 = Clock::now();
+    const dcr::LinearDigest batched =
+        dcr::LinearHashRuns(kRow, 4 * kRow, kRow, rows, buf.data(), kRow);
+    const double batched_gbps = n / Seconds(t0) / 1e9;
+    gbps["linear/1 KiB rows, batched"].push_back(batched_gbps);
+    rows_ratio.push_back(batched_gbps / each_gbps);
+    if (!(each == batched)) {
+      std::fprintf(stderr, "batched rows differ from the rows hashed each\n");
       return 1;
     }
     if (auto it = gbps.find(std::string("linear/") + kernels.back().first);
@@ -119,6 +142,9 @@ int main(int argc, char** argv) {
                 Median(ratio_best));
     j["best_over_xxh3"] = Median(ratio_best);
   }
+  std::printf("1 KiB rows batched / each (same round): %.2f\n",
+              Median(rows_ratio));
+  j["rows_batched_over_each"] = Median(rows_ratio);
   std::printf("update by one changed element: %.2f us\n", Median(update_us));
   j["best_kernel"] = kernels.back().first;
   j["update_us_per_element"] = Median(update_us);

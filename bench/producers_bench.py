@@ -22,6 +22,7 @@ throughput per core with 1, 2, 4 and 8 producers diffing at once
 (`producer_run --diff-only`).
 
 Usage: bench/producers_bench.py [--build build] [--dir D] [--rounds N]
+       bench/producers_bench.py --only producers [--perf FILE]  (profiling)
 Writes bench/results/producers.json.
 """
 import argparse
@@ -73,6 +74,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--only", choices=("canonical", "producers"))
+    ap.add_argument("--perf", help="with --only producers: `perf record -g` the "
+                    "coordinator over the second refit into this file")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/producers.json"))
     a = ap.parse_args()
     dcr = os.path.join(a.build, "src/cli/dcr")
@@ -204,8 +207,17 @@ links:
         # had used when it reported the first.
         first = coord.stdout.readline()
         cpu_first = proc_cpu(coord.pid)
+        perf = None
+        if a.perf:
+            # The coordinator's profile over the measured refit.
+            perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "999",
+                                     "-g", "-p", str(coord.pid), "-o", a.perf],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         outs = [json.loads(p.communicate()[0]) for p in procs]
         out, root_cpu = finish(coord)
+        if perf:
+            perf.send_signal(2)
+            perf.wait()
         out = first + out
         root_cpu -= cpu_first
         # The second refit, measured: its report (the coordinator's second

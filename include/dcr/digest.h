@@ -109,6 +109,17 @@ inline constexpr LinearDigest kLinearDigestKey = {0x9e3779b97f4a7c15ull,
 
 LinearDigest LinearHash(uint64_t offset, std::span<const std::byte> bytes);
 
+// The contributions of `count` runs of `run_bytes` each: run i is the
+// bytes at data + i * data_stride, lying at byte offset + i * stride of
+// the string. Equal to the XOR of LinearHash over the runs; where the
+// offset, the stride and the run length are whole 16-byte blocks, each run
+// costs two products instead of a power of K, which is most of
+// LinearHash's cost for runs of a few KiB (a tensor-parallel rank's rows
+// of a column-split matrix).
+LinearDigest LinearHashRuns(uint64_t offset, uint64_t stride,
+                            uint64_t run_bytes, uint64_t count,
+                            const std::byte* data, uint64_t data_stride);
+
 // The digest of one tensor's bits, which names them in version records,
 // PLAN and END, history and delta headers (docs/FORMAT.md §1 "Digests"):
 //

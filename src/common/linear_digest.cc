@@ -167,6 +167,32 @@ LinearDigest LinearHash(uint64_t offset, std::span<const std::byte> bytes) {
   return out;
 }
 
+LinearDigest LinearHashRuns(uint64_t offset, uint64_t stride,
+                            uint64_t run_bytes, uint64_t count,
+                            const std::byte* data, uint64_t data_stride) {
+  LinearDigest out;
+  if (offset % 16 != 0 || stride % 16 != 0 || run_bytes % 16 != 0 ||
+      run_bytes == 0) {
+    for (uint64_t i = 0; i < count; ++i) {
+      out ^=
+          LinearHash(offset + i * stride, {data + i * data_stride, run_bytes});
+    }
+    return out;
+  }
+  // Run i, hashed as if at block 0, is moved to block offset/16 + i *
+  // stride/16 by K to that power: the first power once, each next one by
+  // a product with K^(stride/16). Forward, in the order the memory lies.
+  const Kernels& m = Best();
+  const Powers& k = T().k;
+  const LinearDigest step = Power(stride / 16);
+  LinearDigest at = Power(offset / 16);
+  for (uint64_t i = 0; i < count; ++i) {
+    out ^= m.multiply(m.body(data + i * data_stride, run_bytes / 16, k), at);
+    at = m.multiply(at, step);
+  }
+  return out;
+}
+
 Digest128 FinishTensorDigest(const LinearDigest& sum, uint64_t length) {
   const LinearDigest d =
       sum ^ Best().multiply(LinearDigest{length, 0}, kTensorDigestLengthKey);

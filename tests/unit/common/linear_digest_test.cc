@@ -135,6 +135,38 @@ TEST(LinearDigestTest, AnyPartitionAddsUpToTheWhole) {
                 LinearHash(far + 40, std::span(s).subspan(40)));
 }
 
+TEST(LinearDigestTest, RunsAddUpAsTheirOwnHashes) {
+  std::mt19937_64 rng(7);
+  // Aligned runs (whole blocks: the Horner path) and every kind of
+  // misalignment (the fallback), at near and far offsets.
+  for (int iter = 0; iter < 400; ++iter) {
+    const bool aligned = iter % 2 == 0;
+    const uint64_t unit = aligned ? 16 : 1;
+    const uint64_t run = unit * (1 + rng() % (aligned ? 80 : 1300));
+    const uint64_t count = rng() % 40;
+    const uint64_t stride = run + unit * (rng() % 3 == 0 ? 0 : rng() % 100);
+    const uint64_t data_stride = run + rng() % 50;
+    const uint64_t offset =
+        unit * (rng() % 4 == 0 ? (1ull << 37) + rng() % 1000 : rng() % 1000);
+    auto data = RandomBytes(count == 0 ? 0 : (count - 1) * data_stride + run,
+                            rng);
+    LinearDigest each;
+    for (uint64_t i = 0; i < count; ++i) {
+      each ^= LinearHash(offset + i * stride,
+                         std::span(data).subspan(i * data_stride, run));
+    }
+    ASSERT_EQ(LinearHashRuns(offset, stride, run, count, data.data(),
+                             data_stride),
+              each)
+        << "iteration " << iter << ": " << count << " runs of " << run
+        << " bytes, stride " << stride << ", at " << offset;
+  }
+  // Back to back, the runs are one string.
+  auto s = RandomBytes(64 * 48, rng);
+  EXPECT_EQ(LinearHashRuns(4096, 64, 64, 48, s.data(), 64), LinearHash(4096, s));
+  EXPECT_TRUE(LinearHashRuns(0, 16, 16, 0, nullptr, 16).IsZero());
+}
+
 TEST(LinearDigestTest, AnXorMaskUpdatesTheDigest) {
   std::mt19937_64 rng(4);
   auto base = RandomBytes(4096, rng);
