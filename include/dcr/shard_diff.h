@@ -100,6 +100,19 @@ using CanonicalBytes =
 // otherwise InvalidArgument naming the tensor.
 Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
     const Layout& layout, uint32_t rank, const CanonicalBytes& canonical);
+// One of them: shard `shard` of rank `rank` (NotFound if the layout gives
+// the rank no such shard), so that a caller sending a rank its shards
+// holds one at a time. Errors as BuildShards' for the tensors the shard
+// holds.
+Result<std::vector<std::byte>> BuildShard(const Layout& layout, uint32_t rank,
+                                          std::string_view shard,
+                                          const CanonicalBytes& canonical);
+// What HashShardRegions gives for the shards BuildShards builds from
+// `canonical`, without building them: the canonical bits of the rank's
+// regions hashed where they lie. Errors as BuildShards' (a rank holding a
+// converted tensor cannot be rebuilt, so it is refused here too).
+Result<std::vector<LinearDigest>> HashCanonicalRegions(
+    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical);
 
 // Where a rank's shard disagrees with the canonical tensor it holds.
 struct ShardMismatch {

@@ -67,38 +67,39 @@ CanonicalBytes CanonicalOf(const Layout& layout, const WeightStore& baseline) {
 
 }  // namespace
 
-Result<std::map<std::string, std::vector<std::byte>>> ProducerFeed::TreeShards(
-    const ProducerHub::Impl::Joined& j, const CanonicalBytes& canonical) const {
-  auto shards = BuildShards(hub_->layout(), j.rank, canonical);
-  if (!shards.ok()) {
-    return Status::InvalidArgument(fmt::format(
-        "producer rank {} {}, and root.baseline cannot give it the tree's: "
-        "{}. Give that rank its baseline shards (Producer::SetBaseline)",
-        j.rank,
-        j.base_parts.empty() ? "has no baseline"
-                             : "holds another version than the tree's",
-        shards.status().message()));
-  }
-  return shards;
+namespace {
+
+// Why root.baseline cannot give rank `j` its shards.
+Status Unbuildable(const ProducerHub::Impl::Joined& j, const Status& why) {
+  return Status::InvalidArgument(fmt::format(
+      "producer rank {} {}, and root.baseline cannot give it the tree's: {}. "
+      "Give that rank its baseline shards (Producer::SetBaseline)",
+      j.rank,
+      j.base_parts.empty() ? "has no baseline"
+                           : "holds another version than the tree's",
+      why.message()));
 }
+
+}  // namespace
 
 Result<std::vector<LinearDigest>> ProducerFeed::TreeParts(
     const ProducerHub::Impl::Joined& j, const CanonicalBytes& canonical) const {
-  DCR_ASSIGN_OR_RETURN(auto shards, TreeShards(j, canonical));
-  ShardBytes view;
-  for (const auto& [name, b] : shards) view.emplace(name, b);
-  return HashShardRegions(hub_->layout(), j.rank, view);
+  auto parts = HashCanonicalRegions(hub_->layout(), j.rank, canonical);
+  if (!parts.ok()) return Unbuildable(j, parts.status());
+  return parts;
 }
 
 Status ProducerFeed::Serve(const Pending& p, const CanonicalBytes& canonical,
                            std::chrono::milliseconds stall) {
   const ProducerHub::Impl::Joined& j = joined_[p.joined];
   const auto t0 = std::chrono::steady_clock::now();
-  DCR_ASSIGN_OR_RETURN(auto shards, TreeShards(j, canonical));
   uint64_t bytes = 0;
-  for (const auto& [name, b] : shards) {
-    DCR_RETURN_IF_ERROR(hub_->SendBaseline(j.rank, name, b, stall));
-    bytes += b.size();
+  const auto shards = hub_->layout().ShardsOf(j.rank);
+  for (const auto& [name, shard] : shards) {
+    auto b = BuildShard(hub_->layout(), j.rank, name, canonical);
+    if (!b.ok()) return Unbuildable(j, b.status());
+    DCR_RETURN_IF_ERROR(hub_->SendBaseline(j.rank, name, *b, stall));
+    bytes += b->size();
   }
   spdlog::info(
       "producer rank {} {}: sent its {} shards ({:.1f} MB) from "

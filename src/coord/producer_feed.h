@@ -121,14 +121,14 @@ class ProducerFeed {
     size_t joined = 0;      // index into joined_
     bool had_none = false;  // it had no baseline (else another version)
   };
-  // Rank `j`'s shards built from root.baseline (the layout's maps), and
-  // their digest parts.
-  Result<std::map<std::string, std::vector<std::byte>>> TreeShards(
-      const ProducerHub::Impl::Joined& j,
-      const CanonicalBytes& canonical) const;
+  // The digest parts rank `j` would hold with root.baseline's bits of its
+  // shards (hashed in place: nothing is built); an error when its shards
+  // cannot be built from canonical bits (a converted tensor).
   Result<std::vector<LinearDigest>> TreeParts(
       const ProducerHub::Impl::Joined& j,
       const CanonicalBytes& canonical) const;
+  // Builds the rank's shards from root.baseline through the layout's maps
+  // and sends them, one shard in memory at a time.
   Status Serve(const Pending& p, const CanonicalBytes& canonical,
                std::chrono::milliseconds stall);
   Status Apply(size_t i, size_t worker, bool sign, EncodedChunk* out);

@@ -224,6 +224,63 @@ Status CheckCanonical(const LayoutTensor& tensor,
   return Status::OK();
 }
 
+// Contiguous runs (ForEachRun's with step 1) of equal length at fixed
+// strides in the shard and in the canonical tensor, hashed together by
+// LinearHashRuns: a column split's rows cost a product each, not a power
+// of K. Run (s, c) is read at data + (in_shard ? s : c) * width and lies
+// at canonical byte c * cw.
+class RunBatch {
+ public:
+  RunBatch(const std::byte* data, size_t width, bool in_shard, size_t cw)
+      : data_(data), width_(width), in_shard_(in_shard), cw_(cw) {}
+
+  void Add(uint64_t s, uint64_t c, uint64_t n, LinearDigest* sum) {
+    if (count_ == 1 && n == n_ && s > s_ && c > c_) {
+      s_stride_ = s - s_;
+      c_stride_ = c - c_;
+      count_ = 2;
+      return;
+    }
+    if (count_ > 1 && n == n_ && s == s_ + count_ * s_stride_ &&
+        c == c_ + count_ * c_stride_) {
+      ++count_;
+      return;
+    }
+    Flush(sum);
+    s_ = s;
+    c_ = c;
+    n_ = n;
+    count_ = 1;
+    s_stride_ = c_stride_ = 0;
+  }
+
+  void Flush(LinearDigest* sum) {
+    if (count_ == 0) return;
+    const uint64_t at = in_shard_ ? s_ : c_;
+    const uint64_t stride = in_shard_ ? s_stride_ : c_stride_;
+    *sum ^= LinearHashRuns(c_ * cw_, c_stride_ * cw_, n_ * cw_, count_,
+                           data_ + at * width_, stride * width_);
+    count_ = 0;
+  }
+
+ private:
+  const std::byte* data_;
+  size_t width_;
+  bool in_shard_;
+  size_t cw_;
+  uint64_t s_ = 0, c_ = 0, n_ = 0, count_ = 0, s_stride_ = 0, c_stride_ = 0;
+};
+
+// BuildShards' refusal of a tensor whose shard bits are not its canonical
+// bits.
+Status CheckRebuildable(const LayoutTensor& tensor) {
+  if (tensor.conversion.identity(tensor.dtype)) return Status::OK();
+  return Status::InvalidArgument(
+      "tensor '" + tensor.name +
+      "' is converted from its shard (shard_dtype or add), so its shard "
+      "cannot be built from canonical bits");
+}
+
 std::string Hex(const std::byte* p, size_t n) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out = "0x";
@@ -454,8 +511,14 @@ Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
     for (const AffinePiece& p : tensor.pieces) {
       if (p.rank != rank) continue;
       const std::byte* shard = data.at(p.shard).data();
+      RunBatch batch(shard, sw, /*in_shard=*/true, cw);
       ForEachRun(p, tensor.shape,
                  [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+                   if (identity && step == 1) {
+                     batch.Add(s, c, n, &sum);
+                     return;
+                   }
+                   batch.Flush(&sum);
                    const std::byte* run = shard + s * sw;
                    if (!identity) {
                      converted.resize(n * cw);
@@ -475,50 +538,127 @@ Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
                      sum ^= LinearHash((c + j * step) * cw, {run + j * cw, cw});
                    }
                  });
+      batch.Flush(&sum);
     }
   }
   return out;
 }
 
+namespace {
+
+// Copies the canonical bits piece `p` of `tensor` maps (at `src`) into
+// its shard (at `dst`).
+void FillFromCanonical(const AffinePiece& p, const LayoutTensor& tensor,
+                       const std::byte* src, std::byte* dst) {
+  const size_t w = DTypeSize(tensor.dtype);
+  ForEachRun(p, tensor.shape,
+             [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+               if (step == 1) {
+                 std::memcpy(dst + s * w, src + c * w, n * w);
+                 return;
+               }
+               for (uint64_t j = 0; j < n; ++j) {
+                 std::memcpy(dst + (s + j) * w, src + (c + j * step) * w, w);
+               }
+             });
+}
+
+Status CheckBuildable(const LayoutShard& shard) {
+  if (Bytes(shard.shape, shard.dtype) > kMaxShardBytes) {
+    return Status::InvalidArgument("shard '" + shard.name +
+                                   "' is too large to build");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
     const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
   std::map<std::string, std::vector<std::byte>> out;
   for (const auto& [name, shard] : layout.ShardsOf(rank)) {
-    const uint64_t bytes = Bytes(shard.shape, shard.dtype);
-    if (bytes > kMaxShardBytes) {
-      return Status::InvalidArgument("shard '" + name +
-                                     "' is too large to build");
-    }
-    out[name].assign(bytes, std::byte{0});
+    DCR_RETURN_IF_ERROR(CheckBuildable(shard));
+    out[name].assign(Bytes(shard.shape, shard.dtype), std::byte{0});
   }
   for (const LayoutTensor& tensor : layout.tensors) {
     bool held = false;
     for (const AffinePiece& p : tensor.pieces) held |= p.rank == rank;
     if (!held) continue;
-    if (!tensor.conversion.identity(tensor.dtype)) {
-      return Status::InvalidArgument(
-          "tensor '" + tensor.name +
-          "' is converted from its shard (shard_dtype or add), so its "
-          "shard cannot be built from canonical bits");
-    }
+    DCR_RETURN_IF_ERROR(CheckRebuildable(tensor));
     auto it = canonical.find(tensor.name);
-    const size_t w = DTypeSize(tensor.dtype);
     DCR_RETURN_IF_ERROR(CheckCanonical(tensor, canonical, it));
+    for (const AffinePiece& p : tensor.pieces) {
+      if (p.rank == rank) {
+        FillFromCanonical(p, tensor, it->second.data(), out.at(p.shard).data());
+      }
+    }
+  }
+  return out;
+}
+
+Result<std::vector<std::byte>> BuildShard(const Layout& layout, uint32_t rank,
+                                          std::string_view name,
+                                          const CanonicalBytes& canonical) {
+  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
+  const auto shards = layout.ShardsOf(rank);
+  auto found = shards.find(std::string(name));
+  if (found == shards.end()) {
+    return Status::NotFound("layout " + layout.source + " gives rank " +
+                            std::to_string(rank) + " no shard '" +
+                            std::string(name) + "'");
+  }
+  const LayoutShard& shard = found->second;
+  DCR_RETURN_IF_ERROR(CheckBuildable(shard));
+  std::vector<std::byte> out(Bytes(shard.shape, shard.dtype), std::byte{0});
+  for (const LayoutTensor& tensor : layout.tensors) {
+    bool held = false;
+    for (const AffinePiece& p : tensor.pieces) {
+      held |= p.rank == rank && p.shard == shard.name;
+    }
+    if (!held) continue;
+    DCR_RETURN_IF_ERROR(CheckRebuildable(tensor));
+    auto it = canonical.find(tensor.name);
+    DCR_RETURN_IF_ERROR(CheckCanonical(tensor, canonical, it));
+    for (const AffinePiece& p : tensor.pieces) {
+      if (p.rank == rank && p.shard == shard.name) {
+        FillFromCanonical(p, tensor, it->second.data(), out.data());
+      }
+    }
+  }
+  return out;
+}
+
+Result<std::vector<LinearDigest>> HashCanonicalRegions(
+    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
+  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
+  std::vector<LinearDigest> out(layout.tensors.size());
+  for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
+    const LayoutTensor& tensor = layout.tensors[ti];
+    bool held = false;
+    for (const AffinePiece& p : tensor.pieces) held |= p.rank == rank;
+    if (!held) continue;
+    DCR_RETURN_IF_ERROR(CheckRebuildable(tensor));
+    auto it = canonical.find(tensor.name);
+    DCR_RETURN_IF_ERROR(CheckCanonical(tensor, canonical, it));
+    const size_t cw = DTypeSize(tensor.dtype);
     const std::byte* src = it->second.data();
+    LinearDigest& sum = out[ti];
     for (const AffinePiece& p : tensor.pieces) {
       if (p.rank != rank) continue;
-      std::byte* dst = out.at(p.shard).data();
+      RunBatch batch(src, cw, /*in_shard=*/false, cw);
       ForEachRun(p, tensor.shape,
                  [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
                    if (step == 1) {
-                     std::memcpy(dst + s * w, src + c * w, n * w);
+                     batch.Add(s, c, n, &sum);
                      return;
                    }
+                   batch.Flush(&sum);
                    for (uint64_t j = 0; j < n; ++j) {
-                     std::memcpy(dst + (s + j) * w, src + (c + j * step) * w,
-                                 w);
+                     const uint64_t at = (c + j * step) * cw;
+                     sum ^= LinearHash(at, {src + at, cw});
                    }
                  });
+      batch.Flush(&sum);
     }
   }
   return out;

@@ -37,6 +37,7 @@ void ExpectRanksCoverTheChangedSet(const Layout& l, const Tensors& base,
   std::map<size_t, std::map<uint64_t, std::pair<std::vector<std::byte>,
                                                 std::vector<std::byte>>>>
       got;
+  std::vector<std::vector<LinearDigest>> parts;
   uint64_t read = 0;
   for (uint32_t r = 0; r < l.ranks(); ++r) {
     auto bs = BuildShards(l, r, View(base));
@@ -46,6 +47,19 @@ void ExpectRanksCoverTheChangedSet(const Layout& l, const Tensors& base,
     ShardBytes b, t;
     for (const auto& [n, v] : *bs) b.emplace(n, v);
     for (const auto& [n, v] : *ts) t.emplace(n, v);
+    // One shard at a time builds what BuildShards builds, and hashing
+    // the canonical regions in place gives the built shards' parts.
+    for (const auto& [n, v] : *ts) {
+      auto one = BuildShard(l, r, n, View(target));
+      ASSERT_TRUE(one.ok()) << one.status().ToString();
+      ASSERT_EQ(*one, v) << "rank " << r << " shard " << n;
+    }
+    auto in_place = HashCanonicalRegions(l, r, View(target));
+    auto built = HashShardRegions(l, r, t);
+    ASSERT_TRUE(in_place.ok()) << in_place.status().ToString();
+    ASSERT_TRUE(built.ok()) << built.status().ToString();
+    EXPECT_EQ(*in_place, *built) << "rank " << r;
+    parts.push_back(*built);
     ShardDiffStats st;
     auto changes = DiffShards(l, r, b, t, &st);
     ASSERT_TRUE(changes.ok()) << changes.status().ToString();
@@ -85,6 +99,11 @@ void ExpectRanksCoverTheChangedSet(const Layout& l, const Tensors& base,
       EXPECT_EQ(0, std::memcmp(it->second.second.data(), &g[e * w], w));
     }
     EXPECT_EQ(got[ti].size(), want) << t.name << ": unchanged elements sent";
+    // The ranks' parts (contiguous runs hashed in batches) add up to the
+    // tensor's digest.
+    LinearDigest sum;
+    for (const auto& p : parts) sum ^= p[ti];
+    EXPECT_EQ(FinishTensorDigest(sum, g.size()), TensorDigest(g)) << t.name;
   }
 }
 
@@ -166,6 +185,17 @@ tensors:
   auto s = BuildShards(*l, 0, CanonicalBytes{{"norm", canon}});
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.status().message(), HasSubstr("tensor 'norm' is converted"));
+  auto one = BuildShard(*l, 0, "norm", CanonicalBytes{{"norm", canon}});
+  ASSERT_FALSE(one.ok());
+  EXPECT_THAT(one.status().message(), HasSubstr("tensor 'norm' is converted"));
+  // Nor hashed as if it were.
+  auto h = HashCanonicalRegions(*l, 0, CanonicalBytes{{"norm", canon}});
+  ASSERT_FALSE(h.ok());
+  EXPECT_THAT(h.status().message(), HasSubstr("tensor 'norm' is converted"));
+  auto none = BuildShard(*l, 0, "nonorm", CanonicalBytes{{"norm", canon}});
+  EXPECT_TRUE(none.status().IsNotFound()) << none.status().ToString();
+  EXPECT_FALSE(
+      HashCanonicalRegions(*l, 9, CanonicalBytes{{"norm", canon}}).ok());
 }
 
 TEST(ShardDiffTest, MissingAndResizedShardsAreRefused) {
