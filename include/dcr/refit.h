@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,14 @@
 namespace dcr {
 
 class ProducerHub;  // dcr/producer.h
+
+// root.baseline kept open between the refits of one process
+// (RefitOptions::kept_baseline). Filled and checked by the refits; the
+// caller only makes one and passes it to each.
+struct KeptBaseline {
+  std::shared_ptr<WeightStore> store;
+  uint64_t device = 0, inode = 0;  // the file it was opened from
+};
 
 struct RefitOptions {
   Topology topology;
@@ -112,6 +121,21 @@ struct RefitOptions {
   ContextCoding context_coding = ContextCoding::kAuto;
   // When root.baseline's data is written back (dcr/store.h "Durability").
   StoreSpec::DataSync baseline_data_sync = StoreSpec::DataSync::kBackground;
+  // A process that runs refits one after another (dcr refit --producers
+  // with --refits) keeps root.baseline open in it between them, instead of
+  // opening it for each. The store then writes its data back 30 s after a
+  // commit (StoreSpec::write_back_delay, as a relay's), not when the next
+  // refit opens it, and its pages stay mapped and writable meanwhile: a
+  // refit that follows within that time neither waits for the last one's
+  // write-back nor takes a write-protect fault on every page it changes
+  // (both together cost about as much CPU as applying the changes). While
+  // kept, no other process can open root.baseline (a store is open in one
+  // process at a time): another coordinator on this tree is refused until
+  // this one exits. Each refit checks it first: a file replaced since
+  // (another inode: a copy put back by rename) or whose version record on
+  // disk is no longer the kept store's is opened afresh. A baseline that
+  // is a directory or an index is never kept.
+  std::shared_ptr<KeptBaseline> kept_baseline;
   // Tests only: return right after the commit decision is durable, without
   // sending COMMIT, as if the coordinator had died there.
   bool TEST_crash_after_decision = false;

@@ -95,6 +95,8 @@ int RunProducerRefits(const ProducerArgs& a, const GlobalOptions& g,
                a.layout.c_str());
   o->producers = hub.get();
   o->producer_wait = *wait;
+  // root.baseline stays open from one step's refit to the next.
+  o->kept_baseline = std::make_shared<KeptBaseline>();
   bool failed = false, partial = false;
   for (int done = 0; a.refits == 0 || done < a.refits; ++done) {
     const uint64_t gathers = hub->gathers();

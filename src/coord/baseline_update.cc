@@ -42,7 +42,7 @@ bool CommitReachedNoOne(const std::vector<NodeResult>& replies,
 }
 
 Status UpdateBaseline(const BaselineUpdate& u, const StoreSpec& spec,
-                      std::unique_ptr<WeightStore>* baseline) {
+                      std::shared_ptr<WeightStore>* baseline) {
   if (spec.path.empty()) {
     spdlog::warn("no root.baseline configured; the next delta refit needs one");
     return Status::OK();

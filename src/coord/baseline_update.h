@@ -62,7 +62,7 @@ bool CommitReachedNoOne(const std::vector<NodeResult>& replies,
 // the target's manifest (the first full refit seeds it). `spec.path`
 // empty (no root.baseline): OK with a warning, nothing done.
 Status UpdateBaseline(const BaselineUpdate& update, const StoreSpec& spec,
-                      std::unique_ptr<WeightStore>* baseline);
+                      std::shared_ptr<WeightStore>* baseline);
 
 }  // namespace dcr
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <random>
@@ -59,6 +60,10 @@ Result<Tree> RefitTree(const RefitOptions& options, bool from_history) {
   return star;
 }
 
+// A kept root.baseline's write-back waits this long after a commit (a
+// relay's default, dcr-relay --write-back-delay).
+constexpr std::chrono::milliseconds kKeptWriteBackDelay{30000};
+
 // Opens root.baseline into setup (nothing when none is configured). With
 // `strict`, a baseline that cannot be opened is an error, but for a
 // missing one before a full refit (it seeds it); without, it is left
@@ -70,12 +75,33 @@ Status OpenBaseline(const RefitOptions& options, bool strict,
   setup->baseline_spec.kind = StoreSpec::Kind::kFile;
   setup->baseline_spec.path = topo.root.baseline;
   setup->baseline_spec.data_sync = options.baseline_data_sync;
+  KeptBaseline* kept = options.kept_baseline.get();
+  struct stat st {};
+  const bool keepable = kept != nullptr &&
+                        ::stat(topo.root.baseline.c_str(), &st) == 0 &&
+                        S_ISREG(st.st_mode);
+  if (keepable) {
+    setup->baseline_spec.write_back_delay = kKeptWriteBackDelay;
+    if (kept->store && kept->device == st.st_dev && kept->inode == st.st_ino) {
+      auto on_disk = ReadVersionRecord(DefaultRecordPath(setup->baseline_spec));
+      if (on_disk.ok() && *on_disk && **on_disk == kept->store->record()) {
+        setup->baseline = kept->store;
+        return Status::OK();
+      }
+    }
+  }
+  if (kept != nullptr) kept->store.reset();  // opened afresh, or not kept
   auto store = OpenStore(setup->baseline_spec);
   if (store.ok()) {
     setup->baseline = *std::move(store);
-    // This process ends with the refit: the next one settles the
+    // This process may end with the refit: the next one settles the
     // write-back (dcr/store.h, DetachDataSync).
     setup->baseline->DetachDataSync();
+    if (keepable) {
+      kept->store = setup->baseline;
+      kept->device = st.st_dev;
+      kept->inode = st.st_ino;
+    }
     return Status::OK();
   }
   const Status& e = store.status();

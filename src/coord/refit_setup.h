@@ -41,7 +41,7 @@ struct RefitSetup {
   Tree tree;
   StateDir state{""};
   StoreSpec baseline_spec;  // path empty: no root.baseline configured
-  std::unique_ptr<WeightStore> baseline;
+  std::shared_ptr<WeightStore> baseline;  // shared with a KeptBaseline
   std::unique_ptr<Checkpoint> target;
   std::unique_ptr<ComposedDelta> composed;  // catch-up or repair (HistoryFeed)
   std::unique_ptr<EndSigner> signer;        // null: END is unsigned

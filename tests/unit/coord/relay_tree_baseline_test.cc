@@ -274,5 +274,49 @@ TEST_F(RelayTreeTest, ATargetWithTheBaselinesBitsAbortsNothingToRefit) {
   EXPECT_EQ(Refit(2).outcome, RefitOutcome::kCommitted);
 }
 
+// A process running refits one after another keeps root.baseline open
+// between them (RefitOptions::kept_baseline): no other process opens it
+// meanwhile, and a file replaced under it (another inode: a backup put
+// back by rename) is opened afresh.
+TEST_F(RelayTreeTest, AKeptBaselineServesTheNextRefitUnlessReplaced) {
+  SeedAll(0);
+  StartAll();
+  auto kept = std::make_shared<KeptBaseline>();
+  auto keep = [&](RefitOptions& o) { o.kept_baseline = kept; };
+  const std::string base = dir_.Path("base.safetensors");
+  auto settle = [&] {
+    for (const auto& n : kRelays) WaitIdle(n);
+  };
+  RefitReport one = Refit(1, RefitMode::kDelta, 0, keep);
+  ASSERT_EQ(one.outcome, RefitOutcome::kCommitted) << one.ToJson();
+  settle();
+  ASSERT_NE(kept->store, nullptr);
+  const std::shared_ptr<WeightStore> first = kept->store;
+  StoreSpec spec;
+  spec.kind = StoreSpec::Kind::kFile;
+  spec.path = base;
+  auto other = OpenStore(spec);
+  EXPECT_FALSE(other.ok()) << "a kept baseline was opened by another store";
+
+  RefitReport two = Refit(2, RefitMode::kDelta, 0, keep);
+  ASSERT_EQ(two.outcome, RefitOutcome::kCommitted) << two.ToJson();
+  settle();
+  EXPECT_EQ(kept->store, first) << "opened again for the next refit";
+  EXPECT_EQ(first->committed(), two.target);
+  EXPECT_EQ(DigestOf(base), DigestOf(Ckpt(2)));
+  ExpectBaselineCommittedAt(base + ".dcr-version", two.target);
+
+  // Replaced by a copy of itself (the same bits and record, a new inode).
+  std::filesystem::copy_file(base, base + ".new");
+  std::filesystem::rename(base + ".new", base);
+  RefitReport three = Refit(1, RefitMode::kDelta, 0, keep);
+  ASSERT_EQ(three.outcome, RefitOutcome::kCommitted) << three.ToJson();
+  settle();
+  EXPECT_EQ(three.base, two.target);
+  EXPECT_NE(kept->store, first) << "a replaced file's old mapping was kept";
+  EXPECT_EQ(DigestOf(base), DigestOf(Ckpt(1)));
+  ExpectBaselineCommittedAt(base + ".dcr-version", three.target);
+}
+
 }  // namespace
 }  // namespace dcr
