@@ -133,8 +133,9 @@ struct RefitOptions {
   // process at a time): another coordinator on this tree is refused until
   // this one exits. Each refit checks it first: a file replaced since
   // (another inode: a copy put back by rename) or whose version record on
-  // disk is no longer the kept store's is opened afresh. A baseline that
-  // is a directory or an index is never kept.
+  // disk is no longer the kept store's is opened afresh, and the kept
+  // store's write-back leaves a record it did not write as it is. Only a
+  // single-file baseline is kept (not a directory or an index).
   std::shared_ptr<KeptBaseline> kept_baseline;
   // Tests only: return right after the commit decision is durable, without
   // sending COMMIT, as if the coordinator had died there.

@@ -100,17 +100,20 @@ using CanonicalBytes =
 // otherwise InvalidArgument naming the tensor.
 Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
     const Layout& layout, uint32_t rank, const CanonicalBytes& canonical);
-// One of them: shard `shard` of rank `rank` (NotFound if the layout gives
-// the rank no such shard), so that a caller sending a rank its shards
-// holds one at a time. Errors as BuildShards' for the tensors the shard
-// holds.
-Result<std::vector<std::byte>> BuildShard(const Layout& layout, uint32_t rank,
-                                          std::string_view shard,
-                                          const CanonicalBytes& canonical);
+// The same, one shard at a time: `each` gets every shard of the rank (in
+// name order) as soon as it is built, so that a caller sending a rank its
+// shards holds one at a time. Every check is made before the first shard
+// is built; an error from `each` stops it.
+Status BuildShardsEach(
+    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical,
+    const std::function<Status(const std::string&, std::vector<std::byte>&&)>&
+        each);
 // What HashShardRegions gives for the shards BuildShards builds from
 // `canonical`, without building them: the canonical bits of the rank's
-// regions hashed where they lie. Errors as BuildShards' (a rank holding a
-// converted tensor cannot be rebuilt, so it is refused here too).
+// regions hashed where they lie. A shard where two tensors' regions
+// overlap (a tied head reading its embedding's) is built, that one alone,
+// and hashed: there it holds one tensor's bits. Errors as BuildShards' (a rank
+// holding a converted tensor cannot be rebuilt, so it is refused here too).
 Result<std::vector<LinearDigest>> HashCanonicalRegions(
     const Layout& layout, uint32_t rank, const CanonicalBytes& canonical);
 

@@ -32,20 +32,21 @@
 //                1 s per GB changed, per node sharing the disk).
 //   kBackground  (the default) the record is replaced at once, marked
 //                "unsynced" with this boot's id, and a background thread
-//                writes the data back, then rewrites the record without the
-//                mark (paced, 256 KiB at a time, so that the next refit's
-//                record and journal fsyncs do not queue behind the whole
-//                store; after StoreSpec::write_back_delay, which lets
-//                commits close together share one write-back). A crash of
-//                the process alone loses nothing (the page
-//                cache holds the bits); a crash of the host before the
-//                write-back finished may. So OpenStore, finding the mark
-//                from an earlier boot, hashes the data: bits that match the
-//                committed digest keep the version, others lose it (the
-//                record then says "never committed", so no delta is bound
-//                to them; a full refit repairs the store). The mark from
-//                this boot means only the process died: the open syncs the
-//                data and clears it.
+//                writes the data back (paced, 256 KiB at a time, so that
+//                the next refit's record and journal fsyncs do not queue
+//                behind the whole store; after StoreSpec::write_back_delay,
+//                which lets commits close together share one write-back),
+//                then rewrites the record without the mark, if the record
+//                on disk is still the one this store wrote (someone else's
+//                is left as it is). A crash of the process alone loses
+//                nothing (the page cache holds the bits); a crash of the
+//                host before the write-back finished may. So OpenStore,
+//                finding the mark from an earlier boot, hashes the data:
+//                bits that match the committed digest keep the version,
+//                others lose it (the record then says "never committed",
+//                so no delta is bound to them; a full refit repairs the
+//                store). The mark from this boot means only the process
+//                died: the open syncs the data and clears it.
 //
 // The record states what dcr last committed; it is not re-verified on open
 // (that would hash the whole store), except as above. Callers that must be
@@ -327,6 +328,9 @@ class WeightStore {
   struct Records;
 
   void SyncLoop();
+  // Whether the record file holds `ours` (what this store wrote last): a
+  // write-back clears the mark only on its own record.
+  bool RecordIsOurs(const VersionRecord& ours) const;
 
   const std::string describe_;
   const std::string record_path_;

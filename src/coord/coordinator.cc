@@ -67,7 +67,8 @@ Result<RefitReport> RunRefit(const RefitOptions& options) {
   std::vector<NodeResult> behind;
   Version tree_version;
   auto report = [&] {
-    // (The run's baseline store is closed before a catch-up opens it.)
+    // (The run's baseline store is closed before a catch-up opens it,
+    // unless the options keep it open: the catch-up then reuses it.)
     RefitRun run(options);
     auto r = run.Run();
     behind = run.behind();

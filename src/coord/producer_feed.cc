@@ -94,19 +94,24 @@ Status ProducerFeed::Serve(const Pending& p, const CanonicalBytes& canonical,
   const ProducerHub::Impl::Joined& j = joined_[p.joined];
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
-  const auto shards = hub_->layout().ShardsOf(j.rank);
-  for (const auto& [name, shard] : shards) {
-    auto b = BuildShard(hub_->layout(), j.rank, name, canonical);
-    if (!b.ok()) return Unbuildable(j, b.status());
-    DCR_RETURN_IF_ERROR(hub_->SendBaseline(j.rank, name, *b, stall));
-    bytes += b->size();
-  }
+  size_t count = 0;
+  Status sent;
+  Status built =
+      BuildShardsEach(hub_->layout(), j.rank, canonical,
+                      [&](const std::string& name, std::vector<std::byte>&& b) {
+                        sent = hub_->SendBaseline(j.rank, name, b, stall);
+                        bytes += b.size();
+                        ++count;
+                        return sent;
+                      });
+  DCR_RETURN_IF_ERROR(sent);
+  if (!built.ok()) return Unbuildable(j, built);
   spdlog::info(
       "producer rank {} {}: sent its {} shards ({:.1f} MB) from "
       "root.baseline in {:.3f} s",
       j.rank,
       p.had_none ? "had no baseline" : "held another version than the tree's",
-      shards.size(), static_cast<double>(bytes) / 1e6,
+      count, static_cast<double>(bytes) / 1e6,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count());
   return Status::OK();

@@ -76,10 +76,13 @@ Status OpenBaseline(const RefitOptions& options, bool strict,
   setup->baseline_spec.path = topo.root.baseline;
   setup->baseline_spec.data_sync = options.baseline_data_sync;
   KeptBaseline* kept = options.kept_baseline.get();
+  // Only a single safetensors file: an index or a directory maps files the
+  // inode check would not see. (Stat before the open: a file replaced in
+  // between is only opened again next time.)
   struct stat st {};
-  const bool keepable = kept != nullptr &&
-                        ::stat(topo.root.baseline.c_str(), &st) == 0 &&
-                        S_ISREG(st.st_mode);
+  const bool keepable =
+      kept != nullptr && !topo.root.baseline.ends_with(".json") &&
+      ::stat(topo.root.baseline.c_str(), &st) == 0 && S_ISREG(st.st_mode);
   if (keepable) {
     setup->baseline_spec.write_back_delay = kKeptWriteBackDelay;
     if (kept->store && kept->device == st.st_dev && kept->inode == st.st_ino) {

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <string>
 
@@ -563,102 +564,153 @@ void FillFromCanonical(const AffinePiece& p, const LayoutTensor& tensor,
              });
 }
 
-Status CheckBuildable(const LayoutShard& shard) {
-  if (Bytes(shard.shape, shard.dtype) > kMaxShardBytes) {
-    return Status::InvalidArgument("shard '" + shard.name +
-                                   "' is too large to build");
+// The pieces of one rank's shards, by shard, each with its tensor.
+struct ShardPieces {
+  const LayoutShard* shard = nullptr;
+  std::vector<std::pair<const LayoutTensor*, const AffinePiece*>> pieces;
+
+  // Whether pieces of two tensors read the same shard element (a tied
+  // head reads its embedding's; the parts of a fused tensor do not).
+  bool Shared() const {
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      for (size_t j = i + 1; j < pieces.size(); ++j) {
+        if (pieces[i].first != pieces[j].first &&
+            Overlap(*pieces[i].second, *pieces[j].second)) {
+          return true;
+        }
+      }
+    }
+    return false;
   }
-  return Status::OK();
-}
+  static bool Overlap(const AffinePiece& a, const AffinePiece& b) {
+    for (size_t d = 0; d < a.from.size() && d < b.from.size(); ++d) {
+      if (a.from[d] >= b.from[d] + b.extent[d] ||
+          b.from[d] >= a.from[d] + a.extent[d]) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
 
-}  // namespace
-
-Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
-    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
-  std::map<std::string, std::vector<std::byte>> out;
-  for (const auto& [name, shard] : layout.ShardsOf(rank)) {
-    DCR_RETURN_IF_ERROR(CheckBuildable(shard));
-    out[name].assign(Bytes(shard.shape, shard.dtype), std::byte{0});
+// Indexes rank `rank`'s pieces by shard (one pass over the layout) and
+// checks what BuildShards needs: every shard small enough to build, every
+// tensor it reads present in `canonical` with its size and not converted.
+Result<std::map<std::string, ShardPieces>> IndexShards(
+    const Layout& layout, uint32_t rank,
+    const std::map<std::string, LayoutShard>& shards,
+    const CanonicalBytes& canonical) {
+  std::map<std::string, ShardPieces> out;
+  for (const auto& [name, shard] : shards) {
+    if (Bytes(shard.shape, shard.dtype) > kMaxShardBytes) {
+      return Status::InvalidArgument("shard '" + shard.name +
+                                     "' is too large to build");
+    }
+    out[name].shard = &shard;
   }
   for (const LayoutTensor& tensor : layout.tensors) {
-    bool held = false;
-    for (const AffinePiece& p : tensor.pieces) held |= p.rank == rank;
-    if (!held) continue;
-    DCR_RETURN_IF_ERROR(CheckRebuildable(tensor));
-    auto it = canonical.find(tensor.name);
-    DCR_RETURN_IF_ERROR(CheckCanonical(tensor, canonical, it));
+    bool checked = false;
     for (const AffinePiece& p : tensor.pieces) {
-      if (p.rank == rank) {
-        FillFromCanonical(p, tensor, it->second.data(), out.at(p.shard).data());
+      if (p.rank != rank) continue;
+      if (!checked) {
+        DCR_RETURN_IF_ERROR(CheckRebuildable(tensor));
+        DCR_RETURN_IF_ERROR(
+            CheckCanonical(tensor, canonical, canonical.find(tensor.name)));
+        checked = true;
       }
+      out.at(p.shard).pieces.emplace_back(&tensor, &p);
     }
   }
   return out;
 }
 
-Result<std::vector<std::byte>> BuildShard(const Layout& layout, uint32_t rank,
-                                          std::string_view name,
-                                          const CanonicalBytes& canonical) {
+std::vector<std::byte> BuildIndexed(const ShardPieces& sp,
+                                    const CanonicalBytes& canonical) {
+  std::vector<std::byte> out(Bytes(sp.shard->shape, sp.shard->dtype),
+                             std::byte{0});
+  for (const auto& [tensor, p] : sp.pieces) {
+    FillFromCanonical(*p, *tensor, canonical.at(tensor->name).data(),
+                      out.data());
+  }
+  return out;
+}
+
+// Adds piece `p`'s contribution to `sum`, its bits read at `data`: the
+// shard's bytes (in_shard) or the canonical tensor's. Identity
+// conversions only (the shard's bits are the canonical bits).
+void HashPiece(const AffinePiece& p, const LayoutTensor& tensor,
+               const std::byte* data, bool in_shard, LinearDigest* sum) {
+  const size_t cw = DTypeSize(tensor.dtype);
+  RunBatch batch(data, cw, in_shard, cw);
+  ForEachRun(
+      p, tensor.shape, [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+        if (step == 1) {
+          batch.Add(s, c, n, sum);
+          return;
+        }
+        batch.Flush(sum);
+        for (uint64_t j = 0; j < n; ++j) {
+          const uint64_t at = (c + j * step) * cw;
+          *sum ^= LinearHash(at, {data + (in_shard ? (s + j) * cw : at), cw});
+        }
+      });
+  batch.Flush(sum);
+}
+
+}  // namespace
+
+Status BuildShardsEach(
+    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical,
+    const std::function<Status(const std::string&, std::vector<std::byte>&&)>&
+        each) {
   DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
   const auto shards = layout.ShardsOf(rank);
-  auto found = shards.find(std::string(name));
-  if (found == shards.end()) {
-    return Status::NotFound("layout " + layout.source + " gives rank " +
-                            std::to_string(rank) + " no shard '" +
-                            std::string(name) + "'");
+  DCR_ASSIGN_OR_RETURN(auto index,
+                       IndexShards(layout, rank, shards, canonical));
+  for (const auto& [name, sp] : index) {
+    DCR_RETURN_IF_ERROR(each(name, BuildIndexed(sp, canonical)));
   }
-  const LayoutShard& shard = found->second;
-  DCR_RETURN_IF_ERROR(CheckBuildable(shard));
-  std::vector<std::byte> out(Bytes(shard.shape, shard.dtype), std::byte{0});
-  for (const LayoutTensor& tensor : layout.tensors) {
-    bool held = false;
-    for (const AffinePiece& p : tensor.pieces) {
-      held |= p.rank == rank && p.shard == shard.name;
-    }
-    if (!held) continue;
-    DCR_RETURN_IF_ERROR(CheckRebuildable(tensor));
-    auto it = canonical.find(tensor.name);
-    DCR_RETURN_IF_ERROR(CheckCanonical(tensor, canonical, it));
-    for (const AffinePiece& p : tensor.pieces) {
-      if (p.rank == rank && p.shard == shard.name) {
-        FillFromCanonical(p, tensor, it->second.data(), out.data());
-      }
-    }
-  }
+  return Status::OK();
+}
+
+Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
+    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
+  std::map<std::string, std::vector<std::byte>> out;
+  DCR_RETURN_IF_ERROR(BuildShardsEach(
+      layout, rank, canonical,
+      [&](const std::string& name, std::vector<std::byte>&& bytes) {
+        out.emplace(name, std::move(bytes));
+        return Status::OK();
+      }));
   return out;
 }
 
 Result<std::vector<LinearDigest>> HashCanonicalRegions(
     const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
   DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
-  std::vector<LinearDigest> out(layout.tensors.size());
+  const auto shards = layout.ShardsOf(rank);
+  DCR_ASSIGN_OR_RETURN(auto index,
+                       IndexShards(layout, rank, shards, canonical));
+  std::map<const LayoutTensor*, size_t> at;
   for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
-    const LayoutTensor& tensor = layout.tensors[ti];
-    bool held = false;
-    for (const AffinePiece& p : tensor.pieces) held |= p.rank == rank;
-    if (!held) continue;
-    DCR_RETURN_IF_ERROR(CheckRebuildable(tensor));
-    auto it = canonical.find(tensor.name);
-    DCR_RETURN_IF_ERROR(CheckCanonical(tensor, canonical, it));
-    const size_t cw = DTypeSize(tensor.dtype);
-    const std::byte* src = it->second.data();
-    LinearDigest& sum = out[ti];
-    for (const AffinePiece& p : tensor.pieces) {
-      if (p.rank != rank) continue;
-      RunBatch batch(src, cw, /*in_shard=*/false, cw);
-      ForEachRun(p, tensor.shape,
-                 [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
-                   if (step == 1) {
-                     batch.Add(s, c, n, &sum);
-                     return;
-                   }
-                   batch.Flush(&sum);
-                   for (uint64_t j = 0; j < n; ++j) {
-                     const uint64_t at = (c + j * step) * cw;
-                     sum ^= LinearHash(at, {src + at, cw});
-                   }
-                 });
-      batch.Flush(&sum);
+    at[&layout.tensors[ti]] = ti;
+  }
+  std::vector<LinearDigest> out(layout.tensors.size());
+  for (const auto& [name, sp] : index) {
+    if (sp.Shared()) {
+      // Where two tensors' regions overlap the built shard holds one
+      // tensor's bits: it is built (this one only) and hashed as the rank
+      // would hash it.
+      const std::vector<std::byte> built = BuildIndexed(sp, canonical);
+      for (const auto& [tensor, p] : sp.pieces) {
+        HashPiece(*p, *tensor, built.data(), /*in_shard=*/true,
+                  &out[at.at(tensor)]);
+      }
+      continue;
+    }
+    for (const auto& [tensor, p] : sp.pieces) {
+      HashPiece(*p, *tensor, canonical.at(tensor->name).data(),
+                /*in_shard=*/false, &out[at.at(tensor)]);
     }
   }
   return out;

@@ -265,7 +265,7 @@ void WeightStore::SyncLoop() {
         MutexLock g(&s.mu);
         poisoned = s.poisoned;
       }
-      if (current && next.unsynced && !poisoned) {
+      if (current && next.unsynced && !poisoned && RecordIsOurs(next)) {
         next.unsynced.reset();
         st = r.Persist(*this, next);
       }
@@ -287,6 +287,20 @@ void WeightStore::SyncLoop() {
     }
     s.cv.SignalAll();
   }
+}
+
+bool WeightStore::RecordIsOurs(const VersionRecord& ours) const {
+  if (record_path_.empty()) return true;
+  auto found = ReadVersionRecord(record_path_);
+  if (found.ok() && *found && **found == ours) return true;
+  // Someone else wrote or removed it since (an operator, or a file and
+  // record put back while a process that keeps the store waited for its
+  // next refit): the write-back must not put this store's back.
+  spdlog::warn(
+      "{}: the version record at {} is not the one this store wrote; the "
+      "background write-back leaves it as it is",
+      describe_, record_path_);
+  return false;
 }
 
 Status WeightStore::WriteTensor(size_t i, uint64_t offset,

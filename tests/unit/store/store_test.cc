@@ -1138,6 +1138,36 @@ TEST_F(DataSyncTest, WaitingOrClosingWritesBackAtOnce) {
   EXPECT_EQ(rec->committed->version, v2);
 }
 
+// A record someone else wrote, or removed, while a write-back waited out
+// its delay (a file and record put back under a process that keeps the
+// store open) is left as it is: the write-back does not put its own back.
+TEST_F(DataSyncTest, AWriteBackLeavesARecordItDidNotWrite) {
+  Fixture f;
+  StoreSpec spec = WriteFixture(f, "p.safetensors");
+  spec.write_back_delay = std::chrono::seconds(60);
+  auto store = OpenStore(spec);
+  ASSERT_TRUE(store.ok());
+  const Version v1{1, (*store)->Digests().version};
+  ASSERT_TRUE((*store)->Commit(v1, IdOf(1)).ok());
+  const std::string path = (*store)->record_path();
+  auto mine = OnDisk(path);
+  ASSERT_TRUE(mine && mine->unsynced);
+  VersionRecord theirs = *mine;
+  theirs.unsynced.reset();
+  theirs.committed->version = Version{7, Digest128{7, 7}};
+  ASSERT_TRUE(WriteVersionRecord(path, theirs).ok());
+  ASSERT_TRUE((*store)->WaitDataSync().ok());
+  auto rec = OnDisk(path);
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->committed->version, theirs.committed->version);
+  // Removed: still not put back.
+  ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v1).ok());
+  ASSERT_TRUE((*store)->Commit(v1, IdOf(2)).ok());
+  std::filesystem::remove(path);
+  ASSERT_TRUE((*store)->WaitDataSync().ok());
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
 // A write-back during which a record was written (the next refit began)
 // cannot drop the mark; the next one then starts at its commit, without
 // the delay, or refits closer together than the delay would keep the
