@@ -148,22 +148,23 @@ TEST(LinearDigestTest, RunsAddUpAsTheirOwnHashes) {
     const uint64_t data_stride = run + rng() % 50;
     const uint64_t offset =
         unit * (rng() % 4 == 0 ? (1ull << 37) + rng() % 1000 : rng() % 1000);
-    auto data = RandomBytes(count == 0 ? 0 : (count - 1) * data_stride + run,
-                            rng);
+    auto data =
+        RandomBytes(count == 0 ? 0 : (count - 1) * data_stride + run, rng);
     LinearDigest each;
     for (uint64_t i = 0; i < count; ++i) {
       each ^= LinearHash(offset + i * stride,
                          std::span(data).subspan(i * data_stride, run));
     }
-    ASSERT_EQ(LinearHashRuns(offset, stride, run, count, data.data(),
-                             data_stride),
-              each)
+    ASSERT_EQ(
+        LinearHashRuns(offset, stride, run, count, data.data(), data_stride),
+        each)
         << "iteration " << iter << ": " << count << " runs of " << run
         << " bytes, stride " << stride << ", at " << offset;
   }
   // Back to back, the runs are one string.
   auto s = RandomBytes(64 * 48, rng);
-  EXPECT_EQ(LinearHashRuns(4096, 64, 64, 48, s.data(), 64), LinearHash(4096, s));
+  EXPECT_EQ(LinearHashRuns(4096, 64, 64, 48, s.data(), 64),
+            LinearHash(4096, s));
   EXPECT_TRUE(LinearHashRuns(0, 16, 16, 0, nullptr, 16).IsZero());
 }
 
