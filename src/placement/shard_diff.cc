@@ -12,65 +12,17 @@
 #include <string>
 
 #include "codec/diff.h"
+#include "placement/shard_runs.h"
 
 namespace dcr {
+
+using shard_runs::Bytes;
+using shard_runs::CheckCanonical;
+using shard_runs::CheckRank;
+using shard_runs::ForEachRun;
+using shard_runs::HashPiece;
+
 namespace {
-
-Shape Strides(const Shape& shape) {
-  Shape s(shape.size(), 1);
-  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
-  return s;
-}
-
-// BuildShards allocates shards; beyond this it refuses.
-constexpr uint64_t kMaxShardBytes = 1ull << 46;
-
-// Bytes of `s` elements of `d`, or UINT64_MAX where that overflows (a
-// Layout built by hand; ResolveLayout refuses such shapes).
-uint64_t Bytes(const Shape& s, DType d) {
-  uint64_t n = DTypeSize(d);
-  for (uint64_t x : s) {
-    if (__builtin_mul_overflow(n, x, &n)) return UINT64_MAX;
-  }
-  return n;
-}
-
-// Calls fn(shard_pos, canonical_pos, count, canonical_step) for each run of
-// `p`'s box along its last shard dimension, in shard row-major order.
-template <typename Fn>
-void ForEachRun(const AffinePiece& p, const Shape& canonical_shape, Fn fn) {
-  const size_t dims = p.shard_shape.size();
-  if (dims == 0) {
-    fn(uint64_t{0}, uint64_t{0}, uint64_t{1}, uint64_t{1});
-    return;
-  }
-  const Shape ss = Strides(p.shard_shape);
-  const Shape cs = Strides(canonical_shape);
-  Shape delta(dims, 0);
-  uint64_t origin = 0;
-  for (size_t d = 0; d < dims; ++d) {
-    origin += cs[d] * p.to[d];
-    delta[p.axis[d]] = cs[d] * p.step[d];
-  }
-  const size_t last = dims - 1;
-  std::vector<uint64_t> i(dims, 0);  // odometer over dims [0, last)
-  while (true) {
-    uint64_t s = ss[last] * p.from[last], c = origin;
-    for (size_t k = 0; k < last; ++k) {
-      s += ss[k] * (p.from[k] + i[k]);
-      c += delta[k] * i[k];
-    }
-    fn(s, c, p.extent[last], delta[last]);
-    size_t k = last;
-    while (k > 0) {
-      --k;
-      if (++i[k] < p.extent[k]) break;
-      i[k] = 0;
-      if (k == 0) return;
-    }
-    if (last == 0) return;
-  }
-}
 
 // Elements FindChanges scans at a time: its outputs fit in the L1 cache.
 constexpr uint64_t kScanBlock = 4096;
@@ -172,15 +124,6 @@ void Narrow(DType d, float v, std::byte* out) {
   }
 }
 
-Status CheckRank(const Layout& layout, uint32_t rank) {
-  if (rank >= layout.ranks()) {
-    return Status::InvalidArgument(
-        "rank " + std::to_string(rank) + " is not below layout " +
-        layout.source + "'s " + std::to_string(layout.ranks()) + " ranks");
-  }
-  return Status::OK();
-}
-
 Status CheckSize(const Layout& layout, uint32_t rank, const LayoutShard& s,
                  const ShardBytes& bytes, const char* which,
                  std::span<const std::byte>* out) {
@@ -205,81 +148,6 @@ Status CheckSize(const Layout& layout, uint32_t rank, const LayoutShard& s,
   }
   *out = it->second;
   return Status::OK();
-}
-
-Status CheckCanonical(const LayoutTensor& tensor,
-                      const CanonicalBytes& canonical,
-                      CanonicalBytes::const_iterator it) {
-  if (it == canonical.end()) {
-    return Status::NotFound("the canonical checkpoint has no tensor '" +
-                            tensor.name + "'");
-  }
-  const uint64_t want = Bytes(tensor.shape, tensor.dtype);
-  if (it->second.size() != want) {
-    return Status::InvalidArgument(
-        "canonical tensor '" + tensor.name + "' has " +
-        std::to_string(it->second.size()) + " bytes, but the layout gives it " +
-        std::to_string(want) + " (" + std::string(DTypeName(tensor.dtype)) +
-        ")");
-  }
-  return Status::OK();
-}
-
-// Contiguous runs (ForEachRun's with step 1) of equal length at fixed
-// strides in the shard and in the canonical tensor, hashed together by
-// LinearHashRuns: a column split's rows cost a product each, not a power
-// of K. Run (s, c) is read at data + (in_shard ? s : c) * width and lies
-// at canonical byte c * cw.
-class RunBatch {
- public:
-  RunBatch(const std::byte* data, size_t width, bool in_shard, size_t cw)
-      : data_(data), width_(width), in_shard_(in_shard), cw_(cw) {}
-
-  void Add(uint64_t s, uint64_t c, uint64_t n, LinearDigest* sum) {
-    if (count_ == 1 && n == n_ && s > s_ && c > c_) {
-      s_stride_ = s - s_;
-      c_stride_ = c - c_;
-      count_ = 2;
-      return;
-    }
-    if (count_ > 1 && n == n_ && s == s_ + count_ * s_stride_ &&
-        c == c_ + count_ * c_stride_) {
-      ++count_;
-      return;
-    }
-    Flush(sum);
-    s_ = s;
-    c_ = c;
-    n_ = n;
-    count_ = 1;
-    s_stride_ = c_stride_ = 0;
-  }
-
-  void Flush(LinearDigest* sum) {
-    if (count_ == 0) return;
-    const uint64_t at = in_shard_ ? s_ : c_;
-    const uint64_t stride = in_shard_ ? s_stride_ : c_stride_;
-    *sum ^= LinearHashRuns(c_ * cw_, c_stride_ * cw_, n_ * cw_, count_,
-                           data_ + at * width_, stride * width_);
-    count_ = 0;
-  }
-
- private:
-  const std::byte* data_;
-  size_t width_;
-  bool in_shard_;
-  size_t cw_;
-  uint64_t s_ = 0, c_ = 0, n_ = 0, count_ = 0, s_stride_ = 0, c_stride_ = 0;
-};
-
-// BuildShards' refusal of a tensor whose shard bits are not its canonical
-// bits.
-Status CheckRebuildable(const LayoutTensor& tensor) {
-  if (tensor.conversion.identity(tensor.dtype)) return Status::OK();
-  return Status::InvalidArgument(
-      "tensor '" + tensor.name +
-      "' is converted from its shard (shard_dtype or add), so its shard "
-      "cannot be built from canonical bits");
 }
 
 std::string Hex(const std::byte* p, size_t n) {
@@ -512,23 +380,19 @@ Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
     for (const AffinePiece& p : tensor.pieces) {
       if (p.rank != rank) continue;
       const std::byte* shard = data.at(p.shard).data();
-      RunBatch batch(shard, sw, /*in_shard=*/true, cw);
+      if (identity) {
+        HashPiece(p, tensor, shard, /*in_shard=*/true, &sum);
+        continue;
+      }
       ForEachRun(p, tensor.shape,
                  [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
-                   if (identity && step == 1) {
-                     batch.Add(s, c, n, &sum);
-                     return;
+                   // Converted to canonical bits first, run by run.
+                   converted.resize(n * cw);
+                   for (uint64_t j = 0; j < n; ++j) {
+                     ConvertElement(tensor.conversion, tensor.dtype,
+                                    shard + (s + j) * sw, &converted[j * cw]);
                    }
-                   batch.Flush(&sum);
-                   const std::byte* run = shard + s * sw;
-                   if (!identity) {
-                     converted.resize(n * cw);
-                     for (uint64_t j = 0; j < n; ++j) {
-                       ConvertElement(tensor.conversion, tensor.dtype,
-                                      run + j * sw, &converted[j * cw]);
-                     }
-                     run = converted.data();
-                   }
+                   const std::byte* run = converted.data();
                    if (step == 1) {  // contiguous in the canonical tensor
                      sum ^= LinearHash(c * cw, {run, n * cw});
                      return;
@@ -539,178 +403,6 @@ Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
                      sum ^= LinearHash((c + j * step) * cw, {run + j * cw, cw});
                    }
                  });
-      batch.Flush(&sum);
-    }
-  }
-  return out;
-}
-
-namespace {
-
-// Copies the canonical bits piece `p` of `tensor` maps (at `src`) into
-// its shard (at `dst`).
-void FillFromCanonical(const AffinePiece& p, const LayoutTensor& tensor,
-                       const std::byte* src, std::byte* dst) {
-  const size_t w = DTypeSize(tensor.dtype);
-  ForEachRun(p, tensor.shape,
-             [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
-               if (step == 1) {
-                 std::memcpy(dst + s * w, src + c * w, n * w);
-                 return;
-               }
-               for (uint64_t j = 0; j < n; ++j) {
-                 std::memcpy(dst + (s + j) * w, src + (c + j * step) * w, w);
-               }
-             });
-}
-
-// The pieces of one rank's shards, by shard, each with its tensor.
-struct ShardPieces {
-  const LayoutShard* shard = nullptr;
-  std::vector<std::pair<const LayoutTensor*, const AffinePiece*>> pieces;
-
-  // Whether pieces of two tensors read the same shard element (a tied
-  // head reads its embedding's; the parts of a fused tensor do not).
-  bool Shared() const {
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      for (size_t j = i + 1; j < pieces.size(); ++j) {
-        if (pieces[i].first != pieces[j].first &&
-            Overlap(*pieces[i].second, *pieces[j].second)) {
-          return true;
-        }
-      }
-    }
-    return false;
-  }
-  static bool Overlap(const AffinePiece& a, const AffinePiece& b) {
-    for (size_t d = 0; d < a.from.size() && d < b.from.size(); ++d) {
-      if (a.from[d] >= b.from[d] + b.extent[d] ||
-          b.from[d] >= a.from[d] + a.extent[d]) {
-        return false;
-      }
-    }
-    return true;
-  }
-};
-
-// Indexes rank `rank`'s pieces by shard (one pass over the layout) and
-// checks what BuildShards needs: every shard small enough to build, every
-// tensor it reads present in `canonical` with its size and not converted.
-Result<std::map<std::string, ShardPieces>> IndexShards(
-    const Layout& layout, uint32_t rank,
-    const std::map<std::string, LayoutShard>& shards,
-    const CanonicalBytes& canonical) {
-  std::map<std::string, ShardPieces> out;
-  for (const auto& [name, shard] : shards) {
-    if (Bytes(shard.shape, shard.dtype) > kMaxShardBytes) {
-      return Status::InvalidArgument("shard '" + shard.name +
-                                     "' is too large to build");
-    }
-    out[name].shard = &shard;
-  }
-  for (const LayoutTensor& tensor : layout.tensors) {
-    bool checked = false;
-    for (const AffinePiece& p : tensor.pieces) {
-      if (p.rank != rank) continue;
-      if (!checked) {
-        DCR_RETURN_IF_ERROR(CheckRebuildable(tensor));
-        DCR_RETURN_IF_ERROR(
-            CheckCanonical(tensor, canonical, canonical.find(tensor.name)));
-        checked = true;
-      }
-      out.at(p.shard).pieces.emplace_back(&tensor, &p);
-    }
-  }
-  return out;
-}
-
-std::vector<std::byte> BuildIndexed(const ShardPieces& sp,
-                                    const CanonicalBytes& canonical) {
-  std::vector<std::byte> out(Bytes(sp.shard->shape, sp.shard->dtype),
-                             std::byte{0});
-  for (const auto& [tensor, p] : sp.pieces) {
-    FillFromCanonical(*p, *tensor, canonical.at(tensor->name).data(),
-                      out.data());
-  }
-  return out;
-}
-
-// Adds piece `p`'s contribution to `sum`, its bits read at `data`: the
-// shard's bytes (in_shard) or the canonical tensor's. Identity
-// conversions only (the shard's bits are the canonical bits).
-void HashPiece(const AffinePiece& p, const LayoutTensor& tensor,
-               const std::byte* data, bool in_shard, LinearDigest* sum) {
-  const size_t cw = DTypeSize(tensor.dtype);
-  RunBatch batch(data, cw, in_shard, cw);
-  ForEachRun(
-      p, tensor.shape, [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
-        if (step == 1) {
-          batch.Add(s, c, n, sum);
-          return;
-        }
-        batch.Flush(sum);
-        for (uint64_t j = 0; j < n; ++j) {
-          const uint64_t at = (c + j * step) * cw;
-          *sum ^= LinearHash(at, {data + (in_shard ? (s + j) * cw : at), cw});
-        }
-      });
-  batch.Flush(sum);
-}
-
-}  // namespace
-
-Status BuildShardsEach(
-    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical,
-    const std::function<Status(const std::string&, std::vector<std::byte>&&)>&
-        each) {
-  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
-  const auto shards = layout.ShardsOf(rank);
-  DCR_ASSIGN_OR_RETURN(auto index,
-                       IndexShards(layout, rank, shards, canonical));
-  for (const auto& [name, sp] : index) {
-    DCR_RETURN_IF_ERROR(each(name, BuildIndexed(sp, canonical)));
-  }
-  return Status::OK();
-}
-
-Result<std::map<std::string, std::vector<std::byte>>> BuildShards(
-    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
-  std::map<std::string, std::vector<std::byte>> out;
-  DCR_RETURN_IF_ERROR(BuildShardsEach(
-      layout, rank, canonical,
-      [&](const std::string& name, std::vector<std::byte>&& bytes) {
-        out.emplace(name, std::move(bytes));
-        return Status::OK();
-      }));
-  return out;
-}
-
-Result<std::vector<LinearDigest>> HashCanonicalRegions(
-    const Layout& layout, uint32_t rank, const CanonicalBytes& canonical) {
-  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
-  const auto shards = layout.ShardsOf(rank);
-  DCR_ASSIGN_OR_RETURN(auto index,
-                       IndexShards(layout, rank, shards, canonical));
-  std::map<const LayoutTensor*, size_t> at;
-  for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
-    at[&layout.tensors[ti]] = ti;
-  }
-  std::vector<LinearDigest> out(layout.tensors.size());
-  for (const auto& [name, sp] : index) {
-    if (sp.Shared()) {
-      // Where two tensors' regions overlap the built shard holds one
-      // tensor's bits: it is built (this one only) and hashed as the rank
-      // would hash it.
-      const std::vector<std::byte> built = BuildIndexed(sp, canonical);
-      for (const auto& [tensor, p] : sp.pieces) {
-        HashPiece(*p, *tensor, built.data(), /*in_shard=*/true,
-                  &out[at.at(tensor)]);
-      }
-      continue;
-    }
-    for (const auto& [tensor, p] : sp.pieces) {
-      HashPiece(*p, *tensor, canonical.at(tensor->name).data(),
-                /*in_shard=*/false, &out[at.at(tensor)]);
     }
   }
   return out;
