@@ -50,13 +50,18 @@ int main(int argc, char** argv) {
   std::string out = "bench/results/fp8.json";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--rows") rows = std::stoull(argv[i + 1]);
-    else if (a == "--cols") cols = std::stoull(argv[i + 1]);
-    else if (a == "--rounds") rounds = std::stoi(argv[i + 1]);
-    else if (a == "--out") out = argv[i + 1];
+    if (a == "--rows")
+      rows = std::stoull(argv[i + 1]);
+    else if (a == "--cols")
+      cols = std::stoull(argv[i + 1]);
+    else if (a == "--rounds")
+      rounds = std::stoi(argv[i + 1]);
+    else if (a == "--out")
+      out = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: fp8_bench [--rows R] [--cols C] "
-                           "[--rounds N] [--out FILE]\n");
+      std::fprintf(stderr,
+                   "usage: fp8_bench [--rows R] [--cols C] "
+                   "[--rounds N] [--out FILE]\n");
       return 2;
     }
   }
@@ -78,9 +83,8 @@ int main(int argc, char** argv) {
 
   std::vector<double> copy_s, full_s;
   for (int r = 0; r < rounds + 1; ++r) {  // the first round warms the pages
-    const double c = Seconds([&] {
-      std::memcpy(copy.data(), w.data(), n * 2);
-    });
+    const double c =
+        Seconds([&] { std::memcpy(copy.data(), w.data(), n * 2); });
     dcr::Status st;
     const double f = Seconds([&] { st = dcr::QuantizeFp8(t, src, q, s); });
     if (!st.ok()) return Fail(st);
@@ -98,10 +102,11 @@ int main(int argc, char** argv) {
   j["rounds"] = rounds;
   j["memcpy_gbps"] = gb / Median(copy_s);
   j["quantize_gbps"] = gb / Median(full_s);
-  std::printf("BF16 [%llu, %llu] -> E4M3, 128x128 blocks, 1 thread, medians "
-              "of %d; GB/s of canonical bytes\n",
-              static_cast<unsigned long long>(rows),
-              static_cast<unsigned long long>(cols), rounds);
+  std::printf(
+      "BF16 [%llu, %llu] -> E4M3, 128x128 blocks, 1 thread, medians "
+      "of %d; GB/s of canonical bytes\n",
+      static_cast<unsigned long long>(rows),
+      static_cast<unsigned long long>(cols), rounds);
   std::printf("%-22s %10s %10s %12s %12s\n", "", "blocks", "seconds", "GB/s",
               "vs memcpy");
   std::printf("%-22s %10s %10.3f %12.2f %12.2f\n", "memcpy", "-",
@@ -127,8 +132,8 @@ int main(int argc, char** argv) {
       mark_s.push_back(Seconds([&] { blocks.MarkElements(0, pos); }));
       touched = blocks.count();
       dcr::Status st;
-      req_s.push_back(Seconds(
-          [&] { st = dcr::RequantizeFp8(t, src, blocks, q, s); }));
+      req_s.push_back(
+          Seconds([&] { st = dcr::RequantizeFp8(t, src, blocks, q, s); }));
       if (!st.ok()) return Fail(st);
     }
     const double secs = Median(mark_s) + Median(req_s);
@@ -153,8 +158,9 @@ int main(int argc, char** argv) {
     return Fail(st);
   }
   if (q2 != q || s2 != s) {
-    std::fprintf(stderr, "fp8_bench: requantized blocks differ from a fresh "
-                         "quantization\n");
+    std::fprintf(stderr,
+                 "fp8_bench: requantized blocks differ from a fresh "
+                 "quantization\n");
     return 1;
   }
   std::ofstream(out) << j.dump(2) << "\n";

@@ -103,7 +103,9 @@ class Fp8BlockSet {
   void Clear();
 
  private:
-  void Mark(uint64_t block) { bits_[block >> 6] |= uint64_t{1} << (block & 63); }
+  void Mark(uint64_t block) {
+    bits_[block >> 6] |= uint64_t{1} << (block & 63);
+  }
   void MarkCols(uint64_t block_row, uint64_t c0, uint64_t c1);
 
   uint64_t elements_, cols_, block_rows_, block_cols_, across_, blocks_;

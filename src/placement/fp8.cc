@@ -17,7 +17,7 @@ namespace {
 
 constexpr uint32_t kF32Abs = 0x7FFFFFFFu;
 constexpr uint32_t kF32Inf = 0x7F800000u;
-constexpr uint32_t kF32Max448 = 0x43E00000u;  // 448.0f
+constexpr uint32_t kF32Max448 = 0x43E00000u;         // 448.0f
 constexpr uint32_t kF32MinNormalE4M3 = 0x3C800000u;  // 2^-6
 
 // E4M3 of v; see Fp8E4M3FromF32. Branch-free: every path is computed and
@@ -111,9 +111,8 @@ template <DType D>
 }
 
 template <DType D>
-[[gnu::always_inline]] inline void QuantizeRowT(const std::byte* p,
-                                                uint64_t n, float mult,
-                                                uint8_t* out) {
+[[gnu::always_inline]] inline void QuantizeRowT(const std::byte* p, uint64_t n,
+                                                float mult, uint8_t* out) {
   using E = Elem<D>;
   using Bits = typename E::Bits;
   for (uint64_t i = 0; i < n; ++i) {
@@ -126,7 +125,8 @@ template <DType D>
 // BF16 and F32 rows are also compiled for AVX2 and AVX-512 and picked when
 // the program loads (GCC's target_clones); F16 widens through a call.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DCR_FP8_CLONES [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]]
+#define DCR_FP8_CLONES \
+  [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]]
 #else
 #define DCR_FP8_CLONES
 #endif
@@ -137,8 +137,8 @@ DCR_FP8_CLONES uint16_t AmaxRowBf16(const std::byte* p, uint64_t n) {
 DCR_FP8_CLONES uint32_t AmaxRowF32(const std::byte* p, uint64_t n) {
   return AmaxRowT<DType::kF32>(p, n);
 }
-DCR_FP8_CLONES void QuantizeRowBf16(const std::byte* p, uint64_t n,
-                                    float mult, uint8_t* out) {
+DCR_FP8_CLONES void QuantizeRowBf16(const std::byte* p, uint64_t n, float mult,
+                                    uint8_t* out) {
   QuantizeRowT<DType::kBF16>(p, n, mult, out);
 }
 DCR_FP8_CLONES void QuantizeRowF32(const std::byte* p, uint64_t n, float mult,
@@ -168,8 +168,8 @@ void QuantizeBlock(const Fp8Tensor& t, const std::byte* src, const Block& k,
   const uint64_t width = k.c1 - k.c0;
   Bits amax = 0;
   for (uint64_t r = k.r0; r < k.r1; ++r) {
-    amax = std::max(amax,
-                    AmaxRow<D>(src + (r * t.cols + k.c0) * sizeof(Bits), width));
+    amax = std::max(
+        amax, AmaxRow<D>(src + (r * t.cols + k.c0) * sizeof(Bits), width));
   }
   const float m = std::max(E::ToF32(amax), t.min_amax);
   const float mult = kFp8E4M3Max / m;
@@ -248,7 +248,8 @@ Status CheckFp8Tensor(const Fp8Tensor& t) {
         "fp8: a tensor quantized to F8_E4M3 must be BF16, F16 or F32, not " +
         std::string(DTypeName(t.dtype)));
   }
-  if (t.cols != 0 && t.rows > std::numeric_limits<uint64_t>::max() / 4 / t.cols) {
+  if (t.cols != 0 &&
+      t.rows > std::numeric_limits<uint64_t>::max() / 4 / t.cols) {
     return Status::InvalidArgument("fp8: " + std::to_string(t.rows) + " x " +
                                    std::to_string(t.cols) +
                                    " elements overflow");

@@ -149,7 +149,8 @@ void QuantizeByDefinition(const Fp8Tensor& t, const std::vector<std::byte>& src,
   for (uint64_t b = 0; b < t.blocks(); ++b) {
     const uint64_t r0 = (b / t.blocks_across()) * br;
     const uint64_t c0 = (b % t.blocks_across()) * bc;
-    const uint64_t r1 = std::min(t.rows, r0 + br), c1 = std::min(t.cols, c0 + bc);
+    const uint64_t r1 = std::min(t.rows, r0 + br),
+                   c1 = std::min(t.cols, c0 + bc);
     float amax = 0;
     for (uint64_t r = r0; r < r1; ++r) {
       for (uint64_t c = c0; c < c1; ++c) {
@@ -200,7 +201,8 @@ TEST_P(Fp8QuantizeTest, MatchesItsDefinition) {
   }
   if (!t.per_tensor() && t.blocks_across() > 1) {
     for (uint64_t r = 0; r < std::min<uint64_t>(t.rows, k.block_rows); ++r) {
-      for (uint64_t c = k.block_cols; c < std::min<uint64_t>(t.cols, 2 * k.block_cols); ++c) {
+      for (uint64_t c = k.block_cols;
+           c < std::min<uint64_t>(t.cols, 2 * k.block_cols); ++c) {
         v[r * t.cols + c] = 0.0f;
       }
     }
@@ -236,9 +238,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(Fp8Test, RequantizingTheTouchedBlocksEqualsQuantizingAll) {
   std::mt19937 rng(11);
-  for (const Case& k : {Case{DType::kBF16, 300, 260, 128, 128},
-                        Case{DType::kF32, 97, 211, 16, 64},
-                        Case{DType::kBF16, 64, 64, 0, 0}}) {
+  for (const Case& k :
+       {Case{DType::kBF16, 300, 260, 128, 128},
+        Case{DType::kF32, 97, 211, 16, 64}, Case{DType::kBF16, 64, 64, 0, 0}}) {
     Fp8Tensor t{k.dtype, k.rows, k.cols, k.block_rows, k.block_cols};
     std::vector<float> v = Weights(t.elements(), 3);
     std::vector<std::byte> src = Encode(k.dtype, v);
@@ -329,9 +331,9 @@ TEST(Fp8Test, BadTensorsAndBuffersAreRefused) {
   EXPECT_FALSE(CheckFp8Tensor({DType::kBF16, 4, 4, 2, 2, 0.0f}).ok());
   EXPECT_FALSE(CheckFp8Tensor({DType::kBF16, 4, 4, 2, 2, std::nanf("")}).ok());
   EXPECT_FALSE(CheckFp8Tensor({DType::kBF16, 4, 4, 2, 2, -1.0f}).ok());
-  EXPECT_FALSE(CheckFp8Tensor({DType::kBF16, uint64_t{1} << 40,
-                               uint64_t{1} << 40, 2, 2})
-                   .ok());
+  EXPECT_FALSE(
+      CheckFp8Tensor({DType::kBF16, uint64_t{1} << 40, uint64_t{1} << 40, 2, 2})
+          .ok());
   Fp8Tensor t{DType::kBF16, 4, 4, 2, 2};
   std::vector<std::byte> src(32);
   std::vector<uint8_t> q(16);
