@@ -84,7 +84,14 @@ struct LayoutTensor {
   DType dtype = DType::kBF16;
   Conversion conversion;
   std::vector<AffinePiece> pieces;  // of every rank; they tile `shape`
-  int line = 0;                     // of its entry in the layout file
+  // Where other ranks hold copies of the pieces (a producer ignores them;
+  // a serving rank holds them too, ReceiverMap): a replicated tensor on
+  // every tensor-parallel rank of its owner's group (copies_tp), a tensor
+  // outside the experts on every expert-parallel group (copies_ep), each
+  // on the same stage.
+  bool copies_tp = false;
+  bool copies_ep = false;
+  int line = 0;  // of its entry in the layout file
 };
 
 // A shard tensor one rank must hand its producer.

@@ -15,6 +15,7 @@
 #include "cli/cli_common.h"
 #include "common/bytes.h"
 #include "dcr/checkpoint.h"
+#include "dcr/receiver_map.h"
 #include "dcr/shard_delta.h"
 #include "dcr/shard_diff.h"
 
@@ -82,9 +83,17 @@ PiecesOf(const Layout& l, uint32_t rank) {
   return out;
 }
 
+// The layout file at `path`; with `serving`, as serving ranks hold it
+// (copies of replicated tensors on every rank: ServingView).
+Result<Layout> Load(const std::string& path, bool serving) {
+  DCR_ASSIGN_OR_RETURN(Layout l, LoadLayout(path));
+  if (!serving) return l;
+  return ServingView(l);
+}
+
 int RunCheck(const GlobalOptions& g, const std::string& path,
-             std::optional<uint32_t> rank) {
-  auto l = LoadLayout(path);
+             std::optional<uint32_t> rank, bool serving) {
+  auto l = Load(path, serving);
   if (!l.ok()) {
     if (g.format() == OutputFormat::kJson) {
       std::printf("%s\n", json{{"file", path},
@@ -122,13 +131,14 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
            {"bytes", bytes}};
     json per = json::array();
     for (const RankSummary& s : ranks) {
-      per.push_back({{"rank", s.rank},
-                     {"tp_rank", s.tp},
-                     {"ep_rank", s.ep},
-                     {"pp_rank", s.pp},
-                     {"shards", s.shards},
-                     {"shard_bytes", s.shard_bytes},
-                     {"produced_elements", s.produced}});
+      per.push_back(
+          {{"rank", s.rank},
+           {"tp_rank", s.tp},
+           {"ep_rank", s.ep},
+           {"pp_rank", s.pp},
+           {"shards", s.shards},
+           {"shard_bytes", s.shard_bytes},
+           {serving ? "held_elements" : "produced_elements", s.produced}});
     }
     j["per_rank"] = per;
     if (rank) {
@@ -178,7 +188,8 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
     return kExitOk;
   }
   std::printf("\n%-6s %-4s %-4s %-4s %7s %12s %16s\n", "rank", "tp", "ep", "pp",
-              "shards", "shard bytes", "produces (elem)");
+              "shards", "shard bytes",
+              serving ? "holds (elem)" : "produces (elem)");
   for (const RankSummary& s : ranks) {
     std::printf("%-6u %-4u %-4u %-4u %7zu %12s %16s\n", s.rank, s.tp, s.ep,
                 s.pp, s.shards, HumanBytes(s.shard_bytes).c_str(),
@@ -189,8 +200,8 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
 
 int RunVerify(const GlobalOptions& g, const std::string& path,
               const std::string& shards_dir, const std::string& canonical_path,
-              std::optional<uint32_t> only) {
-  auto l = LoadLayout(path);
+              std::optional<uint32_t> only, bool serving) {
+  auto l = Load(path, serving);
   if (!l.ok()) return ReportError(l.status());
   if (only && *only >= l->ranks()) {
     return ReportError(Status::InvalidArgument(fmt::format(
@@ -279,6 +290,10 @@ void AddLayoutCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
   cmd->add_option("--rank", *rank,
                   "List the shards this producer rank holds and the "
                   "canonical regions each one feeds");
+  auto serving = std::make_shared<bool>(false);
+  cmd->add_flag("--serving", *serving,
+                "Read it as a serving layout: each rank also holds copies of "
+                "replicated tensors (docs/PLACEMENT.md, receiver)");
   AddOutputOption(cmd, g);
   cmd->footer(
       "\nExit 0 if every canonical tensor is held exactly once; otherwise "
@@ -286,7 +301,7 @@ void AddLayoutCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
       "docs/PLACEMENT.md.\n\nExamples:\n  dcr layout check "
       "layouts/llama3-8b-tp4-pp2.yaml\n  dcr layout check "
       "layouts/traingen-tp2-pp2.yaml --rank 3 -o json\n");
-  cmd->callback([=] { *exit_code = RunCheck(*g, *path, *rank); });
+  cmd->callback([=] { *exit_code = RunCheck(*g, *path, *rank, *serving); });
 
   auto* verify = layout->add_subcommand(
       "verify",
@@ -307,6 +322,10 @@ void AddLayoutCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                    "directory)")
       ->required();
   verify->add_option("--rank", *vrank, "Check this rank only");
+  auto vserving = std::make_shared<bool>(false);
+  verify->add_flag("--serving", *vserving,
+                   "The shards are a server's: each rank holds copies of "
+                   "replicated tensors too, and they are compared");
   AddOutputOption(verify, g);
   verify->footer(
       "\nEvery element a piece maps is compared, after the layout's "
@@ -317,8 +336,9 @@ void AddLayoutCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
       "/tmp/ckpt --steps 1 --layout layouts/traingen-tp2-pp2.yaml\n  dcr "
       "layout verify layouts/traingen-tp2-pp2.yaml --shards "
       "/tmp/ckpt/v1.shards \\\n    --canonical /tmp/ckpt/v1.safetensors\n");
-  verify->callback(
-      [=] { *exit_code = RunVerify(*g, *vpath, *shards, *canonical, *vrank); });
+  verify->callback([=] {
+    *exit_code = RunVerify(*g, *vpath, *shards, *canonical, *vrank, *vserving);
+  });
 }
 
 }  // namespace dcr::cli

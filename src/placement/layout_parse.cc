@@ -26,7 +26,7 @@ constexpr std::string_view kParallelKeys[] = {"tp", "pp", "ep"};
 constexpr std::string_view kEntryKeys[] = {
     "name",     "names",    "shard",   "shape",       "split",     "pad_to",
     "stage",    "dtype",    "add",     "shard_dtype", "transpose", "heads",
-    "kv_heads", "head_dim", "columns", "pieces"};
+    "kv_heads", "head_dim", "columns", "order",       "pieces"};
 constexpr std::string_view kPieceKeys[] = {
     "rank", "shard", "shard_shape", "from", "extent", "to", "axis", "step"};
 constexpr std::string_view kSplitNames[] = {
@@ -163,7 +163,7 @@ Status Parser::ParseEntry(const YAML::Node& n, int line,
     if (key == "shape") return kind != SplitKind::kQkv;
     if (key == "pad_to") return kind == SplitKind::kVocab;
     if (key == "heads" || key == "kv_heads" || key == "head_dim" ||
-        key == "columns") {
+        key == "columns" || key == "order") {
       return kind == SplitKind::kQkv;
     }
     if (key == "pieces") return kind == SplitKind::kPieces;
@@ -262,6 +262,15 @@ Status Parser::ParseEntry(const YAML::Node& n, int line,
       DCR_ASSIGN_OR_RETURN(e->head_dim, Uint(x, kp, 1, kMaxHeads));
     } else if (x.key == "columns") {
       DCR_ASSIGN_OR_RETURN(e->columns, Uint(x, kp, 1, kMaxDim));
+    } else if (x.key == "order") {
+      DCR_ASSIGN_OR_RETURN(std::string s, Scalar(x, kp));
+      if (s != "grouped" && s != "stacked") {
+        return Err(x.line, kp,
+                   "expected grouped (Megatron) or stacked (vLLM, SGLang), "
+                   "got '" +
+                       s + "'");
+      }
+      e->stacked = s == "stacked";
     } else if (x.key == "pieces") {
       DCR_ASSIGN_OR_RETURN(std::vector<YAML::Node> items, List(x, kp));
       if (items.empty() || items.size() > kMaxPieces) {

@@ -331,9 +331,20 @@ Status Resolver::Place(const EntrySpec& e,
       const Shape ss = shape_of(local * (q + 2 * d));
       for (uint32_t t = 0; t < tp; ++t) {
         uint32_t rank = RankOf(t, epg, stage);
+        Shape from(ss.size(), 0), to(ss.size(), 0);
+        if (e.stacked) {
+          // vLLM's QKVParallelLinear: the rank's query rows, then its key
+          // rows, then its value rows, each one box.
+          from[0] = 0, to[0] = t * local * q;
+          add(0, Box(rank, shard, ss, from, shape_of(local * q), to));
+          from[0] = local * q, to[0] = t * local * d;
+          add(1, Box(rank, shard, ss, from, shape_of(local * d), to));
+          from[0] = local * (q + d);
+          add(2, Box(rank, shard, ss, from, shape_of(local * d), to));
+          continue;
+        }
         for (uint64_t i = 0; i < local; ++i) {
           uint64_t g = t * local + i, base = i * (q + 2 * d);
-          Shape from(ss.size(), 0), to(ss.size(), 0);
           Shape qx = shape_of(q), kx = shape_of(d);
           from[0] = base, to[0] = g * q;
           add(0, Box(rank, shard, ss, from, qx, to));
@@ -461,6 +472,10 @@ Result<Layout> Resolver::Run() {
         DCR_RETURN_IF_ERROR(
             Place(e, names, Substitute(e.shard, local_layer, local_expert),
                   stage, epg, out));
+        for (LayoutTensor* t : out) {
+          t->copies_tp = e.split == SplitKind::kReplicated;
+          t->copies_ep = !ph.expert && e.split != SplitKind::kPieces;
+        }
       }
     }
   }

@@ -50,8 +50,11 @@ struct EntrySpec {
   double add = 0;
   bool transpose = false;
   uint64_t heads = 0, kv_heads = 0, head_dim = 0;  // kQkv
-  std::optional<uint64_t> columns;                 // kQkv; none: a bias
-  std::vector<AffinePiece> pieces;                 // kPieces
+  // kQkv: Megatron's per-group interleave (false), or each rank's query
+  // rows, then its key rows, then its value rows (vLLM and SGLang).
+  bool stacked = false;
+  std::optional<uint64_t> columns;  // kQkv; none: a bias
+  std::vector<AffinePiece> pieces;  // kPieces
 };
 
 struct LayoutSpec {

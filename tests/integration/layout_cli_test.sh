@@ -145,4 +145,45 @@ expect 2 "$DCR" diff --layout "$T/tiny.yaml" --base-shards "$T/ckpt/v0.shards" \
   --target-shards "$T/three" -o "$T/x.dcr"
 grep -q "rank-00003.safetensors' does not exist" "$T/err" || fail "missing rank: $(cat "$T/err")"
 [[ ! -e "$T/x.dcr" ]] || fail "a failed diff left a delta"
+
+# A serving layout (vLLM names, stacked qkv, tp 2): read --serving, every
+# rank also holds the replicated norms, so the ranks hold more than the
+# model; as a producer layout each element has one owner.
+s="$LAYOUTS/traingen-serve-tp2.yaml"
+expect 0 "$DCR" layout check "$s" --serving -o json
+json 'd["valid"] and all(r["held_elements"] > d["elements"] / 2 for r in d["per_rank"])'
+json 'sum(r["held_elements"] for r in d["per_rank"]) > d["elements"]'
+expect 0 "$DCR" layout check "$s" --serving --rank 1
+grep -q "model.norm.weight BF16 \[1024\]" "$T/out" || fail "rank 1 lacks its norm copy"
+grep -q "model.layers.0.self_attn.qkv_proj.weight BF16 \[768, 1024\]" "$T/out" ||
+  fail "rank 1's stacked qkv"
+expect 0 "$DCR" layout check "$s" --rank 1
+! grep -q "model.norm.weight" "$T/out" || fail "a producer rank 1 holds the norm"
+# A tiny model under it, written as a server's ranks hold it; a flipped bit
+# in rank 1's copy of a norm is seen only when the copies are compared.
+sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 2/' \
+  -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
+  -e 's/pad_to: 32/pad_to: 2/' "$s" >"$T/serve.yaml"
+expect 2 "$TRAINGEN" --steps 1 --out "$T/sv" --serving
+grep -q "serving reads --layout" "$T/err" || fail "--serving without --layout"
+expect 0 "$TRAINGEN" --hidden 64 --layers 2 --heads 4 --kv-heads 2 --vocab 300 \
+  --steps 1 --out "$T/sv" --layout "$T/serve.yaml" --serving
+expect 0 "$DCR" layout verify "$T/serve.yaml" --serving --shards "$T/sv/v1.shards" \
+  --canonical "$T/sv/v1.safetensors"
+grep -q "^identical" "$T/out" || fail "serving shards"
+python3 - "$T/sv/v1.shards/rank-00001.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+start = json.loads(b[8:8 + n])["model.norm.weight"]["data_offsets"][0]
+b[8 + n + start] ^= 0x01
+open(p, "wb").write(bytes(b))
+PY
+expect 1 "$DCR" layout verify "$T/serve.yaml" --serving --shards "$T/sv/v1.shards" \
+  --canonical "$T/sv/v1.safetensors"
+grep -q "^rank 1 shard 'model.norm.weight' element 0" "$T/out" ||
+  fail "a flipped copy: $(cat "$T/out")"
+expect 0 "$DCR" layout verify "$T/serve.yaml" --shards "$T/sv/v1.shards" \
+  --canonical "$T/sv/v1.safetensors"
 echo "layout_cli: ok"

@@ -41,6 +41,7 @@
 #include "dcr/dtype.h"
 #include "dcr/entropy.h"
 #include "dcr/layout.h"
+#include "dcr/receiver_map.h"
 #include "dcr/shard_diff.h"
 #include "dcr/status.h"
 #include "dcr/thread_pool.h"
@@ -141,7 +142,8 @@ struct Options {
   uint64_t seed = 1;
   uint64_t warmup = 10;
   std::string out;
-  std::string layout;  // empty: no shards
+  std::string layout;    // empty: no shards
+  bool serving = false;  // the layout's ranks are a server's (copies too)
   size_t threads = 0;
   std::string output = "text";
 };
@@ -175,6 +177,9 @@ uint64_t DefaultIntermediate(uint64_t hidden) {
 
 Status Validate(const Options& o) {
   if (o.hidden == 0) return Status::InvalidArgument("--hidden must be > 0");
+  if (o.serving && o.layout.empty()) {
+    return Status::InvalidArgument("--serving reads --layout: give both");
+  }
   if (o.heads == 0 || o.hidden % o.heads != 0) {
     return Status::InvalidArgument(fmt::format(
         "--heads {} must be > 0 and divide --hidden {}", o.heads, o.hidden));
@@ -579,6 +584,9 @@ Status Run(const Options& options) {
   if (!options.layout.empty()) {
     DCR_ASSIGN_OR_RETURN(layout, LoadLayout(options.layout));
     DCR_RETURN_IF_ERROR(CheckLayoutMatches(*layout, tensors));
+    if (options.serving) {
+      DCR_ASSIGN_OR_RETURN(layout, ServingView(*layout));
+    }
   }
   DCR_RETURN_IF_ERROR(PrepareOutDir(options.out));
   ThreadPool pool(options.threads);
@@ -780,6 +788,9 @@ int Main(int argc, char** argv) {
   app.add_option("--layout", o.layout,
                  "Also write each version as the shards of this placement "
                  "layout's ranks");
+  app.add_flag("--serving", o.serving,
+               "With --layout: the layout's ranks are a server's, and each "
+               "also holds copies of replicated tensors");
   app.add_option("--out", o.out, "Output directory (created if missing)")
       ->required();
   app.add_option("--threads", o.threads,

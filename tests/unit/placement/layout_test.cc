@@ -13,9 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "dcr/shard_diff.h"
+#include "unit/placement/versions.h"
+
 namespace dcr {
 namespace {
 
+using placement_testing::Tensors;
+using placement_testing::View;
 using ::testing::HasSubstr;
 
 uint64_t Volume(const Shape& s) {
@@ -463,6 +468,16 @@ TEST(LayoutTest, BadLayoutsAreRefusedWithTheLineAndTheFix) {
        One("  - names: [q, k, v]\n    shard: s\n    split: qkv\n"
            "    heads: 6\n    kv_heads: 4\n    head_dim: 4\n"),
        "tensor 'q': 6 heads do not split into 4 kv_heads groups"},
+      {"qkv order",
+       One("  - names: [q, k, v]\n    shard: s\n    split: qkv\n"
+           "    heads: 8\n    kv_heads: 2\n    head_dim: 4\n"
+           "    order: vllm\n"),
+       "x.yaml:9: tensors[0].order: expected grouped (Megatron) or stacked "
+       "(vLLM, SGLang), got 'vllm'"},
+      {"order of another kind",
+       One("  - name: w\n    shard: s\n    split: column\n    shape: [4]\n"
+           "    order: stacked\n"),
+       "x.yaml:7: tensors[0].order: a 'column' entry takes no order"},
       {"two names for qkv",
        One("  - names: [q, k]\n    shard: s\n    split: qkv\n"
            "    heads: 8\n    kv_heads: 2\n    head_dim: 4\n"),
@@ -573,6 +588,60 @@ TEST(LayoutTest, BadLayoutsAreRefusedWithTheLineAndTheFix) {
     EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument);
     EXPECT_THAT(l.status().message(), HasSubstr(c.message));
   }
+}
+
+TEST(LayoutTest, StackedQkvHoldsEachRanksQueriesThenKeysThenValues) {
+  // vLLM's QKVParallelLinear at tp 2: 4 query heads and 2 kv heads of
+  // size 2; rank t holds query heads 2t, 2t+1, then kv head t's key, then
+  // its value. Megatron's grouped order interleaves per kv group instead.
+  const std::string qkv =
+      "  - names: [q, k, v]\n    shard: qkv\n    split: qkv\n"
+      "    heads: 4\n    kv_heads: 2\n    head_dim: 2\n    columns: 1\n";
+  auto stacked = ParseLayout(
+      One(qkv + "    order: stacked\n", "parallel: {tp: 2}\n"), "s.yaml");
+  auto grouped = ParseLayout(One(qkv, "parallel: {tp: 2}\n"), "g.yaml");
+  ASSERT_TRUE(stacked.ok()) << stacked.status().ToString();
+  ASSERT_TRUE(grouped.ok()) << grouped.status().ToString();
+  // One kv group per rank: the two orders are the same pieces.
+  EXPECT_EQ(stacked->Fingerprint(), grouped->Fingerprint());
+  // Canonical element values: q rows 0-7 hold 0-7, k rows 10-13, v 20-23.
+  Tensors canonical;
+  auto fill = [&](const char* name, int first, int rows) {
+    auto& b = canonical[name];
+    for (int r = 0; r < rows; ++r) {
+      const uint16_t v = static_cast<uint16_t>(first + r);
+      b.push_back(static_cast<std::byte>(v & 0xFF));
+      b.push_back(static_cast<std::byte>(v >> 8));
+    }
+  };
+  fill("q", 0, 8);
+  fill("k", 10, 4);
+  fill("v", 20, 4);
+  auto rows_of = [&](const Layout& l, uint32_t rank) {
+    auto built = BuildShards(l, rank, View(canonical));
+    EXPECT_TRUE(built.ok()) << built.status().ToString();
+    std::vector<int> rows;
+    const auto& b = built->at("qkv");
+    for (size_t i = 0; i < b.size(); i += 2) rows.push_back(int(b[i]));
+    return rows;
+  };
+  EXPECT_EQ(rows_of(*stacked, 0),
+            (std::vector<int>{0, 1, 2, 3, 10, 11, 20, 21}));
+  EXPECT_EQ(rows_of(*stacked, 1),
+            (std::vector<int>{4, 5, 6, 7, 12, 13, 22, 23}));
+  EXPECT_EQ(rows_of(*grouped, 0),
+            (std::vector<int>{0, 1, 2, 3, 10, 11, 20, 21}));
+  // With two groups per rank the orders differ.
+  auto stacked1 = ParseLayout(One(qkv + "    order: stacked\n"), "s1.yaml");
+  auto grouped1 = ParseLayout(One(qkv), "g1.yaml");
+  ASSERT_TRUE(stacked1.ok() && grouped1.ok());
+  EXPECT_NE(stacked1->Fingerprint(), grouped1->Fingerprint());
+  EXPECT_EQ(rows_of(*stacked1, 0),
+            (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 20, 21,
+                              22, 23}));
+  EXPECT_EQ(rows_of(*grouped1, 0),
+            (std::vector<int>{0, 1, 2, 3, 10, 11, 20, 21, 4, 5, 6, 7, 12, 13,
+                              22, 23}));
 }
 
 TEST(LayoutTest, LoadLayoutSaysWhatIsMissing) {

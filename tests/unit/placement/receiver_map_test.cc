@@ -1,0 +1,258 @@
+// A serving rank's view of a layout (dcr/receiver_map.h): canonical chunks
+// applied through it leave each rank's shards exactly as built from the
+// target, over random tilings and Megatron-style layouts with copies and
+// a tied head.
+#include "dcr/receiver_map.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "unit/placement/random_tiling.h"
+#include "unit/placement/versions.h"
+
+namespace dcr {
+namespace {
+
+using placement_testing::Gpt;
+using placement_testing::RandomShape;
+using placement_testing::RandomTiling;
+using placement_testing::RandomVersions;
+using placement_testing::Tensors;
+using placement_testing::View;
+using placement_testing::Volume;
+using ::testing::HasSubstr;
+
+// The canonical delta from `base` to `target`, as decoded chunks of spans
+// of `span` elements: XOR masks, or the new values where `overwrite`.
+std::vector<std::pair<uint32_t, DecodedChunk>> Chunks(const Layout& l,
+                                                      const Tensors& base,
+                                                      const Tensors& target,
+                                                      uint64_t span,
+                                                      bool overwrite) {
+  std::vector<std::pair<uint32_t, DecodedChunk>> out;
+  for (uint32_t i = 0; i < l.tensors.size(); ++i) {
+    const LayoutTensor& t = l.tensors[i];
+    const size_t w = DTypeSize(t.dtype);
+    const auto& b = base.at(t.name);
+    const auto& g = target.at(t.name);
+    const uint64_t n = Volume(t.shape);
+    for (uint64_t s = 0; s * span < n; ++s) {
+      DecodedChunk c;
+      c.header.kind = overwrite ? ChunkKind::kOverwrite : ChunkKind::kXor;
+      c.header.id = ChunkId{i, static_cast<uint32_t>(s), 0};
+      c.header.elem_size = static_cast<uint8_t>(w);
+      c.header.span_elems = static_cast<uint32_t>(std::min(span, n - s * span));
+      for (uint64_t e = 0; e < c.header.span_elems; ++e) {
+        const uint64_t at = (s * span + e) * w;
+        if (std::equal(&b[at], &b[at] + w, &g[at])) continue;
+        c.positions.push_back(static_cast<uint32_t>(e));
+        for (size_t k = 0; k < w; ++k) {
+          c.values.push_back(overwrite ? g[at + k] : b[at + k] ^ g[at + k]);
+        }
+      }
+      if (!c.positions.empty()) out.emplace_back(i, std::move(c));
+    }
+  }
+  return out;
+}
+
+// Every rank: its shards built from base, every chunk applied, equal the
+// shards built from target.
+void ExpectAppliedEqualsBuilt(const Layout& l, const Tensors& base,
+                              const Tensors& target, uint64_t span,
+                              bool overwrite) {
+  const auto chunks = Chunks(l, base, target, span, overwrite);
+  for (uint32_t r = 0; r < l.ranks(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    auto m = ReceiverMap::Create(l, r);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    auto shards = m->Build(View(base));
+    auto want = m->Build(View(target));
+    ASSERT_TRUE(shards.ok()) << shards.status().ToString();
+    ASSERT_TRUE(want.ok());
+    MutableShardBytes writable;
+    for (auto& [name, bytes] : *shards) writable.emplace(name, bytes);
+    for (const auto& [tensor, c] : chunks) {
+      const uint64_t first = uint64_t{c.header.id.span} * span;
+      auto wrote = m->Apply(tensor, first, c, writable);
+      ASSERT_TRUE(wrote.ok()) << wrote.status().ToString();
+      if (!m->Holds(tensor)) {
+        EXPECT_EQ(*wrote, 0u);
+      }
+    }
+    EXPECT_EQ(*shards, *want);
+  }
+}
+
+TEST(ReceiverMapTest, RandomTilingsApplyToWhatTheTargetBuilds) {
+  std::mt19937_64 rng(23);
+  for (int iter = 0; iter < 150; ++iter) {
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    Layout l;
+    l.tp = 8;  // pieces name ranks 0-7
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) {
+      LayoutTensor t;
+      t.name = "t" + std::to_string(k);
+      t.shape = RandomShape(rng);
+      t.dtype = std::array{DType::kBF16, DType::kF32, DType::kU8}[rng() % 3];
+      t.conversion.shard_dtype = t.dtype;
+      t.pieces = RandomTiling(t.shape, rng);
+      for (AffinePiece& p : t.pieces) p.shard = t.name + "." + p.shard;
+      l.tensors.push_back(std::move(t));
+    }
+    auto [base, target] = RandomVersions(l, rng() % 2 ? 0.05 : 0.6, rng);
+    ExpectAppliedEqualsBuilt(l, base, target, 1 + rng() % 40, rng() % 2);
+  }
+}
+
+TEST(ReceiverMapTest, MegatronLayoutsApplyToWhatTheTargetBuilds) {
+  std::mt19937_64 rng(29);
+  for (uint32_t tp : {1u, 2u, 4u}) {
+    for (uint32_t pp : {1u, 2u}) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+      auto l = ParseLayout(Gpt(tp, pp), "gpt.yaml");
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      for (double rate : {0.03, 1.0}) {
+        auto [base, target] = RandomVersions(*l, rate, rng);
+        ExpectAppliedEqualsBuilt(*l, base, target, 7, false);
+        ExpectAppliedEqualsBuilt(*l, base, target, 64, true);
+      }
+    }
+  }
+}
+
+// tp 2 x ep 2: a replicated norm on all four ranks, attention on both
+// expert-parallel groups, each expert on its own group.
+constexpr const char* kMoe = R"(version: 1
+parallel: {tp: 2, ep: 2}
+layers: 1
+experts: 2
+tensors:
+  - name: l.{layer}.norm
+    shard: l.{layer}.norm
+    split: replicated
+    shape: [6]
+  - name: l.{layer}.attn
+    shard: l.{layer}.attn
+    split: column
+    shape: [4, 6]
+  - name: l.{layer}.e.{expert}.w
+    shard: l.{layer}.e.{expert}.w
+    split: row
+    shape: [3, 4]
+)";
+
+TEST(ReceiverMapTest, EveryServingRankHoldsItsCopies) {
+  auto l = ParseLayout(kMoe, "moe.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  for (uint32_t r = 0; r < 4; ++r) {
+    auto m = ReceiverMap::Create(*l, r);
+    ASSERT_TRUE(m.ok());
+    // Norm and attention on every rank; one expert per group (local name
+    // e.0), half its columns per tensor-parallel rank.
+    EXPECT_THAT(m->shards(), ::testing::SizeIs(3)) << r;
+    EXPECT_EQ(m->shards().at("l.0.norm").shape, Shape({6}));
+    EXPECT_EQ(m->shards().at("l.0.attn").shape, Shape({2, 6}));
+    EXPECT_EQ(m->shards().at("l.0.e.0.w").shape, Shape({3, 2}));
+    for (uint32_t t = 0; t < l->tensors.size(); ++t) {
+      const std::string& name = l->tensors[t].name;
+      const bool expert = name.find(".e.") != std::string::npos;
+      const bool own_expert = name == "l.0.e." + std::to_string(r / 2) + ".w";
+      EXPECT_EQ(m->Holds(t), !expert || own_expert) << r << " " << name;
+    }
+  }
+  // A producer still sees one owner per element: rank 3 (tp rank 1 of
+  // expert-parallel group 1) produces its expert's columns, while the
+  // first group produces attention and rank 0 the norm.
+  EXPECT_EQ(l->ShardsOf(3).count("l.0.attn"), 0u);
+  EXPECT_EQ(l->ShardsOf(3).count("l.0.norm"), 0u);
+  std::mt19937_64 rng(31);
+  auto [base, target] = RandomVersions(*l, 0.3, rng);
+  ExpectAppliedEqualsBuilt(*l, base, target, 5, false);
+  // The copies hold the canonical bits: rank 3's norm is the whole tensor.
+  auto m3 = ReceiverMap::Create(*l, 3);
+  auto built = m3->Build(View(target));
+  ASSERT_TRUE(built.ok());
+  EXPECT_EQ(built->at("l.0.norm"), target.at("l.0.norm"));
+}
+
+TEST(ReceiverMapTest, ATiedHeadTakesItsEmbeddingsChangesOnce) {
+  auto l = ParseLayout(R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: embed
+    shard: emb
+    split: column
+    shape: [8, 4]
+  - name: head
+    shard: emb
+    split: column
+    shape: [8, 4]
+)",
+                       "tied.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  std::mt19937_64 rng(37);
+  auto [base, target] = RandomVersions(*l, 0.5, rng);
+  target["head"] = target["embed"];  // tied: the same bits
+  base["head"] = base["embed"];
+  // XOR chunks for both tensors: applied twice, the shard would be back at
+  // the base.
+  ExpectAppliedEqualsBuilt(*l, base, target, 8, false);
+}
+
+TEST(ReceiverMapTest, BadRanksTensorsChunksAndShardsAreRefused) {
+  auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
+  ASSERT_TRUE(l.ok());
+  EXPECT_THAT(ReceiverMap::Create(*l, 2).status().ToString(),
+              HasSubstr("serving rank 2 is not below the 2 ranks"));
+  auto converted = ParseLayout(R"(version: 1
+tensors:
+  - name: w
+    shard: w
+    split: replicated
+    shape: [4]
+    shard_dtype: F32
+)",
+                               "f32.yaml");
+  ASSERT_TRUE(converted.ok());
+  EXPECT_THAT(ReceiverMap::Create(*converted, 0).status().ToString(),
+              HasSubstr("holds tensor 'w' converted from F32"));
+
+  auto m = ReceiverMap::Create(*l, 0);
+  ASSERT_TRUE(m.ok());
+  std::mt19937_64 rng(41);
+  auto [base, target] = RandomVersions(*l, 0.5, rng);
+  auto shards = m->Build(View(base));
+  ASSERT_TRUE(shards.ok());
+  MutableShardBytes writable;
+  for (auto& [name, bytes] : *shards) writable.emplace(name, bytes);
+  const auto chunks = Chunks(*l, base, target, 16, false);
+  ASSERT_FALSE(chunks.empty());
+  const auto& [tensor, c] = chunks.front();
+  EXPECT_FALSE(
+      m->Apply(static_cast<uint32_t>(l->tensors.size()), 0, c, writable).ok());
+  DecodedChunk wide = c;
+  wide.header.elem_size = 4;  // the tensors are BF16
+  EXPECT_THAT(m->Apply(tensor, 0, wide, writable).status().ToString(),
+              HasSubstr("does not fit tensor"));
+  EXPECT_FALSE(
+      m->Apply(tensor, Volume(l->tensors[tensor].shape), c, writable).ok());
+  MutableShardBytes missing = writable;
+  missing.clear();
+  EXPECT_THAT(m->Apply(tensor, 0, c, missing).status().ToString(),
+              HasSubstr("is missing"));
+  // A position past the span writes nothing.
+  DecodedChunk stray = c;
+  stray.positions.assign(stray.positions.size(), stray.header.span_elems);
+  auto wrote = m->Apply(tensor, 0, stray, writable);
+  ASSERT_TRUE(wrote.ok());
+  EXPECT_EQ(*wrote, 0u);
+}
+
+}  // namespace
+}  // namespace dcr
