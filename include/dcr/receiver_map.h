@@ -79,6 +79,17 @@ class ReceiverMap {
   Result<std::map<std::string, std::vector<std::byte>>> Build(
       const CanonicalBytes& canonical) const;
 
+  // What a serving rank votes with: per canonical tensor (Layout::tensors
+  // order), the linear digest of the canonical bits it holds in `shards`,
+  // each region hashed at its canonical byte offset (HashShardRegions);
+  // zero for a tensor it does not hold. ExpectedRegions computes the same
+  // from canonical tensors (the root's target), without building shards:
+  // the two agree iff the rank holds those bits (up to the digest's
+  // collision bound). Errors as HashShardRegions' and BuildShards'.
+  Result<std::vector<LinearDigest>> HashRegions(const ShardBytes& shards) const;
+  Result<std::vector<LinearDigest>> ExpectedRegions(
+      const CanonicalBytes& canonical) const;
+
  private:
   struct Held {
     PieceMap map;

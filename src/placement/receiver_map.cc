@@ -109,8 +109,12 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
   const LayoutTensor& t = held_.tensors[tensor];
   const size_t w = DTypeSize(t.dtype);
   const uint64_t n = ShapeElements(t.shape);
+  // A dense chunk carries every element of its span, a sparse one those
+  // at its positions.
+  const bool dense = c.header.encoding == ChunkEncoding::kDense;
+  const size_t count = dense ? c.header.span_elems : c.positions.size();
   if (c.header.elem_size != w || first > n || c.header.span_elems > n - first ||
-      c.values.size() != c.positions.size() * w) {
+      c.values.size() != count * w || (dense && !c.positions.empty())) {
     return Status::InvalidArgument("chunk (" + ChunkIdText(c.header.id) +
                                    ") does not fit tensor '" + t.name + "'");
   }
@@ -127,10 +131,10 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
           (it == shards.end() ? "' is missing" : "' is not its layout size"));
     }
     std::byte* out = it->second.data();
-    for (size_t i = 0; i < c.positions.size(); ++i) {
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t p = dense ? i : c.positions[i];
       uint64_t s;
-      if (c.positions[i] >= c.header.span_elems ||
-          !h.map.ToShard(first + c.positions[i], &s)) {
+      if (p >= c.header.span_elems || !h.map.ToShard(first + p, &s)) {
         continue;
       }
       const std::byte* v = c.values.data() + i * w;
@@ -149,6 +153,16 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
 Result<std::map<std::string, std::vector<std::byte>>> ReceiverMap::Build(
     const CanonicalBytes& canonical) const {
   return BuildShards(held_, rank_, canonical);
+}
+
+Result<std::vector<LinearDigest>> ReceiverMap::HashRegions(
+    const ShardBytes& shards) const {
+  return HashShardRegions(held_, rank_, shards);
+}
+
+Result<std::vector<LinearDigest>> ReceiverMap::ExpectedRegions(
+    const CanonicalBytes& canonical) const {
+  return HashCanonicalRegions(held_, rank_, canonical);
 }
 
 Result<Layout> ServingView(const Layout& layout) {

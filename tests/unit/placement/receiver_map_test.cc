@@ -28,12 +28,11 @@ using placement_testing::Volume;
 using ::testing::HasSubstr;
 
 // The canonical delta from `base` to `target`, as decoded chunks of spans
-// of `span` elements: XOR masks, or the new values where `overwrite`.
-std::vector<std::pair<uint32_t, DecodedChunk>> Chunks(const Layout& l,
-                                                      const Tensors& base,
-                                                      const Tensors& target,
-                                                      uint64_t span,
-                                                      bool overwrite) {
+// of `span` elements: XOR masks, or the new values where `overwrite`;
+// sparse, or every element of the span where `dense`.
+std::vector<std::pair<uint32_t, DecodedChunk>> Chunks(
+    const Layout& l, const Tensors& base, const Tensors& target, uint64_t span,
+    bool overwrite, bool dense = false) {
   std::vector<std::pair<uint32_t, DecodedChunk>> out;
   for (uint32_t i = 0; i < l.tensors.size(); ++i) {
     const LayoutTensor& t = l.tensors[i];
@@ -44,18 +43,22 @@ std::vector<std::pair<uint32_t, DecodedChunk>> Chunks(const Layout& l,
     for (uint64_t s = 0; s * span < n; ++s) {
       DecodedChunk c;
       c.header.kind = overwrite ? ChunkKind::kOverwrite : ChunkKind::kXor;
+      c.header.encoding =
+          dense ? ChunkEncoding::kDense : ChunkEncoding::kSparse;
       c.header.id = ChunkId{i, static_cast<uint32_t>(s), 0};
       c.header.elem_size = static_cast<uint8_t>(w);
       c.header.span_elems = static_cast<uint32_t>(std::min(span, n - s * span));
       for (uint64_t e = 0; e < c.header.span_elems; ++e) {
         const uint64_t at = (s * span + e) * w;
-        if (std::equal(&b[at], &b[at] + w, &g[at])) continue;
-        c.positions.push_back(static_cast<uint32_t>(e));
+        if (!dense && std::equal(&b[at], &b[at] + w, &g[at])) continue;
+        if (!dense) c.positions.push_back(static_cast<uint32_t>(e));
         for (size_t k = 0; k < w; ++k) {
           c.values.push_back(overwrite ? g[at + k] : b[at + k] ^ g[at + k]);
         }
       }
-      if (!c.positions.empty()) out.emplace_back(i, std::move(c));
+      c.header.changed = static_cast<uint32_t>(dense ? c.header.span_elems
+                                                     : c.positions.size());
+      if (!c.values.empty()) out.emplace_back(i, std::move(c));
     }
   }
   return out;
@@ -65,8 +68,8 @@ std::vector<std::pair<uint32_t, DecodedChunk>> Chunks(const Layout& l,
 // shards built from target.
 void ExpectAppliedEqualsBuilt(const Layout& l, const Tensors& base,
                               const Tensors& target, uint64_t span,
-                              bool overwrite) {
-  const auto chunks = Chunks(l, base, target, span, overwrite);
+                              bool overwrite, bool dense = false) {
+  const auto chunks = Chunks(l, base, target, span, overwrite, dense);
   for (uint32_t r = 0; r < l.ranks(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     auto m = ReceiverMap::Create(l, r);
@@ -86,6 +89,21 @@ void ExpectAppliedEqualsBuilt(const Layout& l, const Tensors& base,
       }
     }
     EXPECT_EQ(*shards, *want);
+    // The rank's vote: its regions' digests equal those the root computes
+    // from the target, and not those of the base where a region changed.
+    ShardBytes held;
+    for (const auto& [name, bytes] : *shards) held.emplace(name, bytes);
+    auto votes = m->HashRegions(held);
+    auto expected = m->ExpectedRegions(View(target));
+    auto before = m->ExpectedRegions(View(base));
+    ASSERT_TRUE(votes.ok()) << votes.status().ToString();
+    ASSERT_TRUE(expected.ok() && before.ok());
+    EXPECT_EQ(*votes, *expected);
+    for (uint32_t t = 0; t < l.tensors.size(); ++t) {
+      if (!m->Holds(t)) {
+        EXPECT_EQ((*votes)[t], LinearDigest{}) << t;
+      }
+    }
   }
 }
 
@@ -106,7 +124,8 @@ TEST(ReceiverMapTest, RandomTilingsApplyToWhatTheTargetBuilds) {
       l.tensors.push_back(std::move(t));
     }
     auto [base, target] = RandomVersions(l, rng() % 2 ? 0.05 : 0.6, rng);
-    ExpectAppliedEqualsBuilt(l, base, target, 1 + rng() % 40, rng() % 2);
+    ExpectAppliedEqualsBuilt(l, base, target, 1 + rng() % 40, rng() % 2,
+                             rng() % 4 == 0);
   }
 }
 
@@ -121,6 +140,7 @@ TEST(ReceiverMapTest, MegatronLayoutsApplyToWhatTheTargetBuilds) {
         auto [base, target] = RandomVersions(*l, rate, rng);
         ExpectAppliedEqualsBuilt(*l, base, target, 7, false);
         ExpectAppliedEqualsBuilt(*l, base, target, 64, true);
+        ExpectAppliedEqualsBuilt(*l, base, target, 33, rate > 0.5, true);
       }
     }
   }
@@ -179,6 +199,18 @@ TEST(ReceiverMapTest, EveryServingRankHoldsItsCopies) {
   auto built = m3->Build(View(target));
   ASSERT_TRUE(built.ok());
   EXPECT_EQ(built->at("l.0.norm"), target.at("l.0.norm"));
+  // A bit flipped in that copy changes rank 3's vote on the norm, and on
+  // nothing else.
+  built->at("l.0.norm")[3] ^= std::byte{0x04};
+  ShardBytes held;
+  for (const auto& [name, bytes] : *built) held.emplace(name, bytes);
+  auto votes = m3->HashRegions(held);
+  auto expected = m3->ExpectedRegions(View(target));
+  ASSERT_TRUE(votes.ok() && expected.ok());
+  for (uint32_t t = 0; t < l->tensors.size(); ++t) {
+    EXPECT_EQ((*votes)[t] == (*expected)[t], l->tensors[t].name != "l.0.norm")
+        << l->tensors[t].name;
+  }
 }
 
 TEST(ReceiverMapTest, ATiedHeadTakesItsEmbeddingsChangesOnce) {
