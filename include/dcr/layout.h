@@ -77,6 +77,15 @@ struct Conversion {
   }
 };
 
+// A tensor a serving rank holds as FP8 (docs/PLACEMENT.md §"FP8
+// serving"): its shard holds E4M3 codes (dcr/fp8.h) quantized in blocks
+// of the shard, and `scale_shard` the F32 inverse scales, one per block.
+// Only serving layouts take it (ReceiverMap); producers refuse it.
+struct Fp8Serving {
+  uint32_t block_rows = 128, block_cols = 128;
+  std::string scale_shard;  // families expanded
+};
+
 // One canonical tensor, resolved.
 struct LayoutTensor {
   std::string name;  // canonical name, families expanded
@@ -91,7 +100,8 @@ struct LayoutTensor {
   // on the same stage.
   bool copies_tp = false;
   bool copies_ep = false;
-  int line = 0;  // of its entry in the layout file
+  std::optional<Fp8Serving> fp8;  // served as FP8 (serving layouts only)
+  int line = 0;                   // of its entry in the layout file
 };
 
 // A shard tensor one rank must hand its producer.

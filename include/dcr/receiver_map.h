@@ -16,8 +16,18 @@
 // whole chunk to its children). Bit-preserving maps keep XOR as XOR.
 //
 // Only identity conversions: a serving rank holds canonical bits. A
-// tensor whose shard dtype differs is refused at Create (FP8 serving is
-// declared otherwise; dcr/fp8.h).
+// tensor whose shard dtype differs is refused at Create.
+//
+// FP8 serving (an entry's `fp8`, docs/PLACEMENT.md §"FP8 serving"): the
+// rank keeps three tensors for such a shard S: S itself, the E4M3 codes
+// the server computes with; the scales (Fp8Serving::scale_shard, F32, one
+// per block of S); and S's shadow (ShadowName(S), the canonical dtype),
+// the canonical bits it was quantized from. Apply writes the shadow and
+// marks the blocks it touched; Requantize recomputes those blocks' codes
+// and scales. Each held box must keep whole blocks (start on a block
+// boundary in the shard and in the tensor, end on one unless it ends
+// both), so that S's blocks are the canonical tensor's: the codes and
+// scales are then bit-identical to QuantizeFp8 of the dense target.
 //
 // Thread safety: a ReceiverMap is immutable after Create; Apply calls on
 // disjoint shard elements may run concurrently.
@@ -31,6 +41,7 @@
 #include <vector>
 
 #include "dcr/codec.h"
+#include "dcr/fp8.h"
 #include "dcr/layout.h"
 #include "dcr/placement.h"
 #include "dcr/shard_diff.h"
@@ -40,6 +51,8 @@ namespace dcr {
 
 // A rank's shard tensors by name, writable.
 using MutableShardBytes = std::map<std::string, std::span<std::byte>>;
+// The blocks of each FP8 shard that applied chunks touched, by shard name.
+using Fp8Dirty = std::map<std::string, Fp8BlockSet>;
 
 class ReceiverMap {
  public:
@@ -49,8 +62,15 @@ class ReceiverMap {
   static Result<ReceiverMap> Create(const Layout& layout, uint32_t rank);
 
   uint32_t rank() const { return rank_; }
-  // The shard tensors the rank holds, by name, copies included.
+  // The tensors the rank keeps, by name, copies included: for an FP8 shard
+  // its codes (F8_E4M3), its scales (F32) and its shadow.
   const std::map<std::string, LayoutShard>& shards() const { return shards_; }
+  // Where an FP8 shard's canonical bits are kept.
+  static std::string ShadowName(const std::string& shard) {
+    return shard + ".shadow";
+  }
+  // Whether the rank holds any FP8 shard.
+  bool serves_fp8() const { return !fp8_.empty(); }
   // The layout cut down to this rank: each tensor's pieces are those the
   // rank holds, copies included (as the rank's own pieces).
   const Layout& held() const { return held_; }
@@ -65,16 +85,24 @@ class ReceiverMap {
   // overwritten, at its shard position. Where two canonical tensors share
   // a shard box (a tied head declared from its embedding's shard), only
   // the first tensor's chunks write it: both carry the same bits, and a
-  // second XOR would undo the first. Returns how many elements it wrote.
-  // InvalidArgument if `tensor` is past the layout, the chunk's element
-  // size is not the tensor's, its span runs past the tensor, or a shard it
-  // writes is missing from `shards` or not of its layout size.
+  // second XOR would undo the first. An FP8 tensor's changes go to its
+  // shadow, and the blocks they land in are marked in `dirty` (required
+  // then; Requantize after the refit's chunks). Returns how many elements
+  // it wrote. InvalidArgument if `tensor` is past the layout, the chunk's
+  // element size is not the tensor's, its span runs past the tensor, or a
+  // shard it writes is missing from `shards` or not of its layout size.
   Result<uint64_t> Apply(uint32_t tensor, uint64_t first, const DecodedChunk& c,
-                         const MutableShardBytes& shards) const;
+                         const MutableShardBytes& shards,
+                         Fp8Dirty* dirty = nullptr) const;
+
+  // Requantizes the blocks `dirty` marks, from each FP8 shard's shadow into
+  // its codes and scales, and clears the marks.
+  Status Requantize(const MutableShardBytes& shards, Fp8Dirty* dirty) const;
 
   // The rank's shards built from canonical tensors: every element a piece
   // or copy maps holds the canonical element's bits, the rest (vocabulary
-  // padding) zero. What a serving rank loads before its first refit.
+  // padding) zero; an FP8 shard's shadow so, and its codes and scales
+  // quantized from it. What a serving rank loads before its first refit.
   // Errors as BuildShards'.
   Result<std::map<std::string, std::vector<std::byte>>> Build(
       const CanonicalBytes& canonical) const;
@@ -85,7 +113,8 @@ class ReceiverMap {
   // zero for a tensor it does not hold. ExpectedRegions computes the same
   // from canonical tensors (the root's target), without building shards:
   // the two agree iff the rank holds those bits (up to the digest's
-  // collision bound). Errors as HashShardRegions' and BuildShards'.
+  // collision bound); an FP8 tensor is hashed from its shadow. Errors as
+  // HashShardRegions' and BuildShards'.
   Result<std::vector<LinearDigest>> HashRegions(const ShardBytes& shards) const;
   Result<std::vector<LinearDigest>> ExpectedRegions(
       const CanonicalBytes& canonical) const;
@@ -96,12 +125,23 @@ class ReceiverMap {
     std::string shard;
     bool apply;  // false where an earlier tensor's box holds the same bits
   };
+  // An FP8 shard: its 2-D view and where its scales are.
+  struct Fp8Shard {
+    Fp8Tensor view;
+    std::string scales;
+  };
   ReceiverMap() = default;
+  // `shards` with each FP8 shard's name bound to its shadow.
+  Result<ShardBytes> Shadows(const ShardBytes& shards) const;
+  // Records tensor t's held FP8 pieces, refusing those that cut blocks.
+  Status AddFp8(const LayoutTensor& t, const std::vector<AffinePiece>& held);
 
   uint32_t rank_ = 0;
   // The layout cut down to what this rank holds: its pieces and its
-  // copies (as pieces of this rank), no other rank's.
+  // copies (as pieces of this rank), no other rank's; FP8 shards appear
+  // as their shadows (the canonical dtype, no fp8).
   Layout held_;
+  std::map<std::string, Fp8Shard> fp8_;
   std::map<std::string, LayoutShard> shards_;
   std::vector<std::vector<Held>> tensors_;  // per canonical tensor
 };

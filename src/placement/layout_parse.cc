@@ -26,7 +26,8 @@ constexpr std::string_view kParallelKeys[] = {"tp", "pp", "ep"};
 constexpr std::string_view kEntryKeys[] = {
     "name",     "names",    "shard",   "shape",       "split",     "pad_to",
     "stage",    "dtype",    "add",     "shard_dtype", "transpose", "heads",
-    "kv_heads", "head_dim", "columns", "order",       "pieces"};
+    "kv_heads", "head_dim", "columns", "order",       "pieces",    "fp8"};
+constexpr std::string_view kFp8Keys[] = {"block", "scale"};
 constexpr std::string_view kPieceKeys[] = {
     "rank", "shard", "shard_shape", "from", "extent", "to", "axis", "step"};
 constexpr std::string_view kSplitNames[] = {
@@ -167,6 +168,7 @@ Status Parser::ParseEntry(const YAML::Node& n, int line,
       return kind == SplitKind::kQkv;
     }
     if (key == "pieces") return kind == SplitKind::kPieces;
+    if (key == "fp8") return kind != SplitKind::kPieces;
     if (key == "transpose") return !fused && kind != SplitKind::kPieces;
     if (key == "stage") return kind != SplitKind::kPieces;
     return true;
@@ -262,6 +264,25 @@ Status Parser::ParseEntry(const YAML::Node& n, int line,
       DCR_ASSIGN_OR_RETURN(e->head_dim, Uint(x, kp, 1, kMaxHeads));
     } else if (x.key == "columns") {
       DCR_ASSIGN_OR_RETURN(e->columns, Uint(x, kp, 1, kMaxDim));
+    } else if (x.key == "fp8") {
+      DCR_ASSIGN_OR_RETURN(Fields ff, Map(x.value, x.line, kp, kFp8Keys));
+      DCR_RETURN_IF_ERROR(Required(ff, kp, "block"));
+      Fp8Serving fp8;
+      for (const Field& y : ff.all()) {
+        const std::string yp = kp + "." + y.key;
+        if (y.key == "block") {
+          DCR_ASSIGN_OR_RETURN(Shape b, Uints(y, yp, 1, 1u << 20));
+          if (b.size() != 2) {
+            return Err(y.line, yp,
+                       "expected [rows, columns] of a block, e.g. [128, 128]");
+          }
+          fp8.block_rows = static_cast<uint32_t>(b[0]);
+          fp8.block_cols = static_cast<uint32_t>(b[1]);
+        } else {
+          DCR_ASSIGN_OR_RETURN(fp8.scale_shard, TensorName(y, yp));
+        }
+      }
+      e->fp8 = std::move(fp8);
     } else if (x.key == "order") {
       DCR_ASSIGN_OR_RETURN(std::string s, Scalar(x, kp));
       if (s != "grouped" && s != "stacked") {

@@ -195,6 +195,26 @@ Status Resolver::CheckEntry(const EntrySpec& e, Placeholders* ph) const {
   }
   const DType dtype = e.dtype.value_or(spec_.dtype);
   const DType shard_dtype = e.shard_dtype.value_or(dtype);
+  if (e.fp8) {
+    if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+      return Err(e, "an fp8 tensor is quantized from BF16, F16 or F32, not " +
+                        std::string(DTypeName(dtype)));
+    }
+    if (shard_dtype != dtype || e.add != 0 || e.transpose) {
+      return Err(e,
+                 "an fp8 entry takes no shard_dtype, add or transpose: the "
+                 "server quantizes the canonical bits as they are laid out");
+    }
+    if (!e.fp8->scale_shard.empty()) {
+      auto s = FindPlaceholders(e.fp8->scale_shard);
+      if (!s.ok()) return Err(e, s.status().message());
+      if (!(*s == *ph)) {
+        return Err(e, "the scale name '" + e.fp8->scale_shard +
+                          "' must hold the same placeholders as '" +
+                          e.names[0] + "'");
+      }
+    }
+  }
   if ((shard_dtype != dtype || e.add != 0) &&
       !(IsFloat(shard_dtype) && IsFloat(dtype))) {
     return Err(e, "no conversion from " + std::string(DTypeName(shard_dtype)) +
@@ -475,6 +495,13 @@ Result<Layout> Resolver::Run() {
         for (LayoutTensor* t : out) {
           t->copies_tp = e.split == SplitKind::kReplicated;
           t->copies_ep = !ph.expert && e.split != SplitKind::kPieces;
+          if (e.fp8) {
+            t->fp8 = e.fp8;
+            t->fp8->scale_shard =
+                Substitute(e.fp8->scale_shard.empty() ? e.shard + "_scale_inv"
+                                                      : e.fp8->scale_shard,
+                           local_layer, local_expert);
+          }
         }
       }
     }
@@ -581,6 +608,10 @@ Digest128 Layout::Fingerprint() const {
     s += text(t.name) + " " + std::string(DTypeName(t.dtype)) + " " +
          std::string(DTypeName(t.conversion.shard_dtype)) + " " +
          std::to_string(add_bits) + dims(" shape", t.shape);
+    if (t.fp8) {
+      s += " fp8 " + std::to_string(t.fp8->block_rows) + " " +
+           std::to_string(t.fp8->block_cols) + " " + text(t.fp8->scale_shard);
+    }
     std::vector<std::string> pieces;
     for (const AffinePiece& p : t.pieces) {
       pieces.push_back(std::to_string(p.rank) + " " + text(p.shard) +

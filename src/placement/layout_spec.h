@@ -53,6 +53,9 @@ struct EntrySpec {
   // kQkv: Megatron's per-group interleave (false), or each rank's query
   // rows, then its key rows, then its value rows (vLLM and SGLang).
   bool stacked = false;
+  // Served as FP8: the block shape, and the scale shard's name (empty:
+  // the shard's name + "_scale_inv").
+  std::optional<Fp8Serving> fp8;
   std::optional<uint64_t> columns;  // kQkv; none: a bias
   std::vector<AffinePiece> pieces;  // kPieces
 };

@@ -92,15 +92,99 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
       }
       m.tensors_[i].push_back(Held{PieceMap(p, t.shape), p.shard, !tied});
     }
+    if (t.fp8 && !held.empty()) {
+      DCR_RETURN_IF_ERROR(m.AddFp8(t, held));
+    }
     m.held_.tensors[i].pieces = std::move(held);
+    m.held_.tensors[i].fp8.reset();  // held_ holds the shadows
+  }
+  // A shard holds FP8 tensors only, or none.
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    for (const AffinePiece& p : m.held_.tensors[i].pieces) {
+      if (m.fp8_.count(p.shard) != 0 && !layout.tensors[i].fp8) {
+        return Status::InvalidArgument(
+            "serving rank " + std::to_string(rank) + ": shard '" + p.shard +
+            "' holds FP8 tensors and tensor '" + layout.tensors[i].name +
+            "', which is not FP8");
+      }
+    }
   }
   m.shards_ = m.held_.ShardsOf(rank);
+  for (const auto& [name, f] : m.fp8_) {
+    LayoutShard shadow = m.shards_.at(name);
+    LayoutShard codes = shadow;
+    codes.dtype = DType::kF8E4M3;
+    m.shards_[name] = codes;
+    shadow.name = ShadowName(name);
+    m.shards_[shadow.name] = shadow;
+    LayoutShard scales{
+        f.scales, {f.view.blocks_down(), f.view.blocks_across()}, DType::kF32};
+    if (!m.shards_.emplace(f.scales, scales).second) {
+      return Status::InvalidArgument(
+          "serving rank " + std::to_string(rank) + ": the scales of shard '" +
+          name + "', '" + f.scales + "', are named like another tensor");
+    }
+  }
   return m;
+}
+
+Status ReceiverMap::AddFp8(const LayoutTensor& t,
+                           const std::vector<AffinePiece>& held) {
+  const Fp8Serving& f = *t.fp8;
+  auto refuse = [&](const AffinePiece& p, const std::string& why) {
+    return Status::InvalidArgument("serving rank " + std::to_string(rank_) +
+                                   ": FP8 tensor '" + t.name + "' in shard '" +
+                                   p.shard + "': " + why);
+  };
+  for (const AffinePiece& p : held) {
+    if (t.shape.size() != 2 || p.shard_shape.size() != 2) {
+      return refuse(p, "FP8 serving takes 2-dimensional weights");
+    }
+    if (p.axis != std::vector<uint32_t>{0, 1} || p.step != Shape{1, 1}) {
+      return refuse(p, "an FP8 box cannot be transposed or interleaved");
+    }
+    const uint64_t block[2] = {f.block_rows, f.block_cols};
+    for (size_t d = 0; d < 2; ++d) {
+      const bool ends_both = p.from[d] + p.extent[d] == p.shard_shape[d] &&
+                             p.to[d] + p.extent[d] == t.shape[d];
+      if (p.from[d] % block[d] != 0 || p.to[d] % block[d] != 0 ||
+          (p.extent[d] % block[d] != 0 && !ends_both)) {
+        return refuse(
+            p, "its box of " + std::to_string(p.extent[0]) + "x" +
+                   std::to_string(p.extent[1]) + " from [" +
+                   std::to_string(p.from[0]) + ", " +
+                   std::to_string(p.from[1]) + "] at [" +
+                   std::to_string(p.to[0]) + ", " + std::to_string(p.to[1]) +
+                   "] cuts " + std::to_string(f.block_rows) + "x" +
+                   std::to_string(f.block_cols) +
+                   " blocks (a box starts on a block boundary in the shard "
+                   "and in the tensor, and ends on one unless it ends both)");
+      }
+    }
+    Fp8Shard shard;
+    shard.view.dtype = t.dtype;
+    shard.view.rows = p.shard_shape[0];
+    shard.view.cols = p.shard_shape[1];
+    shard.view.block_rows = f.block_rows;
+    shard.view.block_cols = f.block_cols;
+    shard.scales = f.scale_shard;
+    auto [it, fresh] = fp8_.emplace(p.shard, shard);
+    const Fp8Tensor& v = it->second.view;
+    if (!fresh &&
+        (v.block_rows != f.block_rows || v.block_cols != f.block_cols ||
+         v.dtype != t.dtype || it->second.scales != f.scale_shard)) {
+      return refuse(p,
+                    "the shard's FP8 tensors must share one block shape, "
+                    "dtype and scale name");
+    }
+  }
+  return Status::OK();
 }
 
 Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
                                     const DecodedChunk& c,
-                                    const MutableShardBytes& shards) const {
+                                    const MutableShardBytes& shards,
+                                    Fp8Dirty* dirty) const {
   if (tensor >= tensors_.size()) {
     return Status::InvalidArgument(
         "a chunk names tensor " + std::to_string(tensor) + " past the " +
@@ -122,12 +206,24 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
   uint64_t wrote = 0;
   for (const Held& h : tensors_[tensor]) {
     if (!h.apply) continue;
-    auto it = shards.find(h.shard);
-    const LayoutShard& ls = shards_.at(h.shard);
+    const auto f = fp8_.find(h.shard);
+    const bool fp8 = f != fp8_.end();
+    Fp8BlockSet* marks = nullptr;
+    if (fp8) {
+      if (dirty == nullptr) {
+        return Status::InvalidArgument(
+            "serving rank " + std::to_string(rank_) + ": tensor '" + t.name +
+            "' is served as FP8: Apply needs the dirty blocks to mark");
+      }
+      marks = &dirty->try_emplace(h.shard, f->second.view).first->second;
+    }
+    const std::string& name = fp8 ? ShadowName(h.shard) : h.shard;
+    auto it = shards.find(name);
+    const LayoutShard& ls = shards_.at(name);
     if (it == shards.end() ||
         it->second.size() != ShapeElements(ls.shape) * w) {
       return Status::InvalidArgument(
-          "serving rank " + std::to_string(rank_) + ": shard '" + h.shard +
+          "serving rank " + std::to_string(rank_) + ": shard '" + name +
           (it == shards.end() ? "' is missing" : "' is not its layout size"));
     }
     std::byte* out = it->second.data();
@@ -144,20 +240,88 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
       } else {
         std::memcpy(e, v, w);
       }
+      if (marks != nullptr) marks->MarkRange(s, 1);
       ++wrote;
     }
   }
   return wrote;
 }
 
+Status ReceiverMap::Requantize(const MutableShardBytes& shards,
+                               Fp8Dirty* dirty) const {
+  for (auto& [name, marks] : *dirty) {
+    const auto f = fp8_.find(name);
+    if (f == fp8_.end()) {
+      return Status::InvalidArgument("serving rank " + std::to_string(rank_) +
+                                     ": '" + name + "' is no FP8 shard of it");
+    }
+    const Fp8Tensor& v = f->second.view;
+    auto codes = shards.find(name);
+    auto shadow = shards.find(ShadowName(name));
+    auto scales = shards.find(f->second.scales);
+    for (auto it : {codes, shadow, scales}) {
+      if (it == shards.end()) {
+        return Status::InvalidArgument("serving rank " + std::to_string(rank_) +
+                                       ": FP8 shard '" + name +
+                                       "' needs its codes, shadow and scales");
+      }
+    }
+    if (scales->second.size() != v.blocks() * sizeof(float)) {
+      return Status::InvalidArgument("serving rank " + std::to_string(rank_) +
+                                     ": scales '" + f->second.scales +
+                                     "' are not its layout size");
+    }
+    // The scales through an aligned copy: a mapped file need not place an
+    // F32 tensor on a 4-byte boundary.
+    std::vector<float> s(v.blocks());
+    std::memcpy(s.data(), scales->second.data(), scales->second.size());
+    DCR_RETURN_IF_ERROR(RequantizeFp8(
+        v, shadow->second, marks,
+        std::span(reinterpret_cast<uint8_t*>(codes->second.data()),
+                  codes->second.size()),
+        s));
+    std::memcpy(scales->second.data(), s.data(), scales->second.size());
+    marks.Clear();
+  }
+  return Status::OK();
+}
+
 Result<std::map<std::string, std::vector<std::byte>>> ReceiverMap::Build(
     const CanonicalBytes& canonical) const {
-  return BuildShards(held_, rank_, canonical);
+  DCR_ASSIGN_OR_RETURN(auto out, BuildShards(held_, rank_, canonical));
+  for (const auto& [name, f] : fp8_) {
+    std::vector<std::byte> shadow = std::move(out.at(name));
+    std::vector<std::byte> codes(f.view.elements());
+    std::vector<float> scales(f.view.blocks());
+    DCR_RETURN_IF_ERROR(QuantizeFp8(
+        f.view, shadow,
+        std::span(reinterpret_cast<uint8_t*>(codes.data()), codes.size()),
+        scales));
+    out[name] = std::move(codes);
+    out[ShadowName(name)] = std::move(shadow);
+    auto bytes = std::as_bytes(std::span(scales));
+    out[f.scales].assign(bytes.begin(), bytes.end());
+  }
+  return out;
+}
+
+Result<ShardBytes> ReceiverMap::Shadows(const ShardBytes& shards) const {
+  ShardBytes out = shards;
+  for (const auto& [name, f] : fp8_) {
+    auto it = shards.find(ShadowName(name));
+    if (it == shards.end()) {
+      return Status::NotFound("serving rank " + std::to_string(rank_) +
+                              ": no shadow '" + ShadowName(name) + "'");
+    }
+    out[name] = it->second;
+  }
+  return out;
 }
 
 Result<std::vector<LinearDigest>> ReceiverMap::HashRegions(
     const ShardBytes& shards) const {
-  return HashShardRegions(held_, rank_, shards);
+  DCR_ASSIGN_OR_RETURN(ShardBytes shadows, Shadows(shards));
+  return HashShardRegions(held_, rank_, shadows);
 }
 
 Result<std::vector<LinearDigest>> ReceiverMap::ExpectedRegions(

@@ -62,6 +62,14 @@ Status CheckRank(const Layout& layout, uint32_t rank) {
         "rank " + std::to_string(rank) + " is not below layout " +
         layout.source + "'s " + std::to_string(layout.ranks()) + " ranks");
   }
+  for (const LayoutTensor& t : layout.tensors) {
+    if (t.fp8) {
+      return Status::InvalidArgument(
+          "layout " + layout.source + " serves tensor '" + t.name +
+          "' as FP8: that is a serving layout; a trainer's ranks need one "
+          "without fp8 entries");
+    }
+  }
   return Status::OK();
 }
 

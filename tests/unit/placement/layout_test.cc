@@ -478,6 +478,19 @@ TEST(LayoutTest, BadLayoutsAreRefusedWithTheLineAndTheFix) {
        One("  - name: w\n    shard: s\n    split: column\n    shape: [4]\n"
            "    order: stacked\n"),
        "x.yaml:7: tensors[0].order: a 'column' entry takes no order"},
+      {"fp8 block",
+       One("  - name: w\n    shard: s\n    split: column\n    shape: [4, 4]\n"
+           "    fp8: {block: [2]}\n"),
+       "x.yaml:7: tensors[0].fp8.block: expected [rows, columns] of a block"},
+      {"fp8 key",
+       One("  - name: w\n    shard: s\n    split: column\n    shape: [4, 4]\n"
+           "    fp8: {block: [2, 2], scales: t}\n"),
+       "tensors[0].fp8.scales: unknown key (did you mean 'scale'?)"},
+      {"fp8 of an integer",
+       One("  - name: w\n    shard: s\n    split: column\n    shape: [4, 4]\n"
+           "    dtype: I8\n    fp8: {block: [2, 2]}\n"),
+       "x.yaml:3: tensors[0]: an fp8 tensor is quantized from BF16, F16 or "
+       "F32, not I8"},
       {"two names for qkv",
        One("  - names: [q, k]\n    shard: s\n    split: qkv\n"
            "    heads: 8\n    kv_heads: 2\n    head_dim: 4\n"),

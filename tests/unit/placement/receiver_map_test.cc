@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -284,6 +285,158 @@ tensors:
   auto wrote = m->Apply(tensor, 0, stray, writable);
   ASSERT_TRUE(wrote.ok());
   EXPECT_EQ(*wrote, 0u);
+}
+
+// A tp 2 server holding three weights as FP8 (one with partial blocks,
+// fused gate/up with named scales, a row split) and a BF16 norm.
+constexpr const char* kFp8 = R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: w
+    shard: w.weight
+    split: column
+    shape: [256, 100]
+    fp8: {block: [64, 32]}
+  - names: [gate, up]
+    shard: gate_up
+    split: gate_up
+    shape: [256, 64]
+    fp8: {block: [64, 64], scale: gate_up.scales}
+  - name: down
+    shard: down
+    split: row
+    shape: [64, 256]
+    fp8: {block: [32, 64]}
+  - name: norm
+    shard: norm
+    split: replicated
+    shape: [64]
+)";
+
+// BF16 weights of N(0, 0.02)-like magnitudes: random signs and mantissas,
+// exponents near 2^-6, so every block has its own amax.
+Tensors Bf16Weights(const Layout& l, std::mt19937_64& rng) {
+  Tensors out;
+  for (const LayoutTensor& t : l.tensors) {
+    auto& b = out[t.name];
+    for (uint64_t e = 0; e < Volume(t.shape); ++e) {
+      const uint16_t v = static_cast<uint16_t>(
+          (rng() & 0x807F) | (uint16_t{0x3C} + rng() % 3) << 7);
+      b.push_back(static_cast<std::byte>(v & 0xFF));
+      b.push_back(static_cast<std::byte>(v >> 8));
+    }
+  }
+  return out;
+}
+
+TEST(ReceiverMapTest, Fp8ShardsRequantizeToTheTargetsQuantization) {
+  auto l = ParseLayout(kFp8, "fp8.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  std::mt19937_64 rng(43);
+  const Tensors base = Bf16Weights(*l, rng);
+  Tensors target = base;
+  for (auto& [name, b] : target) {
+    for (size_t e = 0; e < b.size(); e += 2) {
+      if (rng() % 50 == 0) b[e] ^= std::byte{1};  // ~2% move by an ulp
+    }
+  }
+  target.at("norm")[7] ^= std::byte{0x40};  // the BF16 copy changes too
+  // One block of w gets a new maximum: its scale and every code change.
+  target.at("w")[2 * 5] = std::byte{0};
+  target.at("w")[2 * 5 + 1] = std::byte{0x3F};  // 0.5
+  for (uint32_t r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    auto m = ReceiverMap::Create(*l, r);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_TRUE(m->serves_fp8());
+    EXPECT_EQ(m->shards().at("w.weight").dtype, DType::kF8E4M3);
+    EXPECT_EQ(m->shards().at("w.weight.shadow").dtype, DType::kBF16);
+    EXPECT_EQ(m->shards().at("w.weight_scale_inv").shape, Shape({2, 4}));
+    EXPECT_EQ(m->shards().at("gate_up.scales").shape, Shape({4, 1}));
+    EXPECT_EQ(m->shards().at("down_scale_inv").shape, Shape({2, 2}));
+    EXPECT_EQ(m->shards().at("norm").dtype, DType::kBF16);
+    auto shards = m->Build(View(base));
+    auto want = m->Build(View(target));
+    ASSERT_TRUE(shards.ok()) << shards.status().ToString();
+    ASSERT_TRUE(want.ok());
+    MutableShardBytes writable;
+    for (auto& [name, bytes] : *shards) writable.emplace(name, bytes);
+    Fp8Dirty dirty;
+    for (const auto& [tensor, c] : Chunks(*l, base, target, 1000, false)) {
+      const uint64_t first = uint64_t{c.header.id.span} * 1000;
+      if (l->tensors[tensor].fp8) {
+        EXPECT_THAT(m->Apply(tensor, first, c, writable).status().ToString(),
+                    HasSubstr("Apply needs the dirty blocks"));
+      }
+      ASSERT_TRUE(m->Apply(tensor, first, c, writable, &dirty).ok());
+    }
+    ASSERT_TRUE(m->Requantize(writable, &dirty).ok());
+    EXPECT_EQ(*shards, *want);
+    // Independently: the codes and scales are QuantizeFp8 of the dense
+    // target, restricted to the rank's rows.
+    Fp8Tensor w{DType::kBF16, 256, 100, 64, 32};
+    std::vector<uint8_t> q(w.elements());
+    std::vector<float> sc(w.blocks());
+    ASSERT_TRUE(QuantizeFp8(w, target.at("w"), q, sc).ok());
+    const auto& codes = shards->at("w.weight");
+    for (size_t i = 0; i < codes.size(); ++i) {
+      ASSERT_EQ(static_cast<uint8_t>(codes[i]), q[r * 128 * 100 + i]) << i;
+    }
+    std::vector<float> got(8);
+    std::memcpy(got.data(), shards->at("w.weight_scale_inv").data(), 32);
+    EXPECT_EQ(got,
+              std::vector<float>(sc.begin() + r * 8, sc.begin() + r * 8 + 8));
+    // The vote hashes the shadows: the target's canonical bits.
+    ShardBytes held;
+    for (const auto& [name, bytes] : *shards) held.emplace(name, bytes);
+    auto votes = m->HashRegions(held);
+    auto expected = m->ExpectedRegions(View(target));
+    ASSERT_TRUE(votes.ok()) << votes.status().ToString();
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(*votes, *expected);
+  }
+}
+
+TEST(ReceiverMapTest, Fp8BoxesThatCutBlocksAndFp8ProducersAreRefused) {
+  std::string cut = kFp8;
+  cut.replace(cut.find("[64, 32]"), 8, "[96, 32]");  // 128 rows per rank
+  auto l = ParseLayout(cut, "cut.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_THAT(ReceiverMap::Create(*l, 1).status().ToString(),
+              HasSubstr("FP8 tensor 'w' in shard 'w.weight': its box of "
+                        "128x100 from [0, 0] at [128, 0] cuts 96x32 blocks"));
+  auto fp8 = ParseLayout(kFp8, "fp8.yaml");
+  ASSERT_TRUE(fp8.ok());
+  std::mt19937_64 rng(47);
+  const Tensors base = Bf16Weights(*fp8, rng);
+  EXPECT_THAT(
+      BuildShards(*fp8, 0, View(base)).status().ToString(),
+      HasSubstr("serves tensor 'down' as FP8: that is a serving layout"));
+  for (const char* bad :
+       {"    fp8: {block: [64]}\n", "    fp8: {block: [64, 64], scales: x}\n",
+        "    fp8: {scale: x}\n"}) {
+    SCOPED_TRACE(bad);
+    std::string y = std::string(R"(version: 1
+tensors:
+  - name: w
+    shard: w
+    split: replicated
+    shape: [64, 64]
+)") + bad;
+    EXPECT_FALSE(ParseLayout(y, "bad.yaml").ok());
+  }
+  auto converted = ParseLayout(R"(version: 1
+tensors:
+  - name: w
+    shard: w
+    split: replicated
+    shape: [64, 64]
+    shard_dtype: F32
+    fp8: {block: [64, 64]}
+)",
+                               "conv.yaml");
+  EXPECT_THAT(converted.status().ToString(),
+              HasSubstr("an fp8 entry takes no shard_dtype"));
 }
 
 }  // namespace
