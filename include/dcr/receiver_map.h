@@ -69,8 +69,18 @@ class ReceiverMap {
   static std::string ShadowName(const std::string& shard) {
     return shard + ".shadow";
   }
-  // Whether the rank holds any FP8 shard.
+  // An FP8 shard: its 2-D view (dtype: the shadow's) and its scales' name.
+  struct Fp8Shard {
+    Fp8Tensor view;
+    std::string scales;
+  };
+  // The rank's FP8 shards, by name.
+  const std::map<std::string, Fp8Shard>& fp8_shards() const { return fp8_; }
   bool serves_fp8() const { return !fp8_.empty(); }
+  // `shards` with each FP8 shard's name bound to its shadow: the canonical
+  // bits held() places, as HashShardRegions and CompareShards over held()
+  // read them. NotFound if a shadow is missing.
+  Result<ShardBytes> Shadows(const ShardBytes& shards) const;
   // The layout cut down to this rank: each tensor's pieces are those the
   // rank holds, copies included (as the rank's own pieces).
   const Layout& held() const { return held_; }
@@ -125,14 +135,7 @@ class ReceiverMap {
     std::string shard;
     bool apply;  // false where an earlier tensor's box holds the same bits
   };
-  // An FP8 shard: its 2-D view and where its scales are.
-  struct Fp8Shard {
-    Fp8Tensor view;
-    std::string scales;
-  };
   ReceiverMap() = default;
-  // `shards` with each FP8 shard's name bound to its shadow.
-  Result<ShardBytes> Shadows(const ShardBytes& shards) const;
   // Records tensor t's held FP8 pieces, refusing those that cut blocks.
   Status AddFp8(const LayoutTensor& t, const std::vector<AffinePiece>& held);
 

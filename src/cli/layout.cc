@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -198,10 +199,73 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
   return kExitOk;
 }
 
+std::string Hex(std::span<const std::byte> b) {
+  std::string out = "0x";
+  for (size_t i = b.size(); i-- > 0;) {
+    out += fmt::format("{:02x}", static_cast<unsigned>(b[i]));
+  }
+  return out;
+}
+
+// A serving rank's shard file against the canonical tensors: its shards
+// and FP8 shadows hold the canonical bits where the layout maps them, and
+// its FP8 codes and scales are the quantizer's of the canonical tensors.
+Result<std::vector<ShardMismatch>> CompareServingRank(
+    const Layout& layout, uint32_t rank, const std::string& dir,
+    const CanonicalBytes& canonical) {
+  DCR_ASSIGN_OR_RETURN(ReceiverMap m, ReceiverMap::Create(layout, rank));
+  const std::string file = ShardFilePath(dir, rank);
+  DCR_ASSIGN_OR_RETURN(auto ckpt,
+                       Checkpoint::Open(file, Checkpoint::Mode::kReadOnly));
+  ShardBytes held;
+  for (const auto& [name, shard] : m.shards()) {
+    const int64_t i = ckpt->manifest().Find(name);
+    if (i < 0) {
+      return Status::NotFound(
+          fmt::format("{}: no tensor '{}', which serving rank {} of {} holds",
+                      file, name, rank, layout.source));
+    }
+    const TensorInfo& t = ckpt->manifest()[static_cast<size_t>(i)];
+    if (t.dtype != shard.dtype || t.shape != shard.shape) {
+      return Status::InvalidArgument(fmt::format(
+          "{}: tensor '{}' is {} {}, but serving rank {} of {} holds {} {}",
+          file, name, DTypeName(t.dtype), ShapeText(t.shape), rank,
+          layout.source, DTypeName(shard.dtype), ShapeText(shard.shape)));
+    }
+    held.emplace(name, ckpt->TensorData(static_cast<size_t>(i)));
+  }
+  DCR_ASSIGN_OR_RETURN(ShardBytes shadows, m.Shadows(held));
+  DCR_ASSIGN_OR_RETURN(std::vector<ShardMismatch> out,
+                       CompareShards(m.held(), rank, shadows, canonical));
+  if (!m.serves_fp8()) return out;
+  DCR_ASSIGN_OR_RETURN(auto built, m.Build(canonical));
+  auto compare = [&](const std::string& name, size_t w) {
+    std::span<const std::byte> got = held.at(name);
+    const std::vector<std::byte>& want = built.at(name);
+    ShardMismatch x;
+    for (size_t e = 0; e * w < got.size(); ++e) {
+      if (std::memcmp(&got[e * w], &want[e * w], w) == 0) continue;
+      if (x.differing++ == 0) {
+        x.shard = name;
+        x.tensor = name + " as quantized from the canonical tensors";
+        x.shard_element = x.element = e;
+        x.shard_hex = Hex(got.subspan(e * w, w));
+        x.canonical_hex = Hex(std::span(want).subspan(e * w, w));
+      }
+    }
+    if (x.differing != 0) out.push_back(std::move(x));
+  };
+  for (const auto& [name, f] : m.fp8_shards()) {
+    compare(name, 1);
+    compare(f.scales, sizeof(float));
+  }
+  return out;
+}
+
 int RunVerify(const GlobalOptions& g, const std::string& path,
               const std::string& shards_dir, const std::string& canonical_path,
               std::optional<uint32_t> only, bool serving) {
-  auto l = Load(path, serving);
+  auto l = LoadLayout(path);
   if (!l.ok()) return ReportError(l.status());
   if (only && *only >= l->ranks()) {
     return ReportError(Status::InvalidArgument(fmt::format(
@@ -233,9 +297,13 @@ int RunVerify(const GlobalOptions& g, const std::string& path,
   uint64_t differing = 0;
   for (uint32_t r = 0; r < l->ranks(); ++r) {
     if (only && r != *only) continue;
-    auto shards = RankShards::Open(*l, r, shards_dir);
-    if (!shards.ok()) return ReportError(shards.status());
-    auto mm = CompareShards(*l, r, shards->bytes(), canonical);
+    Result<std::vector<ShardMismatch>> mm =
+        serving ? CompareServingRank(*l, r, shards_dir, canonical)
+                : [&]() -> Result<std::vector<ShardMismatch>> {
+      DCR_ASSIGN_OR_RETURN(RankShards shards,
+                           RankShards::Open(*l, r, shards_dir));
+      return CompareShards(*l, r, shards.bytes(), canonical);
+    }();
     if (!mm.ok()) return ReportError(mm.status());
     json bad = json::array();
     for (const ShardMismatch& x : *mm) {

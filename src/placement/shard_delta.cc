@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "dcr/thread_pool.h"
+#include "placement/shard_runs.h"
 
 namespace dcr {
 namespace {
@@ -20,12 +21,9 @@ std::string ShapeText(const Shape& s) {
   return out + "]";
 }
 
+// shard_runs::CheckRank, and a part id for every rank.
 Status CheckRank(const Layout& layout, uint32_t rank) {
-  if (rank >= layout.ranks()) {
-    return Status::InvalidArgument(
-        fmt::format("rank {} is not below layout {}'s {} ranks", rank,
-                    layout.source, layout.ranks()));
-  }
+  DCR_RETURN_IF_ERROR(shard_runs::CheckRank(layout, rank));
   if (layout.ranks() > kMaxChunkParts) {
     return Status::InvalidArgument(fmt::format(
         "layout {} has {} ranks; chunk parts name at most {} producers",

@@ -186,4 +186,42 @@ grep -q "^rank 1 shard 'model.norm.weight' element 0" "$T/out" ||
   fail "a flipped copy: $(cat "$T/out")"
 expect 0 "$DCR" layout verify "$T/serve.yaml" --shards "$T/sv/v1.shards" \
   --canonical "$T/sv/v1.safetensors"
+
+# The same server with its attention and MLP weights in FP8: each rank's
+# file holds the E4M3 codes, the block scales and the BF16 shadows; a code
+# or a shadow bit flipped is caught.
+python3 - "$T/serve.yaml" "$T/fp8.yaml" <<'PY'
+import sys
+out = []
+for line in open(sys.argv[1]):
+    out.append(line)
+    if "order: stacked" in line:
+        out.append("    fp8: {block: [16, 32]}\n")
+    if "split: gate_up" in line:
+        out.append("    fp8: {block: [32, 32]}\n")
+open(sys.argv[2], "w").write("".join(out))
+PY
+expect 0 "$TRAINGEN" --hidden 64 --layers 2 --heads 4 --kv-heads 2 --vocab 300 \
+  --steps 1 --out "$T/f8" --layout "$T/fp8.yaml" --serving
+expect 0 "$DCR" layout verify "$T/fp8.yaml" --serving --shards "$T/f8/v1.shards" \
+  --canonical "$T/f8/v1.safetensors" -o json
+json 'd["identical"] and len(d["ranks"]) == 2'
+python3 - "$T/f8/v1.shards/rank-00000.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+g = "model.layers.1.mlp.gate_up_proj.weight"
+assert h[g]["dtype"] == "F8_E4M3" and h[g + "_scale_inv"]["dtype"] == "F32", h[g]
+b[8 + n + h[g]["data_offsets"][0] + 7] ^= 0x01
+open(p, "wb").write(bytes(b))
+PY
+expect 1 "$DCR" layout verify "$T/fp8.yaml" --serving --shards "$T/f8/v1.shards" \
+  --canonical "$T/f8/v1.safetensors" --rank 0
+grep -q "^rank 0 shard 'model.layers.1.mlp.gate_up_proj.weight' element 7 .* as quantized from the canonical tensors" "$T/out" ||
+  fail "a flipped FP8 code: $(cat "$T/out")"
+expect 2 "$DCR" layout verify "$T/fp8.yaml" --shards "$T/f8/v1.shards" \
+  --canonical "$T/f8/v1.safetensors"
+grep -q "as FP8: that is a serving layout" "$T/err" || fail "fp8 without --serving"
 echo "layout_cli: ok"

@@ -472,9 +472,18 @@ Status Trainer::WriteShards(int buf, const Layout& layout,
   }
   const std::string fingerprint = layout.Fingerprint().ToHex();
   for (uint32_t r = 0; r < layout.ranks(); ++r) {
-    DCR_ASSIGN_OR_RETURN(auto shards, BuildShards(layout, r, canonical));
+    // A server's rank holds copies and FP8 codes, scales and shadows too.
+    std::map<std::string, std::vector<std::byte>> shards;
+    std::map<std::string, LayoutShard> held;
+    if (options_.serving) {
+      DCR_ASSIGN_OR_RETURN(ReceiverMap m, ReceiverMap::Create(layout, r));
+      DCR_ASSIGN_OR_RETURN(shards, m.Build(canonical));
+      held = m.shards();
+    } else {
+      DCR_ASSIGN_OR_RETURN(shards, BuildShards(layout, r, canonical));
+      held = layout.ShardsOf(r);
+    }
     std::vector<TensorToWrite> out;
-    const auto held = layout.ShardsOf(r);
     for (const auto& [name, bytes] : shards) {
       const LayoutShard& info = held.at(name);
       out.push_back({TensorInfo{name, info.dtype, info.shape}, bytes});
@@ -584,9 +593,6 @@ Status Run(const Options& options) {
   if (!options.layout.empty()) {
     DCR_ASSIGN_OR_RETURN(layout, LoadLayout(options.layout));
     DCR_RETURN_IF_ERROR(CheckLayoutMatches(*layout, tensors));
-    if (options.serving) {
-      DCR_ASSIGN_OR_RETURN(layout, ServingView(*layout));
-    }
   }
   DCR_RETURN_IF_ERROR(PrepareOutDir(options.out));
   ThreadPool pool(options.threads);
