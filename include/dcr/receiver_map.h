@@ -130,11 +130,26 @@ class ReceiverMap {
       const CanonicalBytes& canonical) const;
 
  private:
+  // A box of a matrix (or vector) held as it lies, no transpose or
+  // interleave: the common case, mapped a row at a time.
+  struct Rows {
+    bool ok = false;
+    uint64_t cols = 1;  // of the canonical tensor (1-D: its length)
+    uint64_t to_row = 0, to_col = 0, rows = 0, width = 0;  // the box
+    uint64_t from_row = 0, from_col = 0, shard_cols = 1;   // in the shard
+  };
   struct Held {
     PieceMap map;
+    Rows rows;
     std::string shard;
     bool apply;  // false where an earlier tensor's box holds the same bits
   };
+  static Rows RowsOf(const AffinePiece& p, const Shape& shape);
+  // Applies positions [0, count) of `c` that `h` holds to `out`.
+  static Result<uint64_t> ApplyHeld(const Held& h, uint64_t first,
+                                    const DecodedChunk& c, size_t count,
+                                    size_t w, std::span<std::byte> out,
+                                    Fp8BlockSet* marks);
   ReceiverMap() = default;
   // Records tensor t's held FP8 pieces, refusing those that cut blocks.
   Status AddFp8(const LayoutTensor& t, const std::vector<AffinePiece>& held);

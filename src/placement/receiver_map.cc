@@ -41,6 +41,89 @@ bool BoxesMeet(const AffinePiece& a, const AffinePiece& b) {
 
 }  // namespace
 
+// The row-at-a-time form of piece p, if it has one (1-D or 2-D, placed
+// as it lies).
+ReceiverMap::Rows ReceiverMap::RowsOf(const AffinePiece& p,
+                                      const Shape& shape) {
+  ReceiverMap::Rows r;
+  const size_t dims = shape.size();
+  if (dims == 0 || dims > 2 || p.shard_shape.size() != dims) return r;
+  for (size_t d = 0; d < dims; ++d) {
+    if (p.axis[d] != d || p.step[d] != 1) return r;
+  }
+  r.ok = true;
+  if (dims == 1) {
+    r.cols = shape[0];
+    r.rows = 1;
+    r.to_col = p.to[0];
+    r.width = p.extent[0];
+    r.from_col = p.from[0];
+    r.shard_cols = p.shard_shape[0];
+  } else {
+    r.cols = shape[1];
+    r.to_row = p.to[0];
+    r.rows = p.extent[0];
+    r.to_col = p.to[1];
+    r.width = p.extent[1];
+    r.from_row = p.from[0];
+    r.from_col = p.from[1];
+    r.shard_cols = p.shard_shape[1];
+  }
+  return r;
+}
+
+Result<uint64_t> ReceiverMap::ApplyHeld(const Held& h, uint64_t first,
+                                        const DecodedChunk& c, size_t count,
+                                        size_t w, std::span<std::byte> out,
+                                        Fp8BlockSet* marks) {
+  const bool dense = c.header.encoding == ChunkEncoding::kDense;
+  const bool is_xor = c.header.kind == ChunkKind::kXor;
+  const Rows& b = h.rows;
+  // The canonical row of the last position, its first element, and where
+  // that row's part of the box lands in the shard (if the box has it).
+  uint64_t row_first = 0, row_end = 0;
+  bool row_in = false;
+  uint64_t shard_row = 0;
+  uint64_t wrote = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t p = dense ? i : c.positions[i];
+    if (p >= c.header.span_elems) continue;
+    const uint64_t e = first + p;
+    uint64_t s;
+    if (b.ok) {
+      if (e < row_first || e >= row_end) {
+        const uint64_t row = e / b.cols;
+        row_first = row * b.cols;
+        row_end = row_first + b.cols;
+        row_in = row >= b.to_row && row - b.to_row < b.rows;
+        shard_row = (row - b.to_row + b.from_row) * b.shard_cols;
+      }
+      const uint64_t col = e - row_first;
+      if (!row_in || col < b.to_col || col - b.to_col >= b.width) continue;
+      s = shard_row + (col - b.to_col + b.from_col);
+    } else if (!h.map.ToShard(e, &s)) {
+      continue;
+    }
+    // A map that a valid piece never gives; checked so that no bug in it
+    // can write outside the shard.
+    if (s >= out.size() / w) {
+      return Status::Internal("serving map of shard '" + h.shard +
+                              "' sends canonical element " + std::to_string(e) +
+                              " outside it");
+    }
+    const std::byte* v = c.values.data() + i * w;
+    std::byte* x = out.data() + s * w;
+    if (is_xor) {
+      for (size_t k = 0; k < w; ++k) x[k] ^= v[k];
+    } else {
+      std::memcpy(x, v, w);
+    }
+    if (marks != nullptr) marks->MarkRange(s, 1);
+    ++wrote;
+  }
+  return wrote;
+}
+
 Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
   if (rank >= layout.ranks()) {
     return Status::InvalidArgument(
@@ -90,7 +173,8 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
           tied |= q.shard == p.shard && BoxesMeet(p, q);
         }
       }
-      m.tensors_[i].push_back(Held{PieceMap(p, t.shape), p.shard, !tied});
+      m.tensors_[i].push_back(
+          Held{PieceMap(p, t.shape), RowsOf(p, t.shape), p.shard, !tied});
     }
     if (t.fp8 && !held.empty()) {
       DCR_RETURN_IF_ERROR(m.AddFp8(t, held));
@@ -202,7 +286,6 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
     return Status::InvalidArgument("chunk (" + ChunkIdText(c.header.id) +
                                    ") does not fit tensor '" + t.name + "'");
   }
-  const bool is_xor = c.header.kind == ChunkKind::kXor;
   uint64_t wrote = 0;
   for (const Held& h : tensors_[tensor]) {
     if (!h.apply) continue;
@@ -226,23 +309,9 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
           "serving rank " + std::to_string(rank_) + ": shard '" + name +
           (it == shards.end() ? "' is missing" : "' is not its layout size"));
     }
-    std::byte* out = it->second.data();
-    for (size_t i = 0; i < count; ++i) {
-      const uint64_t p = dense ? i : c.positions[i];
-      uint64_t s;
-      if (p >= c.header.span_elems || !h.map.ToShard(first + p, &s)) {
-        continue;
-      }
-      const std::byte* v = c.values.data() + i * w;
-      std::byte* e = out + s * w;
-      if (is_xor) {
-        for (size_t b = 0; b < w; ++b) e[b] ^= v[b];
-      } else {
-        std::memcpy(e, v, w);
-      }
-      if (marks != nullptr) marks->MarkRange(s, 1);
-      ++wrote;
-    }
+    DCR_ASSIGN_OR_RETURN(const uint64_t held,
+                         ApplyHeld(h, first, c, count, w, it->second, marks));
+    wrote += held;
   }
   return wrote;
 }
