@@ -79,13 +79,15 @@ struct Fp8Tensor {
 
 // InvalidArgument unless `t` can be quantized: a floating dtype of 2 or 4
 // bytes, rows * cols without overflow, both block sides set or both 0, and
-// min_amax a positive normal F32.
+// min_amax finite and at least 448 x 2^-126 (so that 448 / m is finite and
+// m / 448 normal).
 Status CheckFp8Tensor(const Fp8Tensor& t);
 
 // Which blocks of a tensor must be requantized: those holding an element
 // a refit changed.
 class Fp8BlockSet {
  public:
+  // No block marked. A tensor CheckFp8Tensor refuses gives an empty set.
   explicit Fp8BlockSet(const Fp8Tensor& t);
 
   // Marks the blocks holding elements offset + p for each p of
@@ -94,6 +96,10 @@ class Fp8BlockSet {
   // Marks the blocks holding elements [first, first + count).
   void MarkRange(uint64_t first, uint64_t count);
   void MarkAll();
+
+  // Marks the blocks `other` (a set of the same tensor) marks: how the
+  // marks of threads that applied chunks concurrently are joined.
+  void Merge(const Fp8BlockSet& other);
 
   bool marked(uint64_t block) const {
     return (bits_[block >> 6] >> (block & 63)) & 1;

@@ -125,7 +125,8 @@ struct Layout {
   std::map<std::string, LayoutShard> ShardsOf(uint32_t rank) const;
   // A digest, independent of entry and piece order, of everything a producer
   // and the coordinator must agree on: ranks, tensors, shapes, dtypes,
-  // conversions and pieces. Producers of different layouts are refused.
+  // conversions and pieces; and what a serving rank holds beyond them
+  // (copies, fp8). Producers of different layouts are refused.
   Digest128 Fingerprint() const;
 };
 

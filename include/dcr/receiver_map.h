@@ -29,8 +29,10 @@
 // both), so that S's blocks are the canonical tensor's: the codes and
 // scales are then bit-identical to QuantizeFp8 of the dense target.
 //
-// Thread safety: a ReceiverMap is immutable after Create; Apply calls on
-// disjoint shard elements may run concurrently.
+// Thread safety: a ReceiverMap is immutable after Create. Apply calls on
+// disjoint shard elements may run concurrently, each with its own
+// Fp8Dirty (an Fp8Dirty is a value used by one thread at a time); join
+// the threads' marks with Fp8BlockSet::Merge before Requantize.
 #ifndef DCR_RECEIVER_MAP_H_
 #define DCR_RECEIVER_MAP_H_
 
@@ -106,7 +108,9 @@ class ReceiverMap {
                          Fp8Dirty* dirty = nullptr) const;
 
   // Requantizes the blocks `dirty` marks, from each FP8 shard's shadow into
-  // its codes and scales, and clears the marks.
+  // its codes and scales, and clears the marks. On an error (a shard
+  // missing or of the wrong size) the shards before it in name order are
+  // requantized and their marks cleared; the rest keep theirs.
   Status Requantize(const MutableShardBytes& shards, Fp8Dirty* dirty) const;
 
   // The rank's shards built from canonical tensors: every element a piece

@@ -84,26 +84,40 @@ PiecesOf(const Layout& l, uint32_t rank) {
   return out;
 }
 
-// The layout file at `path`; with `serving`, as serving ranks hold it
-// (copies of replicated tensors on every rank: ServingView).
-Result<Layout> Load(const std::string& path, bool serving) {
-  DCR_ASSIGN_OR_RETURN(Layout l, LoadLayout(path));
-  if (!serving) return l;
-  return ServingView(l);
+// The tensors each rank keeps: the shards a producer reads, or with
+// `serving`, what a serving rank holds (copies; FP8 codes, scales and
+// shadows).
+Result<std::vector<std::map<std::string, LayoutShard>>> KeptShards(
+    const Layout& l, bool serving) {
+  std::vector<std::map<std::string, LayoutShard>> out;
+  for (uint32_t r = 0; r < l.ranks(); ++r) {
+    if (!serving) {
+      out.push_back(l.ShardsOf(r));
+      continue;
+    }
+    DCR_ASSIGN_OR_RETURN(ReceiverMap m, ReceiverMap::Create(l, r));
+    out.push_back(m.shards());
+  }
+  return out;
 }
 
 int RunCheck(const GlobalOptions& g, const std::string& path,
              std::optional<uint32_t> rank, bool serving) {
-  auto l = Load(path, serving);
-  if (!l.ok()) {
+  // The fingerprint is the file's, as dcr-traingen stamps it; the figures
+  // are of the ranks as they hold it.
+  auto file = LoadLayout(path);
+  Result<Layout> l = file.ok() && serving ? ServingView(*file) : file;
+  Result<std::vector<std::map<std::string, LayoutShard>>> kept =
+      l.ok() ? KeptShards(*file, serving) : l.status();
+  if (!kept.ok()) {
     if (g.format() == OutputFormat::kJson) {
       std::printf("%s\n", json{{"file", path},
                                {"valid", false},
-                               {"error", l.status().message()}}
+                               {"error", kept.status().message()}}
                               .dump(2)
                               .c_str());
     }
-    return ReportError(l.status());
+    return ReportError(kept.status());
   }
   if (rank && *rank >= l->ranks()) {
     return ReportError(Status::InvalidArgument(fmt::format(
@@ -115,7 +129,14 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
     bytes += Volume(t.shape) * DTypeSize(t.dtype);
   }
   std::vector<RankSummary> ranks = Summarize(*l);
-  const Digest128 fp = l->Fingerprint();
+  for (RankSummary& x : ranks) {
+    x.shards = (*kept)[x.rank].size();
+    x.shard_bytes = 0;
+    for (const auto& [name, shard] : (*kept)[x.rank]) {
+      x.shard_bytes += Volume(shard.shape) * DTypeSize(shard.dtype);
+    }
+  }
+  const Digest128 fp = file->Fingerprint();
 
   if (g.format() == OutputFormat::kJson) {
     json j{{"file", path},
@@ -145,15 +166,18 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
     if (rank) {
       json shards = json::array();
       const auto pieces = PiecesOf(*l, *rank);
-      for (const auto& [name, shard] : l->ShardsOf(*rank)) {
+      for (const auto& [name, shard] : (*kept)[*rank]) {
         json feeds = json::array();
-        for (const auto& [t, p] : pieces.at(name)) {
-          feeds.push_back({{"tensor", t->name},
-                           {"from", p->from},
-                           {"extent", p->extent},
-                           {"to", p->to},
-                           {"axis", p->axis},
-                           {"step", p->step}});
+        auto fed = pieces.find(name);  // none for FP8 scales and shadows
+        if (fed != pieces.end()) {
+          for (const auto& [t, p] : fed->second) {
+            feeds.push_back({{"tensor", t->name},
+                             {"from", p->from},
+                             {"extent", p->extent},
+                             {"to", p->to},
+                             {"axis", p->axis},
+                             {"step", p->step}});
+          }
         }
         shards.push_back({{"name", name},
                           {"shape", shard.shape},
@@ -176,11 +200,13 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
   if (rank) {
     std::printf("\nrank %u holds:\n", *rank);
     const auto pieces = PiecesOf(*l, *rank);
-    for (const auto& [name, shard] : l->ShardsOf(*rank)) {
+    for (const auto& [name, shard] : (*kept)[*rank]) {
       std::printf("  %s %s %s\n", name.c_str(),
                   std::string(DTypeName(shard.dtype)).c_str(),
                   ShapeText(shard.shape).c_str());
-      for (const auto& [t, p] : pieces.at(name)) {
+      auto fed = pieces.find(name);  // none for FP8 scales and shadows
+      if (fed == pieces.end()) continue;
+      for (const auto& [t, p] : fed->second) {
         std::printf("    -> %s: box %s + %s at %s\n", t->name.c_str(),
                     ShapeText(p->from).c_str(), ShapeText(p->extent).c_str(),
                     ShapeText(p->to).c_str());

@@ -260,23 +260,41 @@ Status CheckFp8Tensor(const Fp8Tensor& t) {
         std::to_string(t.block_cols) +
         ": set both sides, or both to 0 for one scale per tensor");
   }
-  if (!std::isnormal(t.min_amax) || t.min_amax < 0) {
+  // Below 448 x the smallest normal F32, 448 / m overflows to infinity
+  // and m / 448 is subnormal.
+  if (!(t.min_amax >= kFp8E4M3Max * std::numeric_limits<float>::min()) ||
+      !std::isfinite(t.min_amax)) {
     return Status::InvalidArgument(
-        "fp8: min_amax must be a positive normal F32");
+        "fp8: min_amax must be a finite F32 of at least 448 x 2^-126 "
+        "(about 5.3e-36)");
   }
   return Status::OK();
 }
 
 Fp8BlockSet::Fp8BlockSet(const Fp8Tensor& t)
-    : elements_(t.elements()),
-      cols_(t.cols),
-      block_rows_(t.per_tensor() ? std::max<uint64_t>(t.rows, 1)
-                                 : t.block_rows),
-      block_cols_(t.per_tensor() ? std::max<uint64_t>(t.cols, 1)
-                                 : t.block_cols),
-      across_(t.blocks_across()),
-      blocks_(t.elements() == 0 ? 0 : t.blocks()),
-      bits_((blocks_ + 63) / 64, 0) {}
+    : elements_(0),
+      cols_(1),
+      block_rows_(1),
+      block_cols_(1),
+      across_(1),
+      blocks_(0) {
+  // A tensor CheckFp8Tensor refuses gets an empty set: nothing to mark.
+  if (!CheckFp8Tensor(t).ok()) return;
+  elements_ = t.elements();
+  cols_ = std::max<uint64_t>(t.cols, 1);
+  block_rows_ = t.per_tensor() ? std::max<uint64_t>(t.rows, 1) : t.block_rows;
+  block_cols_ = t.per_tensor() ? std::max<uint64_t>(t.cols, 1) : t.block_cols;
+  across_ = std::max<uint64_t>(t.blocks_across(), 1);
+  // An empty tensor with one scale still has its block (and its scale).
+  blocks_ = t.blocks();
+  bits_.assign((blocks_ + 63) / 64, 0);
+}
+
+void Fp8BlockSet::Merge(const Fp8BlockSet& other) {
+  for (size_t i = 0; i < bits_.size() && i < other.bits_.size(); ++i) {
+    bits_[i] |= other.bits_[i];
+  }
+}
 
 void Fp8BlockSet::MarkElements(uint64_t offset,
                                std::span<const uint32_t> positions) {
@@ -345,7 +363,7 @@ Status RequantizeFp8(const Fp8Tensor& t, std::span<const std::byte> src,
                      const Fp8BlockSet& blocks, std::span<uint8_t> q,
                      std::span<float> scale_inv) {
   DCR_RETURN_IF_ERROR(CheckBuffers(t, src, q, scale_inv));
-  if (blocks.size() != (t.elements() == 0 ? 0 : t.blocks())) {
+  if (blocks.size() != t.blocks()) {
     return Status::InvalidArgument("fp8: a block set of another tensor");
   }
   return ForEachDType(t, [&]<DType D>() {

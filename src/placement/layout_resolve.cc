@@ -608,6 +608,11 @@ Digest128 Layout::Fingerprint() const {
     s += text(t.name) + " " + std::string(DTypeName(t.dtype)) + " " +
          std::string(DTypeName(t.conversion.shard_dtype)) + " " +
          std::to_string(add_bits) + dims(" shape", t.shape);
+    // Who holds copies: what a serving rank holds beyond the pieces.
+    if (t.copies_tp || t.copies_ep) {
+      s += std::string(" copies") + (t.copies_tp ? " tp" : "") +
+           (t.copies_ep ? " ep" : "");
+    }
     if (t.fp8) {
       s += " fp8 " + std::to_string(t.fp8->block_rows) + " " +
            std::to_string(t.fp8->block_cols) + " " + text(t.fp8->scale_shard);

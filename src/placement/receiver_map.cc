@@ -22,6 +22,14 @@ bool HoldsCopy(const Layout& l, const LayoutTensor& t, const AffinePiece& p,
   return (tp_p == tp_h || t.copies_tp) && (ep_p == ep_h || t.copies_ep);
 }
 
+std::string ShapeText(const Shape& shape) {
+  std::string out = "[";
+  for (size_t d = 0; d < shape.size(); ++d) {
+    out += (d ? ", " : "") + std::to_string(shape[d]);
+  }
+  return out + "]";
+}
+
 uint64_t ShapeElements(const Shape& shape) {
   uint64_t n = 1;
   for (uint64_t d : shape) n *= d;
@@ -134,6 +142,10 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
   m.rank_ = rank;
   m.held_ = layout;
   m.tensors_.resize(layout.tensors.size());
+  // The boxes of each shard held so far, with their tensors.
+  std::map<std::string,
+           std::vector<std::pair<const AffinePiece*, const LayoutTensor*>>>
+      by_shard;
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     const LayoutTensor& t = layout.tensors[i];
     std::vector<AffinePiece> held;
@@ -164,14 +176,38 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
           "as the tensor's, and no 'add')");
     }
     for (const AffinePiece& p : held) {
+      // One shard, one shape and dtype: copies are pairs of rank and shard
+      // the layout's own checks never saw.
+      auto seen = by_shard.try_emplace(p.shard).first;
+      if (!seen->second.empty()) {
+        const auto& [q, qt] = seen->second.front();
+        if (q->shard_shape != p.shard_shape ||
+            qt->conversion.shard_dtype != t.conversion.shard_dtype) {
+          return Status::InvalidArgument(
+              "serving rank " + std::to_string(rank) + ": shard '" + p.shard +
+              "' is " + ShapeText(q->shard_shape) + " " +
+              std::string(DTypeName(qt->conversion.shard_dtype)) +
+              " for tensor '" + qt->name + "' but " + ShapeText(p.shard_shape) +
+              " " + std::string(DTypeName(t.conversion.shard_dtype)) +
+              " for tensor '" + t.name + "'");
+        }
+      }
       // A box of a shard an earlier tensor holds too (a tied head reading
       // its embedding's shard) takes that tensor's changes only: the two
-      // carry the same bits, and the second XOR would undo the first.
+      // carry the same bits, and the second XOR would undo the first. It
+      // must be the same box, or part of the later tensor would never be
+      // written.
       bool tied = false;
-      for (size_t j = 0; j < i && !tied; ++j) {
-        for (const AffinePiece& q : m.held_.tensors[j].pieces) {
-          tied |= q.shard == p.shard && BoxesMeet(p, q);
+      for (const auto& [q, qt] : seen->second) {
+        if (qt == &t || !BoxesMeet(p, *q)) continue;
+        if (q->from != p.from || q->extent != p.extent) {
+          return Status::InvalidArgument(
+              "serving rank " + std::to_string(rank) + ": tensors '" +
+              qt->name + "' and '" + t.name +
+              "' share part of a box of shard '" + p.shard +
+              "'; tied tensors must hold the same box");
         }
+        tied = true;
       }
       m.tensors_[i].push_back(
           Held{PieceMap(p, t.shape), RowsOf(p, t.shape), p.shard, !tied});
@@ -181,6 +217,9 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
     }
     m.held_.tensors[i].pieces = std::move(held);
     m.held_.tensors[i].fp8.reset();  // held_ holds the shadows
+    for (const AffinePiece& p : m.held_.tensors[i].pieces) {
+      by_shard[p.shard].emplace_back(&p, &t);
+    }
   }
   // A shard holds FP8 tensors only, or none.
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
@@ -286,19 +325,23 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
     return Status::InvalidArgument("chunk (" + ChunkIdText(c.header.id) +
                                    ") does not fit tensor '" + t.name + "'");
   }
-  uint64_t wrote = 0;
+  // Every shard the chunk writes is found and checked before the first
+  // write: a refused chunk leaves the shards as they were (an XOR retried
+  // after a partial write would undo it).
+  struct Target {
+    const Held* held;
+    std::span<std::byte> out;
+    Fp8BlockSet* marks;
+  };
+  std::vector<Target> targets;
   for (const Held& h : tensors_[tensor]) {
     if (!h.apply) continue;
     const auto f = fp8_.find(h.shard);
     const bool fp8 = f != fp8_.end();
-    Fp8BlockSet* marks = nullptr;
-    if (fp8) {
-      if (dirty == nullptr) {
-        return Status::InvalidArgument(
-            "serving rank " + std::to_string(rank_) + ": tensor '" + t.name +
-            "' is served as FP8: Apply needs the dirty blocks to mark");
-      }
-      marks = &dirty->try_emplace(h.shard, f->second.view).first->second;
+    if (fp8 && dirty == nullptr) {
+      return Status::InvalidArgument(
+          "serving rank " + std::to_string(rank_) + ": tensor '" + t.name +
+          "' is served as FP8: Apply needs the dirty blocks to mark");
     }
     const std::string& name = fp8 ? ShadowName(h.shard) : h.shard;
     auto it = shards.find(name);
@@ -309,8 +352,21 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
           "serving rank " + std::to_string(rank_) + ": shard '" + name +
           (it == shards.end() ? "' is missing" : "' is not its layout size"));
     }
-    DCR_ASSIGN_OR_RETURN(const uint64_t held,
-                         ApplyHeld(h, first, c, count, w, it->second, marks));
+    targets.push_back({&h, it->second, nullptr});
+  }
+  for (Target& x : targets) {
+    const auto f = fp8_.find(x.held->shard);
+    if (f != fp8_.end()) {
+      x.marks = &dirty->try_emplace(f->first, f->second.view).first->second;
+    }
+  }
+  uint64_t wrote = 0;
+  for (const Target& x : targets) {
+    // An error here is a bug in the map (an element outside its shard),
+    // found before that element is written; earlier boxes may be written.
+    DCR_ASSIGN_OR_RETURN(
+        const uint64_t held,
+        ApplyHeld(*x.held, first, c, count, w, x.out, x.marks));
     wrote += held;
   }
   return wrote;
@@ -318,6 +374,9 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
 
 Status ReceiverMap::Requantize(const MutableShardBytes& shards,
                                Fp8Dirty* dirty) const {
+  if (dirty == nullptr) {
+    return Status::InvalidArgument("Requantize needs the dirty blocks");
+  }
   for (auto& [name, marks] : *dirty) {
     const auto f = fp8_.find(name);
     if (f == fp8_.end()) {

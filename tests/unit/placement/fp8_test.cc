@@ -324,6 +324,28 @@ TEST(Fp8Test, MarkingARangeMarksTheBlocksOfItsElements) {
   EXPECT_EQ(s.count(), 0u);
 }
 
+TEST(Fp8Test, EdgeTensorsAndSetsBehave) {
+  // An empty tensor with one scale still has it: min_amax / 448.
+  Fp8Tensor empty{DType::kBF16, 0, 5, 0, 0};
+  std::vector<float> s(1, -1.0f);
+  ASSERT_TRUE(QuantizeFp8(empty, {}, {}, s).ok());
+  EXPECT_EQ(s[0], kFp8DefaultMinAmax / 448.0f);
+  // A block set of a tensor CheckFp8Tensor refuses marks nothing.
+  Fp8BlockSet bad(Fp8Tensor{DType::kBF16, 4, 4, 0, 2});
+  bad.MarkAll();
+  bad.MarkRange(0, 16);
+  bad.MarkElements(0, std::vector<uint32_t>{1, 2});
+  EXPECT_EQ(bad.size(), 0u);
+  EXPECT_EQ(bad.count(), 0u);
+  // Merge joins two threads' marks.
+  Fp8Tensor t{DType::kBF16, 4, 4, 2, 2};
+  Fp8BlockSet a(t), b(t);
+  a.MarkElements(0, std::vector<uint32_t>{0});
+  b.MarkElements(0, std::vector<uint32_t>{15});
+  a.Merge(b);
+  EXPECT_TRUE(a.marked(0) && a.marked(3) && !a.marked(1) && !a.marked(2));
+}
+
 TEST(Fp8Test, BadTensorsAndBuffersAreRefused) {
   EXPECT_FALSE(CheckFp8Tensor({DType::kI8, 4, 4, 2, 2}).ok());
   EXPECT_FALSE(CheckFp8Tensor({DType::kF8E4M3, 4, 4, 2, 2}).ok());
@@ -331,6 +353,14 @@ TEST(Fp8Test, BadTensorsAndBuffersAreRefused) {
   EXPECT_FALSE(CheckFp8Tensor({DType::kBF16, 4, 4, 2, 2, 0.0f}).ok());
   EXPECT_FALSE(CheckFp8Tensor({DType::kBF16, 4, 4, 2, 2, std::nanf("")}).ok());
   EXPECT_FALSE(CheckFp8Tensor({DType::kBF16, 4, 4, 2, 2, -1.0f}).ok());
+  // 448 / 2e-37 is infinite: refused; 448 x 2^-126 is the floor.
+  EXPECT_FALSE(CheckFp8Tensor({DType::kBF16, 4, 4, 2, 2, 2e-37f}).ok());
+  EXPECT_TRUE(CheckFp8Tensor({DType::kBF16, 4, 4, 2, 2,
+                              448.0f * std::numeric_limits<float>::min()})
+                  .ok());
+  EXPECT_FALSE(CheckFp8Tensor({DType::kBF16, 4, 4, 2, 2,
+                               std::numeric_limits<float>::infinity()})
+                   .ok());
   EXPECT_FALSE(
       CheckFp8Tensor({DType::kBF16, uint64_t{1} << 40, uint64_t{1} << 40, 2, 2})
           .ok());

@@ -238,6 +238,48 @@ tensors:
   ExpectAppliedEqualsBuilt(*l, base, target, 8, false);
 }
 
+TEST(ReceiverMapTest, ShardsOfTwoShapesAndPartlyTiedBoxesAreRefused) {
+  // Rank 1 holds a copy of 'a' in shard s as [4], and 'b' in s as [8]:
+  // the layout's own checks see each pair of rank and shard once.
+  auto two = ParseLayout(R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: a
+    shard: s
+    split: replicated
+    shape: [4]
+  - name: b
+    split: pieces
+    shape: [4]
+    pieces:
+      - {rank: 1, shard: s, shard_shape: [8], from: [4], extent: [4], to: [0]}
+)",
+                         "two.yaml");
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_TRUE(ReceiverMap::Create(*two, 0).ok());
+  EXPECT_THAT(ReceiverMap::Create(*two, 1).status().ToString(),
+              HasSubstr("shard 's' is [4] BF16 for tensor 'a' but [8] BF16 "
+                        "for tensor 'b'"));
+  auto part = ParseLayout(R"(version: 1
+tensors:
+  - name: a
+    split: pieces
+    shape: [4]
+    pieces:
+      - {rank: 0, shard: s, shard_shape: [8], extent: [4], to: [0]}
+  - name: b
+    split: pieces
+    shape: [6]
+    pieces:
+      - {rank: 0, shard: s, shard_shape: [8], from: [2], extent: [6], to: [0]}
+)",
+                          "part.yaml");
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  EXPECT_THAT(ReceiverMap::Create(*part, 0).status().ToString(),
+              HasSubstr("tensors 'a' and 'b' share part of a box of shard "
+                        "'s'; tied tensors must hold the same box"));
+}
+
 TEST(ReceiverMapTest, BadRanksTensorsChunksAndShardsAreRefused) {
   auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
   ASSERT_TRUE(l.ok());
@@ -386,6 +428,45 @@ TEST(ReceiverMapTest, Fp8ShardsRequantizeToTheTargetsQuantization) {
     std::memcpy(got.data(), shards->at("w.weight_scale_inv").data(), 32);
     EXPECT_EQ(got,
               std::vector<float>(sc.begin() + r * 8, sc.begin() + r * 8 + 8));
+    // gate/up: the rank's 128 gate rows, then its 128 up rows, each the
+    // dense tensor's codes; one scale per 64 rows.
+    const auto& gu = shards->at("gate_up");
+    std::vector<float> gu_scales(4);
+    std::memcpy(gu_scales.data(), shards->at("gate_up.scales").data(), 16);
+    for (const char* part : {"gate", "up"}) {
+      const size_t at = part[0] == 'g' ? 0 : 128 * 64;
+      Fp8Tensor g{DType::kBF16, 256, 64, 64, 64};
+      std::vector<uint8_t> gq(g.elements());
+      std::vector<float> gs(g.blocks());
+      ASSERT_TRUE(QuantizeFp8(g, target.at(part), gq, gs).ok());
+      for (size_t i = 0; i < 128 * 64; ++i) {
+        ASSERT_EQ(static_cast<uint8_t>(gu[at + i]), gq[r * 128 * 64 + i])
+            << part << " " << i;
+      }
+      for (size_t b = 0; b < 2; ++b) {
+        EXPECT_EQ(gu_scales[(at / (64 * 64)) + b], gs[r * 2 + b]) << part;
+      }
+    }
+    // down (row split): the rank's 128 columns of each of the 64 rows.
+    Fp8Tensor d{DType::kBF16, 64, 256, 32, 64};
+    std::vector<uint8_t> dq(d.elements());
+    std::vector<float> ds(d.blocks());
+    ASSERT_TRUE(QuantizeFp8(d, target.at("down"), dq, ds).ok());
+    const auto& dn = shards->at("down");
+    for (size_t row = 0; row < 64; ++row) {
+      for (size_t col = 0; col < 128; ++col) {
+        ASSERT_EQ(static_cast<uint8_t>(dn[row * 128 + col]),
+                  dq[row * 256 + r * 128 + col])
+            << row << "," << col;
+      }
+    }
+    std::vector<float> dn_scales(4);
+    std::memcpy(dn_scales.data(), shards->at("down_scale_inv").data(), 16);
+    for (size_t br = 0; br < 2; ++br) {
+      for (size_t bc = 0; bc < 2; ++bc) {
+        EXPECT_EQ(dn_scales[br * 2 + bc], ds[br * 4 + r * 2 + bc]);
+      }
+    }
     // The vote hashes the shadows: the target's canonical bits.
     ShardBytes held;
     for (const auto& [name, bytes] : *shards) held.emplace(name, bytes);
