@@ -12,8 +12,18 @@ namespace {
 
 using topology_internal::EscapeEnv;
 
-// Strings are escaped so that ${...} in a value survives a reload as text.
-std::string Esc(const std::string& s) { return EscapeEnv(s); }
+// A free-form string (a path, a host, a region): ${...} escaped so that it
+// survives a reload as text, and double-quoted where it holds & or *,
+// which the loader's safety check (yaml_doc::CheckSafe) reads as an anchor
+// or an alias after '-' or ':' even inside a plain scalar.
+struct Text {
+  std::string s;
+};
+Text Esc(const std::string& s) { return Text{EscapeEnv(s)}; }
+YAML::Emitter& operator<<(YAML::Emitter& e, const Text& t) {
+  if (t.s.find_first_of("&*") != std::string::npos) e << YAML::DoubleQuoted;
+  return e << t.s;
+}
 
 void EmitStore(YAML::Emitter& e, const StoreLocation& s) {
   e << YAML::Key << "store" << YAML::Value << YAML::Flow << YAML::BeginMap;
