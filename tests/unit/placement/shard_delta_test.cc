@@ -23,8 +23,6 @@ namespace dcr {
 namespace {
 
 using placement_testing::Gpt;
-using placement_testing::RandomShape;
-using placement_testing::RandomTiling;
 using placement_testing::RandomVersions;
 using placement_testing::Tensors;
 using placement_testing::View;
@@ -93,18 +91,7 @@ TEST(ShardDeltaTest, RandomTilingsPartsRebuildTheTargetAndDigests) {
   std::mt19937_64 rng(23);
   for (int iter = 0; iter < 150; ++iter) {
     SCOPED_TRACE("iteration " + std::to_string(iter));
-    Layout l;
-    l.tp = 8;
-    for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) {
-      LayoutTensor t;
-      t.name = "t" + std::to_string(k);
-      t.shape = RandomShape(rng);
-      t.dtype = std::array{DType::kBF16, DType::kF32, DType::kU8}[rng() % 3];
-      t.conversion.shard_dtype = t.dtype;
-      t.pieces = RandomTiling(t.shape, rng);
-      for (AffinePiece& p : t.pieces) p.shard = t.name + "." + p.shard;
-      l.tensors.push_back(std::move(t));
-    }
+    const Layout l = placement_testing::RandomLayout(rng);
     auto [base, target] = RandomVersions(l, rng() % 2 ? 0.05 : 0.6, rng);
     const uint64_t span = 1 + rng() % 200;
     ExpectPartsRebuildTheTarget(

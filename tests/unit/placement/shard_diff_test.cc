@@ -23,8 +23,6 @@ namespace dcr {
 namespace {
 
 using placement_testing::Gpt;
-using placement_testing::RandomShape;
-using placement_testing::RandomTiling;
 using placement_testing::RandomVersions;
 using placement_testing::Tensors;
 using placement_testing::View;
@@ -116,18 +114,9 @@ TEST(ShardDiffTest, RandomTilingsCoverTheChangedSetOnce) {
   std::mt19937_64 rng(17);
   for (int iter = 0; iter < 200; ++iter) {
     SCOPED_TRACE("iteration " + std::to_string(iter));
-    Layout l;
-    l.tp = 8;  // pieces name ranks 0-7
-    for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) {
-      LayoutTensor t;
-      t.name = "t" + std::to_string(k);
-      t.shape = RandomShape(rng);
-      t.dtype = std::array{DType::kBF16, DType::kF32, DType::kU8}[rng() % 3];
-      t.conversion.shard_dtype = t.dtype;
-      t.pieces = RandomTiling(t.shape, rng);
-      for (AffinePiece& p : t.pieces) p.shard = t.name + "." + p.shard;
+    const Layout l = placement_testing::RandomLayout(rng);
+    for (const LayoutTensor& t : l.tensors) {
       ASSERT_TRUE(CheckTiling(t.name, t.shape, t.pieces).ok());
-      l.tensors.push_back(std::move(t));
     }
     auto [base, target] = RandomVersions(l, rng() % 2 ? 0.05 : 0.6, rng);
     ExpectRanksCoverTheChangedSet(l, base, target);

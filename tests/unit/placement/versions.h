@@ -3,6 +3,7 @@
 #ifndef DCR_TESTS_UNIT_PLACEMENT_VERSIONS_H_
 #define DCR_TESTS_UNIT_PLACEMENT_VERSIONS_H_
 
+#include <array>
 #include <cstddef>
 #include <map>
 #include <random>
@@ -43,6 +44,24 @@ inline std::pair<Tensors, Tensors> RandomVersions(const Layout& l, double rate,
     }
   }
   return {base, target};
+}
+
+// A layout of 1 to 3 canonical tensors of random shapes and dtypes, each
+// tiled at random (RandomTiling) over ranks 0-7.
+inline Layout RandomLayout(std::mt19937_64& rng) {
+  Layout l;
+  l.tp = 8;  // pieces name ranks 0-7
+  for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) {
+    LayoutTensor t;
+    t.name = "t" + std::to_string(k);
+    t.shape = RandomShape(rng);
+    t.dtype = std::array{DType::kBF16, DType::kF32, DType::kU8}[rng() % 3];
+    t.conversion.shard_dtype = t.dtype;
+    t.pieces = RandomTiling(t.shape, rng);
+    for (AffinePiece& p : t.pieces) p.shard = t.name + "." + p.shard;
+    l.tensors.push_back(std::move(t));
+  }
+  return l;
 }
 
 // A small GPT under tp x pp: a padded vocabulary, fused QKV, a row split,
