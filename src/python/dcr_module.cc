@@ -21,12 +21,13 @@
 #include "common/failpoint.h"
 #include "dcr/codec.h"
 #include "dcr/digest.h"
-#include "dcr/fp8.h"
 #include "dcr/layout.h"
 #include "dcr/producer.h"
 #include "dcr/shard_delta.h"
 #include "dcr/shard_diff.h"
 #include "dcr/thread_pool.h"
+#include "python/fp8_functions.h"
+#include "python/module_common.h"
 #include "wire/hmac_authenticator.h"
 
 namespace py = pybind11;
@@ -34,72 +35,10 @@ namespace py = pybind11;
 namespace dcr {
 namespace {
 
-[[noreturn]] void Throw(const Status& s) {
-  if (s.IsNotFound()) throw py::key_error(s.ToString());
-  if (s.IsInvalidArgument()) throw py::value_error(s.ToString());
-  throw std::runtime_error(s.ToString());
-}
-
-template <typename T>
-T Take(Result<T> r) {
-  if (!r.ok()) Throw(r.status());
-  return std::move(*r);
-}
-
-void Check(const Status& s) {
-  if (!s.ok()) Throw(s);
-}
-
-// A tensor's bytes, kept alive by `keep` (the buffer's owner).
-struct Bytes {
-  py::buffer_info info;
-  std::span<std::byte> span() {
-    return {static_cast<std::byte*>(info.ptr),
-            static_cast<size_t>(info.size * info.itemsize)};
-  }
-};
-
-// `obj` as bytes: a CPU torch tensor through a uint8 view of it (no copy
-// when contiguous), or anything with the buffer protocol.
-Bytes BytesOf(const py::handle& obj, bool writable, const std::string& name) {
-  py::object o = py::reinterpret_borrow<py::object>(obj);
-  if (py::hasattr(o, "is_cuda") && py::hasattr(o, "view")) {
-    if (o.attr("is_cuda").cast<bool>()) {
-      throw py::value_error("tensor '" + name +
-                            "' is on a GPU; hand the producer CPU tensors");
-    }
-    if (!o.attr("is_contiguous")().cast<bool>()) {
-      if (writable) {
-        throw py::value_error("tensor '" + name +
-                              "' is not contiguous; it cannot be updated "
-                              "in place");
-      }
-      o = o.attr("contiguous")();
-    }
-    py::object torch = py::module_::import("torch");
-    o = o.attr("detach")()
-            .attr("reshape")(-1)
-            .attr("view")(torch.attr("uint8"))
-            .attr("numpy")();
-  }
-  if (!py::isinstance<py::buffer>(o)) {
-    throw py::type_error("tensor '" + name +
-                         "' is neither a torch tensor nor a buffer");
-  }
-  py::buffer_info info =
-      py::reinterpret_borrow<py::buffer>(o).request(writable);
-  // Row-major and dense, or refused: the bytes are read (and written) as
-  // one block.
-  py::ssize_t stride = info.itemsize;
-  for (size_t d = info.ndim; d-- > 0;) {
-    if (info.shape[d] > 1 && info.strides[d] != stride) {
-      throw py::value_error("tensor '" + name +
-                            "' is not a contiguous row-major buffer");
-    }
-    stride *= info.shape[d];
-  }
-  return Bytes{std::move(info)};
-}
+using python::Bytes;
+using python::BytesOf;
+using python::Check;
+using python::Take;
 
 // The safetensors spelling of a torch dtype ("" if dcr has none).
 std::string DTypeOfTorch(const py::handle& t) {
@@ -538,43 +477,7 @@ PYBIND11_MODULE(dcr, m) {
       "apply chunk parts (as diff returns them) to canonical tensors in "
       "place");
 
-  m.def(
-      "quantize_fp8",
-      [](const py::handle& src, const std::string& dtype, uint64_t rows,
-         uint64_t cols, uint32_t block_rows, uint32_t block_cols,
-         float min_amax) {
-        Bytes b = BytesOf(src, false, "src");
-        Fp8Tensor t;
-        t.dtype = Take(ParseDType(dtype));
-        t.rows = rows;
-        t.cols = cols;
-        t.block_rows = block_rows;
-        t.block_cols = block_cols;
-        t.min_amax = min_amax;
-        Check(CheckFp8Tensor(t));
-        std::string q(t.elements(), '\0');
-        std::string scales(t.blocks() * sizeof(float), '\0');
-        Check(QuantizeFp8(
-            t, b.span(),
-            std::span(reinterpret_cast<uint8_t*>(q.data()), q.size()),
-            std::span(reinterpret_cast<float*>(scales.data()), t.blocks())));
-        return py::make_tuple(py::bytes(q), py::bytes(scales));
-      },
-      "src"_a, "dtype"_a, "rows"_a, "cols"_a, "block_rows"_a = 128,
-      "block_cols"_a = 128, "min_amax"_a = kFp8DefaultMinAmax,
-      "the FP8 E4M3 quantizer a receiver layout declares (docs/PLACEMENT.md "
-      "§FP8 serving) on a [rows, cols] tensor of BF16, F16 or F32 bits: "
-      "(codes, scale_inv) as bytes, codes row-major, scale_inv F32 "
-      "[blocks down, blocks across]; block_rows = block_cols = 0 for one "
-      "scale");
-
-  m.def(
-      "fp8_e4m3_table",
-      []() {
-        const float* t = Fp8E4M3Table();
-        return std::vector<float>(t, t + 256);
-      },
-      "the value of every E4M3 code (NaN for 0x7F and 0xFF)");
+  python::AddFp8Functions(m);
 
   m.def(
       "tensor_digest",

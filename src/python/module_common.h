@@ -1,0 +1,46 @@
+// What the `dcr` Python module's files share (src/python): statuses as
+// Python exceptions, and tensors as bytes.
+#ifndef DCR_PYTHON_MODULE_COMMON_H_
+#define DCR_PYTHON_MODULE_COMMON_H_
+
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "dcr/status.h"
+
+namespace dcr::python {
+
+namespace py = pybind11;
+
+// NotFound -> KeyError, InvalidArgument -> ValueError, else RuntimeError.
+[[noreturn]] void Throw(const Status& s);
+
+template <typename T>
+T Take(Result<T> r) {
+  if (!r.ok()) Throw(r.status());
+  return std::move(*r);
+}
+
+inline void Check(const Status& s) {
+  if (!s.ok()) Throw(s);
+}
+
+// A tensor's bytes, kept alive by the buffer's owner.
+struct Bytes {
+  py::buffer_info info;
+  std::span<std::byte> span() {
+    return {static_cast<std::byte*>(info.ptr),
+            static_cast<size_t>(info.size * info.itemsize)};
+  }
+};
+
+// `obj` as bytes: a CPU torch tensor through a uint8 view of it (no copy
+// when contiguous), or anything with the buffer protocol.
+Bytes BytesOf(const py::handle& obj, bool writable, const std::string& name);
+
+}  // namespace dcr::python
+
+#endif  // DCR_PYTHON_MODULE_COMMON_H_
