@@ -42,7 +42,9 @@
 #include <string>
 #include <vector>
 
+#include "dcr/checkpoint.h"
 #include "dcr/codec.h"
+#include "dcr/digest.h"
 #include "dcr/fp8.h"
 #include "dcr/layout.h"
 #include "dcr/placement.h"
@@ -107,6 +109,20 @@ class ReceiverMap {
                          const MutableShardBytes& shards,
                          Fp8Dirty* dirty = nullptr) const;
 
+  // The values `shards` hold now at the positions of `c` that Apply would
+  // write (the same boxes, tied boxes skipped as there): position i's
+  // element bytes go to `old` at i * element size (dense: every element of
+  // the span); positions the rank does not hold leave `old` as it was.
+  // Written back with Apply of an overwrite chunk of those positions and
+  // values, they undo an Apply of `c` (what a relay's journal records). An
+  // FP8 tensor is read from its shadow. Returns how many elements it read.
+  // Errors as Apply's, and InvalidArgument if `old` is not one element per
+  // position.
+  Result<uint64_t> Gather(uint32_t tensor, uint64_t first,
+                          const DecodedChunk& c,
+                          const MutableShardBytes& shards,
+                          std::span<std::byte> old) const;
+
   // Requantizes the blocks `dirty` marks, from each FP8 shard's shadow into
   // its codes and scales, and clears the marks. On an error (a shard
   // missing or of the wrong size) the shards before it in name order are
@@ -132,6 +148,19 @@ class ReceiverMap {
   Result<std::vector<LinearDigest>> HashRegions(const ShardBytes& shards) const;
   Result<std::vector<LinearDigest>> ExpectedRegions(
       const CanonicalBytes& canonical) const;
+  // The one digest a serving rank's bits go by (its vote, its journal):
+  // XXH3-128 over a tag, the layout's Fingerprint, the rank, and every
+  // tensor's region digest in order (docs/PLACEMENT.md §"Serving relays").
+  // Equal for two sets of regions iff they are equal (up to XXH3-128).
+  Digest128 BitsDigest(const std::vector<LinearDigest>& regions) const;
+  // The serving layout's Fingerprint (of the whole file, not held()).
+  const Digest128& fingerprint() const { return fingerprint_; }
+  // The rank's shard tensors as a store's manifest (the names of shards(),
+  // FP8 codes, scales and shadows included), and the layout's canonical
+  // tensors as a checkpoint's: what a serving store holds, and what the
+  // refits it takes part in carry.
+  Result<Manifest> StoreManifest() const;
+  Result<Manifest> CanonicalManifest() const;
 
  private:
   // A box of a matrix (or vector) held as it lies, no transpose or
@@ -150,15 +179,21 @@ class ReceiverMap {
   };
   static Rows RowsOf(const AffinePiece& p, const Shape& shape);
   // Applies positions [0, count) of `c` that `h` holds to `out`.
+  // With `gather`, reads those elements into it instead (Gather).
   static Result<uint64_t> ApplyHeld(const Held& h, uint64_t first,
                                     const DecodedChunk& c, size_t count,
                                     size_t w, std::span<std::byte> out,
-                                    Fp8BlockSet* marks);
+                                    Fp8BlockSet* marks, std::byte* gather);
+  // Apply, or with `gather` Gather.
+  Result<uint64_t> Visit(uint32_t tensor, uint64_t first, const DecodedChunk& c,
+                         const MutableShardBytes& shards, Fp8Dirty* dirty,
+                         std::span<std::byte> gather) const;
   ReceiverMap() = default;
   // Records tensor t's held FP8 pieces, refusing those that cut blocks.
   Status AddFp8(const LayoutTensor& t, const std::vector<AffinePiece>& held);
 
   uint32_t rank_ = 0;
+  Digest128 fingerprint_;
   // The layout cut down to what this rank holds: its pieces and its
   // copies (as pieces of this rank), no other rank's; FP8 shards appear
   // as their shadows (the canonical dtype, no fp8).

@@ -83,7 +83,7 @@ ReceiverMap::Rows ReceiverMap::RowsOf(const AffinePiece& p,
 Result<uint64_t> ReceiverMap::ApplyHeld(const Held& h, uint64_t first,
                                         const DecodedChunk& c, size_t count,
                                         size_t w, std::span<std::byte> out,
-                                        Fp8BlockSet* marks) {
+                                        Fp8BlockSet* marks, std::byte* gather) {
   const bool dense = c.header.encoding == ChunkEncoding::kDense;
   const bool is_xor = c.header.kind == ChunkKind::kXor;
   const Rows& b = h.rows;
@@ -119,8 +119,13 @@ Result<uint64_t> ReceiverMap::ApplyHeld(const Held& h, uint64_t first,
                               "' sends canonical element " + std::to_string(e) +
                               " outside it");
     }
-    const std::byte* v = c.values.data() + i * w;
     std::byte* x = out.data() + s * w;
+    if (gather != nullptr) {
+      std::memcpy(gather + i * w, x, w);
+      ++wrote;
+      continue;
+    }
+    const std::byte* v = c.values.data() + i * w;
     if (is_xor) {
       for (size_t k = 0; k < w; ++k) x[k] ^= v[k];
     } else {
@@ -140,6 +145,7 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
   }
   ReceiverMap m;
   m.rank_ = rank;
+  m.fingerprint_ = layout.Fingerprint();
   m.held_ = layout;
   m.tensors_.resize(layout.tensors.size());
   // The boxes of each shard held so far, with their tensors.
@@ -308,6 +314,29 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
                                     const DecodedChunk& c,
                                     const MutableShardBytes& shards,
                                     Fp8Dirty* dirty) const {
+  return Visit(tensor, first, c, shards, dirty, {});
+}
+
+Result<uint64_t> ReceiverMap::Gather(uint32_t tensor, uint64_t first,
+                                     const DecodedChunk& c,
+                                     const MutableShardBytes& shards,
+                                     std::span<std::byte> old) const {
+  const size_t count = c.header.encoding == ChunkEncoding::kDense
+                           ? c.header.span_elems
+                           : c.positions.size();
+  if (old.size() != uint64_t{count} * c.header.elem_size || old.empty()) {
+    return Status::InvalidArgument(
+        "chunk (" + ChunkIdText(c.header.id) +
+        "): Gather needs one element of room per position");
+  }
+  return Visit(tensor, first, c, shards, nullptr, old);
+}
+
+Result<uint64_t> ReceiverMap::Visit(uint32_t tensor, uint64_t first,
+                                    const DecodedChunk& c,
+                                    const MutableShardBytes& shards,
+                                    Fp8Dirty* dirty,
+                                    std::span<std::byte> gather) const {
   if (tensor >= tensors_.size()) {
     return Status::InvalidArgument(
         "a chunk names tensor " + std::to_string(tensor) + " past the " +
@@ -338,7 +367,7 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
     if (!h.apply) continue;
     const auto f = fp8_.find(h.shard);
     const bool fp8 = f != fp8_.end();
-    if (fp8 && dirty == nullptr) {
+    if (fp8 && dirty == nullptr && gather.empty()) {
       return Status::InvalidArgument(
           "serving rank " + std::to_string(rank_) + ": tensor '" + t.name +
           "' is served as FP8: Apply needs the dirty blocks to mark");
@@ -356,7 +385,7 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
   }
   for (Target& x : targets) {
     const auto f = fp8_.find(x.held->shard);
-    if (f != fp8_.end()) {
+    if (f != fp8_.end() && gather.empty()) {
       x.marks = &dirty->try_emplace(f->first, f->second.view).first->second;
     }
   }
@@ -364,9 +393,9 @@ Result<uint64_t> ReceiverMap::Apply(uint32_t tensor, uint64_t first,
   for (const Target& x : targets) {
     // An error here is a bug in the map (an element outside its shard),
     // found before that element is written; earlier boxes may be written.
-    DCR_ASSIGN_OR_RETURN(
-        const uint64_t held,
-        ApplyHeld(*x.held, first, c, count, w, x.out, x.marks));
+    DCR_ASSIGN_OR_RETURN(const uint64_t held,
+                         ApplyHeld(*x.held, first, c, count, w, x.out, x.marks,
+                                   gather.empty() ? nullptr : gather.data()));
     wrote += held;
   }
   return wrote;
@@ -469,6 +498,36 @@ Result<Layout> ServingView(const Layout& layout) {
     }
   }
   return out;
+}
+
+Digest128 ReceiverMap::BitsDigest(
+    const std::vector<LinearDigest>& regions) const {
+  Hasher128 h;
+  h.Update(std::string_view("dcr-serving-bits-1"));
+  h.Update(fingerprint_);
+  h.UpdateU64(rank_);
+  h.UpdateU64(regions.size());
+  for (const LinearDigest& d : regions) {
+    h.UpdateU64(d.high);
+    h.UpdateU64(d.low);
+  }
+  return h.Finish();
+}
+
+Result<Manifest> ReceiverMap::StoreManifest() const {
+  std::vector<TensorInfo> tensors;
+  for (const auto& [name, s] : shards_) {
+    tensors.push_back(TensorInfo{name, s.dtype, s.shape});
+  }
+  return Manifest::Create(std::move(tensors));
+}
+
+Result<Manifest> ReceiverMap::CanonicalManifest() const {
+  std::vector<TensorInfo> tensors;
+  for (const LayoutTensor& t : held_.tensors) {
+    tensors.push_back(TensorInfo{t.name, t.dtype, t.shape});
+  }
+  return Manifest::Create(std::move(tensors));
 }
 
 }  // namespace dcr

@@ -77,17 +77,37 @@ void ExpectAppliedEqualsBuilt(const Layout& l, const Tensors& base,
     auto want = m->Build(View(target));
     ASSERT_TRUE(shards.ok()) << shards.status().ToString();
     ASSERT_TRUE(want.ok());
+    const auto built = *shards;
     MutableShardBytes writable;
     for (auto& [name, bytes] : *shards) writable.emplace(name, bytes);
+    // Before each apply, the values it replaces (what a relay's journal
+    // keeps), as the overwrite chunk that puts them back.
+    std::vector<std::pair<uint32_t, DecodedChunk>> undo;
     for (const auto& [tensor, c] : chunks) {
       const uint64_t first = uint64_t{c.header.id.span} * span;
+      DecodedChunk back = c;
+      back.header.kind = ChunkKind::kOverwrite;
+      auto read = m->Gather(tensor, first, c, writable, back.values);
+      ASSERT_TRUE(read.ok()) << read.status().ToString();
       auto wrote = m->Apply(tensor, first, c, writable);
       ASSERT_TRUE(wrote.ok()) << wrote.status().ToString();
+      EXPECT_EQ(*read, *wrote);
       if (!m->Holds(tensor)) {
         EXPECT_EQ(*wrote, 0u);
       }
+      undo.emplace_back(tensor, std::move(back));
     }
     EXPECT_EQ(*shards, *want);
+    // Undone last first, the shards are the base's again.
+    for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
+      const uint64_t first = uint64_t{it->second.header.id.span} * span;
+      ASSERT_TRUE(m->Apply(it->first, first, it->second, writable).ok());
+    }
+    EXPECT_EQ(*shards, built);
+    for (const auto& [tensor, c] : chunks) {
+      const uint64_t first = uint64_t{c.header.id.span} * span;
+      ASSERT_TRUE(m->Apply(tensor, first, c, writable).ok());
+    }
     // The rank's vote: its regions' digests equal those the root computes
     // from the target, and not those of the base where a region changed.
     ShardBytes held;
@@ -98,6 +118,10 @@ void ExpectAppliedEqualsBuilt(const Layout& l, const Tensors& base,
     ASSERT_TRUE(votes.ok()) << votes.status().ToString();
     ASSERT_TRUE(expected.ok() && before.ok());
     EXPECT_EQ(*votes, *expected);
+    EXPECT_EQ(m->BitsDigest(*votes), m->BitsDigest(*expected));
+    if (*expected != *before) {
+      EXPECT_NE(m->BitsDigest(*votes), m->BitsDigest(*before));
+    }
     for (uint32_t t = 0; t < l.tensors.size(); ++t) {
       if (!m->Holds(t)) {
         EXPECT_EQ((*votes)[t], LinearDigest{}) << t;
@@ -314,6 +338,47 @@ tensors:
   auto wrote = m->Apply(tensor, 0, stray, writable);
   ASSERT_TRUE(wrote.ok());
   EXPECT_EQ(*wrote, 0u);
+  // Gather needs one element of room per position, and checks as Apply.
+  std::vector<std::byte> old(c.values.size());
+  EXPECT_TRUE(m->Gather(tensor, 0, c, writable, old).ok());
+  EXPECT_THAT(m->Gather(tensor, 0, c, writable, std::span(old).first(2))
+                  .status()
+                  .ToString(),
+              HasSubstr("one element of room per position"));
+  EXPECT_THAT(m->Gather(tensor, 0, c, missing, old).status().ToString(),
+              HasSubstr("is missing"));
+}
+
+TEST(ReceiverMapTest, ManifestsAndTheBitsDigestNameTheRankAndItsLayout) {
+  auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  auto r0 = ReceiverMap::Create(*l, 0);
+  auto r1 = ReceiverMap::Create(*l, 1);
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  EXPECT_EQ(r0->fingerprint(), l->Fingerprint());
+  auto stored = r0->StoreManifest();
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  ASSERT_EQ(stored->size(), r0->shards().size());
+  for (const TensorInfo& t : stored->tensors()) {
+    const LayoutShard& s = r0->shards().at(t.name);
+    EXPECT_EQ(t.shape, s.shape) << t.name;
+    EXPECT_EQ(t.dtype, s.dtype) << t.name;
+  }
+  auto canonical = r0->CanonicalManifest();
+  ASSERT_TRUE(canonical.ok());
+  ASSERT_EQ(canonical->size(), l->tensors.size());
+  for (size_t i = 0; i < l->tensors.size(); ++i) {
+    EXPECT_EQ((*canonical)[i].name, l->tensors[i].name);
+  }
+  EXPECT_EQ(canonical->digest(), r1->CanonicalManifest()->digest());
+  std::vector<LinearDigest> regions(l->tensors.size());
+  regions[1].low = 5;
+  EXPECT_NE(r0->BitsDigest(regions), r1->BitsDigest(regions));
+  const Digest128 d = r0->BitsDigest(regions);
+  regions[1].low = 4;
+  EXPECT_NE(r0->BitsDigest(regions), d);
+  regions.pop_back();
+  EXPECT_NE(r0->BitsDigest(regions), d);
 }
 
 // A tp 2 server holding three weights as FP8 (one with partial blocks,
