@@ -348,11 +348,24 @@ Result<Journal::Ref> Journal::AppendRecord(std::span<const std::byte> record) {
 Result<Journal::Ref> Journal::AppendApply(const DecodedChunk& chunk,
                                           uint64_t offset,
                                           std::span<const std::byte> span) {
+  return AppendApplyRecord(chunk, offset, span, false);
+}
+
+Result<Journal::Ref> Journal::AppendApplyValues(
+    const DecodedChunk& chunk, uint64_t offset,
+    std::span<const std::byte> old) {
+  return AppendApplyRecord(chunk, offset, old, true);
+}
+
+Result<Journal::Ref> Journal::AppendApplyRecord(const DecodedChunk& chunk,
+                                                uint64_t offset,
+                                                std::span<const std::byte> span,
+                                                bool gathered) {
   const ChunkHeader& h = chunk.header;
   const size_t w = h.elem_size;
   const bool dense = h.encoding == ChunkEncoding::kDense;
   const uint64_t count = dense ? h.span_elems : chunk.positions.size();
-  if (span.size() != uint64_t{h.span_elems} * w ||
+  if (span.size() != (gathered ? count : uint64_t{h.span_elems}) * w ||
       (!dense && !chunk.positions.empty() &&
        chunk.positions.back() >= h.span_elems)) {
     return Status::InvalidArgument("journal: the chunk does not fit its span");
@@ -383,23 +396,28 @@ Result<Journal::Ref> Journal::AppendApply(const DecodedChunk& chunk,
       p = PutVarint(p, pos - next);
       next = pos + 1;
     }
-    switch (w) {
-      case 1:
-        Gather<1>(chunk.positions, span.data(), p);
-        break;
-      case 2:
-        Gather<2>(chunk.positions, span.data(), p);
-        break;
-      case 4:
-        Gather<4>(chunk.positions, span.data(), p);
-        break;
-      case 8:
-        Gather<8>(chunk.positions, span.data(), p);
-        break;
-      default:
-        return Status::InvalidArgument("journal: unsupported element size");
+    if (gathered) {
+      std::memcpy(p, span.data(), span.size());
+      p += span.size();
+    } else {
+      switch (w) {
+        case 1:
+          Gather<1>(chunk.positions, span.data(), p);
+          break;
+        case 2:
+          Gather<2>(chunk.positions, span.data(), p);
+          break;
+        case 4:
+          Gather<4>(chunk.positions, span.data(), p);
+          break;
+        case 8:
+          Gather<8>(chunk.positions, span.data(), p);
+          break;
+        default:
+          return Status::InvalidArgument("journal: unsupported element size");
+      }
+      p += count * w;
     }
-    p += count * w;
   }
   const uint64_t payload = static_cast<uint64_t>(p - rec) - kRecordHead;
   StoreLE<uint32_t>(rec, kTypeApply);

@@ -111,6 +111,14 @@ class Journal {
   // to replace). Call before writing to the span.
   Result<Ref> AppendApply(const DecodedChunk& chunk, uint64_t offset,
                           std::span<const std::byte> span) DCR_EXCLUDES(mu_);
+  // The same record, with the old values already read: `old` holds one
+  // element per position of `chunk` (dense: per element of its span), in
+  // order. For a store that does not hold the span whole (a serving rank,
+  // ReceiverMap::Gather): `offset` is then the span's byte offset in its
+  // canonical tensor.
+  Result<Ref> AppendApplyValues(const DecodedChunk& chunk, uint64_t offset,
+                                std::span<const std::byte> old)
+      DCR_EXCLUDES(mu_);
   // Writes "voted yes at `digest`" and makes the journal durable.
   Status AppendVotedYes(const Digest128& digest) DCR_EXCLUDES(mu_);
   // Reads the apply record at `ref`.
@@ -125,6 +133,11 @@ class Journal {
  private:
   Journal() = default;
   Result<Ref> AppendRecord(std::span<const std::byte> record) DCR_EXCLUDES(mu_);
+  // AppendApply's record: the old values read from `span` at the chunk's
+  // positions, or (`gathered`) taken from `span` as they lie.
+  Result<Ref> AppendApplyRecord(const DecodedChunk& chunk, uint64_t offset,
+                                std::span<const std::byte> span, bool gathered)
+      DCR_EXCLUDES(mu_);
 
   std::string path_;  // empty: heap-backed
   UniqueFd fd_;       // invalid: heap-backed

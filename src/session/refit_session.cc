@@ -11,6 +11,8 @@ namespace dcr {
 namespace {
 
 // The refit's journal, where Options say (a memory store's on the heap).
+// (A serving store's journal names the base and target by the rank's bits
+// digests: what its restore and its yes votes are checked against.)
 Result<std::unique_ptr<Journal>> CreateJournal(
     const WeightStore& store, const RefitId& refit, const PlanMsg& plan,
     const RefitSession::Options& options) {
@@ -19,9 +21,63 @@ Result<std::unique_ptr<Journal>> CreateJournal(
     path = JournalPath(store.record_path(), options.undo_dir.value_or(""));
   }
   Result<std::string> boot = CurrentBootId();
-  return Journal::Create(path,
-                         JournalHeader{refit, plan.base, plan.target,
-                                       boot.ok() ? *boot : std::string()});
+  Version base = plan.base, target = plan.target;
+  if (options.serving != nullptr) {
+    base.digest = options.serving_base.value_or(Digest128{});
+    target.digest = Digest128{};  // comes with the vote
+  }
+  return Journal::Create(
+      path,
+      JournalHeader{refit, base, target, boot.ok() ? *boot : std::string()});
+}
+
+// The bits a serving store holds: the rank's canonical regions (FP8
+// tensors from their shadows).
+Result<std::vector<LinearDigest>> ServingRegions(WeightStore* store,
+                                                 const ReceiverMap& map) {
+  ShardBytes shards;
+  for (const auto& [name, bytes] : RefitSession::ShardsOf(store)) {
+    shards.emplace(name, bytes);
+  }
+  return map.HashRegions(shards);
+}
+
+// Checks a serving store and a plan against the map; the refusal's code
+// and detail, or nullopt. Sets `canonical` to the map's canonical tensors.
+std::optional<std::pair<NodeCode, std::string>> CheckServing(
+    const WeightStore& store, const ReceiverMap& map, const PlanMsg& plan,
+    Manifest* canonical) {
+  auto stored = map.StoreManifest();
+  auto tensors = map.CanonicalManifest();
+  if (!stored.ok() || !tensors.ok()) {
+    return std::pair(
+        NodeCode::kStoreError,
+        (stored.ok() ? tensors.status() : stored.status()).ToString());
+  }
+  const std::string rank = fmt::format(
+      "serving rank {} of layout {}", map.rank(), map.fingerprint().ShortHex());
+  if (store.manifest().digest() != stored->digest()) {
+    return std::pair(
+        NodeCode::kManifestMismatch,
+        fmt::format("{} does not hold the shards of {}: {}", store.describe(),
+                    rank, Manifest::Difference(*stored, store.manifest())));
+  }
+  if (plan.manifest != tensors->digest()) {
+    return std::pair(
+        NodeCode::kManifestMismatch,
+        fmt::format("the refit's tensors (manifest {}) are not those of {} "
+                    "(manifest {})",
+                    plan.manifest.ShortHex(), rank,
+                    tensors->digest().ShortHex()));
+  }
+  if (plan.context_coded) {
+    return std::pair(NodeCode::kManifestMismatch,
+                     rank +
+                         " does not hold whole spans to decode the plan's "
+                         "context-coded chunks against");
+  }
+  *canonical = *std::move(tensors);
+  return std::nullopt;
 }
 
 }  // namespace
@@ -36,6 +92,26 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
     refusal->detail = std::move(detail);
     return nullptr;
   };
+  const ReceiverMap* map = options.serving;
+  Manifest canonical;
+  if (map != nullptr) {
+    if (auto bad = CheckServing(*store, *map, plan, &canonical)) {
+      return refuse(bad->first, std::move(bad->second));
+    }
+  }
+  // The tensors of the store are the plan's, or (a serving store) hold the
+  // rank's part of them.
+  const bool manifest_ok =
+      map != nullptr || store->manifest().digest() == plan.manifest;
+  // A new session's serving state.
+  auto serve = [&](RefitSession* session) {
+    if (map == nullptr) return;
+    session->map_ = map;
+    session->shards_ = ShardsOf(store);
+    session->hashes_ = std::make_unique<TensorHash[]>(canonical.size());
+    session->canonical_ = std::move(canonical);
+    session->hash_ahead_ = false;
+  };
   if (options.rejoin) {
     auto busy = store->InProgress();
     // The record's target digest is zero if the relay stopped before END
@@ -46,7 +122,7 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
       refusal->detail = "the store's record does not name this refit";
       return nullptr;
     }
-    if (store->manifest().digest() != plan.manifest) {
+    if (!manifest_ok) {
       refusal->code = NodeCode::kManifestMismatch;
       refusal->detail = "the store holds other tensors";
       return nullptr;
@@ -63,9 +139,10 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
     session->rejoined_ = true;
     session->hash_ahead_ = options.hash_ahead;
     session->journal_ = *std::move(journal);
+    serve(session.get());
     return session;
   }
-  if (store->manifest().digest() != plan.manifest) {
+  if (!manifest_ok) {
     return refuse(
         NodeCode::kManifestMismatch,
         fmt::format("{} holds other tensors (manifest {}, plan {})",
@@ -97,6 +174,11 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
     bool bound = false;
     if (committed) {
       bound = *committed == plan.base;
+    } else if (map != nullptr) {
+      return refuse(NodeCode::kNeedsCatchUp,
+                    store->describe() +
+                        " has no version record: a serving store is seeded "
+                        "by a full refit");
     } else {
       // A store without a record (seeded offline) is adopted iff its bits
       // are the base.
@@ -111,6 +193,13 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
                       refusal->version.step, refusal->version.digest.ShortHex(),
                       plan.base.step, plan.base.digest.ShortHex()));
     }
+  }
+  if (map != nullptr && plan.mode == RefitMode::kDelta &&
+      !options.serving_base) {
+    return refuse(NodeCode::kManifestMismatch,
+                  fmt::format("the PLAN names no bits digest of the base for "
+                              "serving rank {} of layout {}",
+                              map->rank(), map->fingerprint().ShortHex()));
   }
   // The journal exists before the record says the refit is in progress,
   // so no apply can run without it.
@@ -141,11 +230,21 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
   session->hash_ahead_ = options.hash_ahead;
   session->journal_ = std::move(journal);
   session->unfinished_ = std::move(unfinished);
+  serve(session.get());
   return session;
 }
 
+MutableShardBytes RefitSession::ShardsOf(WeightStore* store) {
+  MutableShardBytes out;
+  const Manifest& m = store->manifest();
+  for (size_t i = 0; i < m.size(); ++i) {
+    out.emplace(m[i].name, store->MutableTensor(i));
+  }
+  return out;
+}
+
 Status RefitSession::Check(const ChunkHeader& h) const {
-  const Manifest& m = store_->manifest();
+  const Manifest& m = map_ != nullptr ? canonical_ : store_->manifest();
   std::string where = fmt::format("chunk ({})", ChunkIdText(h.id));
   if (h.id.tensor >= m.size()) {
     return Status::Corruption(where + " names a tensor past the manifest");
@@ -188,6 +287,11 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   // A context-coded chunk decodes against the span itself, once this
   // apply owns it; any other chunk decodes first, outside the span.
   const bool in_context = h.encoding == ChunkEncoding::kContext;
+  if (in_context && map_ != nullptr) {
+    return Status::Corruption("chunk (" + ChunkIdText(h.id) +
+                              ") is context-coded; a serving store cannot "
+                              "decode it");
+  }
   DecodedChunk c;
   if (!in_context) DCR_RETURN_IF_ERROR(decoder->Decode(chunk, &c));
   bool is_xor = h.kind == ChunkKind::kXor;
@@ -206,27 +310,33 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   {
     TensorHash& th = hashes_[h.id.tensor];
     ReaderMutexLock writing(&th.mu);
-    std::span<std::byte> span = SpanOf(h);
-    // The span holds the base here: nothing was applied to it (an XOR
-    // chunk is taken only by a span nothing was applied to) and no other
-    // apply runs on it. Bits that are not the base fail the chunk's
-    // checksum of its decoded changes, and nothing is written.
-    if (in_context) s = decoder->Decode(chunk, &c, nullptr, span);
-    if (s.ok() && keep_undo_) {
-      // Write-ahead: the values this apply replaces are in the journal
-      // before the first byte of the span changes.
-      auto record = journal_->AppendApply(
-          c, uint64_t{c.header.id.span} * plan_.span_elems * c.header.elem_size,
-          span);
-      if (record.ok()) {
-        a.record = *record;
-      } else {
-        s = record.status();
+    if (map_ != nullptr) {
+      s = ApplyServing(c, &a);
+      if (s.ok()) th.writes.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      std::span<std::byte> span = SpanOf(h);
+      // The span holds the base here: nothing was applied to it (an XOR
+      // chunk is taken only by a span nothing was applied to) and no other
+      // apply runs on it. Bits that are not the base fail the chunk's
+      // checksum of its decoded changes, and nothing is written.
+      if (in_context) s = decoder->Decode(chunk, &c, nullptr, span);
+      if (s.ok() && keep_undo_) {
+        // Write-ahead: the values this apply replaces are in the journal
+        // before the first byte of the span changes.
+        auto record = journal_->AppendApply(
+            c,
+            uint64_t{c.header.id.span} * plan_.span_elems * c.header.elem_size,
+            span);
+        if (record.ok()) {
+          a.record = *record;
+        } else {
+          s = record.status();
+        }
       }
-    }
-    if (s.ok()) {
-      th.writes.fetch_add(1, std::memory_order_relaxed);
-      s = ApplyChunk(c, span);
+      if (s.ok()) {
+        th.writes.fetch_add(1, std::memory_order_relaxed);
+        s = ApplyChunk(c, span);
+      }
     }
   }
   {
@@ -239,6 +349,62 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   }
   if (hash_ahead_) HashBehind(c.header.id.tensor);
   return ApplyOutcome::kApplied;
+}
+
+Status RefitSession::ApplyServing(const DecodedChunk& c, Applied* a) {
+  const uint32_t tensor = c.header.id.tensor;
+  const uint64_t first = uint64_t{c.header.id.span} * plan_.span_elems;
+  if (keep_undo_) {
+    // Write-ahead, as for a canonical span: the values the rank holds at
+    // the chunk's positions, before the first of them changes.
+    thread_local std::vector<std::byte> old;
+    old.assign(c.values.size(), std::byte{0});
+    if (!old.empty()) {
+      DCR_RETURN_IF_ERROR(
+          map_->Gather(tensor, first, c, shards_, old).status());
+    }
+    DCR_ASSIGN_OR_RETURN(a->record, journal_->AppendApplyValues(
+                                        c, first * c.header.elem_size, old));
+  }
+  Fp8Dirty dirty;
+  DCR_RETURN_IF_ERROR(map_->Apply(tensor, first, c, shards_, &dirty).status());
+  if (!dirty.empty()) {
+    MutexLock lock(&dirty_mu_);
+    for (auto& [name, marks] : dirty) {
+      auto [it, fresh] = dirty_.try_emplace(name, std::move(marks));
+      if (!fresh) it->second.Merge(marks);
+    }
+  }
+  return Status::OK();
+}
+
+Status RefitSession::RestoreServing(const JournalApply& a,
+                                    const ReceiverMap& map,
+                                    const MutableShardBytes& shards,
+                                    Fp8Dirty* dirty) {
+  // The record as the overwrite chunk that writes its old values back.
+  DecodedChunk c;
+  c.header.id = a.id;
+  c.header.kind = ChunkKind::kOverwrite;
+  c.header.elem_size = a.elem_size;
+  c.header.encoding = a.dense ? ChunkEncoding::kDense : ChunkEncoding::kSparse;
+  const uint64_t w = a.elem_size;
+  if (w == 0 || a.offset % w != 0 || a.old_values.size() % w != 0) {
+    return Status::Corruption("journal record of a serving store misaligned");
+  }
+  const uint64_t count = a.old_values.size() / w;
+  const uint64_t extent =
+      a.dense ? count
+              : (a.positions.empty() ? 0 : uint64_t{a.positions.back()} + 1);
+  if (extent > kMaxSpanElems) {
+    return Status::Corruption("journal record wider than a span");
+  }
+  c.header.span_elems = static_cast<uint32_t>(extent);
+  c.header.changed = static_cast<uint32_t>(count);
+  c.positions = a.positions;
+  c.values = a.old_values;
+  if (count == 0) return Status::OK();
+  return map.Apply(a.id.tensor, a.offset / w, c, shards, dirty).status();
 }
 
 RefitSession::Admission RefitSession::Admit(const ChunkId& id,
@@ -321,8 +487,10 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
     }
   }
   r.chunks_applied = ids.size();
+  const uint64_t applied = ids.size();
   bool complete = ids.size() == end.chunk_count &&
                   ChunkIdsDigest(std::move(ids)) == end.chunk_ids_digest;
+  if (map_ != nullptr) return VoteServing(std::move(r), complete, applied, end);
   // The first vote takes the digests hashed ahead of tensors no Apply
   // touched since; every later vote (a repair round) hashes every tensor,
   // so that bits changed outside the refit (a flipped bit) cannot slip
@@ -397,6 +565,67 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
   return r;
 }
 
+NodeResult RefitSession::VoteServing(NodeResult r, bool complete,
+                                     uint64_t applied, const EndMsg& end) {
+  ++votes_;
+  // The codes and scales of the FP8 blocks the refit touched, from their
+  // shadows, before anything reads them.
+  {
+    MutexLock lock(&dirty_mu_);
+    if (Status s = map_->Requantize(shards_, &dirty_); !s.ok()) {
+      r.code = NodeCode::kStoreError;
+      r.detail = "cannot requantize the FP8 shards: " + s.ToString();
+      return r;
+    }
+  }
+  auto regions = ServingRegions(store_, *map_);
+  if (!regions.ok()) {
+    r.code = NodeCode::kStoreError;
+    r.detail = regions.status().ToString();
+    return r;
+  }
+  hashed_at_vote_ += regions->size();
+  const Digest128 bits = map_->BitsDigest(*regions);
+  r.version = Version{plan_.target.step, bits};
+  if (serving_target_ && bits == serving_target_->bits) {
+    Status s = journal_ ? journal_->AppendVotedYes(bits) : Status::OK();
+    if (!s.ok()) {
+      r.code = NodeCode::kStoreError;
+      r.detail = "cannot record the yes vote: " + s.ToString();
+      return r;
+    }
+    // It holds the target's bits for its regions: it votes by the target.
+    r.version = plan_.target;
+    r.code = NodeCode::kOk;
+    return r;
+  }
+  const std::string rank = fmt::format("serving rank {}", map_->rank());
+  if (!serving_target_) {
+    r.code = NodeCode::kDigestMismatch;
+    r.detail = fmt::format("{}: the root named no target bits for it", rank);
+    return r;
+  }
+  if (!complete) {
+    r.code = NodeCode::kIncomplete;
+    r.detail = fmt::format("applied {} distinct chunks, the root sent {}",
+                           applied, end.chunk_count);
+  } else {
+    r.code = NodeCode::kDigestMismatch;
+    r.detail = fmt::format("{}: bits {} are not the target's {}", rank,
+                           bits.ShortHex(), serving_target_->bits.ShortHex());
+  }
+  if (serving_target_->regions.size() == regions->size()) {
+    for (size_t i = 0; i < regions->size(); ++i) {
+      if ((*regions)[i] != serving_target_->regions[i]) {
+        r.repair.push_back(static_cast<uint32_t>(i));
+      }
+    }
+    r.detail += fmt::format("; {} of {} tensors differ", r.repair.size(),
+                            regions->size());
+  }
+  return r;
+}
+
 Status RefitSession::Commit(std::unique_ptr<Journal>* spent) {
   // Over an unfinished refit's mix the record still names that refit (see
   // Begin): the bits are verified to be the target now, so the record
@@ -444,9 +673,20 @@ Status RefitSession::Abort(ChunkDecoder* /*decoder*/) {
               });
     for (const Journal::Ref& ref : refs) {
       DCR_RETURN_IF_ERROR(journal_->Read(ref, &record));
-      DCR_RETURN_IF_ERROR(
-          RestoreApply(record, store_->MutableTensor(record.id.tensor)));
+      if (map_ != nullptr) {
+        MutexLock dirty(&dirty_mu_);
+        DCR_RETURN_IF_ERROR(RestoreServing(record, *map_, shards_, &dirty_));
+      } else {
+        DCR_RETURN_IF_ERROR(
+            RestoreApply(record, store_->MutableTensor(record.id.tensor)));
+      }
     }
+  }
+  if (map_ != nullptr) {
+    // The FP8 blocks the refit and the restore touched, from the base's
+    // shadows again.
+    MutexLock dirty(&dirty_mu_);
+    DCR_RETURN_IF_ERROR(map_->Requantize(shards_, &dirty_));
   }
   spans_.clear();
   // Restored bits that were an unfinished refit's mix are still that mix:
@@ -461,8 +701,15 @@ Status RefitSession::Abort(ChunkDecoder* /*decoder*/) {
 
 RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
     WeightStore* store, const std::string& journal_path,
-    const std::string& boot_id, ThreadPool* pool) {
+    const std::string& boot_id, ThreadPool* pool, const ReceiverMap* serving) {
   using Outcome = CrashRecovery::Outcome;
+  // What the bits hash to: the version digest, or a serving rank's bits
+  // digest (what its journal's header and yes votes name).
+  auto bits = [&]() -> Result<Digest128> {
+    if (serving == nullptr) return store->Digests(pool).version;
+    DCR_ASSIGN_OR_RETURN(auto regions, ServingRegions(store, *serving));
+    return serving->BitsDigest(regions);
+  };
   CrashRecovery out;
   out.unfinished = store->InProgress();
   if (!out.unfinished) {
@@ -482,8 +729,12 @@ RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
     return out;
   }
   const JournalHeader& h = (*reader)->header();
-  if (h.refit != busy.refit || h.base != busy.base ||
-      !SameTarget(h.target, busy.target)) {
+  // A serving store's journal names the versions by the rank's bits.
+  const bool same =
+      serving != nullptr
+          ? h.base.step == busy.base.step && h.target.step == busy.target.step
+          : h.base == busy.base && SameTarget(h.target, busy.target);
+  if (h.refit != busy.refit || !same) {
     out.detail = fmt::format("the journal {} is of refit {}, not this one",
                              journal_path, h.refit.ToHex());
     return out;
@@ -501,7 +752,9 @@ RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
     // root's decision may end R here. (The record learns the target's
     // digest only at the commit when the PLAN left it to END: the yes
     // vote names it.)
-    if (busy.target.digest == Digest128{}) {
+    if (serving != nullptr) {
+      // The yes vote names the rank's bits, not the target's digest.
+    } else if (busy.target.digest == Digest128{}) {
       out.unfinished->target.digest = *yes;
     } else if (*yes != busy.target.digest) {
       out.outcome = Outcome::kPreparedMix;
@@ -509,7 +762,13 @@ RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
                                yes->ShortHex(), busy.target.digest.ShortHex());
       return out;
     }
-    Digest128 digest = store->Digests(pool).version;
+    auto hashed = bits();
+    if (!hashed.ok()) {
+      out.outcome = Outcome::kPreparedMix;
+      out.detail = "cannot hash the store: " + hashed.status().ToString();
+      return out;
+    }
+    const Digest128 digest = *hashed;
     out.outcome = digest == *yes ? Outcome::kPrepared : Outcome::kPreparedMix;
     out.detail =
         out.outcome == Outcome::kPrepared
@@ -526,12 +785,21 @@ RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
   std::set<ChunkId> spans;
   const auto& applies = (*reader)->applies();
   const Manifest& m = store->manifest();
+  const MutableShardBytes shards =
+      serving != nullptr ? ShardsOf(store) : MutableShardBytes();
+  Fp8Dirty dirty;
   for (auto it = applies.rbegin(); it != applies.rend(); ++it) {
     Status s = (*reader)->Read(*it, &a);
-    if (s.ok() && a.id.tensor >= m.size()) {
-      s = Status::Corruption("journal record names a tensor past the manifest");
+    if (serving != nullptr) {
+      // (The map refuses a tensor past the layout.)
+      if (s.ok()) s = RestoreServing(a, *serving, shards, &dirty);
+    } else {
+      if (s.ok() && a.id.tensor >= m.size()) {
+        s = Status::Corruption(
+            "journal record names a tensor past the manifest");
+      }
+      if (s.ok()) s = RestoreApply(a, store->MutableTensor(a.id.tensor));
     }
-    if (s.ok()) s = RestoreApply(a, store->MutableTensor(a.id.tensor));
     if (!s.ok()) {
       out.outcome = Outcome::kRestoreFailed;
       out.detail = "cannot restore from " + journal_path + ": " + s.ToString();
@@ -541,13 +809,21 @@ RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
     out.bytes += a.bytes();
   }
   out.spans = spans.size();
-  Digest128 digest = store->Digests(pool).version;
-  if (digest != busy.base.digest) {
+  if (serving != nullptr) {
+    if (Status s = serving->Requantize(shards, &dirty); !s.ok()) {
+      out.outcome = Outcome::kRestoreFailed;
+      out.detail = "restored, but cannot requantize: " + s.ToString();
+      return out;
+    }
+  }
+  auto hashed = bits();
+  const Digest128 base = serving != nullptr ? h.base.digest : busy.base.digest;
+  if (!hashed.ok() || *hashed != base || base == Digest128{}) {
+    const Digest128 digest = hashed.ok() ? *hashed : Digest128{};
     out.outcome = Outcome::kRestoreFailed;
     out.detail = fmt::format(
         "the restored bits hash to {}, not step {}'s {} ({} records)",
-        digest.ShortHex(), busy.base.step, busy.base.digest.ShortHex(),
-        applies.size());
+        digest.ShortHex(), busy.base.step, base.ShortHex(), applies.size());
     (void)::unlink(journal_path.c_str());
     return out;
   }

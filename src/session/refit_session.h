@@ -29,6 +29,22 @@
 // made by something other than this session between the two is seen by the
 // next vote, not this one.
 //
+// Serving stores (Options::serving; docs/PLACEMENT.md §"Serving relays"):
+// the store holds one serving rank's shards (dcr/receiver_map.h), not the
+// canonical tensors. Chunks still name canonical spans: they apply through
+// the map to the elements the rank holds, the journal records the values
+// they replace there (ReceiverMap::Gather, at canonical positions), and
+// a restore writes those back through the map. The store's version record
+// names canonical versions, as every node's does; the digests that name
+// its bits are the rank's (ReceiverMap::BitsDigest of its canonical
+// regions): the plan's base and target bits for the rank come from the
+// root (Options::serving_base, LearnServingTarget), and they are what the
+// journal's header, its yes votes and RecoverAfterCrash check. FP8 shards
+// apply to their shadows; the blocks applies and restores touched are
+// requantized before the vote hashes and after Abort restored. No hashing
+// ahead: every vote hashes the rank's regions. Context-coded chunks are
+// refused (a rank does not hold whole spans to decode them against).
+//
 // Thread safety: Apply may be called concurrently from worker threads
 // (chunks of distinct spans, or duplicates of one); Vote, Commit and Abort
 // require that no Apply is running.
@@ -45,6 +61,7 @@
 
 #include "common/mutex.h"
 #include "dcr/codec.h"
+#include "dcr/receiver_map.h"
 #include "dcr/status.h"
 #include "dcr/store.h"
 #include "dcr/thread_pool.h"
@@ -84,6 +101,11 @@ class RefitSession {
     bool rejoin = false;
     // Hash tensors the stream has moved past (see "Hashing ahead").
     bool hash_ahead = true;
+    // A serving store: the map of the rank it holds (outlives the
+    // session), and the bits digest of the plan's base for that rank
+    // (none: not known; a delta plan is then refused).
+    const ReceiverMap* serving = nullptr;
+    std::optional<Digest128> serving_base = std::nullopt;
   };
   static std::unique_ptr<RefitSession> Begin(
       WeightStore* store, const std::string& node, const RefitId& refit,
@@ -167,10 +189,13 @@ class RefitSession {
     uint64_t bytes = 0;  // kRestored: bytes written back
     std::string detail;  // why, for the log (every outcome but kNothing)
   };
+  // A serving store passes its map: the journal's records are restored
+  // through it, and the bits are checked by the rank's bits digest.
   static CrashRecovery RecoverAfterCrash(WeightStore* store,
                                          const std::string& journal_path,
                                          const std::string& boot_id,
-                                         ThreadPool* pool);
+                                         ThreadPool* pool,
+                                         const ReceiverMap* serving = nullptr);
 
   uint64_t chunks_applied() const DCR_EXCLUDES(mu_);
   const PlanMsg& plan() const { return plan_; }
@@ -181,6 +206,21 @@ class RefitSession {
     plan_.target = target;
     plan_.target_tensor_digests = std::move(tensor_digests);
   }
+  // A serving store: what the rank's canonical regions hash to at the
+  // target (ReceiverMap::ExpectedRegions, computed by the root), and their
+  // BitsDigest. A vote before this is no (kDigestMismatch).
+  struct ServingTarget {
+    Digest128 bits;
+    std::vector<LinearDigest> regions;
+  };
+  void LearnServingTarget(ServingTarget target) {
+    serving_target_ = std::move(target);
+  }
+  bool serving() const { return map_ != nullptr; }
+
+  // A serving store's shards, by name, as a ReceiverMap reads and writes
+  // them.
+  static MutableShardBytes ShardsOf(WeightStore* store);
 
  private:
   RefitSession(WeightStore* store, std::string node, const RefitId& refit,
@@ -191,6 +231,13 @@ class RefitSession {
         plan_(std::move(plan)),
         hashes_(std::make_unique<TensorHash[]>(store->manifest().size())) {}
   Status Check(const ChunkHeader& h) const;
+  // Writes a journal record's old values back through the map.
+  static Status RestoreServing(const JournalApply& a, const ReceiverMap& map,
+                               const MutableShardBytes& shards,
+                               Fp8Dirty* dirty);
+  // A serving store's vote: the rank's regions against serving_target_.
+  NodeResult VoteServing(NodeResult r, bool complete, uint64_t applied,
+                         const EndMsg& end);
   std::span<std::byte> SpanOf(const ChunkHeader& h);
   // Hashes the tensors below `tensor` not yet offered for hashing ahead.
   void HashBehind(uint32_t tensor);
@@ -211,6 +258,9 @@ class RefitSession {
   struct Applied {
     Journal::Ref record;
   };
+  // Apply's write for a serving store: the old values to the journal,
+  // then the chunk through the map.
+  Status ApplyServing(const DecodedChunk& c, Applied* a);
   // Per chunk id (a span, or one part of it).
   struct SpanState {
     bool in_flight = false;
@@ -237,6 +287,14 @@ class RefitSession {
   mutable Mutex mu_;
   std::map<ChunkId, SpanState> spans_ DCR_GUARDED_BY(mu_);
   CondVar applied_;  // an apply finished: a waiting overwrite may go
+
+  // A serving store (see "Serving stores"); null otherwise.
+  const ReceiverMap* map_ = nullptr;
+  MutableShardBytes shards_;  // the store's tensors, by name
+  Manifest canonical_;        // the map's canonical tensors
+  std::optional<ServingTarget> serving_target_;
+  Mutex dirty_mu_;
+  Fp8Dirty dirty_ DCR_GUARDED_BY(dirty_mu_);  // FP8 blocks to requantize
 
   bool hash_ahead_ = true;
   std::unique_ptr<TensorHash[]> hashes_;  // one per tensor of the manifest
