@@ -49,6 +49,18 @@ struct StoreLocation {
   bool operator==(const StoreLocation&) const = default;
 };
 
+// The largest serving rank (2^31 - 1: engines count ranks in an int32).
+inline constexpr uint32_t kMaxServingRank = 0x7fffffff;
+
+// One rank of a serving engine's layout (docs/PLACEMENT.md §"Serving
+// relays"): the node's store holds that rank's shards.
+struct ServingSpec {
+  std::string layout;  // empty at a node: the cluster's
+  uint32_t rank = 0;
+  SourceLine loc;
+  bool operator==(const ServingSpec&) const = default;
+};
+
 // One relay (a `dcr-relay` process).
 struct NodeSpec {
   std::string name;
@@ -58,6 +70,7 @@ struct NodeSpec {
   std::optional<TransportKind> transport;
   std::optional<uint16_t> metrics_port;
   bool head = false;  // receives for its cluster (default: first listed)
+  std::optional<ServingSpec> serving;  // nullopt: the canonical checkpoint
   SourceLine loc;
   bool operator==(const NodeSpec&) const = default;
 };
@@ -68,10 +81,16 @@ struct ClusterSpec {
   std::optional<uint32_t> fanout;         // 1-64; else sized from bandwidth
   std::optional<uint64_t> bandwidth_bps;  // per-node link inside the cluster
   std::optional<TransportKind> transport;
+  // The layout of the nodes that serve and name none of their own.
+  std::optional<std::string> serving_layout;
   std::vector<NodeSpec> nodes;
   SourceLine loc;
   bool operator==(const ClusterSpec&) const = default;
 };
+
+// The serving layout path of `node` of `cluster`: its own, else its
+// cluster's; empty if it does not serve.
+std::string ServingLayoutOf(const ClusterSpec& cluster, const NodeSpec& node);
 
 // An inter-cluster link. Links are undirected: from/to only name the ends;
 // the tree orients them away from the root's cluster.
@@ -156,8 +175,8 @@ Result<Topology> LoadTopology(const std::string& path);
 Result<Topology> ParseTopology(std::string_view text,
                                std::string_view source_name);
 // Checks everything that spans more than one key: unique names and
-// host:port pairs, references, heads, stores, reachability of every
-// cluster from the root's cluster, min_commit.
+// host:port pairs, references, heads, stores, serving layouts and ranks,
+// reachability of every cluster from the root's cluster, min_commit.
 Status ValidateTopology(const Topology& topo);
 // Normalized YAML (comments are not kept) that ParseTopology reads back to
 // an equal Topology.
@@ -227,6 +246,8 @@ struct TreeNode {
   uint64_t link_bandwidth_bps = 0;    // 0: not given in the topology
   uint64_t link_latency_ns = 0;
   uint32_t fanout = 0;  // k used in its cluster; the root: its child count
+  // The rank it serves, if any, its layout resolved (ServingLayoutOf).
+  std::optional<ServingSpec> serving;
 };
 
 struct TreeCluster {

@@ -13,15 +13,23 @@ namespace {
 using topology_internal::EscapeEnv;
 
 // A free-form string (a path, a host, a region): ${...} escaped so that it
-// survives a reload as text, and double-quoted where it holds & or *,
-// which the loader's safety check (yaml_doc::CheckSafe) reads as an anchor
-// or an alias after '-' or ':' even inside a plain scalar.
+// survives a reload as text, and quoted where it holds a character that
+// the loader's safety check (yaml_doc::CheckSafe) reads as syntax after
+// '-', ':' or ',' even inside a plain scalar: & or * (an anchor or an
+// alias), ' or " (a quoted string, which would hide the flow map's closing
+// '}'), # (a comment). The check does not read escapes, so a string with
+// '"' is single-quoted, where '"' needs none (yaml-cpp double-quotes it
+// anyway if it also holds a newline).
 struct Text {
   std::string s;
 };
 Text Esc(const std::string& s) { return Text{EscapeEnv(s)}; }
 YAML::Emitter& operator<<(YAML::Emitter& e, const Text& t) {
-  if (t.s.find_first_of("&*") != std::string::npos) e << YAML::DoubleQuoted;
+  if (t.s.find('"') != std::string::npos) {
+    e << YAML::SingleQuoted;
+  } else if (t.s.find_first_of("&*'#") != std::string::npos) {
+    e << YAML::DoubleQuoted;
+  }
   return e << t.s;
 }
 
@@ -38,6 +46,14 @@ void EmitNode(YAML::Emitter& e, const NodeSpec& n) {
   e << YAML::Key << "host" << YAML::Value << Esc(n.host);
   e << YAML::Key << "port" << YAML::Value << n.port;
   EmitStore(e, n.store);
+  if (n.serving) {
+    e << YAML::Key << "serving" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    if (!n.serving->layout.empty()) {
+      e << YAML::Key << "layout" << YAML::Value << Esc(n.serving->layout);
+    }
+    e << YAML::Key << "rank" << YAML::Value << n.serving->rank;
+    e << YAML::EndMap;
+  }
   if (n.transport) {
     e << YAML::Key << "transport" << YAML::Value
       << std::string(TransportKindName(*n.transport));
@@ -115,6 +131,12 @@ std::string DumpTopology(const Topology& t) {
       e << YAML::Key << "transport" << YAML::Value
         << std::string(TransportKindName(*c.transport));
     }
+    if (c.serving_layout) {
+      e << YAML::Key << "serving" << YAML::Value << YAML::Flow
+        << YAML::BeginMap;
+      e << YAML::Key << "layout" << YAML::Value << Esc(*c.serving_layout);
+      e << YAML::EndMap;
+    }
     if (!c.nodes.empty()) {
       e << YAML::Key << "nodes" << YAML::Value << YAML::BeginSeq;
       for (const NodeSpec& n : c.nodes) EmitNode(e, n);
@@ -179,12 +201,18 @@ std::string TopologyToJson(const Topology& t) {
   for (const ClusterSpec& c : t.clusters) {
     json nodes = json::array();
     for (const NodeSpec& n : c.nodes) {
+      json serving = nullptr;
+      if (n.serving) {
+        serving =
+            json{{"layout", n.serving->layout}, {"rank", n.serving->rank}};
+      }
       nodes.push_back(json{
           {"name", n.name},
           {"host", n.host},
           {"port", n.port},
           {"store", json{{"kind", std::string(StoreKindName(n.store.kind))},
                          {"path", n.store.path}}},
+          {"serving", serving},
           {"transport", transport(n.transport)},
           {"metrics_port",
            n.metrics_port ? json(*n.metrics_port) : json(nullptr)},
@@ -197,6 +225,8 @@ std::string TopologyToJson(const Topology& t) {
              {"bandwidth_bps",
               c.bandwidth_bps ? json(*c.bandwidth_bps) : json(nullptr)},
              {"transport", transport(c.transport)},
+             {"serving", c.serving_layout ? json{{"layout", *c.serving_layout}}
+                                          : json(nullptr)},
              {"nodes", nodes}});
   }
   j["clusters"] = clusters;

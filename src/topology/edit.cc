@@ -299,6 +299,7 @@ Status AddNode(Topology* topo, std::string_view cluster, const NodeSpec& node) {
     if (c.name == cluster) {
       NodeSpec n = node;
       n.loc = SourceLine{};
+      if (n.serving) n.serving->loc = SourceLine{};
       c.nodes.push_back(std::move(n));
       return Commit(topo, std::move(edited));
     }

@@ -20,11 +20,14 @@ using topology_internal::kRootKeys;
 
 constexpr std::string_view kTopKeys[] = {"version", "defaults", "root",
                                          "clusters", "links"};
-constexpr std::string_view kClusterKeys[] = {"name",      "region",    "fanout",
-                                             "bandwidth", "transport", "nodes"};
+constexpr std::string_view kClusterKeys[] = {
+    "name", "region", "fanout", "bandwidth", "transport", "serving", "nodes"};
 constexpr std::string_view kNodeKeys[] = {
-    "name", "host", "port", "store", "transport", "metrics_port", "head"};
+    "name",    "host",      "port",         "store",
+    "serving", "transport", "metrics_port", "head"};
 constexpr std::string_view kStoreKeys[] = {"kind", "path"};
+constexpr std::string_view kServingKeys[] = {"layout", "rank"};
+constexpr std::string_view kClusterServingKeys[] = {"layout"};
 constexpr std::string_view kLinkKeys[] = {"from", "to", "bandwidth", "latency",
                                           "transport"};
 
@@ -57,6 +60,13 @@ class Parser : private yaml_doc::Reader {
   }
   Status Name(const Field& f, const std::string& path, std::string* out) const;
   Status Host(const Field& f, const std::string& path, std::string* out) const;
+  // A serving layout's path: any non-empty text.
+  Status LayoutPath(const Field& f, const std::string& path,
+                    std::string* out) const;
+  Status ParseServing(const Field& f, const std::string& path,
+                      ServingSpec* s) const;
+  Status ParseClusterServing(const Field& f, const std::string& path,
+                             ClusterSpec* c) const;
   Status ParseDefaults(const Field& f, TopologyDefaults* d) const;
   Status ParseRoot(const Field& f, RootSpec* r) const;
   Status ParseCluster(const YAML::Node& n, int line, const std::string& path,
@@ -95,6 +105,56 @@ Status Parser::Host(const Field& f, const std::string& path,
   DCR_ASSIGN_OR_RETURN(*out, Str(f, path));
   std::string why = topology_internal::CheckHost(*out);
   if (!why.empty()) return Err(f.line, path, "host " + why);
+  return Status::OK();
+}
+
+Status Parser::LayoutPath(const Field& f, const std::string& path,
+                          std::string* out) const {
+  DCR_ASSIGN_OR_RETURN(*out, Str(f, path));
+  if (out->empty()) {
+    return Err(f.line, path, "expected the path of a layout file, got ''");
+  }
+  return Status::OK();
+}
+
+Status Parser::ParseServing(const Field& f, const std::string& path,
+                            ServingSpec* s) const {
+  DCR_ASSIGN_OR_RETURN(Fields sf, Map(f.value, f.line, path, kServingKeys));
+  s->loc.line = sf.line;
+  DCR_RETURN_IF_ERROR(Required(sf, path, "rank"));
+  for (const Field& x : sf.all()) {
+    std::string p = path + "." + x.key;
+    if (x.key == "layout") {
+      DCR_RETURN_IF_ERROR(LayoutPath(x, p, &s->layout));
+    } else {
+      DCR_ASSIGN_OR_RETURN(uint64_t rank, Value(x, p, [](std::string_view v) {
+                             return topology_internal::ParseUint(
+                                 v, 0, kMaxServingRank);
+                           }));
+      s->rank = static_cast<uint32_t>(rank);
+    }
+  }
+  return Status::OK();
+}
+
+Status Parser::ParseClusterServing(const Field& f, const std::string& path,
+                                   ClusterSpec* c) const {
+  // A rank here is a likely mistake worth more than "unknown key".
+  if (f.value.IsMap()) {
+    for (const auto& kv : f.value) {
+      if (kv.first.IsScalar() && kv.first.Scalar() == "rank") {
+        return Err(LineOf(kv.first, f.line), path + ".rank",
+                   "a rank is per node: give serving: {rank: N} on each node "
+                   "that serves");
+      }
+    }
+  }
+  DCR_ASSIGN_OR_RETURN(Fields sf,
+                       Map(f.value, f.line, path, kClusterServingKeys));
+  DCR_RETURN_IF_ERROR(Required(sf, path, "layout"));
+  std::string layout;
+  DCR_RETURN_IF_ERROR(LayoutPath(*sf.Get("layout"), path + ".layout", &layout));
+  c->serving_layout = std::move(layout);
   return Status::OK();
 }
 
@@ -199,6 +259,10 @@ Status Parser::ParseNode(const YAML::Node& n, int line, const std::string& path,
     } else if (x.key == "head") {
       DCR_ASSIGN_OR_RETURN(node->head,
                            Value(x, p, topology_internal::ParseBool));
+    } else if (x.key == "serving") {
+      ServingSpec serving;
+      DCR_RETURN_IF_ERROR(ParseServing(x, p, &serving));
+      node->serving = std::move(serving);
     } else if (x.key == "store") {
       DCR_ASSIGN_OR_RETURN(Fields sf, Map(x.value, x.line, p, kStoreKeys));
       DCR_RETURN_IF_ERROR(Required(sf, p, "kind"));
@@ -249,6 +313,8 @@ Status Parser::ParseCluster(const YAML::Node& n, int line,
     } else if (x.key == "transport") {
       DCR_ASSIGN_OR_RETURN(c->transport,
                            Value(x, p, topology_internal::ParseTransport));
+    } else if (x.key == "serving") {
+      DCR_RETURN_IF_ERROR(ParseClusterServing(x, p, c));
     } else if (x.key == "nodes") {
       DCR_ASSIGN_OR_RETURN(std::vector<YAML::Node> list, List(x, p));
       for (size_t i = 0; i < list.size(); ++i) {
@@ -258,6 +324,26 @@ Status Parser::ParseCluster(const YAML::Node& n, int line,
         c->nodes.push_back(std::move(node));
       }
     }
+  }
+  // Serving checks that need the whole cluster, located at their keys;
+  // ValidateTopology repeats them for topologies built in code.
+  bool serves = false;
+  for (size_t i = 0; i < c->nodes.size(); ++i) {
+    const NodeSpec& node = c->nodes[i];
+    if (!node.serving) continue;
+    serves = true;
+    if (ServingLayoutOf(*c, node).empty()) {
+      return Err(node.serving->loc.line,
+                 path + ".nodes[" + std::to_string(i) + "].serving",
+                 "missing key 'layout' (give it here or in the cluster's "
+                 "serving: {layout: PATH})");
+    }
+  }
+  if (c->serving_layout && !serves) {
+    return Err(f.Get("serving")->line, path + ".serving",
+               "cluster '" + c->name +
+                   "' has a serving layout but none of its nodes serves (add "
+                   "serving: {rank: N} to each node that serves)");
   }
   return Status::OK();
 }

@@ -124,6 +124,10 @@ TreeNode MakeNode(const NodeSpec& n, const ClusterSpec& c) {
   t.host = n.host;
   t.port = n.port;
   t.store = n.store;
+  if (n.serving) {
+    t.serving = n.serving;
+    t.serving->layout = ServingLayoutOf(c, n);
+  }
   return t;
 }
 
@@ -271,6 +275,10 @@ void TextLine(const Tree& tree, int i, const std::string& prefix, bool last,
     line += "  <- " + LinkLabel(n) + " " +
             std::string(TransportKindName(n.transport));
     line += "  " + StoreLabel(n.store);
+    if (n.serving) {
+      line += "  serving rank " + std::to_string(n.serving->rank) + " of " +
+              n.serving->layout;
+    }
   }
   *out += line + "\n";
   std::string child_prefix = top ? "" : prefix + (last ? "   " : "\u2502  ");
@@ -350,6 +358,10 @@ std::string RenderTreeJson(const Tree& tree) {
       store = json{{"kind", std::string(StoreKindName(n.store->kind))},
                    {"path", n.store->path}};
     }
+    json serving = nullptr;
+    if (n.serving) {
+      serving = json{{"layout", n.serving->layout}, {"rank", n.serving->rank}};
+    }
     nodes.push_back(
         json{{"index", i},
              {"name", n.name},
@@ -359,6 +371,7 @@ std::string RenderTreeJson(const Tree& tree) {
              {"port", n.port},
              {"transport", std::string(TransportKindName(n.transport))},
              {"store", store},
+             {"serving", serving},
              {"parent", n.parent},
              {"children", n.children},
              {"depth", n.depth},

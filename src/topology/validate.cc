@@ -34,6 +34,12 @@ size_t Topology::NodeCount() const {
   return n;
 }
 
+std::string ServingLayoutOf(const ClusterSpec& cluster, const NodeSpec& node) {
+  if (!node.serving) return "";
+  if (!node.serving->layout.empty()) return node.serving->layout;
+  return cluster.serving_layout.value_or("");
+}
+
 namespace {
 
 using topology_internal::CheckHost;
@@ -143,19 +149,66 @@ class Validator {
         return Err(cline, cp + ".nodes",
                    "cluster '" + c.name + "' has no nodes");
       }
+      if (c.serving_layout) {
+        DCR_RETURN_IF_ERROR(
+            LayoutPath(*c.serving_layout, cline, cp + ".serving.layout"));
+      }
       int heads = 0;
+      bool serves = false;
       for (size_t ni = 0; ni < c.nodes.size(); ++ni) {
         const NodeSpec& n = c.nodes[ni];
         std::string np = cp + ".nodes[" + std::to_string(ni) + "]";
         DCR_RETURN_IF_ERROR(Node(n, np, &stores));
+        DCR_RETURN_IF_ERROR(Serving(c, n, np));
+        serves = serves || n.serving.has_value();
         if (n.head && ++heads > 1) {
           return Err(n.loc.line, np + ".head",
                      "cluster '" + c.name + "' has more than one head");
         }
       }
+      if (c.serving_layout && !serves) {
+        return Err(cline, cp + ".serving",
+                   "cluster '" + c.name +
+                       "' has a serving layout but none of its nodes serves "
+                       "(add serving: {rank: N} to each node that serves)");
+      }
     }
     if (t_.NodeCount() == 0) {
       return Err(0, "clusters", "the topology has no relay nodes");
+    }
+    return Status::OK();
+  }
+
+  // A serving layout path: non-empty text.
+  Status LayoutPath(const std::string& layout, int line,
+                    const std::string& path) const {
+    if (layout.empty()) {
+      return Err(line, path, "expected the path of a layout file, got ''");
+    }
+    if (std::string why = topology_internal::CheckText(layout); !why.empty()) {
+      return Err(line, path, "the value " + why);
+    }
+    return Status::OK();
+  }
+
+  // The serving rank of node `n` of cluster `c`, if it serves.
+  Status Serving(const ClusterSpec& c, const NodeSpec& n,
+                 const std::string& np) const {
+    if (!n.serving) return Status::OK();
+    const ServingSpec& s = *n.serving;
+    int line = s.loc.line > 0 ? s.loc.line : n.loc.line;
+    std::string sp = np + ".serving";
+    if (!s.layout.empty()) {
+      DCR_RETURN_IF_ERROR(LayoutPath(s.layout, line, sp + ".layout"));
+    } else if (ServingLayoutOf(c, n).empty()) {
+      return Err(line, sp,
+                 "missing key 'layout' (give it here or in the cluster's "
+                 "serving: {layout: PATH})");
+    }
+    if (s.rank > kMaxServingRank) {
+      return Err(line, sp + ".rank",
+                 "expected an integer 0-" + std::to_string(kMaxServingRank) +
+                     ", got '" + std::to_string(s.rank) + "'");
     }
     return Status::OK();
   }

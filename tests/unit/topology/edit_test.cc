@@ -28,8 +28,8 @@ class EditTest : public ::testing::Test {
 };
 
 TEST_F(EditTest, AddAndRemoveNode) {
-  NodeSpec n{"a2", "10.1.0.12", 17001, {StoreKind::kShm, "/w"},
-             {},   {},          false, {}};
+  NodeSpec n{"a2",  "10.1.0.12", 17001, {StoreKind::kShm, "/w"}, {}, {},
+             false, {},          {}};
   ASSERT_TRUE(AddNode(&topo_, "rollout-a", n).ok());
   ASSERT_EQ(topo_.clusters[1].nodes.size(), 3u);
   EXPECT_EQ(topo_.clusters[1].nodes[2], n);
@@ -41,7 +41,7 @@ TEST_F(EditTest, AddAndRemoveNode) {
 }
 
 TEST_F(EditTest, AddNodeRefusals) {
-  NodeSpec n{"a2", "10.1.0.12", 17001, {}, {}, {}, false, {}};
+  NodeSpec n{"a2", "10.1.0.12", 17001, {}, {}, {}, false, {}, {}};
   ExpectRefused(AddNode(&topo_, "nope", n), "no cluster named 'nope'");
   NodeSpec dup = n;
   dup.name = "a0";

@@ -207,7 +207,7 @@ TEST(ParseTest, ErrorsNameFileLineAndKey) {
        "t.yaml:9: clusters[1].fanot: unknown key (did you mean 'fanout'?)"},
       {Edited("    fanout: 4", "    colour: 4"),
        "t.yaml:9: clusters[1].colour: unknown key (known keys: name, region, "
-       "fanout, bandwidth, transport, nodes)"},
+       "fanout, bandwidth, transport, serving, nodes)"},
       {Edited("version: 1", "version: 2"),
        "t.yaml:1: version: unsupported topology version 2 (this dcr reads "
        "version 1)"},
@@ -362,15 +362,21 @@ TEST(ParseTest, DumpKeepsAwkwardStrings) {
         // & or * after '-', ':' or ',' inside a plain scalar:
         // the loader's safety check refuses them unquoted
         // (found by fuzz_topology in a store path).
-        "dcr-&local", "a:*b", "x,&y", "[&z]"}) {
+        "dcr-&local", "a:*b", "x,&y", "[&z]",
+        // So are quotes and # there: in a flow map (a store path) they
+        // hid the closing '}' from it (found by fuzz_topology).
+        "dcr-'local", "a:'b", "-'a", "dcr-\"x", "a-\"b, {c", "a-#b", "a:#b",
+        "x,#y", "it's \"q\""}) {
     Topology copy = *t;
     copy.clusters[1].region = s;
     copy.root.baseline = std::string("/p/") + s;
+    copy.clusters[1].nodes[0].store.path = std::string("/p/") + s;
     auto again = ParseTopology(DumpTopology(copy), "dump.yaml");
     ASSERT_TRUE(again.ok()) << s << ": " << again.status().ToString() << "\n"
                             << DumpTopology(copy);
     EXPECT_EQ(again->clusters[1].region, s);
     EXPECT_EQ(again->root.baseline, std::string("/p/") + s);
+    EXPECT_EQ(again->clusters[1].nodes[0].store.path, std::string("/p/") + s);
   }
 }
 

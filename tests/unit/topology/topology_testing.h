@@ -34,7 +34,8 @@ inline constexpr const char* kSampleYaml =
 
 // A random valid topology: 1-7 clusters joined by a random connected set of
 // links, 0-3 nodes in the root's cluster, 1-12 in the others, random
-// fanouts, bandwidths, heads and transports, and sometimes a key file.
+// fanouts, bandwidths, heads and transports, sometimes a key file, and
+// some clusters whose nodes serve ranks of a layout.
 inline Topology RandomTopology(std::mt19937_64& rng) {
   auto pick = [&](int lo, int hi) {
     return std::uniform_int_distribution<int>(lo, hi)(rng);
@@ -108,6 +109,20 @@ inline Topology RandomTopology(std::mt19937_64& rng) {
     t.links.push_back(l);
   }
   if (pick(0, 2) == 0) t.defaults.auth_key_file = "/etc/dcr/frame.key";
+  // Serving clusters: the layout given by the cluster (sometimes overridden
+  // by a node) or by each node; the first node always serves.
+  for (ClusterSpec& cs : t.clusters) {
+    if (cs.nodes.empty() || pick(0, 3) != 0) continue;
+    bool by_cluster = pick(0, 1) == 0;
+    if (by_cluster) cs.serving_layout = "layouts/" + cs.name + "-serve.yaml";
+    for (size_t n = 0; n < cs.nodes.size(); ++n) {
+      if (n > 0 && pick(0, 3) == 0) continue;
+      ServingSpec s;
+      s.rank = static_cast<uint32_t>(n);
+      if (!by_cluster || pick(0, 4) == 0) s.layout = "/l/" + cs.name + ".yaml";
+      cs.nodes[n].serving = s;
+    }
+  }
   return t;
 }
 

@@ -201,8 +201,8 @@ TEST(TreeTest, WidestPathAndRelayedClusters) {
 TEST(TreeTest, RootClusterNodesHangOffTheRootOverLan) {
   auto t = ParseTopology(testing::kSampleYaml, "t.yaml");
   ASSERT_TRUE(t.ok());
-  NodeSpec t0{"t0", "10.0.0.2", 17001, {}, {}, {}, false, {}};
-  NodeSpec t1{"t1", "10.0.0.3", 17001, {}, {}, {}, false, {}};
+  NodeSpec t0{"t0", "10.0.0.2", 17001, {}, {}, {}, false, {}, {}};
+  NodeSpec t1{"t1", "10.0.0.3", 17001, {}, {}, {}, false, {}, {}};
   t->clusters[0].nodes = {t0, t1};
   t->clusters[0].bandwidth_bps = 100000000000ull;
   auto tree = BuildTree(*t);
