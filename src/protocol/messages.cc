@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "common/bytes.h"
 #include "dcr/codec.h"
@@ -18,6 +19,8 @@ constexpr uint8_t kEndSignedVersion = 2;
 // END naming the target (EndMsg::target), signed or not.
 constexpr uint8_t kEndTargetVersion = 3;
 constexpr uint8_t kEndSigned = 1;  // its flags
+constexpr uint8_t kEndServing = 2;
+constexpr uint8_t kPlanServing = 16;  // PLAN's flags: serving bits follow
 // PLAN whose target digest comes at END (PlanMsg::target_at_end).
 constexpr uint8_t kPlanTargetAtEndVersion = 2;
 constexpr uint8_t kResultsPositionVersion = 2;  // with received_through
@@ -27,7 +30,60 @@ constexpr uint8_t kStorePrepared = 2;
 constexpr uint8_t kStoreMissing = 4;
 constexpr uint8_t kStoreRepairing = 8;
 
+void PutServing(ByteWriter* w, const std::vector<ServingBits>& list) {
+  w->PutVarint(list.size());
+  for (const ServingBits& b : list) {
+    PutDigest(w, b.layout);
+    w->Put<uint32_t>(b.rank);
+    PutDigest(w, b.bits);
+    w->PutVarint(b.regions.size());
+    for (const LinearDigest& d : b.regions) {
+      w->Put<uint64_t>(d.high);
+      w->Put<uint64_t>(d.low);
+    }
+  }
+}
+
+// A list of serving bits; `regions`: each entry must carry one region
+// digest per tensor (a target's), else none (a base's).
+std::vector<ServingBits> GetServing(Reader* r, const char* field,
+                                    bool regions) {
+  std::vector<ServingBits> out;
+  uint64_t n = r->Varint(field, kMaxPlanNodes);
+  std::set<std::tuple<uint64_t, uint64_t, uint32_t>> seen;
+  for (uint64_t i = 0; r->ok() && i < n; ++i) {
+    ServingBits b;
+    b.layout = r->Digest(field);
+    b.rank = r->Get<uint32_t>(field);
+    b.bits = r->Digest(field);
+    uint64_t k = r->Varint(field, kMaxPlanTensors);
+    if (r->ok() && (k != 0) != regions) {
+      r->Fail(field, regions ? "a target's entry without region digests"
+                             : "a base's entry with region digests");
+    }
+    for (uint64_t t = 0; r->ok() && t < k; ++t) {
+      LinearDigest d;
+      d.high = r->Get<uint64_t>(field);
+      d.low = r->Get<uint64_t>(field);
+      b.regions.push_back(d);
+    }
+    if (r->ok() && !seen.emplace(b.layout.high, b.layout.low, b.rank).second) {
+      r->Fail(field, "a layout's rank named twice");
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 }  // namespace
+
+const ServingBits* FindServing(const std::vector<ServingBits>& list,
+                               const Digest128& layout, uint32_t rank) {
+  for (const ServingBits& b : list) {
+    if (b.layout == layout && b.rank == rank) return &b;
+  }
+  return nullptr;
+}
 
 std::string_view NodeCodeName(NodeCode code) {
   switch (code) {
@@ -108,10 +164,15 @@ std::vector<std::byte> EncodePlan(const PlanMsg& m) {
   w.PutVarint(m.target_tensor_digests.size());
   for (const Digest128& d : m.target_tensor_digests) PutDigest(&w, d);
   w.Put<uint32_t>(m.heartbeat_ms);
-  w.Put<uint8_t>(static_cast<uint8_t>((m.adopt ? 1 : 0) | (m.resume ? 2 : 0) |
-                                      (m.resend ? 4 : 0) |
-                                      (m.context_coded ? 8 : 0)));
+  const bool serving = !m.serving_base.empty() || !m.serving_target.empty();
+  w.Put<uint8_t>(static_cast<uint8_t>(
+      (m.adopt ? 1 : 0) | (m.resume ? 2 : 0) | (m.resend ? 4 : 0) |
+      (m.context_coded ? 8 : 0) | (serving ? kPlanServing : 0)));
   w.Put<uint32_t>(m.sender_depth);
+  if (serving) {
+    PutServing(&w, m.serving_base);
+    PutServing(&w, m.serving_target);
+  }
   return out;
 }
 
@@ -193,7 +254,7 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
   }
   m.heartbeat_ms = r.Get<uint32_t>("heartbeat_ms");
   uint8_t flags = r.Get<uint8_t>("flags");
-  if (r.ok() && flags > 15) r.Fail("flags", "unknown bits");
+  if (r.ok() && flags > 31) r.Fail("flags", "unknown bits");
   m.adopt = (flags & 1) != 0;
   m.resume = (flags & 2) != 0;
   m.resend = (flags & 4) != 0;
@@ -204,6 +265,16 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
   m.sender_depth = r.Get<uint32_t>("sender_depth");
   if (r.ok() && m.sender_depth > kMaxPlanNodes) {
     r.Fail("sender_depth", "deeper than any tree");
+  }
+  if (r.ok() && (flags & kPlanServing) != 0) {
+    m.serving_base = GetServing(&r, "serving_base", false);
+    m.serving_target = GetServing(&r, "serving_target", true);
+    if (r.ok() && m.serving_base.empty() && m.serving_target.empty()) {
+      r.Fail("flags", "serving bits announced, none sent");
+    }
+    if (r.ok() && m.target_at_end() && !m.serving_target.empty()) {
+      r.Fail("serving_target", "sent without the target's digest");
+    }
   }
   DCR_RETURN_IF_ERROR(r.Finish());
   return m;
@@ -332,7 +403,9 @@ std::vector<std::byte> EncodeEnd(const EndMsg& m) {
     PutVersion(&w, *m.target);
     w.PutVarint(m.target_tensor_digests.size());
     for (const Digest128& d : m.target_tensor_digests) PutDigest(&w, d);
-    w.Put<uint8_t>(m.is_signed() ? kEndSigned : 0);
+    w.Put<uint8_t>((m.is_signed() ? kEndSigned : 0) |
+                   (m.serving_target.empty() ? 0 : kEndServing));
+    if (!m.serving_target.empty()) PutServing(&w, m.serving_target);
   }
   if (m.is_signed()) {
     w.PutVarint(m.manifest.size());
@@ -358,8 +431,16 @@ Result<EndMsg> DecodeEnd(std::span<const std::byte> b) {
       m.target_tensor_digests.push_back(r.Digest("target_tensor_digests"));
     }
     uint8_t flags = r.Get<uint8_t>("flags");
-    if (r.ok() && (flags & ~kEndSigned) != 0) r.Fail("flags", "unknown bits");
+    if (r.ok() && (flags & ~(kEndSigned | kEndServing)) != 0) {
+      r.Fail("flags", "unknown bits");
+    }
     is_signed = (flags & kEndSigned) != 0;
+    if (r.ok() && (flags & kEndServing) != 0) {
+      m.serving_target = GetServing(&r, "serving_target", true);
+      if (r.ok() && m.serving_target.empty()) {
+        r.Fail("flags", "serving bits announced, none sent");
+      }
+    }
   }
   if (r.ok() && is_signed) {
     uint64_t n = r.Varint("manifest", kMaxEndManifestBytes);

@@ -65,6 +65,23 @@ struct PlanNode {
 // Such a PLAN is message version 2, byte for byte version 1 otherwise, so
 // that a relay too old to take the digests from END refuses it at once
 // (docs/PROTOCOL.md §"Target digests at END").
+// A serving rank's bits at a version (docs/PLACEMENT.md §"Serving
+// relays"), as the root names them for the relays whose store holds that
+// rank of that serving layout.
+struct ServingBits {
+  Digest128 layout;  // the serving layout's Fingerprint
+  uint32_t rank = 0;
+  Digest128 bits;  // ReceiverMap::BitsDigest of the rank's regions
+  // A target's: every canonical tensor's region digest, in manifest order
+  // (what a no vote compares to name the tensors to repair). A base's:
+  // empty.
+  std::vector<LinearDigest> regions;
+  friend bool operator==(const ServingBits&, const ServingBits&) = default;
+};
+// The entry of `layout`'s rank `rank` in `list`, or null.
+const ServingBits* FindServing(const std::vector<ServingBits>& list,
+                               const Digest128& layout, uint32_t rank);
+
 struct PlanMsg {
   RefitMode mode = RefitMode::kDelta;
   Version base;
@@ -107,6 +124,11 @@ struct PlanMsg {
   // decodable only against the base; every node of the plan holds the base
   // whole. A chunk coded so in a plan without the flag is refused.
   bool context_coded = false;
+  // The serving ranks of the plan's serving relays: their bits at the base
+  // (no regions), and at the target when the PLAN names it (with regions;
+  // otherwise END carries them). One entry per (layout, rank).
+  std::vector<ServingBits> serving_base;
+  std::vector<ServingBits> serving_target;
   // The target's digest comes at END (a zero digest here).
   bool target_at_end() const { return target.digest == Digest128{}; }
   friend bool operator==(const PlanMsg&, const PlanMsg&) = default;
@@ -205,6 +227,8 @@ struct EndMsg {
   // Version 3: the target version and its per-tensor digests.
   std::optional<Version> target;
   std::vector<Digest128> target_tensor_digests;
+  // With `target`: the serving ranks' bits at it (PlanMsg::serving_target).
+  std::vector<ServingBits> serving_target;
   bool is_signed() const { return !manifest.empty(); }
   friend bool operator==(const EndMsg&, const EndMsg&) = default;
 };

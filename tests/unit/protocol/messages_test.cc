@@ -288,8 +288,77 @@ TEST(MessagesTest, EndNamingTheTargetIsVersion3) {
                 .find("END.target: no digest"),
             std::string::npos);
   auto flags = v3;
-  flags.back() = std::byte{2};
+  flags.back() = std::byte{4};
   EXPECT_NE(DecodeEnd(flags).status().message().find("END.flags"),
+            std::string::npos);
+}
+
+// Serving ranks' bits: PLAN carries the bases (and the targets when it
+// names the target), END the targets; one entry per layout's rank.
+TEST(MessagesTest, ServingBitsTravelInPlanAndEnd) {
+  const ServingBits base0{Digest128{1, 9}, 0, Digest128{2, 2}, {}};
+  const ServingBits base1{Digest128{1, 9}, 1, Digest128{3, 3}, {}};
+  ServingBits target0{Digest128{1, 9}, 0, Digest128{4, 4}, {}};
+  target0.regions = {LinearDigest{5, 6}, LinearDigest{}, LinearDigest{7, 8}};
+  PlanMsg p = SamplePlan();
+  p.serving_base = {base0, base1};
+  p.serving_target = {target0};
+  auto back = DecodePlan(EncodePlan(p));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, p);
+  EXPECT_EQ(FindServing(back->serving_base, Digest128{1, 9}, 1)->bits,
+            (Digest128{3, 3}));
+  EXPECT_EQ(FindServing(back->serving_base, Digest128{1, 9}, 2), nullptr);
+  EXPECT_EQ(FindServing(back->serving_base, Digest128{1, 8}, 0), nullptr);
+  // A sub-plan keeps them.
+  EXPECT_EQ(SubPlan(p, 1).serving_base, p.serving_base);
+  auto refused = [](const PlanMsg& bad) {
+    return std::string(DecodePlan(EncodePlan(bad)).status().message());
+  };
+  PlanMsg twice = p;
+  twice.serving_base.push_back(base1);
+  EXPECT_NE(refused(twice).find("named twice"), std::string::npos);
+  PlanMsg base_regions = p;
+  base_regions.serving_base[0].regions = {LinearDigest{1, 1}};
+  EXPECT_NE(refused(base_regions).find("a base's entry with region digests"),
+            std::string::npos);
+  PlanMsg bare_target = p;
+  bare_target.serving_target[0].regions.clear();
+  EXPECT_NE(refused(bare_target).find("a target's entry without region"),
+            std::string::npos);
+  PlanMsg at_end = p;
+  at_end.target.digest = Digest128{};
+  at_end.target_tensor_digests.clear();
+  EXPECT_NE(refused(at_end).find("serving_target: sent without the target"),
+            std::string::npos);
+  at_end.serving_target.clear();
+  EXPECT_EQ(*DecodePlan(EncodePlan(at_end)), at_end);
+  // Without serving bits the bytes are those of before.
+  PlanMsg plain = p;
+  plain.serving_base.clear();
+  plain.serving_target.clear();
+  EXPECT_EQ(EncodePlan(plain), EncodePlan(SamplePlan()));
+
+  EndMsg e{42, Digest128{7, 8}};
+  e.target = Version{5, Digest128{3, 4}};
+  const auto without = EncodeEnd(e);
+  e.serving_target = {target0};
+  auto end = DecodeEnd(EncodeEnd(e));
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(*end, e);
+  e.manifest = std::vector<std::byte>(30, std::byte{0x5a});
+  e.signature = std::vector<std::byte>(kEndSignatureBytes, std::byte{0xa5});
+  auto bytes = EncodeEnd(e);
+  EXPECT_EQ(*DecodeEnd(bytes), e);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_TRUE(DecodeEnd(std::span(bytes).first(n)).status().IsCorruption())
+        << n;
+  }
+  // The flag without entries is refused: an encoding is canonical.
+  auto flagged = without;
+  flagged.back() = std::byte{2};
+  flagged.push_back(std::byte{0});
+  EXPECT_NE(DecodeEnd(flagged).status().message().find("none sent"),
             std::string::npos);
 }
 
