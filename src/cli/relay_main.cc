@@ -48,6 +48,8 @@ struct Args {
   std::string data_sync = "background";
   std::string write_back_delay = "30s";
   std::string undo_dir;
+  std::string serving_layout;
+  std::optional<uint32_t> serving_rank;
   std::string link_rate;
   std::string connect_timeout = "5s";
   std::string prepared_wait = "10min";
@@ -174,6 +176,17 @@ int Run(const Args& a) {
     o.listen_host = n->host;
     o.listen_port = n->port;
     o.store = FromTopology(n->store);
+    if (n->serving) {
+      // The layout as the tree resolves it (the node's, else its
+      // cluster's).
+      auto tree = BuildTree(*topo);
+      if (!tree.ok()) return ReportError(tree.status());
+      const int i = tree->Find(n->name);
+      if (i >= 0 && tree->nodes[static_cast<size_t>(i)].serving) {
+        o.serving_layout = tree->nodes[static_cast<size_t>(i)].serving->layout;
+        o.serving_rank = tree->nodes[static_cast<size_t>(i)].serving->rank;
+      }
+    }
     if (metrics_port < 0 && n->metrics_port) metrics_port = *n->metrics_port;
     if (key_file.empty() && !topo->defaults.auth_key_file.empty()) {
       key_file = topo->defaults.auth_key_file;
@@ -212,6 +225,14 @@ int Run(const Args& a) {
     o.store = *spec;
   }
   o.undo_dir = a.undo_dir;
+  if (!a.serving_layout.empty() || a.serving_rank) {
+    if (a.serving_layout.empty() || !a.serving_rank) {
+      return ReportError(Status::InvalidArgument(
+          "give both --serving-layout FILE and --serving-rank N"));
+    }
+    o.serving_layout = a.serving_layout;
+    o.serving_rank = *a.serving_rank;
+  }
   o.store.data_sync = a.data_sync == "commit"
                           ? StoreSpec::DataSync::kAtCommit
                           : StoreSpec::DataSync::kBackground;
@@ -439,6 +460,13 @@ int main(int argc, char** argv) {
                  "store's version record). A full refit's journal holds "
                  "every value it replaces, up to the store's size: keep it "
                  "on a disk when the store is in shared memory");
+  app.add_option("--serving-layout", a.serving_layout,
+                 "Keep one serving rank's shards in the store instead of "
+                 "the canonical checkpoint: the serving layout file "
+                 "(docs/PLACEMENT.md; overrides the topology's `serving`)");
+  app.add_option("--serving-rank", a.serving_rank,
+                 "With --serving-layout: the rank whose shards the store "
+                 "holds");
   app.add_option("--link-rate", a.link_rate,
                  "Pace each link to children to this bandwidth, e.g. "
                  "500Mbps (testing without tc)");

@@ -237,6 +237,29 @@ Status RefitRun::SignEnd(EndMsg* end) const {
   return setup_.signer->Sign(m, end);
 }
 
+const std::vector<ServingBits>& RefitRun::ServingTargets() {
+  if (serving_targets_) return *serving_targets_;
+  serving_targets_.emplace();
+  if (!setup_.target) {
+    spdlog::warn("no target checkpoint to name the serving nodes' bits ({})",
+                 setup_.serving.nodes());
+    return *serving_targets_;
+  }
+  const auto t0 = Clock::now();
+  auto bits =
+      setup_.serving.Bits(*setup_.target, /*regions=*/true, setup_.pool.get());
+  if (!bits.ok()) {
+    spdlog::warn("cannot name the serving nodes' bits ({}): {}",
+                 setup_.serving.nodes(), bits.status().ToString());
+    return *serving_targets_;
+  }
+  *serving_targets_ = *std::move(bits);
+  spdlog::info("serving nodes {}: their ranks' target bits in {:.3f} s",
+               setup_.serving.nodes(),
+               std::chrono::duration<double>(Clock::now() - t0).count());
+  return *serving_targets_;
+}
+
 Result<bool> RefitRun::Vote() {
   for (int round = 0;; ++round) {
     // END names every distinct chunk id sent so far, and the target when
@@ -245,6 +268,7 @@ Result<bool> RefitRun::Vote() {
     if (target_at_end_) {
       end.target = report_.target;
       end.target_tensor_digests = setup_.plan.target_tensor_digests;
+      if (!setup_.serving.empty()) end.serving_target = ServingTargets();
     }
     root_->Expect(FrameType::kVote);
     Status s = SignEnd(&end);

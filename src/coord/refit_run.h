@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -73,6 +74,10 @@ class RefitRun {
   // lasts. Whether END went out.
   Result<bool> Vote();
   Status SignEnd(EndMsg* end) const;
+  // The serving ranks' bits at the target, for END when the PLAN left the
+  // target to it (computed once, from the target checkpoint); empty, with
+  // a warning, if they cannot be (those nodes then vote no).
+  const std::vector<ServingBits>& ServingTargets();
   // Sends COMMIT (to commit_set) or ABORT down, collects the replies,
   // advances the baseline on commit, and writes the report.
   Result<RefitReport> Conclude(bool commit, std::set<std::string> commit_set,
@@ -112,6 +117,7 @@ class RefitRun {
   std::unique_ptr<ProducerFeed> producers_;
   // END names the target (hashed in the first pass; the PLAN left it).
   bool target_at_end_ = false;
+  std::optional<std::vector<ServingBits>> serving_targets_;
   FileStamps target_stamps_;   // the target's files when the refit began
   bool keep_current_ = false;  // the baseline still needs --resume
 };

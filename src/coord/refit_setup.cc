@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "coord/cost_model.h"
@@ -173,8 +174,41 @@ void FillPlan(const RefitOptions& options, const RefitReport& report,
   // Every node of a delta plan holds the base whole (nodes at other
   // versions are caught up or repaired in refits of their own, with
   // base-independent chunks).
+  // A serving rank holds parts of spans, not whole ones to decode against.
   plan.context_coded = report.mode == RefitMode::kDelta && !setup->composed &&
+                       setup->serving.empty() &&
                        UseContextCoding(options, *setup);
+}
+
+// Names the serving ranks' bits in the PLAN: at the base when root.baseline
+// holds it, at the target when the PLAN names the target (otherwise END
+// does, RefitRun::Vote).
+Status NameServingBits(const RefitReport& report, RefitSetup* setup) {
+  if (setup->serving.empty()) return Status::OK();
+  const auto t0 = std::chrono::steady_clock::now();
+  PlanMsg& plan = setup->plan;
+  const WeightStore* baseline = setup->baseline.get();
+  if (baseline && baseline->committed() == report.base) {
+    DCR_ASSIGN_OR_RETURN(
+        plan.serving_base,
+        setup->serving.Bits(*baseline, /*regions=*/false, setup->pool.get()));
+  } else {
+    spdlog::warn(
+        "root.baseline does not hold the base (step {}): the serving nodes "
+        "{} cannot check a restore after a crash against it",
+        report.base.step, setup->serving.nodes());
+  }
+  if (!plan.target_at_end()) {
+    DCR_ASSIGN_OR_RETURN(plan.serving_target,
+                         setup->serving.Bits(*setup->target, /*regions=*/true,
+                                             setup->pool.get()));
+  }
+  spdlog::info(
+      "serving nodes {}: their ranks' bits named in {:.3f} s",
+      setup->serving.nodes(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count());
+  return Status::OK();
 }
 
 // Checks what only a refit (not a resume) needs of target and baseline,
@@ -335,12 +369,15 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
     }
   }
   DCR_ASSIGN_OR_RETURN(report->epoch, setup.state.NextEpoch());
+  DCR_ASSIGN_OR_RETURN(
+      setup.serving, ServingRanks::Load(setup.tree, setup.target->manifest()));
   FillPlan(options, *report, &setup);
   setup.plan.manifest = setup.target->manifest().digest();
   if (options.mode == RefitMode::kFull) {
     setup.plan.tensors = setup.target->manifest().tensors();
   }
   setup.plan.target_tensor_digests = std::move(target_digests.tensors);
+  DCR_RETURN_IF_ERROR(NameServingBits(*report, &setup));
   return setup;
 }
 
@@ -410,6 +447,13 @@ Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
     setup.plan.manifest = setup.baseline->manifest().digest();
   } else if (setup.target) {
     setup.plan.manifest = setup.target->manifest().digest();
+  }
+  // The serving ranks, for END to name their target bits (a resumed
+  // refit's nodes hold its session already: no base bits).
+  if (setup.target) {
+    DCR_ASSIGN_OR_RETURN(
+        setup.serving,
+        ServingRanks::Load(setup.tree, setup.target->manifest()));
   }
   return setup;
 }

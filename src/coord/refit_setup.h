@@ -16,6 +16,7 @@
 
 #include "coord/end_signer.h"
 #include "coord/history.h"
+#include "coord/serving_ranks.h"
 #include "coord/state_dir.h"
 #include "dcr/checkpoint.h"
 #include "dcr/refit.h"
@@ -46,6 +47,9 @@ struct RefitSetup {
   std::unique_ptr<ComposedDelta> composed;  // catch-up or repair (HistoryFeed)
   std::unique_ptr<EndSigner> signer;        // null: END is unsigned
   std::unique_ptr<ThreadPool> pool;
+  // The tree's serving ranks (empty: none): their plans carry no
+  // context-coded chunks, and the root names their bits.
+  ServingRanks serving;
   PlanMsg plan;
 };
 

@@ -120,6 +120,15 @@ struct RelayOptions {
   // size: a store in shared memory keeps it on a disk this way. Start
   // fails if the directory is not writable.
   std::string undo_dir;
+  // A serving relay (topology `serving`; docs/PLACEMENT.md §"Serving
+  // relays"): the store holds rank `serving_rank` of the serving layout
+  // file `serving_layout` (its shards, FP8 codes, scales and shadows) and
+  // applies the canonical chunks it forwards through the rank's map.
+  // Empty: the store holds the canonical checkpoint. Start fails if the
+  // layout cannot be read, the rank is not one of it, or an existing
+  // store does not hold the rank's shards.
+  std::string serving_layout;
+  uint32_t serving_rank = 0;
 };
 
 class Relay {

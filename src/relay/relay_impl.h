@@ -98,6 +98,11 @@ class Relay::Impl {
   // relay_setup.cc (with Init): the relay's start.
   // Sizes the bounds from options_.memory_limit_bytes (RelayOptions).
   Status ApplyMemoryLimit();
+  // Reads the serving layout and maps the rank (RelayOptions::serving_*).
+  Status LoadServing();
+  // The bits of the plan's base a serving relay's rank has, if it names
+  // them.
+  std::optional<Digest128> ServingBase(const PlanMsg& plan) const;
   Status PersistEpoch(uint64_t epoch);
   // At Init, once the store is open: recovers from a refit a crash left
   // unfinished, from its journal (RefitSession::RecoverAfterCrash).
@@ -145,6 +150,9 @@ class Relay::Impl {
   Mailbox mailbox_;
   std::unique_ptr<ApplyWorkers> workers_;
   std::unique_ptr<ThreadPool> hash_pool_;
+  // A serving relay's map (RelayOptions::serving_layout); null otherwise.
+  std::unique_ptr<ReceiverMap> serving_;
+  Manifest serving_store_;                 // the shards a serving store holds
   std::unique_ptr<ChunkDecoder> decoder_;  // for restores on the actor thread
   RelayRefit::Env env_;
   std::unique_ptr<InboundLinks> inbound_;

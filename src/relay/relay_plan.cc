@@ -130,6 +130,14 @@ void Relay::Impl::ReplaceOrphan(uint64_t epoch) {
   EndRefit("aborted: replaced by a newer coordinator run", false);
 }
 
+std::optional<Digest128> Relay::Impl::ServingBase(const PlanMsg& plan) const {
+  if (!serving_) return std::nullopt;
+  const ServingBits* b =
+      FindServing(plan.serving_base, serving_->fingerprint(), serving_->rank());
+  if (b == nullptr) return std::nullopt;
+  return b->bits;
+}
+
 std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
                                                         const PlanMsg& plan,
                                                         bool rejoin,
@@ -141,6 +149,20 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
       own->code = NodeCode::kRejected;
       own->detail = "the plan's manifest does not match its digest";
       return nullptr;
+    }
+    if (serving_) {
+      // A serving store holds the rank's shards of the plan's tensors.
+      auto canonical = serving_->CanonicalManifest();
+      if (!canonical.ok() || canonical->digest() != plan.manifest) {
+        own->code = NodeCode::kManifestMismatch;
+        own->detail = fmt::format(
+            "the refit's tensors are not those of serving layout {}: {}",
+            options_.serving_layout,
+            canonical.ok() ? Manifest::Difference(*canonical, *manifest)
+                           : canonical.status().ToString());
+        return nullptr;
+      }
+      *manifest = serving_store_;
     }
     auto created = CreateStore(options_.store, *manifest);
     if (!created.ok()) {
@@ -165,7 +187,15 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
        .fresh_store = fresh,
        .undo_dir = options_.undo_dir.empty() ? std::nullopt
                                              : std::optional(options_.undo_dir),
-       .rejoin = rejoin});
+       .rejoin = rejoin,
+       .serving = serving_.get(),
+       .serving_base = ServingBase(plan)});
+  if (session && serving_) {
+    if (const ServingBits* t = FindServing(
+            plan.serving_target, serving_->fingerprint(), serving_->rank())) {
+      session->LearnServingTarget({t->bits, t->regions});
+    }
+  }
   if (rejoin && session) {
     spdlog::warn(
         "{}: rejoined refit {} after a restart: the store holds a mix; "

@@ -141,6 +141,15 @@ Status RelayRefit::End(const EndMsg& end) {
     }
     if (session_) {
       session_->LearnTarget(plan_.target, plan_.target_tensor_digests);
+      // A serving store votes by its rank's bits at the target.
+      const ReceiverMap* map = session_->serving();
+      const ServingBits* bits =
+          map == nullptr ? nullptr
+                         : FindServing(end.serving_target, map->fingerprint(),
+                                       map->rank());
+      if (bits != nullptr) {
+        session_->LearnServingTarget({bits->bits, bits->regions});
+      }
     }
   }
   phase_ = P::kVoting;

@@ -54,9 +54,17 @@ Status Relay::Impl::Init() {
           "' cannot hold a refit's journal: " + probe.ToString());
     }
   }
+  DCR_RETURN_IF_ERROR(LoadServing());
   auto store = OpenStore(options_.store);
   if (store.ok()) {
     store_ = *std::move(store);
+    if (serving_ && store_->manifest().digest() != serving_store_.digest()) {
+      return Status::InvalidArgument(fmt::format(
+          "{} does not hold the shards of serving rank {} of {}: {}; "
+          "move it away and seed the node with a full refit",
+          store_->describe(), options_.serving_rank, options_.serving_layout,
+          Manifest::Difference(serving_store_, store_->manifest())));
+    }
   } else if (store.status().code() == StatusCode::kNotFound) {
     spdlog::warn("{}: {}; it joins the next full refit (dcr refit --full)",
                  options_.name, store.status().message());
@@ -117,7 +125,7 @@ void Relay::Impl::RecoverStore() {
   using Outcome = RefitSession::CrashRecovery::Outcome;
   const RefitSession::CrashRecovery r = RefitSession::RecoverAfterCrash(
       store_.get(), JournalPath(store_->record_path(), options_.undo_dir),
-      boot.ok() ? *boot : std::string(), hash_pool_.get());
+      boot.ok() ? *boot : std::string(), hash_pool_.get(), serving_.get());
   if (r.outcome == Outcome::kNothing) return;
   const RefitInProgress& u = *r.unfinished;
   const std::string id = u.refit.ToHex();
@@ -152,6 +160,27 @@ void Relay::Impl::RecoverStore() {
           r.detail);
       return;
   }
+}
+
+Status Relay::Impl::LoadServing() {
+  if (options_.serving_layout.empty()) return Status::OK();
+  auto bad = [&](const Status& s) {
+    return Status::InvalidArgument(
+        fmt::format("serving rank {} of {}: {}", options_.serving_rank,
+                    options_.serving_layout, s.message()));
+  };
+  auto layout = LoadLayout(options_.serving_layout);
+  if (!layout.ok()) return bad(layout.status());
+  auto map = ReceiverMap::Create(*layout, options_.serving_rank);
+  if (!map.ok()) return bad(map.status());
+  auto stored = map->StoreManifest();
+  if (!stored.ok()) return bad(stored.status());
+  serving_store_ = *std::move(stored);
+  serving_ = std::make_unique<ReceiverMap>(*std::move(map));
+  spdlog::info("{}: serves rank {} of {} (layout {}): {} shard tensors",
+               options_.name, options_.serving_rank, options_.serving_layout,
+               serving_->fingerprint().ShortHex(), serving_store_.size());
+  return Status::OK();
 }
 
 Status Relay::Impl::ApplyMemoryLimit() {

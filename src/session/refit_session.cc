@@ -194,13 +194,6 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
                       plan.base.step, plan.base.digest.ShortHex()));
     }
   }
-  if (map != nullptr && plan.mode == RefitMode::kDelta &&
-      !options.serving_base) {
-    return refuse(NodeCode::kManifestMismatch,
-                  fmt::format("the PLAN names no bits digest of the base for "
-                              "serving rank {} of layout {}",
-                              map->rank(), map->fingerprint().ShortHex()));
-  }
   // The journal exists before the record says the refit is in progress,
   // so no apply can run without it.
   std::unique_ptr<Journal> journal;
@@ -821,9 +814,16 @@ RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
   if (!hashed.ok() || *hashed != base || base == Digest128{}) {
     const Digest128 digest = hashed.ok() ? *hashed : Digest128{};
     out.outcome = Outcome::kRestoreFailed;
-    out.detail = fmt::format(
-        "the restored bits hash to {}, not step {}'s {} ({} records)",
-        digest.ShortHex(), busy.base.step, base.ShortHex(), applies.size());
+    out.detail =
+        base == Digest128{}
+            ? fmt::format(
+                  "restored {} records, but step {}'s bits are not "
+                  "known to check them against",
+                  applies.size(), busy.base.step)
+            : fmt::format(
+                  "the restored bits hash to {}, not step {}'s {} ({} records)",
+                  digest.ShortHex(), busy.base.step, base.ShortHex(),
+                  applies.size());
     (void)::unlink(journal_path.c_str());
     return out;
   }

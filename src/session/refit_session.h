@@ -103,7 +103,9 @@ class RefitSession {
     bool hash_ahead = true;
     // A serving store: the map of the rank it holds (outlives the
     // session), and the bits digest of the plan's base for that rank
-    // (none: not known; a delta plan is then refused).
+    // (none: not known, as for a catch-up from a version the root no
+    // longer holds; a restore after a crash then cannot be checked, and
+    // RecoverAfterCrash leaves the store unfinished for a repair).
     const ReceiverMap* serving = nullptr;
     std::optional<Digest128> serving_base = std::nullopt;
   };
@@ -216,7 +218,8 @@ class RefitSession {
   void LearnServingTarget(ServingTarget target) {
     serving_target_ = std::move(target);
   }
-  bool serving() const { return map_ != nullptr; }
+  // A serving store's map (Options::serving); null otherwise.
+  const ReceiverMap* serving() const { return map_; }
 
   // A serving store's shards, by name, as a ReceiverMap reads and writes
   // them.
