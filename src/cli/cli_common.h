@@ -85,6 +85,16 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 // Registers `tree` and `topo` (validate, show, add-node, remove-node, set).
 void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 void AddLayoutCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
+// A serving rank's store (one file of the rank's shards, as a serving relay
+// keeps it) against a canonical checkpoint, as `dcr layout verify
+// --serving` compares a rank (layout.cc): `dcr verify --layout`.
+int VerifyServingStore(const GlobalOptions& g, const std::string& layout,
+                       uint32_t rank, const std::string& store,
+                       const std::string& canonical);
+// `dcr inspect --layout`: what a serving rank's store holds, and its bits
+// digest (ReceiverMap::BitsDigest: what its vote compares with the root's).
+int InspectServingStore(const GlobalOptions& g, const std::string& layout,
+                        uint32_t rank, const std::string& store);
 
 // Registers `refit` and `status` (the coordinator).
 void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code);

@@ -237,10 +237,9 @@ std::string Hex(std::span<const std::byte> b) {
 // and FP8 shadows hold the canonical bits where the layout maps them, and
 // its FP8 codes and scales are the quantizer's of the canonical tensors.
 Result<std::vector<ShardMismatch>> CompareServingRank(
-    const Layout& layout, uint32_t rank, const std::string& dir,
+    const Layout& layout, uint32_t rank, const std::string& file,
     const CanonicalBytes& canonical) {
   DCR_ASSIGN_OR_RETURN(ReceiverMap m, ReceiverMap::Create(layout, rank));
-  const std::string file = ShardFilePath(dir, rank);
   DCR_ASSIGN_OR_RETURN(auto ckpt,
                        Checkpoint::Open(file, Checkpoint::Mode::kReadOnly));
   ShardBytes held;
@@ -288,9 +287,12 @@ Result<std::vector<ShardMismatch>> CompareServingRank(
   return out;
 }
 
+// `layout verify`, and `dcr verify --layout` (`store`: the file of rank
+// `only`, a serving rank's store; empty: the ranks' files in shards_dir).
 int RunVerify(const GlobalOptions& g, const std::string& path,
               const std::string& shards_dir, const std::string& canonical_path,
-              std::optional<uint32_t> only, bool serving) {
+              std::optional<uint32_t> only, bool serving,
+              const std::string& store = "") {
   auto l = LoadLayout(path);
   if (!l.ok()) return ReportError(l.status());
   if (only && *only >= l->ranks()) {
@@ -324,8 +326,11 @@ int RunVerify(const GlobalOptions& g, const std::string& path,
   for (uint32_t r = 0; r < l->ranks(); ++r) {
     if (only && r != *only) continue;
     Result<std::vector<ShardMismatch>> mm =
-        serving ? CompareServingRank(*l, r, shards_dir, canonical)
-                : [&]() -> Result<std::vector<ShardMismatch>> {
+        serving
+            ? CompareServingRank(
+                  *l, r, store.empty() ? ShardFilePath(shards_dir, r) : store,
+                  canonical)
+            : [&]() -> Result<std::vector<ShardMismatch>> {
       DCR_ASSIGN_OR_RETURN(RankShards shards,
                            RankShards::Open(*l, r, shards_dir));
       return CompareShards(*l, r, shards.bytes(), canonical);
@@ -356,7 +361,7 @@ int RunVerify(const GlobalOptions& g, const std::string& path,
   }
   if (g.format() == OutputFormat::kJson) {
     std::printf("%s\n", json{{"layout", path},
-                             {"shards", shards_dir},
+                             {"shards", store.empty() ? shards_dir : store},
                              {"canonical", canonical_path},
                              {"identical", differing == 0},
                              {"differing_elements", differing},
@@ -371,6 +376,65 @@ int RunVerify(const GlobalOptions& g, const std::string& path,
 }
 
 }  // namespace
+
+int VerifyServingStore(const GlobalOptions& g, const std::string& layout,
+                       uint32_t rank, const std::string& store,
+                       const std::string& canonical) {
+  return RunVerify(g, layout, "", canonical, rank, /*serving=*/true, store);
+}
+
+int InspectServingStore(const GlobalOptions& g, const std::string& layout,
+                        uint32_t rank, const std::string& store) {
+  auto l = LoadLayout(layout);
+  if (!l.ok()) return ReportError(l.status());
+  auto m = ReceiverMap::Create(*l, rank);
+  if (!m.ok()) return ReportError(m.status());
+  auto want = m->StoreManifest();
+  if (!want.ok()) return ReportError(want.status());
+  auto ckpt = Checkpoint::Open(store, Checkpoint::Mode::kReadOnly);
+  if (!ckpt.ok()) return ReportError(ckpt.status());
+  const Manifest& have = (*ckpt)->manifest();
+  if (have.digest() != want->digest()) {
+    return ReportError(Status::InvalidArgument(
+        fmt::format("{} does not hold the shards of serving rank {} of {}: {}",
+                    store, rank, layout, Manifest::Difference(*want, have))));
+  }
+  ShardBytes held;
+  for (size_t i = 0; i < have.size(); ++i) {
+    held.emplace(have[i].name, (*ckpt)->TensorData(i));
+  }
+  auto regions = m->HashRegions(held);
+  if (!regions.ok()) return ReportError(regions.status());
+  const Digest128 bits = m->BitsDigest(*regions);
+  size_t holds = 0;
+  for (uint32_t t = 0; t < l->tensors.size(); ++t) holds += m->Holds(t);
+  if (g.format() == OutputFormat::kJson) {
+    std::printf("%s\n", json{{"type", "serving store"},
+                             {"path", store},
+                             {"layout", layout},
+                             {"layout_fingerprint", m->fingerprint().ToHex()},
+                             {"rank", rank},
+                             {"shards", have.size()},
+                             {"bytes", have.TotalBytes()},
+                             {"fp8_shards", m->fp8_shards().size()},
+                             {"canonical_tensors", l->tensors.size()},
+                             {"canonical_tensors_held", holds},
+                             {"bits", bits.ToHex()}}
+                            .dump(2)
+                            .c_str());
+    return kExitOk;
+  }
+  std::printf("serving store %s\n", store.c_str());
+  std::printf("rank          %u of %s (layout %s, %u ranks)\n", rank,
+              layout.c_str(), m->fingerprint().ShortHex().c_str(), l->ranks());
+  std::printf("shards        %zu tensors, %s (%zu served as FP8)\n",
+              have.size(), HumanBytes(have.TotalBytes()).c_str(),
+              m->fp8_shards().size());
+  std::printf("holds         %zu of %zu canonical tensors\n", holds,
+              l->tensors.size());
+  std::printf("bits          %s\n", bits.ToHex().c_str());
+  return kExitOk;
+}
 
 void AddLayoutCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
   auto* layout = app->add_subcommand(

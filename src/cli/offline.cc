@@ -470,15 +470,34 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "verify", "Exit 0 iff A and B hold identical canonical bits");
     auto a = std::make_shared<std::string>();
     auto b = std::make_shared<std::string>();
-    cmd->add_option("A", *a, "Checkpoint")->required();
+    auto layout = std::make_shared<std::string>();
+    auto rank = std::make_shared<std::optional<uint32_t>>();
+    cmd->add_option("A", *a, "Checkpoint (with --layout: a serving store)")
+        ->required();
     cmd->add_option("B", *b, "Checkpoint")->required();
+    cmd->add_option("--layout", *layout,
+                    "A is serving rank --rank of this serving layout (a "
+                    "serving relay's store): compare what it holds, FP8 "
+                    "codes and scales included, with the canonical B");
+    cmd->add_option("--rank", *rank, "With --layout: A's rank");
     AddOutputOption(cmd, g);
     AddWorkOptions(cmd, g);
     cmd->footer(
         "\nPrints each differing tensor with its first differing element; "
-        "exit 1 if any.\n\nExample:\n  dcr verify /models/policy.safetensors "
-        "ckpt/v1.safetensors\n");
-    cmd->callback([=] { *exit_code = RunVerify(*g, *a, *b); });
+        "exit 1 if any.\n\nExamples:\n  dcr verify /models/policy.safetensors "
+        "ckpt/v1.safetensors\n  dcr verify /dev/shm/dcr-s1 ckpt/v1.safetensors "
+        "--layout layouts/traingen-serve-tp2.yaml --rank 1\n");
+    cmd->callback([=] {
+      if (layout->empty() != !*rank) {
+        *exit_code = ReportError(Status::InvalidArgument(
+            "give --layout and --rank together: the serving layout and the "
+            "rank whose store A is"));
+      } else if (!layout->empty()) {
+        *exit_code = VerifyServingStore(*g, *layout, **rank, *a, *b);
+      } else {
+        *exit_code = RunVerify(*g, *a, *b);
+      }
+    });
   }
   // inspect
   {
@@ -491,12 +510,30 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                     "delta")
         ->required();
     cmd->add_flag("--tensors", *tensors, "List every tensor (checkpoints)");
+    auto layout = std::make_shared<std::string>();
+    auto rank = std::make_shared<std::optional<uint32_t>>();
+    cmd->add_option("--layout", *layout,
+                    "FILE is serving rank --rank of this serving layout (a "
+                    "serving relay's store): show what it holds and its bits "
+                    "digest, which its vote compares with the root's");
+    cmd->add_option("--rank", *rank, "With --layout: FILE's rank");
     AddOutputOption(cmd, g);
     AddWorkOptions(cmd, g);
     cmd->footer(
-        "\nExample:\n  dcr inspect v1.dcr\n  dcr inspect ckpt/ --tensors -o "
-        "json\n");
-    cmd->callback([=] { *exit_code = RunInspect(*g, *path, *tensors); });
+        "\nExamples:\n  dcr inspect v1.dcr\n  dcr inspect ckpt/ --tensors -o "
+        "json\n  dcr inspect /dev/shm/dcr-s1 --layout "
+        "layouts/traingen-serve-tp2.yaml --rank 1\n");
+    cmd->callback([=] {
+      if (layout->empty() != !*rank) {
+        *exit_code = ReportError(Status::InvalidArgument(
+            "give --layout and --rank together: the serving layout and the "
+            "rank whose store FILE is"));
+      } else if (!layout->empty()) {
+        *exit_code = InspectServingStore(*g, *layout, **rank, *path);
+      } else {
+        *exit_code = RunInspect(*g, *path, *tensors);
+      }
+    });
   }
 }
 

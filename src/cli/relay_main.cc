@@ -182,10 +182,14 @@ int Run(const Args& a) {
       auto tree = BuildTree(*topo);
       if (!tree.ok()) return ReportError(tree.status());
       const int i = tree->Find(n->name);
-      if (i >= 0 && tree->nodes[static_cast<size_t>(i)].serving) {
-        o.serving_layout = tree->nodes[static_cast<size_t>(i)].serving->layout;
-        o.serving_rank = tree->nodes[static_cast<size_t>(i)].serving->rank;
+      if (i < 0 || !tree->nodes[static_cast<size_t>(i)].serving) {
+        return ReportError(Status::Internal(fmt::format(
+            "{}: node '{}' serves, but the tree built from the topology "
+            "does not say which rank",
+            a.topology, n->name)));
       }
+      o.serving_layout = tree->nodes[static_cast<size_t>(i)].serving->layout;
+      o.serving_rank = tree->nodes[static_cast<size_t>(i)].serving->rank;
     }
     if (metrics_port < 0 && n->metrics_port) metrics_port = *n->metrics_port;
     if (key_file.empty() && !topo->defaults.auth_key_file.empty()) {

@@ -187,15 +187,17 @@ Status NameServingBits(const RefitReport& report, RefitSetup* setup) {
   if (setup->serving.empty()) return Status::OK();
   const auto t0 = std::chrono::steady_clock::now();
   PlanMsg& plan = setup->plan;
+  // root.baseline's bits are the plan's base (report.base is its record's
+  // version, or its digest without one).
   const WeightStore* baseline = setup->baseline.get();
-  if (baseline && baseline->committed() == report.base) {
+  if (baseline) {
     DCR_ASSIGN_OR_RETURN(
         plan.serving_base,
         setup->serving.Bits(*baseline, /*regions=*/false, setup->pool.get()));
   } else {
     spdlog::warn(
-        "root.baseline does not hold the base (step {}): the serving nodes "
-        "{} cannot check a restore after a crash against it",
+        "no root.baseline to name the base's bits (step {}): the serving "
+        "nodes {} cannot check a restore after a crash against them",
         report.base.step, setup->serving.nodes());
   }
   if (!plan.target_at_end()) {
@@ -447,13 +449,6 @@ Result<RefitSetup> SetUpResume(const RefitOptions& options, RefitReport* report,
     setup.plan.manifest = setup.baseline->manifest().digest();
   } else if (setup.target) {
     setup.plan.manifest = setup.target->manifest().digest();
-  }
-  // The serving ranks, for END to name their target bits (a resumed
-  // refit's nodes hold its session already: no base bits).
-  if (setup.target) {
-    DCR_ASSIGN_OR_RETURN(
-        setup.serving,
-        ServingRanks::Load(setup.tree, setup.target->manifest()));
   }
   return setup;
 }

@@ -111,6 +111,16 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
     session->hashes_ = std::make_unique<TensorHash[]>(canonical.size());
     session->canonical_ = std::move(canonical);
     session->hash_ahead_ = false;
+    // A store created for this refit (its codes and scales are zeros, and
+    // blocks of padding take no chunk) or bits of unknown history (a
+    // rejoin): every FP8 block is requantized at the vote, not only those
+    // the refit's chunks touch.
+    if (options.fresh_store || options.rejoin) {
+      MutexLock lock(&session->dirty_mu_);
+      for (const auto& [name, f] : map->fp8_shards()) {
+        session->dirty_.try_emplace(name, f.view).first->second.MarkAll();
+      }
+    }
   };
   if (options.rejoin) {
     auto busy = store->InProgress();
@@ -347,6 +357,9 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
 Status RefitSession::ApplyServing(const DecodedChunk& c, Applied* a) {
   const uint32_t tensor = c.header.id.tensor;
   const uint64_t first = uint64_t{c.header.id.span} * plan_.span_elems;
+  // A tensor the rank does not hold: nothing to write, nothing to record
+  // (a record of it would be as large as the chunk).
+  if (!map_->Holds(tensor)) return Status::OK();
   if (keep_undo_) {
     // Write-ahead, as for a canonical span: the values the rank holds at
     // the chunk's positions, before the first of them changes.
@@ -658,7 +671,10 @@ Status RefitSession::Abort(ChunkDecoder* /*decoder*/) {
     // once, so their records are in the order they wrote.
     std::vector<Journal::Ref> refs;
     for (const auto& [id, st] : spans_) {
-      for (const Applied& a : st.stack) refs.push_back(a.record);
+      for (const Applied& a : st.stack) {
+        // (A serving rank keeps no record of a tensor it does not hold.)
+        if (a.record.size != 0) refs.push_back(a.record);
+      }
     }
     std::sort(refs.begin(), refs.end(),
               [](const Journal::Ref& x, const Journal::Ref& y) {

@@ -11,8 +11,10 @@
 #      the target); no chunk is context-coded
 #   c. a serving relay killed mid-refit (relay.apply_chunk=exit@10) restores
 #      its rank's base through its map at restart; the next refit commits
-#   d. a bit flipped in a serving store between refits: the vote names its
-#      tensor, a repair round overwrites it, the refit commits
+#   d. a bit flipped in a serving store between refits: `dcr inspect
+#      --layout` shows other bits, `dcr verify --layout` names the element,
+#      the vote names its tensor, a repair round
+#      overwrites it, the refit commits
 #   e. a node whose serving layout does not fit: dcr refit exits 2 naming
 #      it; a relay whose store is not its rank's shards does not start
 # Usage: serving_test.sh DCR_BINARY DCR_RELAY_BINARY TRAINGEN_BINARY LAYOUTS_DIR
@@ -111,6 +113,10 @@ verify_serving() {
       --shards "$T/ranks" --canonical "$V/v$k.safetensors" -o json
     json 'd["identical"] and len(d["ranks"]) == 2'
   done
+  # One store at a time, as an operator checks a node.
+  expect 0 "$DCR" verify "$T/f1.safetensors" "$V/v$k.safetensors" \
+    --layout "$T/fp8.yaml" --rank 1
+  grep -q "^identical" "$T/out" || fail "dcr verify --layout: $(cat "$T/out")"
 }
 
 cp "$V/v0.safetensors" "$T/c0.safetensors"
@@ -163,6 +169,14 @@ json 'd["outcome"] == "committed"'
 verify_serving 3
 
 # --- d. A flipped bit is repaired -------------------------------------------
+# dcr inspect --layout names a store's rank and its bits digest (what its
+# vote compares with the root's); a flipped bit changes it.
+expect 0 "$DCR" inspect "$T/f1.safetensors" --layout "$T/fp8.yaml" --rank 1 -o json
+json 'd["type"] == "serving store" and d["rank"] == 1 and d["fp8_shards"] == 4' \
+  'd["canonical_tensors_held"] == d["canonical_tensors"] and len(d["bits"]) == 32'
+bits=$(python3 -c "import json; print(json.load(open('$T/out'))['bits'])")
+expect 2 "$DCR" inspect "$T/s0.safetensors" --layout "$T/fp8.yaml" --rank 0
+expect_err "does not hold the shards of serving rank 0"
 python3 - "$T/f1.safetensors" <<'PY'
 import json, struct, sys
 p = sys.argv[1]
@@ -175,6 +189,14 @@ with open(p, "r+b") as f:
     f.seek(at)
     f.write(bytes([b[at] ^ 0x40]))
 PY
+expect 0 "$DCR" inspect "$T/f1.safetensors" --layout "$T/fp8.yaml" --rank 1 -o json
+json "d['bits'] != '$bits'"
+expect 1 "$DCR" verify "$T/f1.safetensors" "$V/v3.safetensors" \
+  --layout "$T/fp8.yaml" --rank 1
+grep -q "^rank 1 shard 'model.layers.1.mlp.down_proj.weight' element 2 holds " "$T/out" ||
+  fail "dcr verify --layout misses the flipped bit: $(cat "$T/out")"
+expect 2 "$DCR" verify "$T/f1.safetensors" "$V/v3.safetensors" --layout "$T/fp8.yaml"
+expect_err "give --layout and --rank together"
 refit_json 0 "$TOPO" --target "$V/v4.safetensors"
 json 'd["outcome"] == "committed" and d["repair_rounds"] >= 1'
 verify_serving 4

@@ -27,7 +27,8 @@ using Bytes = std::vector<std::byte>;
 constexpr uint64_t kSpan = 1000;
 
 // tp 2: an FP8 weight split by columns, a BF16 weight split by rows, a
-// replicated norm, and an F32 tensor only rank 1 holds part of.
+// replicated norm, and an FP8 vocabulary split padded to 128 rows (rank 1
+// holds 36 rows and 7 blocks of padding rows).
 constexpr const char* kLayout = R"(version: 1
 parallel: {tp: 2}
 tensors:
@@ -44,6 +45,12 @@ tensors:
     shard: norm
     split: replicated
     shape: [64]
+  - name: emb
+    shard: emb
+    split: vocab
+    pad_to: 64
+    shape: [100, 64]
+    fp8: {block: [4, 32]}
 )";
 
 class ServingSessionTest : public ::testing::TestWithParam<uint32_t> {
@@ -60,8 +67,10 @@ class ServingSessionTest : public ::testing::TestWithParam<uint32_t> {
     // The FP8 weight as plausible BF16 weights (no NaN exponent), so that
     // its blocks have real scales.
     for (Tensors* t : {&base_, &target_}) {
-      auto& w = t->at("w");
-      for (size_t i = 1; i < w.size(); i += 2) w[i] &= std::byte{0xBC};
+      for (const char* fp8 : {"w", "emb"}) {
+        auto& w = t->at(fp8);
+        for (size_t i = 1; i < w.size(); i += 2) w[i] &= std::byte{0xBC};
+      }
     }
     path_ = dir_.Path("rank.safetensors");
     auto built = map_->Build(View(base_));
@@ -340,6 +349,48 @@ TEST_P(ServingSessionTest, TheOtherRanksStoreVotesNo) {
   ASSERT_TRUE(s->Abort(decoder_.get()).ok());
   map_ = std::move(mine);
   ExpectHolds(base_);
+}
+
+// A full refit seeds a store created for it (zeros): its codes and scales
+// are requantized whole, padding blocks included, not only where chunks
+// landed.
+TEST_P(ServingSessionTest, AFullRefitSeedsAFreshStoreWhole) {
+  store_.reset();
+  const std::string fresh = dir_.Path("fresh.safetensors");
+  auto created =
+      CreateStore(*ParseStoreSpec("file:" + fresh), *map_->StoreManifest());
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  store_ = *std::move(created);
+  plan_.mode = RefitMode::kFull;
+  plan_.base = Version{};
+  std::vector<Bytes> chunks;
+  auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
+  for (uint32_t t = 0; t < canonical_.size(); ++t) {
+    const TensorInfo& info = canonical_[t];
+    const size_t w = DTypeSize(info.dtype);
+    const uint64_t n = info.NumElements();
+    for (uint32_t s = 0; s < SpanCount(n, kSpan); ++s) {
+      const uint64_t off = s * kSpan * w;
+      const uint64_t len = std::min(kSpan, n - s * kSpan) * w;
+      Bytes c;
+      ASSERT_TRUE(enc->EncodeFull(
+                         {t, s}, w,
+                         std::span(target_.at(info.name)).subspan(off, len), &c)
+                      .ok());
+      chunks.push_back(std::move(c));
+    }
+  }
+  RefitSession::Options o = Serving();
+  o.fresh_store = true;
+  o.serving_base.reset();
+  NodeResult refusal;
+  auto s = RefitSession::Begin(store_.get(), "n0", refit_, plan_, &refusal, o);
+  ASSERT_TRUE(s) << refusal.detail;
+  for (const auto& c : chunks) ASSERT_TRUE(s->Apply(c, decoder_.get()).ok());
+  s->LearnServingTarget(target_bits_);
+  ASSERT_EQ(s->Vote(End(chunks), nullptr).code, NodeCode::kOk);
+  ASSERT_TRUE(s->Commit().ok());
+  ExpectHolds(target_);
 }
 
 // A plan that does not name the base's bits (a catch-up from a version
