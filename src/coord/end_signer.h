@@ -30,8 +30,15 @@ class EndSigner {
                                                  uint64_t span_elems);
 
   // ResourceExhausted when a manifest of `chunks` entries would not fit in
-  // one END frame beside the digests of `tensors` tensors.
-  Status CheckFits(uint64_t chunks, uint64_t tensors) const;
+  // one END frame beside the digests of `tensors` tensors and `serving`
+  // ranks' bits at the target (ServingBitsBytes).
+  Status CheckFits(uint64_t chunks, uint64_t tensors,
+                   uint64_t serving = 0) const;
+  // At most the bytes END takes for `ranks` serving ranks' bits at the
+  // target, each with `tensors` region digests.
+  static uint64_t ServingBitsBytes(uint64_t ranks, uint64_t tensors) {
+    return ranks == 0 ? 0 : 10 + ranks * (16 + 4 + 16 + 10 + 16 * tensors);
+  }
 
   // Puts `manifest` (its chunks the ones sent, in order), encoded and
   // signed, into `end` (its target already set, if it names one).

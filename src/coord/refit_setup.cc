@@ -354,6 +354,8 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
   CheckpointDigests target_digests;
   DCR_RETURN_IF_ERROR(
       CheckVersions(options, feed, &target_digests, &setup, report));
+  DCR_ASSIGN_OR_RETURN(
+      setup.serving, ServingRanks::Load(setup.tree, setup.target->manifest()));
   if (setup.signer) {
     // END carries a manifest entry per chunk: refuse now, before any relay
     // is asked, a refit whose manifest could not fit in one frame.
@@ -363,16 +365,14 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
     }
     // A producers' stream carries up to one part per rank per span.
     if (options.producers) spans *= options.producers->layout().ranks();
-    if (Status s =
-            setup.signer->CheckFits(spans, setup.target->manifest().size());
+    if (Status s = setup.signer->CheckFits(
+            spans, setup.target->manifest().size(), setup.serving.size());
         !s.ok()) {
       return Status::InvalidArgument(topo.source + ": " +
                                      std::string(s.message()));
     }
   }
   DCR_ASSIGN_OR_RETURN(report->epoch, setup.state.NextEpoch());
-  DCR_ASSIGN_OR_RETURN(
-      setup.serving, ServingRanks::Load(setup.tree, setup.target->manifest()));
   FillPlan(options, *report, &setup);
   setup.plan.manifest = setup.target->manifest().digest();
   if (options.mode == RefitMode::kFull) {

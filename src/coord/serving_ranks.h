@@ -32,6 +32,8 @@ class ServingRanks {
   static Result<ServingRanks> Load(const Tree& tree, const Manifest& manifest);
 
   bool empty() const { return ranks_.empty(); }
+  // Distinct (layout, rank)s: the entries of each list the root sends.
+  size_t size() const { return ranks_.size(); }
   // The serving nodes, for messages ("a1, a2").
   const std::string& nodes() const { return nodes_; }
 
