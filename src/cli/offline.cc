@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/cli_common.h"
 #include "common/bytes.h"
@@ -19,6 +21,35 @@ namespace dcr::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
+
+// --layout and --rank of verify and inspect: the file `what` names is a
+// serving relay's store, rank --rank of the serving layout --layout.
+struct ServingStoreOptions {
+  std::string layout;
+  std::optional<uint32_t> rank;
+  // Whether the file is a serving store; InvalidArgument unless both or
+  // neither are given.
+  Result<bool> Given(const char* what) const {
+    if (layout.empty() != !rank) {
+      return Status::InvalidArgument(fmt::format(
+          "give --layout and --rank together: the serving layout and the "
+          "rank whose store {} is",
+          what));
+    }
+    return !layout.empty();
+  }
+};
+std::shared_ptr<ServingStoreOptions> AddServingStoreOptions(
+    CLI::App* cmd, const char* what, const std::string& does) {
+  auto o = std::make_shared<ServingStoreOptions>();
+  cmd->add_option("--layout", o->layout,
+                  fmt::format("{} is serving rank --rank of this serving "
+                              "layout (a serving relay's store): {}",
+                              what, does));
+  cmd->add_option("--rank", o->rank,
+                  fmt::format("With --layout: {}'s rank", what));
+  return o;
+}
 
 void PrintJson(const json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 
@@ -470,16 +501,13 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "verify", "Exit 0 iff A and B hold identical canonical bits");
     auto a = std::make_shared<std::string>();
     auto b = std::make_shared<std::string>();
-    auto layout = std::make_shared<std::string>();
-    auto rank = std::make_shared<std::optional<uint32_t>>();
     cmd->add_option("A", *a, "Checkpoint (with --layout: a serving store)")
         ->required();
     cmd->add_option("B", *b, "Checkpoint")->required();
-    cmd->add_option("--layout", *layout,
-                    "A is serving rank --rank of this serving layout (a "
-                    "serving relay's store): compare what it holds, FP8 "
-                    "codes and scales included, with the canonical B");
-    cmd->add_option("--rank", *rank, "With --layout: A's rank");
+    auto serving = AddServingStoreOptions(
+        cmd, "A",
+        "compare what it holds, FP8 codes and scales included, with the "
+        "canonical B");
     AddOutputOption(cmd, g);
     AddWorkOptions(cmd, g);
     cmd->footer(
@@ -488,12 +516,12 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "ckpt/v1.safetensors\n  dcr verify /dev/shm/dcr-s1 ckpt/v1.safetensors "
         "--layout layouts/traingen-serve-tp2.yaml --rank 1\n");
     cmd->callback([=] {
-      if (layout->empty() != !*rank) {
-        *exit_code = ReportError(Status::InvalidArgument(
-            "give --layout and --rank together: the serving layout and the "
-            "rank whose store A is"));
-      } else if (!layout->empty()) {
-        *exit_code = VerifyServingStore(*g, *layout, **rank, *a, *b);
+      auto given = serving->Given("A");
+      if (!given.ok()) {
+        *exit_code = ReportError(given.status());
+      } else if (*given) {
+        *exit_code =
+            VerifyServingStore(*g, serving->layout, *serving->rank, *a, *b);
       } else {
         *exit_code = RunVerify(*g, *a, *b);
       }
@@ -510,13 +538,10 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                     "delta")
         ->required();
     cmd->add_flag("--tensors", *tensors, "List every tensor (checkpoints)");
-    auto layout = std::make_shared<std::string>();
-    auto rank = std::make_shared<std::optional<uint32_t>>();
-    cmd->add_option("--layout", *layout,
-                    "FILE is serving rank --rank of this serving layout (a "
-                    "serving relay's store): show what it holds and its bits "
-                    "digest, which its vote compares with the root's");
-    cmd->add_option("--rank", *rank, "With --layout: FILE's rank");
+    auto serving = AddServingStoreOptions(
+        cmd, "FILE",
+        "show what it holds and its bits digest, which its vote compares "
+        "with the root's");
     AddOutputOption(cmd, g);
     AddWorkOptions(cmd, g);
     cmd->footer(
@@ -524,12 +549,12 @@ void AddOfflineCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "json\n  dcr inspect /dev/shm/dcr-s1 --layout "
         "layouts/traingen-serve-tp2.yaml --rank 1\n");
     cmd->callback([=] {
-      if (layout->empty() != !*rank) {
-        *exit_code = ReportError(Status::InvalidArgument(
-            "give --layout and --rank together: the serving layout and the "
-            "rank whose store FILE is"));
-      } else if (!layout->empty()) {
-        *exit_code = InspectServingStore(*g, *layout, **rank, *path);
+      auto given = serving->Given("FILE");
+      if (!given.ok()) {
+        *exit_code = ReportError(given.status());
+      } else if (*given) {
+        *exit_code =
+            InspectServingStore(*g, serving->layout, *serving->rank, *path);
       } else {
         *exit_code = RunInspect(*g, *path, *tensors);
       }

@@ -111,10 +111,10 @@ class ServingSessionTest : public ::testing::TestWithParam<uint32_t> {
     EXPECT_TRUE(regions.ok());
     return {map_->BitsDigest(*regions), *regions};
   }
-  // The canonical chunks from base to target, every span of every tensor.
-  std::vector<Bytes> Chunks(ChunkKind kind) {
-    std::vector<Bytes> out;
-    auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
+  // Calls fn(id, element size, base span, target span) for every span of
+  // every canonical tensor.
+  template <typename Fn>
+  void ForEachSpan(Fn fn) {
     for (uint32_t t = 0; t < canonical_.size(); ++t) {
       const TensorInfo& info = canonical_[t];
       const size_t w = DTypeSize(info.dtype);
@@ -122,14 +122,22 @@ class ServingSessionTest : public ::testing::TestWithParam<uint32_t> {
       for (uint32_t s = 0; s < SpanCount(n, kSpan); ++s) {
         const uint64_t off = s * kSpan * w;
         const uint64_t len = std::min(kSpan, n - s * kSpan) * w;
-        Bytes c;
-        auto r = enc->EncodeDiff(
-            kind, {t, s}, w, std::span(base_.at(info.name)).subspan(off, len),
-            std::span(target_.at(info.name)).subspan(off, len), &c);
-        EXPECT_TRUE(r.ok());
-        if (*r) out.push_back(std::move(c));
+        fn(ChunkId{t, s, 0}, w,
+           std::span<const std::byte>(base_.at(info.name)).subspan(off, len),
+           std::span<const std::byte>(target_.at(info.name)).subspan(off, len));
       }
     }
+  }
+  // The canonical chunks from base to target, every span of every tensor.
+  std::vector<Bytes> Chunks(ChunkKind kind) {
+    std::vector<Bytes> out;
+    auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
+    ForEachSpan([&](ChunkId id, size_t w, auto base, auto target) {
+      Bytes c;
+      auto r = enc->EncodeDiff(kind, id, w, base, target, &c);
+      EXPECT_TRUE(r.ok());
+      if (*r) out.push_back(std::move(c));
+    });
     return out;
   }
   EndMsg End(const std::vector<Bytes>& chunks) {
@@ -365,21 +373,11 @@ TEST_P(ServingSessionTest, AFullRefitSeedsAFreshStoreWhole) {
   plan_.base = Version{};
   std::vector<Bytes> chunks;
   auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
-  for (uint32_t t = 0; t < canonical_.size(); ++t) {
-    const TensorInfo& info = canonical_[t];
-    const size_t w = DTypeSize(info.dtype);
-    const uint64_t n = info.NumElements();
-    for (uint32_t s = 0; s < SpanCount(n, kSpan); ++s) {
-      const uint64_t off = s * kSpan * w;
-      const uint64_t len = std::min(kSpan, n - s * kSpan) * w;
-      Bytes c;
-      ASSERT_TRUE(enc->EncodeFull(
-                         {t, s}, w,
-                         std::span(target_.at(info.name)).subspan(off, len), &c)
-                      .ok());
-      chunks.push_back(std::move(c));
-    }
-  }
+  ForEachSpan([&](ChunkId id, size_t w, auto /*base*/, auto target) {
+    Bytes c;
+    EXPECT_TRUE(enc->EncodeFull(id, w, target, &c).ok());
+    chunks.push_back(std::move(c));
+  });
   RefitSession::Options o = Serving();
   o.fresh_store = true;
   o.serving_base.reset();
