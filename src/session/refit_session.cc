@@ -5,7 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <set>
+
+#include "session/serving_store.h"
 
 namespace dcr {
 namespace {
@@ -31,55 +32,6 @@ Result<std::unique_ptr<Journal>> CreateJournal(
       JournalHeader{refit, base, target, boot.ok() ? *boot : std::string()});
 }
 
-// The bits a serving store holds: the rank's canonical regions (FP8
-// tensors from their shadows).
-Result<std::vector<LinearDigest>> ServingRegions(WeightStore* store,
-                                                 const ReceiverMap& map) {
-  ShardBytes shards;
-  for (const auto& [name, bytes] : RefitSession::ShardsOf(store)) {
-    shards.emplace(name, bytes);
-  }
-  return map.HashRegions(shards);
-}
-
-// Checks a serving store and a plan against the map; the refusal's code
-// and detail, or nullopt. Sets `canonical` to the map's canonical tensors.
-std::optional<std::pair<NodeCode, std::string>> CheckServing(
-    const WeightStore& store, const ReceiverMap& map, const PlanMsg& plan,
-    Manifest* canonical) {
-  auto stored = map.StoreManifest();
-  auto tensors = map.CanonicalManifest();
-  if (!stored.ok() || !tensors.ok()) {
-    return std::pair(
-        NodeCode::kStoreError,
-        (stored.ok() ? tensors.status() : stored.status()).ToString());
-  }
-  const std::string rank = fmt::format(
-      "serving rank {} of layout {}", map.rank(), map.fingerprint().ShortHex());
-  if (store.manifest().digest() != stored->digest()) {
-    return std::pair(
-        NodeCode::kManifestMismatch,
-        fmt::format("{} does not hold the shards of {}: {}", store.describe(),
-                    rank, Manifest::Difference(*stored, store.manifest())));
-  }
-  if (plan.manifest != tensors->digest()) {
-    return std::pair(
-        NodeCode::kManifestMismatch,
-        fmt::format("the refit's tensors (manifest {}) are not those of {} "
-                    "(manifest {})",
-                    plan.manifest.ShortHex(), rank,
-                    tensors->digest().ShortHex()));
-  }
-  if (plan.context_coded) {
-    return std::pair(NodeCode::kManifestMismatch,
-                     rank +
-                         " does not hold whole spans to decode the plan's "
-                         "context-coded chunks against");
-  }
-  *canonical = *std::move(tensors);
-  return std::nullopt;
-}
-
 }  // namespace
 
 std::unique_ptr<RefitSession> RefitSession::Begin(
@@ -95,7 +47,8 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
   const ReceiverMap* map = options.serving;
   Manifest canonical;
   if (map != nullptr) {
-    if (auto bad = CheckServing(*store, *map, plan, &canonical)) {
+    if (auto bad =
+            session_internal::CheckServing(*store, *map, plan, &canonical)) {
       return refuse(bad->first, std::move(bad->second));
     }
   }
@@ -237,15 +190,6 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
   return session;
 }
 
-MutableShardBytes RefitSession::ShardsOf(WeightStore* store) {
-  MutableShardBytes out;
-  const Manifest& m = store->manifest();
-  for (size_t i = 0; i < m.size(); ++i) {
-    out.emplace(m[i].name, store->MutableTensor(i));
-  }
-  return out;
-}
-
 Status RefitSession::Check(const ChunkHeader& h) const {
   const Manifest& m = map_ != nullptr ? canonical_ : store_->manifest();
   std::string where = fmt::format("chunk ({})", ChunkIdText(h.id));
@@ -352,65 +296,6 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   }
   if (hash_ahead_) HashBehind(c.header.id.tensor);
   return ApplyOutcome::kApplied;
-}
-
-Status RefitSession::ApplyServing(const DecodedChunk& c, Applied* a) {
-  const uint32_t tensor = c.header.id.tensor;
-  const uint64_t first = uint64_t{c.header.id.span} * plan_.span_elems;
-  // A tensor the rank does not hold: nothing to write, nothing to record
-  // (a record of it would be as large as the chunk).
-  if (!map_->Holds(tensor)) return Status::OK();
-  if (keep_undo_) {
-    // Write-ahead, as for a canonical span: the values the rank holds at
-    // the chunk's positions, before the first of them changes.
-    thread_local std::vector<std::byte> old;
-    old.assign(c.values.size(), std::byte{0});
-    if (!old.empty()) {
-      DCR_RETURN_IF_ERROR(
-          map_->Gather(tensor, first, c, shards_, old).status());
-    }
-    DCR_ASSIGN_OR_RETURN(a->record, journal_->AppendApplyValues(
-                                        c, first * c.header.elem_size, old));
-  }
-  Fp8Dirty dirty;
-  DCR_RETURN_IF_ERROR(map_->Apply(tensor, first, c, shards_, &dirty).status());
-  if (!dirty.empty()) {
-    MutexLock lock(&dirty_mu_);
-    for (auto& [name, marks] : dirty) {
-      auto [it, fresh] = dirty_.try_emplace(name, std::move(marks));
-      if (!fresh) it->second.Merge(marks);
-    }
-  }
-  return Status::OK();
-}
-
-Status RefitSession::RestoreServing(const JournalApply& a,
-                                    const ReceiverMap& map,
-                                    const MutableShardBytes& shards,
-                                    Fp8Dirty* dirty) {
-  // The record as the overwrite chunk that writes its old values back.
-  DecodedChunk c;
-  c.header.id = a.id;
-  c.header.kind = ChunkKind::kOverwrite;
-  c.header.elem_size = a.elem_size;
-  c.header.encoding = a.dense ? ChunkEncoding::kDense : ChunkEncoding::kSparse;
-  const uint64_t w = a.elem_size;
-  if (w == 0 || a.offset % w != 0 || a.old_values.size() % w != 0) {
-    return Status::Corruption("journal record of a serving store misaligned");
-  }
-  const uint64_t count = a.old_values.size() / w;
-  const uint64_t extent =
-      a.dense ? count
-              : (a.positions.empty() ? 0 : uint64_t{a.positions.back()} + 1);
-  if (extent > kMaxSpanElems) {
-    return Status::Corruption("journal record wider than a span");
-  }
-  c.header.span_elems = static_cast<uint32_t>(extent);
-  c.header.changed = static_cast<uint32_t>(count);
-  c.positions = a.positions;
-  c.values = a.old_values;
-  if (count == 0) return Status::OK();
-  return map.Apply(a.id.tensor, a.offset / w, c, shards, dirty).status();
 }
 
 RefitSession::Admission RefitSession::Admit(const ChunkId& id,
@@ -571,67 +456,6 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
   return r;
 }
 
-NodeResult RefitSession::VoteServing(NodeResult r, bool complete,
-                                     uint64_t applied, const EndMsg& end) {
-  ++votes_;
-  // The codes and scales of the FP8 blocks the refit touched, from their
-  // shadows, before anything reads them.
-  {
-    MutexLock lock(&dirty_mu_);
-    if (Status s = map_->Requantize(shards_, &dirty_); !s.ok()) {
-      r.code = NodeCode::kStoreError;
-      r.detail = "cannot requantize the FP8 shards: " + s.ToString();
-      return r;
-    }
-  }
-  auto regions = ServingRegions(store_, *map_);
-  if (!regions.ok()) {
-    r.code = NodeCode::kStoreError;
-    r.detail = regions.status().ToString();
-    return r;
-  }
-  hashed_at_vote_ += regions->size();
-  const Digest128 bits = map_->BitsDigest(*regions);
-  r.version = Version{plan_.target.step, bits};
-  if (serving_target_ && bits == serving_target_->bits) {
-    Status s = journal_ ? journal_->AppendVotedYes(bits) : Status::OK();
-    if (!s.ok()) {
-      r.code = NodeCode::kStoreError;
-      r.detail = "cannot record the yes vote: " + s.ToString();
-      return r;
-    }
-    // It holds the target's bits for its regions: it votes by the target.
-    r.version = plan_.target;
-    r.code = NodeCode::kOk;
-    return r;
-  }
-  const std::string rank = fmt::format("serving rank {}", map_->rank());
-  if (!serving_target_) {
-    r.code = NodeCode::kDigestMismatch;
-    r.detail = fmt::format("{}: the root named no target bits for it", rank);
-    return r;
-  }
-  if (!complete) {
-    r.code = NodeCode::kIncomplete;
-    r.detail = fmt::format("applied {} distinct chunks, the root sent {}",
-                           applied, end.chunk_count);
-  } else {
-    r.code = NodeCode::kDigestMismatch;
-    r.detail = fmt::format("{}: bits {} are not the target's {}", rank,
-                           bits.ShortHex(), serving_target_->bits.ShortHex());
-  }
-  if (serving_target_->regions.size() == regions->size()) {
-    for (size_t i = 0; i < regions->size(); ++i) {
-      if ((*regions)[i] != serving_target_->regions[i]) {
-        r.repair.push_back(static_cast<uint32_t>(i));
-      }
-    }
-    r.detail += fmt::format("; {} of {} tensors differ", r.repair.size(),
-                            regions->size());
-  }
-  return r;
-}
-
 Status RefitSession::Commit(std::unique_ptr<Journal>* spent) {
   // Over an unfinished refit's mix the record still names that refit (see
   // Begin): the bits are verified to be the target now, so the record
@@ -706,152 +530,6 @@ Status RefitSession::Abort(ChunkDecoder* /*decoder*/) {
                  : store_->EndRefit();
   if (s.ok() && journal_) (void)journal_->Remove();
   return s;
-}
-
-RefitSession::CrashRecovery RefitSession::RecoverAfterCrash(
-    WeightStore* store, const std::string& journal_path,
-    const std::string& boot_id, ThreadPool* pool, const ReceiverMap* serving) {
-  using Outcome = CrashRecovery::Outcome;
-  // What the bits hash to: the version digest, or a serving rank's bits
-  // digest (what its journal's header and yes votes name).
-  auto bits = [&]() -> Result<Digest128> {
-    if (serving == nullptr) return store->Digests(pool).version;
-    DCR_ASSIGN_OR_RETURN(auto regions, ServingRegions(store, *serving));
-    return serving->BitsDigest(regions);
-  };
-  CrashRecovery out;
-  out.unfinished = store->InProgress();
-  if (!out.unfinished) {
-    // A journal of a refit that ended (its removal did not happen).
-    if (!journal_path.empty()) (void)::unlink(journal_path.c_str());
-    return out;
-  }
-  const RefitInProgress& busy = *out.unfinished;
-  out.outcome = Outcome::kNoJournal;
-  if (journal_path.empty()) {
-    out.detail = "a memory store keeps no journal";
-    return out;
-  }
-  auto reader = JournalReader::Open(journal_path);
-  if (!reader.ok()) {
-    out.detail = reader.status().ToString();
-    return out;
-  }
-  const JournalHeader& h = (*reader)->header();
-  // A serving store's journal names the versions by the rank's bits.
-  const bool same =
-      serving != nullptr
-          ? h.base.step == busy.base.step && h.target.step == busy.target.step
-          : h.base == busy.base && SameTarget(h.target, busy.target);
-  if (h.refit != busy.refit || !same) {
-    out.detail = fmt::format("the journal {} is of refit {}, not this one",
-                             journal_path, h.refit.ToHex());
-    return out;
-  }
-  if (boot_id.empty() || h.boot_id != boot_id) {
-    // A host crash: what reached the disk of the journal and of the store
-    // is not known.
-    out.detail = fmt::format(
-        "the journal {} was written before a reboot (boot {}): not trusted",
-        journal_path, h.boot_id.empty() ? "unknown" : h.boot_id);
-    return out;
-  }
-  if (const std::optional<Digest128>& yes = (*reader)->voted_yes()) {
-    // Prepared: the root may have committed R with this vote. Only the
-    // root's decision may end R here. (The record learns the target's
-    // digest only at the commit when the PLAN left it to END: the yes
-    // vote names it.)
-    if (serving != nullptr) {
-      // The yes vote names the rank's bits, not the target's digest.
-    } else if (busy.target.digest == Digest128{}) {
-      out.unfinished->target.digest = *yes;
-    } else if (*yes != busy.target.digest) {
-      out.outcome = Outcome::kPreparedMix;
-      out.detail = fmt::format("voted yes at {}, but the target is {}",
-                               yes->ShortHex(), busy.target.digest.ShortHex());
-      return out;
-    }
-    auto hashed = bits();
-    if (!hashed.ok()) {
-      out.outcome = Outcome::kPreparedMix;
-      out.detail = "cannot hash the store: " + hashed.status().ToString();
-      return out;
-    }
-    const Digest128 digest = *hashed;
-    out.outcome = digest == *yes ? Outcome::kPrepared : Outcome::kPreparedMix;
-    out.detail =
-        out.outcome == Outcome::kPrepared
-            ? fmt::format("voted yes at {}; the bits are step {}'s (verified)",
-                          yes->ShortHex(), busy.target.step)
-            : fmt::format(
-                  "voted yes at {}, but the bits hash to {}: an "
-                  "unknown mix",
-                  yes->ShortHex(), digest.ShortHex());
-    return out;
-  }
-  // Never voted yes: restore the base, last record first.
-  JournalApply a;
-  std::set<ChunkId> spans;
-  const auto& applies = (*reader)->applies();
-  const Manifest& m = store->manifest();
-  const MutableShardBytes shards =
-      serving != nullptr ? ShardsOf(store) : MutableShardBytes();
-  Fp8Dirty dirty;
-  for (auto it = applies.rbegin(); it != applies.rend(); ++it) {
-    Status s = (*reader)->Read(*it, &a);
-    if (serving != nullptr) {
-      // (The map refuses a tensor past the layout.)
-      if (s.ok()) s = RestoreServing(a, *serving, shards, &dirty);
-    } else {
-      if (s.ok() && a.id.tensor >= m.size()) {
-        s = Status::Corruption(
-            "journal record names a tensor past the manifest");
-      }
-      if (s.ok()) s = RestoreApply(a, store->MutableTensor(a.id.tensor));
-    }
-    if (!s.ok()) {
-      out.outcome = Outcome::kRestoreFailed;
-      out.detail = "cannot restore from " + journal_path + ": " + s.ToString();
-      return out;
-    }
-    spans.insert(ChunkId{a.id.tensor, a.id.span, 0});  // parts: one span
-    out.bytes += a.bytes();
-  }
-  out.spans = spans.size();
-  if (serving != nullptr) {
-    if (Status s = serving->Requantize(shards, &dirty); !s.ok()) {
-      out.outcome = Outcome::kRestoreFailed;
-      out.detail = "restored, but cannot requantize: " + s.ToString();
-      return out;
-    }
-  }
-  auto hashed = bits();
-  const Digest128 base = serving != nullptr ? h.base.digest : busy.base.digest;
-  if (!hashed.ok() || *hashed != base || base == Digest128{}) {
-    const Digest128 digest = hashed.ok() ? *hashed : Digest128{};
-    out.outcome = Outcome::kRestoreFailed;
-    out.detail =
-        base == Digest128{}
-            ? fmt::format(
-                  "restored {} records, but step {}'s bits are not "
-                  "known to check them against",
-                  applies.size(), busy.base.step)
-            : fmt::format(
-                  "the restored bits hash to {}, not step {}'s {} ({} records)",
-                  digest.ShortHex(), busy.base.step, base.ShortHex(),
-                  applies.size());
-    (void)::unlink(journal_path.c_str());
-    return out;
-  }
-  if (Status s = store->EndRefit(); !s.ok()) {
-    out.outcome = Outcome::kRestoreFailed;
-    out.detail = "restored, but cannot end the refit: " + s.ToString();
-    return out;
-  }
-  (void)::unlink(journal_path.c_str());
-  out.outcome = Outcome::kRestored;
-  out.detail = fmt::format("{} records", applies.size());
-  return out;
 }
 
 }  // namespace dcr
