@@ -58,6 +58,9 @@ struct ServingSpec {
   std::string layout;  // empty at a node: the cluster's
   uint32_t rank = 0;
   SourceLine loc;
+  // The Unix socket a serving process attaches to (include/dcr/serving.h);
+  // empty: none. Needs a shm store.
+  std::string socket = {};
   bool operator==(const ServingSpec&) const = default;
 };
 

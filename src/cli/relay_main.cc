@@ -50,6 +50,8 @@ struct Args {
   std::string undo_dir;
   std::string serving_layout;
   std::optional<uint32_t> serving_rank;
+  std::string serving_socket;
+  std::string serving_deadline = "5s";
   std::string link_rate;
   std::string connect_timeout = "5s";
   std::string prepared_wait = "10min";
@@ -190,6 +192,7 @@ int Run(const Args& a) {
       }
       o.serving_layout = tree->nodes[static_cast<size_t>(i)].serving->layout;
       o.serving_rank = tree->nodes[static_cast<size_t>(i)].serving->rank;
+      o.serving_socket = tree->nodes[static_cast<size_t>(i)].serving->socket;
     }
     if (metrics_port < 0 && n->metrics_port) metrics_port = *n->metrics_port;
     if (key_file.empty() && !topo->defaults.auth_key_file.empty()) {
@@ -237,6 +240,7 @@ int Run(const Args& a) {
     o.serving_layout = a.serving_layout;
     o.serving_rank = *a.serving_rank;
   }
+  if (!a.serving_socket.empty()) o.serving_socket = a.serving_socket;
   o.store.data_sync = a.data_sync == "commit"
                           ? StoreSpec::DataSync::kAtCommit
                           : StoreSpec::DataSync::kBackground;
@@ -290,7 +294,9 @@ int Run(const Args& a) {
   o.prepared_wait = std::chrono::milliseconds(*pw / 1000000);
   for (auto [flag, text, out] :
        {std::tuple{"--hello-timeout", &a.hello_timeout, &o.hello_timeout},
-        std::tuple{"--idle-timeout", &a.idle_timeout, &o.idle_timeout}}) {
+        std::tuple{"--idle-timeout", &a.idle_timeout, &o.idle_timeout},
+        std::tuple{"--serving-deadline", &a.serving_deadline,
+                   &o.serving_deadline}}) {
     auto ns = ParseDurationNs(*text);
     if (!ns.ok() || *ns < 100000000) {
       return ReportError(Status::InvalidArgument(
@@ -471,6 +477,15 @@ int main(int argc, char** argv) {
   app.add_option("--serving-rank", a.serving_rank,
                  "With --serving-layout: the rank whose shards the store "
                  "holds");
+  app.add_option("--serving-socket", a.serving_socket,
+                 "A serving process computes on the store: keep it as two "
+                 "shm images, flip them at COMMIT and speak the pause "
+                 "protocol on this Unix socket (docs/PROTOCOL.md; overrides "
+                 "the topology's serving.socket)");
+  app.add_option("--serving-deadline", a.serving_deadline,
+                 "How long a yes vote waits for the serving process's "
+                 "answer before it is a no")
+      ->default_val("5s");
   app.add_option("--link-rate", a.link_rate,
                  "Pace each link to children to this bandwidth, e.g. "
                  "500Mbps (testing without tc)");

@@ -478,6 +478,7 @@ PYBIND11_MODULE(dcr, m) {
       "place");
 
   python::AddFp8Functions(m);
+  python::AddReceiver(m);
 
   m.def(
       "tensor_digest",

@@ -41,6 +41,9 @@ struct Bytes {
 // when contiguous), or anything with the buffer protocol.
 Bytes BytesOf(const py::handle& obj, bool writable, const std::string& name);
 
+// dcr.Receiver (receiver_binding.cc).
+void AddReceiver(py::module_& m);
+
 }  // namespace dcr::python
 
 #endif  // DCR_PYTHON_MODULE_COMMON_H_

@@ -27,6 +27,7 @@ void Relay::Impl::Run() {
     if (current_) OnTimers(Clock::now());
     inbound_->Sweep(Clock::now());
     Advance();
+    if (images_ && !current_ && images_->CatchUpDue()) CatchUpStandby();
     PublishStats();
   }
   // Shutdown: let the applies of a refit in progress finish, then restore
@@ -40,6 +41,7 @@ void Relay::Impl::Run() {
 
 Clock::time_point Relay::Impl::NextDeadline(Clock::time_point now) const {
   Clock::time_point next = now + kStatsInterval;
+  if (images_) next = std::min(next, images_->NextDeadline());
   if (!current_) return next;
   const Current& c = *current_;
   // A phase deadline already acted on (ExpireIfDue failed the late
@@ -123,7 +125,9 @@ void Relay::Impl::Advance() {
         return;
       case RefitPhase::kVoting:
         MaybeResume();
-        if (r.local_done() && c.fanout->Complete()) {
+        // The serving gate first: its prepare goes out while the
+        // children vote.
+        if (r.local_done() && ServingVoteGate(r) && c.fanout->Complete()) {
           Result<NodeResult> vote = r.Voted();
           if (vote.ok() && !DCR_FAILPOINT("relay.vote").drop()) {
             AnswerUp(FrameType::kVote, *vote);
@@ -230,6 +234,13 @@ void Relay::Impl::AnswerStatus(Link& link, const Frame& frame) {
   if (!published.last_result.empty()) {
     r.detail += "; last refit " + published.last_result;
   }
+  if (const auto& sv = published.serving) {
+    r.detail += fmt::format(
+        "; serving process {}, image {} live{}, last pause {:.1f} ms",
+        sv->attached ? "attached" : "not attached", sv->live_image,
+        sv->caught_up ? "" : " (standby catching up)",
+        sv->last_pause_seconds * 1e3);
+  }
   Reply(link, FrameType::kStatusReply, frame.header,
         EncodeResults(ResultsMsg{{r}}));
 }
@@ -296,6 +307,7 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
         spdlog::warn("{}: {}", options_.name, s.ToString());
         return;
       }
+      c.commit_at = Clock::now();
       c.fanout->Forward(buffer);
       c.fanout->Expect(FrameType::kCommitReply, deadline());
       return;
@@ -428,12 +440,49 @@ void Relay::Impl::EndRefit(const std::string& result, bool committed) {
   spdlog::info("{}: refit {} {} in {:.3f} s ({} chunks applied)", options_.name,
                r.id().ToHex(), result, seconds, r.tracker().applied());
   board_.EndRefit(seconds, fmt::format("{} {}", r.id().ToHex(), result));
+  if (images_ && committed) {
+    // The pause starts at COMMIT; a commit found at start has none.
+    Status s =
+        images_->Flip(store_, r.id(), c.commit_at.value_or(Clock::now()));
+    if (!s.ok()) {
+      spdlog::error("{}: committed, but the live image did not change: {}",
+                    options_.name, s.ToString());
+    }
+  } else if (images_) {
+    images_->Aborted(r.id());
+  }
   current_.reset();
   // Give the refit's buffers back to the system: a relay idles between
   // refits, and glibc keeps freed arenas otherwise.
 #if !defined(__SANITIZE_ADDRESS__) && !defined(DCR_SANITIZED)
   ::malloc_trim(0);  // glibc's; under ASan malloc is not glibc's (crashes)
 #endif
+}
+
+bool Relay::Impl::ServingVoteGate(RelayRefit& r) {
+  if (!images_ || !r.voted_yes()) return true;
+  switch (images_->ReadyToVote(r.id(), r.plan().target.step)) {
+    case ServingImages::Gate::kReady:
+      return true;
+    case ServingImages::Gate::kWait:
+      return false;
+    case ServingImages::Gate::kTimedOut:
+      (void)r.Veto(NodeCode::kTimeout,
+                   fmt::format("the serving process did not answer the pause "
+                               "request within {} ms (busy or hung); nothing "
+                               "was applied under it",
+                               options_.serving_deadline.count()));
+      return true;
+  }
+  return true;
+}
+
+void Relay::Impl::CatchUpStandby() {
+  Result<bool> done = images_->MaybeCatchUp(store_, prepared_.has_value());
+  if (!done.ok()) {
+    spdlog::error("{}: the standby image did not catch up: {}", options_.name,
+                  done.status().ToString());
+  }
 }
 
 void Relay::Impl::PublishStats() {
@@ -444,8 +493,9 @@ void Relay::Impl::PublishStats() {
     s.apply_backlog_bytes = current_->refit->tracker().backlog_bytes();
     s.chunks_dropped += current_->refit->tracker().duplicates();
   } else {
-    s.state = store_ ? "idle" : "no store";
+    s.state = store_ || (images_ && images_->live()) ? "idle" : "no store";
   }
+  if (images_) s.serving = images_->stats();
   board_.Publish(std::move(s), current_.has_value());
 }
 

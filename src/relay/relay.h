@@ -129,6 +129,14 @@ struct RelayOptions {
   // store does not hold the rank's shards.
   std::string serving_layout;
   uint32_t serving_rank = 0;
+  // A serving process computes on the store (topology `serving.socket`;
+  // include/dcr/serving.h, docs/PROTOCOL.md §"The pause protocol"): the
+  // relay keeps the shm store as two images, stages refits on the standby
+  // one, flips at COMMIT and speaks the pause protocol on this Unix
+  // socket. A yes vote waits up to `serving_deadline` for the attached
+  // server's ready, else it is a no. Empty: one image, no server.
+  std::string serving_socket;
+  std::chrono::milliseconds serving_deadline{5000};
 };
 
 class Relay {

@@ -35,6 +35,7 @@
 #include "relay/relay.h"
 #include "relay/relay_refit.h"
 #include "relay/relay_stats.h"
+#include "relay/serving_images.h"
 
 namespace dcr {
 
@@ -61,6 +62,8 @@ class Relay::Impl {
     // A full refit over a store its record says another refit left
     // unfinished: the root's repair (coord/repair.h).
     bool repair = false;
+    // When COMMIT reached the node: a serving process's pause starts.
+    std::optional<Clock::time_point> commit_at;
   };
   // The refit that ended last and what we answered in it: a parent that
   // lost our final reply reconnects (an adoption PLAN) and gets it again.
@@ -89,6 +92,11 @@ class Relay::Impl {
   void EndRefit(const std::string& result, bool committed);
   void MaybePause();
   void MaybeResume();
+  // A serving relay's yes vote waits for its server (ServingImages): true
+  // once it may go up (possibly turned into a no).
+  bool ServingVoteGate(RelayRefit& r);
+  // Brings the standby image to the live version when its server left it.
+  void CatchUpStandby();
   // Feeds the refit's ProgressMeter what holds its parent link now.
   void SampleProgress();
   void PublishStats();
@@ -152,7 +160,10 @@ class Relay::Impl {
   std::unique_ptr<ThreadPool> hash_pool_;
   // A serving relay's map (RelayOptions::serving_layout); null otherwise.
   std::unique_ptr<ReceiverMap> serving_;
-  Manifest serving_store_;                 // the shards a serving store holds
+  Manifest serving_store_;  // the shards a serving store holds
+  // With a serving socket: the live image and the server; store_ is then
+  // the standby image. Null otherwise.
+  std::unique_ptr<ServingImages> images_;
   std::unique_ptr<ChunkDecoder> decoder_;  // for restores on the actor thread
   RelayRefit::Env env_;
   std::unique_ptr<InboundLinks> inbound_;

@@ -142,6 +142,24 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
                                                         const PlanMsg& plan,
                                                         bool rejoin,
                                                         NodeResult* own) {
+  // A serving relay stages on the standby image, once it caught up with
+  // the live one and no server reads it (a prepared refit resumes as is).
+  const bool resumes_prepared = prepared_ && prepared_->refit == id;
+  if (images_ && !resumes_prepared) {
+    Result<bool> ready = images_->MaybeCatchUp(store_, false);
+    if (!ready.ok()) {
+      own->code = NodeCode::kStoreError;
+      own->detail =
+          "the standby image did not catch up: " + ready.status().ToString();
+      return nullptr;
+    }
+    if (!*ready) {
+      own->code = NodeCode::kBusy;
+      own->detail = images_->why_waiting();
+      return nullptr;
+    }
+  }
+  const StoreSpec spec = images_ ? images_->standby_spec() : options_.store;
   bool fresh = false;  // the store is created for this refit
   if (!store_ && plan.mode == RefitMode::kFull && !plan.tensors.empty()) {
     auto manifest = Manifest::Create(plan.tensors);
@@ -164,7 +182,7 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
       }
       *manifest = serving_store_;
     }
-    auto created = CreateStore(options_.store, *manifest);
+    auto created = CreateStore(spec, *manifest);
     if (!created.ok()) {
       own->code = NodeCode::kStoreError;
       own->detail = created.status().ToString();
@@ -177,8 +195,8 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
   } else if (!store_) {
     own->code = NodeCode::kNeedsCatchUp;
     own->store.missing = true;
-    own->detail = fmt::format("{} does not exist; the root seeds it",
-                              options_.store.ToString());
+    own->detail =
+        fmt::format("{} does not exist; the root seeds it", spec.ToString());
     return nullptr;
   }
   auto session = RefitSession::Begin(

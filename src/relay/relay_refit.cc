@@ -210,6 +210,16 @@ Status RelayRefit::Vote() {
   return Status::OK();
 }
 
+Status RelayRefit::Veto(NodeCode code, const std::string& detail) {
+  DCR_RETURN_IF_ERROR(From({P::kVoting}, "Veto"));
+  if (!local_) return Status::InvalidArgument("no vote yet");
+  local_->code = code;
+  local_->detail = detail;
+  voted_yes_ = false;
+  spdlog::warn("{}: vote no: {}", env_->node, detail);
+  return Status::OK();
+}
+
 Result<NodeResult> RelayRefit::Voted() {
   DCR_RETURN_IF_ERROR(From({P::kVoting}, "Voted"));
   if (!local_) return Status::InvalidArgument("no vote yet");

@@ -105,6 +105,9 @@ class RelayRefit {
   Result<bool> Chunk();
   Status End(const EndMsg& end);
   Status Vote();
+  // Turns this node's own yes vote into `code` (kVoting, once Vote ran):
+  // its serving process did not answer (relay/serving_images.h).
+  Status Veto(NodeCode code, const std::string& detail);
   Result<NodeResult> Voted();
   Status Commit(const CommitMsg& commit);
   Status Abort();
@@ -128,6 +131,8 @@ class RelayRefit {
   const ApplyTracker& tracker() const { return *tracker_; }
   // The phase's own result is in (Vote or Finish ran).
   bool local_done() const { return local_.has_value(); }
+  // This node's own vote (kVoting, once Vote ran) is yes.
+  bool voted_yes() const { return voted_yes_; }
   // Vote or Finish may run now: the phase wants it and no apply is in
   // flight.
   bool WantsLocalWork() const;

@@ -55,7 +55,20 @@ Status Relay::Impl::Init() {
     }
   }
   DCR_RETURN_IF_ERROR(LoadServing());
-  auto store = OpenStore(options_.store);
+  if (!options_.serving_socket.empty()) {
+    DCR_ASSIGN_OR_RETURN(
+        images_, ServingImages::Open(
+                     {.node = options_.name,
+                      .store = options_.store,
+                      .socket = options_.serving_socket,
+                      .deadline = options_.serving_deadline,
+                      .pool = nullptr,  // set below, once the pool exists
+                      .post = [this](std::function<void()> fn) {
+                        mailbox_.Post(std::move(fn));
+                      }}));
+  }
+  const StoreSpec spec = images_ ? images_->standby_spec() : options_.store;
+  auto store = OpenStore(spec);
   if (store.ok()) {
     store_ = *std::move(store);
     if (serving_ && store_->manifest().digest() != serving_store_.digest()) {
@@ -87,6 +100,10 @@ Status Relay::Impl::Init() {
                                             [this] { mailbox_.Wake(); });
   hash_pool_ = std::make_unique<ThreadPool>(options_.apply_threads);
   RecoverStore();
+  if (images_) {
+    images_->set_pool(hash_pool_.get());
+    DCR_RETURN_IF_ERROR(images_->Reconcile(store_, prepared_.has_value()));
+  }
   env_ = RelayRefit::Env{options_.name, workers_.get(), hash_pool_.get(),
                          decoder_.get(), options_.signing_public_key.get()};
   inbound_ = std::make_unique<InboundLinks>(

@@ -200,6 +200,32 @@ std::string RenderRelayMetrics(const RelayStats& s, const std::string& node,
     m.Sample("dcr_relay_child_queue_bytes", bytes,
              {{"node", node}, {"child", child}});
   }
+  if (const auto& sv = s.serving) {  // docs/PLACEMENT.md §"Serving processes"
+    m.Family("dcr_relay_serving_attached", "gauge",
+             "1 while a serving process is attached to the relay's socket");
+    m.Sample("dcr_relay_serving_attached", uint64_t{sv->attached ? 1u : 0u},
+             {{"node", node}});
+    m.Family("dcr_relay_serving_live_image", "gauge",
+             "The image (0 or 1) the serving process computes on");
+    m.Sample("dcr_relay_serving_live_image", uint64_t{sv->live_image},
+             {{"node", node}});
+    m.Family("dcr_relay_serving_pauses_total", "counter",
+             "Commits the serving process moved to");
+    m.Sample("dcr_relay_serving_pauses_total", sv->pauses, {{"node", node}});
+    m.Family("dcr_relay_serving_pause_seconds", "gauge",
+             "The last pause: COMMIT reaching the node to the serving "
+             "process's answer that it moved");
+    m.Sample("dcr_relay_serving_pause_seconds", sv->last_pause_seconds,
+             {{"node", node}});
+    m.Family("dcr_relay_serving_catch_up_seconds", "gauge",
+             "The last copy of the live image over the old one");
+    m.Sample("dcr_relay_serving_catch_up_seconds", sv->last_catch_up_seconds,
+             {{"node", node}});
+    m.Family("dcr_relay_serving_prepare_timeouts_total", "counter",
+             "Yes votes turned to no: the serving process did not answer");
+    m.Sample("dcr_relay_serving_prepare_timeouts_total", sv->prepare_timeouts,
+             {{"node", node}});
+  }
   return m.str();
 }
 

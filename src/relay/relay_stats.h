@@ -48,6 +48,17 @@ inline constexpr size_t kCutReasons = 11;
 // "links_full", "not_allowed", ...: the metric's label.
 const char* CutReasonName(CutReason reason);
 
+// A serving relay's images and server (relay/serving_images.h).
+struct ServingStats {
+  bool attached = false;  // a server is attached now
+  uint32_t live_image = 0;
+  bool caught_up = false;         // the standby may take a refit
+  uint64_t pauses = 0;            // flips the server answered
+  double last_pause_seconds = 0;  // COMMIT reaching the node to its answer
+  double last_catch_up_seconds = 0;
+  uint64_t prepare_timeouts = 0;  // yes votes turned to no
+};
+
 // A snapshot for metrics and tests.
 struct RelayStats {
   uint64_t bytes_in = 0;   // from the parent, all frames
@@ -88,6 +99,8 @@ struct RelayStats {
   uint64_t inbound_pauses = 0;
   // Inbound links cut off, by CutReason.
   std::array<uint64_t, kCutReasons> peers_cut{};
+  // A relay with a serving process (RelayOptions::serving_socket).
+  std::optional<ServingStats> serving;
 };
 
 // The running totals of a relay.

@@ -52,6 +52,9 @@ void EmitNode(YAML::Emitter& e, const NodeSpec& n) {
       e << YAML::Key << "layout" << YAML::Value << Esc(n.serving->layout);
     }
     e << YAML::Key << "rank" << YAML::Value << n.serving->rank;
+    if (!n.serving->socket.empty()) {
+      e << YAML::Key << "socket" << YAML::Value << Esc(n.serving->socket);
+    }
     e << YAML::EndMap;
   }
   if (n.transport) {
@@ -203,8 +206,9 @@ std::string TopologyToJson(const Topology& t) {
     for (const NodeSpec& n : c.nodes) {
       json serving = nullptr;
       if (n.serving) {
-        serving =
-            json{{"layout", n.serving->layout}, {"rank", n.serving->rank}};
+        serving = json{{"layout", n.serving->layout},
+                       {"rank", n.serving->rank},
+                       {"socket", n.serving->socket}};
       }
       nodes.push_back(json{
           {"name", n.name},

@@ -26,7 +26,7 @@ constexpr std::string_view kNodeKeys[] = {
     "name",    "host",      "port",         "store",
     "serving", "transport", "metrics_port", "head"};
 constexpr std::string_view kStoreKeys[] = {"kind", "path"};
-constexpr std::string_view kServingKeys[] = {"layout", "rank"};
+constexpr std::string_view kServingKeys[] = {"layout", "rank", "socket"};
 constexpr std::string_view kClusterServingKeys[] = {"layout"};
 constexpr std::string_view kLinkKeys[] = {"from", "to", "bandwidth", "latency",
                                           "transport"};
@@ -126,6 +126,14 @@ Status Parser::ParseServing(const Field& f, const std::string& path,
     std::string p = path + "." + x.key;
     if (x.key == "layout") {
       DCR_RETURN_IF_ERROR(LayoutPath(x, p, &s->layout));
+    } else if (x.key == "socket") {
+      DCR_ASSIGN_OR_RETURN(s->socket, Str(x, p));
+      // sockaddr_un's sun_path holds 107 bytes and a NUL.
+      if (s->socket.empty() || s->socket.size() > 107) {
+        return Err(x.line, p,
+                   "expected a Unix socket path of 1 to 107 bytes, got " +
+                       std::to_string(s->socket.size()));
+      }
     } else {
       DCR_ASSIGN_OR_RETURN(uint64_t rank, Value(x, p, [](std::string_view v) {
                              return topology_internal::ParseUint(
@@ -237,6 +245,7 @@ Status Parser::ParseRoot(const Field& rf, RootSpec* r) const {
 Status Parser::ParseNode(const YAML::Node& n, int line, const std::string& path,
                          NodeSpec* node) const {
   DCR_ASSIGN_OR_RETURN(Fields f, Map(n, line, path, kNodeKeys));
+  int socket_line = f.line;
   node->loc.line = f.line;
   for (std::string_view k : {"name", "host", "port"}) {
     DCR_RETURN_IF_ERROR(Required(f, path, k));
@@ -263,6 +272,7 @@ Status Parser::ParseNode(const YAML::Node& n, int line, const std::string& path,
       ServingSpec serving;
       DCR_RETURN_IF_ERROR(ParseServing(x, p, &serving));
       node->serving = std::move(serving);
+      socket_line = x.line;
     } else if (x.key == "store") {
       DCR_ASSIGN_OR_RETURN(Fields sf, Map(x.value, x.line, p, kStoreKeys));
       DCR_RETURN_IF_ERROR(Required(sf, p, "kind"));
@@ -288,6 +298,12 @@ Status Parser::ParseNode(const YAML::Node& n, int line, const std::string& path,
                        " store needs a path");
       }
     }
+  }
+  if (node->serving && !node->serving->socket.empty() &&
+      node->store.kind != StoreKind::kShm) {
+    return Err(socket_line, path + ".serving.socket",
+               "a serving process maps the relay's store: give the node a shm "
+               "store (store: {kind: shm, path: NAME})");
   }
   return Status::OK();
 }

@@ -360,7 +360,9 @@ std::string RenderTreeJson(const Tree& tree) {
     }
     json serving = nullptr;
     if (n.serving) {
-      serving = json{{"layout", n.serving->layout}, {"rank", n.serving->rank}};
+      serving = json{{"layout", n.serving->layout},
+                     {"rank", n.serving->rank},
+                     {"socket", n.serving->socket}};
     }
     nodes.push_back(
         json{{"index", i},

@@ -244,6 +244,11 @@ class Validator {
                                    line, np + ".metrics_port"));
     }
     const StoreLocation& s = n.store;
+    if (n.serving && !n.serving->socket.empty() && s.kind != StoreKind::kShm) {
+      return Err(line, np + ".serving.socket",
+                 "a serving process maps the relay's store: give the node a "
+                 "shm store (store: {kind: shm, path: NAME})");
+    }
     if (s.kind == StoreKind::kMemory) {
       if (!s.path.empty()) {
         return Err(line, np + ".store.path", "a memory store takes no path");

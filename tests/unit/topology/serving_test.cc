@@ -120,7 +120,7 @@ TEST(ServingTest, ErrorsNameFileLineAndKey) {
        "mean 'layout'?)"},
       {Edited("{rank: 0}", "{rank: 0, store: x}"),
        "t.yaml:7: clusters[0].nodes[0].serving.store: unknown key (known "
-       "keys: layout, rank)"},
+       "keys: layout, rank, socket)"},
       {Edited("{rank: 0}", "{rank: 0, rank: 1}"),
        "t.yaml:7: clusters[0].nodes[0].serving.rank: duplicate key (first "
        "given at line 7)"},
@@ -281,6 +281,41 @@ TEST(ServingTest, DumpLoadsBackEqual) {
                            << DumpTopology(copy);
     EXPECT_EQ(*back, copy) << s;
   }
+}
+
+TEST(ServingTest, SocketNeedsAShmStore) {
+  const std::string shm =
+      Edited("{name: s0, host: h, port: 2, serving: {rank: 0}}",
+             "{name: s0, host: h, port: 2, store: {kind: shm, path: /s0}, "
+             "serving: {rank: 0, socket: /run/dcr/s0.sock}}");
+  auto t = ParseTopology(shm, "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->clusters[0].nodes[0].serving->socket, "/run/dcr/s0.sock");
+  const std::string dumped = DumpTopology(*t);
+  EXPECT_THAT(dumped,
+              HasSubstr("serving: {rank: 0, socket: /run/dcr/s0.sock}"));
+  auto back = ParseTopology(dumped, "dump.yaml");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *t);
+  auto j = nlohmann::json::parse(TopologyToJson(*t));
+  EXPECT_EQ(j["clusters"][0]["nodes"][0]["serving"]["socket"],
+            "/run/dcr/s0.sock");
+
+  EXPECT_EQ(ErrorOf(Edited("{rank: 0}", "{rank: 0, socket: /run/s0.sock}")),
+            "t.yaml:7: clusters[0].nodes[0].serving.socket: a serving process "
+            "maps the relay's store: give the node a shm store (store: {kind: "
+            "shm, path: NAME})");
+  EXPECT_THAT(ErrorOf(Edited("{rank: 0}", "{rank: 0, socket: /" +
+                                              std::string(120, 'x') + "}")),
+              HasSubstr("t.yaml:7: clusters[0].nodes[0].serving.socket: "
+                        "expected a Unix socket path of 1 to 107 bytes, got "
+                        "121"));
+  // An edit that takes the shm store away is caught too.
+  Topology edited = *t;
+  edited.clusters[0].nodes[0].store = {};
+  EXPECT_THAT(ValidateTopology(edited).message(),
+              HasSubstr("clusters[0].nodes[0].serving.socket: a serving "
+                        "process maps the relay's store"));
 }
 
 TEST(ServingTest, Json) {

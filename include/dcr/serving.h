@@ -1,0 +1,145 @@
+// Serving processes on a relay's store (docs/PLACEMENT.md §"Serving
+// processes", docs/PROTOCOL.md §"The pause protocol").
+//
+// A relay with a serving process attached (topology `serving.socket`,
+// dcr-relay --serving-socket) keeps its shm store twice, as two complete
+// images "/NAME.0" and "/NAME.1", each with its own version record:
+//
+//   live     the image the server computes on; it holds a committed
+//            version and nothing writes it.
+//   standby  the image refits stage on: chunks apply there, the vote
+//            hashes it, an abort restores it. The server never reads it.
+//
+// At COMMIT the relay commits the standby, then flips: the header
+// "/NAME.live" names it live, and the server, told over the relay's Unix
+// socket, re-points its weights between two steps. The pause is the time
+// from COMMIT reaching the node to the server's answer. Once the server
+// said it left the old image, the relay copies the new live image over it
+// (the catch-up) and it becomes the next refit's standby. Memory: two
+// images of the rank's store (FP8 shadows included), nothing else.
+//
+// Thread safety: LiveHeader's Read may run in any process and thread
+// while the relay's Write runs (a sequence lock); Write from one thread
+// of one process at a time. A ServingReceiver is not thread-safe: one
+// thread calls it (the serving loop).
+#ifndef DCR_SERVING_H_
+#define DCR_SERVING_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "dcr/checkpoint.h"
+#include "dcr/status.h"
+#include "dcr/store.h"
+#include "dcr/version.h"
+
+namespace dcr {
+
+// The spec of image `image` (0 or 1) of the shm store `spec`: "/NAME.0" or
+// "/NAME.1", its record at the default path, or at spec.record_path with
+// ".<image>" before its ".dcr-version".
+StoreSpec ServingImageSpec(const StoreSpec& spec, uint32_t image);
+
+// The shm object that names the live image: "/NAME.live".
+std::string LiveHeaderName(const StoreSpec& spec);
+
+// What the header says.
+struct LiveState {
+  uint32_t image = 0;  // 0 or 1: the image a server computes on
+  Version version;     // the version committed there
+  uint64_t flips = 0;  // how often the live image changed
+  friend bool operator==(const LiveState&, const LiveState&) = default;
+};
+
+// The header: a 64-byte shm object, "DCRLIVE1", a sequence number and the
+// state (docs/FORMAT.md §"Live header"). Exists once a relay committed its
+// first image.
+class LiveHeader {
+ public:
+  // Opens "/NAME.live" (`name` with its slash), for Write too when
+  // `writable`; NotFound when missing.
+  static Result<LiveHeader> Open(const std::string& name,
+                                 bool writable = false);
+  // Creates it (or opens an existing one) holding `state`: the relay's
+  // first commit.
+  static Result<LiveHeader> Create(const std::string& name,
+                                   const LiveState& state);
+  // Removes the object; OK when missing.
+  static Status Remove(const std::string& name);
+
+  LiveHeader(LiveHeader&&) noexcept;
+  LiveHeader& operator=(LiveHeader&&) noexcept;
+  ~LiveHeader();
+
+  // A consistent state (retries while a Write is under way); Corruption
+  // when the bytes are not a header.
+  Result<LiveState> Read() const;
+  void Write(const LiveState& state);
+
+  struct Raw;  // the 64 shared bytes (live_header.cc)
+
+ private:
+  explicit LiveHeader(Raw* raw) : raw_(raw) {}
+  Raw* raw_ = nullptr;
+};
+
+// The serving side of the pause protocol (Python: dcr.Receiver): maps both
+// images of a relay's store read-only and gives the tensors of the live
+// one; Poll() between two steps of the serving loop answers the relay and
+// moves to the other image when the relay flipped. A server computes only
+// on a committed version and never on two: the tensors change only in
+// Poll().
+class ServingReceiver {
+ public:
+  struct Options {
+    StoreSpec store;     // the relay's store, shm:NAME
+    std::string socket;  // the relay's serving socket; empty: none
+    // How long Open waits for the header (a relay's first commit).
+    std::chrono::milliseconds wait{0};
+  };
+  static Result<std::unique_ptr<ServingReceiver>> Open(const Options& options);
+  ~ServingReceiver();
+  ServingReceiver(const ServingReceiver&) = delete;
+  ServingReceiver& operator=(const ServingReceiver&) = delete;
+
+  // The version the tensors hold and the image they are in.
+  const LiveState& live() const { return live_; }
+  const Manifest& manifest() const;
+  // Tensor `i` of the manifest, in the image it reads now.
+  std::span<const std::byte> Tensor(size_t i) const;
+  // Keeps the mapping of the image Tensor() views now alive, after the
+  // receiver moved on or was destroyed (Python tensors hold one).
+  std::shared_ptr<const void> Pin() const;
+
+  // Answers what the relay sent (a prepare: ready), moves to the live
+  // image if the header names another (then tells the relay), and
+  // reconnects to the socket when the relay restarted. True iff the
+  // tensors moved: views taken before are of the old image, and stay
+  // mapped until the next move.
+  Result<bool> Poll();
+  // Connected to the relay's socket.
+  bool attached() const;
+  // Refits the relay asked about (prepare) and the flips seen, for tests.
+  uint64_t prepares() const { return prepares_; }
+
+ private:
+  class Image;
+  class Port;
+  explicit ServingReceiver(Options options);
+  Status Move(const LiveState& state);
+
+  Options options_;
+  std::optional<LiveHeader> header_;
+  std::shared_ptr<Image> images_[2];
+  std::unique_ptr<Port> port_;
+  LiveState live_;
+  uint64_t prepares_ = 0;
+};
+
+}  // namespace dcr
+
+#endif  // DCR_SERVING_H_

@@ -1,0 +1,150 @@
+// dcr.Receiver: a serving process's view of its relay's store
+// (include/dcr/serving.h, docs/PYTHON.md §"Serving processes"). Tensors
+// are torch views of the shared mapping, no copy; each holds the mapping
+// it views, so a view outlives the receiver's moves safely (it keeps
+// showing the image it was taken from).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "dcr/serving.h"
+#include "python/module_common.h"
+
+namespace py = pybind11;
+
+namespace dcr::python {
+namespace {
+
+// One tensor's bytes, read-only, with the mapping they live in.
+struct PinnedBytes {
+  std::shared_ptr<const void> pin;
+  std::span<const std::byte> bytes;
+};
+
+// The torch dtype a safetensors dtype is viewed as: FP8 codes as uint8
+// (torch 1.13 has no float8); the rest as themselves.
+const char* TorchDType(DType d) {
+  switch (d) {
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kF32:
+      return "float32";
+    case DType::kF64:
+      return "float64";
+    case DType::kI8:
+      return "int8";
+    case DType::kI16:
+      return "int16";
+    case DType::kI32:
+      return "int32";
+    case DType::kI64:
+      return "int64";
+    case DType::kBool:
+      return "bool";
+    default:
+      return "uint8";
+  }
+}
+
+py::dict TensorsOf(const ServingReceiver& r) {
+  py::module_ torch = py::module_::import("torch");
+  py::module_ warnings = py::module_::import("warnings");
+  py::dict out;
+  py::object guard = warnings.attr("catch_warnings")();
+  guard.attr("__enter__")();
+  // torch warns that the buffer is not writable: it is not, by design.
+  warnings.attr("simplefilter")("ignore");
+  try {
+    const Manifest& m = r.manifest();
+    for (size_t i = 0; i < m.size(); ++i) {
+      const TensorInfo& info = m[i];
+      py::list shape;
+      for (uint64_t d : info.shape) shape.append(d);
+      py::object dtype = torch.attr(TorchDType(info.dtype));
+      py::object t;
+      const std::span<const std::byte> bytes = r.Tensor(i);
+      if (bytes.empty()) {
+        t = torch.attr("empty")(shape, py::arg("dtype") = dtype);
+      } else {
+        py::object buf = py::cast(PinnedBytes{r.Pin(), bytes});
+        t = torch
+                .attr("frombuffer")(buf, py::arg("dtype") = torch.attr("uint8"))
+                .attr("view")(dtype)
+                .attr("reshape")(shape);
+      }
+      out[py::str(info.name)] = t;
+    }
+  } catch (...) {
+    guard.attr("__exit__")(py::none(), py::none(), py::none());
+    throw;
+  }
+  guard.attr("__exit__")(py::none(), py::none(), py::none());
+  return out;
+}
+
+}  // namespace
+
+void AddReceiver(py::module_& m) {
+  using namespace pybind11::literals;
+  py::class_<PinnedBytes>(m, "_PinnedBytes", py::buffer_protocol())
+      .def_buffer([](PinnedBytes& b) {
+        return py::buffer_info(const_cast<std::byte*>(b.bytes.data()), 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {b.bytes.size()}, {1}, /*readonly=*/true);
+      });
+  py::class_<ServingReceiver>(
+      m, "Receiver",
+      "A serving process's view of its relay's store: the tensors of the "
+      "live image (torch views, no copy) and the pause protocol. Call "
+      "poll() between two steps; when it returns True, take tensors() "
+      "again and point the model's parameters at them.")
+      .def(py::init([](const std::string& store, const std::string& socket,
+                       double wait) {
+             ServingReceiver::Options o;
+             // "shm:NAME", "shm:/NAME" or "/NAME", as the relay was given.
+             std::string name =
+                 store.starts_with("shm:") ? store.substr(4) : store;
+             if (name.empty() || name.find('/', 1) != std::string::npos ||
+                 name == "/") {
+               throw py::value_error("store '" + store +
+                                     "': expected shm:NAME, the relay's store");
+             }
+             o.store.kind = StoreSpec::Kind::kShm;
+             o.store.path = name.starts_with('/') ? name : "/" + name;
+             o.socket = socket;
+             o.wait =
+                 std::chrono::milliseconds(static_cast<int64_t>(wait * 1000.0));
+             return Take(ServingReceiver::Open(o));
+           }),
+           "store"_a, "socket"_a = "", "wait"_a = 0.0,
+           "maps the relay's store (shm:NAME, as the relay was given); "
+           "socket: the relay's serving socket (empty: none); wait: seconds "
+           "to wait for the relay's first commit")
+      .def("tensors", &TensorsOf,
+           "name -> torch tensor of the live image (FP8 codes as uint8)")
+      .def(
+          "poll", [](ServingReceiver& r) { return Take(r.Poll()); },
+          "answers the relay and moves to the live image if it changed; "
+          "True iff it moved (take tensors() again)")
+      .def_property_readonly(
+          "step",
+          [](const ServingReceiver& r) { return r.live().version.step; })
+      .def_property_readonly("digest",
+                             [](const ServingReceiver& r) {
+                               return r.live().version.digest.ToHex();
+                             })
+      .def_property_readonly(
+          "image", [](const ServingReceiver& r) { return r.live().image; })
+      .def_property_readonly(
+          "flips", [](const ServingReceiver& r) { return r.live().flips; })
+      .def_property_readonly("attached", &ServingReceiver::attached)
+      .def_property_readonly("prepares", &ServingReceiver::prepares);
+}
+
+}  // namespace dcr::python

@@ -1,0 +1,262 @@
+// ServingReceiver (include/dcr/serving.h): the two images mapped
+// read-only, the live header, and the client end of the relay's socket.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/file.h"
+#include "dcr/serving.h"
+#include "format/safetensors_header.h"
+#include "serving/pause_messages.h"
+
+namespace dcr {
+
+// One image, mapped read-only.
+class ServingReceiver::Image {
+ public:
+  static Result<std::shared_ptr<Image>> Map(const std::string& name) {
+    const std::string describe = "shm:" + name;
+    UniqueFd fd(::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0));
+    if (!fd.valid()) {
+      return Status::FromErrno("cannot open " + describe, errno);
+    }
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) {
+      return Status::FromErrno("cannot stat " + describe, errno);
+    }
+    const size_t size = static_cast<size_t>(st.st_size);
+    if (size < 8) return Status::Corruption(describe + " is not an image");
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) {
+      return Status::FromErrno("cannot map " + describe, errno);
+    }
+    auto image = std::shared_ptr<Image>(
+        new Image(static_cast<const std::byte*>(p), size));
+    DCR_ASSIGN_OR_RETURN(
+        SafetensorsHeader header,
+        ParseSafetensorsHeader({image->data_, size}, size, describe));
+    std::vector<TensorInfo> infos;
+    for (const SafetensorsEntry& e : header.tensors) {
+      infos.push_back(e.info);
+      image->spans_.push_back(
+          {image->data_ + header.data_offset + e.begin, e.end - e.begin});
+    }
+    auto manifest = Manifest::Create(std::move(infos));
+    if (!manifest.ok()) {
+      return Status::Corruption(describe + ": " +
+                                std::string(manifest.status().message()));
+    }
+    image->manifest_ = *std::move(manifest);
+    return image;
+  }
+  ~Image() { ::munmap(const_cast<std::byte*>(data_), size_); }
+
+  const Manifest& manifest() const { return manifest_; }
+  std::span<const std::byte> Tensor(size_t i) const { return spans_[i]; }
+
+ private:
+  Image(const std::byte* data, size_t size) : data_(data), size_(size) {}
+  const std::byte* data_;
+  size_t size_;
+  Manifest manifest_;
+  std::vector<std::span<const std::byte>> spans_;
+};
+
+// The client end of the relay's socket: lines in, lines out, never
+// blocking the serving loop for longer than a send of one small line.
+class ServingReceiver::Port {
+ public:
+  explicit Port(std::string path) : path_(std::move(path)) {}
+
+  bool connected() const { return fd_.valid(); }
+
+  // Connects unless connected or tried within the last 200 ms; true iff a
+  // new connection was made.
+  bool MaybeConnect() {
+    if (fd_.valid()) return false;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_try_) return false;
+    next_try_ = now + std::chrono::milliseconds(200);
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return false;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path_.size() >= sizeof addr.sun_path) return false;
+    std::memcpy(addr.sun_path, path_.data(), path_.size());
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) !=
+        0) {
+      return false;
+    }
+    ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
+    fd_ = std::move(fd);
+    in_.clear();
+    return true;
+  }
+
+  void Send(const PauseMsg& msg) {
+    if (!fd_.valid()) return;
+    const std::string line = EncodePauseMsg(msg);
+    size_t done = 0;
+    while (done < line.size()) {
+      ssize_t n = ::send(fd_.get(), line.data() + done, line.size() - done,
+                         MSG_NOSIGNAL);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && errno == EAGAIN) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      } else {
+        fd_.Reset();
+        return;
+      }
+    }
+  }
+
+  // The complete lines received so far; closes on EOF, an error or a line
+  // that is too long or not a message.
+  std::vector<PauseMsg> Receive() {
+    std::vector<PauseMsg> out;
+    while (fd_.valid()) {
+      char buf[4096];
+      ssize_t n = ::recv(fd_.get(), buf, sizeof buf, 0);
+      if (n > 0) {
+        in_.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      fd_.Reset();  // EOF: the relay stopped or dropped us
+    }
+    size_t start = 0;
+    for (size_t nl; (nl = in_.find('\n', start)) != std::string::npos;
+         start = nl + 1) {
+      auto msg =
+          DecodePauseMsg(std::string_view(in_).substr(start, nl - start));
+      if (msg.ok()) out.push_back(*std::move(msg));
+    }
+    in_.erase(0, start);
+    if (in_.size() >= kMaxPauseLine) fd_.Reset();
+    return out;
+  }
+
+ private:
+  std::string path_;
+  UniqueFd fd_;
+  std::string in_;
+  std::chrono::steady_clock::time_point next_try_{};
+};
+
+ServingReceiver::ServingReceiver(Options options)
+    : options_(std::move(options)) {}
+ServingReceiver::~ServingReceiver() = default;
+
+Result<std::unique_ptr<ServingReceiver>> ServingReceiver::Open(
+    const Options& options) {
+  if (options.store.kind != StoreSpec::Kind::kShm) {
+    return Status::InvalidArgument(
+        "a serving process maps a shm store (shm:NAME), not '" +
+        options.store.path + "'");
+  }
+  std::unique_ptr<ServingReceiver> r(new ServingReceiver(options));
+  const std::string name = LiveHeaderName(options.store);
+  const auto until = std::chrono::steady_clock::now() + options.wait;
+  for (;;) {
+    auto header = LiveHeader::Open(name);
+    if (header.ok()) {
+      r->header_.emplace(*std::move(header));
+      break;
+    }
+    if (header.status().code() != StatusCode::kNotFound ||
+        std::chrono::steady_clock::now() >= until) {
+      return header.status();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  DCR_ASSIGN_OR_RETURN(LiveState state, r->header_->Read());
+  DCR_RETURN_IF_ERROR(r->Move(state));
+  if (!options.socket.empty()) {
+    r->port_ = std::make_unique<Port>(options.socket);
+  }
+  (void)r->Poll();  // attach now if the relay listens
+  return r;
+}
+
+const Manifest& ServingReceiver::manifest() const {
+  return images_[live_.image]->manifest();
+}
+
+std::span<const std::byte> ServingReceiver::Tensor(size_t i) const {
+  return images_[live_.image]->Tensor(i);
+}
+
+std::shared_ptr<const void> ServingReceiver::Pin() const {
+  return images_[live_.image];
+}
+
+bool ServingReceiver::attached() const { return port_ && port_->connected(); }
+
+Status ServingReceiver::Move(const LiveState& state) {
+  std::shared_ptr<Image>& image = images_[state.image];
+  // Mapped afresh at every move: the relay may have created the image
+  // since (its first catch-up).
+  DCR_ASSIGN_OR_RETURN(
+      image, Image::Map(ServingImageSpec(options_.store, state.image).path));
+  const std::shared_ptr<Image>& other = images_[1 - state.image];
+  if (other && other->manifest().digest() != image->manifest().digest()) {
+    return Status::Corruption(
+        "the relay's two images hold different tensors: " +
+        Manifest::Difference(other->manifest(), image->manifest()));
+  }
+  live_ = state;
+  return Status::OK();
+}
+
+Result<bool> ServingReceiver::Poll() {
+  if (port_) {
+    if (port_->MaybeConnect()) {
+      PauseMsg hello;
+      hello.op = PauseMsg::Op::kHello;
+      hello.pid = static_cast<uint64_t>(::getpid());
+      hello.image = live_.image;
+      port_->Send(hello);
+    }
+    for (const PauseMsg& m : port_->Receive()) {
+      if (m.op == PauseMsg::Op::kPrepare) {
+        // Ready: this process computes on the live image only and moves
+        // at its next Poll after the commit.
+        PauseMsg ready;
+        ready.op = PauseMsg::Op::kReady;
+        ready.refit = m.refit;
+        port_->Send(ready);
+        ++prepares_;
+      }
+      // live, commit, abort: the header says what to compute on.
+    }
+  }
+  DCR_ASSIGN_OR_RETURN(LiveState state, header_->Read());
+  if (state.image == live_.image) {
+    live_ = state;
+    return false;
+  }
+  DCR_RETURN_IF_ERROR(Move(state));
+  if (port_) {
+    PauseMsg flipped;
+    flipped.op = PauseMsg::Op::kFlipped;
+    flipped.image = state.image;
+    flipped.version.step = state.version.step;
+    port_->Send(flipped);
+  }
+  return true;
+}
+
+}  // namespace dcr
