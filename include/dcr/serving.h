@@ -14,9 +14,16 @@
 // "/NAME.live" names it live, and the server, told over the relay's Unix
 // socket, re-points its weights between two steps. The pause is the time
 // from COMMIT reaching the node to the server's answer. Once the server
-// said it left the old image, the relay copies the new live image over it
-// (the catch-up) and it becomes the next refit's standby. Memory: two
-// images of the rank's store (FP8 shadows included), nothing else.
+// left the old image, the relay copies the new live image over it (the
+// catch-up) and it becomes the next refit's standby. Memory: two images
+// of the rank's store (FP8 shadows included), nothing else.
+//
+// Reader locks. Whether a process computes on an image is not left to
+// messages: a serving process holds a shared flock on "/NAME.<i>.readers"
+// while it computes on image i, and the relay writes image i (catch-up,
+// staging) only while it holds that lock exclusively. A server that
+// dies releases it; one that is alive but detached, socket-less or slow
+// keeps the relay off its image.
 //
 // Thread safety: LiveHeader's Read may run in any process and thread
 // while the relay's Write runs (a sequence lock); Write from one thread
@@ -32,6 +39,7 @@
 #include <span>
 #include <string>
 
+#include "common/file.h"
 #include "dcr/checkpoint.h"
 #include "dcr/status.h"
 #include "dcr/store.h"
@@ -46,6 +54,12 @@ StoreSpec ServingImageSpec(const StoreSpec& spec, uint32_t image);
 
 // The shm object that names the live image: "/NAME.live".
 std::string LiveHeaderName(const StoreSpec& spec);
+
+// Image `image`'s reader lock "/NAME.<image>.readers" (created if
+// missing), flocked `exclusive` (the relay) or shared (a server), without
+// waiting. Aborted when the other side holds it.
+Result<UniqueFd> LockImage(const StoreSpec& spec, uint32_t image,
+                           bool exclusive);
 
 // What the header says.
 struct LiveState {
@@ -118,9 +132,15 @@ class ServingReceiver {
   // Answers what the relay sent (a prepare: ready), moves to the live
   // image if the header names another (then tells the relay), and
   // reconnects to the socket when the relay restarted. True iff the
-  // tensors moved: views taken before are of the old image, and stay
-  // mapped until the next move.
-  Result<bool> Poll();
+  // tensors moved: views taken before are of the old image (they stay
+  // readable, Pin()). With `move` false it answers but does not move:
+  // ranks of one server that must move together (tensor parallel) first
+  // agree on Pending(); until this process moves, the relay does not
+  // touch the image it reads.
+  Result<bool> Poll(bool move = true);
+  // The state the header names when it is another image than the one
+  // the tensors are in (a move is due), else nullopt.
+  Result<std::optional<LiveState>> Pending() const;
   // Connected to the relay's socket.
   bool attached() const;
   // Refits the relay asked about (prepare) and the flips seen, for tests.
@@ -136,6 +156,7 @@ class ServingReceiver {
   std::optional<LiveHeader> header_;
   std::shared_ptr<Image> images_[2];
   std::unique_ptr<Port> port_;
+  UniqueFd reader_lock_;  // shared, on the image the tensors are in
   LiveState live_;
   uint64_t prepares_ = 0;
 };

@@ -129,9 +129,21 @@ void AddReceiver(py::module_& m) {
       .def("tensors", &TensorsOf,
            "name -> torch tensor of the live image (FP8 codes as uint8)")
       .def(
-          "poll", [](ServingReceiver& r) { return Take(r.Poll()); },
+          "poll",
+          [](ServingReceiver& r, bool move) { return Take(r.Poll(move)); },
+          "move"_a = true,
           "answers the relay and moves to the live image if it changed; "
-          "True iff it moved (take tensors() again)")
+          "True iff it moved (take tensors() again). move=False: answer "
+          "only (tensor-parallel ranks agree on pending_step() first)")
+      .def(
+          "pending_step",
+          [](const ServingReceiver& r) -> py::object {
+            std::optional<LiveState> p = Take(r.Pending());
+            if (!p) return py::none();
+            return py::int_(p->version.step);
+          },
+          "the step a move would go to, or None when the tensors are of "
+          "the live image")
       .def_property_readonly(
           "step",
           [](const ServingReceiver& r) { return r.live().version.step; })

@@ -111,6 +111,7 @@ void Relay::Impl::Advance() {
     if (r.WantsLocalWork()) {
       Status s = r.phase() == RefitPhase::kVoting ? r.Vote() : r.Finish();
       if (!s.ok()) spdlog::error("{}: {}", options_.name, s.ToString());
+      if (r.committed_here()) FlipServing();
       continue;
     }
     switch (r.phase()) {
@@ -212,6 +213,8 @@ void Relay::Impl::AnswerStatus(Link& link, const Frame& frame) {
     // A refit the store records as begun, other than the one running here
     // (one left by a crash): the bits are a mix, no version. A refit
     // running over it is its repair (coord/repair.h).
+    // The version served is the live image's; the standby may lag.
+    if (images_ && images_->live()) r.version = images_->live()->version;
     if (auto busy = store_->InProgress();
         busy && (!current_ || busy->refit != current_->refit->id())) {
       r.store.unfinished = busy->refit;
@@ -225,6 +228,8 @@ void Relay::Impl::AnswerStatus(Link& link, const Frame& frame) {
         r.store.target = prepared_->target;
       }
     }
+  } else if (images_ && images_->live()) {
+    r.version = images_->live()->version;  // the standby is made at catch-up
   } else {
     r.code = NodeCode::kNeedsCatchUp;
   }
@@ -265,6 +270,7 @@ bool Relay::Impl::AnswerEnded(Link& link, const Frame& frame) {
   if (store_) {
     if (auto c = store_->committed()) r.version = *c;
   }
+  if (images_ && images_->live()) r.version = images_->live()->version;
   r.detail = "the refit had already ended here";
   if (const RelayStats published = board_.Get();
       !published.last_result.empty()) {
@@ -441,13 +447,7 @@ void Relay::Impl::EndRefit(const std::string& result, bool committed) {
                r.id().ToHex(), result, seconds, r.tracker().applied());
   board_.EndRefit(seconds, fmt::format("{} {}", r.id().ToHex(), result));
   if (images_ && committed) {
-    // The pause starts at COMMIT; a commit found at start has none.
-    Status s =
-        images_->Flip(store_, r.id(), c.commit_at.value_or(Clock::now()));
-    if (!s.ok()) {
-      spdlog::error("{}: committed, but the live image did not change: {}",
-                    options_.name, s.ToString());
-    }
+    FlipServing();
   } else if (images_) {
     images_->Aborted(r.id());
   }
@@ -457,6 +457,19 @@ void Relay::Impl::EndRefit(const std::string& result, bool committed) {
 #if !defined(__SANITIZE_ADDRESS__) && !defined(DCR_SANITIZED)
   ::malloc_trim(0);  // glibc's; under ASan malloc is not glibc's (crashes)
 #endif
+}
+
+void Relay::Impl::FlipServing() {
+  Current& c = *current_;
+  if (!images_ || c.flipped) return;
+  c.flipped = true;
+  // The pause starts at COMMIT.
+  Status s =
+      images_->Flip(store_, c.refit->id(), c.commit_at.value_or(Clock::now()));
+  if (!s.ok()) {
+    spdlog::error("{}: committed, but the live image did not change: {}",
+                  options_.name, s.ToString());
+  }
 }
 
 bool Relay::Impl::ServingVoteGate(RelayRefit& r) {
@@ -469,8 +482,8 @@ bool Relay::Impl::ServingVoteGate(RelayRefit& r) {
     case ServingImages::Gate::kTimedOut:
       (void)r.Veto(NodeCode::kTimeout,
                    fmt::format("the serving process did not answer the pause "
-                               "request within {} ms (busy or hung); nothing "
-                               "was applied under it",
+                               "request within {} ms (busy or hung); it "
+                               "stays on the committed version",
                                options_.serving_deadline.count()));
       return true;
   }
@@ -495,7 +508,11 @@ void Relay::Impl::PublishStats() {
   } else {
     s.state = store_ || (images_ && images_->live()) ? "idle" : "no store";
   }
-  if (images_) s.serving = images_->stats();
+  if (images_) {
+    s.serving = images_->stats();
+    // The version served is the live image's; the standby may lag.
+    if (images_->live()) s.committed = images_->live()->version;
+  }
   board_.Publish(std::move(s), current_.has_value());
 }
 

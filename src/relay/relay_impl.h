@@ -64,6 +64,7 @@ class Relay::Impl {
     bool repair = false;
     // When COMMIT reached the node: a serving process's pause starts.
     std::optional<Clock::time_point> commit_at;
+    bool flipped = false;  // the committed standby was made live
   };
   // The refit that ended last and what we answered in it: a parent that
   // lost our final reply reconnects (an adoption PLAN) and gets it again.
@@ -97,6 +98,9 @@ class Relay::Impl {
   bool ServingVoteGate(RelayRefit& r);
   // Brings the standby image to the live version when its server left it.
   void CatchUpStandby();
+  // Makes the committed standby live: at once, not after the children's
+  // replies (they are not part of the pause).
+  void FlipServing();
   // Feeds the refit's ProgressMeter what holds its parent link now.
   void SampleProgress();
   void PublishStats();

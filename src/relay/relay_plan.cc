@@ -145,6 +145,11 @@ std::unique_ptr<RefitSession> Relay::Impl::BeginSession(const RefitId& id,
   // A serving relay stages on the standby image, once it caught up with
   // the live one and no server reads it (a prepared refit resumes as is).
   const bool resumes_prepared = prepared_ && prepared_->refit == id;
+  if (images_ && resumes_prepared && !images_->LockStandby()) {
+    own->code = NodeCode::kBusy;
+    own->detail = images_->why_waiting();
+    return nullptr;
+  }
   if (images_ && !resumes_prepared) {
     Result<bool> ready = images_->MaybeCatchUp(store_, false);
     if (!ready.ok()) {

@@ -133,6 +133,11 @@ class RelayRefit {
   bool local_done() const { return local_.has_value(); }
   // This node's own vote (kVoting, once Vote ran) is yes.
   bool voted_yes() const { return voted_yes_; }
+  // Finish committed the target here (kCommitting).
+  bool committed_here() const {
+    return phase_ == RefitPhase::kCommitting && local_ &&
+           local_->code == NodeCode::kOk && local_->version == plan_.target;
+  }
   // Vote or Finish may run now: the phase wants it and no apply is in
   // flight.
   bool WantsLocalWork() const;

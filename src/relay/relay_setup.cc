@@ -103,6 +103,9 @@ Status Relay::Impl::Init() {
   if (images_) {
     images_->set_pool(hash_pool_.get());
     DCR_RETURN_IF_ERROR(images_->Reconcile(store_, prepared_.has_value()));
+    // After the store's lock: a second relay started by mistake stops at
+    // the store, before it touches this one's socket.
+    DCR_RETURN_IF_ERROR(images_->Listen());
   }
   env_ = RelayRefit::Env{options_.name, workers_.get(), hash_pool_.get(),
                          decoder_.get(), options_.signing_public_key.get()};

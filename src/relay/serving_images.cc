@@ -12,6 +12,9 @@ double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
+// How often a catch-up waiting for the standby's reader lock tries it.
+constexpr auto kLockPoll = std::chrono::milliseconds(50);
+
 }  // namespace
 
 Result<std::unique_ptr<ServingImages>> ServingImages::Open(Options options) {
@@ -25,33 +28,56 @@ Result<std::unique_ptr<ServingImages>> ServingImages::Open(Options options) {
   const Options& o = self->options_;
   const std::string name = LiveHeaderName(o.store);
   Result<LiveHeader> header = LiveHeader::Open(name, /*writable=*/true);
-  if (header.ok()) {
-    DCR_ASSIGN_OR_RETURN(LiveState state, header->Read());
-    const StoreSpec live = ServingImageSpec(o.store, state.image);
+  Result<LiveState> state = header.ok() ? header->Read() : header.status();
+  if (state.status().code() == StatusCode::kCorruption) {
+    // A crash while the header was made or written: the images' records
+    // say which one committed last; it is the live one.
+    spdlog::warn("{}: {}; rebuilding it from the images' records", o.node,
+                 state.status().ToString());
+    std::optional<LiveState> best;
+    for (uint32_t i = 0; i < 2; ++i) {
+      auto s = OpenStore(ServingImageSpec(o.store, i));
+      if (!s.ok()) continue;
+      auto c = (*s)->committed();
+      if (c && !(*s)->InProgress() && (!best || c->step > best->version.step)) {
+        best = LiveState{i, *c, 1};
+      }
+    }
+    DCR_RETURN_IF_ERROR(LiveHeader::Remove(name));
+    if (best) {
+      header = LiveHeader::Create(name, *best);
+      state = *best;
+    } else {
+      header = Status::NotFound("no committed image");
+      state = header.status();
+    }
+  }
+  if (state.ok()) {
+    const StoreSpec live = ServingImageSpec(o.store, state->image);
     auto store = OpenStore(live);
     if (!store.ok()) {
-      return Status::InvalidArgument(fmt::format(
-          "shm:{} names {} live, which does not open ({}); remove both and "
-          "seed the node with a full refit",
-          name, live.ToString(), store.status().message()));
+      return Status::InvalidArgument(
+          fmt::format("shm:{} names {} live, which does not open: {}", name,
+                      live.ToString(), store.status().message()));
     }
     self->live_ = *std::move(store);
     self->header_.emplace(*std::move(header));
-    self->live_state_ = state;
-    self->stats_.live_image = state.image;
-  } else if (header.status().code() != StatusCode::kNotFound) {
-    return header.status();
+    self->live_state_ = *state;
+    self->stats_.live_image = state->image;
+  } else if (state.status().code() != StatusCode::kNotFound) {
+    return state.status();
   }
-  // A server may be reading the standby still (a crash between a flip and
-  // its answer): no catch-up before it attaches or the deadline passes.
-  self->grace_until_ = Clock::now() + o.deadline;
   self->caught_up_ = !self->live_state_;
-  ServingImages* raw = self.get();
+  return self;
+}
+
+Status ServingImages::Listen() {
+  ServingImages* raw = this;
   DCR_ASSIGN_OR_RETURN(
-      self->port_, ServingPort::Listen(o.socket, [raw](ServingPort::Event e) {
+      port_, ServingPort::Listen(options_.socket, [raw](ServingPort::Event e) {
         raw->options_.post([raw, e = std::move(e)] { raw->OnEvent(e); });
       }));
-  return self;
+  return Status::OK();
 }
 
 ServingImages::~ServingImages() = default;
@@ -72,19 +98,34 @@ Status ServingImages::Reconcile(std::unique_ptr<WeightStore>& standby,
   const bool clean = !standby->InProgress();
   if (clean && c && (!live_state_ || c->step > live_state_->version.step)) {
     spdlog::warn(
-        "{}: {} committed step {} and was not made live (a crash); "
-        "flipping now",
+        "{}: {} committed step {} and was not made live (a crash); flipping "
+        "now",
         options_.node, standby->describe(), c->step);
     const auto rec = standby->record();
-    DCR_RETURN_IF_ERROR(Flip(standby, rec.committed->refit, Clock::now()));
-    // A server may compute on the old image until it attaches.
-    grace_until_ = Clock::now() + options_.deadline;
-    return Status::OK();
+    return Flip(standby, rec.committed->refit, Clock::now());
   }
   caught_up_ = clean && c && live_state_ && *c == live_state_->version &&
                standby->manifest().digest() == live_->manifest().digest();
   stats_.caught_up = caught_up_;
   return Status::OK();
+}
+
+bool ServingImages::LockStandby() {
+  if (standby_lock_.valid()) return true;
+  auto lock = LockImage(options_.store, standby_index(), /*exclusive=*/true);
+  if (!lock.ok()) {
+    if (lock.status().code() != StatusCode::kAborted) {
+      spdlog::error("{}: {}", options_.node, lock.status().ToString());
+    }
+    return false;
+  }
+  standby_lock_ = *std::move(lock);
+  return true;
+}
+
+void ServingImages::ForgetPrepare() {
+  prepared_refit_.reset();
+  ready_ = false;
 }
 
 ServingImages::Gate ServingImages::ReadyToVote(const RefitId& refit,
@@ -103,7 +144,7 @@ ServingImages::Gate ServingImages::ReadyToVote(const RefitId& refit,
   if (ready_) return Gate::kReady;
   if (Clock::now() < prepare_deadline_) return Gate::kWait;
   stats_.prepare_timeouts += 1;
-  prepared_refit_.reset();
+  ForgetPrepare();
   return Gate::kTimedOut;
 }
 
@@ -116,6 +157,8 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   next.image = standby_index();
   next.version = *v;
   next.flips = live_state_ ? live_state_->flips + 1 : 1;
+  // Readers may lock the new live image before they see the header.
+  standby_lock_.Reset();
   if (header_) {
     header_->Write(next);
   } else {
@@ -123,14 +166,14 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
         LiveHeader h, LiveHeader::Create(LiveHeaderName(options_.store), next));
     header_.emplace(std::move(h));
   }
+  flipped_at_ = Clock::now();
   live_state_ = next;
   std::swap(live_, standby);
   caught_up_ = false;
+  retry_after_ = {};
   stats_.caught_up = false;
   stats_.live_image = next.image;
-  // No server attached: none reads the old image (one that detached
-  // moved or died). Reconcile, at start, waits instead.
-  grace_until_ = Clock::now();
+  ForgetPrepare();
   pause_started_.reset();
   if (connection_ != 0) {
     PauseMsg m;
@@ -149,7 +192,7 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
 }
 
 void ServingImages::Aborted(const RefitId& refit) {
-  if (prepared_refit_ == refit) prepared_refit_.reset();
+  if (prepared_refit_ == refit) ForgetPrepare();
   if (connection_ == 0) return;
   PauseMsg m;
   m.op = PauseMsg::Op::kAbort;
@@ -157,38 +200,27 @@ void ServingImages::Aborted(const RefitId& refit) {
   port_->Send(connection_, m);
 }
 
-bool ServingImages::ServerLeftOldImage() const {
-  if (connection_ != 0) {
-    return live_state_ && server_image_ == live_state_->image;
-  }
-  return Clock::now() >= grace_until_;
-}
-
 bool ServingImages::CatchUpDue() const {
-  return !caught_up_ && Clock::now() >= retry_after_ && ServerLeftOldImage();
+  return !caught_up_ && Clock::now() >= retry_after_;
 }
 
 std::string ServingImages::why_waiting() const {
-  if (caught_up_) return "";
-  if (connection_ != 0 && !ServerLeftOldImage()) {
-    return fmt::format(
-        "the serving process has not moved to image {} yet (it may still "
-        "compute on the standby)",
-        live_state_ ? live_state_->image : 0);
-  }
-  if (connection_ == 0 && !ServerLeftOldImage()) {
-    return "waiting for a serving process to attach (or the pause deadline) "
-           "before the standby image catches up";
-  }
-  return "the standby image has not caught up with the live one";
+  if (caught_up_ && standby_lock_.valid()) return "";
+  return fmt::format(
+      "a serving process still computes on image {} (it has not moved to "
+      "the live image {}); the relay does not write it until then",
+      standby_index(), live_state_ ? live_state_->image : 0);
 }
 
 ServingImages::Clock::time_point ServingImages::NextDeadline() const {
+  const Clock::time_point now = Clock::now();
   Clock::time_point next = Clock::time_point::max();
-  if (connection_ != 0 && prepared_refit_ && !ready_) {
+  if (connection_ != 0 && prepared_refit_ && !ready_ &&
+      prepare_deadline_ > now) {
     next = std::min(next, prepare_deadline_);
   }
-  if (!caught_up_ && connection_ == 0) next = std::min(next, grace_until_);
+  if (!caught_up_)
+    next = std::min(next, std::max(now, retry_after_) + kLockPoll);
   return next;
 }
 
@@ -201,8 +233,9 @@ Result<bool> ServingImages::MaybeCatchUp(std::unique_ptr<WeightStore>& standby,
 
 Result<bool> ServingImages::CatchUp(std::unique_ptr<WeightStore>& standby,
                                     bool prepared) {
+  if (!LockStandby()) return false;
   if (caught_up_) return true;
-  if (prepared || !live_ || !ServerLeftOldImage()) return false;
+  if (prepared || !live_) return false;
   const StoreSpec spec = standby_spec();
   if (standby && standby->manifest().digest() != live_->manifest().digest()) {
     standby.reset();
@@ -243,8 +276,9 @@ Status ServingImages::CopyLiveInto(WeightStore& standby) {
   const size_t n = live_->manifest().size();
   auto copy = [&](size_t i, size_t) {
     std::span<const std::byte> from = live_->Tensor(i);
-    if (!from.empty())
+    if (!from.empty()) {
       std::memcpy(standby.MutableTensor(i).data(), from.data(), from.size());
+    }
   };
   if (options_.pool != nullptr) {
     options_.pool->ParallelFor(n, copy);
@@ -260,6 +294,7 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
     case Kind::kAttached:
       connection_ = e.connection;
       server_image_.reset();
+      ForgetPrepare();  // a vote under way sends this server its prepare
       stats_.attached = true;
       spdlog::info("{}: a serving process attached ({})", options_.node,
                    port_->path());
@@ -268,13 +303,12 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
       if (e.connection != connection_) return;
       connection_ = 0;
       server_image_.reset();
+      ForgetPrepare();
       stats_.attached = false;
-      // Gone: it reads nothing now, and a prepare waits for no one.
-      grace_until_ = Clock::now();
       spdlog::warn("{}: the serving process detached: {}{}", options_.node,
                    e.detail,
                    pause_started_ ? " (during its pause; it moves to the live "
-                                    "image when it comes back)"
+                                    "image by the header)"
                                   : "");
       pause_started_.reset();
       return;
@@ -303,12 +337,15 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
     case PauseMsg::Op::kFlipped:
       server_image_ = m.image;
       if (pause_started_ && live_state_ && m.image == live_state_->image) {
+        const auto now = e.at;  // not when this thread got to it
         stats_.pauses += 1;
-        stats_.last_pause_seconds = Seconds(Clock::now() - *pause_started_);
+        stats_.last_pause_seconds = Seconds(now - *pause_started_);
         spdlog::info(
-            "{}: the serving process runs on step {} (paused {:.1f} "
-            "ms after COMMIT)",
-            options_.node, m.version.step, stats_.last_pause_seconds * 1e3);
+            "{}: the serving process runs on step {} (paused {:.1f} ms after "
+            "COMMIT: {:.1f} ms to commit and flip, {:.1f} ms to move)",
+            options_.node, m.version.step, stats_.last_pause_seconds * 1e3,
+            Seconds(flipped_at_ - *pause_started_) * 1e3,
+            Seconds(now - flipped_at_) * 1e3);
         pause_started_.reset();
       }
       return;

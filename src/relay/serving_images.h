@@ -1,23 +1,25 @@
 // A serving relay's two images and the server attached to them
 // (include/dcr/serving.h; docs/PROTOCOL.md §"The pause protocol"). The
 // relay's store (Relay::Impl::store_) is the standby image, the one refits
-// stage on; this class keeps the live one, the header naming it and what
-// the attached server said, and carries out the protocol's steps:
+// stage on; this class keeps the live one, the header naming it, the
+// standby's reader lock and what the attached server said, and carries
+// out the protocol's steps:
 //
 //   vote     a yes vote waits for the server's "ready" to this refit's
 //            prepare (sent the first time it is asked); no answer within
 //            the deadline turns it into a no. No server attached: no wait.
-//   commit   Flip: the committed standby becomes live (header, then a
-//            commit line to the server); the old live image becomes the
-//            standby, behind by one version.
-//   flipped  the server left the old image: its pause ends, and the old
-//            image catches up (a copy of the live one) before the next
-//            refit may stage on it.
+//   commit   Flip: the committed standby becomes live (its reader lock
+//            released, the header written, a commit line to the server);
+//            the old live image becomes the standby, behind by one version.
+//   catch-up once the relay holds the old image's reader lock exclusively
+//            (every process that computed on it moved or died), it copies
+//            the live image over it; then the next refit may stage there.
 //
-// Catch-up waits until the server said it reads the live image; with no
-// server attached, for the deadline after the flip (or after the relay's
-// start), in case one is between two steps and about to move; a server
-// that detached after the flip moved or died.
+// The reader lock, not the messages, keeps the relay off an image a
+// process computes on: a server that is slow, detached, socket-less or
+// between a relay's restart and its reconnection holds its shared lock.
+// The relay holds the standby's lock from the catch-up (or the first
+// stage) until the flip.
 //
 // Thread safety: the actor thread calls everything; the port's events
 // reach it through the `post` function given to Open.
@@ -51,9 +53,11 @@ class ServingImages {
     std::function<void(std::function<void()>)> post;
   };
 
-  // Opens the header and the live image if a commit made them, and
-  // listens on the socket.
+  // Opens the header and the live image if a commit made them (a header
+  // a crash left torn is rebuilt from the images' records). Listen comes
+  // after the relay took its store's lock.
   static Result<std::unique_ptr<ServingImages>> Open(Options options);
+  Status Listen();
   ~ServingImages();
 
   // The spec of the standby image: the relay's store.
@@ -64,6 +68,10 @@ class ServingImages {
   // version than the header names). `prepared`: the standby holds a yes
   // vote awaiting the root's decision (left alone).
   Status Reconcile(std::unique_ptr<WeightStore>& standby, bool prepared);
+
+  // Takes the standby's reader lock (kept until the flip); false while a
+  // process still computes on the standby image.
+  bool LockStandby();
 
   enum class Gate { kReady, kWait, kTimedOut };
   // Whether a yes vote in refit `refit` may go up (see the top).
@@ -76,18 +84,19 @@ class ServingImages {
   // The refit ended without a commit here: the server is told (no pause).
   void Aborted(const RefitId& refit);
 
-  // Brings the standby to the live version once the server left it
+  // Brings the standby to the live version once its reader lock is ours
   // (opening or creating it if needed). OK(true): the standby may take a
-  // refit; OK(false): not yet, why_waiting() says why.
+  // refit (its lock held); OK(false): not yet, why_waiting() says why.
   Result<bool> MaybeCatchUp(std::unique_ptr<WeightStore>& standby,
                             bool prepared);
   bool caught_up() const { return caught_up_; }
   std::string why_waiting() const;
 
-  // The next time a timer here may act (a prepare's deadline, the grace
-  // before a catch-up); max() if none.
+  // The next time a timer here may act (a prepare's deadline; a catch-up
+  // waiting for the standby's lock is tried every 50 ms); max() if none.
   Clock::time_point NextDeadline() const;
-  // Whether MaybeCatchUp may be due: a catch-up pending with its wait over.
+  // Whether MaybeCatchUp should be tried: a catch-up pending (and not
+  // failed within the deadline).
   bool CatchUpDue() const;
   ServingStats stats() const { return stats_; }
   void set_pool(ThreadPool* pool) { options_.pool = pool; }
@@ -99,7 +108,7 @@ class ServingImages {
   uint32_t standby_index() const {
     return live_state_ ? 1 - live_state_->image : 0;
   }
-  bool ServerLeftOldImage() const;
+  void ForgetPrepare();
   Result<bool> CatchUp(std::unique_ptr<WeightStore>& standby, bool prepared);
   Status CopyLiveInto(WeightStore& standby);
 
@@ -116,15 +125,17 @@ class ServingImages {
   std::optional<RefitId> prepared_refit_;
   Clock::time_point prepare_deadline_{};
   bool ready_ = false;
-  // The last flip: when its COMMIT came, and whether the server answered.
+  // The last flip: when its COMMIT came (until the server answered), and
+  // when the header changed.
   std::optional<Clock::time_point> pause_started_;
-  // Catch-up: the standby is behind; not before `grace_until_` unless the
-  // server said it left the old image.
+  Clock::time_point flipped_at_{};
+  // The standby's reader lock, held exclusively; invalid: not ours yet.
+  UniqueFd standby_lock_;
+  // The standby holds the live version.
   bool caught_up_ = true;
   // A catch-up that failed is tried again at the next refit or after the
   // deadline, not at every turn of the relay's loop.
   Clock::time_point retry_after_{};
-  Clock::time_point grace_until_{};
   ServingStats stats_;
 };
 

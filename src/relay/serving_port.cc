@@ -1,7 +1,9 @@
 #include "relay/serving_port.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -30,13 +32,23 @@ Result<std::unique_ptr<ServingPort>> ServingPort::Listen(
         std::to_string(sizeof addr.sun_path - 1) + " bytes");
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
+  const std::string lock_path = path + ".lock";
+  UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!lock.valid()) {
+    return Status::FromErrno("cannot open '" + lock_path + "'", errno);
+  }
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    return Status::InvalidArgument(
+        "serving socket '" + path +
+        "': another relay listens there (it holds '" + lock_path + "')");
+  }
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
       return Status::InvalidArgument("serving socket '" + path +
                                      "': something else is there; move it");
     }
-    // The store's lock (one relay per store) makes it a dead relay's.
+    // Ours now (the lock): a dead relay's.
     ::unlink(path.c_str());
   }
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -50,15 +62,17 @@ Result<std::unique_ptr<ServingPort>> ServingPort::Listen(
   }
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return Status::FromErrno("eventfd", errno);
-  std::unique_ptr<ServingPort> port(new ServingPort(
-      path, std::move(fd), std::move(wake), std::move(handler)));
+  std::unique_ptr<ServingPort> port(
+      new ServingPort(path, std::move(lock), std::move(fd), std::move(wake),
+                      std::move(handler)));
   port->thread_ = std::thread([p = port.get()] { p->Run(); });
   return port;
 }
 
-ServingPort::ServingPort(std::string path, UniqueFd listener, UniqueFd wake,
-                         Handler handler)
+ServingPort::ServingPort(std::string path, UniqueFd lock, UniqueFd listener,
+                         UniqueFd wake, Handler handler)
     : path_(std::move(path)),
+      lock_(std::move(lock)),
       listener_(std::move(listener)),
       wake_(std::move(wake)),
       handler_(std::move(handler)) {}

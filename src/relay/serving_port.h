@@ -9,6 +9,7 @@
 #define DCR_RELAY_SERVING_PORT_H_
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,11 +30,15 @@ class ServingPort {
     uint64_t connection = 0;  // numbers the attachments, from 1
     PauseMsg msg;             // kMessage
     std::string detail;       // kDetached: why
+    // When the port's thread read it: the actor may handle it later.
+    std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
   };
   using Handler = std::function<void(Event)>;
 
   // Listens on `path`, replacing a socket file a dead relay left there
-  // (anything else at the path is refused).
+  // (anything else at the path is refused). "<path>.lock", flocked for
+  // the port's life, says whether a live relay owns the path: a second
+  // relay given it fails without touching the socket.
   static Result<std::unique_ptr<ServingPort>> Listen(const std::string& path,
                                                      Handler handler);
   ~ServingPort();
@@ -48,7 +53,7 @@ class ServingPort {
   void Detach(uint64_t connection, const std::string& why) DCR_EXCLUDES(mu_);
 
  private:
-  ServingPort(std::string path, UniqueFd listener, UniqueFd wake,
+  ServingPort(std::string path, UniqueFd lock, UniqueFd listener, UniqueFd wake,
               Handler handler);
   void Run();
   void Accept();
@@ -56,6 +61,7 @@ class ServingPort {
   void CloseClient(std::string why) DCR_REQUIRES(mu_);
 
   const std::string path_;
+  UniqueFd lock_;
   UniqueFd listener_;
   UniqueFd wake_;  // an eventfd: Stop and Detach wake the thread
   Handler handler_;

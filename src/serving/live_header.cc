@@ -4,6 +4,7 @@
 // sequence before and after the fields. Every field is a lock-free 64-bit
 // atomic, so a reader in another process never reads a torn word.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -91,6 +92,27 @@ StoreSpec ServingImageSpec(const StoreSpec& spec, uint32_t image) {
 
 std::string LiveHeaderName(const StoreSpec& spec) {
   return Base(spec) + ".live";
+}
+
+Result<UniqueFd> LockImage(const StoreSpec& spec, uint32_t image,
+                           bool exclusive) {
+  const std::string name =
+      Base(spec) + "." + std::to_string(image) + ".readers";
+  UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
+  if (!fd.valid()) {
+    return Status::FromErrno("cannot open the reader lock shm:" + name, errno);
+  }
+  while (::flock(fd.get(), (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) {
+      return Status::Aborted(
+          exclusive
+              ? "a serving process computes on image " + std::to_string(image)
+              : "the relay writes image " + std::to_string(image));
+    }
+    return Status::FromErrno("cannot lock shm:" + name, errno);
+  }
+  return fd;
 }
 
 Result<LiveHeader> LiveHeader::Open(const std::string& name, bool writable) {

@@ -41,6 +41,7 @@ class ServingReceiver::Image {
     }
     auto image = std::shared_ptr<Image>(
         new Image(static_cast<const std::byte*>(p), size));
+    image->inode_ = st.st_ino;
     DCR_ASSIGN_OR_RETURN(
         SafetensorsHeader header,
         ParseSafetensorsHeader({image->data_, size}, size, describe));
@@ -62,11 +63,20 @@ class ServingReceiver::Image {
 
   const Manifest& manifest() const { return manifest_; }
   std::span<const std::byte> Tensor(size_t i) const { return spans_[i]; }
+  // Whether `name` is still the object this maps (not removed and made
+  // again, as the relay's first catch-up or a reseed does).
+  bool Current(const std::string& name) const {
+    struct stat st;
+    UniqueFd fd(::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0));
+    return fd.valid() && ::fstat(fd.get(), &st) == 0 && st.st_ino == inode_ &&
+           static_cast<size_t>(st.st_size) == size_;
+  }
 
  private:
   Image(const std::byte* data, size_t size) : data_(data), size_(size) {}
   const std::byte* data_;
   size_t size_;
+  ino_t inode_ = 0;
   Manifest manifest_;
   std::vector<std::span<const std::byte>> spans_;
 };
@@ -170,20 +180,32 @@ Result<std::unique_ptr<ServingReceiver>> ServingReceiver::Open(
   std::unique_ptr<ServingReceiver> r(new ServingReceiver(options));
   const std::string name = LiveHeaderName(options.store);
   const auto until = std::chrono::steady_clock::now() + options.wait;
+  // Until the relay's first commit made the header (a header being made
+  // reads as corrupt for a moment), and the live image's reader lock is
+  // taken (the relay holds it only while a flip is under way).
   for (;;) {
-    auto header = LiveHeader::Open(name);
-    if (header.ok()) {
-      r->header_.emplace(*std::move(header));
-      break;
+    Status s;
+    if (!r->header_) {
+      auto header = LiveHeader::Open(name);
+      if (header.ok()) {
+        r->header_.emplace(*std::move(header));
+      } else {
+        s = header.status();
+      }
     }
-    if (header.status().code() != StatusCode::kNotFound ||
+    if (r->header_) {
+      auto state = r->header_->Read();
+      s = state.ok() ? r->Move(*state) : state.status();
+      if (s.ok()) break;
+    }
+    const StatusCode c = s.code();
+    if ((c != StatusCode::kNotFound && c != StatusCode::kCorruption &&
+         c != StatusCode::kAborted) ||
         std::chrono::steady_clock::now() >= until) {
-      return header.status();
+      return s;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  DCR_ASSIGN_OR_RETURN(LiveState state, r->header_->Read());
-  DCR_RETURN_IF_ERROR(r->Move(state));
   if (!options.socket.empty()) {
     r->port_ = std::make_unique<Port>(options.socket);
   }
@@ -206,22 +228,40 @@ std::shared_ptr<const void> ServingReceiver::Pin() const {
 bool ServingReceiver::attached() const { return port_ && port_->connected(); }
 
 Status ServingReceiver::Move(const LiveState& state) {
+  // The new image's reader lock first (the relay does not write it from
+  // now on), then a check that it is still the live one.
+  DCR_ASSIGN_OR_RETURN(UniqueFd lock,
+                       LockImage(options_.store, state.image, false));
+  DCR_ASSIGN_OR_RETURN(LiveState now, header_->Read());
+  if (now.image != state.image) {
+    return Status::Aborted("the relay flipped again meanwhile");
+  }
   std::shared_ptr<Image>& image = images_[state.image];
-  // Mapped afresh at every move: the relay may have created the image
-  // since (its first catch-up).
-  DCR_ASSIGN_OR_RETURN(
-      image, Image::Map(ServingImageSpec(options_.store, state.image).path));
+  // Mapped again only if the object is not the one mapped: the relay
+  // creates the second image at its first catch-up.
+  const std::string name = ServingImageSpec(options_.store, state.image).path;
+  if (!image || !image->Current(name)) {
+    DCR_ASSIGN_OR_RETURN(image, Image::Map(name));
+  }
   const std::shared_ptr<Image>& other = images_[1 - state.image];
   if (other && other->manifest().digest() != image->manifest().digest()) {
     return Status::Corruption(
         "the relay's two images hold different tensors: " +
         Manifest::Difference(other->manifest(), image->manifest()));
   }
-  live_ = state;
+  live_ = now;
+  // The old image's lock goes: the relay may write it from now on.
+  reader_lock_ = std::move(lock);
   return Status::OK();
 }
 
-Result<bool> ServingReceiver::Poll() {
+Result<std::optional<LiveState>> ServingReceiver::Pending() const {
+  DCR_ASSIGN_OR_RETURN(LiveState state, header_->Read());
+  if (state.image == live_.image) return std::optional<LiveState>();
+  return std::optional<LiveState>(state);
+}
+
+Result<bool> ServingReceiver::Poll(bool move) {
   if (port_) {
     if (port_->MaybeConnect()) {
       PauseMsg hello;
@@ -248,12 +288,17 @@ Result<bool> ServingReceiver::Poll() {
     live_ = state;
     return false;
   }
-  DCR_RETURN_IF_ERROR(Move(state));
+  if (!move) return false;
+  if (Status s = Move(state); !s.ok()) {
+    // Busy (the relay is mid-flip): stay on the image held, try again.
+    if (s.code() == StatusCode::kAborted) return false;
+    return s;
+  }
   if (port_) {
     PauseMsg flipped;
     flipped.op = PauseMsg::Op::kFlipped;
-    flipped.image = state.image;
-    flipped.version.step = state.version.step;
+    flipped.image = live_.image;
+    flipped.version.step = live_.version.step;
     port_->Send(flipped);
   }
   return true;

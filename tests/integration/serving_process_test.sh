@@ -13,7 +13,9 @@
 #      up, a new server maps the live one
 #   f. a relay killed while its server is paused: the server moves by the
 #      header alone; the restarted relay catches up once the server
-#      attaches, and the next refit commits
+#      left the old image, and the next refit commits
+#   g. a second server without a socket, in a long step: the relay does not
+#      catch up the image it computes on until it moves (its reader lock)
 # Throughout, the server never computes on two versions: each step's
 # version stamp is the same before and after it, and the weights it read
 # did not change under it.
@@ -39,7 +41,7 @@ source "$(dirname "$0")/lib.sh"
 unset DCR_FAILPOINTS
 
 "$TRAINGEN" --hidden 64 --layers 2 --heads 4 --kv-heads 2 --vocab 300 \
-  --lr 2e-5 --steps 7 --out "$T/ck" >/dev/null 2>"$T/traingen.log" ||
+  --lr 2e-5 --steps 8 --out "$T/ck" >/dev/null 2>"$T/traingen.log" ||
   { cat "$T/traingen.log" >&2; fail "traingen"; }
 V=$T/ck
 sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 2/' \
@@ -132,7 +134,7 @@ for k in 1 2; do
   refit_json 0 "$TOPO" --target "$V/v$k.safetensors"
   json 'd["outcome"] == "committed"' "all(n['code'] == 'ok' for n in d['nodes'])"
   state "d['step'] == $((k + 1)) and d['image'] == $((k % 2))"
-  wait_log s0 "runs on step $((k + 1)) \(paused [0-9.]+ ms after COMMIT\)"
+  wait_log s0 "runs on step $((k + 1)) \(paused [0-9.]+ ms after COMMIT"
   verify_live "$k"
 done
 # The pause shows in `dcr status` and the relay's metrics.
@@ -215,11 +217,35 @@ json 'd["outcome"] == "committed"'
 state 'd["step"] == 7'
 verify_live 6
 
-# --- The server never computed on two versions ----------------------------
+# --- g. A second server without a socket, slow ---------------------------
+# No message reaches it; its reader lock alone keeps the relay off the
+# image it computes on until it moves.
+CTL2=$T/ctl2
+mkdir -p "$CTL2"
+echo 5 >"$CTL2/slow"
+/usr/bin/python3 "$(dirname "$0")/serving_server.py" "$PYDIR" "shm:/$SHM-s0" \
+  "" "$CTL2" >>"$T/server2.log" 2>&1 &
+PID[srv2]=$!
+for _ in $(seq 100); do [[ -s $CTL2/state.json ]] && break; sleep 0.1; done
+[[ -s $CTL2/state.json ]] || { cat "$T/server2.log" >&2; fail "server 2 did not start"; }
+sleep 0.3  # inside its 5 s step
+refit_json 0 "$TOPO" --target "$V/v7.safetensors"
+json 'd["outcome"] == "committed"'
+state 'd["step"] == 8'
+grep -q "caught up with step 8" "$T/s0.log" &&
+  fail "s0 caught up while server 2 still computed on the old image"
+rm "$CTL2/slow"
+wait_log s0 "caught up with step 8"
+touch "$CTL2/stop"
+set +e; wait "${PID[srv2]}"; set -e
+unset "PID[srv2]"
+
+# --- The servers never computed on two versions ---------------------------
 touch "$CTL/stop"
 set +e; wait "${PID[srv]}"; set -e
 unset "PID[srv]"
-python3 -S - "$CTL/steps.log" <<'PY' || fail "the server computed on a mix (steps.log above)"
+cat "$CTL2/steps.log" >>"$CTL/steps.log"
+python3 -S - "$CTL/steps.log" <<'PY' || fail "a server computed on a mix (steps.log above)"
 import sys
 seen = {}
 bad = []

@@ -7,7 +7,7 @@ fingerprint of the weights the step computed on.
 Usage: serving_server.py DCR_PYTHON_DIR STORE SOCKET CONTROL_DIR
 
 CONTROL_DIR steers it while it runs: a file `hang` makes it stop calling
-poll() (a server that never answers); `slow` makes each step take 1.5 s;
+poll() (a server that never answers); `slow` makes each step take 1.5 s (or the seconds it holds);
 `stop` ends it. It writes `state.json` after every poll and appends
 "before after image fingerprint" lines to `steps.log`.
 """
@@ -55,8 +55,12 @@ with open(os.path.join(ctl, "steps.log"), "a") as log:
         write_state(r, polls)
         before = r.step
         fp = fingerprint(tensors)
-        if os.path.exists(os.path.join(ctl, "slow")):
-            time.sleep(1.5)
+        slow = os.path.join(ctl, "slow")
+        if os.path.exists(slow):
+            try:
+                time.sleep(float(open(slow).read().strip() or 1.5))
+            except (OSError, ValueError):
+                time.sleep(1.5)
         else:
             time.sleep(0.01)
         # The weights a step computed on: the same before and after it.

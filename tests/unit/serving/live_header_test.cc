@@ -33,6 +33,34 @@ TEST(ServingImagesTest, ImageSpecsNameBothImagesAndTheirRecords) {
             "/var/lib/dcr/policy.1.dcr-version");
 }
 
+TEST(ServingImagesTest, ReaderLocksKeepTheRelayOffAnImage) {
+  StoreSpec spec;
+  spec.kind = StoreSpec::Kind::kShm;
+  spec.path = Name();
+  {
+    auto reader = LockImage(spec, 1, /*exclusive=*/false);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    auto second = LockImage(spec, 1, false);
+    EXPECT_TRUE(second.ok());
+    auto relay = LockImage(spec, 1, /*exclusive=*/true);
+    ASSERT_FALSE(relay.ok());
+    EXPECT_EQ(relay.status().code(), StatusCode::kAborted);
+    EXPECT_THAT(relay.status().message(),
+                HasSubstr("a serving process computes on image 1"));
+    // The other image is free.
+    EXPECT_TRUE(LockImage(spec, 0, true).ok());
+  }
+  // Every reader gone (a dead process's locks go with it).
+  auto relay = LockImage(spec, 1, true);
+  ASSERT_TRUE(relay.ok());
+  auto reader = LockImage(spec, 1, false);
+  ASSERT_FALSE(reader.ok());
+  EXPECT_THAT(reader.status().message(), HasSubstr("the relay writes image 1"));
+  for (int i = 0; i < 2; ++i) {
+    ::shm_unlink((spec.path + "." + std::to_string(i) + ".readers").c_str());
+  }
+}
+
 TEST(LiveHeaderTest, CreateWriteRead) {
   const std::string name = Name();
   EXPECT_EQ(LiveHeader::Open(name).status().code(), StatusCode::kNotFound);
