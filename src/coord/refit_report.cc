@@ -312,6 +312,8 @@ void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
     first_failure(
         f, report->outcome == RefitOutcome::kAborted ? "abort" : "commit");
     if (f.count(n.name)) o.chunks_applied = f[n.name].chunks_applied;
+    // What a committed node adds (a serving relay: when its server moved).
+    if (o.committed && o.phase.empty()) o.detail = f[n.name].detail;
     if (!o.committed && o.phase.empty() &&
         report->outcome != RefitOutcome::kAborted) {
       o.phase = "commit";

@@ -141,8 +141,12 @@ void Relay::Impl::Advance() {
       case RefitPhase::kCommitting:
       case RefitPhase::kAborting:
       case RefitPhase::kOrphaned:
+        // A committed node answers once its serving process moved (or
+        // the deadline passed): the report then says it runs on the
+        // target.
         if (r.local_done() &&
-            (r.phase() == RefitPhase::kOrphaned || c.fanout->Complete())) {
+            (r.phase() == RefitPhase::kOrphaned || c.fanout->Complete()) &&
+            !(images_ && c.flipped && images_->AwaitingMove())) {
           Conclude();
         }
         return;
@@ -426,6 +430,11 @@ void Relay::Impl::Orphan(const std::string& why) {
 void Relay::Impl::Conclude() {
   Result<RelayRefit::Conclusion> done = current_->refit->Conclude();
   if (!done.ok()) return;
+  if (images_ && current_->flipped) {
+    if (std::string moved = images_->MoveSummary(); !moved.empty()) {
+      done->local.detail += (done->local.detail.empty() ? "" : "; ") + moved;
+    }
+  }
   if (done->reply != FrameType::kError) AnswerUp(done->reply, done->local);
   EndRefit(done->summary, done->committed);
 }

@@ -175,6 +175,7 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   stats_.live_image = next.image;
   ForgetPrepare();
   pause_started_.reset();
+  move_summary_.clear();
   if (connection_ != 0) {
     PauseMsg m;
     m.op = PauseMsg::Op::kCommit;
@@ -200,6 +201,18 @@ void ServingImages::Aborted(const RefitId& refit) {
   port_->Send(connection_, m);
 }
 
+bool ServingImages::AwaitingMove() const {
+  return pause_started_ && Clock::now() < flipped_at_ + options_.deadline;
+}
+
+std::string ServingImages::MoveSummary() const {
+  if (!pause_started_) return move_summary_;
+  return fmt::format(
+      "serving process had not moved within {} ms",
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.deadline)
+          .count());
+}
+
 bool ServingImages::CatchUpDue() const {
   return !caught_up_ && Clock::now() >= retry_after_;
 }
@@ -219,8 +232,12 @@ ServingImages::Clock::time_point ServingImages::NextDeadline() const {
       prepare_deadline_ > now) {
     next = std::min(next, prepare_deadline_);
   }
-  if (!caught_up_)
+  if (!caught_up_) {
     next = std::min(next, std::max(now, retry_after_) + kLockPoll);
+  }
+  if (pause_started_ && flipped_at_ + options_.deadline > now) {
+    next = std::min(next, flipped_at_ + options_.deadline);
+  }
   return next;
 }
 
@@ -310,6 +327,7 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
                    pause_started_ ? " (during its pause; it moves to the live "
                                     "image by the header)"
                                   : "");
+      if (pause_started_) move_summary_ = "serving process detached";
       pause_started_.reset();
       return;
     case Kind::kMessage:
@@ -346,6 +364,8 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
             options_.node, m.version.step, stats_.last_pause_seconds * 1e3,
             Seconds(flipped_at_ - *pause_started_) * 1e3,
             Seconds(now - flipped_at_) * 1e3);
+        move_summary_ = fmt::format("serving process moved in {:.1f} ms",
+                                    stats_.last_pause_seconds * 1e3);
         pause_started_.reset();
       }
       return;

@@ -83,6 +83,13 @@ class ServingImages {
               Clock::time_point commit_at);
   // The refit ended without a commit here: the server is told (no pause).
   void Aborted(const RefitId& refit);
+  // After a flip, until the server moved (or detached) or the deadline
+  // passed: the relay's COMMIT_REPLY waits, so that the refit's report
+  // says the server runs on the target (MoveSummary).
+  bool AwaitingMove() const;
+  // For the COMMIT_REPLY: "serving process moved in 2.1 ms", "... had not
+  // moved within 5000 ms", or "" when none was attached at the flip.
+  std::string MoveSummary() const;
 
   // Brings the standby to the live version once its reader lock is ours
   // (opening or creating it if needed). OK(true): the standby may take a
@@ -129,6 +136,7 @@ class ServingImages {
   // when the header changed.
   std::optional<Clock::time_point> pause_started_;
   Clock::time_point flipped_at_{};
+  std::string move_summary_;  // of the last flip
   // The standby's reader lock, held exclusively; invalid: not ours yet.
   UniqueFd standby_lock_;
   // The standby holds the live version.

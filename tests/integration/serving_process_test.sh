@@ -133,6 +133,8 @@ state 'd["step"] == 1 and d["attached"] and d["image"] == 0'
 for k in 1 2; do
   refit_json 0 "$TOPO" --target "$V/v$k.safetensors"
   json 'd["outcome"] == "committed"' "all(n['code'] == 'ok' for n in d['nodes'])"
+  # s0 answered once its server ran on the target: the report says so.
+  node_json s0 "'serving process moved in' in n['detail']"
   state "d['step'] == $((k + 1)) and d['image'] == $((k % 2))"
   wait_log s0 "runs on step $((k + 1)) \(paused [0-9.]+ ms after COMMIT"
   verify_live "$k"
@@ -187,6 +189,7 @@ touch "$CTL/slow"
 sleep 0.5  # inside a 1.5 s step
 refit_json 0 "$TOPO" --target "$V/v4.safetensors"
 json 'd["outcome"] == "committed"'
+node_json s0 "'serving process had not moved within 1000 ms' in n['detail']"
 kill -KILL "${PID[srv]}"
 wait "${PID[srv]}" 2>/dev/null || true
 unset "PID[srv]"
