@@ -63,13 +63,17 @@ tokens = prompt.clone()
 log = open(a.out, "a")
 checked = set()
 while True:
-    # Answer the relay; move only when every rank sees the same new step.
+    # Answer the relay; move when every rank's next step is the same (a
+    # rank that started late may already be there), and compute only when
+    # every rank is on one step: an all-reduce never mixes two versions.
     r.poll(move=False)
     pending = r.pending_step()
-    if agree(pending if pending is not None else -1) >= 0:
-        if not r.poll():
-            sys.exit(f"{a.name}: the move to step {pending} did not happen")
-        gpt.load(r.tensors())
+    if agree(pending if pending is not None else r.step) >= 0 and pending is not None:
+        if r.poll():  # False: the relay is mid-flip; the next turn moves
+            gpt.load(r.tensors())
+    if agree(r.step) < 0:
+        time.sleep(0.002)
+        continue
     before = r.step
     # One generation step: the next token of a running sequence.
     logits = gpt.forward(tokens)

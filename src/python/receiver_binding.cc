@@ -1,8 +1,8 @@
 // dcr.Receiver: a serving process's view of its relay's store
 // (include/dcr/serving.h, docs/PYTHON.md §"Serving processes"). Tensors
 // are torch views of the shared mapping, no copy; each holds the mapping
-// it views, so a view outlives the receiver's moves safely (it keeps
-// showing the image it was taken from).
+// it views, so a view never faults. After a move the relay rewrites the
+// old image (catch-up, then the next refit): views of it must be dropped.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 

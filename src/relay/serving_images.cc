@@ -31,25 +31,35 @@ Result<std::unique_ptr<ServingImages>> ServingImages::Open(Options options) {
   Result<LiveState> state = header.ok() ? header->Read() : header.status();
   if (state.status().code() == StatusCode::kCorruption) {
     // A crash while the header was made or written: the images' records
-    // say which one committed last; it is the live one.
+    // say which one committed last; it is the live one. Opening them takes
+    // their locks: a second relay on this store stops here, before it
+    // touches the header.
     spdlog::warn("{}: {}; rebuilding it from the images' records", o.node,
                  state.status().ToString());
     std::optional<LiveState> best;
     for (uint32_t i = 0; i < 2; ++i) {
       auto s = OpenStore(ServingImageSpec(o.store, i));
-      if (!s.ok()) continue;
+      if (!s.ok() && s.status().code() == StatusCode::kNotFound) continue;
+      if (!s.ok()) return s.status();
       auto c = (*s)->committed();
       if (c && !(*s)->InProgress() && (!best || c->step > best->version.step)) {
         best = LiveState{i, *c, 1};
       }
     }
-    DCR_RETURN_IF_ERROR(LiveHeader::Remove(name));
-    if (best) {
-      header = LiveHeader::Create(name, *best);
+    if (header.ok() && best) {
+      // Torn mid-write: rewritten in place, so that servers mapping it see
+      // the repair.
+      header->Write(*best);
       state = *best;
     } else {
-      header = Status::NotFound("no committed image");
-      state = header.status();
+      DCR_RETURN_IF_ERROR(LiveHeader::Remove(name));
+      if (best) {
+        header = LiveHeader::Create(name, *best);
+        state = *best;
+      } else {
+        header = Status::NotFound("no committed image");
+        state = header.status();
+      }
     }
   }
   if (state.ok()) {
@@ -152,7 +162,9 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
                            const RefitId& refit, Clock::time_point commit_at) {
   const std::optional<Version> v =
       standby ? standby->committed() : std::nullopt;
-  if (!v) return Status::Internal("flip: the standby holds no commit");
+  if (!v || standby->InProgress()) {
+    return Status::Internal("flip: the standby holds no finished commit");
+  }
   LiveState next;
   next.image = standby_index();
   next.version = *v;

@@ -98,10 +98,13 @@ Result<UniqueFd> LockImage(const StoreSpec& spec, uint32_t image,
                            bool exclusive) {
   const std::string name =
       Base(spec) + "." + std::to_string(image) + ".readers";
-  UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
+  // Read-only is enough for flock, and lets a server of another user
+  // lock what the relay created (and the other way round).
+  UniqueFd fd(::shm_open(name.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0666));
   if (!fd.valid()) {
     return Status::FromErrno("cannot open the reader lock shm:" + name, errno);
   }
+  (void)::fchmod(fd.get(), 0666);  // past the umask; fails unless ours
   while (::flock(fd.get(), (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
     if (errno == EWOULDBLOCK) {

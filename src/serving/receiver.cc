@@ -256,7 +256,12 @@ Status ServingReceiver::Move(const LiveState& state) {
 }
 
 Result<std::optional<LiveState>> ServingReceiver::Pending() const {
-  DCR_ASSIGN_OR_RETURN(LiveState state, header_->Read());
+  Result<LiveState> read = header_->Read();
+  // A header being repaired: nothing pending yet.
+  if (!read.ok() && read.status().code() == StatusCode::kCorruption) {
+    return std::optional<LiveState>();
+  }
+  DCR_ASSIGN_OR_RETURN(LiveState state, std::move(read));
   if (state.image == live_.image) return std::optional<LiveState>();
   return std::optional<LiveState>(state);
 }
@@ -283,7 +288,15 @@ Result<bool> ServingReceiver::Poll(bool move) {
       // live, commit, abort: the header says what to compute on.
     }
   }
-  DCR_ASSIGN_OR_RETURN(LiveState state, header_->Read());
+  Result<LiveState> read = header_->Read();
+  if (!read.ok() && read.status().code() == StatusCode::kCorruption) {
+    // Torn by a relay's crash, or replaced by a restarted relay: stay on
+    // the image held (its lock keeps it whole) and map the header again.
+    auto again = LiveHeader::Open(LiveHeaderName(options_.store));
+    if (again.ok()) header_.emplace(*std::move(again));
+    return false;
+  }
+  DCR_ASSIGN_OR_RETURN(LiveState state, std::move(read));
   if (state.image == live_.image) {
     live_ = state;
     return false;

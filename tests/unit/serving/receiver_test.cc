@@ -1,7 +1,9 @@
 // ServingReceiver against real shm images and the relay's end of the
 // socket (relay/serving_port.h).
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,6 +15,7 @@
 
 #include "dcr/serving.h"
 #include "dcr/store.h"
+#include "relay/serving_images.h"
 #include "relay/serving_port.h"
 #include "testing/temp_dir.h"
 
@@ -109,6 +112,38 @@ TEST_F(ReceiverTest, RefusesImagesOfDifferentTensors) {
   auto moved = (*r)->Poll();
   ASSERT_FALSE(moved.ok());
   EXPECT_THAT(moved.status().message(), HasSubstr("different tensors"));
+}
+
+TEST_F(ReceiverTest, ATornHeaderIsRebuiltInPlaceFromTheImages) {
+  // Image 1 committed step 2, image 0 step 1 (SetUp); the header says
+  // image 0 and a relay died writing it (an odd sequence).
+  const std::string name = LiveHeaderName(spec_);
+  ASSERT_TRUE(LiveHeader::Create(name, {0, {1, {0, 0}}, 1}).ok());
+  auto r = ServingReceiver::Open(Options());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  {
+    int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    uint64_t odd = 7;
+    ASSERT_EQ(::pwrite(fd, &odd, 8, 8), 8);
+    ::close(fd);
+  }
+  ASSERT_EQ(LiveHeader::Open(name)->Read().status().code(),
+            StatusCode::kCorruption);
+  // The server stays where it is meanwhile.
+  EXPECT_FALSE(*(*r)->Poll());
+  EXPECT_EQ((*r)->live().image, 0u);
+  // The relay's receiver holds image 0: release it so the relay may open.
+  r->reset();
+  auto images = ServingImages::Open(
+      {.node = "n", .store = spec_, .socket = "", .post = [](auto) {}});
+  ASSERT_TRUE(images.ok()) << images.status().ToString();
+  ASSERT_TRUE((*images)->live().has_value());
+  EXPECT_EQ((*images)->live()->image, 1u);
+  EXPECT_EQ((*images)->live()->version.step, 2u);
+  auto again = LiveHeader::Open(name);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->Read()->image, 1u);
 }
 
 // The relay's end: events queued for the test thread.
