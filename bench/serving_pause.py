@@ -203,12 +203,9 @@ links:
             srv.wait()
         rp.send_signal(signal.SIGTERM)
         rp.wait()
-        for suffix in (".0", ".1", ".live", ".0.dcr-version", ".1.dcr-version",
-                       ".dcr-epoch"):
-            try:
-                os.unlink(f"/dev/shm/{shm}{suffix}")
-            except FileNotFoundError:
-                pass
+        for f in os.listdir("/dev/shm"):
+            if f.startswith(shm + "."):
+                os.unlink(os.path.join("/dev/shm", f))
         shutil.rmtree(state, ignore_errors=True)
 
 
