@@ -50,6 +50,7 @@ class ReceiverTest : public ::testing::Test {
   void Cleanup() {
     for (uint32_t i = 0; i < 2; ++i) {
       (void)RemoveStore(ServingImageSpec(spec_, i));
+      ::shm_unlink((spec_.path + "." + std::to_string(i) + ".readers").c_str());
     }
     (void)LiveHeader::Remove(LiveHeaderName(spec_));
   }
