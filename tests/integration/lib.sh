@@ -126,6 +126,20 @@ node_json() {  # node_json NAME EXPR: EXPR holds for n = node NAME of d["nodes"]
   json "[n for n in d['nodes'] if n['node']=='$1'] and all($2 for n in d['nodes'] if n['node']=='$1')"
 }
 
+# small_serving_model STEPS: dcr-traingen's model at test size (hidden 64,
+# 2 layers, vocabulary 300) in $T/ck (v0..vSTEPS, V set to it), and
+# layouts/traingen-serve-tp2.yaml scaled to it in $T/serve.yaml. Needs
+# TRAINGEN and LAYOUTS.
+small_serving_model() {
+  "$TRAINGEN" --hidden 64 --layers 2 --heads 4 --kv-heads 2 --vocab 300 \
+    --lr 2e-5 --steps "$1" --out "$T/ck" >/dev/null 2>"$T/traingen.log" ||
+    { cat "$T/traingen.log" >&2; fail "traingen"; }
+  V=$T/ck
+  sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 2/' \
+    -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
+    -e 's/pad_to: 32/pad_to: 2/' "$LAYOUTS/traingen-serve-tp2.yaml" >"$T/serve.yaml"
+}
+
 verify_all() {  # verify_all CHECKPOINT NAME...: those stores hold it bit for bit
   local want=$1 n
   shift

@@ -33,13 +33,7 @@ source "$(dirname "$0")/lib.sh"
 unset DCR_FAILPOINTS
 
 # --- Model, layouts, topology ---------------------------------------------
-"$TRAINGEN" --hidden 64 --layers 2 --heads 4 --kv-heads 2 --vocab 300 \
-  --lr 2e-5 --steps 4 --out "$T/ck" >/dev/null 2>"$T/traingen.log" ||
-  { cat "$T/traingen.log" >&2; fail "traingen"; }
-V=$T/ck
-sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 2/' \
-  -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
-  -e 's/pad_to: 32/pad_to: 2/' "$LAYOUTS/traingen-serve-tp2.yaml" >"$T/serve.yaml"
+small_serving_model 4
 python3 - "$T/serve.yaml" "$T/fp8.yaml" <<'PY'
 import sys
 out = []
