@@ -131,6 +131,28 @@ Status RequantizeFp8(const Fp8Tensor& t, std::span<const std::byte> src,
                      const Fp8BlockSet& blocks, std::span<uint8_t> q,
                      std::span<float> scale_inv);
 
+// One scale for the whole of a tensor: the quantizer's mult and scale_inv
+// of its one block (t.per_tensor()).
+struct Fp8Scale {
+  float mult = 0, scale_inv = 0;
+};
+
+// The per-tensor scale of `src` (t.elements() elements of t.dtype; t's
+// block shape must be 0 x 0): what QuantizeFp8 would store for it.
+Result<Fp8Scale> Fp8TensorScale(const Fp8Tensor& t,
+                                std::span<const std::byte> src);
+
+// Codes of a box of a tensor with one scale, and of nothing else (a serving
+// rank's slice of a tensor quantized per tensor): rows [row, row + rows)
+// and columns [col, col + cols) of `src` (t.elements() elements of
+// t.dtype, block shape 0 x 0) quantized with `scale.mult` into `q`, row r
+// of the box at q[r * q_stride .. + cols). With the scale Fp8TensorScale
+// gives, the codes equal QuantizeFp8's of the whole tensor at those
+// elements. InvalidArgument if the box leaves the tensor or `q` is short.
+Status QuantizeFp8Box(const Fp8Tensor& t, std::span<const std::byte> src,
+                      Fp8Scale scale, uint64_t row, uint64_t col, uint64_t rows,
+                      uint64_t cols, std::span<uint8_t> q, uint64_t q_stride);
+
 }  // namespace dcr
 
 #endif  // DCR_FP8_H_

@@ -79,11 +79,14 @@ struct Conversion {
 
 // A tensor a serving rank holds as FP8 (docs/PLACEMENT.md §"FP8
 // serving"): its shard holds E4M3 codes (dcr/fp8.h) quantized in blocks
-// of the shard, and `scale_shard` the F32 inverse scales, one per block.
-// Only serving layouts take it (ReceiverMap); producers refuse it.
+// of the shard, and `scale_shard` the F32 inverse scales, one per block;
+// or, with a 0 x 0 block (`block: tensor`), one scale per canonical tensor
+// the shard holds part of. Only serving layouts take it (ReceiverMap);
+// producers refuse it.
 struct Fp8Serving {
   uint32_t block_rows = 128, block_cols = 128;
   std::string scale_shard;  // families expanded
+  bool per_tensor() const { return block_rows == 0 && block_cols == 0; }
 };
 
 // One canonical tensor, resolved.

@@ -29,6 +29,16 @@
 // both), so that S's blocks are the canonical tensor's: the codes and
 // scales are then bit-identical to QuantizeFp8 of the dense target.
 //
+// Per-tensor FP8 (`block: tensor`): one scale per canonical tensor, whose
+// maximum runs over elements other ranks hold. So the rank keeps the
+// whole canonical tensor T as its shadow (ShadowName(T.name), T's shape:
+// a copy of T, applied and voted on like one), and S's codes are its
+// boxes of T quantized with the scale of all of T (QuantizeFp8Box). S's
+// scales are F32 [parts]: one per canonical tensor S holds part of, in
+// the order of their first element in S (q, k, v of a fused qkv). The
+// boxes need not keep blocks whole; they must be 2-D, not transposed or
+// interleaved, and must not overlap.
+//
 // Thread safety: a ReceiverMap is immutable after Create. Apply calls on
 // disjoint shard elements may run concurrently, each with its own
 // Fp8Dirty (an Fp8Dirty is a value used by one thread at a time); join
@@ -73,17 +83,27 @@ class ReceiverMap {
   static std::string ShadowName(const std::string& shard) {
     return shard + ".shadow";
   }
-  // An FP8 shard: its 2-D view (dtype: the shadow's) and its scales' name.
+  // An FP8 shard: its 2-D view (dtype: the shadow's; block 0 x 0 if its
+  // scales are per tensor) and its scales' name.
   struct Fp8Shard {
     Fp8Tensor view;
     std::string scales;
+    // Per-tensor scales: the canonical tensors (Layout::tensors order) S
+    // holds part of, one scale each, in the scales' order.
+    std::vector<uint32_t> parts;
+    // What Fp8Dirty keeps for the shard: its blocks, or (per tensor) its
+    // parts, a [1, parts] tensor of 1 x 1 blocks.
+    Fp8Tensor marks() const;
+    // Its scales' shape.
+    Shape scales_shape() const;
   };
   // The rank's FP8 shards, by name.
   const std::map<std::string, Fp8Shard>& fp8_shards() const { return fp8_; }
   bool serves_fp8() const { return !fp8_.empty(); }
-  // `shards` with each FP8 shard's name bound to its shadow: the canonical
-  // bits held() places, as HashShardRegions and CompareShards over held()
-  // read them. NotFound if a shadow is missing.
+  // `shards` with each block-scaled FP8 shard's name bound to its shadow:
+  // the canonical bits held() places, as HashShardRegions and
+  // CompareShards over held() read them (a per-tensor shard's shadows are
+  // held() shards of their own). NotFound if a shadow is missing.
   Result<ShardBytes> Shadows(const ShardBytes& shards) const;
   // The layout cut down to this rank: each tensor's pieces are those the
   // rank holds, copies included (as the rank's own pieces).
@@ -190,7 +210,15 @@ class ReceiverMap {
                          std::span<std::byte> gather) const;
   ReceiverMap() = default;
   // Records tensor t's held FP8 pieces, refusing those that cut blocks.
-  Status AddFp8(const LayoutTensor& t, const std::vector<AffinePiece>& held);
+  Status AddFp8(uint32_t tensor, const LayoutTensor& t,
+                const std::vector<AffinePiece>& held);
+  // Sorts each per-tensor FP8 shard's parts by their first element in it,
+  // refusing parts whose boxes meet, and fills fp8_parts_.
+  Status OrderFp8Parts();
+  // Requantizes the marked parts of per-tensor FP8 shard `name`.
+  Status RequantizePerTensor(const std::string& name, const Fp8Shard& f,
+                             const MutableShardBytes& shards,
+                             const Fp8BlockSet& marks) const;
 
   uint32_t rank_ = 0;
   Digest128 fingerprint_;
@@ -199,6 +227,11 @@ class ReceiverMap {
   // as their shadows (the canonical dtype, no fp8).
   Layout held_;
   std::map<std::string, Fp8Shard> fp8_;
+  // Per-tensor FP8: each such tensor's boxes (as the layout places them,
+  // in the codes shard) and, per tensor, the codes shards and parts its
+  // changes mark.
+  std::map<uint32_t, std::vector<AffinePiece>> fp8_boxes_;
+  std::map<uint32_t, std::vector<std::pair<std::string, uint32_t>>> fp8_parts_;
   std::map<std::string, LayoutShard> shards_;
   std::vector<std::vector<Held>> tensors_;  // per canonical tensor
 };

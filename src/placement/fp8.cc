@@ -352,6 +352,53 @@ uint64_t Fp8BlockSet::count() const {
 
 void Fp8BlockSet::Clear() { std::fill(bits_.begin(), bits_.end(), 0); }
 
+Result<Fp8Scale> Fp8TensorScale(const Fp8Tensor& t,
+                                std::span<const std::byte> src) {
+  DCR_RETURN_IF_ERROR(CheckFp8Tensor(t));
+  if (!t.per_tensor() || src.size() != t.elements() * DTypeSize(t.dtype)) {
+    return Status::InvalidArgument(
+        "fp8: a per-tensor scale needs a 0 x 0 block and the whole tensor");
+  }
+  Fp8Scale s;
+  DCR_RETURN_IF_ERROR(ForEachDType(t, [&]<DType D>() {
+    using E = Elem<D>;
+    // Row by row: a row is at most what AmaxRow reads in one call.
+    typename E::Bits amax = 0;
+    for (uint64_t r = 0; r < t.rows; ++r) {
+      amax = std::max(
+          amax,
+          AmaxRow<D>(src.data() + r * t.cols * DTypeSize(t.dtype), t.cols));
+    }
+    const float m = std::max(E::ToF32(amax), t.min_amax);
+    s.mult = kFp8E4M3Max / m;
+    s.scale_inv = m / kFp8E4M3Max;
+  }));
+  return s;
+}
+
+Status QuantizeFp8Box(const Fp8Tensor& t, std::span<const std::byte> src,
+                      Fp8Scale scale, uint64_t row, uint64_t col, uint64_t rows,
+                      uint64_t cols, std::span<uint8_t> q, uint64_t q_stride) {
+  DCR_RETURN_IF_ERROR(CheckFp8Tensor(t));
+  if (!t.per_tensor() || src.size() != t.elements() * DTypeSize(t.dtype) ||
+      row > t.rows || rows > t.rows - row || col > t.cols ||
+      cols > t.cols - col || q_stride == 0 || cols > q_stride ||
+      (rows != 0 && (q.size() / q_stride < rows - 1 ||
+                     q.size() - (rows - 1) * q_stride < cols))) {
+    return Status::InvalidArgument(
+        "fp8: box of " + std::to_string(rows) + "x" + std::to_string(cols) +
+        " at [" + std::to_string(row) + ", " + std::to_string(col) +
+        "] does not fit the tensor or its codes");
+  }
+  return ForEachDType(t, [&]<DType D>() {
+    for (uint64_t r = 0; r < rows; ++r) {
+      QuantizeRow<D>(
+          src.data() + ((row + r) * t.cols + col) * DTypeSize(t.dtype), cols,
+          scale.mult, q.data() + r * q_stride);
+    }
+  });
+}
+
 Status QuantizeFp8(const Fp8Tensor& t, std::span<const std::byte> src,
                    std::span<uint8_t> q, std::span<float> scale_inv) {
   Fp8BlockSet all(t);

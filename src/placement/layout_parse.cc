@@ -270,11 +270,22 @@ Status Parser::ParseEntry(const YAML::Node& n, int line,
       Fp8Serving fp8;
       for (const Field& y : ff.all()) {
         const std::string yp = kp + "." + y.key;
-        if (y.key == "block") {
+        if (y.key == "block" && y.value.IsScalar()) {
+          // One scale for the whole canonical tensor.
+          DCR_ASSIGN_OR_RETURN(std::string b, Scalar(y, yp));
+          if (b != "tensor") {
+            return Err(y.line, yp,
+                       "expected [rows, columns] of a block, e.g. [128, 128], "
+                       "or 'tensor' for one scale per tensor; got '" +
+                           b + "'");
+          }
+          fp8.block_rows = fp8.block_cols = 0;
+        } else if (y.key == "block") {
           DCR_ASSIGN_OR_RETURN(Shape b, Uints(y, yp, 1, 1u << 20));
           if (b.size() != 2) {
             return Err(y.line, yp,
-                       "expected [rows, columns] of a block, e.g. [128, 128]");
+                       "expected [rows, columns] of a block, e.g. [128, 128], "
+                       "or 'tensor'");
           }
           fp8.block_rows = static_cast<uint32_t>(b[0]);
           fp8.block_cols = static_cast<uint32_t>(b[1]);

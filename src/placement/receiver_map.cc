@@ -1,6 +1,7 @@
 // A serving rank's view of the layout (dcr/receiver_map.h).
 #include "dcr/receiver_map.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -181,6 +182,14 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
           ": a serving layout holds canonical bits (declare the shard dtype "
           "as the tensor's, and no 'add')");
     }
+    // Per-tensor FP8: the rank keeps all of t as its shadow, one identity
+    // piece; the codes of the boxes it holds come from it.
+    const bool per_tensor = t.fp8 && t.fp8->per_tensor() && !held.empty();
+    if (per_tensor) {
+      DCR_RETURN_IF_ERROR(m.AddFp8(static_cast<uint32_t>(i), t, held));
+      held = {AffinePiece::Block(rank, ShadowName(t.name), t.shape,
+                                 Shape(t.shape.size(), 0))};
+    }
     for (const AffinePiece& p : held) {
       // One shard, one shape and dtype: copies are pairs of rank and shard
       // the layout's own checks never saw.
@@ -218,8 +227,8 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
       m.tensors_[i].push_back(
           Held{PieceMap(p, t.shape), RowsOf(p, t.shape), p.shard, !tied});
     }
-    if (t.fp8 && !held.empty()) {
-      DCR_RETURN_IF_ERROR(m.AddFp8(t, held));
+    if (t.fp8 && !per_tensor && !held.empty()) {
+      DCR_RETURN_IF_ERROR(m.AddFp8(static_cast<uint32_t>(i), t, held));
     }
     m.held_.tensors[i].pieces = std::move(held);
     m.held_.tensors[i].fp8.reset();  // held_ holds the shadows
@@ -227,27 +236,52 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
       by_shard[p.shard].emplace_back(&p, &t);
     }
   }
-  // A shard holds FP8 tensors only, or none.
+  // A shard holds FP8 tensors only, or none; a per-tensor tensor's shadow
+  // is its own.
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     for (const AffinePiece& p : m.held_.tensors[i].pieces) {
-      if (m.fp8_.count(p.shard) != 0 && !layout.tensors[i].fp8) {
+      const auto f = m.fp8_.find(p.shard);
+      if (f != m.fp8_.end() &&
+          (!layout.tensors[i].fp8 || f->second.view.per_tensor())) {
         return Status::InvalidArgument(
             "serving rank " + std::to_string(rank) + ": shard '" + p.shard +
             "' holds FP8 tensors and tensor '" + layout.tensors[i].name +
-            "', which is not FP8");
+            "', which is not FP8" +
+            (f->second.view.per_tensor() ? " with the same per-tensor scales"
+                                         : ""));
+      }
+      for (const auto& [j, boxes] : m.fp8_boxes_) {
+        if (j != i && p.shard == ShadowName(layout.tensors[j].name)) {
+          return Status::InvalidArgument(
+              "serving rank " + std::to_string(rank) + ": tensor '" +
+              layout.tensors[i].name + "' is held in '" + p.shard +
+              "', the name of tensor '" + layout.tensors[j].name +
+              "''s FP8 shadow");
+        }
       }
     }
   }
+  DCR_RETURN_IF_ERROR(m.OrderFp8Parts());
   m.shards_ = m.held_.ShardsOf(rank);
   for (const auto& [name, f] : m.fp8_) {
+    if (f.view.per_tensor()) {
+      LayoutShard codes{name, {f.view.rows, f.view.cols}, DType::kF8E4M3};
+      LayoutShard scales{f.scales, f.scales_shape(), DType::kF32};
+      if (!m.shards_.emplace(name, codes).second ||
+          !m.shards_.emplace(f.scales, scales).second) {
+        return Status::InvalidArgument(
+            "serving rank " + std::to_string(rank) + ": FP8 shard '" + name +
+            "' or its scales '" + f.scales + "' is named like another tensor");
+      }
+      continue;
+    }
     LayoutShard shadow = m.shards_.at(name);
     LayoutShard codes = shadow;
     codes.dtype = DType::kF8E4M3;
     m.shards_[name] = codes;
     shadow.name = ShadowName(name);
     m.shards_[shadow.name] = shadow;
-    LayoutShard scales{
-        f.scales, {f.view.blocks_down(), f.view.blocks_across()}, DType::kF32};
+    LayoutShard scales{f.scales, f.scales_shape(), DType::kF32};
     if (!m.shards_.emplace(f.scales, scales).second) {
       return Status::InvalidArgument(
           "serving rank " + std::to_string(rank) + ": the scales of shard '" +
@@ -257,7 +291,21 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
   return m;
 }
 
-Status ReceiverMap::AddFp8(const LayoutTensor& t,
+Fp8Tensor ReceiverMap::Fp8Shard::marks() const {
+  if (!view.per_tensor()) return view;
+  Fp8Tensor m = view;
+  m.rows = 1;
+  m.cols = parts.size();
+  m.block_rows = m.block_cols = 1;
+  return m;
+}
+
+Shape ReceiverMap::Fp8Shard::scales_shape() const {
+  if (view.per_tensor()) return {parts.size()};
+  return {view.blocks_down(), view.blocks_across()};
+}
+
+Status ReceiverMap::AddFp8(uint32_t tensor, const LayoutTensor& t,
                            const std::vector<AffinePiece>& held) {
   const Fp8Serving& f = *t.fp8;
   auto refuse = [&](const AffinePiece& p, const std::string& why) {
@@ -273,7 +321,7 @@ Status ReceiverMap::AddFp8(const LayoutTensor& t,
       return refuse(p, "an FP8 box cannot be transposed or interleaved");
     }
     const uint64_t block[2] = {f.block_rows, f.block_cols};
-    for (size_t d = 0; d < 2; ++d) {
+    for (size_t d = 0; d < 2 && !f.per_tensor(); ++d) {
       const bool ends_both = p.from[d] + p.extent[d] == p.shard_shape[d] &&
                              p.to[d] + p.extent[d] == t.shape[d];
       if (p.from[d] % block[d] != 0 || p.to[d] % block[d] != 0 ||
@@ -301,10 +349,56 @@ Status ReceiverMap::AddFp8(const LayoutTensor& t,
     const Fp8Tensor& v = it->second.view;
     if (!fresh &&
         (v.block_rows != f.block_rows || v.block_cols != f.block_cols ||
-         v.dtype != t.dtype || it->second.scales != f.scale_shard)) {
+         v.dtype != t.dtype || it->second.scales != f.scale_shard ||
+         v.rows != shard.view.rows || v.cols != shard.view.cols)) {
       return refuse(p,
-                    "the shard's FP8 tensors must share one block shape, "
-                    "dtype and scale name");
+                    "the shard's FP8 tensors must share one shape, block "
+                    "shape, dtype and scale name");
+    }
+    if (f.per_tensor()) {
+      std::vector<uint32_t>& parts = it->second.parts;
+      if (std::find(parts.begin(), parts.end(), tensor) == parts.end()) {
+        parts.push_back(tensor);
+      }
+      fp8_boxes_[tensor].push_back(p);
+    }
+  }
+  return Status::OK();
+}
+
+Status ReceiverMap::OrderFp8Parts() {
+  // Where a part's first element lies in shard `name`.
+  auto first = [&](uint32_t tensor, const std::string& name) {
+    uint64_t at = UINT64_MAX;
+    for (const AffinePiece& b : fp8_boxes_.at(tensor)) {
+      if (b.shard == name) {
+        at = std::min(at, b.from[0] * b.shard_shape[1] + b.from[1]);
+      }
+    }
+    return at;
+  };
+  for (auto& [name, f] : fp8_) {
+    if (!f.view.per_tensor()) continue;
+    std::sort(f.parts.begin(), f.parts.end(), [&](uint32_t a, uint32_t b) {
+      return first(a, name) < first(b, name);
+    });
+    // Each code is one tensor's: two parts' boxes must not meet.
+    for (size_t a = 0; a < f.parts.size(); ++a) {
+      fp8_parts_[f.parts[a]].emplace_back(name, static_cast<uint32_t>(a));
+      for (size_t b = 0; b < a; ++b) {
+        for (const AffinePiece& x : fp8_boxes_.at(f.parts[a])) {
+          for (const AffinePiece& y : fp8_boxes_.at(f.parts[b])) {
+            if (x.shard == name && y.shard == name && BoxesMeet(x, y)) {
+              return Status::InvalidArgument(
+                  "serving rank " + std::to_string(rank_) +
+                  ": per-tensor FP8 tensors '" +
+                  held_.tensors[f.parts[b]].name + "' and '" +
+                  held_.tensors[f.parts[a]].name +
+                  "' share elements of shard '" + name + "'");
+            }
+          }
+        }
+      }
     }
   }
   return Status::OK();
@@ -363,6 +457,12 @@ Result<uint64_t> ReceiverMap::Visit(uint32_t tensor, uint64_t first,
     Fp8BlockSet* marks;
   };
   std::vector<Target> targets;
+  const auto parts = fp8_parts_.find(tensor);
+  if (parts != fp8_parts_.end() && dirty == nullptr && gather.empty()) {
+    return Status::InvalidArgument(
+        "serving rank " + std::to_string(rank_) + ": tensor '" + t.name +
+        "' is served as FP8: Apply needs the dirty blocks to mark");
+  }
   for (const Held& h : tensors_[tensor]) {
     if (!h.apply) continue;
     const auto f = fp8_.find(h.shard);
@@ -386,7 +486,7 @@ Result<uint64_t> ReceiverMap::Visit(uint32_t tensor, uint64_t first,
   for (Target& x : targets) {
     const auto f = fp8_.find(x.held->shard);
     if (f != fp8_.end() && gather.empty()) {
-      x.marks = &dirty->try_emplace(f->first, f->second.view).first->second;
+      x.marks = &dirty->try_emplace(f->first, f->second.marks()).first->second;
     }
   }
   uint64_t wrote = 0;
@@ -397,6 +497,14 @@ Result<uint64_t> ReceiverMap::Visit(uint32_t tensor, uint64_t first,
                          ApplyHeld(*x.held, first, c, count, w, x.out, x.marks,
                                    gather.empty() ? nullptr : gather.data()));
     wrote += held;
+  }
+  // A per-tensor FP8 tensor: any change moves its scale, so its codes in
+  // every shard part are requantized.
+  if (parts != fp8_parts_.end() && gather.empty() && wrote != 0) {
+    for (const auto& [shard, part] : parts->second) {
+      dirty->try_emplace(shard, fp8_.at(shard).marks())
+          .first->second.MarkRange(part, 1);
+    }
   }
   return wrote;
 }
@@ -411,6 +519,11 @@ Status ReceiverMap::Requantize(const MutableShardBytes& shards,
     if (f == fp8_.end()) {
       return Status::InvalidArgument("serving rank " + std::to_string(rank_) +
                                      ": '" + name + "' is no FP8 shard of it");
+    }
+    if (f->second.view.per_tensor()) {
+      DCR_RETURN_IF_ERROR(RequantizePerTensor(name, f->second, shards, marks));
+      marks.Clear();
+      continue;
     }
     const Fp8Tensor& v = f->second.view;
     auto codes = shards.find(name);
@@ -443,10 +556,67 @@ Status ReceiverMap::Requantize(const MutableShardBytes& shards,
   return Status::OK();
 }
 
+Status ReceiverMap::RequantizePerTensor(const std::string& name,
+                                        const Fp8Shard& f,
+                                        const MutableShardBytes& shards,
+                                        const Fp8BlockSet& marks) const {
+  auto refuse = [&](const std::string& what) {
+    return Status::InvalidArgument("serving rank " + std::to_string(rank_) +
+                                   ": FP8 shard '" + name + "': " + what);
+  };
+  auto codes = shards.find(name);
+  auto scales = shards.find(f.scales);
+  if (codes == shards.end() || scales == shards.end()) {
+    return refuse("needs its codes and scales");
+  }
+  if (codes->second.size() != f.view.elements() ||
+      scales->second.size() != f.parts.size() * sizeof(float) ||
+      marks.size() != f.parts.size()) {
+    return refuse("its codes, scales or marks are not its layout size");
+  }
+  std::vector<float> s(f.parts.size());
+  std::memcpy(s.data(), scales->second.data(), scales->second.size());
+  const std::span q(reinterpret_cast<uint8_t*>(codes->second.data()),
+                    codes->second.size());
+  for (size_t k = 0; k < f.parts.size(); ++k) {
+    if (!marks.marked(k)) continue;
+    const LayoutTensor& t = held_.tensors[f.parts[k]];
+    auto shadow = shards.find(ShadowName(t.name));
+    if (shadow == shards.end()) {
+      return refuse("no shadow '" + ShadowName(t.name) + "'");
+    }
+    const Fp8Tensor whole{t.dtype, t.shape[0], t.shape[1],
+                          0,       0,          f.view.min_amax};
+    DCR_ASSIGN_OR_RETURN(const Fp8Scale scale,
+                         Fp8TensorScale(whole, shadow->second));
+    for (const AffinePiece& b : fp8_boxes_.at(f.parts[k])) {
+      if (b.shard != name) continue;
+      const uint64_t at = b.from[0] * f.view.cols + b.from[1];
+      DCR_RETURN_IF_ERROR(QuantizeFp8Box(whole, shadow->second, scale, b.to[0],
+                                         b.to[1], b.extent[0], b.extent[1],
+                                         q.subspan(at), f.view.cols));
+    }
+    s[k] = scale.scale_inv;
+  }
+  std::memcpy(scales->second.data(), s.data(), scales->second.size());
+  return Status::OK();
+}
+
 Result<std::map<std::string, std::vector<std::byte>>> ReceiverMap::Build(
     const CanonicalBytes& canonical) const {
   DCR_ASSIGN_OR_RETURN(auto out, BuildShards(held_, rank_, canonical));
   for (const auto& [name, f] : fp8_) {
+    if (f.view.per_tensor()) {
+      // Zero codes where no box lies (padding), as a block shard's.
+      out[name].assign(f.view.elements(), std::byte{0});
+      out[f.scales].assign(f.parts.size() * sizeof(float), std::byte{0});
+      MutableShardBytes view;
+      for (auto& [n, bytes] : out) view.emplace(n, bytes);
+      Fp8BlockSet all(f.marks());
+      all.MarkAll();
+      DCR_RETURN_IF_ERROR(RequantizePerTensor(name, f, view, all));
+      continue;
+    }
     std::vector<std::byte> shadow = std::move(out.at(name));
     std::vector<std::byte> codes(f.view.elements());
     std::vector<float> scales(f.view.blocks());
@@ -465,6 +635,7 @@ Result<std::map<std::string, std::vector<std::byte>>> ReceiverMap::Build(
 Result<ShardBytes> ReceiverMap::Shadows(const ShardBytes& shards) const {
   ShardBytes out = shards;
   for (const auto& [name, f] : fp8_) {
+    if (f.view.per_tensor()) continue;
     auto it = shards.find(ShadowName(name));
     if (it == shards.end()) {
       return Status::NotFound("serving rank " + std::to_string(rank_) +

@@ -71,7 +71,7 @@ std::unique_ptr<RefitSession> RefitSession::Begin(
     if (options.fresh_store || options.rejoin) {
       MutexLock lock(&session->dirty_mu_);
       for (const auto& [name, f] : map->fp8_shards()) {
-        session->dirty_.try_emplace(name, f.view).first->second.MarkAll();
+        session->dirty_.try_emplace(name, f.marks()).first->second.MarkAll();
       }
     }
   };

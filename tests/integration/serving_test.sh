@@ -3,14 +3,17 @@
 # processes whose stores hold a serving engine's ranks, in a tree with a
 # canonical node (root -> c0; c0's cluster feeds nothing else; cluster bf16:
 # s0 -> s1, a tp 2 server of vLLM names with stacked qkv and gate/up; cluster
-# fp8: f0 -> f1, the same server with its attention and MLP weights in FP8):
+# fp8: f0 -> f1, the same server with its attention and MLP weights in FP8:
+# qkv and gate/up in blocks, o_proj with one scale per tensor):
 #   a. a full refit seeds the serving stores, created as their ranks' shards
 #   b. delta refits v1..v3 commit on every node; after each, c0 holds the
 #      target bit for bit and every serving rank verifies against it with
 #      `dcr layout verify --serving` (FP8 codes and scales as quantized from
 #      the target); no chunk is context-coded
-#   c. a serving relay killed mid-refit (relay.apply_chunk=exit@10) restores
-#      its rank's base through its map at restart; the next refit commits
+#   c. two serving relays (BF16 s1, FP8 f1) killed mid-refit
+#      (relay.apply_chunk=exit@10) restore their ranks' bases through their
+#      maps at restart, FP8 codes and scales requantized; the next refit
+#      commits
 #   d. a bit flipped in a serving store between refits: `dcr inspect
 #      --layout` shows other bits, `dcr verify --layout` names the element,
 #      the vote names its tensor, a repair round
@@ -43,6 +46,8 @@ for line in open(sys.argv[1]):
         out.append("    fp8: {block: [16, 32]}\n")
     if "split: gate_up" in line:
         out.append("    fp8: {block: [32, 32]}\n")
+    if "o_proj" in line and "shard:" in line:
+        out.append("    fp8: {block: tensor}\n")
 open(sys.argv[2], "w").write("".join(out))
 PY
 
@@ -139,24 +144,31 @@ done
 
 # --- c. A serving relay killed mid-refit ------------------------------------
 stop_relay s1
+stop_relay f1
 # (The pause at the 9th chunk lets the apply workers finish the 8 before.)
-start_relay s1 "DCR_FAILPOINTS=relay.apply_chunk=delay(300)@9;relay.apply_chunk=exit@10"
-wait_ready s1
+for n in s1 f1; do
+  start_relay $n "DCR_FAILPOINTS=relay.apply_chunk=delay(300)@9;relay.apply_chunk=exit@10"
+done
+wait_ready s1 f1
 refit_json 1 "$TOPO" --target "$V/v3.safetensors"
 json 'd["outcome"] == "aborted"'
-for _ in $(seq 50); do kill -0 "${PID[s1]}" 2>/dev/null || break; sleep 0.1; done
-kill -0 "${PID[s1]}" 2>/dev/null && fail "s1 did not exit at its failpoint"
-set +e
-wait "${PID[s1]}"
-rc=$?
-set -e
-[[ $rc -eq 86 ]] || { cat "$T/s1.log" >&2; fail "s1 exited $rc, want 86"; }
-unset "PID[s1]"
-start_relay s1
-wait_ready s1
+for n in s1 f1; do
+  for _ in $(seq 50); do kill -0 "${PID[$n]}" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "${PID[$n]}" 2>/dev/null && fail "$n did not exit at its failpoint"
+  set +e
+  wait "${PID[$n]}"
+  rc=$?
+  set -e
+  [[ $rc -eq 86 ]] || { cat "$T/$n.log" >&2; fail "$n exited $rc, want 86"; }
+  unset "PID[$n]"
+  start_relay $n
+done
+wait_ready s1 f1
 # (The full refit of v0 was step 1: v2 is step 3.)
-grep -Eq "s1: restored step 3 after a crash mid-refit [0-9a-f]+: [1-9][0-9]* spans" "$T/s1.log" ||
-  { cat "$T/s1.log" >&2; fail "s1 did not restore its base"; }
+for n in s1 f1; do
+  grep -Eq "$n: restored step 3 after a crash mid-refit [0-9a-f]+: [1-9][0-9]* spans" "$T/$n.log" ||
+    { cat "$T/$n.log" >&2; fail "$n did not restore its base"; }
+done
 verify_serving 2
 refit_json 0 "$TOPO" --target "$V/v3.safetensors"
 json 'd["outcome"] == "committed"'
@@ -166,7 +178,7 @@ verify_serving 3
 # dcr inspect --layout names a store's rank and its bits digest (what its
 # vote compares with the root's); a flipped bit changes it.
 expect 0 "$DCR" inspect "$T/f1.safetensors" --layout "$T/fp8.yaml" --rank 1 -o json
-json 'd["type"] == "serving store" and d["rank"] == 1 and d["fp8_shards"] == 4' \
+json 'd["type"] == "serving store" and d["rank"] == 1 and d["fp8_shards"] == 6' \
   'd["canonical_tensors_held"] == d["canonical_tensors"] and len(d["bits"]) == 32'
 bits=$(python3 -c "import json; print(json.load(open('$T/out'))['bits'])")
 expect 2 "$DCR" inspect "$T/s0.safetensors" --layout "$T/fp8.yaml" --rank 0

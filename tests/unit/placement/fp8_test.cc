@@ -272,6 +272,56 @@ TEST(Fp8Test, RequantizingTheTouchedBlocksEqualsQuantizingAll) {
   }
 }
 
+TEST(Fp8Test, ABoxWithTheTensorsScaleHoldsTheTensorsCodes) {
+  std::mt19937 rng(23);
+  for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
+    Fp8Tensor t{d, 75, 130, 0, 0};
+    std::vector<float> v = Weights(t.elements(), 9);
+    v[5] = std::nanf("");
+    v[t.elements() - 1] = -0.75f;  // the maximum, in the last element
+    const std::vector<std::byte> src = Encode(d, v);
+    std::vector<uint8_t> want_q(t.elements());
+    std::vector<float> want_s(1);
+    ASSERT_TRUE(QuantizeFp8(t, src, want_q, want_s).ok());
+    auto scale = Fp8TensorScale(t, src);
+    ASSERT_TRUE(scale.ok()) << scale.status().ToString();
+    EXPECT_EQ(std::bit_cast<uint32_t>(scale->scale_inv),
+              std::bit_cast<uint32_t>(want_s[0]));
+    for (int trial = 0; trial < 50; ++trial) {
+      const uint64_t r0 = rng() % t.rows, c0 = rng() % t.cols;
+      const uint64_t rows = rng() % (t.rows - r0 + 1);
+      const uint64_t cols = rng() % (t.cols - c0 + 1);
+      const uint64_t stride = cols + rng() % 5 + (cols == 0);
+      std::vector<uint8_t> q(rows * stride, 0xAA);
+      ASSERT_TRUE(
+          QuantizeFp8Box(t, src, *scale, r0, c0, rows, cols, q, stride).ok());
+      for (uint64_t r = 0; r < rows; ++r) {
+        for (uint64_t c = 0; c < stride; ++c) {
+          const uint8_t want =
+              c < cols ? want_q[(r0 + r) * t.cols + c0 + c] : 0xAA;
+          ASSERT_EQ(q[r * stride + c], want)
+              << DTypeName(d) << " box " << rows << "x" << cols << " at [" << r0
+              << ", " << c0 << "] element " << r << "," << c;
+        }
+      }
+    }
+  }
+  // A box outside the tensor, short codes and a blocked tensor are refused.
+  Fp8Tensor t{DType::kBF16, 4, 4, 0, 0};
+  const std::vector<std::byte> src = Encode(t.dtype, Weights(16, 1));
+  std::vector<uint8_t> q(16);
+  const Fp8Scale one{1, 1};
+  EXPECT_FALSE(QuantizeFp8Box(t, src, one, 3, 0, 2, 4, q, 4).ok());
+  EXPECT_FALSE(QuantizeFp8Box(t, src, one, 0, 1, 4, 4, q, 4).ok());
+  EXPECT_FALSE(QuantizeFp8Box(t, src, one, 0, 0, 4, 4, q, 5).ok());
+  EXPECT_FALSE(QuantizeFp8Box(t, src, one, 0, 0, 1, 0, q, 0).ok());
+  EXPECT_TRUE(QuantizeFp8Box(t, src, one, 0, 0, 4, 4, q, 4).ok());
+  EXPECT_FALSE(Fp8TensorScale(t, std::span(src).first(30)).ok());
+  Fp8Tensor blocked{DType::kBF16, 4, 4, 2, 2};
+  EXPECT_FALSE(Fp8TensorScale(blocked, src).ok());
+  EXPECT_FALSE(QuantizeFp8Box(blocked, src, one, 0, 0, 4, 4, q, 4).ok());
+}
+
 TEST(Fp8Test, RequantizeWritesOnlyTheMarkedBlocks) {
   Fp8Tensor t{DType::kBF16, 40, 40, 16, 16};
   const std::vector<std::byte> src = Encode(t.dtype, Weights(t.elements(), 5));

@@ -482,6 +482,11 @@ TEST(LayoutTest, BadLayoutsAreRefusedWithTheLineAndTheFix) {
        One("  - name: w\n    shard: s\n    split: column\n    shape: [4, 4]\n"
            "    fp8: {block: [2]}\n"),
        "x.yaml:7: tensors[0].fp8.block: expected [rows, columns] of a block"},
+      {"fp8 block word",
+       One("  - name: w\n    shard: s\n    split: column\n    shape: [4, 4]\n"
+           "    fp8: {block: tensors}\n"),
+       "x.yaml:7: tensors[0].fp8.block: expected [rows, columns] of a block, "
+       "e.g. [128, 128], or 'tensor' for one scale per tensor; got 'tensors'"},
       {"fp8 key",
        One("  - name: w\n    shard: s\n    split: column\n    shape: [4, 4]\n"
            "    fp8: {block: [2, 2], scales: t}\n"),

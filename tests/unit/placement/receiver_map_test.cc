@@ -530,6 +530,189 @@ TEST(ReceiverMapTest, Fp8ShardsRequantizeToTheTargetsQuantization) {
   }
 }
 
+// A tp 2 server holding three weights as FP8 with one scale per tensor:
+// a column split whose slices cut no blocks (125 rows each), fused
+// gate/up (two scales), a row split.
+constexpr const char* kFp8PerTensor = R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: w
+    shard: w.weight
+    split: column
+    shape: [250, 100]
+    fp8: {block: tensor}
+  - names: [gate, up]
+    shard: gate_up
+    split: gate_up
+    shape: [256, 64]
+    fp8: {block: tensor, scale: gate_up.scales}
+  - name: down
+    shard: down
+    split: row
+    shape: [64, 256]
+    fp8: {block: tensor}
+  - name: norm
+    shard: norm
+    split: replicated
+    shape: [64]
+)";
+
+// The per-tensor quantization of dense tensor `name` of `v`.
+void QuantizeWhole(const Layout& l, const Tensors& v, const std::string& name,
+                   std::vector<uint8_t>* q, float* scale) {
+  for (const LayoutTensor& t : l.tensors) {
+    if (t.name != name) continue;
+    Fp8Tensor f{t.dtype, t.shape[0], t.shape[1], 0, 0};
+    q->assign(f.elements(), 0);
+    ASSERT_TRUE(QuantizeFp8(f, v.at(name), *q, std::span(scale, 1)).ok());
+  }
+}
+
+float ScaleAt(const std::vector<std::byte>& scales, size_t i) {
+  float f;
+  std::memcpy(&f, scales.data() + i * sizeof(float), sizeof(float));
+  return f;
+}
+
+TEST(ReceiverMapTest, PerTensorFp8ShardsTakeTheWholeTensorsScale) {
+  auto l = ParseLayout(kFp8PerTensor, "fp8-tensor.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  std::mt19937_64 rng(53);
+  const Tensors base = Bf16Weights(*l, rng);
+  Tensors target = base;
+  for (auto& [name, b] : target) {
+    for (size_t e = 0; e < b.size(); e += 2) {
+      if (rng() % 50 == 0) b[e] ^= std::byte{1};  // ~2% move by an ulp
+    }
+  }
+  // w's new maximum lies in rank 1's rows: rank 0's scale and every one of
+  // its codes change with it.
+  const size_t big = 2 * (200 * 100 + 3);
+  target.at("w")[big] = std::byte{0};
+  target.at("w")[big + 1] = std::byte{0x3F};  // 0.5
+  const auto chunks = Chunks(*l, base, target, 1000, false);
+  for (uint32_t r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    auto m = ReceiverMap::Create(*l, r);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const auto& sh = m->shards();
+    EXPECT_EQ(sh.at("w.weight").dtype, DType::kF8E4M3);
+    EXPECT_EQ(sh.at("w.weight").shape, Shape({125, 100}));
+    EXPECT_EQ(sh.at("w.shadow").shape, Shape({250, 100}));  // all of w
+    EXPECT_EQ(sh.at("w.shadow").dtype, DType::kBF16);
+    EXPECT_EQ(sh.at("w.weight_scale_inv").shape, Shape({1}));
+    EXPECT_EQ(sh.at("gate_up.scales").shape, Shape({2}));
+    EXPECT_EQ(sh.at("up.shadow").shape, Shape({256, 64}));
+    EXPECT_EQ(sh.at("down.shadow").shape, Shape({64, 256}));
+    EXPECT_EQ(sh.count("w.weight.shadow"), 0u);
+    EXPECT_EQ(m->fp8_shards().at("gate_up").parts.size(), 2u);
+    auto shards = m->Build(View(base));
+    auto want = m->Build(View(target));
+    ASSERT_TRUE(shards.ok()) << shards.status().ToString();
+    ASSERT_TRUE(want.ok());
+    const auto built = *shards;
+    MutableShardBytes writable;
+    for (auto& [name, bytes] : *shards) writable.emplace(name, bytes);
+    Fp8Dirty dirty;
+    std::vector<std::pair<uint32_t, DecodedChunk>> undo;
+    for (const auto& [tensor, c] : chunks) {
+      const uint64_t first = uint64_t{c.header.id.span} * 1000;
+      if (l->tensors[tensor].fp8) {
+        EXPECT_THAT(m->Apply(tensor, first, c, writable).status().ToString(),
+                    HasSubstr("Apply needs the dirty blocks"));
+      }
+      DecodedChunk back = c;
+      back.header.kind = ChunkKind::kOverwrite;
+      ASSERT_TRUE(m->Gather(tensor, first, c, writable, back.values).ok());
+      undo.emplace_back(tensor, std::move(back));
+      ASSERT_TRUE(m->Apply(tensor, first, c, writable, &dirty).ok());
+    }
+    // Every part changed: each shard's marks are all its parts.
+    EXPECT_EQ(dirty.at("gate_up").count(), 2u);
+    ASSERT_TRUE(m->Requantize(writable, &dirty).ok());
+    EXPECT_EQ(*shards, *want);
+    // Independently: the codes are the dense target's per-tensor
+    // quantization at the rank's elements, and so are the scales.
+    std::vector<uint8_t> q;
+    float scale = 0;
+    QuantizeWhole(*l, target, "w", &q, &scale);
+    EXPECT_EQ(scale, 0.5f / 448.0f);
+    EXPECT_EQ(ScaleAt(shards->at("w.weight_scale_inv"), 0), scale);
+    const auto& codes = shards->at("w.weight");
+    for (size_t i = 0; i < codes.size(); ++i) {
+      ASSERT_EQ(static_cast<uint8_t>(codes[i]), q[r * 125 * 100 + i]) << i;
+    }
+    for (size_t k = 0; k < 2; ++k) {
+      QuantizeWhole(*l, target, k == 0 ? "gate" : "up", &q, &scale);
+      EXPECT_EQ(ScaleAt(shards->at("gate_up.scales"), k), scale);
+      for (size_t i = 0; i < 128 * 64; ++i) {
+        ASSERT_EQ(static_cast<uint8_t>(shards->at("gate_up")[k * 128 * 64 + i]),
+                  q[r * 128 * 64 + i])
+            << k << " " << i;
+      }
+    }
+    QuantizeWhole(*l, target, "down", &q, &scale);
+    EXPECT_EQ(ScaleAt(shards->at("down_scale_inv"), 0), scale);
+    for (size_t row = 0; row < 64; ++row) {
+      for (size_t col = 0; col < 128; ++col) {
+        ASSERT_EQ(static_cast<uint8_t>(shards->at("down")[row * 128 + col]),
+                  q[row * 256 + r * 128 + col]);
+      }
+    }
+    // The vote covers the whole shadows: the root's digests of the target.
+    ShardBytes held;
+    for (const auto& [name, bytes] : *shards) held.emplace(name, bytes);
+    auto votes = m->HashRegions(held);
+    auto expected = m->ExpectedRegions(View(target));
+    ASSERT_TRUE(votes.ok()) << votes.status().ToString();
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(*votes, *expected);
+    // Undone last first through the journal's records and requantized,
+    // the shards are the base's again: scales included.
+    for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
+      const uint64_t first = uint64_t{it->second.header.id.span} * 1000;
+      ASSERT_TRUE(
+          m->Apply(it->first, first, it->second, writable, &dirty).ok());
+    }
+    ASSERT_TRUE(m->Requantize(writable, &dirty).ok());
+    EXPECT_EQ(*shards, built);
+  }
+}
+
+TEST(ReceiverMapTest, PerTensorFp8ShardsMixingOthersAreRefused) {
+  const std::string head = "version: 1\ntensors:\n";
+  const std::string w =
+      "  - name: w\n    shard: s\n    split: replicated\n"
+      "    shape: [64, 64]\n    fp8: {block: tensor}\n";
+  struct Bad {
+    std::string yaml, error;
+  };
+  for (const Bad& b : {
+           Bad{head + w +
+                   "  - name: v\n    shard: s\n    split: replicated\n"
+                   "    shape: [64, 64]\n",
+               "shard 's' holds FP8 tensors and tensor 'v', which is not FP8 "
+               "with the same per-tensor scales"},
+           Bad{head + w +
+                   "  - name: x\n    shard: x\n    split: replicated\n"
+                   "    shape: [8]\n"
+                   "  - name: y\n    shard: w.shadow\n"
+                   "    split: replicated\n    shape: [64, 64]\n",
+               "'y' is held in 'w.shadow', the name of tensor 'w''s FP8 "
+               "shadow"},
+           Bad{head + w +
+                   "  - name: z\n    shard: s\n    split: replicated\n"
+                   "    shape: [64, 64]\n    fp8: {block: [64, 64]}\n",
+               "must share one shape, block shape, dtype and scale name"},
+       }) {
+    SCOPED_TRACE(b.yaml);
+    auto l = ParseLayout(b.yaml, "bad.yaml");
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_THAT(ReceiverMap::Create(*l, 0).status().ToString(),
+                HasSubstr(b.error));
+  }
+}
+
 TEST(ReceiverMapTest, Fp8BoxesThatCutBlocksAndFp8ProducersAreRefused) {
   std::string cut = kFp8;
   cut.replace(cut.find("[64, 32]"), 8, "[96, 32]");  // 128 rows per rank
