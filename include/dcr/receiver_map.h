@@ -99,6 +99,11 @@ class ReceiverMap {
   };
   // The rank's FP8 shards, by name.
   const std::map<std::string, Fp8Shard>& fp8_shards() const { return fp8_; }
+  // Per-tensor FP8: each such tensor's boxes in its codes shards, as the
+  // layout places them (held() maps the tensor into its shadow instead).
+  const std::map<uint32_t, std::vector<AffinePiece>>& fp8_boxes() const {
+    return fp8_boxes_;
+  }
   bool serves_fp8() const { return !fp8_.empty(); }
   // `shards` with each block-scaled FP8 shard's name bound to its shadow:
   // the canonical bits held() places, as HashShardRegions and

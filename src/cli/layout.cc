@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,16 +70,25 @@ std::vector<RankSummary> Summarize(const Layout& l) {
   return out;
 }
 
-// The pieces rank `rank` holds, by shard, with their canonical tensors.
+// The pieces rank `rank` holds, by shard, with their canonical tensors;
+// with a serving rank's map `m` (of `l`'s file), also the boxes of its
+// per-tensor FP8 codes, which its view maps into whole-tensor shadows.
 std::map<std::string,
          std::vector<std::pair<const LayoutTensor*, const AffinePiece*>>>
-PiecesOf(const Layout& l, uint32_t rank) {
+PiecesOf(const Layout& l, uint32_t rank, const ReceiverMap* m = nullptr) {
   std::map<std::string,
            std::vector<std::pair<const LayoutTensor*, const AffinePiece*>>>
       out;
   for (const LayoutTensor& t : l.tensors) {
     for (const AffinePiece& p : t.pieces) {
       if (p.rank == rank) out[p.shard].emplace_back(&t, &p);
+    }
+  }
+  if (m != nullptr) {
+    for (const auto& [tensor, boxes] : m->fp8_boxes()) {
+      for (const AffinePiece& p : boxes) {
+        out[p.shard].emplace_back(&l.tensors[tensor], &p);
+      }
     }
   }
   return out;
@@ -137,6 +147,13 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
     }
   }
   const Digest128 fp = file->Fingerprint();
+  // A serving rank's map, for the boxes of its per-tensor FP8 codes.
+  std::optional<ReceiverMap> map;
+  if (serving && rank) {
+    auto m = ReceiverMap::Create(*file, *rank);
+    if (!m.ok()) return ReportError(m.status());
+    map = *std::move(m);
+  }
 
   if (g.format() == OutputFormat::kJson) {
     json j{{"file", path},
@@ -165,10 +182,10 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
     j["per_rank"] = per;
     if (rank) {
       json shards = json::array();
-      const auto pieces = PiecesOf(*l, *rank);
+      const auto pieces = PiecesOf(*l, *rank, map ? &*map : nullptr);
       for (const auto& [name, shard] : (*kept)[*rank]) {
         json feeds = json::array();
-        auto fed = pieces.find(name);  // none for FP8 scales and shadows
+        auto fed = pieces.find(name);  // none for FP8 scales
         if (fed != pieces.end()) {
           for (const auto& [t, p] : fed->second) {
             feeds.push_back({{"tensor", t->name},
@@ -199,12 +216,12 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
       fp.ToHex().c_str());
   if (rank) {
     std::printf("\nrank %u holds:\n", *rank);
-    const auto pieces = PiecesOf(*l, *rank);
+    const auto pieces = PiecesOf(*l, *rank, map ? &*map : nullptr);
     for (const auto& [name, shard] : (*kept)[*rank]) {
       std::printf("  %s %s %s\n", name.c_str(),
                   std::string(DTypeName(shard.dtype)).c_str(),
                   ShapeText(shard.shape).c_str());
-      auto fed = pieces.find(name);  // none for FP8 scales and shadows
+      auto fed = pieces.find(name);  // none for FP8 scales
       if (fed == pieces.end()) continue;
       for (const auto& [t, p] : fed->second) {
         std::printf("    -> %s: box %s + %s at %s\n", t->name.c_str(),

@@ -246,9 +246,8 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
         return Status::InvalidArgument(
             "serving rank " + std::to_string(rank) + ": shard '" + p.shard +
             "' holds FP8 tensors and tensor '" + layout.tensors[i].name +
-            "', which is not FP8" +
-            (f->second.view.per_tensor() ? " with the same per-tensor scales"
-                                         : ""));
+            (layout.tensors[i].fp8 ? "', which has per-block scales"
+                                   : "', which is not FP8"));
       }
       for (const auto& [j, boxes] : m.fp8_boxes_) {
         if (j != i && p.shard == ShadowName(layout.tensors[j].name)) {
@@ -280,7 +279,12 @@ Result<ReceiverMap> ReceiverMap::Create(const Layout& layout, uint32_t rank) {
     codes.dtype = DType::kF8E4M3;
     m.shards_[name] = codes;
     shadow.name = ShadowName(name);
-    m.shards_[shadow.name] = shadow;
+    if (!m.shards_.emplace(shadow.name, shadow).second) {
+      return Status::InvalidArgument("serving rank " + std::to_string(rank) +
+                                     ": the shadow of FP8 shard '" + name +
+                                     "', '" + shadow.name +
+                                     "', is named like another tensor");
+    }
     LayoutShard scales{f.scales, f.scales_shape(), DType::kF32};
     if (!m.shards_.emplace(f.scales, scales).second) {
       return Status::InvalidArgument(
@@ -596,9 +600,12 @@ Status ReceiverMap::RequantizePerTensor(const std::string& name,
                                          b.to[1], b.extent[0], b.extent[1],
                                          q.subspan(at), f.view.cols));
     }
+    // Each part's scale with its codes: an error in a later part leaves
+    // this one whole.
     s[k] = scale.scale_inv;
+    std::memcpy(scales->second.data() + k * sizeof(float), &s[k],
+                sizeof(float));
   }
-  std::memcpy(scales->second.data(), s.data(), scales->second.size());
   return Status::OK();
 }
 

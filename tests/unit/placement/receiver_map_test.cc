@@ -691,8 +691,15 @@ TEST(ReceiverMapTest, PerTensorFp8ShardsMixingOthersAreRefused) {
            Bad{head + w +
                    "  - name: v\n    shard: s\n    split: replicated\n"
                    "    shape: [64, 64]\n",
-               "shard 's' holds FP8 tensors and tensor 'v', which is not FP8 "
-               "with the same per-tensor scales"},
+               "shard 's' holds FP8 tensors and tensor 'v', which is not "
+               "FP8"},
+           // A block-scaled shard 'a' whose shadow would be tensor a's.
+           Bad{head + "  - name: a\n    shard: a_q\n    split: replicated\n"
+                      "    shape: [64, 64]\n    fp8: {block: tensor}\n"
+                      "  - name: b\n    shard: a\n    split: replicated\n"
+                      "    shape: [64, 64]\n    fp8: {block: [64, 64]}\n",
+               "the shadow of FP8 shard 'a', 'a.shadow', is named like "
+               "another tensor"},
            Bad{head + w +
                    "  - name: x\n    shard: x\n    split: replicated\n"
                    "    shape: [8]\n"
