@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# dcr's engine adapters (integrations/dcr_engines, integrations/README.md)
+# against real dcr-relay processes: root -> s0, s1 (ranks 0 and 1 of a
+# vLLM-style tp 2 serving layout, shm stores with serving sockets), f0
+# (rank 0 of the same server with FP8 weights: qkv in blocks, o_proj with
+# one scale) and c0 (the canonical checkpoint, shm, with a serving
+# socket). The engines
+# are the call-order harness (engine_harness/: not vLLM, not SGLang):
+#   a. after each of 3 refits, two vLLM "direct" ranks, a vLLM "direct"
+#      FP8 rank (codes into 1-byte parameters, scales), a vLLM
+#      "load_weights" rank (inside the layerwise reload calls) and two
+#      SGLang ranks (custom weight loader) hold the target bit for bit, the
+#      direct ranks in the same storage
+#   b. a stale step, an uncommitted step, bad init and update requests
+#      are refused, naming what is wrong
+#   c. an update holds its image across a commit: the held image keeps its
+#      bits, and the source moves once the update finishes
+# Usage: engine_adapters_test.sh DCR RELAY TRAINGEN LAYOUTS_DIR PYTHON_DIR
+set -euo pipefail
+DCR=$1
+RELAY=$2
+TRAINGEN=$3
+LAYOUTS=$4
+PYDIR=$5
+T=$(mktemp -d /tmp/dcr-engine-adapters-test.XXXXXX)
+SHM=dcr-ea-$$
+declare -A PID=()
+
+finish() {
+  cleanup
+  rm -f /dev/shm/$SHM-*
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+# shellcheck source=tests/integration/lib.sh
+source "$(dirname "$0")/lib.sh"
+unset DCR_FAILPOINTS
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+STEPS=3
+
+# The model, with each version's expected serving ranks beside it.
+sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 2/' \
+  -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
+  -e 's/pad_to: 32/pad_to: 2/' "$LAYOUTS/traingen-serve-tp2.yaml" >"$T/serve.yaml"
+python3 - "$T/serve.yaml" "$T/fp8.yaml" <<'PY'
+import sys
+out = []
+for line in open(sys.argv[1]):
+    out.append(line)
+    if "order: stacked" in line:
+        out.append("    fp8: {block: [16, 32]}\n")
+    if "o_proj" in line and "shard:" in line:
+        out.append("    fp8: {block: tensor}\n")
+open(sys.argv[2], "w").write("".join(out))
+PY
+for l in serve fp8; do  # the same model twice: each layout's ranks beside it
+  "$TRAINGEN" --hidden 64 --layers 2 --heads 4 --kv-heads 2 --vocab 300 \
+    --lr 2e-5 --steps $((STEPS + 1)) --out "$T/ck-$l" --layout "$T/$l.yaml" \
+    --serving >/dev/null 2>"$T/traingen.log" ||
+    { cat "$T/traingen.log" >&2; fail "traingen"; }
+done
+cmp "$T/ck-serve/v$STEPS.safetensors" "$T/ck-fp8/v$STEPS.safetensors" ||
+  fail "dcr-traingen is not deterministic"
+
+read -r -a PORTS < <(free_ports 5)
+[[ ${#PORTS[@]} -eq 5 ]] || fail "could not pick free ports"
+TOPO=$T/tree.yaml
+cat >"$TOPO" <<YAML
+version: 1
+defaults: {transport: tcp, fanout: 2}
+root: {name: trainer, host: 127.0.0.1, port: ${PORTS[0]}, cluster: train, state_dir: "$T/root", baseline: "$T/base.safetensors"}
+clusters:
+  - name: train
+  - name: serve
+    serving: {layout: "$T/serve.yaml"}
+    nodes:
+      - {name: s0, host: 127.0.0.1, port: ${PORTS[1]}, store: {kind: shm, path: /$SHM-s0}, serving: {rank: 0, socket: "$T/s0.sock"}}
+      - {name: s1, host: 127.0.0.1, port: ${PORTS[2]}, store: {kind: shm, path: /$SHM-s1}, serving: {rank: 1, socket: "$T/s1.sock"}}
+  - name: fp8
+    nodes:
+      - {name: f0, host: 127.0.0.1, port: ${PORTS[4]}, store: {kind: shm, path: /$SHM-f0}, serving: {layout: "$T/fp8.yaml", rank: 0, socket: "$T/f0.sock"}}
+  - name: canon
+    nodes:
+      - {name: c0, host: 127.0.0.1, port: ${PORTS[3]}, store: {kind: shm, path: /$SHM-c0}}
+links:
+  - {from: train, to: serve, bandwidth: 1Gbps, latency: 1ms}
+  - {from: train, to: canon, bandwidth: 1Gbps, latency: 1ms}
+  - {from: train, to: fp8, bandwidth: 1Gbps, latency: 1ms}
+YAML
+expect 0 "$DCR" topo validate "$TOPO"
+cp "$T/ck-serve/v0.safetensors" "$T/base.safetensors"
+
+start_relay() {  # start_relay NAME [ARG...]
+  local n=$1
+  shift
+  rm -f "$T/$n.ready"
+  "$RELAY" --topology "$TOPO" --node "$n" --ready-file "$T/$n.ready" \
+    --serving-deadline 2s "$@" >>"$T/$n.log" 2>&1 &
+  PID[$n]=$!
+}
+start_relay s0
+start_relay s1
+start_relay f0
+start_relay c0 --serving-socket "$T/c0.sock"
+wait_ready s0 s1 f0 c0
+
+refit_json 0 "$TOPO" --target "$T/ck-serve/v0.safetensors" --full
+json 'd["outcome"] == "committed"'
+
+/usr/bin/python3 "$(dirname "$0")/engine_adapters_check.py" "$PYDIR" "$REPO" \
+  "$DCR" "$TOPO" "$T/ck" "$SHM" "$T" "$STEPS" >"$T/check.log" 2>&1 ||
+  { cat "$T/check.log" >&2; for n in s0 s1 f0 c0; do tail -20 "$T/$n.log" >&2; done; fail "engine adapters"; }
+cat "$T/check.log"
+echo "PASS engine adapters"

@@ -1,0 +1,1 @@
+"""CALL-ORDER HARNESS, NOT SGLang (tests/integration/engine_harness/README.md)."""
