@@ -3,7 +3,8 @@
 // requantized into the serving store's E4M3 values and scales. This times,
 // per core, the whole-tensor quantization and the requantization after a
 // step that changed 0.01%, 1% and 3% of the elements, against a memcpy of
-// the same canonical bytes in the same process (the noise-free ratio).
+// the same canonical bytes in the same process (the noise-free ratio), and
+// a rank's requantization of a tensor with one scale (tp 1, 2, 8).
 //
 //   fp8_bench [--rows R] [--cols C] [--rounds N] [--out FILE]
 //
@@ -150,6 +151,34 @@ int main(int argc, char** argv) {
     row["requantize_seconds"] = Median(req_s);
     row["gbps"] = gb / secs;
     j["requantize"].push_back(row);
+  }
+  // One scale per tensor (`block: tensor`): a rank of tensor parallel k
+  // reads all of the tensor for its scale, then quantizes its 1/k of the
+  // rows (docs/PLACEMENT.md §"One scale per tensor").
+  const dcr::Fp8Tensor whole{dcr::DType::kBF16, rows, cols, 0, 0};
+  std::vector<uint8_t> q_whole(n);
+  for (uint32_t tp : {1u, 2u, 8u}) {
+    std::vector<double> secs_v;
+    const uint64_t slice = rows / tp;
+    for (int r = 0; r < rounds; ++r) {
+      dcr::Status st;
+      secs_v.push_back(Seconds([&] {
+        auto scale = dcr::Fp8TensorScale(whole, src);
+        st = scale.ok() ? dcr::QuantizeFp8Box(whole, src, *scale, 0, 0, slice,
+                                              cols, q_whole, cols)
+                        : scale.status();
+      }));
+      if (!st.ok()) return Fail(st);
+    }
+    const double secs = Median(secs_v);
+    char label[64];
+    std::snprintf(label, sizeof label, "per tensor, tp %u rank", tp);
+    std::printf("%-22s %10s %10.3f %12.2f %12.2f\n", label, "1", secs,
+                gb / secs, Median(copy_s) / secs);
+    j["per_tensor"].push_back({{"tp", tp},
+                               {"rows_quantized", slice},
+                               {"seconds", secs},
+                               {"gbps_of_tensor", gb / secs}});
   }
   // The check a relay makes implicitly: requantized == quantized afresh.
   std::vector<uint8_t> q2(n);
