@@ -52,6 +52,8 @@ struct Args {
   std::optional<uint32_t> serving_rank;
   std::string serving_socket;
   std::string serving_deadline = "5s";
+  std::string on_commit;
+  std::string on_commit_timeout = "60s";
   std::string link_rate;
   std::string connect_timeout = "5s";
   std::string prepared_wait = "10min";
@@ -241,6 +243,7 @@ int Run(const Args& a) {
     o.serving_rank = *a.serving_rank;
   }
   if (!a.serving_socket.empty()) o.serving_socket = a.serving_socket;
+  o.on_commit = a.on_commit;
   o.store.data_sync = a.data_sync == "commit"
                           ? StoreSpec::DataSync::kAtCommit
                           : StoreSpec::DataSync::kBackground;
@@ -296,7 +299,9 @@ int Run(const Args& a) {
        {std::tuple{"--hello-timeout", &a.hello_timeout, &o.hello_timeout},
         std::tuple{"--idle-timeout", &a.idle_timeout, &o.idle_timeout},
         std::tuple{"--serving-deadline", &a.serving_deadline,
-                   &o.serving_deadline}}) {
+                   &o.serving_deadline},
+        std::tuple{"--on-commit-timeout", &a.on_commit_timeout,
+                   &o.on_commit_timeout}}) {
     auto ns = ParseDurationNs(*text);
     if (!ns.ok() || *ns < 100000000) {
       return ReportError(Status::InvalidArgument(
@@ -486,6 +491,14 @@ int main(int argc, char** argv) {
                  "How long a yes vote waits for the serving process's "
                  "answer before it is a no")
       ->default_val("5s");
+  app.add_option("--on-commit", a.on_commit,
+                 "Run this shell command after each refit the relay "
+                 "commits, with DCR_STEP, DCR_DIGEST, DCR_REFIT, DCR_NODE, "
+                 "DCR_STORE and DCR_IMAGE set; its output goes to the log "
+                 "and it never delays the refit (docs/PLACEMENT.md)");
+  app.add_option("--on-commit-timeout", a.on_commit_timeout,
+                 "Kill an --on-commit command still running after this")
+      ->default_val("60s");
   app.add_option("--link-rate", a.link_rate,
                  "Pace each link to children to this bandwidth, e.g. "
                  "500Mbps (testing without tc)");

@@ -460,6 +460,20 @@ void Relay::Impl::EndRefit(const std::string& result, bool committed) {
   } else if (images_) {
     images_->Aborted(r.id());
   }
+  if (hook_ && committed) {
+    // The version served: the live image's with a serving process (store_
+    // is then the standby), else the store's record.
+    CommitHook::Commit commit{
+        .version = r.plan().target, .refit = r.id(), .image = ""};
+    if (images_ && images_->live()) {
+      commit.version = images_->live()->version;
+      commit.image =
+          fmt::format("shm:{}.{}", options_.store.path, images_->live()->image);
+    } else if (store_) {
+      commit.version = store_->committed().value_or(commit.version);
+    }
+    hook_->Committed(std::move(commit));
+  }
   current_.reset();
   // Give the refit's buffers back to the system: a relay idles between
   // refits, and glibc keeps freed arenas otherwise.
@@ -517,6 +531,7 @@ void Relay::Impl::PublishStats() {
   } else {
     s.state = store_ || (images_ && images_->live()) ? "idle" : "no store";
   }
+  if (hook_) s.on_commit = hook_->stats();
   if (images_) {
     s.serving = images_->stats();
     // The version served is the live image's; the standby may lag.

@@ -137,6 +137,11 @@ struct RelayOptions {
   // server's ready, else it is a no. Empty: one image, no server.
   std::string serving_socket;
   std::chrono::milliseconds serving_deadline{5000};
+  // A command run after each refit this relay commits (relay/commit_hook.h:
+  // /bin/sh -c, DCR_STEP and the rest in its environment, on a thread of
+  // its own, killed after `on_commit_timeout`). Empty: none.
+  std::string on_commit;
+  std::chrono::milliseconds on_commit_timeout{60000};
 };
 
 class Relay {

@@ -29,6 +29,7 @@
 #include "protocol/frame_sender.h"
 #include "protocol/mailbox.h"
 #include "relay/apply_workers.h"
+#include "relay/commit_hook.h"
 #include "relay/inbound_links.h"
 #include "relay/parent_link.h"
 #include "relay/plan_decision.h"
@@ -168,6 +169,7 @@ class Relay::Impl {
   // With a serving socket: the live image and the server; store_ is then
   // the standby image. Null otherwise.
   std::unique_ptr<ServingImages> images_;
+  std::unique_ptr<CommitHook> hook_;       // RelayOptions::on_commit; or null
   std::unique_ptr<ChunkDecoder> decoder_;  // for restores on the actor thread
   RelayRefit::Env env_;
   std::unique_ptr<InboundLinks> inbound_;

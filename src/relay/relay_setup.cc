@@ -67,6 +67,13 @@ Status Relay::Impl::Init() {
                         mailbox_.Post(std::move(fn));
                       }}));
   }
+  if (!options_.on_commit.empty()) {
+    hook_ = std::make_unique<CommitHook>(
+        CommitHook::Options{.command = options_.on_commit,
+                            .node = options_.name,
+                            .store = options_.store.ToString(),
+                            .timeout = options_.on_commit_timeout});
+  }
   const StoreSpec spec = images_ ? images_->standby_spec() : options_.store;
   auto store = OpenStore(spec);
   if (store.ok()) {

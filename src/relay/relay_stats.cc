@@ -226,6 +226,20 @@ std::string RenderRelayMetrics(const RelayStats& s, const std::string& node,
     m.Sample("dcr_relay_serving_prepare_timeouts_total", sv->prepare_timeouts,
              {{"node", node}});
   }
+  if (const auto& h = s.on_commit) {  // dcr-relay --on-commit
+    m.Family("dcr_relay_on_commit_runs_total", "counter",
+             "On-commit commands run (one per commit, newer commits "
+             "replacing queued ones)");
+    m.Sample("dcr_relay_on_commit_runs_total", h->runs, {{"node", node}});
+    m.Family("dcr_relay_on_commit_failures_total", "counter",
+             "On-commit commands that exited non-zero, were killed at "
+             "their timeout or did not start");
+    m.Sample("dcr_relay_on_commit_failures_total", h->failures,
+             {{"node", node}});
+    m.Family("dcr_relay_on_commit_seconds", "gauge",
+             "How long the last on-commit command ran");
+    m.Sample("dcr_relay_on_commit_seconds", h->last_seconds, {{"node", node}});
+  }
   return m.str();
 }
 

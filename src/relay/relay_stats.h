@@ -59,6 +59,16 @@ struct ServingStats {
   uint64_t prepare_timeouts = 0;  // yes votes turned to no
 };
 
+// The command run after each commit (relay/commit_hook.h).
+struct CommitHookStats {
+  uint64_t runs = 0;      // commands started (or that failed to start)
+  uint64_t failures = 0;  // of them: non-zero exit, killed, not started
+  uint64_t replaced = 0;  // queued commits a newer one replaced
+  int last_exit = -1;     // exit status; 128 + signal if killed; -1 none
+  double last_seconds = 0;
+  bool running = false;
+};
+
 // A snapshot for metrics and tests.
 struct RelayStats {
   uint64_t bytes_in = 0;   // from the parent, all frames
@@ -101,6 +111,8 @@ struct RelayStats {
   std::array<uint64_t, kCutReasons> peers_cut{};
   // A relay with a serving process (RelayOptions::serving_socket).
   std::optional<ServingStats> serving;
+  // A relay with an on-commit command (RelayOptions::on_commit).
+  std::optional<CommitHookStats> on_commit;
 };
 
 // The running totals of a relay.

@@ -15,6 +15,8 @@
 #      are refused, naming what is wrong
 #   c. an update holds its image across a commit: the held image keeps its
 #      bits, and the source moves once the update finishes
+#   d. the relays' --on-commit commands ran once per commit with the
+#      committed step (and, on s0, the live image) in their environment
 # Usage: engine_adapters_test.sh DCR RELAY TRAINGEN LAYOUTS_DIR PYTHON_DIR
 set -euo pipefail
 DCR=$1
@@ -98,10 +100,11 @@ start_relay() {  # start_relay NAME [ARG...]
     --serving-deadline 2s "$@" >>"$T/$n.log" 2>&1 &
   PID[$n]=$!
 }
-start_relay s0
+HOOK='echo "$DCR_NODE $DCR_STEP [$DCR_IMAGE]" >>'
+start_relay s0 --on-commit "$HOOK $T/hooks.log"
 start_relay s1
 start_relay f0
-start_relay c0 --serving-socket "$T/c0.sock"
+start_relay c0 --serving-socket "$T/c0.sock" --on-commit "$HOOK $T/hooks.log"
 wait_ready s0 s1 f0 c0
 
 refit_json 0 "$TOPO" --target "$T/ck-serve/v0.safetensors" --full
@@ -111,4 +114,18 @@ json 'd["outcome"] == "committed"'
   "$DCR" "$TOPO" "$T/ck" "$SHM" "$T" "$STEPS" >"$T/check.log" 2>&1 ||
   { cat "$T/check.log" >&2; for n in s0 s1 f0 c0; do tail -20 "$T/$n.log" >&2; done; fail "engine adapters"; }
 cat "$T/check.log"
+
+# d. One command per commit, after it: steps 1 (the seed) to STEPS + 2.
+want=$(for k in $(seq 1 $((STEPS + 2))); do
+  echo "c0 $k [shm:/$SHM-c0.$(((k - 1) % 2))]"
+  echo "s0 $k [shm:/$SHM-s0.$(((k - 1) % 2))]"
+done | sort)
+for _ in $(seq 100); do
+  [[ $(sort "$T/hooks.log" 2>/dev/null) == "$want" ]] && break
+  sleep 0.1
+done
+[[ $(sort "$T/hooks.log") == "$want" ]] ||
+  fail "on-commit commands: got $(sort "$T/hooks.log" | tr '\n' ';'), want $(echo "$want" | tr '\n' ';')"
+grep -q "s0: on-commit command for step $((STEPS + 2)) exited 0" "$T/s0.log" ||
+  fail "s0's log lacks its on-commit command"
 echo "PASS engine adapters"
