@@ -143,7 +143,7 @@ class ServingReceiver {
   Result<std::optional<LiveState>> Pending() const;
   // Connected to the relay's socket.
   bool attached() const;
-  // Refits the relay asked about (prepare) and the flips seen, for tests.
+  // Refits the relay asked about (prepare), for tests.
   uint64_t prepares() const { return prepares_; }
 
  private:

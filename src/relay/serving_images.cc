@@ -66,9 +66,11 @@ Result<std::unique_ptr<ServingImages>> ServingImages::Open(Options options) {
     const StoreSpec live = ServingImageSpec(o.store, state->image);
     auto store = OpenStore(live);
     if (!store.ok()) {
-      return Status::InvalidArgument(
-          fmt::format("shm:{} names {} live, which does not open: {}", name,
-                      live.ToString(), store.status().message()));
+      return Status::InvalidArgument(fmt::format(
+          "shm:{} names {} live, which does not open: {}; "
+          "remove the images (/dev/shm{}.0, .1 and .live) and "
+          "seed the node with a full refit",
+          name, live.ToString(), store.status().message(), o.store.path));
     }
     self->live_ = *std::move(store);
     self->header_.emplace(*std::move(header));
