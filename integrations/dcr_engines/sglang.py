@@ -71,13 +71,19 @@ def load_from_dcr(model, named_tensors):
     req = _parse(named_tensors)
     rank = _tp_rank()
     store = req["store"].format(rank=rank)
+    socket = req.get("socket", "").format(rank=rank)
     with _sources_lock:
         source = _sources.get(store)
         if source is None:
-            source = WeightSource(store,
-                                  socket=req.get("socket", "").format(rank=rank),
+            source = WeightSource(store, socket=socket,
                                   wait=req.get("wait_s", 60.0))
+            source.socket = socket
             _sources[store] = source
+        elif source.socket != socket:
+            raise ValueError(
+                "dcr: %s is followed on socket '%s' already, not '%s' (one "
+                "source per store and process; close() first)" %
+                (store, source.socket, socket))
     with source.hold(req["step"], timeout=req.get("timeout_s", 300.0)) as step:
         if req.get("mode", "direct") == "direct":
             stats = source.copy_into(dict(model.named_parameters()))

@@ -81,7 +81,12 @@ class WeightSource:
     def step(self):
         """The committed step the source is on."""
         with self._cond:
+            self._check_open()
             return self._receiver.step
+
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError("WeightSource of %s is closed" % self.store)
 
     def acquire(self, step=None, timeout=300.0):
         """Waits until the source is on committed step `step` (None: the
@@ -91,8 +96,7 @@ class WeightSource:
         engine asked for a step the trainer has moved past)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            if self._closed:
-                raise RuntimeError("WeightSource of %s is closed" % self.store)
+            self._check_open()
             if self._held is not None:
                 if step is None or step == self._held:
                     return self._held
@@ -121,6 +125,7 @@ class WeightSource:
                          "" if self._error is None else
                          "; last error: %s" % self._error))
                 self._cond.wait(min(left, 0.1))
+                self._check_open()  # close() while waiting
 
     def release(self):
         """Ends an update: the source follows the relay's commits again."""
@@ -142,6 +147,7 @@ class WeightSource:
         return _Hold()
 
     def _check_held(self):
+        self._check_open()
         if self._held is None:
             raise RuntimeError("read %s's weights inside acquire()/release()"
                                % self.store)
@@ -209,10 +215,14 @@ class WeightSource:
     def close(self):
         """Stops the thread and unmaps the store (after release())."""
         with self._cond:
+            if self._closed:
+                return
             self._closed = True
             self._held = None
+            self._cond.notify_all()
         self._thread.join()
-        self._receiver = None
+        with self._cond:
+            self._receiver = None
 
 
 def load_weights(source, model):

@@ -94,6 +94,7 @@ class DcrWeightTransferEngine(WeightTransferEngine[DcrInitInfo,
             raise ValueError("dcr: init_info needs the rank's store, e.g. "
                              "'shm:/dcr-serve-{rank}'")
         rank = _tp_rank()
+        self.shutdown()  # a second init replaces the first
         self.mode = init_info.mode
         self.source = WeightSource(init_info.store.format(rank=rank),
                                    socket=init_info.socket.format(rank=rank),

@@ -152,5 +152,31 @@ class WeightSourceTest(unittest.TestCase):
             self.source.acquire(1)
 
 
+class CloseTest(unittest.TestCase):
+    def test_close_ends_a_waiting_acquire(self):
+        source = WeightSource("shm:/test", poll_seconds=0.001,
+                              receiver_factory=ScriptedReceiver)
+        got = []
+
+        def wait():
+            try:
+                source.acquire(5, timeout=30)
+            except RuntimeError as e:
+                got.append(str(e))
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.05)
+        start = time.monotonic()
+        source.close()
+        t.join(5)
+        self.assertFalse(t.is_alive())
+        self.assertLess(time.monotonic() - start, 2)
+        self.assertEqual(got, ["WeightSource of shm:/test is closed"])
+        source.close()  # again: nothing
+        with self.assertRaisesRegex(RuntimeError, "closed"):
+            source.step
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1], verbosity=2)
