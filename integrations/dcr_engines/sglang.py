@@ -51,16 +51,21 @@ last = None
 
 
 def request(step, store, socket="", mode="direct", timeout_s=300.0,
-            wait_s=60.0):
+            wait_s=60.0, ignore=()):
     """The named_tensors for update_weights_from_tensor: one uint8 tensor
-    named REQUEST_NAME holding the request as JSON. "{rank}" in `store`
-    and `socket` becomes each process's tensor-parallel rank."""
+    named REQUEST_NAME holding the request as JSON. `step`: the committed
+    step every rank loads. "{rank}" in `store` and `socket` becomes each
+    process's tensor-parallel rank. `ignore`: patterns of parameters the
+    store need not feed (direct mode)."""
     if mode not in MODES:
         raise ValueError("dcr: mode '%s'; expected one of %s" %
                          (mode, ", ".join(MODES)))
+    if not isinstance(step, int) or step < 0:
+        raise ValueError("dcr: request needs the committed step, not %r" %
+                         (step,))
     body = json.dumps({"step": step, "store": store, "socket": socket,
                        "mode": mode, "timeout_s": timeout_s,
-                       "wait_s": wait_s}).encode()
+                       "wait_s": wait_s, "ignore": list(ignore)}).encode()
     return [(REQUEST_NAME, torch.tensor(list(body), dtype=torch.uint8))]
 
 
@@ -86,7 +91,8 @@ def load_from_dcr(model, named_tensors):
                 (store, source.socket, socket))
     with source.hold(req["step"], timeout=req.get("timeout_s", 300.0)) as step:
         if req.get("mode", "direct") == "direct":
-            stats = source.copy_into(dict(model.named_parameters()))
+            stats = source.copy_into(dict(model.named_parameters()),
+                                     ignore=req.get("ignore", ()))
         else:
             stats = load_weights(source, model)
     last = dict(stats, step=step)
@@ -109,9 +115,10 @@ def _parse(named_tensors):
             (LOAD_FORMAT, REQUEST_NAME, [n for n, _ in named_tensors][:5]))
     body = bytes(found[0].to("cpu", torch.uint8).tolist())
     req = json.loads(body)
-    if req.get("mode", "direct") not in MODES or "store" not in req:
-        raise ValueError("dcr: a request without a store or with mode '%s'" %
-                         req.get("mode"))
+    if (req.get("mode", "direct") not in MODES or "store" not in req or
+            not isinstance(req.get("step"), int)):
+        raise ValueError("dcr: a request without a store or a step, or with "
+                         "mode '%s'" % req.get("mode"))
     return req
 
 

@@ -21,6 +21,7 @@ Thread safety: every method may be called from any thread; acquire() and
 release() pair up per update (an update may acquire the same step again).
 """
 
+import re
 import threading
 import time
 
@@ -53,7 +54,8 @@ class WeightSource:
         self._cond = threading.Condition()
         self._held = None  # the step an update holds, or None
         self._closed = False
-        self._error = None
+        self._error = None  # the last poll's, while polls fail
+        self._error_since = 0.0
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="dcr-weight-source")
         self._thread.start()
@@ -70,6 +72,8 @@ class WeightSource:
                     moved = self._receiver.poll(move=self._held is None)
                     self._error = None
                 except Exception as e:  # the relay said something wrong
+                    if self._error is None:
+                        self._error_since = time.monotonic()
                     moved, self._error = False, e
                 if moved or self._error is not None:
                     self._cond.notify_all()
@@ -88,12 +92,22 @@ class WeightSource:
         if self._closed:
             raise RuntimeError("WeightSource of %s is closed" % self.store)
 
+    # Polls that keep failing this long end a waiting acquire().
+    ERROR_GRACE_SECONDS = 5.0
+
     def acquire(self, step=None, timeout=300.0):
-        """Waits until the source is on committed step `step` (None: the
-        one it is on) and holds it until release(). Returns the step.
-        TimeoutError if the relay has not committed `step` within `timeout`
-        seconds; StaleStepError if it has committed a later one (the
-        engine asked for a step the trainer has moved past)."""
+        """Waits until the source is on committed step `step` and holds it
+        until release(); None: the newest step the relay has committed.
+        Returns the step. Ranks of one tensor-parallel engine must each
+        name the same step, or they may hold different ones. A step the
+        source is on is held even if the relay has committed a later one
+        meanwhile (its image stays intact while held). TimeoutError if the
+        relay has not committed `step` within `timeout` seconds;
+        StaleStepError if the source has moved past it (the engine asked
+        for a step the trainer has moved past); RuntimeError if the
+        relay's answers have failed for ERROR_GRACE_SECONDS. A second
+        acquire of the held step returns it; one release() ends the
+        hold."""
         deadline = time.monotonic() + timeout
         with self._cond:
             self._check_open()
@@ -108,21 +122,28 @@ class WeightSource:
                 # A move the thread has not made yet (it polls every
                 # poll_seconds): the relay may have flipped already.
                 pending = self._receiver.pending_step()
-                if step is None or (now == step and pending is None):
+                if now == step or (step is None and pending is None):
                     self._held = now
                     return now
-                if now > step or (pending is not None and pending > step):
+                if step is not None and (now > step or (
+                        pending is not None and pending > step)):
                     raise StaleStepError(
                         "%s holds step %d%s; step %d was asked for" %
                         (self.store, now, "" if pending is None else
                          " and the relay committed %d" % pending, step))
+                if (self._error is not None and time.monotonic() -
+                        self._error_since >= self.ERROR_GRACE_SECONDS):
+                    raise RuntimeError(
+                        "%s: the relay's answers have failed for %.0f s: %s"
+                        % (self.store, time.monotonic() - self._error_since,
+                           self._error))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(
-                        "%s: the relay has not committed step %d within "
+                        "%s: the relay has not committed step %s within "
                         "%.1f s (the store holds step %d%s)" %
-                        (self.store, step, timeout, now,
-                         "" if self._error is None else
+                        (self.store, "a newer" if step is None else step,
+                         timeout, now, "" if self._error is None else
                          "; last error: %s" % self._error))
                 self._cond.wait(min(left, 0.1))
                 self._check_open()  # close() while waiting
@@ -166,18 +187,28 @@ class WeightSource:
         load_weights: a canonical store's tensors in checkpoint names."""
         return list(self.tensors().items())
 
-    def copy_into(self, params, strict=True):
+    def copy_into(self, params, strict=True, ignore=(), fp8_dtypes=None):
         """Copies every tensor of the held image into the parameter of the
         same name in `params` (name -> tensor, e.g. the engine's
         named_parameters()), in place: the parameters keep their storage,
-        so CUDA graphs captured on them stay valid. FP8 codes go into a
-        float8 parameter bit for bit (through a uint8 view). With `strict`,
-        a store tensor the engine lacks, or a parameter the store lacks, is
-        an error naming it. Returns {"tensors", "bytes", "seconds"}."""
+        so CUDA graphs captured on them stay valid. Every pair is checked
+        before the first byte is copied: names (with `strict`, a store
+        tensor the engine lacks, or a parameter the store lacks and no
+        pattern of `ignore` matches, e.g. r"\.k_scale$"), shapes, dtypes
+        and layout (a parameter must be contiguous: a transposed weight
+        would take the store's rows as its columns). FP8 codes (uint8 in
+        the store) go bit for bit into a parameter of a dtype in
+        `fp8_dtypes` (default: torch.float8_e4m3fn where torch has it).
+        Returns {"tensors", "bytes", "seconds"}."""
         start = time.monotonic()
+        if fp8_dtypes is None:
+            fp8_dtypes = tuple(getattr(torch, n) for n in ("float8_e4m3fn",)
+                               if hasattr(torch, n))
+        patterns = [re.compile(p) for p in ignore]
         tensors = self.tensors()
         missing = sorted(set(tensors) - set(params))
-        unfed = sorted(set(params) - set(tensors))
+        unfed = sorted(n for n in set(params) - set(tensors)
+                       if not any(p.search(n) for p in patterns))
         if strict and (missing or unfed):
             raise KeyError(
                 "%s and the engine's parameters differ: %s%s (is the relay's "
@@ -188,28 +219,36 @@ class WeightSource:
                  ("; " if missing else "") +
                  "the engine has %s the store lacks" % _few(unfed)
                  if unfed else ""))
-        copied = 0
-        with torch.no_grad():
-            for name, src in tensors.items():
-                dst = params.get(name)
-                if dst is None:
-                    continue
-                if tuple(dst.shape) != tuple(src.shape):
+        pairs = []
+        for name, src in tensors.items():
+            dst = params.get(name)
+            if dst is None:
+                continue
+            out = dst.data
+            if tuple(out.shape) != tuple(src.shape):
+                raise ValueError(
+                    "%s: tensor '%s' is %s in the store but %s in the "
+                    "engine; nothing was copied" %
+                    (self.store, name, list(src.shape), list(out.shape)))
+            if not out.is_contiguous():
+                raise ValueError(
+                    "%s: the engine's parameter '%s' is not contiguous (a "
+                    "transposed weight?); the store holds it row-major; "
+                    "nothing was copied" % (self.store, name))
+            if out.dtype != src.dtype:
+                if src.dtype != torch.uint8 or out.dtype not in fp8_dtypes:
                     raise ValueError(
                         "%s: tensor '%s' is %s in the store but %s in the "
-                        "engine" % (self.store, name, list(src.shape),
-                                    list(dst.shape)))
-                out = dst.data
-                if out.dtype != src.dtype:
-                    if src.dtype != torch.uint8 or out.element_size() != 1:
-                        raise ValueError(
-                            "%s: tensor '%s' is %s in the store but %s in "
-                            "the engine" % (self.store, name, src.dtype,
-                                            out.dtype))
-                    out = out.view(torch.uint8)  # FP8 codes, bit for bit
+                        "engine; nothing was copied" %
+                        (self.store, name, src.dtype, out.dtype))
+                out = out.view(torch.uint8)  # FP8 codes, bit for bit
+            pairs.append((out, src))
+        copied = 0
+        with torch.no_grad():
+            for out, src in pairs:
                 out.copy_(src)
                 copied += src.numel() * src.element_size()
-        return {"tensors": len(tensors) - len(missing), "bytes": copied,
+        return {"tensors": len(pairs), "bytes": copied,
                 "seconds": time.monotonic() - start}
 
     def close(self):

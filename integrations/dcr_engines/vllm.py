@@ -39,7 +39,7 @@ Modes:
   quantizes as at startup.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
@@ -65,12 +65,16 @@ class DcrInitInfo(WeightTransferInitInfo):
     mode: str = "direct"
     # Seconds to wait for the relay's first commit.
     wait_s: float = 60.0
+    # direct: patterns (Python re) of parameters the store need not feed,
+    # e.g. ["\\.(q|k|v|prob)_scale$"] for an FP8 KV cache's scales.
+    ignore: list = field(default_factory=list)
 
 
 @dataclass
 class DcrUpdateInfo(WeightTransferUpdateInfo):
-    # The committed step to load (None: the one the store holds).
-    step: int | None = None
+    # The committed step to load: every tensor-parallel rank loads this
+    # one (required, so that no two ranks load different steps).
+    step: int = -1
     # Seconds to wait for the relay to commit it.
     timeout_s: float = 300.0
 
@@ -96,6 +100,7 @@ class DcrWeightTransferEngine(WeightTransferEngine[DcrInitInfo,
         rank = _tp_rank()
         self.shutdown()  # a second init replaces the first
         self.mode = init_info.mode
+        self.ignore = list(init_info.ignore)
         self.source = WeightSource(init_info.store.format(rank=rank),
                                    socket=init_info.socket.format(rank=rank),
                                    wait=init_info.wait_s)
@@ -111,10 +116,18 @@ class DcrWeightTransferEngine(WeightTransferEngine[DcrInitInfo,
 
     def receive_weights(self, update_info):
         source = self._require_source()
-        step = source.acquire(update_info.step, timeout=update_info.timeout_s)
+        if update_info.step < 0:
+            raise ValueError("dcr: update_info needs the committed step, "
+                             "e.g. {\"step\": 12}")
+        # Any failure ends the update (vLLM's worker calls no finish then):
+        # the source lets go of its image, the engine keeps what it had
+        # (copy_into checks everything before it copies).
         try:
+            step = source.acquire(update_info.step,
+                                  timeout=update_info.timeout_s)
             if self.mode == "direct":
-                stats = source.copy_into(dict(self.model.named_parameters()))
+                stats = source.copy_into(dict(self.model.named_parameters()),
+                                         ignore=self.ignore)
             else:
                 stats = load_weights(source, self.model)
         except Exception:

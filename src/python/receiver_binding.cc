@@ -120,7 +120,15 @@ void AddReceiver(py::module_& m) {
              o.socket = socket;
              o.wait =
                  std::chrono::milliseconds(static_cast<int64_t>(wait * 1000.0));
-             return Take(ServingReceiver::Open(o));
+             // Open waits up to `wait` for the relay's first commit: let
+             // the process's other Python threads run meanwhile.
+             Result<std::unique_ptr<ServingReceiver>> r =
+                 Status::Internal("not opened");
+             {
+               py::gil_scoped_release release;
+               r = ServingReceiver::Open(o);
+             }
+             return Take(std::move(r));
            }),
            "store"_a, "socket"_a = "", "wait"_a = 0.0,
            "maps the relay's store (shm:NAME, as the relay was given); "

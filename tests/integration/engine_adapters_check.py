@@ -61,13 +61,6 @@ def rank_file(k, r, layout="serve"):
     return {n: x for n, x in t.items() if not n.endswith(".shadow")}
 
 
-def fp8_params(tensors):
-    """An FP8 server's parameters: codes in a 1-byte float (torch 1.13 has
-    no float8, so int8 stands in), the rest as they are."""
-    return {n: (x.view(torch.int8) if x.dtype == torch.uint8 else x)
-            for n, x in tensors.items()}
-
-
 def canonical(k):
     return load(os.path.join(CK + "-serve", "v%d.safetensors" % k))
 
@@ -127,7 +120,9 @@ for w in vllm_direct:
     w.init_weight_transfer_engine({
         "store": "shm:/%s-s{rank}" % SHM, "socket": T + "/s{rank}.sock",
         "mode": "direct", "wait_s": 30.0})
-vllm_fp8 = VllmWorker("dcr", 0, StandInModel(fp8_params(rank_file(0, 0, "fp8"))))
+# FP8 codes in uint8 parameters: torch 1.13 has no float8 (the copy into
+# a float8 parameter through a uint8 view is weight_source_test's).
+vllm_fp8 = VllmWorker("dcr", 0, StandInModel(rank_file(0, 0, "fp8")))
 vllm_fp8.init_weight_transfer_engine({
     "store": "shm:/%s-f{rank}" % SHM, "socket": T + "/f{rank}.sock",
     "mode": "direct", "wait_s": 30.0})
@@ -209,6 +204,17 @@ expect_raises(TimeoutError, "has not committed step %d" % (now + 1),
 expect_raises(ValueError, "Invalid update_info",
               lambda: (w0.start_weight_update(),
                        w0.update_weights({"stepp": now})))
+expect_raises(ValueError, "needs the committed step",
+              lambda: (w0.start_weight_update(), w0.update_weights({})))
+# An update that fails after it loaded (a second update_weights for
+# another step) ends without finish, as vLLM's worker ends it: the source
+# lets go of its image all the same.
+w0.start_weight_update()
+w0.update_weights({"step": now})
+expect_raises(RuntimeError, "an update holds step %d" % now,
+              lambda: w0.update_weights({"step": now + 1}))
+if w0.engine.source._held is not None:
+    fail("a failed update left its image held")
 
 # An update holds its image across a commit: the source stays on it, the
 # relay writes the other, and the held image keeps the old bits.
@@ -216,6 +222,7 @@ held = rank_file(STEPS, 0)
 w0.start_weight_update()
 w0.update_weights({"step": now})
 refit(STEPS + 1)
+time.sleep(0.5)  # the relay tries the held image's lock every 50 ms
 source = w0.engine.source
 if source.step != now:
     fail("the source moved while an update held step %d" % now)

@@ -58,9 +58,13 @@ class ScriptedReceiver:
         return self.images[self.step]
 
 
+# The engine's FP8 parameter dtype: torch 1.13 has no float8, so int8
+# stands in (copy_into's fp8_dtypes).
+FP8 = (torch.int8,)
+
+
 def params_like(image):
     return {"w": torch.zeros(4, 6, dtype=torch.bfloat16),
-            # A 1-byte float stand-in: torch 1.13 has no float8.
             "fp8": torch.zeros(3, 5, dtype=torch.int8)}
 
 
@@ -85,7 +89,7 @@ class WeightSourceTest(unittest.TestCase):
         self.assertEqual(self.source.acquire(2, timeout=5), 2)
         params = params_like(None)
         ptrs = {n: p.data_ptr() for n, p in params.items()}
-        stats = self.source.copy_into(params)
+        stats = self.source.copy_into(params, fp8_dtypes=FP8)
         self.source.release()
         want = self.r.images[2]
         self.assertTrue(torch.equal(params["w"], want["w"]))
@@ -112,6 +116,9 @@ class WeightSourceTest(unittest.TestCase):
 
     def test_a_step_moved_past_or_not_committed_is_refused(self):
         self.r.commit(2)
+        deadline = time.monotonic() + 5
+        while self.source.step != 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
         with self.assertRaisesRegex(StaleStepError,
                                     "step 1 was asked for"):
             self.source.acquire(1, timeout=5)
@@ -136,20 +143,59 @@ class WeightSourceTest(unittest.TestCase):
             partial = {"w": torch.zeros(4, 6, dtype=torch.bfloat16)}
             self.assertEqual(
                 self.source.copy_into(partial, strict=False)["tensors"], 1)
-            bad = params_like(None)
-            bad["w"] = torch.zeros(6, 4, dtype=torch.bfloat16)
-            with self.assertRaisesRegex(ValueError,
-                                        r"'w' is \[4, 6\] in the store but "
-                                        r"\[6, 4\] in the engine"):
-                self.source.copy_into(bad)
-            bad = params_like(None)
-            bad["w"] = torch.zeros(4, 6, dtype=torch.float32)
-            with self.assertRaisesRegex(ValueError, "torch.bfloat16 in the "
-                                        "store but torch.float32"):
-                self.source.copy_into(bad)
+            # Parameters the store does not feed, by pattern.
+            extra = dict(params_like(None), **{"a.k_scale": torch.ones(1)})
+            self.source.copy_into(extra, ignore=[r"\.k_scale$"],
+                                  fp8_dtypes=FP8)
+            self.assertEqual(extra["a.k_scale"].item(), 1.0)
+            # Each refusal leaves every parameter as it was: checked
+            # before the first copy.
+            for name, bad_value, error in [
+                    ("fp8", torch.zeros(5, 3, dtype=torch.int8),
+                     r"'fp8' is \[3, 5\] in the store but \[5, 3\]"),
+                    ("fp8", torch.zeros(5, 3, dtype=torch.int8).t(),
+                     "'fp8' is not contiguous"),
+                    ("fp8", torch.zeros(3, 5, dtype=torch.bool),
+                     "torch.uint8 in the store but torch.bool"),
+                    ("w", torch.zeros(4, 6, dtype=torch.float32),
+                     "torch.bfloat16 in the store but torch.float32")]:
+                bad = params_like(None)
+                bad[name] = bad_value
+                with self.assertRaisesRegex(ValueError, error):
+                    self.source.copy_into(bad, fp8_dtypes=FP8)
+                self.assertTrue(all(bool((p == 0).all())
+                                    for p in bad.values()), error)
+            # Without fp8_dtypes (no float8 in this torch), int8 is refused.
+            with self.assertRaisesRegex(ValueError, "torch.int8"):
+                self.source.copy_into(params_like(None))
         self.source.close()
         with self.assertRaisesRegex(RuntimeError, "closed"):
             self.source.acquire(1)
+
+
+    def test_a_step_the_source_is_on_is_held_though_a_later_one_came(self):
+        # A lagging tensor-parallel rank: the relay committed 2, the source
+        # has not moved; step 1's image is intact while held.
+        self.r.pending = 2
+        self.r.images[2] = self.r._image(2)
+        with self.source.hold(1) as step:
+            self.assertEqual(step, 1)
+            self.assertTrue(torch.equal(self.source.tensors()["w"],
+                                        self.r.images[1]["w"]))
+
+    def test_the_newest_step_waits_for_a_pending_move(self):
+        self.r.commit(2)
+        self.assertEqual(self.source.acquire(None, timeout=5), 2)
+        self.source.release()
+
+    def test_failing_relay_answers_end_a_wait(self):
+        self.source.ERROR_GRACE_SECONDS = 0.1
+        self.r.fail = "the images hold different tensors"
+        start = time.monotonic()
+        with self.assertRaisesRegex(RuntimeError, "answers have failed for "
+                                    ".*the images hold different tensors"):
+            self.source.acquire(3, timeout=30)
+        self.assertLess(time.monotonic() - start, 5)
 
 
 class CloseTest(unittest.TestCase):
