@@ -381,7 +381,10 @@ Status ReceiverMap::OrderFp8Parts() {
     }
     return at;
   };
-  for (auto& [name, f] : fp8_) {
+  for (auto& entry : fp8_) {
+    // Not a structured binding: clang before 16 cannot capture one.
+    const std::string& name = entry.first;
+    Fp8Shard& f = entry.second;
     if (!f.view.per_tensor()) continue;
     std::sort(f.parts.begin(), f.parts.end(), [&](uint32_t a, uint32_t b) {
       return first(a, name) < first(b, name);
