@@ -203,6 +203,8 @@ class ReceiverMap {
     bool apply;  // false where an earlier tensor's box holds the same bits
   };
   static Rows RowsOf(const AffinePiece& p, const Shape& shape);
+  // Whether the shard boxes of two pieces of one shard share an element.
+  static bool BoxesMeet(const AffinePiece& a, const AffinePiece& b);
   // Applies positions [0, count) of `c` that `h` holds to `out`.
   // With `gather`, reads those elements into it instead (Gather).
   static Result<uint64_t> ApplyHeld(const Held& h, uint64_t first,

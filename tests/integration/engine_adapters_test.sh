@@ -2,12 +2,12 @@
 # dcr's engine adapters (integrations/dcr_engines, integrations/README.md)
 # against real dcr-relay processes: root -> s0, s1 (ranks 0 and 1 of a
 # vLLM-style tp 2 serving layout, shm stores with serving sockets), f0
-# (rank 0 of the same server with FP8 weights: qkv in blocks, o_proj with
-# one scale) and c0 (the canonical checkpoint, shm, with a serving
+# (rank 0 of the same server with FP8 weights: qkv and gate/up in blocks,
+# o_proj with one scale) and c0 (the canonical checkpoint, shm, with a serving
 # socket). The engines
 # are the call-order harness (engine_harness/: not vLLM, not SGLang):
 #   a. after each of 3 refits, two vLLM "direct" ranks, a vLLM "direct"
-#      FP8 rank (codes into 1-byte parameters, scales), a vLLM
+#      FP8 rank (codes into uint8 parameters, scales), a vLLM
 #      "load_weights" rank (inside the layerwise reload calls) and two
 #      SGLang ranks (custom weight loader) hold the target bit for bit, the
 #      direct ranks in the same storage
@@ -41,20 +41,8 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 STEPS=3
 
 # The model, with each version's expected serving ranks beside it.
-sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 2/' \
-  -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
-  -e 's/pad_to: 32/pad_to: 2/' "$LAYOUTS/traingen-serve-tp2.yaml" >"$T/serve.yaml"
-python3 - "$T/serve.yaml" "$T/fp8.yaml" <<'PY'
-import sys
-out = []
-for line in open(sys.argv[1]):
-    out.append(line)
-    if "order: stacked" in line:
-        out.append("    fp8: {block: [16, 32]}\n")
-    if "o_proj" in line and "shard:" in line:
-        out.append("    fp8: {block: tensor}\n")
-open(sys.argv[2], "w").write("".join(out))
-PY
+small_serving_layout
+fp8_serving_layout
 for l in serve fp8; do  # the same model twice: each layout's ranks beside it
   "$TRAINGEN" --hidden 64 --layers 2 --heads 4 --kv-heads 2 --vocab 300 \
     --lr 2e-5 --steps $((STEPS + 1)) --out "$T/ck-$l" --layout "$T/$l.yaml" \

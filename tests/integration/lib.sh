@@ -135,9 +135,33 @@ small_serving_model() {
     --lr 2e-5 --steps "$1" --out "$T/ck" >/dev/null 2>"$T/traingen.log" ||
     { cat "$T/traingen.log" >&2; fail "traingen"; }
   V=$T/ck
+  small_serving_layout
+}
+
+# small_serving_layout: $T/serve.yaml, the vLLM-style tp 2 serving layout
+# of that model.
+small_serving_layout() {
   sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 2/' \
     -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
     -e 's/pad_to: 32/pad_to: 2/' "$LAYOUTS/traingen-serve-tp2.yaml" >"$T/serve.yaml"
+}
+
+# fp8_serving_layout: $T/fp8.yaml, $T/serve.yaml with its qkv and gate/up
+# weights in FP8 blocks and o_proj with one scale per tensor.
+fp8_serving_layout() {
+  python3 - "$T/serve.yaml" "$T/fp8.yaml" <<'PY'
+import sys
+out = []
+for line in open(sys.argv[1]):
+    out.append(line)
+    if "order: stacked" in line:
+        out.append("    fp8: {block: [16, 32]}\n")
+    if "split: gate_up" in line:
+        out.append("    fp8: {block: [32, 32]}\n")
+    if "o_proj" in line and "shard:" in line:
+        out.append("    fp8: {block: tensor}\n")
+open(sys.argv[2], "w").write("".join(out))
+PY
 }
 
 verify_all() {  # verify_all CHECKPOINT NAME...: those stores hold it bit for bit

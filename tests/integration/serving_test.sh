@@ -37,19 +37,7 @@ unset DCR_FAILPOINTS
 
 # --- Model, layouts, topology ---------------------------------------------
 small_serving_model 4
-python3 - "$T/serve.yaml" "$T/fp8.yaml" <<'PY'
-import sys
-out = []
-for line in open(sys.argv[1]):
-    out.append(line)
-    if "order: stacked" in line:
-        out.append("    fp8: {block: [16, 32]}\n")
-    if "split: gate_up" in line:
-        out.append("    fp8: {block: [32, 32]}\n")
-    if "o_proj" in line and "shard:" in line:
-        out.append("    fp8: {block: tensor}\n")
-open(sys.argv[2], "w").write("".join(out))
-PY
+fp8_serving_layout
 
 RELAYS=(c0 s0 s1 f0 f1)
 read -r -a PORTS < <(free_ports "$((${#RELAYS[@]} + 1))")
