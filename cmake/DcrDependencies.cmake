@@ -9,9 +9,10 @@ find_package(nlohmann_json 3.10 REQUIRED)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd>=1.5)
 find_package(ZLIB REQUIRED)
 find_package(yaml-cpp REQUIRED)
-# The S3 object store (src/objstore): libcurl 7.75+ signs requests with
-# AWS SigV4 (libcurl4-openssl-dev); pugixml reads S3's XML answers.
-find_package(CURL 7.75 REQUIRED)
+# The S3 object store (src/objstore): libcurl signs requests with AWS
+# SigV4, correctly for S3 from 7.87 (libcurl4-openssl-dev: 7.88); pugixml
+# reads S3's XML answers.
+find_package(CURL 7.87 REQUIRED)
 find_package(pugixml REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash>=0.8)
 # htscodecs (libhtscodecs-dev): the rANS coder of context-coded chunks'

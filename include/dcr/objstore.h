@@ -34,10 +34,18 @@
 // not overcome (naming the request, the HTTP status and the server's error
 // code).
 //
+// Multipart uploads: a failed upload is aborted. One whose creation was
+// answered but the answer lost is never seen, so never aborted: give the
+// bucket a lifecycle rule that aborts incomplete multipart uploads (e.g.
+// after one day), as AWS advises. A completion whose answer was lost and
+// whose retry finds the upload gone is checked against the object's
+// checksum, so a Put that took effect reports success.
+//
 // Thread safety: every method may be called concurrently from any number
 // of threads; a caller that wants N requests in flight uses N threads. An
-// S3 store keeps one connection per thread that has used it, up to the
-// number of threads calling at once.
+// S3 store keeps its idle connections for reuse: as many as requests were
+// ever in flight at once. A multipart Put runs parallel_parts - 1 threads
+// of its own while it uploads.
 #ifndef DCR_OBJSTORE_H_
 #define DCR_OBJSTORE_H_
 
@@ -126,8 +134,10 @@ struct S3Config {
   std::chrono::milliseconds retry_base{100};
   std::chrono::milliseconds retry_cap{5000};
   std::chrono::milliseconds connect_timeout{5000};
-  // The whole of one attempt, transfer included.
-  std::chrono::milliseconds request_timeout{60000};
+  // An attempt whose transfer moves under 1 KiB/s for this long (rounded
+  // up to seconds) fails and is retried; there is no limit on a transfer
+  // that keeps moving.
+  std::chrono::milliseconds stall_timeout{30000};
 };
 
 // Parses an AWS shared-credentials file's text and returns `profile`'s

@@ -4,8 +4,10 @@
 // trailer (docs/FORMAT.md §"Objects"):
 //   magic "DCROBJ1\n" (8 bytes), payload length (u64 LE),
 //   XXH3-128 of the payload: high word (u64 LE), low word (u64 LE).
-// It is written as "<root>/<key>.dcr-tmp-<pid>-<n>", fsynced, renamed
-// into place and its directory fsynced.
+// It is written as "<root>/<key>.dcr-tmp-<random>-<n>" (created
+// exclusively: writers on other hosts of a shared filesystem never share
+// one), fsynced, renamed into place and its directory fsynced; folders
+// the write created are fsynced into their parents first.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <system_error>
 
 #include "common/bytes.h"
@@ -55,26 +58,54 @@ Status SyncDir(const std::string& dir) {
   return Status::OK();
 }
 
+// Creates the folders of `dir` below `root` that are missing, each made
+// durable in its parent, so that a Put that returned survives a crash.
+// A folder another thread creates (or removes) meanwhile is not an error
+// here; the caller's open retries.
+Status MakeDirs(const std::string& root, const std::string& dir) {
+  std::string path = root;
+  std::string_view rest = std::string_view(dir).substr(root.size());
+  while (!rest.empty()) {
+    while (!rest.empty() && rest.front() == '/') rest.remove_prefix(1);
+    if (rest.empty()) break;
+    size_t slash = rest.find('/');
+    std::string_view seg = rest.substr(0, slash);
+    rest.remove_prefix(slash == std::string_view::npos ? rest.size() : slash);
+    const std::string parent = path;
+    path += "/";
+    path += seg;
+    if (::mkdir(path.c_str(), 0755) == 0) {
+      DCR_RETURN_IF_ERROR(SyncDir(parent));
+    } else if (errno != EEXIST) {
+      return Status::FromErrno(fmt::format("creating '{}'", path), errno);
+    }
+  }
+  return Status::OK();
+}
+
 class DirObjectStore final : public ObjectStore {
  public:
-  explicit DirObjectStore(std::string root) : root_(std::move(root)) {}
+  explicit DirObjectStore(std::string root)
+      : root_(std::move(root)), tag_(std::random_device{}()) {}
 
   Status Put(std::string_view key, std::span<const std::byte> data) override {
     DCR_RETURN_IF_ERROR(ValidateObjectKey(key));
     const std::string path = Path(key);
     const std::string dir = fs::path(path).parent_path().string();
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) {
-      return Status::IOError(
-          fmt::format("creating '{}': {}", dir, ec.message()));
+    const std::string tmp =
+        fmt::format("{}{}{:016x}-{}", path, kTmpMarker, tag_,
+                    counter_.fetch_add(1, std::memory_order_relaxed));
+    // A concurrent Delete may remove an emptied folder between its
+    // creation and the open: create it again.
+    int fd = -1;
+    for (int attempt = 0; fd < 0 && attempt < 8; ++attempt) {
+      DCR_RETURN_IF_ERROR(MakeDirs(root_, dir));
+      fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd < 0 && errno != ENOENT) break;
     }
-    const std::string tmp = fmt::format("{}{}{}-{}", path, kTmpMarker,
-                                        ::getpid(), counter_.fetch_add(1));
-    int fd =
-        ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
+    if (fd < 0) {
       return Status::FromErrno(fmt::format("creating '{}'", tmp), errno);
+    }
     UniqueFd owner(fd);
     Digest128 h = Hash128(data);
     std::byte trailer[kTrailer];
@@ -118,6 +149,10 @@ class DirObjectStore final : public ObjectStore {
     UniqueFd owner(fd);
     if (::fstat(fd, &st) != 0) {
       return Status::FromErrno(fmt::format("fstat of '{}'", path), errno);
+    }
+    if (S_ISDIR(st.st_mode)) {  // a folder of other objects, as in S3
+      return Status::NotFound(
+          fmt::format("no object '{}' in {} (a folder)", key, describe()));
     }
     if (!S_ISREG(st.st_mode)) {
       return Status::Corruption(fmt::format("'{}' is {}, not an object", path,
@@ -177,6 +212,30 @@ class DirObjectStore final : public ObjectStore {
 
   Result<std::vector<std::string>> List(std::string_view prefix) override {
     requests_.fetch_add(1, std::memory_order_relaxed);
+    // A folder removed by a concurrent Delete while the walk is in it ends
+    // the walk with ENOENT: walk again.
+    for (int attempt = 1;; ++attempt) {
+      bool vanished = false;
+      Result<std::vector<std::string>> keys = Walk(prefix, &vanished);
+      if (keys.ok() || !vanished || attempt == 4) return keys;
+    }
+  }
+
+  std::string describe() const override { return "dir:" + root_; }
+
+  ObjectStoreStats stats() const override {
+    ObjectStoreStats s;
+    s.requests = requests_.load(std::memory_order_relaxed);
+    s.bytes_up = bytes_up_.load(std::memory_order_relaxed);
+    s.bytes_down = bytes_down_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+ private:
+  // One walk of the tree for List(); `vanished` tells a failure because a
+  // folder disappeared during the walk.
+  Result<std::vector<std::string>> Walk(std::string_view prefix,
+                                        bool* vanished) {
     std::vector<std::string> keys;
     std::error_code ec;
     fs::recursive_directory_iterator it(
@@ -196,6 +255,7 @@ class DirObjectStore final : public ObjectStore {
       keys.push_back(std::move(rel));
     }
     if (ec) {
+      *vanished = ec == std::errc::no_such_file_or_directory;
       return Status::IOError(
           fmt::format("listing '{}': {}", root_, ec.message()));
     }
@@ -203,22 +263,12 @@ class DirObjectStore final : public ObjectStore {
     return keys;
   }
 
-  std::string describe() const override { return "dir:" + root_; }
-
-  ObjectStoreStats stats() const override {
-    ObjectStoreStats s;
-    s.requests = requests_.load(std::memory_order_relaxed);
-    s.bytes_up = bytes_up_.load(std::memory_order_relaxed);
-    s.bytes_down = bytes_down_.load(std::memory_order_relaxed);
-    return s;
-  }
-
- private:
   std::string Path(std::string_view key) const {
     return fmt::format("{}/{}", root_, key);
   }
 
   const std::string root_;
+  const uint64_t tag_;  // random per store: temporary names never collide
   std::atomic<uint64_t> counter_{0};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> bytes_up_{0};

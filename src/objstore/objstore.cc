@@ -26,6 +26,11 @@ Status ValidateObjectKey(std::string_view key) {
                 (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
       if (!ok) return bad("may hold only [A-Za-z0-9._-] and '/'");
     }
+    if (seg.find(".dcr-tmp-") != std::string_view::npos) {
+      return bad(
+          "contains '.dcr-tmp-', which names the directory backend's "
+          "temporary files");
+    }
     if (slash == std::string_view::npos) break;
     start = slash + 1;
   }

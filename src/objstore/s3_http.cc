@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 #include <strings.h>
 
+#include <algorithm>
 #include <cctype>
 #include <random>
 #include <thread>
@@ -113,6 +114,18 @@ std::string Sha256Hex(std::span<const std::byte> data) {
   return out;
 }
 
+Status CheckCurlVersion() {
+  GlobalInit();
+  const curl_version_info_data* v = curl_version_info(CURLVERSION_NOW);
+  if (v->version_num < 0x075700) {
+    return Status::Unsupported(fmt::format(
+        "libcurl {} cannot sign S3 requests correctly; the S3 object store "
+        "needs 7.87 or later",
+        v->version));
+  }
+  return Status::OK();
+}
+
 S3Http::S3Http(S3Config config, S3Credentials credentials)
     : config_(std::move(config)),
       credentials_(std::move(credentials)),
@@ -173,6 +186,8 @@ Result<S3Response> S3Http::Attempt(const S3Request& req, bool* retryable) {
         c, CURLOPT_POSTFIELDS,
         req.body.empty() ? "" : reinterpret_cast<const char*>(req.body.data()));
     if (method == "PUT") curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, "PUT");
+  } else if (method == "HEAD") {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
   } else if (method == "DELETE") {
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, "DELETE");
   } else {
@@ -187,8 +202,12 @@ Result<S3Response> S3Http::Attempt(const S3Request& req, bool* retryable) {
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
                    static_cast<long>(config_.connect_timeout.count()));
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
-                   static_cast<long>(config_.request_timeout.count()));
+  // A transfer is cut when it moves under 1 KiB/s for stall_timeout, not
+  // after a fixed time: a large object over a slow link may take long.
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
+                   static_cast<long>(std::max<int64_t>(
+                       1, (config_.stall_timeout.count() + 999) / 1000)));
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &OnBody);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &resp.body);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &OnHeader);
@@ -203,6 +222,10 @@ Result<S3Response> S3Http::Attempt(const S3Request& req, bool* retryable) {
   }
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &resp.status);
   Return(std::move(h));
+  if (resp.status == 200 && req.error_may_come_with_200 &&
+      IsS3ErrorDocument(resp.text())) {
+    resp.status = 500;  // what AWS means by it: retry
+  }
   if (resp.status >= 300) {
     *retryable = IsRetryableHttp(resp.status, ParseS3Error(resp.text()).code);
   }

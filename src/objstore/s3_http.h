@@ -20,7 +20,7 @@
 namespace dcr::objstore_internal {
 
 struct S3Request {
-  const char* method = "GET";  // GET, PUT, POST, DELETE
+  const char* method = "GET";  // GET, HEAD, PUT, POST, DELETE
   // The path below the endpoint, already in canonical (percent-encoded)
   // form, e.g. "/bucket/dcr/refits/ab/c/00000001".
   std::string path;
@@ -29,6 +29,9 @@ struct S3Request {
   std::string query;
   std::span<const std::byte> body;
   std::vector<std::string> headers;  // "name: value"
+  // CompleteMultipartUpload may answer 200 and an <Error> document; with
+  // this set, such an answer is a failure (status 500, retried).
+  bool error_may_come_with_200 = false;
 };
 
 struct S3Response {
@@ -48,6 +51,11 @@ std::string AwsUriEncode(std::string_view s, bool keep_slash);
 
 // Lower-case hex SHA-256 of `data`.
 std::string Sha256Hex(std::span<const std::byte> data);
+
+// Unsupported unless the libcurl this process runs with signs S3
+// requests correctly: 7.87 or later (older ones sign only host and
+// x-amz-date, and ignore a given x-amz-content-sha256).
+Status CheckCurlVersion();
 
 class S3Http {
  public:

@@ -1,6 +1,6 @@
 // The XML of S3's responses that dcr reads, and the one body it writes
 // (CompleteMultipartUpload). Pure functions of bytes, fuzzed
-// (tests/fuzz/s3_response_fuzz.cc); not part of the public API.
+// (tests/fuzz/objstore_fuzz.cc); not part of the public API.
 #ifndef DCR_OBJSTORE_S3_XML_H_
 #define DCR_OBJSTORE_S3_XML_H_
 

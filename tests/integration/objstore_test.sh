@@ -212,6 +212,15 @@ for mode in slowdown:2 error500:3 reset:3; do
   cmp -s "$T/big" "$T/got" || fail "$mode: object came back different"
   [[ $((r1 + $(stat_of retries))) -ge 2 ]] || fail "$mode: the injected failures were not retried"
 done
+# CompleteMultipartUpload answered 200 with an <Error>, or done with its
+# answer lost (the retry finds no upload): both end in the object.
+for mode in error200complete lostcomplete; do
+  proxy "$mode"
+  expect 0 "$TOOL" "${P[@]}" "${MP[@]}" put "refits/r2/$mode" "$T/big"
+  grep -q "injected=1" "$T/proxy.err" || fail "$mode: nothing was injected"
+  expect 0 os get "refits/r2/$mode" "$T/got"
+  cmp -s "$T/big" "$T/got" || fail "$mode: object came back different"
+done
 proxy always500
 expect 1 "$TOOL" "${P[@]}" --max-attempts 3 get refits/r1/catchup "$T/got"
 grep -q "gave up after attempt 3" "$T/err" || { cat "$T/err" >&2; fail "giving up does not say after how many attempts"; }

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   dcr::S3Config cfg;
   uint64_t retry_base_ms = 100;
   uint64_t retry_cap_ms = 5000;
-  uint64_t timeout_ms = 60000;
+  uint64_t stall_ms = 30000;
   std::string cmd, key, file;
   app.add_option("--dir", dir, "a directory object store");
   app.add_option("--endpoint", cfg.endpoint, "S3 endpoint URL");
@@ -60,14 +60,14 @@ int main(int argc, char** argv) {
   app.add_option("--max-attempts", cfg.max_attempts, "attempts per request");
   app.add_option("--retry-base-ms", retry_base_ms, "backoff base");
   app.add_option("--retry-cap-ms", retry_cap_ms, "backoff cap");
-  app.add_option("--timeout-ms", timeout_ms, "one attempt's limit");
+  app.add_option("--stall-ms", stall_ms, "a stalled transfer's limit");
   app.add_option("cmd", cmd, "put, get, rm or ls")->required();
   app.add_option("key", key, "object key (ls: a prefix)");
   app.add_option("file", file, "local file (put, get)");
   CLI11_PARSE(app, argc, argv);
   cfg.retry_base = std::chrono::milliseconds(retry_base_ms);
   cfg.retry_cap = std::chrono::milliseconds(retry_cap_ms);
-  cfg.request_timeout = std::chrono::milliseconds(timeout_ms);
+  cfg.stall_timeout = std::chrono::milliseconds(stall_ms);
 
   dcr::Result<std::unique_ptr<dcr::ObjectStore>> store =
       dcr::Status::InvalidArgument("give --dir or --endpoint");

@@ -8,6 +8,11 @@ MODE:
   error500:N   every Nth request is answered 500 InternalError
   always500    every request is answered 500 InternalError
   reset:N      every Nth request has its connection closed without an answer
+  lostcomplete the first CompleteMultipartUpload is forwarded, then its
+               answer dropped (the connection closed): the upload is done
+               but the client does not know it
+  error200complete  the first CompleteMultipartUpload is answered 200 with
+               an <Error> document (InternalError), not forwarded
 
 Writes "ready" to stdout once listening; counts what it injected in
 "injected=K" lines on stderr. Standard library only.
@@ -41,9 +46,13 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         global count, injected
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        completing = self.command == "POST" and "uploadId=" in self.path
         with lock:
             count += 1
-            inject = KIND == "always500" or count % EVERY == 0
+            if KIND in ("lostcomplete", "error200complete"):
+                inject = completing and injected == 0
+            else:
+                inject = KIND == "always500" or count % EVERY == 0
             if inject:
                 injected += 1
                 print(f"injected={injected}", file=sys.stderr, flush=True)
@@ -51,8 +60,10 @@ class Proxy(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
-        if inject:
-            status, code, message = ERRORS[KIND]
+        if inject and KIND == "error200complete":
+            KIND_ERR = (200, "InternalError", "We encountered an internal error.")
+        if inject and KIND != "lostcomplete":
+            status, code, message = ERRORS.get(KIND) or KIND_ERR
             xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}'
                    f"</Code><Message>{message}</Message></Error>").encode()
             self.send_response(status)
@@ -67,6 +78,11 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         up.request(self.command, self.path, body=body, headers=headers)
         r = up.getresponse()
         data = r.read()
+        if inject:  # lostcomplete: the server acted; the answer is lost
+            up.close()
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
         self.send_response(r.status)
         for k, v in r.getheaders():
             if k.lower() not in ("connection", "transfer-encoding",

@@ -88,8 +88,9 @@ TEST_F(DirStoreTest, ChangedTruncatedOrForeignObjectsAreCorruption) {
   EXPECT_TRUE(r.status().IsCorruption());
   EXPECT_THAT(r.status().message(), HasSubstr("not written by dcr"));
 
+  // A folder of other objects is no object, as in S3.
   std::filesystem::create_directories(File("adir"));
-  EXPECT_TRUE(store_->Get("adir").status().IsCorruption());
+  EXPECT_TRUE(store_->Get("adir").status().IsNotFound());
 }
 
 TEST_F(DirStoreTest, ListsSortedByPrefixSkippingTemporaries) {
@@ -109,13 +110,42 @@ TEST_F(DirStoreTest, ListsSortedByPrefixSkippingTemporaries) {
 }
 
 TEST_F(DirStoreTest, RefusesBadKeys) {
-  for (const char* k :
-       {"", "/abs", "a//b", "a/", "../up", "a/./b", "a b", "a\\b", "a?b"}) {
+  for (const char* k : {"", "/abs", "a//b", "a/", "../up", "a/./b", "a b",
+                        "a\\b", "a?b", "a/b.dcr-tmp-1-2"}) {
     EXPECT_TRUE(store_->Put(k, Bytes(1, 0)).IsInvalidArgument()) << k;
     EXPECT_TRUE(store_->Get(k).status().IsInvalidArgument()) << k;
     EXPECT_TRUE(store_->Delete(k).IsInvalidArgument()) << k;
   }
   EXPECT_FALSE(std::filesystem::exists(dir_.Path("up")));
+}
+
+TEST_F(DirStoreTest, TwoStoresOnOneDirectoryNeverTearAnObject) {
+  // Two writers on one directory (two hosts of a shared filesystem, or two
+  // stores in one process) writing the same key with different bytes:
+  // every read is whole, one or the other.
+  auto other = OpenDirObjectStore(dir_.Path("objects"));
+  ASSERT_TRUE(other.ok());
+  const auto a = Bytes(200000, 1), b = Bytes(150000, 2);
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::thread wa([&] {
+    for (int i = 0; i < 40; ++i) errors += !store_->Put("k", a).ok();
+  });
+  std::thread wb([&] {
+    for (int i = 0; i < 40; ++i) errors += !(*other)->Put("k", b).ok();
+  });
+  std::thread reader([&] {
+    while (!stop) {
+      auto r = store_->Get("k");
+      if (r.ok() && *r != a && *r != b) ++errors;
+      if (!r.ok() && !r.status().IsNotFound()) ++errors;
+    }
+  });
+  wa.join();
+  wb.join();
+  stop = true;
+  reader.join();
+  EXPECT_EQ(errors.load(), 0);
 }
 
 TEST_F(DirStoreTest, ConcurrentWritersAndReaders) {

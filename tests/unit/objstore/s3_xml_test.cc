@@ -2,6 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "objstore/s3_http.h"
 
 namespace dcr::objstore_internal {
 namespace {
@@ -72,6 +73,19 @@ TEST(S3XmlTest, WritesTheCompleteBody) {
             "<PartNumber>1</PartNumber><ETag>\"e1\"</ETag></Part><Part>"
             "<PartNumber>2</PartNumber><ETag>\"e&amp;2\"</ETag></Part>"
             "</CompleteMultipartUpload>");
+}
+
+// SigV4's canonical encoding (the query is sent, and signed, as built).
+TEST(S3HttpTest, EncodesAsSigV4Canonicalizes) {
+  EXPECT_EQ(AwsUriEncode("AZaz09-_.~", false), "AZaz09-_.~");
+  EXPECT_EQ(AwsUriEncode("dcr/refits/a b", false), "dcr%2Frefits%2Fa%20b");
+  EXPECT_EQ(AwsUriEncode("dcr/refits/a b", true), "dcr/refits/a%20b");
+  EXPECT_EQ(AwsUriEncode("+=&%\xff", false), "%2B%3D%26%25%FF");
+  EXPECT_EQ(Sha256Hex({}),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  const char abc[] = "abc";
+  EXPECT_EQ(Sha256Hex(std::as_bytes(std::span(abc, 3))),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
 }  // namespace
