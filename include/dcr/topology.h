@@ -78,6 +78,13 @@ struct NodeSpec {
   bool operator==(const NodeSpec&) const = default;
 };
 
+// Where a cluster's head gets the refit's chunks: over the tree link from
+// its parent (the default), or from the topology's object store, while
+// the control messages (PLAN, END's vote, COMMIT) still use the link
+// (docs/PROTOCOL.md §"Chunks through an object store").
+enum class ChunkSource : uint8_t { kRelay, kObjstore };
+std::string_view ChunkSourceName(ChunkSource s);  // "relay" / "objstore"
+
 struct ClusterSpec {
   std::string name;
   std::string region;                     // empty: not given
@@ -86,6 +93,7 @@ struct ClusterSpec {
   std::optional<TransportKind> transport;
   // The layout of the nodes that serve and name none of their own.
   std::optional<std::string> serving_layout;
+  ChunkSource source = ChunkSource::kRelay;
   std::vector<NodeSpec> nodes;
   SourceLine loc;
   bool operator==(const ClusterSpec&) const = default;
@@ -149,18 +157,38 @@ struct TopologyDefaults {
   bool operator==(const TopologyDefaults&) const = default;
 };
 
+// The object store that clusters with `source: objstore` pull chunks from
+// (include/dcr/objstore.h). Credentials are never in the topology: the
+// environment's AWS_* variables, or the file credentials_file names.
+enum class ObjectStoreKind : uint8_t { kDir, kS3 };
+std::string_view ObjectStoreKindName(ObjectStoreKind k);  // "dir" / "s3"
+struct ObjectStoreSpec {
+  ObjectStoreKind kind = ObjectStoreKind::kDir;
+  std::string path;  // kDir: the directory (a shared filesystem)
+  // kS3:
+  std::string endpoint;  // http(s)://host[:port]
+  std::string region;    // empty: us-east-1
+  std::string bucket;
+  std::string prefix;  // empty or ending in '/'
+  std::string credentials_file;
+  std::string profile;  // empty: default
+  SourceLine loc;
+  bool operator==(const ObjectStoreSpec&) const = default;
+};
+
 struct Topology {
   int version = kTopologyVersion;
   TopologyDefaults defaults;
   RootSpec root;
   std::vector<ClusterSpec> clusters;
   std::vector<LinkSpec> links;
+  std::optional<ObjectStoreSpec> objstore;
   // Name used in error messages (the file path); not part of equality.
   std::string source;
 
   bool operator==(const Topology& o) const {
     return version == o.version && defaults == o.defaults && root == o.root &&
-           clusters == o.clusters && links == o.links;
+           clusters == o.clusters && links == o.links && objstore == o.objstore;
   }
 
   // The cluster / node named `name`, or nullptr.
@@ -251,6 +279,9 @@ struct TreeNode {
   uint32_t fanout = 0;  // k used in its cluster; the root: its child count
   // The rank it serves, if any, its layout resolved (ServingLayoutOf).
   std::optional<ServingSpec> serving;
+  // The head of a `source: objstore` cluster: it pulls the chunks from the
+  // object store; its link from the root carries the control messages.
+  bool pulls_objects = false;
 };
 
 struct TreeCluster {

@@ -140,6 +140,10 @@ std::string DumpTopology(const Topology& t) {
       e << YAML::Key << "layout" << YAML::Value << Esc(*c.serving_layout);
       e << YAML::EndMap;
     }
+    if (c.source != ChunkSource::kRelay) {
+      e << YAML::Key << "source" << YAML::Value
+        << std::string(ChunkSourceName(c.source));
+    }
     if (!c.nodes.empty()) {
       e << YAML::Key << "nodes" << YAML::Value << YAML::BeginSeq;
       for (const NodeSpec& n : c.nodes) EmitNode(e, n);
@@ -166,6 +170,21 @@ std::string DumpTopology(const Topology& t) {
       e << YAML::EndMap;
     }
     e << YAML::EndSeq;
+  }
+  if (t.objstore) {
+    const ObjectStoreSpec& o = *t.objstore;
+    e << YAML::Key << "objstore" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "kind" << YAML::Value
+      << std::string(ObjectStoreKindName(o.kind));
+    for (auto [key, v] :
+         {std::pair{"path", &o.path}, std::pair{"endpoint", &o.endpoint},
+          std::pair{"region", &o.region}, std::pair{"bucket", &o.bucket},
+          std::pair{"prefix", &o.prefix},
+          std::pair{"credentials_file", &o.credentials_file},
+          std::pair{"profile", &o.profile}}) {
+      if (!v->empty()) e << YAML::Key << key << YAML::Value << Esc(*v);
+    }
+    e << YAML::EndMap;
   }
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
@@ -231,6 +250,7 @@ std::string TopologyToJson(const Topology& t) {
              {"transport", transport(c.transport)},
              {"serving", c.serving_layout ? json{{"layout", *c.serving_layout}}
                                           : json(nullptr)},
+             {"source", std::string(ChunkSourceName(c.source))},
              {"nodes", nodes}});
   }
   j["clusters"] = clusters;
@@ -243,6 +263,19 @@ std::string TopologyToJson(const Topology& t) {
                          {"transport", transport(l.transport)}});
   }
   j["links"] = links;
+  if (t.objstore) {
+    const ObjectStoreSpec& o = *t.objstore;
+    j["objstore"] = json{{"kind", std::string(ObjectStoreKindName(o.kind))},
+                         {"path", o.path},
+                         {"endpoint", o.endpoint},
+                         {"region", o.region},
+                         {"bucket", o.bucket},
+                         {"prefix", o.prefix},
+                         {"credentials_file", o.credentials_file},
+                         {"profile", o.profile}};
+  } else {
+    j["objstore"] = nullptr;
+  }
   return j.dump(2);
 }
 

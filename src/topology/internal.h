@@ -29,6 +29,8 @@ using yaml_doc::CheckText;
 
 Result<TransportKind> ParseTransport(std::string_view s);
 Result<StoreKind> ParseStoreKind(std::string_view s);
+Result<ChunkSource> ParseChunkSource(std::string_view s);
+Result<ObjectStoreKind> ParseObjectStoreKind(std::string_view s);
 // "memory", "file:/path", "shm:name".
 Result<StoreLocation> ParseStoreSpec(std::string_view s);
 // An integer in [lo, hi] written in decimal.

@@ -18,10 +18,14 @@ using topology_internal::Error;
 using topology_internal::kDefaultsKeys;
 using topology_internal::kRootKeys;
 
-constexpr std::string_view kTopKeys[] = {"version", "defaults", "root",
-                                         "clusters", "links"};
+constexpr std::string_view kTopKeys[] = {"version",  "defaults", "root",
+                                         "clusters", "links",    "objstore"};
 constexpr std::string_view kClusterKeys[] = {
-    "name", "region", "fanout", "bandwidth", "transport", "serving", "nodes"};
+    "name",      "region",  "fanout", "bandwidth",
+    "transport", "serving", "source", "nodes"};
+constexpr std::string_view kObjstoreKeys[] = {
+    "kind",   "path",   "endpoint",         "region",
+    "bucket", "prefix", "credentials_file", "profile"};
 constexpr std::string_view kNodeKeys[] = {
     "name",    "host",      "port",         "store",
     "serving", "transport", "metrics_port", "head"};
@@ -69,6 +73,7 @@ class Parser : private yaml_doc::Reader {
                              ClusterSpec* c) const;
   Status ParseDefaults(const Field& f, TopologyDefaults* d) const;
   Status ParseRoot(const Field& f, RootSpec* r) const;
+  Status ParseObjstore(const Field& f, ObjectStoreSpec* o) const;
   Status ParseCluster(const YAML::Node& n, int line, const std::string& path,
                       ClusterSpec* c) const;
   Status ParseNode(const YAML::Node& n, int line, const std::string& path,
@@ -242,6 +247,35 @@ Status Parser::ParseRoot(const Field& rf, RootSpec* r) const {
   return Status::OK();
 }
 
+Status Parser::ParseObjstore(const Field& of, ObjectStoreSpec* o) const {
+  const std::string path = "objstore";
+  DCR_ASSIGN_OR_RETURN(Fields f, Map(of.value, of.line, path, kObjstoreKeys));
+  o->loc.line = f.line;
+  DCR_RETURN_IF_ERROR(Required(f, path, "kind"));
+  for (const Field& x : f.all()) {
+    std::string p = path + "." + x.key;
+    if (x.key == "kind") {
+      DCR_ASSIGN_OR_RETURN(
+          o->kind, Value(x, p, topology_internal::ParseObjectStoreKind));
+    } else if (x.key == "path") {
+      DCR_ASSIGN_OR_RETURN(o->path, Str(x, p));
+    } else if (x.key == "endpoint") {
+      DCR_ASSIGN_OR_RETURN(o->endpoint, Str(x, p));
+    } else if (x.key == "region") {
+      DCR_ASSIGN_OR_RETURN(o->region, Str(x, p));
+    } else if (x.key == "bucket") {
+      DCR_ASSIGN_OR_RETURN(o->bucket, Str(x, p));
+    } else if (x.key == "prefix") {
+      DCR_ASSIGN_OR_RETURN(o->prefix, Str(x, p));
+    } else if (x.key == "credentials_file") {
+      DCR_ASSIGN_OR_RETURN(o->credentials_file, Str(x, p));
+    } else if (x.key == "profile") {
+      DCR_ASSIGN_OR_RETURN(o->profile, Str(x, p));
+    }
+  }
+  return Status::OK();
+}
+
 Status Parser::ParseNode(const YAML::Node& n, int line, const std::string& path,
                          NodeSpec* node) const {
   DCR_ASSIGN_OR_RETURN(Fields f, Map(n, line, path, kNodeKeys));
@@ -331,6 +365,9 @@ Status Parser::ParseCluster(const YAML::Node& n, int line,
                            Value(x, p, topology_internal::ParseTransport));
     } else if (x.key == "serving") {
       DCR_RETURN_IF_ERROR(ParseClusterServing(x, p, c));
+    } else if (x.key == "source") {
+      DCR_ASSIGN_OR_RETURN(c->source,
+                           Value(x, p, topology_internal::ParseChunkSource));
     } else if (x.key == "nodes") {
       DCR_ASSIGN_OR_RETURN(std::vector<YAML::Node> list, List(x, p));
       for (size_t i = 0; i < list.size(); ++i) {
@@ -437,6 +474,10 @@ Result<Topology> Parser::Parse(std::string_view text) {
     DCR_RETURN_IF_ERROR(ParseCluster(
         clusters[i], cf->line, "clusters[" + std::to_string(i) + "]", &c));
     t.clusters.push_back(std::move(c));
+  }
+  if (const Field* of = f.Get("objstore")) {
+    t.objstore.emplace();
+    DCR_RETURN_IF_ERROR(ParseObjstore(*of, &*t.objstore));
   }
   if (const Field* lf = f.Get("links")) {
     DCR_ASSIGN_OR_RETURN(std::vector<YAML::Node> links, List(*lf, "links"));

@@ -215,6 +215,17 @@ Result<Tree> BuildTree(const Topology& topo) {
     }
     TreeNode head = MakeNode(*members[0], c);
     head.fanout = k;
+    head.pulls_objects = c.source == ChunkSource::kObjstore;
+    if (head.pulls_objects && feeder != 0) {
+      return Status::InvalidArgument(
+          topo.source + ": cluster '" + c.name +
+          "' takes its chunks from the object store, but the tree feeds it "
+          "from cluster '" +
+          tc.upstream +
+          "', not from the root: only clusters the root feeds directly can "
+          "(link it to the root's cluster '" +
+          topo.root.cluster + "', or give it source: relay)");
+    }
     head.transport = members[0]->transport.value_or(c.transport.value_or(
         link && link->transport ? *link->transport : topo.defaults.transport));
     if (link) {
@@ -274,6 +285,7 @@ void TextLine(const Tree& tree, int i, const std::string& prefix, bool last,
   } else {
     line += "  <- " + LinkLabel(n) + " " +
             std::string(TransportKindName(n.transport));
+    if (n.pulls_objects) line += " (control; chunks from the objstore)";
     line += "  " + StoreLabel(n.store);
     if (n.serving) {
       line += "  serving rank " + std::to_string(n.serving->rank) + " of " +
@@ -343,7 +355,11 @@ std::string RenderTreeDot(const Tree& tree) {
         "  " + DotId(p.name) + " -> " + DotId(n.name) +
         " [label=" + DotId(label) +
         (n.link == LinkClass::kWan ? ", style=bold, color=\"#c03020\"" : "") +
-        "];\n";
+        (n.pulls_objects ? ", style=dashed" : "") + "];\n";
+    if (n.pulls_objects) {
+      out += "  objstore [shape=cylinder];\n  objstore -> " + DotId(n.name) +
+             " [label=\"chunks\"];\n";
+    }
   }
   return out + "}\n";
 }
@@ -380,7 +396,8 @@ std::string RenderTreeJson(const Tree& tree) {
              {"link", std::string(LinkClassName(n.link))},
              {"link_bandwidth_bps", n.link_bandwidth_bps},
              {"link_latency_ns", n.link_latency_ns},
-             {"fanout", n.fanout}});
+             {"fanout", n.fanout},
+             {"pulls_objects", n.pulls_objects}});
   }
   json clusters = json::array();
   for (const TreeCluster& c : tree.clusters) {

@@ -289,6 +289,14 @@ Result<std::string> ExpandEnv(std::string_view s) {
   return out;
 }
 
+std::string_view ChunkSourceName(ChunkSource s) {
+  return s == ChunkSource::kObjstore ? "objstore" : "relay";
+}
+
+std::string_view ObjectStoreKindName(ObjectStoreKind k) {
+  return k == ObjectStoreKind::kS3 ? "s3" : "dir";
+}
+
 std::string_view TransportKindName(TransportKind k) {
   return k == TransportKind::kUcx ? "ucx" : "tcp";
 }
@@ -359,6 +367,18 @@ Result<TransportKind> ParseTransport(std::string_view s) {
   if (s == "tcp") return TransportKind::kTcp;
   if (s == "ucx") return TransportKind::kUcx;
   return Status::InvalidArgument("expected tcp or ucx, got " + Quote(s));
+}
+
+Result<ChunkSource> ParseChunkSource(std::string_view s) {
+  if (s == "relay") return ChunkSource::kRelay;
+  if (s == "objstore") return ChunkSource::kObjstore;
+  return Status::InvalidArgument("expected relay or objstore, got " + Quote(s));
+}
+
+Result<ObjectStoreKind> ParseObjectStoreKind(std::string_view s) {
+  if (s == "dir") return ObjectStoreKind::kDir;
+  if (s == "s3") return ObjectStoreKind::kS3;
+  return Status::InvalidArgument("expected dir or s3, got " + Quote(s));
 }
 
 Result<StoreKind> ParseStoreKind(std::string_view s) {

@@ -55,6 +55,7 @@ class Validator {
 
   Status Run() {
     DCR_RETURN_IF_ERROR(Root());
+    DCR_RETURN_IF_ERROR(Objstore());
     DCR_RETURN_IF_ERROR(Clusters());
     DCR_RETURN_IF_ERROR(Links());
     DCR_RETURN_IF_ERROR(Reachable());
@@ -166,6 +167,20 @@ class Validator {
                      "cluster '" + c.name + "' has more than one head");
         }
       }
+      if (c.source == ChunkSource::kObjstore) {
+        if (!t_.objstore) {
+          return Err(cline, cp + ".source",
+                     "cluster '" + c.name +
+                         "' takes its chunks from the object store, but the "
+                         "topology has no objstore: section (kind: dir with "
+                         "a path, or kind: s3 with an endpoint and a bucket)");
+        }
+        if (c.name == t_.root.cluster) {
+          return Err(cline, cp + ".source",
+                     "the root's own cluster is fed by the root directly; "
+                     "source: objstore is for clusters behind a WAN link");
+        }
+      }
       if (c.serving_layout && !serves) {
         return Err(cline, cp + ".serving",
                    "cluster '" + c.name +
@@ -175,6 +190,60 @@ class Validator {
     }
     if (t_.NodeCount() == 0) {
       return Err(0, "clusters", "the topology has no relay nodes");
+    }
+    return Status::OK();
+  }
+
+  Status Objstore() {
+    if (!t_.objstore) return Status::OK();
+    const ObjectStoreSpec& o = *t_.objstore;
+    const int line = o.loc.line;
+    auto text = [&](const std::string& v, const char* key) -> Status {
+      if (std::string why = topology_internal::CheckText(v); !why.empty()) {
+        return Err(line, std::string("objstore.") + key, "the value " + why);
+      }
+      return Status::OK();
+    };
+    for (auto [v, key] :
+         {std::pair{&o.path, "path"}, std::pair{&o.endpoint, "endpoint"},
+          std::pair{&o.region, "region"}, std::pair{&o.bucket, "bucket"},
+          std::pair{&o.prefix, "prefix"},
+          std::pair{&o.credentials_file, "credentials_file"},
+          std::pair{&o.profile, "profile"}}) {
+      DCR_RETURN_IF_ERROR(text(*v, key));
+    }
+    if (o.kind == ObjectStoreKind::kDir) {
+      if (o.path.empty()) {
+        return Err(line, "objstore.path",
+                   "an objstore of kind dir needs a path (a directory every "
+                   "root and cluster head mounts)");
+      }
+      if (!o.endpoint.empty() || !o.bucket.empty() || !o.prefix.empty() ||
+          !o.region.empty() || !o.credentials_file.empty() ||
+          !o.profile.empty()) {
+        return Err(line, "objstore",
+                   "endpoint, region, bucket, prefix, credentials_file and "
+                   "profile are for kind s3; kind dir takes a path");
+      }
+      return Status::OK();
+    }
+    if (!o.path.empty()) {
+      return Err(line, "objstore.path",
+                 "kind s3 takes an endpoint and a bucket, not a path");
+    }
+    if (o.endpoint.rfind("http://", 0) != 0 &&
+        o.endpoint.rfind("https://", 0) != 0) {
+      return Err(line, "objstore.endpoint",
+                 "expected an http:// or https:// URL (e.g. "
+                 "https://s3.us-east-1.amazonaws.com), got '" +
+                     o.endpoint + "'");
+    }
+    if (o.bucket.empty()) {
+      return Err(line, "objstore.bucket", "kind s3 needs a bucket");
+    }
+    if (!o.prefix.empty() && o.prefix.back() != '/') {
+      return Err(line, "objstore.prefix",
+                 "a key prefix ends in '/' (e.g. '" + o.prefix + "/')");
     }
     return Status::OK();
   }

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "dcr/topology.h"
@@ -207,7 +208,7 @@ TEST(ParseTest, ErrorsNameFileLineAndKey) {
        "t.yaml:9: clusters[1].fanot: unknown key (did you mean 'fanout'?)"},
       {Edited("    fanout: 4", "    colour: 4"),
        "t.yaml:9: clusters[1].colour: unknown key (known keys: name, region, "
-       "fanout, bandwidth, transport, serving, nodes)"},
+       "fanout, bandwidth, transport, serving, source, nodes)"},
       {Edited("version: 1", "version: 2"),
        "t.yaml:1: version: unsupported topology version 2 (this dcr reads "
        "version 1)"},
@@ -324,6 +325,77 @@ TEST(ParseTest, MoreErrors) {
             "t.yaml:14: clusters[1].nodes[1].store.path: store "
             "file:/models/policy.safetensors on 10.1.0.10 is already used by "
             "node 'a0' (line 13)");
+}
+
+TEST(ParseTest, ObjectStoreSourceRoundTripsAndIsChecked) {
+  const std::string s3 =
+      Edited("    transport: tcp\n",
+             "    transport: tcp\n    source: objstore\n") +
+      "objstore:\n  kind: s3\n  endpoint: https://s3.eu-west-1.amazonaws.com\n"
+      "  region: eu-west-1\n  bucket: rl-refits\n  prefix: dcr/prod/\n"
+      "  credentials_file: /etc/dcr/s3.ini\n  profile: ci\n";
+  auto t = ParseTopology(s3, "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->clusters[1].source, ChunkSource::kObjstore);
+  EXPECT_EQ(t->clusters[0].source, ChunkSource::kRelay);
+  ASSERT_TRUE(t->objstore.has_value());
+  EXPECT_EQ(t->objstore->kind, ObjectStoreKind::kS3);
+  EXPECT_EQ(t->objstore->bucket, "rl-refits");
+  EXPECT_EQ(t->objstore->profile, "ci");
+  auto again = ParseTopology(DumpTopology(*t), "dump.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, *t);
+  auto j = nlohmann::json::parse(TopologyToJson(*t));
+  EXPECT_EQ(j["objstore"]["kind"], "s3");
+  EXPECT_EQ(j["clusters"][1]["source"], "objstore");
+  auto tree = BuildTree(*t);
+  ASSERT_TRUE(tree.ok()) << tree.status().ToString();
+  EXPECT_TRUE(tree->nodes[static_cast<size_t>(tree->Find("a0"))].pulls_objects);
+  EXPECT_FALSE(
+      tree->nodes[static_cast<size_t>(tree->Find("a1"))].pulls_objects);
+
+  const std::string dir = Edited("    transport: tcp\n",
+                                 "    transport: tcp\n    source: objstore\n") +
+                          "objstore: {kind: dir, path: /mnt/shared/dcr}\n";
+  t = ParseTopology(dir, "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->objstore->path, "/mnt/shared/dcr");
+
+  // Errors name the key and say what to write.
+  EXPECT_EQ(ErrorOf(Edited("    transport: tcp\n",
+                           "    transport: tcp\n    source: objstore\n")),
+            "t.yaml:7: clusters[1].source: cluster 'rollout-a' takes its "
+            "chunks from the object store, but the topology has no objstore: "
+            "section (kind: dir with a path, or kind: s3 with an endpoint and "
+            "a bucket)");
+  EXPECT_THAT(ErrorOf(Edited("    transport: tcp\n",
+                             "    transport: tcp\n    source: bucket\n")),
+              HasSubstr("clusters[1].source: expected relay or objstore"));
+  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) + "objstore: {kind: dir}\n"),
+              HasSubstr("objstore.path: an objstore of kind dir needs a path"));
+  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
+                      "objstore: {kind: dir, path: /x, bucket: b}\n"),
+              HasSubstr("are for kind s3"));
+  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
+                      "objstore: {kind: s3, endpoint: s3.amazonaws.com, "
+                      "bucket: b}\n"),
+              HasSubstr("objstore.endpoint: expected an http:// or https://"));
+  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
+                      "objstore: {kind: s3, endpoint: http://h:9000}\n"),
+              HasSubstr("objstore.bucket: kind s3 needs a bucket"));
+  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
+                      "objstore: {kind: s3, endpoint: http://h, bucket: b, "
+                      "prefix: dcr}\n"),
+              HasSubstr("objstore.prefix: a key prefix ends in '/'"));
+  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
+                      "objstore: {kind: s3, endpoint: http://h, bucket: b, "
+                      "secret_key: x}\n"),
+              HasSubstr("objstore.secret_key: unknown key"));
+  EXPECT_THAT(ErrorOf(Edited("  - name: train\n    region: us-east\n",
+                             "  - name: train\n    region: us-east\n"
+                             "    source: objstore\n") +
+                      "objstore: {kind: dir, path: /x}\n"),
+              HasSubstr("the root's own cluster is fed by the root directly"));
 }
 
 TEST(ParseTest, LoadFileAndMissingFile) {

@@ -109,6 +109,21 @@ inline Topology RandomTopology(std::mt19937_64& rng) {
     t.links.push_back(l);
   }
   if (pick(0, 2) == 0) t.defaults.auth_key_file = "/etc/dcr/frame.key";
+  // Sometimes an object store (no cluster pulls from it: which clusters
+  // the root feeds directly depends on the tree).
+  if (pick(0, 3) == 0) {
+    ObjectStoreSpec o;
+    if (pick(0, 1) == 0) {
+      o.path = "/mnt/shared/dcr";
+    } else {
+      o.kind = ObjectStoreKind::kS3;
+      o.endpoint = "http://10.9.0.1:9000";
+      o.bucket = "refits";
+      if (pick(0, 1) == 0) o.prefix = "dcr/";
+      if (pick(0, 1) == 0) o.credentials_file = "/etc/dcr/s3.ini";
+    }
+    t.objstore = o;
+  }
   // Serving clusters: the layout given by the cluster (sometimes overridden
   // by a node) or by each node; the first node always serves.
   for (ClusterSpec& cs : t.clusters) {

@@ -43,6 +43,40 @@ std::vector<std::string> Names(const Tree& tree, const std::vector<int>& idx) {
   return out;
 }
 
+TEST(TreeTest, OnlyClustersTheRootFeedsPullFromTheObjectStore) {
+  // root cluster a -> b -> c: b may pull, c (fed by b's head) may not.
+  Topology t;
+  t.root = {"root", "h", 1, "a", "", "", "", kDefaultKeepDeltas, {}};
+  uint16_t port = 100;
+  for (const char* name : {"a", "b", "c"}) {
+    ClusterSpec c;
+    c.name = name;
+    for (int i = 0; i < 2; ++i) {
+      NodeSpec s;
+      s.name = std::string(name) + std::to_string(i);
+      s.host = "h";
+      s.port = port++;
+      c.nodes.push_back(s);
+    }
+    t.clusters.push_back(c);
+  }
+  t.links = {{"a", "b", 1000000, 0, std::nullopt, {}},
+             {"b", "c", 1000000, 0, std::nullopt, {}}};
+  t.objstore = ObjectStoreSpec{};
+  t.objstore->path = "/shared";
+  t.clusters[1].source = ChunkSource::kObjstore;
+  auto tree = BuildTree(t);
+  ASSERT_TRUE(tree.ok()) << tree.status().ToString();
+  for (const TreeNode& n : tree->nodes) {
+    EXPECT_EQ(n.pulls_objects, n.name == "b0") << n.name;
+  }
+  EXPECT_THAT(RenderTreeText(*tree), HasSubstr("chunks from the objstore"));
+  EXPECT_THAT(RenderTreeDot(*tree), HasSubstr("objstore -> \"b0\""));
+  t.clusters[2].source = ChunkSource::kObjstore;
+  EXPECT_THAT(BuildTree(t).status().message(),
+              HasSubstr("feeds it from cluster 'b', not from the root"));
+}
+
 TEST(TreeTest, FanoutOneIsAChain) {
   auto tree = BuildTree(OneCluster(5, 1u));
   ASSERT_TRUE(tree.ok()) << tree.status().ToString();
