@@ -154,6 +154,20 @@ Result<S3Credentials> LoadS3Credentials(const S3Config& config);
 Result<std::unique_ptr<ObjectStore>> OpenS3ObjectStore(
     const S3Config& config, const S3Credentials& credentials);
 
+struct ObjectStoreSpec;  // dcr/topology.h
+
+// Opens the object store a topology's objstore: section names; S3
+// credentials from its credentials_file, else the environment.
+Result<std::unique_ptr<ObjectStore>> OpenObjectStore(
+    const ObjectStoreSpec& spec);
+
+// The key of object `ordinal` (0, 1, ...) of refit `refit_hex`'s frame
+// sequence: "refits/<refit_hex>/f/<ordinal, 10 digits>" (docs/PROTOCOL.md
+// §"Chunks through an object store").
+std::string RefitObjectKey(std::string_view refit_hex, uint64_t ordinal);
+// The prefix of every object of refit `refit_hex`: "refits/<refit_hex>/".
+std::string RefitObjectPrefix(std::string_view refit_hex);
+
 }  // namespace dcr
 
 #endif  // DCR_OBJSTORE_H_

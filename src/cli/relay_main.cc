@@ -20,6 +20,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "dcr/objstore.h"
 #include "dcr/topology.h"
 #include "relay/memory_budget.h"
 #include "relay/relay.h"
@@ -195,6 +196,24 @@ int Run(const Args& a) {
       o.serving_layout = tree->nodes[static_cast<size_t>(i)].serving->layout;
       o.serving_rank = tree->nodes[static_cast<size_t>(i)].serving->rank;
       o.serving_socket = tree->nodes[static_cast<size_t>(i)].serving->socket;
+    }
+    // The head of a source: objstore cluster pulls its chunks from the
+    // topology's object store: opened now, so that a missing credential
+    // or directory is reported at start, not at the first refit.
+    if (topo->objstore) {
+      auto tree = BuildTree(*topo);
+      if (!tree.ok()) return ReportError(tree.status());
+      const int i = tree->Find(n->name);
+      if (i >= 0 && tree->nodes[static_cast<size_t>(i)].pulls_objects) {
+        auto store = OpenObjectStore(*topo->objstore);
+        if (!store.ok()) {
+          return ReportError(store.status().WithContext(fmt::format(
+              "{}: objstore (node '{}' heads a cluster with source: "
+              "objstore)",
+              a.topology, n->name)));
+        }
+        o.objects = std::move(*store);
+      }
     }
     if (metrics_port < 0 && n->metrics_port) metrics_port = *n->metrics_port;
     if (key_file.empty() && !topo->defaults.auth_key_file.empty()) {

@@ -103,7 +103,7 @@ inline constexpr uint8_t kForge = FailActionBit(FailAction::kForge);
 
 // The registry of failpoints. Appending one: add it here, hook it with
 // DCR_FAILPOINT("name") and document it in docs/TESTING.md.
-inline constexpr std::array<FailpointInfo, 13> kFailpoints = {{
+inline constexpr std::array<FailpointInfo, 14> kFailpoints = {{
     {"relay.plan", failpoint_internal::kControl | failpoint_internal::kDrop,
      "a relay got a PLAN, before binding it (drop: ignore the PLAN)"},
     {"relay.apply_chunk",
@@ -146,6 +146,12 @@ inline constexpr std::array<FailpointInfo, 13> kFailpoints = {{
      "a file store's background write-back is about to write the committed "
      "data back (delay: hold it; exit: stop with the record still marked "
      "unsynced; drop: fail it, as a write-back error would)"},
+    {"coord.upload",
+     failpoint_internal::kControl | failpoint_internal::kDrop |
+         failpoint_internal::kCorrupt,
+     "the coordinator is about to store one CHUNK or END frame as an object "
+     "for the clusters that pull from the object store (drop: never store "
+     "it; corrupt: store a damaged copy)"},
     {"producer.send_chunk", failpoint_internal::kControl,
      "a trainer rank's producer is about to send one of its chunks to the "
      "coordinator (exit: the rank dies mid-refit)"},

@@ -104,8 +104,10 @@ Result<RefitReport> RefitRun::RunPhases() {
                    ? ""
                    : fmt::format(" ({})", report_.target.digest.ShortHex()),
                tree.nodes.size() - 1);
+  DCR_RETURN_IF_ERROR(OpenObjects());
   root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
-                                     report_.refit, /*resume=*/false);
+                                     report_.refit, /*resume=*/false,
+                                     objects_.get());
 
   // 1. Plan.
   DCR_FAILPOINT("coord.before_plan");
@@ -397,6 +399,25 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
   return report_;
 }
 
+Status RefitRun::OpenObjects() {
+  const Topology& topo = options_.topology;
+  const bool pulls =
+      std::any_of(setup_.plan.nodes.begin(), setup_.plan.nodes.end(),
+                  [](const PlanNode& n) { return n.pulls_objects; });
+  if (!pulls || !topo.objstore) return Status::OK();
+  Result<std::unique_ptr<ObjectStore>> store = OpenObjectStore(*topo.objstore);
+  if (!store.ok()) {
+    return store.status().WithContext(
+        topo.source +
+        ": objstore (clusters with source: objstore pull "
+        "their chunks from it)");
+  }
+  objects_ = std::move(*store);
+  spdlog::info("refit {}: chunks for the clusters that pull go to {}",
+               report_.refit.ToHex(), objects_->describe());
+  return Status::OK();
+}
+
 Result<RefitReport> RefitRun::Resume() {
   auto t0 = Clock::now();
   Resumption r;
@@ -409,8 +430,10 @@ Result<RefitReport> RefitRun::Resume() {
                r.commit ? "commit" : "abort (no decision was recorded)",
                report_.base.step, report_.target.step);
   report_.prepare_seconds = Seconds(t0, Clock::now());
+  DCR_RETURN_IF_ERROR(OpenObjects());
   root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
-                                     report_.refit, /*resume=*/true);
+                                     report_.refit, /*resume=*/true,
+                                     objects_.get());
   // Every relay that holds the refit takes this run as its parent (an
   // adoption at the new epoch) and says where it is; then the decision.
   auto t_plan = Clock::now();

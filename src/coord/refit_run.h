@@ -44,6 +44,7 @@ class RefitRun {
   Result<RefitReport> Run();
   // dcr refit --resume: finishes the refit state_dir/current.json names.
   Result<RefitReport> Resume();
+
   // After Run: the PLAN_REPLY of every receiver that needs catch-up.
   const std::vector<NodeResult>& behind() const { return behind_; }
   // After Run: the root's baseline version now (the target if the refit
@@ -52,6 +53,9 @@ class RefitRun {
 
  private:
   using Clock = std::chrono::steady_clock;
+
+  // Opens objects_ when the plan has nodes that pull from the object store.
+  Status OpenObjects();
 
   // Run's phases; Run tells the producers (if any) how they ended.
   Result<RefitReport> RunPhases();
@@ -101,6 +105,9 @@ class RefitRun {
   RootPhases phases_;
   RefitSetup setup_;
   RefitReport report_;
+  // The topology's object store, when some cluster pulls from it; before
+  // root_, whose uploader writes to it.
+  std::unique_ptr<ObjectStore> objects_;
   std::unique_ptr<RootTree> root_;
   SentChunks sent_;
   // A delta refit of the whole tree records its chunks for the history;

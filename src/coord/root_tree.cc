@@ -16,6 +16,7 @@ std::vector<PlanNode> PlanNodes(const Tree& tree) {
     p.transport = std::string(TransportKindName(n.transport));
     p.parent = n.parent;
     p.link_bps = n.link_bandwidth_bps;
+    p.pulls_objects = n.pulls_objects;
     out.push_back(std::move(p));
   }
   return out;
@@ -46,7 +47,7 @@ std::set<std::string> YesVotes(const std::vector<NodeResult>& votes,
 }
 
 RootTree::RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
-                   const RefitId& refit, bool resume)
+                   const RefitId& refit, bool resume, ObjectStore* objects)
     : options_(options),
       sender_(options.transport_options.frames, FrameContext{epoch, refit}, 1) {
   TransportOptions to = options.transport_options;
@@ -62,6 +63,13 @@ RootTree::RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
   fo.header.refit_id = refit;
   fo.header.sequence = 0;
   fo.resume = resume;
+  if (objects != nullptr &&
+      std::any_of(plan.nodes.begin(), plan.nodes.end(),
+                  [](const PlanNode& n) { return n.pulls_objects; })) {
+    uploader_ = std::make_unique<ObjectUploader>(
+        objects, refit.ToHex(), kParallelUploads, [this] { mailbox_.Wake(); });
+    fo.objects = uploader_.get();
+  }
   fanout_ = Fanout::Create(fo, std::move(plan));
 }
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "coord/chunk_producer.h"
+#include "coord/object_uploader.h"
 #include "dcr/refit.h"
 #include "dcr/topology.h"
 #include "protocol/fanout.h"
@@ -58,8 +59,11 @@ class RootTree {
 
   // Links of the root (options' transport, frames, timeouts, heartbeat)
   // for this run; `resume`: every PLAN is a resume adoption (PlanMsg).
+  // `objects`: the topology's object store, when the plan has nodes that
+  // pull from it (PlanNode::pulls_objects); their CHUNK and END frames go
+  // there (ObjectUploader) instead of down their links.
   RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
-           const RefitId& refit, bool resume);
+           const RefitId& refit, bool resume, ObjectStore* objects = nullptr);
   ~RootTree();
   RootTree(const RootTree&) = delete;
   RootTree& operator=(const RootTree&) = delete;
@@ -105,8 +109,13 @@ class RootTree {
   void FlushAndStop();
   // Stops the links at once (a coordinator that "dies", for tests).
   void Stop();
+  // The object store path's uploader; null without one.
+  const ObjectUploader* uploader() const { return uploader_.get(); }
 
  private:
+  // Object uploads in flight at once (small objects: the request rate, not
+  // one stream's bandwidth, bounds them).
+  static constexpr int kParallelUploads = 8;
   // How often StreamFrom reports progress.
   static constexpr std::chrono::milliseconds kProgressInterval{100};
 
@@ -119,6 +128,8 @@ class RootTree {
   const RefitOptions& options_;
   Mailbox mailbox_;
   std::unique_ptr<TransportSet> transports_;
+  // Before fanout_, which points to it; after mailbox_, which it wakes.
+  std::unique_ptr<ObjectUploader> uploader_;
   std::shared_ptr<Fanout> fanout_;
   FrameSender sender_;
   uint64_t stream_bytes_ = 0;

@@ -308,8 +308,30 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
     control_ = frame;
   }
   size_t n = 0;
+  // Children that pull from the object store get the refit's CHUNK and END
+  // frames there, stored once however many pull.
+  bool stored = false;
+  auto store = [&] {
+    if (!stored) options_.objects->Push(frame);
+    stored = true;
+  };
+  const bool end =
+      !chunk && options_.objects != nullptr &&
+      frame->size() >= kFrameHeaderSize && [&] {
+        auto h = ParseFrameHeader(std::span<const std::byte, kFrameHeaderSize>(
+                                      frame->data(), kFrameHeaderSize),
+                                  options_.frames);
+        return h.ok() && h->header.type == FrameType::kEnd;
+      }();
   for (Child& c : children_) {
     if (c.failed || !c.link || (chunk && !c.takes_chunks)) continue;
+    if (options_.objects != nullptr && c.sub.nodes[0].pulls_objects) {
+      if (chunk || end) store();
+      if (chunk) {
+        ++n;
+        continue;
+      }
+    }
     // An adoption not yet accepted gets the control frame when it is,
     // after the chunks it missed (OnFrame).
     if (!chunk && c.adoption && !c.accepted) continue;
@@ -323,6 +345,8 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
 void Fanout::Resend(Child& c, const FramePosition& after,
                     std::vector<FramePosition> sent) {
   const std::string& name = c.sub.nodes[0].name;
+  // A node that pulls from the object store reads what it missed there.
+  if (options_.objects != nullptr && c.sub.nodes[0].pulls_objects) return;
   ResendBuffer::Resend r = resend_.For(after, std::move(sent));
   for (const FrameBuffer& f : r.frames) c.link->Send(f);
   resent_chunks_ += r.frames.size();

@@ -34,6 +34,7 @@
 #include "protocol/liveness.h"
 #include "protocol/mailbox.h"
 #include "protocol/messages.h"
+#include "protocol/object_sink.h"
 #include "protocol/plan_tree.h"
 #include "protocol/resend_buffer.h"
 #include "transport/transport_set.h"
@@ -70,6 +71,11 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     // window). 0: no buffer (adopted nodes get missed chunks from the
     // root's repair round only).
     std::optional<uint64_t> resend_buffer_bytes;
+    // The root's object store path: CHUNK and END frames for children that
+    // pull from the store (PlanNode::pulls_objects) go here, once per
+    // frame, and never as CHUNKs on their links (END still goes on the
+    // link too, where the puller ignores it). Null: no child pulls.
+    ObjectSink* objects = nullptr;
   };
   static constexpr uint64_t kResendWindows = 4;
   static constexpr uint64_t kResendDefaultBytes = 64ull << 20;
@@ -99,7 +105,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   size_t Forward(const FrameBuffer& frame, bool chunk = false,
                  bool keep = true);
 
-  // The largest send queue among live children (backpressure). When a
+  // The largest send queue among live children (backpressure), and the
+  // object sink's queue when children pull from it. When a
   // child's queue falls to half the plan's window (from above half), the
   // owner's mailbox is woken (Mailbox::Wake): an owner paused on this can
   // wait for events instead of polling.

@@ -15,6 +15,9 @@ size_t Fanout::MaxQueuedBytes() const {
   for (const Child& c : children_) {
     if (!c.failed && c.link) most = std::max(most, c.link->QueuedBytes());
   }
+  if (options_.objects != nullptr) {
+    most = std::max(most, options_.objects->QueuedBytes());
+  }
   return most;
 }
 

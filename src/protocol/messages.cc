@@ -21,6 +21,9 @@ constexpr uint8_t kEndTargetVersion = 3;
 constexpr uint8_t kEndSigned = 1;  // its flags
 constexpr uint8_t kEndServing = 2;
 constexpr uint8_t kPlanServing = 16;  // PLAN's flags: serving bits follow
+// PLAN's flags: the indices of the nodes that pull from the object store
+// follow (after the serving bits).
+constexpr uint8_t kPlanObjects = 32;
 // PLAN whose target digest comes at END (PlanMsg::target_at_end).
 constexpr uint8_t kPlanTargetAtEndVersion = 2;
 constexpr uint8_t kResultsPositionVersion = 2;  // with received_through
@@ -165,13 +168,22 @@ std::vector<std::byte> EncodePlan(const PlanMsg& m) {
   for (const Digest128& d : m.target_tensor_digests) PutDigest(&w, d);
   w.Put<uint32_t>(m.heartbeat_ms);
   const bool serving = !m.serving_base.empty() || !m.serving_target.empty();
+  std::vector<uint64_t> pullers;
+  for (size_t i = 0; i < m.nodes.size(); ++i) {
+    if (m.nodes[i].pulls_objects) pullers.push_back(i);
+  }
   w.Put<uint8_t>(static_cast<uint8_t>(
       (m.adopt ? 1 : 0) | (m.resume ? 2 : 0) | (m.resend ? 4 : 0) |
-      (m.context_coded ? 8 : 0) | (serving ? kPlanServing : 0)));
+      (m.context_coded ? 8 : 0) | (serving ? kPlanServing : 0) |
+      (pullers.empty() ? 0 : kPlanObjects)));
   w.Put<uint32_t>(m.sender_depth);
   if (serving) {
     PutServing(&w, m.serving_base);
     PutServing(&w, m.serving_target);
+  }
+  if (!pullers.empty()) {
+    w.PutVarint(pullers.size());
+    for (uint64_t i : pullers) w.PutVarint(i);
   }
   return out;
 }
@@ -254,7 +266,7 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
   }
   m.heartbeat_ms = r.Get<uint32_t>("heartbeat_ms");
   uint8_t flags = r.Get<uint8_t>("flags");
-  if (r.ok() && flags > 31) r.Fail("flags", "unknown bits");
+  if (r.ok() && flags > 63) r.Fail("flags", "unknown bits");
   m.adopt = (flags & 1) != 0;
   m.resume = (flags & 2) != 0;
   m.resend = (flags & 4) != 0;
@@ -274,6 +286,19 @@ Result<PlanMsg> DecodePlan(std::span<const std::byte> b) {
     }
     if (r.ok() && m.target_at_end() && !m.serving_target.empty()) {
       r.Fail("serving_target", "sent without the target's digest");
+    }
+  }
+  if (r.ok() && (flags & kPlanObjects) != 0) {
+    uint64_t n = r.Varint("pulls_objects", m.nodes.size());
+    if (r.ok() && n == 0) r.Fail("flags", "pullers announced, none sent");
+    uint64_t last = 0;
+    for (uint64_t k = 0; r.ok() && k < n; ++k) {
+      uint64_t i = r.Varint("pulls_objects", m.nodes.size() - 1);
+      if (r.ok() && k > 0 && i <= last) {
+        r.Fail("pulls_objects", "indices not increasing");
+      }
+      if (r.ok()) m.nodes[i].pulls_objects = true;
+      last = i;
     }
   }
   DCR_RETURN_IF_ERROR(r.Finish());

@@ -53,6 +53,10 @@ struct PlanNode {
   std::string transport;  // "tcp", "ucx"
   int32_t parent = -1;    // index in PlanMsg::nodes; -1 only for nodes[0]
   uint64_t link_bps = 0;  // the topology's bandwidth into it (0: unknown)
+  // It takes the refit's CHUNK and END frames from the object store, not
+  // from its parent's link (docs/PROTOCOL.md §"Chunks through an object
+  // store").
+  bool pulls_objects = false;
   friend bool operator==(const PlanNode&, const PlanNode&) = default;
 };
 

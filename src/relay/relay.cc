@@ -200,6 +200,12 @@ void Relay::Impl::OnFrame(const std::shared_ptr<Link>& link, const Frame& frame,
                   FrameTypeName(frame.type()));
     return;
   }
+  if (frame.type() == FrameType::kEnd && current_->puller) {
+    // The object store carries this refit's END, after its chunks.
+    spdlog::debug("{}: END on the link; taking the one in the object store",
+                  options_.name);
+    return;
+  }
   if (frame.header.epoch > current_->refit->epoch()) {
     // Forwarded from a resumed coordinator (dcr refit --resume).
     if (!PersistEpoch(frame.header.epoch).ok()) return;
@@ -359,6 +365,36 @@ void Relay::Impl::OnChunk(const Frame& frame, const FrameBuffer& buffer) {
   MaybePause();
 }
 
+void Relay::Impl::OnPulledFrame(const RefitId& refit,
+                                const FrameBuffer& buffer) {
+  if (!current_ || current_->refit->id() != refit || !current_->puller) {
+    return;  // the refit ended while the object was on its way
+  }
+  Result<Frame> frame = ParseFrame(*buffer, options_.transport_options.frames);
+  if (!frame.ok() ||
+      (frame->type() != FrameType::kChunk &&
+       frame->type() != FrameType::kEnd) ||
+      frame->header.refit_id != refit ||
+      frame->header.epoch < current_->refit->epoch()) {
+    counters_.chunks_dropped += 1;
+    spdlog::warn(
+        "{}: dropping an object of refit {}: {}", options_.name, refit.ToHex(),
+        !frame.ok()
+            ? frame.status().ToString()
+            : fmt::format("a {} of refit {} epoch {}",
+                          FrameTypeName(frame->type()),
+                          frame->header.refit_id.ToHex(), frame->header.epoch));
+    return;
+  }
+  if (frame->header.epoch > current_->refit->epoch()) {
+    // Uploaded by a resumed coordinator (dcr refit --resume).
+    if (!PersistEpoch(frame->header.epoch).ok()) return;
+    current_->refit->set_epoch(frame->header.epoch);
+  }
+  counters_.bytes_in += buffer->size();
+  OnRefitFrame(*frame, buffer);
+}
+
 void Relay::Impl::OnClosed(uint64_t link_id, const Status& why) {
   if (!current_ || current_->parent->link_id() != link_id) return;
   const RefitPhase p = current_->refit->phase();
@@ -374,6 +410,7 @@ void Relay::Impl::MaybePause() {
   if (c.fanout->MaxQueuedBytes() > c.refit->plan().chunk_window_bytes ||
       c.refit->tracker().backlog_bytes() > options_.apply_window_bytes) {
     c.parent->Pause();
+    if (c.puller) c.puller->Pause(true);
   }
   SampleProgress();
 }
@@ -394,6 +431,11 @@ void Relay::Impl::MaybeResume() {
       c.fanout->MaxQueuedBytes() <= c.refit->plan().chunk_window_bytes / 2 &&
       c.refit->tracker().backlog_bytes() <= options_.apply_window_bytes / 2) {
     c.parent->Resume();
+  }
+  if (c.puller &&
+      c.fanout->MaxQueuedBytes() <= c.refit->plan().chunk_window_bytes / 2 &&
+      c.refit->tracker().backlog_bytes() <= options_.apply_window_bytes / 2) {
+    c.puller->Pause(false);
   }
   SampleProgress();
 }

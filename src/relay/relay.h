@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcr/objstore.h"
 #include "dcr/status.h"
 #include "dcr/store.h"
 #include "dcr/transport.h"
@@ -50,6 +51,10 @@ namespace dcr {
 
 struct RelayOptions {
   std::string name;  // the node's name in the topology
+  // The object store this relay pulls a refit's chunks from when its PLAN
+  // says so (the head of a source: objstore cluster); null: none, and such
+  // a PLAN is refused.
+  std::shared_ptr<ObjectStore> objects;
   StoreSpec store;
   std::string listen_host = "0.0.0.0";
   uint16_t listen_port = 0;  // 0: ephemeral (see Relay::port)

@@ -31,6 +31,7 @@
 #include "relay/apply_workers.h"
 #include "relay/commit_hook.h"
 #include "relay/inbound_links.h"
+#include "relay/object_puller.h"
 #include "relay/parent_link.h"
 #include "relay/plan_decision.h"
 #include "relay/relay.h"
@@ -66,6 +67,10 @@ class Relay::Impl {
     // When COMMIT reached the node: a serving process's pause starts.
     std::optional<Clock::time_point> commit_at;
     bool flipped = false;  // the committed standby was made live
+    // A head of a source: objstore cluster: reads the CHUNK and END frames
+    // from the object store (its parent link carries the rest). Last: it
+    // is stopped first.
+    std::unique_ptr<ObjectPuller> puller;
   };
   // The refit that ended last and what we answered in it: a parent that
   // lost our final reply reconnects (an adoption PLAN) and gets it again.
@@ -88,6 +93,9 @@ class Relay::Impl {
   bool AnswerEnded(Link& link, const Frame& frame);
   void OnRefitFrame(const Frame& frame, const FrameBuffer& buffer);
   void OnChunk(const Frame& frame, const FrameBuffer& buffer);
+  // A frame object the puller read for refit `refit`: checked as a frame
+  // from the parent link is (checksum, tag, refit, epoch), then routed.
+  void OnPulledFrame(const RefitId& refit, const FrameBuffer& buffer);
   void Orphan(const std::string& why);
   void AnswerUp(FrameType type, const NodeResult& own);
   void Conclude();

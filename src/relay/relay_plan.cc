@@ -46,6 +46,12 @@ void Relay::Impl::OnPlan(const std::shared_ptr<Link>& link,
     case PlanDecision::Outcome::kAccept:
       break;
   }
+  if (plan->nodes[0].pulls_objects && options_.objects == nullptr) {
+    return Refuse(*link, frame.header, *plan, NodeCode::kRejected,
+                  "the plan has this node pull its chunks from the object "
+                  "store, and it has none: start it with --topology naming "
+                  "the objstore: section (its cluster has source: objstore)");
+  }
   if (d.replace_orphan) ReplaceOrphan(frame.header.epoch);
   if (Status s = PersistEpoch(frame.header.epoch); !s.ok()) {
     return Refuse(*link, frame.header, *plan, NodeCode::kStoreError,
@@ -292,6 +298,17 @@ void Relay::Impl::StartRefit(const std::shared_ptr<Link>& link,
                                          std::move(plan), std::move(own),
                                          std::move(session));
   current_.emplace(std::move(c));
+  if (current_->refit->plan().nodes[0].pulls_objects) {
+    const RefitId id = header.refit_id;
+    spdlog::info("{}: pulling refit {}'s chunks from {}", options_.name,
+                 id.ToHex(), options_.objects->describe());
+    current_->puller = std::make_unique<ObjectPuller>(
+        options_.objects.get(), id.ToHex(), [this, id](FrameBuffer frame) {
+          mailbox_.Post([this, id, frame = std::move(frame)] {
+            OnPulledFrame(id, frame);
+          });
+        });
+  }
 }
 
 void Relay::Impl::OnAdoption(const std::shared_ptr<Link>& link,

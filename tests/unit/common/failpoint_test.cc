@@ -73,7 +73,7 @@ TEST_F(FailpointTest, BadSpecsAreRefusedWithOneLineMessages) {
       "relay.plan, relay.apply_chunk, relay.forward, relay.vote, "
       "relay.commit, relay.abort, coord.before_plan, coord.after_stream, "
       "coord.before_commit, coord.after_commit, coord.baseline_write, "
-      "store.data_sync, producer.send_chunk";
+      "store.data_sync, coord.upload, producer.send_chunk";
   const std::string actions =
       "exit, hang, drop, delay(MS), corrupt, cut(BYTES), forge";
   const std::pair<std::string, std::string> cases[] = {

@@ -167,6 +167,35 @@ TEST(MessagesTest, SubPlanKeepsTheSubtree) {
   EXPECT_EQ(SubPlan(p, 0), p);
 }
 
+TEST(MessagesTest, NodesThatPullFromTheObjectStoreTravelInFlagBit5) {
+  PlanMsg p = SamplePlan();
+  const std::vector<std::byte> without = EncodePlan(p);
+  p.nodes[1].pulls_objects = true;
+  p.nodes[2].pulls_objects = true;
+  std::vector<std::byte> with = EncodePlan(p);
+  // The indices follow the rest: count 2, then 1 and 2.
+  ASSERT_EQ(with.size(), without.size() + 3);
+  EXPECT_EQ(with[with.size() - 3], std::byte{2});
+  auto back = DecodePlan(with);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, p);
+  // A sub-plan keeps the flag on the node it names, and only there.
+  PlanMsg sub = SubPlan(p, 1);
+  EXPECT_TRUE(sub.nodes[0].pulls_objects);
+  EXPECT_FALSE(sub.nodes[1].pulls_objects);
+  EXPECT_EQ(*DecodePlan(EncodePlan(sub)), sub);
+
+  std::vector<std::byte> bad = with;
+  bad.back() = std::byte{1};  // 1, 1: not increasing
+  EXPECT_TRUE(DecodePlan(bad).status().IsCorruption());
+  bad.back() = std::byte{4};  // no node 4
+  EXPECT_TRUE(DecodePlan(bad).status().IsCorruption());
+  bad = with;
+  bad[bad.size() - 3] = std::byte{0};  // announced, none sent
+  bad.resize(bad.size() - 2);
+  EXPECT_TRUE(DecodePlan(bad).status().IsCorruption());
+}
+
 TEST(MessagesTest, RejectsMalformedPlans) {
   PlanMsg p = SamplePlan();
   p.nodes[2].parent = 3;  // a parent after its child

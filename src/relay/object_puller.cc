@@ -1,0 +1,106 @@
+#include "relay/object_puller.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+namespace dcr {
+
+ObjectPuller::ObjectPuller(ObjectStore* store, std::string refit_hex,
+                           std::function<void(FrameBuffer)> deliver)
+    : store_(store),
+      refit_hex_(std::move(refit_hex)),
+      deliver_(std::move(deliver)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+ObjectPuller::~ObjectPuller() { Stop(); }
+
+void ObjectPuller::Pause(bool paused) {
+  MutexLock lock(&mu_);
+  paused_ = paused;
+  cv_.SignalAll();
+}
+
+void ObjectPuller::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    cv_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+bool ObjectPuller::Sleep(std::chrono::milliseconds d) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  MutexLock lock(&mu_);
+  while (!stop_ && std::chrono::steady_clock::now() < until) {
+    cv_.WaitUntil(&mu_, until);
+  }
+  return !stop_;
+}
+
+void ObjectPuller::Run() {
+  using Clock = std::chrono::steady_clock;
+  uint64_t ordinal = 0;
+  std::chrono::milliseconds poll = kPollMin;
+  // When the object `ordinal` was first found missing while a later one
+  // was there; max(): not so.
+  Clock::time_point gap_since = Clock::time_point::max();
+  for (;;) {
+    {
+      MutexLock lock(&mu_);
+      while (paused_ && !stop_) cv_.Wait(&mu_);
+      if (stop_) return;
+    }
+    const std::string key = RefitObjectKey(refit_hex_, ordinal);
+    requests_.fetch_add(1);
+    Result<std::vector<std::byte>> got = store_->Get(key);
+    if (got.ok()) {
+      pulled_.fetch_add(1);
+      pulled_bytes_.fetch_add(got->size());
+      deliver_(std::make_shared<const std::vector<std::byte>>(std::move(*got)));
+      ++ordinal;
+      poll = kPollMin;
+      gap_since = Clock::time_point::max();
+      continue;
+    }
+    if (!got.status().IsNotFound()) {
+      if (got.status().IsCorruption()) {
+        spdlog::warn("objstore: skipping {}: {}", key, got.status().ToString());
+        skipped_.fetch_add(1);
+        ++ordinal;
+        continue;
+      }
+      // The store's own retries are spent (a server down): wait, try again.
+      spdlog::warn("objstore: {}: {}", key, got.status().ToString());
+      if (!Sleep(kPollMax)) return;
+      continue;
+    }
+    // Not there yet. Uploads run in parallel, so a later object may be;
+    // one missing long after a later one appeared failed for good.
+    if (poll == kPollMax) {
+      requests_.fetch_add(1);
+      if (store_->Get(RefitObjectKey(refit_hex_, ordinal + 1)).ok()) {
+        const Clock::time_point now = Clock::now();
+        if (gap_since == Clock::time_point::max()) gap_since = now;
+        if (now - gap_since >= kSkipAfter) {
+          spdlog::warn(
+              "objstore: {} is still missing {} s after a later "
+              "object appeared; skipping it",
+              key, kSkipAfter.count());
+          skipped_.fetch_add(1);
+          ++ordinal;
+          gap_since = Clock::time_point::max();
+          continue;
+        }
+      }
+    }
+    if (!Sleep(poll)) return;
+    poll = std::min(poll * 2, kPollMax);
+  }
+}
+
+}  // namespace dcr

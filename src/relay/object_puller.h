@@ -1,0 +1,77 @@
+// A cluster head's half of the object store path (docs/PROTOCOL.md
+// §"Chunks through an object store"): reads the refit's frame objects
+// RefitObjectKey(refit, 0), (refit, 1), ... in order, from a thread of its
+// own, and hands each to `deliver` (which posts it to the relay's actor,
+// where it takes the path of a frame from the parent link).
+//
+// An object not there yet is asked for again after a wait that starts at
+// kPollMin and doubles to kPollMax while nothing new appears: an idle
+// refit costs at most 1 / kPollMax requests per second per head, and a
+// chunk waits at most kPollMax longer than its upload. An object that
+// cannot be read as one (corrupt, not dcr's) is skipped and counted: the
+// vote then names what is missing and the repair round's overwrite
+// objects replace it. So is one still missing kSkipAfter after a later
+// object appeared (an upload that failed for good).
+//
+// Thread safety: Pause, Stop and the counters may be called from any
+// thread; `deliver` runs on the puller's thread.
+#ifndef DCR_RELAY_OBJECT_PULLER_H_
+#define DCR_RELAY_OBJECT_PULLER_H_
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "common/mutex.h"
+#include "dcr/objstore.h"
+#include "dcr/wire.h"
+
+namespace dcr {
+
+class ObjectPuller {
+ public:
+  static constexpr std::chrono::milliseconds kPollMin{5};
+  static constexpr std::chrono::milliseconds kPollMax{100};
+  static constexpr std::chrono::seconds kSkipAfter{10};
+
+  ObjectPuller(ObjectStore* store, std::string refit_hex,
+               std::function<void(FrameBuffer)> deliver);
+  ~ObjectPuller();  // Stop()
+  ObjectPuller(const ObjectPuller&) = delete;
+  ObjectPuller& operator=(const ObjectPuller&) = delete;
+
+  // While paused (the relay's forward or apply window is full), no object
+  // is read.
+  void Pause(bool paused);
+  // Stops and joins the thread; idempotent.
+  void Stop();
+
+  uint64_t pulled() const { return pulled_.load(); }
+  uint64_t pulled_bytes() const { return pulled_bytes_.load(); }
+  uint64_t skipped() const { return skipped_.load(); }
+  uint64_t requests() const { return requests_.load(); }
+
+ private:
+  void Run();
+  // Waits `d`, or less if stopped; false when stopped.
+  bool Sleep(std::chrono::milliseconds d);
+
+  ObjectStore* const store_;
+  const std::string refit_hex_;
+  const std::function<void(FrameBuffer)> deliver_;
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ DCR_GUARDED_BY(mu_) = false;
+  bool paused_ DCR_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> pulled_{0};
+  std::atomic<uint64_t> pulled_bytes_{0};
+  std::atomic<uint64_t> skipped_{0};
+  std::atomic<uint64_t> requests_{0};
+  std::thread thread_;
+};
+
+}  // namespace dcr
+
+#endif  // DCR_RELAY_OBJECT_PULLER_H_
