@@ -156,10 +156,19 @@ Result<std::unique_ptr<ObjectStore>> OpenS3ObjectStore(
 
 struct ObjectStoreSpec;  // dcr/topology.h
 
+// How hard one request of an S3 store tries (S3Config's fields of the same
+// names). A caller that retries by itself (a head's puller, which polls)
+// wants one attempt and a short stall limit, so that it stops quickly.
+struct ObjectRequestLimits {
+  int max_attempts = 6;
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds stall_timeout{30000};
+};
+
 // Opens the object store a topology's objstore: section names; S3
 // credentials from its credentials_file, else the environment.
 Result<std::unique_ptr<ObjectStore>> OpenObjectStore(
-    const ObjectStoreSpec& spec);
+    const ObjectStoreSpec& spec, const ObjectRequestLimits& limits = {});
 
 // The key of object `ordinal` (0, 1, ...) of refit `refit_hex`'s frame
 // sequence: "refits/<refit_hex>/f/<ordinal, 10 digits>" (docs/PROTOCOL.md

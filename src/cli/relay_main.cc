@@ -205,7 +205,14 @@ int Run(const Args& a) {
       if (!tree.ok()) return ReportError(tree.status());
       const int i = tree->Find(n->name);
       if (i >= 0 && tree->nodes[static_cast<size_t>(i)].pulls_objects) {
-        auto store = OpenObjectStore(*topo->objstore);
+        // One attempt per request, cut after 2 s of stall: the puller
+        // polls again by itself, and a refit that ends must not wait on a
+        // hung server for the store's retries.
+        auto store = OpenObjectStore(
+            *topo->objstore,
+            ObjectRequestLimits{.max_attempts = 1,
+                                .connect_timeout = std::chrono::seconds(2),
+                                .stall_timeout = std::chrono::seconds(2)});
         if (!store.ok()) {
           return ReportError(store.status().WithContext(fmt::format(
               "{}: objstore (node '{}' heads a cluster with source: "

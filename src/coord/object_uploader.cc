@@ -16,17 +16,24 @@ ObjectUploader::ObjectUploader(ObjectStore* store, std::string refit_hex,
   }
 }
 
-ObjectUploader::~ObjectUploader() {
+ObjectUploader::~ObjectUploader() { Stop(); }
+
+void ObjectUploader::Stop() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
+    for (const Item& item : queue_) queued_bytes_ -= item.frame->size();
+    queue_.clear();
     cv_.SignalAll();
   }
-  for (std::thread& t : threads_) t.join();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 void ObjectUploader::Push(const FrameBuffer& frame) {
   MutexLock lock(&mu_);
+  if (stop_) return;
   queue_.push_back(Item{next_++, frame});
   queued_bytes_ += frame->size();
   cv_.SignalAll();
@@ -52,8 +59,6 @@ void ObjectUploader::Work() {
     Item item;
     {
       MutexLock lock(&mu_);
-      // The queue is finished before stopping: the last objects (END) are
-      // what the pullers wait for.
       while (queue_.empty() && !stop_) cv_.Wait(&mu_);
       if (queue_.empty()) return;
       item = std::move(queue_.front());

@@ -36,8 +36,11 @@ class ObjectUploader final : public ObjectSink {
   // queue is over its window). `refit_hex` names the refit's objects.
   ObjectUploader(ObjectStore* store, std::string refit_hex, int parallel,
                  std::function<void()> wake);
-  // Finishes the uploads queued, then stops the threads.
-  ~ObjectUploader() override;
+  ~ObjectUploader() override;  // Stop()
+  // Drops what is queued (the refit is over: it would reach nobody),
+  // waits for the uploads in flight and stops the threads; later Pushes
+  // are ignored. Idempotent.
+  void Stop();
   ObjectUploader(const ObjectUploader&) = delete;
   ObjectUploader& operator=(const ObjectUploader&) = delete;
 

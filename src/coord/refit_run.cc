@@ -387,6 +387,7 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
   }
   report_.total_seconds = Seconds(t0, Clock::now());
   root_->FlushAndStop();
+  if (report_.outcome == RefitOutcome::kAborted) RemoveRefitObjects();
   DCR_RETURN_IF_ERROR(phases_.Finish());
   setup_.state.WriteLastRefit(report_);
   // Unfinished: --resume (or the next refit) finishes it from current.json.
@@ -416,6 +417,27 @@ Status RefitRun::OpenObjects() {
   spdlog::info("refit {}: chunks for the clusters that pull go to {}",
                report_.refit.ToHex(), objects_->describe());
   return Status::OK();
+}
+
+void RefitRun::RemoveRefitObjects() {
+  if (!objects_) return;
+  const std::string prefix = RefitObjectPrefix(report_.refit.ToHex());
+  Result<std::vector<std::string>> keys = objects_->List(prefix);
+  if (!keys.ok()) {
+    spdlog::warn("cannot list the aborted refit's objects: {}",
+                 keys.status().ToString());
+    return;
+  }
+  size_t removed = 0;
+  for (const std::string& key : *keys) {
+    if (Status s = objects_->Delete(key); !s.ok()) {
+      spdlog::warn("cannot remove {}: {}", key, s.ToString());
+    } else {
+      ++removed;
+    }
+  }
+  spdlog::info("removed the aborted refit's {} objects from {}{}", removed,
+               objects_->describe(), prefix);
 }
 
 Result<RefitReport> RefitRun::Resume() {

@@ -56,6 +56,9 @@ class RefitRun {
 
   // Opens objects_ when the plan has nodes that pull from the object store.
   Status OpenObjects();
+  // Removes an aborted refit's objects from objects_ (the pullers have
+  // given it up; its delta stays in state_dir/history for crash repair).
+  void RemoveRefitObjects();
 
   // Run's phases; Run tells the producers (if any) how they ended.
   Result<RefitReport> RunPhases();

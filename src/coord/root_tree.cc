@@ -208,6 +208,8 @@ void RootTree::FlushAndStop() {
 void RootTree::Stop() {
   if (stopped_) return;
   stopped_ = true;
+  // The refit is over: objects still queued would reach nobody.
+  if (uploader_) uploader_->Stop();
   transports_->Stop();
   mailbox_.Close();
 }

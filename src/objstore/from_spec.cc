@@ -6,7 +6,7 @@
 namespace dcr {
 
 Result<std::unique_ptr<ObjectStore>> OpenObjectStore(
-    const ObjectStoreSpec& spec) {
+    const ObjectStoreSpec& spec, const ObjectRequestLimits& limits) {
   if (spec.kind == ObjectStoreKind::kDir) return OpenDirObjectStore(spec.path);
   S3Config cfg;
   cfg.endpoint = spec.endpoint;
@@ -15,6 +15,9 @@ Result<std::unique_ptr<ObjectStore>> OpenObjectStore(
   cfg.prefix = spec.prefix;
   cfg.credentials_file = spec.credentials_file;
   if (!spec.profile.empty()) cfg.profile = spec.profile;
+  cfg.max_attempts = limits.max_attempts;
+  cfg.connect_timeout = limits.connect_timeout;
+  cfg.stall_timeout = limits.stall_timeout;
   DCR_ASSIGN_OR_RETURN(S3Credentials creds, LoadS3Credentials(cfg));
   return OpenS3ObjectStore(cfg, creds);
 }

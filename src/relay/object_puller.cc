@@ -49,6 +49,7 @@ void ObjectPuller::Run() {
   // When the object `ordinal` was first found missing while a later one
   // was there; max(): not so.
   Clock::time_point gap_since = Clock::time_point::max();
+  int bad_reads = 0;  // of object `ordinal`
   for (;;) {
     {
       MutexLock lock(&mu_);
@@ -64,14 +65,24 @@ void ObjectPuller::Run() {
       deliver_(std::make_shared<const std::vector<std::byte>>(std::move(*got)));
       ++ordinal;
       poll = kPollMin;
+      bad_reads = 0;
       gap_since = Clock::time_point::max();
       continue;
     }
     if (!got.status().IsNotFound()) {
+      // A server that is not atomic (s3rver) can serve an object while it
+      // is being written: read it again a few times before giving it up.
+      if (got.status().IsCorruption() && ++bad_reads < kBadReads) {
+        if (!Sleep(poll)) return;
+        poll = std::min(poll * 2, kPollMax);
+        continue;
+      }
       if (got.status().IsCorruption()) {
         spdlog::warn("objstore: skipping {}: {}", key, got.status().ToString());
         skipped_.fetch_add(1);
         ++ordinal;
+        bad_reads = 0;
+        poll = kPollMin;
         continue;
       }
       // The store's own retries are spent (a server down): wait, try again.

@@ -8,10 +8,15 @@
 // kPollMin and doubles to kPollMax while nothing new appears: an idle
 // refit costs at most 1 / kPollMax requests per second per head, and a
 // chunk waits at most kPollMax longer than its upload. An object that
-// cannot be read as one (corrupt, not dcr's) is skipped and counted: the
-// vote then names what is missing and the repair round's overwrite
-// objects replace it. So is one still missing kSkipAfter after a later
-// object appeared (an upload that failed for good).
+// fails its checks (corrupt, not dcr's) kBadReads times in a row (a
+// server that is not atomic may serve one mid-write: s3rver does) is
+// skipped and counted: the vote then names what is missing and the repair
+// round's overwrite objects replace it. So is one still missing kSkipAfter
+// after a later object appeared (an upload that failed for good).
+//
+// Stop waits for a request in flight: dcr-relay opens the store with one
+// attempt per request and a 2 s stall limit (ObjectRequestLimits), which
+// bounds it.
 //
 // Thread safety: Pause, Stop and the counters may be called from any
 // thread; `deliver` runs on the puller's thread.
@@ -35,6 +40,8 @@ class ObjectPuller {
   static constexpr std::chrono::milliseconds kPollMin{5};
   static constexpr std::chrono::milliseconds kPollMax{100};
   static constexpr std::chrono::seconds kSkipAfter{10};
+  // Reads of an object that fails its checks before it is skipped.
+  static constexpr int kBadReads = 6;
 
   ObjectPuller(ObjectStore* store, std::string refit_hex,
                std::function<void(FrameBuffer)> deliver);

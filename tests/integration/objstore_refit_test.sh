@@ -12,6 +12,8 @@
 #      objects bring it to the target
 #   c. a relay of "far" started without the objstore section refuses the
 #      PLAN, naming what to fix
+#   d. a refit that aborts (a relay damages what it applies) leaves no
+#      object in the store
 # Usage: objstore_refit_test.sh BACKEND DCR RELAY TRAINGEN SOURCE_DIR
 #   BACKEND: dir, or s3rver (skips, 77, when s3rver is not installed)
 set -euo pipefail
@@ -94,6 +96,7 @@ wait_ready "${RELAYS[@]}"
 refit_json 0 "$TOPO" --target "$V/v1.safetensors"
 json 'd["outcome"] == "committed" and d["chunks"] > 0' \
   'all(n["committed"] and n["code"] == "ok" for n in d["nodes"])'
+cp "$T/out" "$T/refit1.json"
 REFIT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["refit"])' "$T/out")
 CHUNKS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["chunks"])' "$T/out")
 verify_all "$V/v1.safetensors" "${RELAYS[@]}"
@@ -105,7 +108,7 @@ case $BACKEND in
 esac
 # Every chunk, then END: one more object than chunks.
 [[ $(wc -l <"$T/objects.list") -eq $((CHUNKS + 1)) ]] ||
-  { cat "$T/objects.list" >&2; fail "$(wc -l <"$T/objects.list") objects for $CHUNKS chunks and END"; }
+  { grep -i "objstore\|dropping" "$T/f0.log" >&2; cat "$T/refit1.json" >&2; fail "$(wc -l <"$T/objects.list") objects for $CHUNKS chunks and END"; }
 [[ $(head -1 "$T/objects.list") == 0000000000 ]] || fail "objects do not start at 0000000000"
 
 # --- b. a damaged object: dropped, voted incomplete, repaired ----------
@@ -125,4 +128,26 @@ wait_ready f0
 refit_json 1 "$TOPO" --target "$V/v3.safetensors"
 node_json f0 'n["code"] == "rejected" and "has none: start it with --topology naming the objstore" in n["detail"]'
 verify_all "$V/v2.safetensors" f0
+
+# --- d. an aborted refit's objects are removed ----------------------------
+# n1 damages every chunk it applies: its votes stay no through the repair
+# rounds, the refit aborts, and the root removes the refit's objects.
+stop_relay f0
+start_relay f0
+stop_relay n1
+rm -f "$T/n1.ready"
+DCR_FAILPOINTS=relay.apply_chunk=corrupt "$RELAY" --topology "$TOPO" --node n1 \
+  --ready-file "$T/n1.ready" >>"$T/n1.log" 2>&1 &
+PID[n1]=$!
+wait_ready f0 n1
+refit_json 1 "$TOPO" --target "$V/v3.safetensors"
+json 'd["outcome"] == "aborted" and d["chunks"] > 0'
+REFIT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["refit"])' "$T/out")
+grep -q "pulling refit $REFIT's chunks" "$T/f0.log" || fail "f0 did not pull the aborted refit"
+case $BACKEND in
+  dir) left=$( (find "$T/objects/refits/$REFIT" -type f 2>/dev/null || true) | wc -l) ;;
+  s3rver) left=$( (find "$T/s3/dcr-test/dcr/refits/$REFIT" -name '*._S3rver_object' 2>/dev/null || true) | wc -l) ;;
+esac
+[[ $left -eq 0 ]] || fail "$left objects of the aborted refit $REFIT are left"
+verify_all "$V/v2.safetensors" "${RELAYS[@]}"
 echo "PASS objstore_refit_$BACKEND"
