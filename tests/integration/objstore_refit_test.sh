@@ -12,6 +12,8 @@
 #      objects bring it to the target
 #   c. a relay of "far" started without the objstore section refuses the
 #      PLAN, naming what to fix
+#   e. (dir only) an object never stored: the head skips it after 10 s,
+#      votes incomplete, and the repair round fixes it
 #   d. a refit that aborts (a relay damages what it applies) leaves no
 #      object in the store
 # Usage: objstore_refit_test.sh BACKEND DCR RELAY TRAINGEN SOURCE_DIR
@@ -129,18 +131,36 @@ refit_json 1 "$TOPO" --target "$V/v3.safetensors"
 node_json f0 'n["code"] == "rejected" and "has none: start it with --topology naming the objstore" in n["detail"]'
 verify_all "$V/v2.safetensors" f0
 
+stop_relay f0
+start_relay f0
+wait_ready f0
+
+# --- e. an object never stored (dir store only: it waits 10 s) -----------
+# The root never stores its 2nd object (coord.upload=drop@2): the head
+# skips it 10 s after a later one appeared, votes incomplete, and the
+# repair round brings it to the target.
+if [[ $BACKEND == dir ]]; then
+  DCR_FAILPOINTS=coord.upload=drop@2 expect 0 "$DCR" refit --topology "$TOPO" \
+    --progress never -o json --timeout 30s --target "$V/v3.safetensors"
+  json 'd["outcome"] == "committed" and d["repair_rounds"] >= 1'
+  grep -q "f/0000000001 is still missing 10 s after a later object appeared" "$T/f0.log" ||
+    { cat "$T/f0.log" >&2; fail "f0 did not skip the missing object"; }
+  verify_all "$V/v3.safetensors" "${RELAYS[@]}"
+  GOOD=$V/v3.safetensors NEXT=$V/v2.safetensors
+else
+  GOOD=$V/v2.safetensors NEXT=$V/v3.safetensors
+fi
+
 # --- d. an aborted refit's objects are removed ----------------------------
 # n1 damages every chunk it applies: its votes stay no through the repair
 # rounds, the refit aborts, and the root removes the refit's objects.
-stop_relay f0
-start_relay f0
 stop_relay n1
 rm -f "$T/n1.ready"
 DCR_FAILPOINTS=relay.apply_chunk=corrupt "$RELAY" --topology "$TOPO" --node n1 \
   --ready-file "$T/n1.ready" >>"$T/n1.log" 2>&1 &
 PID[n1]=$!
-wait_ready f0 n1
-refit_json 1 "$TOPO" --target "$V/v3.safetensors"
+wait_ready n1
+refit_json 1 "$TOPO" --target "$NEXT"
 json 'd["outcome"] == "aborted" and d["chunks"] > 0'
 REFIT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["refit"])' "$T/out")
 grep -q "pulling refit $REFIT's chunks" "$T/f0.log" || fail "f0 did not pull the aborted refit"
@@ -149,5 +169,5 @@ case $BACKEND in
   s3rver) left=$( (find "$T/s3/dcr-test/dcr/refits/$REFIT" -name '*._S3rver_object' 2>/dev/null || true) | wc -l) ;;
 esac
 [[ $left -eq 0 ]] || fail "$left objects of the aborted refit $REFIT are left"
-verify_all "$V/v2.safetensors" "${RELAYS[@]}"
+verify_all "$GOOD" "${RELAYS[@]}"
 echo "PASS objstore_refit_$BACKEND"
