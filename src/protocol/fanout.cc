@@ -323,10 +323,18 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
                                   options_.frames);
         return h.ok() && h->header.type == FrameType::kEnd;
       }();
+  // Stored whatever the state of the pulling children's links: a head
+  // that reconnects, rejoins or is re-adopted reads what it missed from
+  // the store (Resend sends it nothing).
+  if (options_.objects != nullptr && (chunk || end) &&
+      std::any_of(children_.begin(), children_.end(), [](const Child& c) {
+        return c.sub.nodes[0].pulls_objects;
+      })) {
+    store();
+  }
   for (Child& c : children_) {
     if (c.failed || !c.link || (chunk && !c.takes_chunks)) continue;
     if (options_.objects != nullptr && c.sub.nodes[0].pulls_objects) {
-      if (chunk || end) store();
       if (chunk) {
         ++n;
         continue;

@@ -43,6 +43,9 @@ class ObjectPuller {
   // Reads of an object that fails its checks before it is skipped.
   static constexpr int kBadReads = 6;
 
+  // Starts paused: the relay lets it read once its PLAN phase is over
+  // (objects already stored, for a head that rejoins, would otherwise
+  // arrive while it still plans, and be refused).
   ObjectPuller(ObjectStore* store, std::string refit_hex,
                std::function<void(FrameBuffer)> deliver);
   ~ObjectPuller();  // Stop()
@@ -71,7 +74,7 @@ class ObjectPuller {
   Mutex mu_;
   CondVar cv_;
   bool stop_ DCR_GUARDED_BY(mu_) = false;
-  bool paused_ DCR_GUARDED_BY(mu_) = false;
+  bool paused_ DCR_GUARDED_BY(mu_) = true;
   std::atomic<uint64_t> pulled_{0};
   std::atomic<uint64_t> pulled_bytes_{0};
   std::atomic<uint64_t> skipped_{0};

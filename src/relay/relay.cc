@@ -119,6 +119,7 @@ void Relay::Impl::Advance() {
         if (!c.fanout->Complete()) return;
         AnswerUp(FrameType::kPlanReply, r.own());
         (void)r.Planned();
+        if (c.puller) c.puller->Pause(false);
         c.fanout->Stream();
         continue;
       case RefitPhase::kReceiving:

@@ -143,7 +143,7 @@ if [[ $BACKEND == dir ]]; then
   DCR_FAILPOINTS=coord.upload=drop@2 expect 0 "$DCR" refit --topology "$TOPO" \
     --progress never -o json --timeout 30s --target "$V/v3.safetensors"
   json 'd["outcome"] == "committed" and d["repair_rounds"] >= 1'
-  grep -q "f/0000000001 is still missing 10 s after a later object appeared" "$T/f0.log" ||
+  grep -q "is still missing 10 s after a later object appeared" "$T/f0.log" ||
     { cat "$T/f0.log" >&2; fail "f0 did not skip the missing object"; }
   verify_all "$V/v3.safetensors" "${RELAYS[@]}"
   GOOD=$V/v3.safetensors NEXT=$V/v2.safetensors
@@ -169,5 +169,6 @@ case $BACKEND in
   s3rver) left=$( (find "$T/s3/dcr-test/dcr/refits/$REFIT" -name '*._S3rver_object' 2>/dev/null || true) | wc -l) ;;
 esac
 [[ $left -eq 0 ]] || fail "$left objects of the aborted refit $REFIT are left"
+grep -q "removed the aborted refit's [1-9][0-9]* objects" "$T/err" || { cat "$T/err" >&2; fail "the root did not remove the aborted refit's objects"; }
 verify_all "$GOOD" "${RELAYS[@]}"
 echo "PASS objstore_refit_$BACKEND"
