@@ -15,9 +15,10 @@ T=$(mktemp -d)
 declare -A PID=()
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+# shellcheck source=s3_servers.sh
+source "$(dirname "$0")/s3_servers.sh"
 trap cleanup EXIT
 
-skip() { echo "SKIP: $*"; exit 77; }
 stat_of() { sed -n 's/.* '"$1"'=\([0-9]*\).*/\1/p' "$T/err" | tail -1; }
 
 head -c 100000 /dev/urandom >"$T/small"
@@ -30,58 +31,15 @@ case $BACKEND in
     ARGS=(--dir "$T/objects")
     ;;
   s3rver)
-    S3RVER=$SRC/tools/s3rver/node_modules/.bin/s3rver
-    [[ -x $S3RVER ]] || skip "s3rver is not installed (tools/setup runs npm ci in tools/s3rver)"
     read -r PORT PROXY_PORT <<<"$(free_ports 2)"
-    start_s3rver() {  # start_s3rver DIR
-      "$S3RVER" -d "$1" -a 127.0.0.1 -p "$PORT" --configure-bucket dcr-test \
-        --silent >"$T/s3rver.log" 2>&1 &
-      PID[s3rver]=$!
-      for _ in $(seq 100); do
-        curl -s -o /dev/null "http://127.0.0.1:$PORT/" && return 0
-        sleep 0.1
-      done
-      cat "$T/s3rver.log" >&2
-      fail "s3rver did not start within 10 s"
-    }
+    start_s3rver() { start_s3rver_at "$SRC" "$1" "$PORT"; }
     start_s3rver "$T/s3"
     export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
     ARGS=(--endpoint "http://127.0.0.1:$PORT" --bucket dcr-test --prefix dcr/)
     ;;
   moto)
-    command -v moto_server >/dev/null || skip "moto_server is not installed"
-    # Its Python (for boto3, to set it up): the shebang of the real script
-    # behind a pyenv shim or of moto_server itself.
-    MOTO_BIN=$( (pyenv which moto_server 2>/dev/null) || command -v moto_server)
-    MOTO_PY=$(sed -n '1s/^#! *\([^ ]*\).*/\1/p' "$MOTO_BIN")
-    [[ -x $MOTO_PY ]] || skip "cannot find moto_server's Python (shebang of $MOTO_BIN)"
-    "$MOTO_PY" -c 'import boto3' 2>/dev/null || skip "moto_server's Python has no boto3 to set it up"
     read -r PORT <<<"$(free_ports 1)"
-    # Authentication on after the 4 unsigned set-up actions below; parts
-    # of 1 MiB allowed (S3 and moto's default refuse parts under 5 MiB).
-    INITIAL_NO_AUTH_ACTION_COUNT=4 S3_UPLOAD_PART_MIN_SIZE=1048576 \
-      moto_server -H 127.0.0.1 -p "$PORT" >"$T/moto.log" 2>&1 &
-    PID[moto]=$!
-    for _ in $(seq 150); do
-      curl -s -o /dev/null "http://127.0.0.1:$PORT/moto-api/" && break
-      sleep 0.1
-    done
-    "$MOTO_PY" - "$PORT" "$T/creds" <<'PY' || { cat "$T/moto.log" >&2; fail "moto set-up failed"; }
-import json, sys, boto3
-url = f"http://127.0.0.1:{sys.argv[1]}"
-kw = dict(endpoint_url=url, region_name="us-east-1",
-          aws_access_key_id="setup", aws_secret_access_key="setup")
-iam = boto3.client("iam", **kw)
-iam.create_user(UserName="dcr")
-key = iam.create_access_key(UserName="dcr")["AccessKey"]
-iam.put_user_policy(UserName="dcr", PolicyName="all", PolicyDocument=json.dumps(
-    {"Version": "2012-10-17",
-     "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-boto3.client("s3", **kw).create_bucket(Bucket="dcr-test")
-with open(sys.argv[2], "w") as f:
-    f.write(f"[default]\naws_access_key_id = {key['AccessKeyId']}\n"
-            f"aws_secret_access_key = {key['SecretAccessKey']}\n")
-PY
+    start_moto "$PORT" "$T/creds"
     # No key prefix: moto checks a signed LIST whose prefix holds a '/'
     # against its own encoding of it, not S3's ('%2F'), and refuses it
     # (boto3's own ListObjectsV2 fails the same way), so LIST here uses
@@ -197,6 +155,9 @@ start_s3rver "$T/s3"
 
 proxy() {  # proxy MODE: the fault proxy in front of s3rver
   [[ -n ${PID[proxy]:-} ]] && { kill "${PID[proxy]}"; wait "${PID[proxy]}" 2>/dev/null || true; }
+  # Removed first: the shell may truncate it only after the wait below
+  # has read the old proxy's "ready".
+  rm -f "$T/proxy.out"
   python3 "$(dirname "$0")/s3_fault_proxy.py" "$PROXY_PORT" "$PORT" "$1" \
     >"$T/proxy.out" 2>"$T/proxy.err" &
   PID[proxy]=$!
