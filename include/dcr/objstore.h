@@ -85,6 +85,15 @@ class ObjectStore {
   // sorted. For maintenance (`dcr gc`), not for the data path: an S3 LIST
   // costs a request per 1,000 keys and may lag behind recent writes.
   virtual Result<std::vector<std::string>> List(std::string_view prefix) = 0;
+  // Removes what writes that never finished left under `prefix` (a writer
+  // that died mid-Put) and returns how many it removed. Call it only when
+  // no write under `prefix` is in progress. dir: the temporary files; s3:
+  // nothing (an incomplete multipart upload is the bucket lifecycle
+  // rule's, see above).
+  virtual Result<uint64_t> RemoveUnfinished(std::string_view prefix) {
+    (void)prefix;
+    return uint64_t{0};
+  }
 
   // "dir:/mnt/shared/dcr" or "s3:http://host:port/bucket/prefix", for
   // messages. Never contains a credential.

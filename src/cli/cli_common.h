@@ -101,6 +101,8 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code);
 void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code);
 // Registers `keygen` (the root's signing key pair).
 void AddKeygenCommand(CLI::App* app, int* exit_code);
+// Registers `gc` (the object store's retention, coord/object_retention.h).
+void AddGcCommand(CLI::App* app, GlobalOptions* g, int* exit_code);
 
 }  // namespace dcr::cli
 

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   AddRefitCommands(&app, &g, &exit_code);
   AddPlanCommand(&app, &g, &exit_code);
   AddKeygenCommand(&app, &exit_code);
+  AddGcCommand(&app, &g, &exit_code);
   AddDoctorCommand(&app, &g, &exit_code);
   app.parse_complete_callback([&] {
     auto fmt = dcr::ParseLogFormat(g.log_format);

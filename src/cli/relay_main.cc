@@ -219,6 +219,22 @@ int Run(const Args& a) {
               "objstore)",
               a.topology, n->name)));
         }
+        // A read the store must answer "no such object": a refused
+        // credential stops the relay now, with what to fix; a server that
+        // is down may be up by the first refit.
+        Result<std::vector<std::byte>> probe =
+            (*store)->Get(RefitObjectKey(std::string(32, '0'), 0));
+        if (!probe.ok() && probe.status().IsInvalidArgument()) {
+          return ReportError(probe.status().WithContext(fmt::format(
+              "{}: objstore: {} refuses node '{}' (it heads a cluster with "
+              "source: objstore)",
+              a.topology, (*store)->describe(), n->name)));
+        }
+        if (!probe.ok() && !probe.status().IsNotFound()) {
+          spdlog::warn("{}: the object store {} does not answer yet: {}",
+                       n->name, (*store)->describe(),
+                       probe.status().ToString());
+        }
         o.objects = std::move(*store);
       }
     }

@@ -7,8 +7,12 @@
 // order; pullers read them in order.
 //
 // A frame is pushed as soon as it is encoded: construction overlaps
-// upload. An upload that fails after the store's own retries is logged
-// and counted; its pullers never see it, and the refit's vote says so
+// upload. An upload that fails after the store's own retries (a server
+// down or restarting) is tried again after kRetryMin, doubling to
+// kRetryMax, until it is stored or Stop(): a hole in the sequence would
+// hold every puller for ObjectPuller::kSkipAfter, and a missing END for
+// the whole phase. A refusal (InvalidArgument: credentials, access) is
+// not retried; it is logged, and the pullers' votes say what is missing
 // (incomplete, then the repair round's overwrite objects, or a timeout).
 //
 // Thread safety: Push, QueuedBytes and the counters may be called from
@@ -17,6 +21,7 @@
 #define DCR_COORD_OBJECT_UPLOADER_H_
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -32,10 +37,15 @@ namespace dcr {
 
 class ObjectUploader final : public ObjectSink {
  public:
+  static constexpr std::chrono::milliseconds kRetryMin{200};
+  static constexpr std::chrono::milliseconds kRetryMax{5000};
+
   // `wake` runs after each upload (the root waits on its mailbox while the
-  // queue is over its window). `refit_hex` names the refit's objects.
+  // queue is over its window). `refit_hex` names the refit's objects; the
+  // first one pushed is `first_ordinal` (dcr refit --resume continues
+  // after the objects the stopped root stored: NextObjectOrdinal).
   ObjectUploader(ObjectStore* store, std::string refit_hex, int parallel,
-                 std::function<void()> wake);
+                 std::function<void()> wake, uint64_t first_ordinal = 0);
   ~ObjectUploader() override;  // Stop()
   // Drops what is queued (the refit is over: it would reach nobody),
   // waits for the uploads in flight and stops the threads; later Pushes
@@ -49,11 +59,10 @@ class ObjectUploader final : public ObjectSink {
 
   uint64_t uploaded() const { return uploaded_.load(); }
   uint64_t uploaded_bytes() const { return uploaded_bytes_.load(); }
+  // Failed attempts (each retried, but refusals and those cut by Stop).
   uint64_t failures() const { return failures_.load(); }
   // Objects pushed so far (the next ordinal).
   uint64_t pushed() const;
-  // Waits until every object pushed so far is stored or failed.
-  void Drain();
 
  private:
   struct Item {
@@ -66,17 +75,24 @@ class ObjectUploader final : public ObjectSink {
   const std::string refit_hex_;
   const std::function<void()> wake_;
   mutable Mutex mu_;
-  CondVar cv_;  // queue_, in_flight_ or stop_ changed
+  CondVar cv_;  // queue_ or stop_ changed
   std::deque<Item> queue_ DCR_GUARDED_BY(mu_);
   uint64_t next_ DCR_GUARDED_BY(mu_) = 0;
   size_t queued_bytes_ DCR_GUARDED_BY(mu_) = 0;  // queued or uploading
-  int in_flight_ DCR_GUARDED_BY(mu_) = 0;
   bool stop_ DCR_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> uploaded_{0};
   std::atomic<uint64_t> uploaded_bytes_{0};
   std::atomic<uint64_t> failures_{0};
   std::vector<std::thread> threads_;
 };
+
+// The ordinal after the highest of refit `refit_hex`'s frame objects in
+// `store` (0 when there is none): where a resumed root continues, so that
+// a head still reading the sequence finds the new frames after the old
+// ones (which it drops for their older epoch) instead of over them. One
+// LIST of the refit's prefix.
+Result<uint64_t> NextObjectOrdinal(ObjectStore* store,
+                                   std::string_view refit_hex);
 
 }  // namespace dcr
 

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 
 #include "common/elapsed.h"
@@ -91,6 +92,9 @@ Result<RefitReport> RefitRun::RunPhases() {
         report_.refit);
   }
   if (setup_.target) target_stamps_ = FileStamps(*setup_.target);
+  // Before current.json: a store that refuses the root stops the refit
+  // with nothing to resume.
+  DCR_RETURN_IF_ERROR(OpenObjects());
   DCR_RETURN_IF_ERROR(WriteCurrent());
   DCR_RETURN_IF_ERROR(phases_.Prepared());
   auto t_prepared = Clock::now();
@@ -104,7 +108,6 @@ Result<RefitReport> RefitRun::RunPhases() {
                    ? ""
                    : fmt::format(" ({})", report_.target.digest.ShortHex()),
                tree.nodes.size() - 1);
-  DCR_RETURN_IF_ERROR(OpenObjects());
   root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
                                      report_.refit, /*resume=*/false,
                                      objects_.get());
@@ -387,7 +390,7 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
   }
   report_.total_seconds = Seconds(t0, Clock::now());
   root_->FlushAndStop();
-  if (report_.outcome == RefitOutcome::kAborted) RemoveRefitObjects();
+  FinishObjects();
   DCR_RETURN_IF_ERROR(phases_.Finish());
   setup_.state.WriteLastRefit(report_);
   // Unfinished: --resume (or the next refit) finishes it from current.json.
@@ -413,31 +416,58 @@ Status RefitRun::OpenObjects() {
         ": objstore (clusters with source: objstore pull "
         "their chunks from it)");
   }
+  // A test write before PLAN: a refused credential or a missing bucket is
+  // an error now, naming what to fix, not a refit that times out.
+  const std::string probe = RefitObjectPrefix(report_.refit.ToHex()) + "probe";
+  const std::array<std::byte, 1> one{};
+  Status probed = (*store)->Put(probe, one);
+  if (probed.ok()) probed = (*store)->Delete(probe);
+  if (!probed.ok()) {
+    return probed.WithContext(
+        fmt::format("{}: objstore: {} refused a test write before PLAN",
+                    topo.source, (*store)->describe()));
+  }
   objects_ = std::move(*store);
+  retention_.emplace(setup_.state, objects_.get(), topo.root.keep_deltas);
+  // Recorded before the first upload: a root that dies leaves a record of
+  // the objects for the next prune or dcr gc.
+  DCR_RETURN_IF_ERROR(
+      retention_->Begin(report_.refit, report_.epoch, report_.target.step));
   spdlog::info("refit {}: chunks for the clusters that pull go to {}",
                report_.refit.ToHex(), objects_->describe());
   return Status::OK();
 }
 
-void RefitRun::RemoveRefitObjects() {
-  if (!objects_) return;
-  const std::string prefix = RefitObjectPrefix(report_.refit.ToHex());
-  Result<std::vector<std::string>> keys = objects_->List(prefix);
-  if (!keys.ok()) {
-    spdlog::warn("cannot list the aborted refit's objects: {}",
-                 keys.status().ToString());
+void RefitRun::FinishObjects() {
+  if (!retention_) return;
+  if (report_.outcome == RefitOutcome::kAborted) {
+    if (Status s = retention_->Remove(report_.refit); !s.ok()) {
+      spdlog::warn("the aborted refit's objects: {} (dcr gc removes them)",
+                   s.ToString());
+    }
     return;
   }
-  size_t removed = 0;
-  for (const std::string& key : *keys) {
-    if (Status s = objects_->Delete(key); !s.ok()) {
-      spdlog::warn("cannot remove {}: {}", key, s.ToString());
-    } else {
-      ++removed;
-    }
+  if (report_.outcome != RefitOutcome::kCommitted &&
+      report_.outcome != RefitOutcome::kPartial) {
+    return;  // unfinished: dcr refit --resume may need them
   }
-  spdlog::info("removed the aborted refit's {} objects from {}{}", removed,
-               objects_->describe(), prefix);
+  if (Status s = retention_->Committed(report_.refit); !s.ok()) {
+    spdlog::warn("cannot record that refit {}'s objects are kept: {}",
+                 report_.refit.ToHex(), s.ToString());
+    return;
+  }
+  Result<RetentionReport> pruned = retention_->Prune(std::nullopt);
+  if (!pruned.ok()) {
+    spdlog::warn("older refits' objects not removed: {} (dcr gc removes them)",
+                 pruned.status().ToString());
+  } else if (pruned->objects_removed > 0 || pruned->failures > 0) {
+    spdlog::info("object store: removed {} objects of refits no longer kept{}",
+                 pruned->objects_removed,
+                 pruned->failures > 0
+                     ? fmt::format(" ({} refits failed; dcr gc retries)",
+                                   pruned->failures)
+                     : "");
+  }
 }
 
 Result<RefitReport> RefitRun::Resume() {
@@ -453,9 +483,20 @@ Result<RefitReport> RefitRun::Resume() {
                report_.base.step, report_.target.step);
   report_.prepare_seconds = Seconds(t0, Clock::now());
   DCR_RETURN_IF_ERROR(OpenObjects());
+  // Repair objects go after those the stopped root stored.
+  uint64_t first_object = 0;
+  if (objects_) {
+    Result<uint64_t> next =
+        NextObjectOrdinal(objects_.get(), report_.refit.ToHex());
+    if (!next.ok()) {
+      return next.status().WithContext(
+          "cannot list the stopped root's objects of this refit");
+    }
+    first_object = *next;
+  }
   root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
                                      report_.refit, /*resume=*/true,
-                                     objects_.get());
+                                     objects_.get(), first_object);
   // Every relay that holds the refit takes this run as its parent (an
   // adoption at the new epoch) and says where it is; then the decision.
   auto t_plan = Clock::now();

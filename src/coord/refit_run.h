@@ -21,6 +21,7 @@
 
 #include "coord/baseline_stream.h"
 #include "coord/history.h"
+#include "coord/object_retention.h"
 #include "coord/producer_feed.h"
 #include "coord/refit_report.h"
 #include "coord/refit_setup.h"
@@ -56,9 +57,12 @@ class RefitRun {
 
   // Opens objects_ when the plan has nodes that pull from the object store.
   Status OpenObjects();
-  // Removes an aborted refit's objects from objects_ (the pullers have
-  // given it up; its delta stays in state_dir/history for crash repair).
-  void RemoveRefitObjects();
+  // Once the refit is over: removes an aborted refit's objects (the
+  // pullers have given it up; its delta stays in state_dir/history for
+  // crash repair), or marks a committed one kept and removes those no
+  // longer kept (coord/object_retention.h). Failures are logged: the
+  // refit's outcome stands, and `dcr gc` removes what is left.
+  void FinishObjects();
 
   // Run's phases; Run tells the producers (if any) how they ended.
   Result<RefitReport> RunPhases();
@@ -111,6 +115,7 @@ class RefitRun {
   // The topology's object store, when some cluster pulls from it; before
   // root_, whose uploader writes to it.
   std::unique_ptr<ObjectStore> objects_;
+  std::optional<ObjectRetention> retention_;  // with objects_
   std::unique_ptr<RootTree> root_;
   SentChunks sent_;
   // A delta refit of the whole tree records its chunks for the history;

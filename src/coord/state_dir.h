@@ -89,6 +89,8 @@ class StateDir {
   std::string DecisionPath(const RefitId& refit) const;
   std::string LastRefitPath() const { return dir_ + "/last-refit.json"; }
   std::string HistoryDir() const { return dir_ + "/history"; }
+  // Records of the refits that uploaded objects (coord/object_retention.h).
+  std::string ObjectsDir() const { return dir_ + "/objects"; }
   std::string LockPath() const { return dir_ + "/lock"; }
 
   // The coordinator run that holds the lock (StateDirLock), or nullopt when

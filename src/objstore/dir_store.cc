@@ -221,6 +221,53 @@ class DirObjectStore final : public ObjectStore {
     }
   }
 
+  Result<uint64_t> RemoveUnfinished(std::string_view prefix) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    uint64_t removed = 0;
+    std::vector<fs::path> dirs;
+    std::error_code ec;
+    const fs::path start = WalkStart(prefix);
+    fs::recursive_directory_iterator it(
+        start, fs::directory_options::skip_permission_denied, ec);
+    if (ec) {
+      if (ec == std::errc::no_such_file_or_directory) return removed;
+      return Status::IOError(
+          fmt::format("listing '{}': {}", start.string(), ec.message()));
+    }
+    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (ec) break;
+      if (it->is_directory(ec)) dirs.push_back(it->path());
+      std::string rel = fs::relative(it->path(), root_, ec).generic_string();
+      if (ec) break;
+      if (rel.compare(0, prefix.size(), prefix) != 0 ||
+          rel.find(kTmpMarker) == std::string::npos ||
+          !it->is_regular_file(ec)) {
+        continue;
+      }
+      if (::unlink(it->path().c_str()) != 0 && errno != ENOENT) {
+        return Status::FromErrno(
+            fmt::format("removing '{}'", it->path().string()), errno);
+      }
+      ++removed;
+    }
+    if (ec && ec != std::errc::no_such_file_or_directory) {
+      return Status::IOError(
+          fmt::format("listing '{}': {}", start.string(), ec.message()));
+    }
+    // Folders emptied (deepest first), up to the root.
+    dirs.push_back(start);
+    std::sort(dirs.begin(), dirs.end(), [](const auto& a, const auto& b) {
+      return a.string().size() > b.string().size();
+    });
+    for (const fs::path& d : dirs) {
+      fs::path dir = d;
+      while (dir.string().size() > root_.size() && ::rmdir(dir.c_str()) == 0) {
+        dir = dir.parent_path();
+      }
+    }
+    return removed;
+  }
+
   std::string describe() const override { return "dir:" + root_; }
 
   ObjectStoreStats stats() const override {
@@ -232,15 +279,33 @@ class DirObjectStore final : public ObjectStore {
   }
 
  private:
+  // The folder under which every key beginning with `prefix` lies:
+  // "refits/ab/f/00" -> <root>/refits/ab/f.
+  fs::path WalkStart(std::string_view prefix) const {
+    const size_t slash = prefix.rfind('/');
+    // A prefix whose folders are not a key's ("..") is matched from the
+    // root, never walked into.
+    if (slash == std::string_view::npos ||
+        !ValidateObjectKey(prefix.substr(0, slash)).ok()) {
+      return root_;
+    }
+    return fs::path(root_) / std::string(prefix.substr(0, slash));
+  }
+
   // One walk of the tree for List(); `vanished` tells a failure because a
   // folder disappeared during the walk.
   Result<std::vector<std::string>> Walk(std::string_view prefix,
                                         bool* vanished) {
     std::vector<std::string> keys;
     std::error_code ec;
+    // From the deepest folder the prefix names whole, not the whole store.
+    const fs::path start = WalkStart(prefix);
     fs::recursive_directory_iterator it(
-        root_, fs::directory_options::skip_permission_denied, ec);
+        start, fs::directory_options::skip_permission_denied, ec);
     if (ec) {
+      if (ec == std::errc::no_such_file_or_directory && start != root_) {
+        return keys;
+      }
       return Status::IOError(
           fmt::format("listing '{}': {}", root_, ec.message()));
     }

@@ -9,10 +9,12 @@
 namespace dcr {
 
 ObjectPuller::ObjectPuller(ObjectStore* store, std::string refit_hex,
-                           std::function<void(FrameBuffer)> deliver)
+                           std::function<void(FrameBuffer)> deliver,
+                           std::function<void(Status)> fail)
     : store_(store),
       refit_hex_(std::move(refit_hex)),
-      deliver_(std::move(deliver)) {
+      deliver_(std::move(deliver)),
+      fail_(std::move(fail)) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -84,6 +86,12 @@ void ObjectPuller::Run() {
         bad_reads = 0;
         poll = kPollMin;
         continue;
+      }
+      if (got.status().IsInvalidArgument()) {
+        // Refused (credentials, access): no wait makes it pass.
+        spdlog::error("objstore: {}: {}", key, got.status().ToString());
+        fail_(got.status());
+        return;
       }
       // The store's own retries are spent (a server down): wait, try again.
       spdlog::warn("objstore: {}: {}", key, got.status().ToString());

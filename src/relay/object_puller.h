@@ -14,12 +14,16 @@
 // round's overwrite objects replace it. So is one still missing kSkipAfter
 // after a later object appeared (an upload that failed for good).
 //
+// A refusal that waiting cannot cure (InvalidArgument from the store:
+// wrong credentials, no access to the bucket) ends the pull: `fail` gets
+// it once, on the puller's thread, and nothing is read after it.
+//
 // Stop waits for a request in flight: dcr-relay opens the store with one
 // attempt per request and a 2 s stall limit (ObjectRequestLimits), which
 // bounds it.
 //
 // Thread safety: Pause, Stop and the counters may be called from any
-// thread; `deliver` runs on the puller's thread.
+// thread; `deliver` and `fail` run on the puller's thread.
 #ifndef DCR_RELAY_OBJECT_PULLER_H_
 #define DCR_RELAY_OBJECT_PULLER_H_
 
@@ -47,7 +51,8 @@ class ObjectPuller {
   // (objects already stored, for a head that rejoins, would otherwise
   // arrive while it still plans, and be refused).
   ObjectPuller(ObjectStore* store, std::string refit_hex,
-               std::function<void(FrameBuffer)> deliver);
+               std::function<void(FrameBuffer)> deliver,
+               std::function<void(Status)> fail);
   ~ObjectPuller();  // Stop()
   ObjectPuller(const ObjectPuller&) = delete;
   ObjectPuller& operator=(const ObjectPuller&) = delete;
@@ -71,6 +76,7 @@ class ObjectPuller {
   ObjectStore* const store_;
   const std::string refit_hex_;
   const std::function<void(FrameBuffer)> deliver_;
+  const std::function<void(Status)> fail_;
   Mutex mu_;
   CondVar cv_;
   bool stop_ DCR_GUARDED_BY(mu_) = false;

@@ -129,6 +129,14 @@ void Relay::Impl::Advance() {
         MaybeResume();
         // The serving gate first: its prepare goes out while the
         // children vote.
+        if (r.local_done() && !c.pull_failed.empty() && !c.pull_vetoed) {
+          c.pull_vetoed = true;
+          (void)r.Veto(
+              NodeCode::kRejected,
+              fmt::format("cannot read the chunks from the object "
+                          "store {}: {}",
+                          options_.objects->describe(), c.pull_failed));
+        }
         if (r.local_done() && ServingVoteGate(r) && c.fanout->Complete()) {
           Result<NodeResult> vote = r.Voted();
           if (vote.ok() && !DCR_FAILPOINT("relay.vote").drop()) {
@@ -201,10 +209,13 @@ void Relay::Impl::OnFrame(const std::shared_ptr<Link>& link, const Frame& frame,
                   FrameTypeName(frame.type()));
     return;
   }
-  if (frame.type() == FrameType::kEnd && current_->puller) {
-    // The object store carries this refit's END, after its chunks.
+  if (frame.type() == FrameType::kEnd && current_->puller &&
+      current_->pull_failed.empty()) {
+    // The object store carries this refit's END, after its chunks; this
+    // one serves if the pull fails.
     spdlog::debug("{}: END on the link; taking the one in the object store",
                   options_.name);
+    current_->link_end = buffer;
     return;
   }
   if (frame.header.epoch > current_->refit->epoch()) {
@@ -354,6 +365,18 @@ void Relay::Impl::OnChunk(const Frame& frame, const FrameBuffer& buffer) {
     return;
   }
   if (*repair) c.fanout->Stream();
+  if (!c.first_chunk) {
+    // How soon data flows after PLAN (bench/refit_e2e reads it: the
+    // object store path's construction overlap).
+    c.first_chunk = true;
+    spdlog::info(
+        "{}: first chunk of refit {} {} s after its PLAN ({})", options_.name,
+        c.refit->id().ToHex(),
+        fmt::format(
+            "{:.3f}",
+            std::chrono::duration<double>(Clock::now() - c.started).count()),
+        c.puller ? "from the object store" : "from the link");
+  }
   c.parent->ReceivedChunk(
       FramePosition{frame.header.epoch, frame.header.sequence});
   c.progress.Received(buffer->size());
@@ -394,6 +417,18 @@ void Relay::Impl::OnPulledFrame(const RefitId& refit,
   }
   counters_.bytes_in += buffer->size();
   OnRefitFrame(*frame, buffer);
+}
+
+void Relay::Impl::OnPullFailed(const RefitId& refit, const Status& why) {
+  if (!current_ || current_->refit->id() != refit || !current_->puller) return;
+  Current& c = *current_;
+  c.pull_failed = why.ToString();
+  spdlog::error("{}: cannot read refit {}'s chunks from {}: {}", options_.name,
+                refit.ToHex(), options_.objects->describe(), c.pull_failed);
+  if (!c.link_end) return;  // the END from the link will end the stream
+  Result<Frame> end =
+      ParseFrame(*c.link_end, options_.transport_options.frames);
+  if (end.ok()) OnRefitFrame(*end, c.link_end);
 }
 
 void Relay::Impl::OnClosed(uint64_t link_id, const Status& why) {

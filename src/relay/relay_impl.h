@@ -60,7 +60,8 @@ class Relay::Impl {
     std::unique_ptr<ParentLink> parent;
     std::shared_ptr<Fanout> fanout;
     Clock::time_point started;
-    ProgressMeter progress;  // reported in HEARTBEATs up
+    bool first_chunk = false;  // one came (logged with its delay)
+    ProgressMeter progress;    // reported in HEARTBEATs up
     // A full refit over a store its record says another refit left
     // unfinished: the root's repair (coord/repair.h).
     bool repair = false;
@@ -71,6 +72,12 @@ class Relay::Impl {
     // from the object store (its parent link carries the rest). Last: it
     // is stopped first.
     std::unique_ptr<ObjectPuller> puller;
+    // The END that came on the link while the puller reads the store's:
+    // it ends the stream if the pull fails for good.
+    FrameBuffer link_end;
+    // Why the puller gave up (the store refused it); the vote says so.
+    std::string pull_failed;
+    bool pull_vetoed = false;
   };
   // The refit that ended last and what we answered in it: a parent that
   // lost our final reply reconnects (an adoption PLAN) and gets it again.
@@ -96,6 +103,9 @@ class Relay::Impl {
   // A frame object the puller read for refit `refit`: checked as a frame
   // from the parent link is (checksum, tag, refit, epoch), then routed.
   void OnPulledFrame(const RefitId& refit, const FrameBuffer& buffer);
+  // The puller of refit `refit` gave up (ObjectPuller's `fail`): the END
+  // from the link, if it came, ends the stream, and the vote is no.
+  void OnPullFailed(const RefitId& refit, const Status& why);
   void Orphan(const std::string& why);
   void AnswerUp(FrameType type, const NodeResult& own);
   void Conclude();

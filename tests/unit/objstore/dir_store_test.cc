@@ -109,6 +109,40 @@ TEST_F(DirStoreTest, ListsSortedByPrefixSkippingTemporaries) {
   EXPECT_TRUE(store_->List("nothing/")->empty());
 }
 
+TEST_F(DirStoreTest, ListsOnlyUnderThePrefixFolders) {
+  ASSERT_TRUE(store_->Put("refits/a/f/1", Bytes(3, 0)).ok());
+  ASSERT_TRUE(store_->Put("refits/ab/f/1", Bytes(3, 0)).ok());
+  ASSERT_TRUE(store_->Put("outside", Bytes(3, 0)).ok());
+  EXPECT_THAT(*store_->List("refits/a"),
+              ElementsAre("refits/a/f/1", "refits/ab/f/1"));
+  EXPECT_THAT(*store_->List("refits/a/f/"), ElementsAre("refits/a/f/1"));
+  EXPECT_TRUE(store_->List("refits/zz/f/")->empty());
+  // A prefix that climbs out of the store walks nothing outside it.
+  EXPECT_TRUE(store_->List("../objects/refits/")->empty());
+  EXPECT_THAT(*store_->List("refits/../outside"), ElementsAre());
+}
+
+TEST_F(DirStoreTest, RemoveUnfinishedTakesTornWritesUnderThePrefixOnly) {
+  ASSERT_TRUE(store_->Put("refits/a/f/1", Bytes(3, 0)).ok());
+  std::filesystem::create_directories(File("refits/b/f"));
+  std::ofstream(File("refits/a/f/2.dcr-tmp-77-0")) << "torn";
+  std::ofstream(File("refits/b/f/0.dcr-tmp-77-1")) << "torn";
+  std::ofstream(File("refits/c.dcr-tmp-77-2")) << "torn";
+  auto n = store_->RemoveUnfinished("refits/b/");
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 1u);
+  EXPECT_FALSE(std::filesystem::exists(File("refits/b")));  // emptied
+  EXPECT_TRUE(std::filesystem::exists(File("refits/a/f/2.dcr-tmp-77-0")));
+  n = store_->RemoveUnfinished("refits/a/");
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 1u);
+  EXPECT_TRUE(store_->Get("refits/a/f/1").ok());
+  EXPECT_TRUE(std::filesystem::exists(File("refits/c.dcr-tmp-77-2")));
+  n = store_->RemoveUnfinished("nothing/");
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 0u);
+}
+
 TEST_F(DirStoreTest, RefusesBadKeys) {
   for (const char* k : {"", "/abs", "a//b", "a/", "../up", "a/./b", "a b",
                         "a\\b", "a?b", "a/b.dcr-tmp-1-2"}) {
