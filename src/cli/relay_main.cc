@@ -227,7 +227,9 @@ int Run(const Args& a) {
         if (!probe.ok() && probe.status().IsInvalidArgument()) {
           return ReportError(probe.status().WithContext(fmt::format(
               "{}: objstore: {} refuses node '{}' (it heads a cluster with "
-              "source: objstore)",
+              "source: objstore, and needs s3:GetObject and s3:ListBucket "
+              "on the prefix: without ListBucket S3 answers a missing "
+              "object 403, not 404)",
               a.topology, (*store)->describe(), n->name)));
         }
         if (!probe.ok() && !probe.status().IsNotFound()) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "common/file.h"
@@ -29,8 +30,8 @@ Result<ObjectRefitRecord> ParseRecord(const std::string& path,
   DCR_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   DCR_ASSIGN_OR_RETURN(nlohmann::json j, StateJson::Parse(text, path));
   StateJson f(j, path);
-  DCR_RETURN_IF_ERROR(
-      f.OnlyFields({"format", "refit", "epoch", "target_step", "state"}));
+  DCR_RETURN_IF_ERROR(f.OnlyFields(
+      {"format", "refit", "epoch", "target_step", "whole_tree", "state"}));
   DCR_RETURN_IF_ERROR(f.Format().status());
   ObjectRefitRecord r;
   DCR_ASSIGN_OR_RETURN(r.refit, f.Refit("refit"));
@@ -39,6 +40,7 @@ Result<ObjectRefitRecord> ParseRecord(const std::string& path,
   }
   DCR_ASSIGN_OR_RETURN(r.epoch, f.Uint("epoch"));
   DCR_ASSIGN_OR_RETURN(r.target_step, f.Uint("target_step"));
+  DCR_ASSIGN_OR_RETURN(r.whole_tree, f.Bool("whole_tree"));
   DCR_ASSIGN_OR_RETURN(std::string state, f.String("state"));
   if (state != kUploading && state != kCommitted) {
     return f.Bad("state", "is neither \"uploading\" nor \"committed\"");
@@ -74,16 +76,18 @@ Status ObjectRetention::WriteRecord(const ObjectRefitRecord& r) const {
                             {"refit", r.refit.ToHex()},
                             {"epoch", r.epoch},
                             {"target_step", r.target_step},
+                            {"whole_tree", r.whole_tree},
                             {"state", r.committed ? kCommitted : kUploading}};
   const std::string text = j.dump(2) + "\n";
   return WriteFileAtomic(RecordPath(r.refit), std::as_bytes(std::span(text)));
 }
 
 Status ObjectRetention::Begin(const RefitId& refit, uint64_t epoch,
-                              uint64_t target_step) {
+                              uint64_t target_step, bool whole_tree) {
   std::error_code ec;
   if (fs::exists(RecordPath(refit), ec)) return Status::OK();
-  return WriteRecord(ObjectRefitRecord{refit, epoch, target_step, false});
+  return WriteRecord(
+      ObjectRefitRecord{refit, epoch, target_step, whole_tree, false});
 }
 
 Status ObjectRetention::Committed(const RefitId& refit) {
@@ -94,10 +98,17 @@ Status ObjectRetention::Committed(const RefitId& refit) {
   return WriteRecord(r);
 }
 
-Result<uint64_t> ObjectRetention::DeleteObjects(
-    const std::string& refit_hex) const {
+Result<uint64_t> ObjectRetention::DeleteObjects(const std::string& refit_hex,
+                                                uint64_t pushed) const {
   DCR_ASSIGN_OR_RETURN(std::vector<std::string> keys,
                        store_->List(RefitObjectPrefix(refit_hex)));
+  if (pushed > 0) {
+    std::set<std::string> all(keys.begin(), keys.end());
+    for (uint64_t i = 0; i < pushed; ++i) {
+      all.insert(RefitObjectKey(refit_hex, i));
+    }
+    keys.assign(all.begin(), all.end());
+  }
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> removed{0};
   Mutex mu;
@@ -134,8 +145,8 @@ Result<uint64_t> ObjectRetention::DeleteObjects(
   return removed.load();
 }
 
-Status ObjectRetention::Remove(const RefitId& refit) {
-  DCR_ASSIGN_OR_RETURN(uint64_t removed, DeleteObjects(refit.ToHex()));
+Status ObjectRetention::Remove(const RefitId& refit, uint64_t pushed) {
+  DCR_ASSIGN_OR_RETURN(uint64_t removed, DeleteObjects(refit.ToHex(), pushed));
   spdlog::info("removed refit {}'s {} objects from {}", refit.ToHex(), removed,
                store_->describe());
   std::error_code ec;
@@ -147,7 +158,8 @@ Status ObjectRetention::Remove(const RefitId& refit) {
   return Status::OK();
 }
 
-Result<std::vector<ObjectRefitRecord>> ObjectRetention::Records() const {
+Result<std::vector<ObjectRefitRecord>> ObjectRetention::Records(
+    std::vector<RefitId>* unreadable) const {
   std::vector<ObjectRefitRecord> records;
   const std::string dir = state_.ObjectsDir();
   std::error_code ec;
@@ -170,6 +182,7 @@ Result<std::vector<ObjectRefitRecord>> ObjectRetention::Records() const {
     if (!r.ok()) {
       spdlog::warn("keeping an object record it cannot read: {}",
                    r.status().ToString());
+      if (unreadable) unreadable->push_back(*id);
       continue;
     }
     records.push_back(*r);
@@ -186,7 +199,9 @@ Result<std::vector<ObjectRefitRecord>> ObjectRetention::Records() const {
 Result<RetentionReport> ObjectRetention::Prune(
     const std::optional<RefitId>& running, bool scan_store,
     bool remove_unrecorded, bool dry_run) {
-  DCR_ASSIGN_OR_RETURN(std::vector<ObjectRefitRecord> records, Records());
+  std::vector<RefitId> unreadable;
+  DCR_ASSIGN_OR_RETURN(std::vector<ObjectRefitRecord> records,
+                       Records(&unreadable));
   // current.json's refit (unfinished: dcr refit --resume needs its
   // objects) is not over either.
   std::optional<RefitId> unfinished;
@@ -247,18 +262,30 @@ Result<RetentionReport> ObjectRetention::Prune(
     }
     // A committed refit is over (current.json may still name it until its
     // report is written).
-    if (r.committed && committed_kept < keep_) {
+    if (r.committed && r.whole_tree && committed_kept < keep_) {
       ++committed_kept;
       e.why =
           fmt::format("one of the last {} committed (root.keep_deltas)", keep_);
     } else if (!r.committed && not_over(r.refit)) {
       e.why = "its refit is not over";
     } else {
-      e.why = r.committed
-                  ? fmt::format("older than the last {} committed", keep_)
-                  : "never committed (aborted, or its root stopped)";
+      e.why = !r.committed ? "never committed (aborted, or its root stopped)"
+              : !r.whole_tree
+                  ? "a refit of named nodes (catch-up, repair, seed)"
+                  : fmt::format("older than the last {} committed", keep_);
       remove(&e, &r.refit);
     }
+    report.refits.push_back(std::move(e));
+  }
+  for (const RefitId& id : unreadable) {
+    RetainedRefit e;
+    e.refit = id.ToHex();
+    e.state = "unreadable";
+    if (auto it = listed.find(e.refit); it != listed.end()) {
+      e.objects = it->second;
+      listed.erase(it);
+    }
+    e.why = "its record cannot be read (logged): left alone";
     report.refits.push_back(std::move(e));
   }
   for (const auto& [hex, count] : listed) {

@@ -1,9 +1,10 @@
 // Which refits' objects an object store keeps (docs/PROTOCOL.md §"Chunks
 // through an object store", Retention): the objects of the last
-// root.keep_deltas committed refits, and those of a refit that is not
-// over. Everything else a root uploaded is deleted: an aborted refit's
-// objects when it ends, older committed ones when a newer refit commits,
-// and by `dcr gc` what a root that died left behind.
+// root.keep_deltas committed refits of the whole tree, and those of a
+// refit that is not over. Everything else a root uploaded is deleted: an
+// aborted refit's objects when it ends, older committed ones and those of
+// refits of named nodes (catch-ups, repairs, seeds: never read back) when
+// a refit commits, and by `dcr gc` what a root that died left behind.
 //
 // The root's state directory is the index, not the bucket: before its
 // first upload a refit writes state_dir/objects/<refit id>.json
@@ -39,6 +40,7 @@ struct ObjectRefitRecord {
   RefitId refit;
   uint64_t epoch = 0;
   uint64_t target_step = 0;
+  bool whole_tree = true;  // false: a refit of named nodes (--only)
   bool committed = false;
 };
 
@@ -46,7 +48,8 @@ struct ObjectRefitRecord {
 struct RetainedRefit {
   std::string refit;  // 32 hex digits
   // "committed", "uploading" (not committed: aborted, unfinished or
-  // running), or "unrecorded" (objects no record names; `dcr gc` only).
+  // running), "unreadable" (a record that cannot be read: kept), or
+  // "unrecorded" (objects no record names; `dcr gc` only).
   std::string state;
   std::optional<uint64_t> target_step;  // from the record
   // Objects found (a LIST of the refit's prefix; nullopt when not listed:
@@ -58,7 +61,8 @@ struct RetainedRefit {
 };
 
 struct RetentionReport {
-  std::vector<RetainedRefit> refits;  // newest epoch first; unrecorded last
+  // Newest epoch first, then unreadable records, then unrecorded refits.
+  std::vector<RetainedRefit> refits;
   uint64_t objects_removed = 0;
   // Keys under refits/ that are not a refit's objects (left alone).
   std::vector<std::string> foreign_keys;
@@ -74,12 +78,15 @@ class ObjectRetention {
       : state_(std::move(state)), store_(store), keep_(keep) {}
 
   // Records that `refit` is about to upload objects, durably; a refit
-  // already recorded (dcr refit --resume) keeps its record.
-  Status Begin(const RefitId& refit, uint64_t epoch, uint64_t target_step);
+  // already recorded keeps its record.
+  Status Begin(const RefitId& refit, uint64_t epoch, uint64_t target_step,
+               bool whole_tree);
   // Marks `refit` committed (its objects are now among those kept).
   Status Committed(const RefitId& refit);
-  // Removes `refit`'s objects and record (an aborted refit).
-  Status Remove(const RefitId& refit);
+  // Removes `refit`'s objects and record (an aborted refit): those a LIST
+  // of its prefix finds and, by name, ordinals 0 .. `pushed` - 1 (a LIST
+  // may lag behind recent writes).
+  Status Remove(const RefitId& refit, uint64_t pushed = 0);
 
   // Removes the objects of every recorded refit but the `keep` newest
   // committed (by epoch) and, if not committed, `running` (a refit of
@@ -95,14 +102,20 @@ class ObjectRetention {
                                 bool dry_run = false);
 
   // The records in state_dir/objects/, newest epoch first. A file that is
-  // not a record is logged and skipped (never removed).
-  Result<std::vector<ObjectRefitRecord>> Records() const;
+  // not a record is logged and skipped (never removed); the refit ids of
+  // those named "<refit id>.json" go to `unreadable` (their objects are
+  // left alone too).
+  Result<std::vector<ObjectRefitRecord>> Records(
+      std::vector<RefitId>* unreadable = nullptr) const;
 
  private:
   std::string RecordPath(const RefitId& refit) const;
   Status WriteRecord(const ObjectRefitRecord& r) const;
-  // Deletes every object under the refit's prefix; the count removed.
-  Result<uint64_t> DeleteObjects(const std::string& refit_hex) const;
+  // Deletes every object under the refit's prefix (and ordinals 0 ..
+  // pushed - 1 by name), then what unfinished uploads left; the count
+  // removed.
+  Result<uint64_t> DeleteObjects(const std::string& refit_hex,
+                                 uint64_t pushed = 0) const;
 
   StateDir state_;
   ObjectStore* const store_;

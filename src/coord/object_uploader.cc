@@ -1,9 +1,10 @@
 #include "coord/object_uploader.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <charconv>
+#include <optional>
 
 #include "common/failpoint.h"
 
@@ -11,11 +12,11 @@ namespace dcr {
 
 ObjectUploader::ObjectUploader(ObjectStore* store, std::string refit_hex,
                                int parallel, std::function<void()> wake,
-                               uint64_t first_ordinal)
+                               std::chrono::milliseconds give_up_after)
     : store_(store),
       refit_hex_(std::move(refit_hex)),
       wake_(std::move(wake)),
-      next_(first_ordinal) {
+      give_up_after_(give_up_after) {
   for (int i = 0; i < std::max(parallel, 1); ++i) {
     threads_.emplace_back([this] { Work(); });
   }
@@ -74,9 +75,10 @@ void ObjectUploader::Work() {
     Status s = fp.drop()
                    ? Status::Aborted("dropped by the coord.upload failpoint")
                    : Status::OK();
-    // Until it is stored or the refit is over: a store down for a while
-    // (its own retries spent) must not leave a hole that every puller
-    // waits on, least of all the END object.
+    // Until it is stored, the refit is over or give_up_after_ passed: a
+    // store down for a while (its own retries spent) must not leave a hole
+    // that every puller waits on, least of all the END object.
+    std::optional<std::chrono::steady_clock::time_point> give_up;
     for (std::chrono::milliseconds wait = kRetryMin; s.ok();) {
       s = store_->Put(key, fp.corrupt()
                                ? std::span<const std::byte>(damaged)
@@ -84,10 +86,17 @@ void ObjectUploader::Work() {
       if (s.ok()) break;
       failures_.fetch_add(1);
       if (s.IsInvalidArgument()) break;  // refused: no retry
+      const auto now = std::chrono::steady_clock::now();
+      if (!give_up) give_up = now + give_up_after_;
+      if (now >= *give_up) {
+        s = s.WithContext(
+            fmt::format("still failing after {} ms", give_up_after_.count()));
+        break;
+      }
       spdlog::warn("objstore: {} not uploaded ({}); again in {} ms", key,
                    s.ToString(), wait.count());
       MutexLock lock(&mu_);
-      const auto until = std::chrono::steady_clock::now() + wait;
+      const auto until = std::min(now + wait, *give_up);
       while (!stop_ && std::chrono::steady_clock::now() < until) {
         cv_.WaitUntil(&mu_, until);
       }
@@ -108,24 +117,6 @@ void ObjectUploader::Work() {
     }
     if (wake_) wake_();
   }
-}
-
-Result<uint64_t> NextObjectOrdinal(ObjectStore* store,
-                                   std::string_view refit_hex) {
-  const std::string first = RefitObjectKey(refit_hex, 0);
-  const std::string frames = first.substr(0, first.rfind('/') + 1);
-  DCR_ASSIGN_OR_RETURN(std::vector<std::string> keys, store->List(frames));
-  uint64_t next = 0;
-  for (const std::string& key : keys) {
-    uint64_t ordinal = 0;
-    const std::string_view digits = std::string_view(key).substr(frames.size());
-    auto [end, ec] =
-        std::from_chars(digits.data(), digits.data() + digits.size(), ordinal);
-    if (ec == std::errc() && end == digits.data() + digits.size()) {
-      next = std::max(next, ordinal + 1);
-    }
-  }
-  return next;
 }
 
 }  // namespace dcr

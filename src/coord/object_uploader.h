@@ -9,11 +9,15 @@
 // A frame is pushed as soon as it is encoded: construction overlaps
 // upload. An upload that fails after the store's own retries (a server
 // down or restarting) is tried again after kRetryMin, doubling to
-// kRetryMax, until it is stored or Stop(): a hole in the sequence would
-// hold every puller for ObjectPuller::kSkipAfter, and a missing END for
-// the whole phase. A refusal (InvalidArgument: credentials, access) is
-// not retried; it is logged, and the pullers' votes say what is missing
-// (incomplete, then the repair round's overwrite objects, or a timeout).
+// kRetryMax, until it is stored, Stop(), or `give_up_after` has passed
+// since its first failure: a hole in the sequence would hold every puller
+// for ObjectPuller::kSkipAfter, and a missing END for the whole phase. An
+// object still failing then (a full disk, a bucket gone) is given up: its
+// bytes leave QueuedBytes, which the root's stream waits on for every
+// child, so a broken store never holds the clusters fed by links. A
+// refusal (InvalidArgument: credentials, access) is not retried. Either
+// is logged, and the pullers' votes say what is missing (incomplete, then
+// the repair round's overwrite objects, or a timeout).
 //
 // Thread safety: Push, QueuedBytes and the counters may be called from
 // any thread; the wake callback runs on the upload threads.
@@ -41,11 +45,10 @@ class ObjectUploader final : public ObjectSink {
   static constexpr std::chrono::milliseconds kRetryMax{5000};
 
   // `wake` runs after each upload (the root waits on its mailbox while the
-  // queue is over its window). `refit_hex` names the refit's objects; the
-  // first one pushed is `first_ordinal` (dcr refit --resume continues
-  // after the objects the stopped root stored: NextObjectOrdinal).
+  // queue is over its window). `refit_hex` names the refit's objects.
   ObjectUploader(ObjectStore* store, std::string refit_hex, int parallel,
-                 std::function<void()> wake, uint64_t first_ordinal = 0);
+                 std::function<void()> wake,
+                 std::chrono::milliseconds give_up_after);
   ~ObjectUploader() override;  // Stop()
   // Drops what is queued (the refit is over: it would reach nobody),
   // waits for the uploads in flight and stops the threads; later Pushes
@@ -74,6 +77,7 @@ class ObjectUploader final : public ObjectSink {
   ObjectStore* const store_;
   const std::string refit_hex_;
   const std::function<void()> wake_;
+  const std::chrono::milliseconds give_up_after_;
   mutable Mutex mu_;
   CondVar cv_;  // queue_ or stop_ changed
   std::deque<Item> queue_ DCR_GUARDED_BY(mu_);
@@ -85,14 +89,6 @@ class ObjectUploader final : public ObjectSink {
   std::atomic<uint64_t> failures_{0};
   std::vector<std::thread> threads_;
 };
-
-// The ordinal after the highest of refit `refit_hex`'s frame objects in
-// `store` (0 when there is none): where a resumed root continues, so that
-// a head still reading the sequence finds the new frames after the old
-// ones (which it drops for their older epoch) instead of over them. One
-// LIST of the refit's prefix.
-Result<uint64_t> NextObjectOrdinal(ObjectStore* store,
-                                   std::string_view refit_hex);
 
 }  // namespace dcr
 

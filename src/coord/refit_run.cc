@@ -94,7 +94,7 @@ Result<RefitReport> RefitRun::RunPhases() {
   if (setup_.target) target_stamps_ = FileStamps(*setup_.target);
   // Before current.json: a store that refuses the root stops the refit
   // with nothing to resume.
-  DCR_RETURN_IF_ERROR(OpenObjects());
+  DCR_RETURN_IF_ERROR(OpenObjects(/*for_upload=*/true));
   DCR_RETURN_IF_ERROR(WriteCurrent());
   DCR_RETURN_IF_ERROR(phases_.Prepared());
   auto t_prepared = Clock::now();
@@ -403,7 +403,7 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
   return report_;
 }
 
-Status RefitRun::OpenObjects() {
+Status RefitRun::OpenObjects(bool for_upload) {
   const Topology& topo = options_.topology;
   const bool pulls =
       std::any_of(setup_.plan.nodes.begin(), setup_.plan.nodes.end(),
@@ -416,23 +416,26 @@ Status RefitRun::OpenObjects() {
         ": objstore (clusters with source: objstore pull "
         "their chunks from it)");
   }
+  objects_ = std::move(*store);
+  retention_.emplace(setup_.state, objects_.get(), topo.root.keep_deltas);
+  if (!for_upload) return Status::OK();
   // A test write before PLAN: a refused credential or a missing bucket is
   // an error now, naming what to fix, not a refit that times out.
   const std::string probe = RefitObjectPrefix(report_.refit.ToHex()) + "probe";
   const std::array<std::byte, 1> one{};
-  Status probed = (*store)->Put(probe, one);
-  if (probed.ok()) probed = (*store)->Delete(probe);
+  Status probed = objects_->Put(probe, one);
+  if (probed.ok()) probed = objects_->Delete(probe);
   if (!probed.ok()) {
     return probed.WithContext(
         fmt::format("{}: objstore: {} refused a test write before PLAN",
-                    topo.source, (*store)->describe()));
+                    topo.source, objects_->describe()));
   }
-  objects_ = std::move(*store);
-  retention_.emplace(setup_.state, objects_.get(), topo.root.keep_deltas);
   // Recorded before the first upload: a root that dies leaves a record of
-  // the objects for the next prune or dcr gc.
-  DCR_RETURN_IF_ERROR(
-      retention_->Begin(report_.refit, report_.epoch, report_.target.step));
+  // the objects for the next prune or dcr gc. Only a refit of the whole
+  // tree counts towards root.keep_deltas.
+  DCR_RETURN_IF_ERROR(retention_->Begin(report_.refit, report_.epoch,
+                                        report_.target.step,
+                                        options_.only_nodes.empty()));
   spdlog::info("refit {}: chunks for the clusters that pull go to {}",
                report_.refit.ToHex(), objects_->describe());
   return Status::OK();
@@ -441,7 +444,11 @@ Status RefitRun::OpenObjects() {
 void RefitRun::FinishObjects() {
   if (!retention_) return;
   if (report_.outcome == RefitOutcome::kAborted) {
-    if (Status s = retention_->Remove(report_.refit); !s.ok()) {
+    // The objects pushed, by name, beside those a LIST finds (a LIST may
+    // lag behind recent writes).
+    const uint64_t pushed =
+        root_ && root_->uploader() ? root_->uploader()->pushed() : 0;
+    if (Status s = retention_->Remove(report_.refit, pushed); !s.ok()) {
       spdlog::warn("the aborted refit's objects: {} (dcr gc removes them)",
                    s.ToString());
     }
@@ -482,21 +489,17 @@ Result<RefitReport> RefitRun::Resume() {
                r.commit ? "commit" : "abort (no decision was recorded)",
                report_.base.step, report_.target.step);
   report_.prepare_seconds = Seconds(t0, Clock::now());
-  DCR_RETURN_IF_ERROR(OpenObjects());
-  // Repair objects go after those the stopped root stored.
-  uint64_t first_object = 0;
-  if (objects_) {
-    Result<uint64_t> next =
-        NextObjectOrdinal(objects_.get(), report_.refit.ToHex());
-    if (!next.ok()) {
-      return next.status().WithContext(
-          "cannot list the stopped root's objects of this refit");
-    }
-    first_object = *next;
+  // A resume only decides (COMMIT or ABORT over the links): the store is
+  // opened for the retention of the refit's objects, and a store that is
+  // down or refuses costs only that (dcr gc removes them later).
+  if (Status s = OpenObjects(/*for_upload=*/false); !s.ok()) {
+    spdlog::warn("{}; this refit's objects stay until dcr gc", s.ToString());
+    objects_.reset();
+    retention_.reset();
   }
   root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
                                      report_.refit, /*resume=*/true,
-                                     objects_.get(), first_object);
+                                     objects_.get());
   // Every relay that holds the refit takes this run as its parent (an
   // adoption at the new epoch) and says where it is; then the decision.
   auto t_plan = Clock::now();

@@ -55,8 +55,11 @@ class RefitRun {
  private:
   using Clock = std::chrono::steady_clock;
 
-  // Opens objects_ when the plan has nodes that pull from the object store.
-  Status OpenObjects();
+  // Opens objects_ and retention_ when the plan has nodes that pull from
+  // the object store; `for_upload` (not --resume, which only decides):
+  // checks that the store takes a write and records the refit
+  // (ObjectRetention::Begin).
+  Status OpenObjects(bool for_upload);
   // Once the refit is over: removes an aborted refit's objects (the
   // pullers have given it up; its delta stays in state_dir/history for
   // crash repair), or marks a committed one kept and removes those no

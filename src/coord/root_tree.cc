@@ -47,8 +47,7 @@ std::set<std::string> YesVotes(const std::vector<NodeResult>& votes,
 }
 
 RootTree::RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
-                   const RefitId& refit, bool resume, ObjectStore* objects,
-                   uint64_t first_object)
+                   const RefitId& refit, bool resume, ObjectStore* objects)
     : options_(options),
       sender_(options.transport_options.frames, FrameContext{epoch, refit}, 1) {
   TransportOptions to = options.transport_options;
@@ -69,7 +68,7 @@ RootTree::RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
                   [](const PlanNode& n) { return n.pulls_objects; })) {
     uploader_ = std::make_unique<ObjectUploader>(
         objects, refit.ToHex(), kParallelUploads, [this] { mailbox_.Wake(); },
-        first_object);
+        options.phase_timeout);
     fo.objects = uploader_.get();
   }
   fanout_ = Fanout::Create(fo, std::move(plan));

@@ -61,11 +61,9 @@ class RootTree {
   // for this run; `resume`: every PLAN is a resume adoption (PlanMsg).
   // `objects`: the topology's object store, when the plan has nodes that
   // pull from it (PlanNode::pulls_objects); their CHUNK and END frames go
-  // there (ObjectUploader, from object `first_object` on) instead of down
-  // their links.
+  // there (ObjectUploader) instead of down their links.
   RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
-           const RefitId& refit, bool resume, ObjectStore* objects = nullptr,
-           uint64_t first_object = 0);
+           const RefitId& refit, bool resume, ObjectStore* objects = nullptr);
   ~RootTree();
   RootTree(const RootTree&) = delete;
   RootTree& operator=(const RootTree&) = delete;

@@ -236,9 +236,13 @@ class DirObjectStore final : public ObjectStore {
     }
     for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (ec) break;
-      if (it->is_directory(ec)) dirs.push_back(it->path());
       std::string rel = fs::relative(it->path(), root_, ec).generic_string();
       if (ec) break;
+      // Folders under the prefix (their keys would begin with it).
+      if (it->is_directory(ec) &&
+          (rel + "/").compare(0, prefix.size(), prefix) == 0) {
+        dirs.push_back(it->path());
+      }
       if (rel.compare(0, prefix.size(), prefix) != 0 ||
           rel.find(kTmpMarker) == std::string::npos ||
           !it->is_regular_file(ec)) {
@@ -254,13 +258,15 @@ class DirObjectStore final : public ObjectStore {
       return Status::IOError(
           fmt::format("listing '{}': {}", start.string(), ec.message()));
     }
-    // Folders emptied (deepest first), up to the root.
-    dirs.push_back(start);
+    // Folders under the prefix left empty, deepest first; then, when the
+    // prefix names a folder, that folder and the parents it empties (as
+    // Delete does).
     std::sort(dirs.begin(), dirs.end(), [](const auto& a, const auto& b) {
       return a.string().size() > b.string().size();
     });
-    for (const fs::path& d : dirs) {
-      fs::path dir = d;
+    for (const fs::path& d : dirs) ::rmdir(d.c_str());
+    if (!prefix.empty() && prefix.back() == '/') {
+      fs::path dir = start;
       while (dir.string().size() > root_.size() && ::rmdir(dir.c_str()) == 0) {
         dir = dir.parent_path();
       }

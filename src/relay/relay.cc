@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "common/failpoint.h"
 #include "relay/chunk_forward.h"
@@ -109,7 +110,15 @@ void Relay::Impl::Advance() {
     RelayRefit& r = *c.refit;
     counters_.chunks_applied = r.tracker().applied();
     if (r.WantsLocalWork()) {
-      Status s = r.phase() == RefitPhase::kVoting ? r.Vote() : r.Finish();
+      const bool voting = r.phase() == RefitPhase::kVoting;
+      Status s = voting ? r.Vote() : r.Finish();
+      if (s.ok() && voting && !c.pull_failed.empty()) {
+        // Each round's vote: this head could not read the store.
+        s = r.Veto(NodeCode::kRejected,
+                   fmt::format("cannot read the chunks from the object "
+                               "store {}: {}",
+                               options_.objects->describe(), c.pull_failed));
+      }
       if (!s.ok()) spdlog::error("{}: {}", options_.name, s.ToString());
       if (r.committed_here()) FlipServing();
       continue;
@@ -129,14 +138,6 @@ void Relay::Impl::Advance() {
         MaybeResume();
         // The serving gate first: its prepare goes out while the
         // children vote.
-        if (r.local_done() && !c.pull_failed.empty() && !c.pull_vetoed) {
-          c.pull_vetoed = true;
-          (void)r.Veto(
-              NodeCode::kRejected,
-              fmt::format("cannot read the chunks from the object "
-                          "store {}: {}",
-                          options_.objects->describe(), c.pull_failed));
-        }
         if (r.local_done() && ServingVoteGate(r) && c.fanout->Complete()) {
           Result<NodeResult> vote = r.Voted();
           if (vote.ok() && !DCR_FAILPOINT("relay.vote").drop()) {
@@ -209,19 +210,19 @@ void Relay::Impl::OnFrame(const std::shared_ptr<Link>& link, const Frame& frame,
                   FrameTypeName(frame.type()));
     return;
   }
-  if (frame.type() == FrameType::kEnd && current_->puller &&
-      current_->pull_failed.empty()) {
-    // The object store carries this refit's END, after its chunks; this
-    // one serves if the pull fails.
-    spdlog::debug("{}: END on the link; taking the one in the object store",
-                  options_.name);
-    current_->link_end = buffer;
-    return;
-  }
   if (frame.header.epoch > current_->refit->epoch()) {
     // Forwarded from a resumed coordinator (dcr refit --resume).
     if (!PersistEpoch(frame.header.epoch).ok()) return;
     current_->refit->set_epoch(frame.header.epoch);
+  }
+  if (frame.type() == FrameType::kEnd && current_->puller &&
+      current_->pull_failed.empty()) {
+    // The object store carries this refit's END, after its chunks; this
+    // one serves if the pull fails before that END is read.
+    spdlog::debug("{}: END on the link; taking the one in the object store",
+                  options_.name);
+    current_->link_end = buffer;
+    return;
   }
   counters_.bytes_in += buffer->size();
   OnRefitFrame(frame, buffer);
@@ -415,6 +416,8 @@ void Relay::Impl::OnPulledFrame(const RefitId& refit,
     if (!PersistEpoch(frame->header.epoch).ok()) return;
     current_->refit->set_epoch(frame->header.epoch);
   }
+  // The store's END ends this round: the link's copy is not needed.
+  if (frame->type() == FrameType::kEnd) current_->link_end = nullptr;
   counters_.bytes_in += buffer->size();
   OnRefitFrame(*frame, buffer);
 }
@@ -425,10 +428,16 @@ void Relay::Impl::OnPullFailed(const RefitId& refit, const Status& why) {
   c.pull_failed = why.ToString();
   spdlog::error("{}: cannot read refit {}'s chunks from {}: {}", options_.name,
                 refit.ToHex(), options_.objects->describe(), c.pull_failed);
-  if (!c.link_end) return;  // the END from the link will end the stream
+  // Only a round still waiting for its END (not one the store's END ended,
+  // nor an END of an older epoch) takes the link's copy; without one yet,
+  // the END from the link will end the stream.
+  const FrameBuffer end_buffer = std::exchange(c.link_end, nullptr);
+  if (!end_buffer || c.refit->phase() != RefitPhase::kReceiving) return;
   Result<Frame> end =
-      ParseFrame(*c.link_end, options_.transport_options.frames);
-  if (end.ok()) OnRefitFrame(*end, c.link_end);
+      ParseFrame(*end_buffer, options_.transport_options.frames);
+  if (end.ok() && end->header.epoch == c.refit->epoch()) {
+    OnRefitFrame(*end, end_buffer);
+  }
 }
 
 void Relay::Impl::OnClosed(uint64_t link_id, const Status& why) {

@@ -77,7 +77,6 @@ class Relay::Impl {
     FrameBuffer link_end;
     // Why the puller gave up (the store refused it); the vote says so.
     std::string pull_failed;
-    bool pull_vetoed = false;
   };
   // The refit that ended last and what we answered in it: a parent that
   // lost our final reply reconnects (an adoption PLAN) and gets it again.

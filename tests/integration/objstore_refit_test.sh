@@ -31,8 +31,11 @@
 #      directory: uploads retry, the head reads on; commit
 #   k. (moto, which checks signatures) wrong credentials: a root whose key
 #      is refused stops before PLAN (exit 2, naming the store); a head
-#      whose key is refused does not start (exit 2)
-# moto runs a, k and b (it refuses signed LISTs of prefixes with a '/').
+#      whose key is refused does not start (exit 2); a head whose key is
+#      revoked while it runs votes no (rejected, naming the store) and the
+#      refit aborts
+# moto runs a (without counting the objects), k and b: it refuses signed
+# LISTs of prefixes with a '/', so its retention is not checked.
 # Usage: objstore_refit_test.sh BACKEND DCR RELAY TRAINGEN SOURCE_DIR
 #   BACKEND: dir, s3rver or moto (an S3 run skips, 77, when its server is
 #   not installed)
@@ -132,15 +135,17 @@ CHUNKS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["chunks
 verify_all "$V/v1.safetensors" "${RELAYS[@]}"
 grep -q "pulling refit $REFIT's chunks from" "$T/f0.log" || { cat "$T/f0.log" >&2; fail "f0 did not pull"; }
 grep -q "pulling refit" "$T/n0.log" && fail "n0 (source: relay) pulled"
-case $BACKEND in
-  dir) ls "$T/objects/refits/$REFIT/f/" >"$T/objects.list" ;;
-  s3rver) (cd "$T/s3/dcr-test/dcr/refits/$REFIT/f" && ls | sed -n 's/\._S3rver_object$//p') >"$T/objects.list" ;;
-  moto) seq -f '%010g' 0 "$CHUNKS" >"$T/objects.list" ;;  # in memory: not checked
-esac
-# Every chunk, then END: one more object than chunks.
-[[ $(wc -l <"$T/objects.list") -eq $((CHUNKS + 1)) ]] ||
-  { grep -i "objstore\|dropping" "$T/f0.log" >&2; cat "$T/refit1.json" >&2; fail "$(wc -l <"$T/objects.list") objects for $CHUNKS chunks and END"; }
-[[ $(head -1 "$T/objects.list") == 0000000000 ]] || fail "objects do not start at 0000000000"
+# Every chunk, then END: one more object than chunks (not checked on moto,
+# which keeps them in memory and refuses a LIST of this prefix).
+if [[ $BACKEND != moto ]]; then
+  case $BACKEND in
+    dir) ls "$T/objects/refits/$REFIT/f/" >"$T/objects.list" ;;
+    s3rver) (cd "$T/s3/dcr-test/dcr/refits/$REFIT/f" && ls | sed -n 's/\._S3rver_object$//p') >"$T/objects.list" ;;
+  esac
+  [[ $(wc -l <"$T/objects.list") -eq $((CHUNKS + 1)) ]] ||
+    { grep -i "objstore\|dropping" "$T/f0.log" >&2; cat "$T/refit1.json" >&2; fail "$(wc -l <"$T/objects.list") objects for $CHUNKS chunks and END"; }
+  [[ $(head -1 "$T/objects.list") == 0000000000 ]] || fail "objects do not start at 0000000000"
+fi
 
 # --- k. wrong credentials (moto checks signatures; s3rver does not) ------
 if [[ $BACKEND == moto ]]; then
@@ -152,6 +157,23 @@ if [[ $BACKEND == moto ]]; then
   verify_all "$V/v1.safetensors" "${RELAYS[@]}"
   expect 2 "$RELAY" --topology "$T/wrong.yaml" --node f0 --ready-file "$T/f0-wrong.ready"
   grep -q "refuses node 'f0'" "$T/err" || { cat "$T/err" >&2; fail "dcr-relay with refused credentials does not say so"; }
+
+  # The head's key revoked while it runs: its reads are refused mid-refit,
+  # it stops pulling, takes the END from its link and votes no, naming the
+  # store; the refit aborts and every relay keeps v1.
+  moto_iam "$T/creds" create head "$T/head.creds"
+  sed "s|credentials_file: \"$T/creds\"|credentials_file: \"$T/head.creds\"|" "$TOPO" >"$T/head.yaml"
+  stop_relay f0
+  start_relay f0 "$T/head.yaml"
+  wait_ready f0
+  moto_iam "$T/creds" revoke head
+  refit_json 1 "$TOPO" --target "$V/v2.safetensors"
+  json 'd["outcome"] == "aborted"'
+  node_json f0 'n["code"] == "rejected" and "cannot read the chunks from the object store" in n["detail"]'
+  verify_all "$V/v1.safetensors" "${RELAYS[@]}"
+  stop_relay f0
+  start_relay f0
+  wait_ready f0
 fi
 
 # --- b. a damaged object: dropped, voted incomplete, repaired ----------

@@ -27,6 +27,7 @@ start_s3rver_at() {
 
 start_moto() {
   local port=$1 creds=$2
+  S3_MOTO_PORT=$port
   command -v moto_server >/dev/null || skip "moto_server is not installed"
   # Its Python (for boto3, to set it up): the shebang of the real script
   # behind a pyenv shim or of moto_server itself.
@@ -59,5 +60,31 @@ boto3.client("s3", **kw).create_bucket(Bucket="dcr-test")
 with open(sys.argv[2], "w") as f:
     f.write(f"[default]\naws_access_key_id = {key['AccessKeyId']}\n"
             f"aws_secret_access_key = {key['SecretAccessKey']}\n")
+PY
+}
+
+# moto_iam ADMIN_CREDS ACTION USER [CREDS]: with the admin's keys (start_moto's
+# CREDS), `create` makes USER with full access and writes its keys to CREDS;
+# `revoke` deletes USER's access keys (its requests are refused from then on).
+moto_iam() {
+  "$MOTO_PY" - "$S3_MOTO_PORT" "$@" <<'PY' || { cat "$T/moto.log" >&2; fail "moto IAM $2 $3 failed"; }
+import configparser, json, sys, boto3
+port, admin, action, user = sys.argv[1:5]
+c = configparser.ConfigParser(); c.read(admin)
+iam = boto3.client("iam", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                   aws_access_key_id=c["default"]["aws_access_key_id"],
+                   aws_secret_access_key=c["default"]["aws_secret_access_key"])
+if action == "create":
+    iam.create_user(UserName=user)
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    iam.put_user_policy(UserName=user, PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17",
+         "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    with open(sys.argv[5], "w") as f:
+        f.write(f"[default]\naws_access_key_id = {key['AccessKeyId']}\n"
+                f"aws_secret_access_key = {key['SecretAccessKey']}\n")
+elif action == "revoke":
+    for k in iam.list_access_keys(UserName=user)["AccessKeyMetadata"]:
+        iam.delete_access_key(UserName=user, AccessKeyId=k["AccessKeyId"])
 PY
 }

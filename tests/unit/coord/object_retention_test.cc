@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "coord/object_uploader.h"
 #include "testing/temp_dir.h"
 
 namespace dcr {
@@ -20,6 +19,31 @@ RefitId Id(uint8_t seed) {
   for (size_t i = 0; i < id.bytes.size(); ++i) id.bytes[i] = uint8_t(seed + i);
   return id;
 }
+
+// A store whose LIST misses the newest objects (S3's LIST may lag behind
+// recent writes), over a working one.
+class LaggingListStore final : public ObjectStore {
+ public:
+  LaggingListStore(ObjectStore* base, size_t hide) : base_(base), hide_(hide) {}
+  Status Put(std::string_view key, std::span<const std::byte> d) override {
+    return base_->Put(key, d);
+  }
+  Result<std::vector<std::byte>> Get(std::string_view key) override {
+    return base_->Get(key);
+  }
+  Status Delete(std::string_view key) override { return base_->Delete(key); }
+  Result<std::vector<std::string>> List(std::string_view prefix) override {
+    DCR_ASSIGN_OR_RETURN(std::vector<std::string> keys, base_->List(prefix));
+    keys.resize(keys.size() > hide_ ? keys.size() - hide_ : 0);
+    return keys;
+  }
+  std::string describe() const override { return "lagging"; }
+  ObjectStoreStats stats() const override { return {}; }
+
+ private:
+  ObjectStore* base_;
+  size_t hide_;
+};
 
 // A store that refuses every Delete (a bucket policy without
 // s3:DeleteObject), over a working one.
@@ -69,8 +93,8 @@ class ObjectRetentionTest : public ::testing::Test {
   }
   // A refit at `epoch` that uploaded `n` objects and committed (or not).
   void Refit(ObjectRetention* r, const RefitId& id, uint64_t epoch, int n,
-             bool commit) {
-    ASSERT_TRUE(r->Begin(id, epoch, epoch * 10).ok());
+             bool commit, bool whole_tree = true) {
+    ASSERT_TRUE(r->Begin(id, epoch, epoch * 10, whole_tree).ok());
     Upload(id, n);
     if (commit) {
       ASSERT_TRUE(r->Committed(id).ok());
@@ -151,14 +175,35 @@ TEST_F(ObjectRetentionTest, RemoveTakesAnAbortedRefitsObjectsAndRecord) {
   EXPECT_TRUE(keys->empty());
 }
 
+TEST_F(ObjectRetentionTest, RefitsOfNamedNodesAreNotKeptNorCounted) {
+  ObjectRetention r(state_, store_.get(), 1);
+  Refit(&r, Id(1), 1, 3, true);
+  Refit(&r, Id(2), 2, 2, true, /*whole_tree=*/false);  // a catch-up
+  auto report = r.Prune(std::nullopt);
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(Objects(Id(1)), 3u);  // still the last whole-tree commit
+  EXPECT_EQ(Objects(Id(2)), 0u);
+  EXPECT_EQ(report->refits[0].why,
+            "a refit of named nodes (catch-up, repair, seed)");
+}
+
+TEST_F(ObjectRetentionTest, RemoveTakesPushedObjectsALaggingListMisses) {
+  LaggingListStore lagging(store_.get(), 2);
+  ObjectRetention r(state_, &lagging, 2);
+  Refit(&r, Id(1), 1, 5, false);
+  ASSERT_TRUE(r.Remove(Id(1), /*pushed=*/5).ok());
+  EXPECT_EQ(Objects(Id(1)), 0u);
+}
+
 TEST_F(ObjectRetentionTest, BeginKeepsTheRecordOfAResumedRefit) {
   ObjectRetention r(state_, store_.get(), 2);
   Refit(&r, Id(1), 1, 1, true);
-  ASSERT_TRUE(r.Begin(Id(1), 7, 70).ok());
+  ASSERT_TRUE(r.Begin(Id(1), 7, 70, false).ok());
   auto records = r.Records();
   ASSERT_TRUE(records.ok());
   ASSERT_EQ(records->size(), 1u);
   EXPECT_TRUE((*records)[0].committed);
+  EXPECT_TRUE((*records)[0].whole_tree);
   EXPECT_EQ((*records)[0].epoch, 1u);
 }
 
@@ -254,26 +299,19 @@ TEST_F(ObjectRetentionTest, ADamagedRecordIsKeptAndItsObjectsToo) {
   EXPECT_EQ(Objects(Id(1)), 2u);
   EXPECT_TRUE(std::filesystem::exists(path));
   EXPECT_TRUE(std::filesystem::exists(state_.ObjectsDir() + "/notes.txt"));
+  // dcr gc shows it, and --unrecorded does not take its objects.
+  report = r.Prune(std::nullopt, /*scan_store=*/true,
+                   /*remove_unrecorded=*/true);
+  ASSERT_TRUE(report.ok());
+  ASSERT_EQ(report->refits.size(), 1u);
+  EXPECT_EQ(report->refits[0].state, "unreadable");
+  EXPECT_FALSE(report->refits[0].removed);
+  EXPECT_EQ(report->refits[0].objects, 2u);
+  EXPECT_EQ(Objects(Id(1)), 2u);
   // Committed() on it names the file and the field.
   Status s = r.Committed(Id(1));
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   EXPECT_NE(s.ToString().find(path), std::string::npos) << s.ToString();
-}
-
-TEST_F(ObjectRetentionTest, AResumedUploadContinuesAfterTheLastObject) {
-  auto next = NextObjectOrdinal(store_.get(), Id(1).ToHex());
-  ASSERT_TRUE(next.ok()) << next.status().ToString();
-  EXPECT_EQ(*next, 0u);
-  Upload(Id(1), 3);
-  // Uploads run in parallel: a gap does not lower the next ordinal.
-  const std::vector<std::byte> data(4, std::byte{1});
-  ASSERT_TRUE(store_->Put(RefitObjectKey(Id(1).ToHex(), 11), data).ok());
-  ASSERT_TRUE(
-      store_->Put(RefitObjectPrefix(Id(1).ToHex()) + "probe", data).ok());
-  Upload(Id(2), 20);
-  next = NextObjectOrdinal(store_.get(), Id(1).ToHex());
-  ASSERT_TRUE(next.ok());
-  EXPECT_EQ(*next, 12u);
 }
 
 }  // namespace

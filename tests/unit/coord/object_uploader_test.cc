@@ -1,8 +1,8 @@
 // The root's uploader (coord/object_uploader.h) over a directory store
 // wrapped to fail: every frame stored under its ordinal, a store that is
-// down for a while retried until it is back, a refusal not retried, Stop
-// cutting a retry short, a resumed upload continuing after the last
-// object.
+// down for a while retried until it is back, one that stays down given
+// up after the deadline, a refusal not retried, Stop cutting a retry
+// short.
 #include "coord/object_uploader.h"
 
 #include <gtest/gtest.h>
@@ -72,7 +72,8 @@ class ObjectUploaderTest : public ::testing::Test {
 
 TEST_F(ObjectUploaderTest, StoresEveryFrameUnderItsOrdinal) {
   std::atomic<int> wakes{0};
-  ObjectUploader u(store_.get(), kRefit, 4, [&] { wakes.fetch_add(1); });
+  ObjectUploader u(
+      store_.get(), kRefit, 4, [&] { wakes.fetch_add(1); }, 10s);
   for (uint8_t i = 0; i < 20; ++i) u.Push(Frame(i));
   EXPECT_EQ(u.pushed(), 20u);
   WaitUploaded(u, 20);
@@ -89,7 +90,7 @@ TEST_F(ObjectUploaderTest, StoresEveryFrameUnderItsOrdinal) {
 
 TEST_F(ObjectUploaderTest, RetriesAStoreThatIsDownUntilItIsBack) {
   FailingStore down(store_.get(), 2, Status::IOError("connection refused"));
-  ObjectUploader u(&down, kRefit, 1, nullptr);
+  ObjectUploader u(&down, kRefit, 1, nullptr, 10s);
   u.Push(Frame(7));  // the END object, say: it must get there
   WaitUploaded(u, 1);
   EXPECT_EQ(u.uploaded(), 1u);
@@ -101,7 +102,7 @@ TEST_F(ObjectUploaderTest, RetriesAStoreThatIsDownUntilItIsBack) {
 TEST_F(ObjectUploaderTest, ARefusalIsNotRetried) {
   FailingStore refusing(store_.get(), 1,
                         Status::InvalidArgument("access denied"));
-  ObjectUploader u(&refusing, kRefit, 1, nullptr);
+  ObjectUploader u(&refusing, kRefit, 1, nullptr, 10s);
   u.Push(Frame(1));
   u.Push(Frame(2));
   WaitUploaded(u, 1);
@@ -114,7 +115,7 @@ TEST_F(ObjectUploaderTest, ARefusalIsNotRetried) {
 
 TEST_F(ObjectUploaderTest, StopCutsARetryShortAndDropsTheQueue) {
   FailingStore down(store_.get(), 1 << 20, Status::IOError("down"));
-  ObjectUploader u(&down, kRefit, 1, nullptr);
+  ObjectUploader u(&down, kRefit, 1, nullptr, 60s);
   for (uint8_t i = 0; i < 5; ++i) u.Push(Frame(i));
   while (down.puts() < 2) std::this_thread::sleep_for(5ms);
   const auto t0 = std::chrono::steady_clock::now();
@@ -126,22 +127,23 @@ TEST_F(ObjectUploaderTest, StopCutsARetryShortAndDropsTheQueue) {
   EXPECT_EQ(u.pushed(), 5u);
 }
 
-TEST_F(ObjectUploaderTest, AResumedUploadStartsAfterTheStoppedRootsObjects) {
-  {
-    ObjectUploader first(store_.get(), kRefit, 2, nullptr);
-    for (uint8_t i = 0; i < 3; ++i) first.Push(Frame(i));
-    WaitUploaded(first, 3);
+TEST_F(ObjectUploaderTest, AStoreThatStaysDownIsGivenUpAfterTheDeadline) {
+  // A full disk or a bucket gone: the object is given up, and its bytes
+  // leave the queue the root's stream waits on.
+  FailingStore down(store_.get(), 1 << 20, Status::IOError("no space left"));
+  ObjectUploader u(&down, kRefit, 1, nullptr, 500ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  u.Push(Frame(1));
+  u.Push(Frame(2));
+  while (u.QueuedBytes() > 0 && std::chrono::steady_clock::now() - t0 < 5s) {
+    std::this_thread::sleep_for(10ms);
   }
-  auto next = NextObjectOrdinal(store_.get(), kRefit);
-  ASSERT_TRUE(next.ok());
-  EXPECT_EQ(*next, 3u);
-  ObjectUploader resumed(store_.get(), kRefit, 2, nullptr, *next);
-  resumed.Push(Frame(42));
-  WaitUploaded(resumed, 1);
-  auto got = store_->Get(RefitObjectKey(kRefit, 3));
-  ASSERT_TRUE(got.ok());
-  EXPECT_EQ(*got, *Frame(42));
-  EXPECT_EQ(*store_->Get(RefitObjectKey(kRefit, 0)), *Frame(0));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(u.QueuedBytes(), 0u);
+  EXPECT_EQ(u.uploaded(), 0u);
+  EXPECT_GE(took, 1s);  // each object had its 500 ms of retries
+  EXPECT_LT(took, 3s);
+  EXPECT_GE(u.failures(), 6u);  // 200 + 400 ms waits, then the deadline
 }
 
 }  // namespace

@@ -138,6 +138,11 @@ TEST_F(DirStoreTest, RemoveUnfinishedTakesTornWritesUnderThePrefixOnly) {
   EXPECT_EQ(*n, 1u);
   EXPECT_TRUE(store_->Get("refits/a/f/1").ok());
   EXPECT_TRUE(std::filesystem::exists(File("refits/c.dcr-tmp-77-2")));
+  // Empty folders outside the prefix stay.
+  std::filesystem::create_directories(File("refits/abc/f"));
+  n = store_->RemoveUnfinished("refits/ab/");
+  ASSERT_TRUE(n.ok());
+  EXPECT_TRUE(std::filesystem::exists(File("refits/abc/f")));
   n = store_->RemoveUnfinished("nothing/");
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 0u);
