@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -10,11 +11,13 @@ namespace dcr {
 
 ObjectPuller::ObjectPuller(ObjectStore* store, std::string refit_hex,
                            std::function<void(FrameBuffer)> deliver,
-                           std::function<void(Status)> fail)
+                           std::function<void(Status)> fail,
+                           size_t max_unconsumed_bytes)
     : store_(store),
       refit_hex_(std::move(refit_hex)),
       deliver_(std::move(deliver)),
-      fail_(std::move(fail)) {
+      fail_(std::move(fail)),
+      max_unconsumed_(max_unconsumed_bytes) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -44,6 +47,30 @@ bool ObjectPuller::Sleep(std::chrono::milliseconds d) {
   return !stop_;
 }
 
+void ObjectPuller::Consumed(size_t bytes) {
+  MutexLock lock(&mu_);
+  unconsumed_ -= std::min(bytes, unconsumed_);
+  cv_.SignalAll();
+}
+
+bool ObjectPuller::WaitReady() {
+  MutexLock lock(&mu_);
+  while ((paused_ || unconsumed_ > max_unconsumed_) && !stop_) {
+    cv_.Wait(&mu_);
+  }
+  return !stop_;
+}
+
+void ObjectPuller::Deliver(std::vector<std::byte> object) {
+  pulled_.fetch_add(1);
+  pulled_bytes_.fetch_add(object.size());
+  {
+    MutexLock lock(&mu_);
+    unconsumed_ += object.size();
+  }
+  deliver_(std::make_shared<const std::vector<std::byte>>(std::move(object)));
+}
+
 void ObjectPuller::Run() {
   using Clock = std::chrono::steady_clock;
   uint64_t ordinal = 0;
@@ -52,25 +79,40 @@ void ObjectPuller::Run() {
   // was there; max(): not so.
   Clock::time_point gap_since = Clock::time_point::max();
   int bad_reads = 0;  // of object `ordinal`
+  int window = 1;     // objects asked for at once
   for (;;) {
-    {
-      MutexLock lock(&mu_);
-      while (paused_ && !stop_) cv_.Wait(&mu_);
-      if (stop_) return;
-    }
+    if (!WaitReady()) return;
     const std::string key = RefitObjectKey(refit_hex_, ordinal);
-    requests_.fetch_add(1);
+    // The objects after `ordinal` in the window, read meanwhile.
+    std::vector<std::future<Result<std::vector<std::byte>>>> ahead;
+    for (int i = 1; i < window; ++i) {
+      ahead.push_back(std::async(std::launch::async, [this, k = ordinal + i] {
+        return store_->Get(RefitObjectKey(refit_hex_, k));
+      }));
+    }
+    requests_.fetch_add(static_cast<uint64_t>(window));
     Result<std::vector<std::byte>> got = store_->Get(key);
+    std::vector<Result<std::vector<std::byte>>> later;
+    for (auto& f : ahead) later.push_back(f.get());
     if (got.ok()) {
-      pulled_.fetch_add(1);
-      pulled_bytes_.fetch_add(got->size());
-      deliver_(std::make_shared<const std::vector<std::byte>>(std::move(*got)));
+      Deliver(std::move(*got));
       ++ordinal;
       poll = kPollMin;
       bad_reads = 0;
       gap_since = Clock::time_point::max();
+      // Those after it, in order, up to the first that is not there (it
+      // is asked for again, with the checks above).
+      size_t found = 0;
+      while (found < later.size() && later[found].ok()) {
+        Deliver(std::move(*later[found]));
+        ++ordinal;
+        ++found;
+      }
+      window = found == later.size() ? std::min(window * 2, kParallel)
+                                     : std::max(1, static_cast<int>(found));
       continue;
     }
+    window = 1;
     if (!got.status().IsNotFound()) {
       // A server that is not atomic (s3rver) can serve an object while it
       // is being written: read it again a few times before giving it up.

@@ -4,6 +4,13 @@
 // own, and hands each to `deliver` (which posts it to the relay's actor,
 // where it takes the path of a frame from the parent link).
 //
+// While objects are there (the head behind the upload, or a store far
+// away), up to kParallel are read at once: the window doubles from 1 after
+// each read that found every object it asked for, and falls back to 1 at
+// the first one missing, so polling the frontier costs one request per
+// wait while a backlog costs one round trip per kParallel objects. Objects
+// are delivered in order all the same.
+//
 // An object not there yet is asked for again after a wait that starts at
 // kPollMin and doubles to kPollMax while nothing new appears: an idle
 // refit costs at most 1 / kPollMax requests per second per head, and a
@@ -17,6 +24,10 @@
 // A refusal that waiting cannot cure (InvalidArgument from the store:
 // wrong credentials, no access to the bucket) ends the pull: `fail` gets
 // it once, on the puller's thread, and nothing is read after it.
+//
+// The relay reports each object it has taken (Consumed): no more than
+// `max_unconsumed_bytes` (plus the objects of one read) wait in its
+// mailbox.
 //
 // Stop waits for a request in flight: dcr-relay opens the store with one
 // attempt per request and a 2 s stall limit (ObjectRequestLimits), which
@@ -46,13 +57,16 @@ class ObjectPuller {
   static constexpr std::chrono::seconds kSkipAfter{10};
   // Reads of an object that fails its checks before it is skipped.
   static constexpr int kBadReads = 6;
+  static constexpr int kParallel = 8;
+  static constexpr size_t kMaxUnconsumedBytes = size_t{64} << 20;
 
   // Starts paused: the relay lets it read once its PLAN phase is over
   // (objects already stored, for a head that rejoins, would otherwise
   // arrive while it still plans, and be refused).
   ObjectPuller(ObjectStore* store, std::string refit_hex,
                std::function<void(FrameBuffer)> deliver,
-               std::function<void(Status)> fail);
+               std::function<void(Status)> fail,
+               size_t max_unconsumed_bytes = kMaxUnconsumedBytes);
   ~ObjectPuller();  // Stop()
   ObjectPuller(const ObjectPuller&) = delete;
   ObjectPuller& operator=(const ObjectPuller&) = delete;
@@ -60,6 +74,8 @@ class ObjectPuller {
   // While paused (the relay's forward or apply window is full), no object
   // is read.
   void Pause(bool paused);
+  // `bytes` of a delivered object were taken off the relay's mailbox.
+  void Consumed(size_t bytes);
   // Stops and joins the thread; idempotent.
   void Stop();
 
@@ -72,15 +88,21 @@ class ObjectPuller {
   void Run();
   // Waits `d`, or less if stopped; false when stopped.
   bool Sleep(std::chrono::milliseconds d);
+  // Waits while paused or the relay holds kMaxUnconsumedBytes; false when
+  // stopped.
+  bool WaitReady();
+  void Deliver(std::vector<std::byte> object);
 
   ObjectStore* const store_;
   const std::string refit_hex_;
   const std::function<void(FrameBuffer)> deliver_;
   const std::function<void(Status)> fail_;
+  const size_t max_unconsumed_;
   Mutex mu_;
   CondVar cv_;
   bool stop_ DCR_GUARDED_BY(mu_) = false;
   bool paused_ DCR_GUARDED_BY(mu_) = true;
+  size_t unconsumed_ DCR_GUARDED_BY(mu_) = 0;  // delivered, not Consumed
   std::atomic<uint64_t> pulled_{0};
   std::atomic<uint64_t> pulled_bytes_{0};
   std::atomic<uint64_t> skipped_{0};

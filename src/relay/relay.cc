@@ -395,6 +395,7 @@ void Relay::Impl::OnPulledFrame(const RefitId& refit,
   if (!current_ || current_->refit->id() != refit || !current_->puller) {
     return;  // the refit ended while the object was on its way
   }
+  current_->puller->Consumed(buffer->size());
   Result<Frame> frame = ParseFrame(*buffer, options_.transport_options.frames);
   if (!frame.ok() ||
       (frame->type() != FrameType::kChunk &&
