@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """An HTTP proxy in front of a test S3 server that injects S3's failures.
 
-    s3_fault_proxy.py LISTEN_PORT UPSTREAM_PORT MODE
+    s3_fault_proxy.py LISTEN_PORT UPSTREAM_PORT MODE [LISTEN_HOST]
 
 MODE:
   slowdown:N   every Nth request is answered 503 SlowDown (not forwarded)
@@ -13,6 +13,11 @@ MODE:
                but the client does not know it
   error200complete  the first CompleteMultipartUpload is answered 200 with
                an <Error> document (InternalError), not forwarded
+  delay:MS     every request waits MS milliseconds before it is forwarded
+               (a store a round trip away; nothing injected)
+
+LISTEN_HOST: the address to listen on (default 127.0.0.1); the upstream
+is always 127.0.0.1.
 
 Writes "ready" to stdout once listening; counts what it injected in
 "injected=K" lines on stderr. Standard library only.
@@ -21,8 +26,10 @@ import http.client
 import http.server
 import sys
 import threading
+import time
 
 LISTEN, UPSTREAM, MODE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+LISTEN_HOST = sys.argv[4] if len(sys.argv) > 4 else "127.0.0.1"
 KIND, _, EVERY = MODE.partition(":")
 EVERY = int(EVERY or 1)
 lock = threading.Lock()
@@ -49,7 +56,9 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         completing = self.command == "POST" and "uploadId=" in self.path
         with lock:
             count += 1
-            if KIND in ("lostcomplete", "error200complete"):
+            if KIND == "delay":
+                inject = False
+            elif KIND in ("lostcomplete", "error200complete"):
                 inject = completing and injected == 0
             else:
                 inject = KIND == "always500" or count % EVERY == 0
@@ -72,6 +81,8 @@ class Proxy(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(xml)
             return
+        if KIND == "delay":
+            time.sleep(EVERY / 1000)
         up = http.client.HTTPConnection("127.0.0.1", UPSTREAM, timeout=30)
         headers = {k: v for k, v in self.headers.items()
                    if k.lower() not in ("connection", "transfer-encoding")}
@@ -96,6 +107,6 @@ class Proxy(http.server.BaseHTTPRequestHandler):
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_any
 
 
-server = http.server.ThreadingHTTPServer(("127.0.0.1", LISTEN), Proxy)
+server = http.server.ThreadingHTTPServer((LISTEN_HOST, LISTEN), Proxy)
 print("ready", flush=True)
 server.serve_forever()
