@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <future>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -80,38 +81,49 @@ void ObjectPuller::Run() {
   Clock::time_point gap_since = Clock::time_point::max();
   int bad_reads = 0;  // of object `ordinal`
   int window = 1;     // objects asked for at once
+  // Reads in flight, by ordinal (from `ordinal` on): a sliding window,
+  // refilled as the first one completes, so that the round trips of later
+  // objects overlap the transfer of earlier ones.
+  std::map<uint64_t, std::future<Result<std::vector<std::byte>>>> inflight;
+  // Objects read past one that was missing (parallel uploads store them
+  // out of order): kept, not read twice.
+  std::map<uint64_t, std::vector<std::byte>> ready;
   for (;;) {
     if (!WaitReady()) return;
     const std::string key = RefitObjectKey(refit_hex_, ordinal);
-    // The objects after `ordinal` in the window, read meanwhile.
-    std::vector<std::future<Result<std::vector<std::byte>>>> ahead;
-    for (int i = 1; i < window; ++i) {
-      ahead.push_back(std::async(std::launch::async, [this, k = ordinal + i] {
-        return store_->Get(RefitObjectKey(refit_hex_, k));
-      }));
+    Result<std::vector<std::byte>> got = Status::NotFound(key);
+    if (auto it = ready.find(ordinal); it != ready.end()) {
+      got = std::move(it->second);
+      ready.erase(it);
+    } else {
+      for (uint64_t k = ordinal; inflight.size() < static_cast<size_t>(window);
+           ++k) {
+        if (ready.count(k) || inflight.count(k)) continue;
+        inflight.emplace(k, std::async(std::launch::async, [this, k] {
+                           return store_->Get(RefitObjectKey(refit_hex_, k));
+                         }));
+        requests_.fetch_add(1);
+      }
+      auto first = inflight.find(ordinal);
+      got = first->second.get();
+      inflight.erase(first);
     }
-    requests_.fetch_add(static_cast<uint64_t>(window));
-    Result<std::vector<std::byte>> got = store_->Get(key);
-    std::vector<Result<std::vector<std::byte>>> later;
-    for (auto& f : ahead) later.push_back(f.get());
     if (got.ok()) {
       Deliver(std::move(*got));
       ++ordinal;
       poll = kPollMin;
       bad_reads = 0;
       gap_since = Clock::time_point::max();
-      // Those after it, in order, up to the first that is not there (it
-      // is asked for again, with the checks above).
-      size_t found = 0;
-      while (found < later.size() && later[found].ok()) {
-        Deliver(std::move(*later[found]));
-        ++ordinal;
-        ++found;
-      }
-      window = found == later.size() ? std::min(window * 2, kParallel)
-                                     : std::max(1, static_cast<int>(found));
+      window = std::min(window * 2, kParallel);
       continue;
     }
+    // The frontier or a gap: keep what was read past it, and ask for the
+    // missing one again, with the checks below.
+    for (auto& [k, f] : inflight) {
+      Result<std::vector<std::byte>> later = f.get();
+      if (later.ok()) ready.emplace(k, std::move(*later));
+    }
+    inflight.clear();
     window = 1;
     if (!got.status().IsNotFound()) {
       // A server that is not atomic (s3rver) can serve an object while it
@@ -144,7 +156,8 @@ void ObjectPuller::Run() {
     // one missing long after a later one appeared failed for good.
     if (poll == kPollMax) {
       requests_.fetch_add(1);
-      if (store_->Get(RefitObjectKey(refit_hex_, ordinal + 1)).ok()) {
+      if (ready.count(ordinal + 1) ||
+          store_->Get(RefitObjectKey(refit_hex_, ordinal + 1)).ok()) {
         const Clock::time_point now = Clock::now();
         if (gap_since == Clock::time_point::max()) gap_since = now;
         if (now - gap_since >= kSkipAfter) {

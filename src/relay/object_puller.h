@@ -57,7 +57,7 @@ class ObjectPuller {
   static constexpr std::chrono::seconds kSkipAfter{10};
   // Reads of an object that fails its checks before it is skipped.
   static constexpr int kBadReads = 6;
-  static constexpr int kParallel = 8;
+  static constexpr int kParallel = 6;
   static constexpr size_t kMaxUnconsumedBytes = size_t{64} << 20;
 
   // Starts paused: the relay lets it read once its PLAN phase is over
