@@ -5,11 +5,15 @@
 // where it takes the path of a frame from the parent link).
 //
 // While objects are there (the head behind the upload, or a store far
-// away), up to kParallel are read at once: the window doubles from 1 after
-// each read that found every object it asked for, and falls back to 1 at
-// the first one missing, so polling the frontier costs one request per
-// wait while a backlog costs one round trip per kParallel objects. Objects
-// are delivered in order all the same.
+// away), up to kParallel reads are in flight, a sliding window refilled as
+// the first completes: it doubles from 1 with each object found and falls
+// back to 1 at the first one missing (what was read past it is kept), so
+// polling the frontier costs about one request per wait while a backlog
+// costs one round trip per kParallel objects. Objects are delivered in
+// order all the same. kParallel = 6 is a measured compromise
+// (bench/README.md, objstore): more reads in flight hide more of a round
+// trip, but on the shaped testbed 8 concurrent responses overflowed the
+// WAN's queue and cost a fifth of its throughput.
 //
 // An object not there yet is asked for again after a wait that starts at
 // kPollMin and doubles to kPollMax while nothing new appears: an idle
@@ -26,8 +30,8 @@
 // it once, on the puller's thread, and nothing is read after it.
 //
 // The relay reports each object it has taken (Consumed): no more than
-// `max_unconsumed_bytes` (plus the objects of one read) wait in its
-// mailbox.
+// `max_unconsumed_bytes` (plus one object) wait in its mailbox, and at
+// most kParallel more are held, read past a missing one.
 //
 // Stop waits for a request in flight: dcr-relay opens the store with one
 // attempt per request and a 2 s stall limit (ObjectRequestLimits), which
