@@ -86,7 +86,8 @@ void ObjectPuller::Run() {
   // objects overlap the transfer of earlier ones.
   std::map<uint64_t, std::future<Result<std::vector<std::byte>>>> inflight;
   // Objects read past one that was missing (parallel uploads store them
-  // out of order): kept, not read twice.
+  // out of order): kept, not read twice. Reads and kept objects stay below
+  // ordinal + kParallel, so at most kParallel objects are held.
   std::map<uint64_t, std::vector<std::byte>> ready;
   for (;;) {
     if (!WaitReady()) return;
@@ -96,7 +97,7 @@ void ObjectPuller::Run() {
       got = std::move(it->second);
       ready.erase(it);
     } else {
-      for (uint64_t k = ordinal; inflight.size() < static_cast<size_t>(window);
+      for (uint64_t k = ordinal; k < ordinal + static_cast<uint64_t>(window);
            ++k) {
         if (ready.count(k) || inflight.count(k)) continue;
         inflight.emplace(k, std::async(std::launch::async, [this, k] {
@@ -155,9 +156,19 @@ void ObjectPuller::Run() {
     // Not there yet. Uploads run in parallel, so a later object may be;
     // one missing long after a later one appeared failed for good.
     if (poll == kPollMax) {
-      requests_.fetch_add(1);
-      if (ready.count(ordinal + 1) ||
-          store_->Get(RefitObjectKey(refit_hex_, ordinal + 1)).ok()) {
+      // Proof that a later object is there: one kept (every key of
+      // `ready` is above `ordinal`), or the next one, read (and kept).
+      bool later = !ready.empty();
+      if (!later) {
+        requests_.fetch_add(1);
+        Result<std::vector<std::byte>> next =
+            store_->Get(RefitObjectKey(refit_hex_, ordinal + 1));
+        if (next.ok()) {
+          ready.emplace(ordinal + 1, std::move(*next));
+          later = true;
+        }
+      }
+      if (later) {
         const Clock::time_point now = Clock::now();
         if (gap_since == Clock::time_point::max()) gap_since = now;
         if (now - gap_since >= kSkipAfter) {

@@ -31,11 +31,12 @@
 //
 // The relay reports each object it has taken (Consumed): no more than
 // `max_unconsumed_bytes` (plus one object) wait in its mailbox, and at
-// most kParallel more are held, read past a missing one.
+// most kParallel more are held (read, or kept past a missing one).
 //
-// Stop waits for a request in flight: dcr-relay opens the store with one
-// attempt per request and a 2 s stall limit (ObjectRequestLimits), which
-// bounds it.
+// Stop waits for the reads in flight (up to kParallel): dcr-relay opens
+// the store with one attempt per request and a 2 s stall limit
+// (ObjectRequestLimits), which bounds a read that stalls, not one that
+// moves slowly (a few MiB over a slow WAN).
 //
 // Thread safety: Pause, Stop and the counters may be called from any
 // thread; `deliver` and `fail` run on the puller's thread.
@@ -77,11 +78,11 @@ class ObjectPuller {
 
   // While paused (the relay's forward or apply window is full), no object
   // is read.
-  void Pause(bool paused);
+  void Pause(bool paused) DCR_EXCLUDES(mu_);
   // `bytes` of a delivered object were taken off the relay's mailbox.
-  void Consumed(size_t bytes);
+  void Consumed(size_t bytes) DCR_EXCLUDES(mu_);
   // Stops and joins the thread; idempotent.
-  void Stop();
+  void Stop() DCR_EXCLUDES(mu_);
 
   uint64_t pulled() const { return pulled_.load(); }
   uint64_t pulled_bytes() const { return pulled_bytes_.load(); }
@@ -91,11 +92,11 @@ class ObjectPuller {
  private:
   void Run();
   // Waits `d`, or less if stopped; false when stopped.
-  bool Sleep(std::chrono::milliseconds d);
+  bool Sleep(std::chrono::milliseconds d) DCR_EXCLUDES(mu_);
   // Waits while paused or the relay holds kMaxUnconsumedBytes; false when
   // stopped.
-  bool WaitReady();
-  void Deliver(std::vector<std::byte> object);
+  bool WaitReady() DCR_EXCLUDES(mu_);
+  void Deliver(std::vector<std::byte> object) DCR_EXCLUDES(mu_);
 
   ObjectStore* const store_;
   const std::string refit_hex_;

@@ -34,9 +34,10 @@
 #      whose key is refused does not start (exit 2); a head whose key is
 #      revoked while it runs votes no (rejected, naming the store) and the
 #      refit aborts
-#   l. catch-up through the store: f0 misses a refit (down), and the next
-#      one catches it up first with a composed delta it pulls from the
-#      store
+#   l. catch-up through the store: f0 misses a refit (down); after the
+#      next one it is caught up with the two recorded deltas composed into
+#      one, which it pulls from the store (the catch-up's objects are then
+#      removed)
 # moto runs a (without counting the objects), k and b: it refuses signed
 # LISTs of prefixes with a '/', so its retention is not checked.
 # Usage: objstore_refit_test.sh BACKEND DCR RELAY TRAINGEN SOURCE_DIR
@@ -334,22 +335,25 @@ else
 fi
 
 # --- l. catch-up through the store ---------------------------------------
-# f0 is down for a refit (min_commit 5 lets it commit without f0: f1 and
-# f2 are re-parented); back up, it is a step behind, and the next refit
-# first catches it up with a composed delta whose chunks f0 pulls from the
-# store like any refit's, then commits everywhere.
+# f0 is down for a refit CUR -> OTHER_V (min_commit 5 commits without it:
+# f1 and f2 are re-parented); back up, it is a step behind, so the next
+# refit (to v1) excludes it, and its catch-up composes the two recorded
+# deltas (root.keep_deltas 4) into one, whose chunks f0 pulls from the
+# store like any refit's; the catch-up's objects are then removed.
 cp "$TOPO" "$T/catch.yaml"
-expect 0 "$DCR" topo set "$T/catch.yaml" defaults.min_commit=5
+expect 0 "$DCR" topo set "$T/catch.yaml" defaults.min_commit=5 root.keep_deltas=4
 stop_relay f0
 refit_json 3 "$T/catch.yaml" --target "$OTHER_V"
 node_json f0 'not n["committed"]'
 verify_all "$OTHER_V" t0 n0 n1 f1 f2
+verify_all "$CUR" f0
 start_relay f0
 wait_ready f0
-refit_json 0 "$T/catch.yaml" --target "$CUR"
+refit_json 0 "$T/catch.yaml" --target "$V/v1.safetensors"
 json 'd["outcome"] == "committed"' \
-  'any("f0" in c["nodes"] and c["outcome"] == "committed" and c["chunks"] > 0 for c in d["catch_up"])'
+  'any("f0" in c["nodes"] and c["method"] == "history" and c["deltas"] == 2 and c["outcome"] == "committed" and c["chunks"] > 0 for c in d["catch_up"])'
 CATCHUP=$(python3 -c 'import json,sys; print([c["refit"] for c in json.load(open(sys.argv[1]))["catch_up"] if "f0" in c["nodes"]][0])' "$T/out")
 grep -q "pulling refit $CATCHUP's chunks" "$T/f0.log" || { cat "$T/f0.log" >&2; fail "f0 was not caught up through the store"; }
-verify_all "$CUR" "${RELAYS[@]}"
+[[ $(objects_of "$CATCHUP") -eq 0 ]] || fail "the catch-up's objects are kept (a refit of named nodes)"
+verify_all "$V/v1.safetensors" "${RELAYS[@]}"
 echo "PASS objstore_refit_$BACKEND"
