@@ -123,8 +123,10 @@ void AddGcCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
       "a decision, a removal that failed).\nIt takes root.state_dir's lock, "
       "so it never runs beside a refit, and keeps\nan unfinished refit's "
       "objects (dcr refit --resume needs them).\n\n"
-      "Examples:\n  dcr gc --topology topology/objstore.yaml --dry-run\n"
-      "  dcr gc --topology topology/objstore.yaml -o json\n\n"
+      "Examples (F: a topology with an objstore: section, "
+      "topology/README.md):\n"
+      "  dcr gc --topology F --dry-run\n"
+      "  dcr gc --topology F -o json\n\n"
       "Exit codes: 0 done, 1 some refit's objects could not be removed, 2 "
       "usage or\nconfiguration error, or a coordinator holds "
       "root.state_dir.\n");
