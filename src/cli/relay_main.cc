@@ -15,12 +15,12 @@
 
 #include "cli/cli_common.h"
 #include "cli/doctor.h"
+#include "cli/relay_objstore.h"
 #include "common/bytes.h"
 #include "common/failpoint.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "dcr/objstore.h"
 #include "dcr/topology.h"
 #include "relay/memory_budget.h"
 #include "relay/relay.h"
@@ -198,48 +198,10 @@ int Run(const Args& a) {
       o.serving_socket = tree->nodes[static_cast<size_t>(i)].serving->socket;
     }
     // The head of a source: objstore cluster pulls its chunks from the
-    // topology's object store: opened now, so that a missing credential
-    // or directory is reported at start, not at the first refit.
-    if (topo->objstore) {
-      auto tree = BuildTree(*topo);
-      if (!tree.ok()) return ReportError(tree.status());
-      const int i = tree->Find(n->name);
-      if (i >= 0 && tree->nodes[static_cast<size_t>(i)].pulls_objects) {
-        // One attempt per request, cut after 2 s of stall: the puller
-        // polls again by itself, and a refit that ends must not wait on a
-        // hung server for the store's retries.
-        auto store = OpenObjectStore(
-            *topo->objstore,
-            ObjectRequestLimits{.max_attempts = 1,
-                                .connect_timeout = std::chrono::seconds(2),
-                                .stall_timeout = std::chrono::seconds(2)});
-        if (!store.ok()) {
-          return ReportError(store.status().WithContext(fmt::format(
-              "{}: objstore (node '{}' heads a cluster with source: "
-              "objstore)",
-              a.topology, n->name)));
-        }
-        // A read the store must answer "no such object": a refused
-        // credential stops the relay now, with what to fix; a server that
-        // is down may be up by the first refit.
-        Result<std::vector<std::byte>> probe =
-            (*store)->Get(RefitObjectKey(std::string(32, '0'), 0));
-        if (!probe.ok() && probe.status().IsInvalidArgument()) {
-          return ReportError(probe.status().WithContext(fmt::format(
-              "{}: objstore: {} refuses node '{}' (it heads a cluster with "
-              "source: objstore, and needs s3:GetObject and s3:ListBucket "
-              "on the prefix: without ListBucket S3 answers a missing "
-              "object 403, not 404)",
-              a.topology, (*store)->describe(), n->name)));
-        }
-        if (!probe.ok() && !probe.status().IsNotFound()) {
-          spdlog::warn("{}: the object store {} does not answer yet: {}",
-                       n->name, (*store)->describe(),
-                       probe.status().ToString());
-        }
-        o.objects = std::move(*store);
-      }
-    }
+    // topology's object store, opened now (cli/relay_objstore.h).
+    auto objects = dcr::cli::OpenPullingHeadStore(*topo, a.topology, n->name);
+    if (!objects.ok()) return ReportError(objects.status());
+    o.objects = std::move(*objects);
     if (metrics_port < 0 && n->metrics_port) metrics_port = *n->metrics_port;
     if (key_file.empty() && !topo->defaults.auth_key_file.empty()) {
       key_file = topo->defaults.auth_key_file;

@@ -166,10 +166,7 @@ Result<std::vector<ObjectRefitRecord>> ObjectRetention::Records(
   if (!fs::exists(dir, ec)) return records;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const fs::path& p = e.path();
-    std::optional<RefitId> id;
-    if (p.extension() == ".json" && e.is_regular_file(ec)) {
-      if (auto r = RefitId::FromHex(p.stem().string()); r.ok()) id = *r;
-    }
+    const std::optional<RefitId> id = RefitOfJsonFile(e);
     if (!id) {
       // WriteFileAtomic's temporary file of a write cut short is not one.
       if (p.extension() != ".tmp") {

@@ -204,6 +204,16 @@ Result<std::optional<Decision>> StateDir::ReadDecision(
   return std::optional<Decision>(std::move(d));
 }
 
+std::optional<RefitId> RefitOfJsonFile(const fs::directory_entry& entry) {
+  std::error_code ec;
+  const fs::path& p = entry.path();
+  if (p.extension() != ".json" || !entry.is_regular_file(ec)) {
+    return std::nullopt;
+  }
+  Result<RefitId> id = RefitId::FromHex(p.stem().string());
+  return id.ok() ? std::optional<RefitId>(*id) : std::nullopt;
+}
+
 Status StateDir::PruneDecisions(size_t keep) const {
   const std::string dir = dir_ + "/decisions";
   std::error_code ec;
@@ -221,10 +231,7 @@ Status StateDir::PruneDecisions(size_t keep) const {
   std::vector<std::pair<uint64_t, fs::path>> decisions;  // (epoch, path)
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const fs::path& p = e.path();
-    std::optional<RefitId> id;
-    if (p.extension() == ".json" && e.is_regular_file(ec)) {
-      if (auto r = RefitId::FromHex(p.stem().string()); r.ok()) id = *r;
-    }
+    const std::optional<RefitId> id = RefitOfJsonFile(e);
     if (!id) {
       spdlog::warn("{}: not a decision (decisions/<refit id>.json); left alone",
                    p.string());

@@ -26,6 +26,7 @@
 #define DCR_COORD_STATE_DIR_H_
 
 #include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -68,6 +69,11 @@ struct Decision {
 // {"step": n, "digest": hex}: a version in every state_dir file; the
 // digest is null where it is zero (no version, or a target not hashed yet).
 nlohmann::json VersionJson(const Version& v);
+
+// The refit a directory entry is named after: a regular file "<refit id,
+// 32 hex digits>.json" (decisions/, objects/); nullopt for anything else.
+std::optional<RefitId> RefitOfJsonFile(
+    const std::filesystem::directory_entry& entry);
 
 // How many refits' decisions decisions/ keeps (besides current.json's).
 inline constexpr size_t kDecisionsKept = 32;

@@ -99,6 +99,10 @@ class Relay::Impl {
   bool AnswerEnded(Link& link, const Frame& frame);
   void OnRefitFrame(const Frame& frame, const FrameBuffer& buffer);
   void OnChunk(const Frame& frame, const FrameBuffer& buffer);
+  // relay_objects.cc: the object store path of a pulling head.
+  // Starts reading refit `id`'s frame objects (current_->puller), paused
+  // until its PLAN phase is over.
+  void StartPuller(const RefitId& id);
   // A frame object the puller read for refit `refit`: checked as a frame
   // from the parent link is (checksum, tag, refit, epoch), then routed.
   void OnPulledFrame(const RefitId& refit, const FrameBuffer& buffer);

@@ -299,20 +299,7 @@ void Relay::Impl::StartRefit(const std::shared_ptr<Link>& link,
                                          std::move(session));
   current_.emplace(std::move(c));
   if (current_->refit->plan().nodes[0].pulls_objects) {
-    const RefitId id = header.refit_id;
-    spdlog::info("{}: pulling refit {}'s chunks from {}", options_.name,
-                 id.ToHex(), options_.objects->describe());
-    current_->puller = std::make_unique<ObjectPuller>(
-        options_.objects.get(), id.ToHex(),
-        [this, id](FrameBuffer frame) {
-          mailbox_.Post([this, id, frame = std::move(frame)] {
-            OnPulledFrame(id, frame);
-          });
-        },
-        [this, id](Status why) {
-          mailbox_.Post(
-              [this, id, why = std::move(why)] { OnPullFailed(id, why); });
-        });
+    StartPuller(header.refit_id);
   }
 }
 
