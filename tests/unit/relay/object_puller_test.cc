@@ -149,7 +149,8 @@ TEST_F(ObjectPullerTest, WaitsWhileTheRelayHoldsTooMuch) {
       store_.get(), kRefit, [&](FrameBuffer f) { Record(f); },
       [](Status) { FAIL(); }, /*max_unconsumed_bytes=*/2500);
   p.Pause(false);
-  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(WaitFor(3));
+  std::this_thread::sleep_for(50ms);  // time to read more, if it would
   // Over 2500 bytes after the read that crossed it, then nothing more.
   const size_t held = Got().size();
   EXPECT_EQ(held, 3u);
