@@ -83,6 +83,39 @@ std::vector<std::string> ListGpus(const std::string& nvidia_smi) {
   return out;
 }
 
+std::string CudaVersion(int v) {
+  return v == 0 ? std::string("none")
+                : fmt::format("{}.{}", v / 1000, v % 1000 / 10);
+}
+
+// What the CUDA runtime sees, where this build has it: each device with
+// its compute capability and whether CUDA IPC works (what applying into a
+// serving process's buffers needs). Falls back on nvidia-smi's view.
+void ProbeCudaRuntime(DoctorReport* r) {
+  if (!r->cuda_built) return;
+  auto rt = cuda::Probe();
+  if (!rt.ok()) {
+    r->gpu_detail += "; CUDA runtime: " + std::string(rt.status().message());
+    return;
+  }
+  r->cuda_driver_version = rt.value().driver_version;
+  r->cuda_runtime_version = rt.value().runtime_version;
+  r->gpus = rt.value().devices;
+  r->gpu_present = true;
+  std::string list;
+  for (const cuda::DeviceInfo& d : r->gpus) {
+    list += fmt::format(
+        "{}GPU {}: {}, compute capability {}.{}, {:.0f} GiB, {} SMs, CUDA IPC "
+        "{}",
+        list.empty() ? "" : "; ", d.index, d.name, d.cc_major, d.cc_minor,
+        d.memory_bytes / 1073741824.0, d.multiprocessors,
+        d.ipc ? "works" : "fails (" + d.ipc_detail + ")");
+  }
+  r->gpu_detail = fmt::format("{} (driver CUDA {}, runtime {})", list,
+                              CudaVersion(r->cuda_driver_version),
+                              CudaVersion(r->cuda_runtime_version));
+}
+
 void ProbeGpu(DoctorReport* r) {
   const bool dev = ::access("/dev/nvidia0", F_OK) == 0;
   const std::string smi = FindOnPath("nvidia-smi");
@@ -146,10 +179,11 @@ std::string Table(const std::vector<std::vector<std::string>>& rows) {
 }
 
 std::string CudaText(const DoctorReport& r) {
-  std::string s =
-      r.cuda_built ? "built"
-                   : "not built: this build has no CUDA kernels or store yet";
-  if (!r.cuda_built && r.cuda_compiler_found) s += " (nvcc was found)";
+  std::string s = r.cuda_built ? "built (kernels for sm_90 plus PTX)"
+                  : r.cuda_option == "OFF"
+                      ? "not built (-DDCR_CUDA=OFF)"
+                      : "not built: no nvcc at configure time (put the CUDA "
+                        "toolkit's bin on PATH and reconfigure)";
   return s + "; " + r.gpu_detail;
 }
 
@@ -173,7 +207,7 @@ Result<DoctorReport> BuildDoctorReport(const DoctorOptions& options) {
   r.cuda_compiler_found = DCR_BUILD_CUDA_COMPILER_FOUND != 0;
   r.sanitized = DCR_BUILD_SANITIZED != 0;
   r.openssl_version = OpenSSL_version(OPENSSL_VERSION);
-  r.cuda_built = false;  // no CUDA kernels or store exist yet (src/cuda)
+  r.cuda_built = cuda::Built();
 
   std::optional<Topology> topo;
   std::optional<Tree> tree;
@@ -195,6 +229,7 @@ Result<DoctorReport> BuildDoctorReport(const DoctorOptions& options) {
 
   r.transports = ProbeTransports();
   ProbeGpu(&r);
+  ProbeCudaRuntime(&r);
 
   if (topo || (options.tls_flags && options.tls_flags->enabled())) {
     TransportOptions transport;
@@ -309,9 +344,30 @@ std::string DoctorReportJson(const DoctorReport& r) {
                          {"needed", r.tls_needed},
                          {"usable", r.tls_usable},
                          {"detail", r.tls_detail}};
-  j["cuda"] = OrderedJson{{"built", r.cuda_built},
-                          {"gpu_present", r.gpu_present},
-                          {"detail", CudaText(r)}};
+  OrderedJson gpus = OrderedJson::array();
+  for (const cuda::DeviceInfo& d : r.gpus) {
+    gpus.push_back(OrderedJson{
+        {"index", d.index},
+        {"name", d.name},
+        {"compute_capability", fmt::format("{}.{}", d.cc_major, d.cc_minor)},
+        {"memory_bytes", d.memory_bytes},
+        {"multiprocessors", d.multiprocessors},
+        {"pci_bus_id", d.pci_bus_id},
+        {"ipc", d.ipc},
+        {"ipc_detail", d.ipc_detail}});
+  }
+  j["cuda"] = OrderedJson{
+      {"built", r.cuda_built},
+      {"gpu_present", r.gpu_present},
+      {"driver_version", r.cuda_driver_version == 0
+                             ? OrderedJson()
+                             : OrderedJson(CudaVersion(r.cuda_driver_version))},
+      {"runtime_version",
+       r.cuda_runtime_version == 0
+           ? OrderedJson()
+           : OrderedJson(CudaVersion(r.cuda_runtime_version))},
+      {"devices", std::move(gpus)},
+      {"detail", CudaText(r)}};
   if (r.topology.empty()) {
     j["topology"] = nullptr;
   } else {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/cli_common.h"
+#include "dcr/cuda.h"
 #include "dcr/status.h"
 #include "dcr/transport.h"
 
@@ -58,9 +59,14 @@ struct DoctorReport {
 
   std::string openssl_version;  // OpenSSL_version(OPENSSL_VERSION)
 
-  bool cuda_built = false;  // CUDA kernels and store compiled in
+  bool cuda_built = false;  // CUDA kernels compiled in (cuda/)
   bool gpu_present = false;
-  std::string gpu_detail;  // the GPUs found (nvidia-smi), or why none
+  std::string gpu_detail;  // the GPUs found, or why none
+  // From the CUDA runtime (cuda_built only): versions as 13000 for 13.0,
+  // the driver's 0 when there is none.
+  int cuda_driver_version = 0;
+  int cuda_runtime_version = 0;
+  std::vector<cuda::DeviceInfo> gpus;  // empty: none usable
 
   // With a topology.
   std::string topology;

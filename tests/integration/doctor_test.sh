@@ -26,7 +26,7 @@ grep -q -- "--doctor" "$T/out" || fail "dcr-relay --help lacks --doctor"
 # The table.
 expect 0 "$DCR" doctor
 for row in "^TRANSPORT +BUILT +USABLE +VERSION +DETAIL" "^tcp +yes +yes " "^ucx +(yes|no) +(yes|no) " \
-           "^TLS +built: OpenSSL" "^CUDA +not built"; do
+           "^TLS +built: OpenSSL" "^CUDA +(built|not built)"; do
   grep -qE "$row" "$T/out" || { cat "$T/out" >&2; fail "dcr doctor lacks a line like '$row'"; }
 done
 grep -q "topology" "$T/out" && fail "dcr doctor without --topology reports a topology"
@@ -39,12 +39,16 @@ json 'list(d) == ["build", "transports", "tls", "cuda", "topology", "ready"]' \
   'all(set(t) == {"kind", "built", "usable", "version", "detail"} for t in d["transports"])' \
   'd["transports"][0]["built"] and d["transports"][0]["usable"]' \
   'd["tls"]["built"] and d["tls"]["library"].startswith("OpenSSL") and not d["tls"]["needed"]' \
-  'd["cuda"]["built"] is False and d["build"]["version"] != "unknown"' \
+  'd["cuda"]["built"] == (d["build"]["options"]["DCR_CUDA"] != "OFF" and d["build"]["cuda_compiler_found"])' \
+  'd["build"]["version"] != "unknown"' \
+  'set(d["cuda"]) == {"built", "gpu_present", "driver_version", "runtime_version", "devices", "detail"}' \
   'd["topology"] is None and d["ready"] is True'
 if [[ -e /dev/nvidia0 ]] || nvidia-smi -L >/dev/null 2>&1; then
   json 'd["cuda"]["gpu_present"] is True'
 else
-  json 'd["cuda"]["gpu_present"] is False and "no GPU found" in d["cuda"]["detail"]'
+  json 'd["cuda"]["gpu_present"] is False and "no GPU found" in d["cuda"]["detail"]' \
+    'd["cuda"]["devices"] == []' \
+    'not d["cuda"]["built"] or "no usable CUDA device" in d["cuda"]["detail"]'
 fi
 UCX_USABLE=$(python3 -S -c "import json; print(int(json.load(open('$T/dcr.json'))['transports'][1]['usable']))")
 

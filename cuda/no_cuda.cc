@@ -1,0 +1,68 @@
+// dcr/cuda.h in a build without CUDA: every call says how to get it.
+#include <utility>
+
+#include "dcr/cuda.h"
+
+namespace dcr::cuda {
+
+namespace {
+
+Status NotBuilt() {
+  return Status::Unsupported(
+      "this dcr was built without CUDA: install the CUDA toolkit (nvcc on "
+      "PATH) and configure with -DDCR_CUDA=ON");
+}
+
+}  // namespace
+
+bool Built() { return false; }
+
+Result<Runtime> Probe() { return NotBuilt(); }
+
+Result<DeviceBuffer> DeviceBuffer::Allocate(size_t) { return NotBuilt(); }
+DeviceBuffer::~DeviceBuffer() = default;
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  data_ = std::exchange(o.data_, nullptr);
+  size_ = std::exchange(o.size_, 0);
+  return *this;
+}
+
+Status CopyToDevice(void*, std::span<const std::byte>) { return NotBuilt(); }
+Status CopyToHost(std::span<std::byte>, const void*) { return NotBuilt(); }
+Status CopyOnDevice(void*, const void*, size_t, Stream) { return NotBuilt(); }
+Status Fill(void*, uint8_t, size_t) { return NotBuilt(); }
+Status Synchronize(Stream) { return NotBuilt(); }
+
+struct Differ::Impl {};
+Differ::Differ(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Differ::~Differ() = default;
+Result<std::unique_ptr<Differ>> Differ::Create(uint64_t) { return NotBuilt(); }
+Result<uint64_t> Differ::FindChanges(size_t, const void*, const void*, uint64_t,
+                                     bool, uint32_t*, void*, Stream) {
+  return NotBuilt();
+}
+
+Status ApplyChanges(ChunkKind, size_t, void*, uint64_t, const uint32_t*,
+                    const void*, uint64_t, Stream) {
+  return NotBuilt();
+}
+Status ApplyDense(ChunkKind, size_t, void*, uint64_t, const void*, Stream) {
+  return NotBuilt();
+}
+
+struct Digester::Impl {};
+Digester::Digester(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Digester::~Digester() = default;
+Result<std::unique_ptr<Digester>> Digester::Create() { return NotBuilt(); }
+Result<LinearDigest> Digester::LinearHash(uint64_t, const void*, uint64_t,
+                                          Stream) {
+  return NotBuilt();
+}
+Result<Digest128> Digester::TensorDigest(const void*, uint64_t, Stream) {
+  return NotBuilt();
+}
+
+}  // namespace dcr::cuda

@@ -1,0 +1,174 @@
+// The codec's hot loops on an NVIDIA GPU (cuda/, built with -DDCR_CUDA):
+// finding the changed elements of two device-resident spans, applying
+// decoded changes to a device-resident span in place, and the tensor
+// digest of device memory. Each result is bit-identical to its CPU
+// counterpart (codec/diff.h FindChanges, ApplyChunk, dcr/digest.h), so a
+// producer can diff where the trainer's shard lives and a relay can apply
+// where the server reads, and the chunks and digests they exchange with
+// CPU peers are the same bytes.
+//
+// A build without CUDA has the same functions: Built() is false and every
+// call returns Unsupported saying how to build with it. With CUDA but no
+// usable GPU, calls return Unsupported naming the driver's reason.
+//
+// Pointers named `d_*` are device pointers (cudaMalloc, or a CUDA IPC
+// mapping) of the current device; `stream` is a cudaStream_t (null: the
+// legacy default stream). Calls that return a count or a digest
+// synchronize `stream` before they return; the others only enqueue work.
+//
+// Thread safety: a Differ or Digester is used by one thread at a time.
+// The free functions are thread-safe.
+#ifndef DCR_CUDA_H_
+#define DCR_CUDA_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dcr/codec.h"
+#include "dcr/digest.h"
+#include "dcr/status.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace dcr::cuda {
+
+using Stream = CUstream_st*;
+
+// True iff this build compiled the CUDA kernels.
+bool Built();
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;  // "NVIDIA H200"
+  int cc_major = 0;  // compute capability
+  int cc_minor = 0;
+  uint64_t memory_bytes = 0;
+  int multiprocessors = 0;
+  std::string pci_bus_id;  // "0000:19:00.0"
+  // Whether cudaIpcGetMemHandle works on an allocation of this device (the
+  // prerequisite for a relay applying into a serving process's buffers);
+  // `ipc_detail` gives the driver's error when not.
+  bool ipc = false;
+  std::string ipc_detail;
+};
+
+struct Runtime {
+  int driver_version = 0;   // 13000 for CUDA 13.0 (cudaDriverGetVersion)
+  int runtime_version = 0;  // of the runtime dcr was built with
+  std::vector<DeviceInfo> devices;
+};
+
+// The driver and every visible device. Unsupported when this build has no
+// CUDA, or when the driver reports no usable device (the message says why:
+// no driver, no device, a driver older than the runtime).
+Result<Runtime> Probe();
+
+// Device memory, freed on destruction. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  // cudaMalloc of `bytes` (> 0) on the current device.
+  static Result<DeviceBuffer> Allocate(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  DeviceBuffer(void* data, size_t size) : data_(data), size_(size) {}
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Synchronous copies between host and device memory (tests, tools).
+Status CopyToDevice(void* d_dst, std::span<const std::byte> src);
+Status CopyToHost(std::span<std::byte> dst, const void* d_src);
+// Device-to-device copy of `bytes` bytes (cudaMemcpyAsync; enqueues).
+Status CopyOnDevice(void* d_dst, const void* d_src, size_t bytes,
+                    Stream stream = nullptr);
+// Sets `bytes` bytes at d_dst to `value` (poisoning outputs in tests).
+Status Fill(void* d_dst, uint8_t value, size_t bytes);
+Status Synchronize(Stream stream);
+
+// The most elements one FindChanges call takes: positions are 32-bit.
+inline constexpr uint64_t kMaxDiffElems = (1ull << 32) - 1;
+
+// Finds changed elements on the GPU (stream compaction). Holds scratch
+// sized for `max_elems` elements.
+class Differ {
+ public:
+  static Result<std::unique_ptr<Differ>> Create(uint64_t max_elems);
+  ~Differ();
+  Differ(const Differ&) = delete;
+  Differ& operator=(const Differ&) = delete;
+
+  // Scans `n` (<= max_elems) elements of `elem_size` (1, 2, 4 or 8) bytes at
+  // d_base and d_target. For every element whose bits differ, in ascending
+  // order, writes its index to d_positions[k] and its value to
+  // d_values[k * elem_size ..]: base ^ target when `xor_values`, else
+  // target. d_positions must have room for n entries and d_values for
+  // n * elem_size bytes. Returns the number of changed elements (and
+  // synchronizes `stream`). The same positions and values, split into byte
+  // planes, as codec/diff.h FindChanges on the same bits. Any alignment
+  // works; 16-byte-aligned spans take the fast path.
+  Result<uint64_t> FindChanges(size_t elem_size, const void* d_base,
+                               const void* d_target, uint64_t n,
+                               bool xor_values, uint32_t* d_positions,
+                               void* d_values, Stream stream = nullptr);
+
+ private:
+  struct Impl;
+  explicit Differ(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Applies `count` changes to the span at d_span (`span_elems` elements of
+// `elem_size` bytes), in place: element d_positions[k] becomes
+// (old ^ value) for ChunkKind::kXor or value for kOverwrite, with value at
+// d_values[k * elem_size ..]. Positions must be distinct and < span_elems
+// (a DecodedChunk's are: ChunkDecoder validated them); out-of-range
+// positions are skipped, never written. Enqueues on `stream`.
+Status ApplyChanges(ChunkKind kind, size_t elem_size, void* d_span,
+                    uint64_t span_elems, const uint32_t* d_positions,
+                    const void* d_values, uint64_t count,
+                    Stream stream = nullptr);
+
+// Applies a dense chunk's values to every element of the span (XOR or
+// overwrite): `span_elems * elem_size` bytes at d_values.
+Status ApplyDense(ChunkKind kind, size_t elem_size, void* d_span,
+                  uint64_t span_elems, const void* d_values,
+                  Stream stream = nullptr);
+
+// LinearHash (dcr/digest.h) of device memory: the contribution of the
+// `bytes` bytes at d_data lying at byte `offset` of a longer string.
+// Bit-identical to LinearHash(offset, host copy of the same bytes).
+class Digester {
+ public:
+  static Result<std::unique_ptr<Digester>> Create();
+  ~Digester();
+  Digester(const Digester&) = delete;
+  Digester& operator=(const Digester&) = delete;
+
+  Result<LinearDigest> LinearHash(uint64_t offset, const void* d_data,
+                                  uint64_t bytes, Stream stream = nullptr);
+  // TensorDigest of the `bytes` bytes at d_data.
+  Result<Digest128> TensorDigest(const void* d_data, uint64_t bytes,
+                                 Stream stream = nullptr);
+
+ private:
+  struct Impl;
+  explicit Digester(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dcr::cuda
+
+#endif  // DCR_CUDA_H_

@@ -1,0 +1,431 @@
+// The CUDA kernels (dcr/cuda.h) against their CPU references on random
+// inputs: every element size, densities from 0 to 100%, changes at the
+// first and last element and at tile edges, NaN/Inf/denormal/signed-zero
+// bit patterns, aligned and misaligned spans, outputs poisoned before each
+// run. Without a usable GPU every test is skipped with the driver's reason
+// (ctest reports it as skipped, never as passed).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec/diff.h"
+#include "dcr/codec.h"
+#include "dcr/cuda.h"
+#include "dcr/digest.h"
+
+namespace dcr::cuda {
+namespace {
+
+constexpr uint8_t kPoison = 0xa5;
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto rt = Probe();
+    if (!rt.ok()) GTEST_SKIP() << "no GPU: " << rt.status().ToString();
+  }
+
+  template <typename T>
+  static T Value(Result<T> r) {
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return std::move(r).value();
+  }
+
+  static DeviceBuffer Alloc(size_t bytes) {
+    return Value(DeviceBuffer::Allocate(std::max<size_t>(bytes, 1)));
+  }
+
+  static DeviceBuffer Upload(std::span<const std::byte> host, size_t pad = 0) {
+    DeviceBuffer d = Alloc(host.size() + pad);
+    EXPECT_TRUE(Fill(d.data(), kPoison, d.size()).ok());
+    EXPECT_TRUE(CopyToDevice(static_cast<char*>(d.data()) + pad, host).ok());
+    return d;
+  }
+
+  static std::vector<std::byte> Download(const void* d, size_t bytes) {
+    std::vector<std::byte> out(bytes);
+    Status st = CopyToHost(out, d);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return out;
+  }
+
+  std::mt19937_64 rng_{20261204};
+};
+
+// Bit patterns a float tensor holds that an integer compare must treat as
+// plain bits: NaNs with payloads, infinities, signed zeros, denormals.
+std::vector<uint64_t> SpecialBits(size_t w) {
+  switch (w) {
+    case 1:
+      return {0x7f, 0xff, 0x80, 0x00, 0x01, 0x78};  // FP8 E4M3 NaN, -0, ...
+    case 2:
+      return {0x7fc0, 0x7fc1, 0xffc0, 0x7f80, 0xff80,
+              0x8000, 0x0000, 0x0001, 0x807f};
+    case 4:
+      return {0x7fc00000, 0x7fc00001, 0x7f800000, 0xff800000,
+              0x80000000, 0x00000001, 0x007fffff};
+    default:
+      return {0x7ff8000000000000ull, 0x7ff0000000000001ull,
+              0xfff0000000000000ull, 0x8000000000000000ull, 1ull};
+  }
+}
+
+struct Case {
+  size_t w;
+  uint64_t n;
+  double density;
+};
+
+// Base and target spans of n elements: random base with special patterns
+// sprinkled in; target changes about `density` of the elements (always the
+// first and last and the elements either side of a 16 KiB tile edge when
+// density > 0), some to special patterns, some by one bit only.
+void MakeSpans(const Case& c, std::mt19937_64& rng,
+               std::vector<std::byte>* base, std::vector<std::byte>* target) {
+  const size_t w = c.w;
+  base->resize(c.n * w);
+  for (auto& b : *base) b = static_cast<std::byte>(rng());
+  const auto special = SpecialBits(w);
+  auto put = [&](std::vector<std::byte>* v, uint64_t i, uint64_t bits) {
+    std::memcpy(v->data() + i * w, &bits, w);
+  };
+  for (uint64_t i = 0; i < c.n; i += 97)
+    put(base, i, special[i % special.size()]);
+  *target = *base;
+  if (c.density <= 0) return;
+  std::uniform_real_distribution<double> u(0, 1);
+  auto change = [&](uint64_t i) {
+    uint64_t old = 0, now = 0;
+    std::memcpy(&old, base->data() + i * w, w);
+    switch (rng() % 3) {
+      case 0:
+        now = special[rng() % special.size()];
+        break;
+      case 1:
+        now = old ^ (1ull << (rng() % (8 * w)));
+        break;
+      default:
+        now = rng();
+    }
+    if (std::memcmp(&now, &old, w) == 0) now = old ^ 1;
+    put(target, i, now);
+  };
+  for (uint64_t i = 0; i < c.n; ++i) {
+    if (c.density >= 1 || u(rng) < c.density) change(i);
+  }
+  change(0);
+  change(c.n - 1);
+  const uint64_t tile = 16384 / w;
+  for (uint64_t e = tile; e < c.n; e += tile) {
+    change(e - 1);
+    change(e);
+  }
+}
+
+struct CpuChanges {
+  std::vector<uint32_t> positions;
+  std::vector<std::byte> values;  // element-major
+};
+
+CpuChanges CpuFind(size_t w, std::span<const std::byte> base,
+                   std::span<const std::byte> target, bool xor_values) {
+  const size_t n = base.size() / w;
+  CpuChanges out;
+  out.positions.resize(n);
+  std::vector<std::vector<uint8_t>> planes(w, std::vector<uint8_t>(n));
+  uint8_t* ptrs[8];
+  for (size_t j = 0; j < w; ++j) ptrs[j] = planes[j].data();
+  const size_t k = FindChanges(w, base.data(), target.data(), n, xor_values,
+                               out.positions.data(), ptrs);
+  out.positions.resize(k);
+  out.values.resize(k * w);
+  for (size_t i = 0; i < k; ++i) {
+    for (size_t j = 0; j < w; ++j) {
+      out.values[i * w + j] = static_cast<std::byte>(planes[j][i]);
+    }
+  }
+  return out;
+}
+
+TEST_F(CudaTest, ProbeReportsTheDevices) {
+  Runtime rt = Value(Probe());
+  ASSERT_FALSE(rt.devices.empty());
+  EXPECT_GT(rt.driver_version, 0);
+  for (const auto& d : rt.devices) {
+    EXPECT_FALSE(d.name.empty());
+    EXPECT_GE(d.cc_major, 3);
+    EXPECT_GT(d.memory_bytes, 0u);
+    EXPECT_TRUE(d.ipc || !d.ipc_detail.empty());
+    std::printf("GPU %d: %s, cc %d.%d, %.1f GiB, %d SMs, %s, IPC %s\n", d.index,
+                d.name.c_str(), d.cc_major, d.cc_minor,
+                d.memory_bytes / 1073741824.0, d.multiprocessors,
+                d.pci_bus_id.c_str(), d.ipc ? "yes" : d.ipc_detail.c_str());
+  }
+}
+
+TEST_F(CudaTest, FindChangesMatchesTheCpu) {
+  auto differ = Value(Differ::Create(3 << 20));
+  const std::vector<uint64_t> sizes = {1,     7,      8192,
+                                       16384, 100003, (1 << 20) + 3};
+  const std::vector<double> densities = {0, 1e-4, 0.03, 0.5, 1.0};
+  for (size_t w : {1, 2, 4, 8}) {
+    for (uint64_t n : sizes) {
+      for (double density : densities) {
+        for (bool xor_values : {true, false}) {
+          // pad 0: 256-byte aligned (the vector path); pad w: misaligned.
+          for (size_t pad : {size_t{0}, w}) {
+            SCOPED_TRACE("w=" + std::to_string(w) + " n=" + std::to_string(n) +
+                         " density=" + std::to_string(density) +
+                         " xor=" + std::to_string(xor_values) +
+                         " pad=" + std::to_string(pad));
+            std::vector<std::byte> base, target;
+            MakeSpans({w, n, density}, rng_, &base, &target);
+            CpuChanges want = CpuFind(w, base, target, xor_values);
+            DeviceBuffer db = Upload(base, pad), dt = Upload(target, pad);
+            DeviceBuffer dp =
+                Upload(std::vector<std::byte>(4 * n + 4, std::byte{kPoison}));
+            DeviceBuffer dv = Upload(
+                std::vector<std::byte>(w * n + w, std::byte{kPoison}), pad);
+            const uint64_t k = Value(differ->FindChanges(
+                w, static_cast<char*>(db.data()) + pad,
+                static_cast<char*>(dt.data()) + pad, n, xor_values,
+                static_cast<uint32_t*>(dp.data()),
+                static_cast<char*>(dv.data()) + pad));
+            ASSERT_EQ(k, want.positions.size());
+            auto pos = Download(dp.data(), 4 * (k + 1));
+            auto val =
+                Download(static_cast<char*>(dv.data()) + pad, w * (k + 1));
+            ASSERT_EQ(0, std::memcmp(pos.data(), want.positions.data(), 4 * k));
+            ASSERT_EQ(0, std::memcmp(val.data(), want.values.data(), w * k));
+            // Nothing past the last change was written.
+            for (size_t b = 0; b < 4; ++b) {
+              ASSERT_EQ(pos[4 * k + b], std::byte{kPoison});
+            }
+            for (size_t b = 0; b < w; ++b) {
+              ASSERT_EQ(val[w * k + b], std::byte{kPoison});
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaTest, FindChangesRefusesBadArguments) {
+  auto differ = Value(Differ::Create(1024));
+  DeviceBuffer a = Alloc(4096), b = Alloc(4096), p = Alloc(4096),
+               v = Alloc(8192);
+  auto* pa = static_cast<char*>(a.data());
+  auto* pb = static_cast<char*>(b.data());
+  auto* pp = static_cast<uint32_t*>(p.data());
+  EXPECT_FALSE(differ->FindChanges(3, pa, pb, 16, true, pp, v.data()).ok());
+  EXPECT_FALSE(differ->FindChanges(2, pa, pb, 2048, true, pp, v.data()).ok());
+  EXPECT_FALSE(differ->FindChanges(2, pa + 1, pb, 16, true, pp, v.data()).ok());
+  EXPECT_EQ(0u, Value(differ->FindChanges(2, pa, pb, 0, true, pp, v.data())));
+  EXPECT_FALSE(Differ::Create(0).ok());
+}
+
+DecodedChunk MakeChunk(ChunkKind kind, ChunkEncoding enc, size_t w,
+                       uint32_t span_elems, std::vector<uint32_t> positions,
+                       std::vector<std::byte> values) {
+  DecodedChunk c;
+  c.header.kind = kind;
+  c.header.encoding = enc;
+  c.header.elem_size = static_cast<uint8_t>(w);
+  c.header.span_elems = span_elems;
+  c.header.changed = enc == ChunkEncoding::kDense
+                         ? span_elems
+                         : static_cast<uint32_t>(positions.size());
+  c.positions = std::move(positions);
+  c.values = std::move(values);
+  return c;
+}
+
+TEST_F(CudaTest, ApplyMatchesTheCpu) {
+  for (size_t w : {1, 2, 4, 8}) {
+    for (uint64_t n : {uint64_t{1}, uint64_t{4099}, uint64_t{(1 << 18) + 5}}) {
+      for (double density : {0.0, 0.03, 0.6, 1.0}) {
+        for (ChunkKind kind : {ChunkKind::kXor, ChunkKind::kOverwrite}) {
+          for (size_t pad : {size_t{0}, w}) {
+            SCOPED_TRACE("w=" + std::to_string(w) + " n=" + std::to_string(n) +
+                         " density=" + std::to_string(density) +
+                         " kind=" + std::to_string(int(kind)) +
+                         " pad=" + std::to_string(pad));
+            std::vector<std::byte> base, target;
+            MakeSpans({w, n, density}, rng_, &base, &target);
+            CpuChanges ch = CpuFind(w, base, target, kind == ChunkKind::kXor);
+            // Sparse.
+            {
+              std::vector<std::byte> want = base;
+              ASSERT_TRUE(
+                  ApplyChunk(MakeChunk(kind, ChunkEncoding::kSparse, w,
+                                       uint32_t(n), ch.positions, ch.values),
+                             want)
+                      .ok());
+              ASSERT_EQ(want, target);
+              DeviceBuffer ds = Upload(base, pad);
+              DeviceBuffer dp = Upload(std::as_bytes(std::span(ch.positions)));
+              DeviceBuffer dv = Upload(ch.values, pad);
+              ASSERT_TRUE(ApplyChanges(kind, w,
+                                       static_cast<char*>(ds.data()) + pad, n,
+                                       static_cast<uint32_t*>(dp.data()),
+                                       static_cast<char*>(dv.data()) + pad,
+                                       ch.positions.size())
+                              .ok());
+              ASSERT_TRUE(Synchronize(nullptr).ok());
+              ASSERT_EQ(Download(static_cast<char*>(ds.data()) + pad, n * w),
+                        want);
+            }
+            // Dense: every element's mask or new value.
+            {
+              std::vector<std::byte> values = target;
+              if (kind == ChunkKind::kXor) {
+                for (size_t i = 0; i < values.size(); ++i) values[i] ^= base[i];
+              }
+              std::vector<std::byte> want = base;
+              ASSERT_TRUE(ApplyChunk(MakeChunk(kind, ChunkEncoding::kDense, w,
+                                               uint32_t(n), {}, values),
+                                     want)
+                              .ok());
+              ASSERT_EQ(want, target);
+              DeviceBuffer ds = Upload(base, pad);
+              DeviceBuffer dv = Upload(values, pad);
+              ASSERT_TRUE(ApplyDense(kind, w,
+                                     static_cast<char*>(ds.data()) + pad, n,
+                                     static_cast<char*>(dv.data()) + pad)
+                              .ok());
+              ASSERT_TRUE(Synchronize(nullptr).ok());
+              ASSERT_EQ(Download(static_cast<char*>(ds.data()) + pad, n * w),
+                        want);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaTest, ApplySkipsPositionsOutsideTheSpan) {
+  const size_t w = 2;
+  const uint64_t n = 1000;
+  std::vector<std::byte> span(n * w);
+  for (auto& b : span) b = static_cast<std::byte>(rng_());
+  // The span sits inside a larger buffer whose tail must stay untouched.
+  std::vector<std::byte> whole = span;
+  whole.resize(2 * n * w, std::byte{kPoison});
+  DeviceBuffer ds = Upload(whole);
+  std::vector<uint32_t> pos = {0, 999, 1000, 1999, 0xffffffffu};
+  std::vector<std::byte> vals(pos.size() * w, std::byte{0xff});
+  DeviceBuffer dp = Upload(std::as_bytes(std::span(pos)));
+  DeviceBuffer dv = Upload(vals);
+  ASSERT_TRUE(ApplyChanges(ChunkKind::kOverwrite, w, ds.data(), n,
+                           static_cast<uint32_t*>(dp.data()), dv.data(),
+                           pos.size())
+                  .ok());
+  ASSERT_TRUE(Synchronize(nullptr).ok());
+  auto got = Download(ds.data(), whole.size());
+  std::vector<std::byte> want = whole;
+  for (size_t b = 0; b < w; ++b) {
+    want[b] = std::byte{0xff};
+    want[999 * w + b] = std::byte{0xff};
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_FALSE(ApplyChanges(ChunkKind::kXor, 3, ds.data(), n,
+                            static_cast<uint32_t*>(dp.data()), dv.data(), 1)
+                   .ok());
+  EXPECT_FALSE(ApplyChanges(ChunkKind::kXor, 2,
+                            static_cast<char*>(ds.data()) + 1, n,
+                            static_cast<uint32_t*>(dp.data()), dv.data(), 1)
+                   .ok());
+}
+
+TEST_F(CudaTest, DigestMatchesTheCpu) {
+  auto digester = Value(Digester::Create());
+  std::vector<uint64_t> lengths = {0,
+                                   1,
+                                   15,
+                                   16,
+                                   17,
+                                   255,
+                                   4096,
+                                   4097,
+                                   65536 + 9,
+                                   (1 << 20) + 13,
+                                   (24 << 20) + 5};
+  for (int i = 0; i < 6; ++i) lengths.push_back(rng_() % (3 << 20));
+  for (uint64_t len : lengths) {
+    std::vector<std::byte> bytes(len);
+    for (auto& b : bytes) b = static_cast<std::byte>(rng_());
+    for (uint64_t offset : {uint64_t{0}, uint64_t{16}, uint64_t{5},
+                            uint64_t{1} << 40, (uint64_t{1} << 33) + 7}) {
+      for (size_t pad : {size_t{0}, size_t{3}}) {
+        SCOPED_TRACE("len=" + std::to_string(len) + " offset=" +
+                     std::to_string(offset) + " pad=" + std::to_string(pad));
+        DeviceBuffer d = Upload(bytes, pad);
+        const LinearDigest got = Value(digester->LinearHash(
+            offset, static_cast<char*>(d.data()) + pad, len));
+        ASSERT_EQ(got, LinearHash(offset, bytes));
+      }
+    }
+    DeviceBuffer d = Upload(bytes);
+    ASSERT_EQ(Value(digester->TensorDigest(d.data(), len)),
+              TensorDigest(bytes));
+  }
+  // All-zero and all-one strings, and special float patterns.
+  for (uint8_t fill : {uint8_t{0}, uint8_t{0xff}, uint8_t{0x7f}}) {
+    std::vector<std::byte> bytes((5 << 20) + 3, std::byte{fill});
+    DeviceBuffer d = Upload(bytes);
+    ASSERT_EQ(Value(digester->TensorDigest(d.data(), bytes.size())),
+              TensorDigest(bytes));
+  }
+}
+
+// The round trip a GPU producer and a GPU relay make: diff on the device,
+// encode the changes on the CPU into the chunk the CPU encoder makes,
+// decode, apply on the device, and the device digest of the result is the
+// target's.
+TEST_F(CudaTest, DiffEncodeDecodeApplyRoundTrip) {
+  auto differ = Value(Differ::Create(1 << 20));
+  auto digester = Value(Digester::Create());
+  auto enc = Value(ChunkEncoder::Create(EncodeOptions{}));
+  auto dec = Value(ChunkDecoder::Create());
+  const size_t w = 2;
+  const uint64_t n = 1 << 20;
+  for (double density : {0.01, 0.05}) {
+    std::vector<std::byte> base, target;
+    MakeSpans({w, n, density}, rng_, &base, &target);
+    DeviceBuffer db = Upload(base), dt = Upload(target);
+    DeviceBuffer dp = Alloc(4 * n), dv = Alloc(w * n);
+    const uint64_t k = Value(
+        differ->FindChanges(w, db.data(), dt.data(), n, true,
+                            static_cast<uint32_t*>(dp.data()), dv.data()));
+    std::vector<uint32_t> pos(k);
+    ASSERT_TRUE(
+        CopyToHost(std::as_writable_bytes(std::span(pos)), dp.data()).ok());
+    auto vals = Download(dv.data(), k * w);
+    std::vector<std::byte> gpu_chunk, cpu_chunk;
+    ASSERT_TRUE(enc->EncodeChanges(ChunkKind::kXor, {1, 2, 0}, w, uint32_t(n),
+                                   pos, vals, &gpu_chunk)
+                    .ok());
+    ASSERT_TRUE(Value(enc->EncodeDiff(ChunkKind::kXor, {1, 2, 0}, w, base,
+                                      target, &cpu_chunk)));
+    ASSERT_EQ(gpu_chunk, cpu_chunk);
+    DecodedChunk c;
+    ASSERT_TRUE(dec->Decode(gpu_chunk, &c).ok());
+    DeviceBuffer dp2 = Upload(std::as_bytes(std::span(c.positions)));
+    DeviceBuffer dv2 = Upload(c.values);
+    ASSERT_TRUE(ApplyChanges(c.header.kind, w, db.data(), n,
+                             static_cast<uint32_t*>(dp2.data()), dv2.data(),
+                             c.positions.size())
+                    .ok());
+    EXPECT_EQ(Value(digester->TensorDigest(db.data(), n * w)),
+              TensorDigest(target));
+  }
+}
+
+}  // namespace
+}  // namespace dcr::cuda
