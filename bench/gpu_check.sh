@@ -21,9 +21,10 @@ cd "$(dirname "$0")/.."
 if [[ ${1:-} == --pack ]]; then
   dir=${2:?usage: bench/gpu_check.sh --pack DIR}
   build=${DCR_BUILD_DIR:-build}
-  bins=("$build/tests/cuda/cuda_kernels_test" "$build/bench/gpu_bench")
+  bins=("$build/tests/cuda/cuda_kernels_test" "$build/tests/cuda/cuda_ipc_peer"
+    "$build/bench/gpu_bench")
   for b in "${bins[@]}"; do
-    [[ -x $b ]] || { echo "gpu_check: $b not built (cmake --build $build --target cuda_kernels_test gpu_bench)" >&2; exit 2; }
+    [[ -x $b ]] || { echo "gpu_check: $b not built (cmake --build $build --target cuda_kernels_test cuda_ipc_peer gpu_bench)" >&2; exit 2; }
   done
   rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
   cp "${bins[@]}" "$dir/bin/"
@@ -105,6 +106,8 @@ e = j["e2e"]
 print(f"encode e2e: GPU {e['encode_gpu_gbps']:.2f} GB/s vs CPU {e['encode_cpu_gbps']:.2f}, "
       f"chunks identical: {e['chunks_identical']}; decode+apply: GPU "
       f"{e['decode_apply_gpu_gbps']:.2f} vs CPU {e['decode_apply_cpu_gbps']:.2f} GB/s")
+print("decode+apply pipelined (ChunkApplier): " + ", ".join(
+    f"{p['threads']} thr {p['gbps']:.2f} GB/s" for p in e["decode_apply_pipelined"]))
 PY
 fi
 exit $status

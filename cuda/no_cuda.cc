@@ -53,6 +53,21 @@ Status ApplyDense(ChunkKind, size_t, void*, uint64_t, const void*, Stream) {
   return NotBuilt();
 }
 
+struct ChunkApplier::Impl {
+  Stats stats;
+};
+ChunkApplier::ChunkApplier(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+ChunkApplier::~ChunkApplier() = default;
+Result<std::unique_ptr<ChunkApplier>> ChunkApplier::Create(Options) {
+  return NotBuilt();
+}
+Status ChunkApplier::Apply(std::span<const std::byte>, void*, uint64_t) {
+  return NotBuilt();
+}
+Status ChunkApplier::Flush() { return NotBuilt(); }
+const ChunkApplier::Stats& ChunkApplier::stats() const { return impl_->stats; }
+
 struct Digester::Impl {};
 Digester::Digester(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Digester::~Digester() = default;
@@ -64,5 +79,21 @@ Result<LinearDigest> Digester::LinearHash(uint64_t, const void*, uint64_t,
 Result<Digest128> Digester::TensorDigest(const void*, uint64_t, Stream) {
   return NotBuilt();
 }
+
+Result<IpcTensor> ExportIpcTensor(std::string, DType, std::vector<uint64_t>,
+                                  const void*) {
+  return NotBuilt();
+}
+
+struct IpcImport::Impl {
+  IpcManifest manifest;
+};
+IpcImport::IpcImport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+IpcImport::~IpcImport() = default;
+Result<std::unique_ptr<IpcImport>> IpcImport::Open(const IpcManifest&) {
+  return NotBuilt();
+}
+const IpcManifest& IpcImport::manifest() const { return impl_->manifest; }
+void* IpcImport::Tensor(size_t) const { return nullptr; }
 
 }  // namespace dcr::cuda

@@ -26,10 +26,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dcr/codec.h"
 #include "dcr/digest.h"
+#include "dcr/dtype.h"
 #include "dcr/status.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
@@ -147,6 +149,57 @@ Status ApplyDense(ChunkKind kind, size_t elem_size, void* d_span,
                   uint64_t span_elems, const void* d_values,
                   Stream stream = nullptr);
 
+// Applies encoded chunks to device-resident spans: decodes each on the
+// calling thread (dcr/codec.h ChunkDecoder, with all its validation),
+// stages the changes through pinned host buffers and applies them on the
+// GPU, so that the copy of one chunk's changes and the apply of the last
+// overlap the decode of the next. Memory: `staging_bytes` of pinned host
+// memory and as much device memory, whatever the chunk sizes (a chunk
+// whose changes do not fit one slot goes in pieces).
+//
+// Order: applies run in the order Apply() was called (each waits on the
+// one before), so a repair's overwrite after a chunk's XOR lands after it.
+// A chunk that fails to decode or validate changes nothing and leaves the
+// applier usable; an error the GPU raises leaves the span's bits unknown
+// (as a failed write to a host store does: the refit repairs the span
+// with an overwrite). Apply() returns once the changes are staged; Flush()
+// waits for everything enqueued and reports an error the GPU raised since the
+// last Flush(). One thread at a time; use one applier per decoding thread.
+class ChunkApplier {
+ public:
+  struct Options {
+    size_t staging_bytes = 64 << 20;  // pinned host, and as much on device
+    int slots = 4;                    // staging buffers in flight
+  };
+  struct Stats {
+    uint64_t chunks = 0;
+    uint64_t pieces = 0;        // staging slots used
+    uint64_t staged_bytes = 0;  // positions and values copied to the GPU
+    double decode_s = 0;        // decoding on the calling thread
+    double slot_wait_s = 0;     // waiting for a free staging slot
+  };
+
+  static Result<std::unique_ptr<ChunkApplier>> Create(Options options);
+  ~ChunkApplier();
+  ChunkApplier(const ChunkApplier&) = delete;
+  ChunkApplier& operator=(const ChunkApplier&) = delete;
+
+  // Decodes `chunk` and enqueues its application to the span at d_span,
+  // which holds `span_elems` elements of the chunk's element size (its
+  // header's span_elems must match: InvalidArgument otherwise, nothing
+  // written). A context-coded chunk is decoded against a host copy of the
+  // span, read back first (it decodes only against the base bits).
+  Status Apply(std::span<const std::byte> chunk, void* d_span,
+               uint64_t span_elems);
+  Status Flush();
+  const Stats& stats() const;
+
+ private:
+  struct Impl;
+  explicit ChunkApplier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // LinearHash (dcr/digest.h) of device memory: the contribution of the
 // `bytes` bytes at d_data lying at byte `offset` of a longer string.
 // Bit-identical to LinearHash(offset, host copy of the same bytes).
@@ -166,6 +219,90 @@ class Digester {
  private:
   struct Impl;
   explicit Digester(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ------------------------------------------------------------ CUDA IPC
+// A serving process keeps its weights in its own device buffers; a relay
+// on the same node applies chunks into them through CUDA IPC. The server
+// exports each tensor (ExportIpcTensor) and serves the list, an IPC
+// manifest, on a Unix socket (IpcServer); the relay fetches it
+// (FetchIpcManifest) and maps the buffers (IpcImport). Nothing but the
+// manifest crosses the socket: the handles name the allocations, which the
+// driver maps into the relay's address space.
+
+// One exported tensor: the allocation holding it and where it starts.
+struct IpcTensor {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<uint64_t> shape;
+  std::string handle;   // cudaIpcMemHandle_t, 128 lower-case hex digits
+  uint64_t offset = 0;  // bytes from the allocation's start
+  uint64_t bytes = 0;   // product of shape times the dtype's size
+};
+
+struct IpcManifest {
+  std::string device;  // PCI bus id of the exporting device
+  std::vector<IpcTensor> tensors;
+};
+
+// The manifest as one line of JSON (docs/FORMAT.md §"CUDA IPC manifest"):
+//   {"format": 1, "device": "0000:19:00.0",
+//    "tensors": [{"name": ..., "dtype": "BF16", "shape": [..],
+//                 "handle": "<128 hex>", "offset": N, "bytes": N}, ...]}
+std::string EncodeIpcManifest(const IpcManifest& manifest);
+// Strict: every key required, no others, names unique and non-empty,
+// bytes = elements * dtype size, offset + bytes without overflow, at most
+// kMaxIpcManifestBytes. Corruption naming the field otherwise. Works in
+// builds without CUDA (it is only text).
+inline constexpr size_t kMaxIpcManifestBytes = 64 << 20;
+Result<IpcManifest> ParseIpcManifest(std::string_view text);
+
+// The entry for a tensor of `dtype` and `shape` at d_ptr (anywhere inside
+// a cudaMalloc allocation, as a framework's caching allocator hands out).
+Result<IpcTensor> ExportIpcTensor(std::string name, DType dtype,
+                                  std::vector<uint64_t> shape,
+                                  const void* d_ptr);
+
+// Serves `manifest` on a Unix socket at `path` (created; removed when the
+// server is destroyed): each connection receives the encoded manifest and
+// is closed. Runs a thread.
+class IpcServer {
+ public:
+  static Result<std::unique_ptr<IpcServer>> Start(const std::string& path,
+                                                  IpcManifest manifest);
+  ~IpcServer();
+  IpcServer(const IpcServer&) = delete;
+  IpcServer& operator=(const IpcServer&) = delete;
+
+ private:
+  struct Impl;
+  explicit IpcServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Connects to `path` and reads the manifest (IOError if nothing answers
+// within `timeout_ms`, Corruption if what comes is not a manifest).
+Result<IpcManifest> FetchIpcManifest(const std::string& path,
+                                     int timeout_ms = 5000);
+
+// The manifest's allocations mapped into this process (each distinct
+// handle once); unmapped on destruction. The exporter must keep them
+// allocated meanwhile.
+class IpcImport {
+ public:
+  static Result<std::unique_ptr<IpcImport>> Open(const IpcManifest& manifest);
+  ~IpcImport();
+  IpcImport(const IpcImport&) = delete;
+  IpcImport& operator=(const IpcImport&) = delete;
+
+  const IpcManifest& manifest() const;
+  // Device pointer to tensor i's first byte.
+  void* Tensor(size_t i) const;
+
+ private:
+  struct Impl;
+  explicit IpcImport(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
