@@ -30,6 +30,7 @@
 #include "dcr/codec.h"
 #include "dcr/cuda.h"
 #include "dcr/digest.h"
+#include "dcr/fp8.h"
 
 namespace {
 
@@ -211,6 +212,53 @@ int main(int argc, char** argv) {
                             {"apply_gbps", gb(t_apply)},
                             {"dense_apply_gbps", gb(t_dense)},
                             {"digest_gbps", gb(t_digest)}});
+  }
+
+  // FP8 requantization of every 128x128 block of the target as a BF16
+  // [rows, 16384] matrix (what a serving relay does to the blocks a refit
+  // touched; all of them here), against the CPU's on a 64 MiB slice.
+  {
+    dcr::Fp8Tensor t;
+    t.dtype = dcr::DType::kBF16;
+    t.cols = 16384;
+    t.rows = n / t.cols;
+    dcr::Fp8BlockSet all(t);
+    all.MarkAll();
+    cu::DeviceBuffer d_q = Must(cu::DeviceBuffer::Allocate(t.elements()), "q");
+    cu::DeviceBuffer d_s =
+        Must(cu::DeviceBuffer::Allocate(4 * t.blocks()), "scales");
+    const double t_gpu = Time(reps, [&] {
+      Must(cu::RequantizeFp8(t, d_target.data(), all,
+                             static_cast<uint8_t*>(d_q.data()),
+                             static_cast<float*>(d_s.data())),
+           "fp8");
+    });
+    dcr::Fp8Tensor slice = t;
+    slice.rows = std::min<uint64_t>(t.rows, 2048);
+    dcr::Fp8BlockSet slice_all(slice);
+    slice_all.MarkAll();
+    std::vector<uint8_t> q(slice.elements());
+    std::vector<float> sc(slice.blocks());
+    const auto src = std::as_bytes(std::span(target.data(), slice.elements()));
+    const double t_cpu = Time(reps, [&] {
+      Must(dcr::RequantizeFp8(slice, src, slice_all, q, sc), "fp8 cpu");
+    });
+    // The GPU's codes and scales for the slice are the CPU's.
+    std::vector<std::byte> gq(slice.elements()), gs(4 * slice.blocks());
+    Must(cu::CopyToHost(gq, d_q.data()), "down");
+    Must(cu::CopyToHost(gs, d_s.data()), "down");
+    const bool same = std::memcmp(gq.data(), q.data(), gq.size()) == 0 &&
+                      std::memcmp(gs.data(), sc.data(), gs.size()) == 0;
+    if (!same) ok = false;
+    const double gpu_gbps = bytes / t_gpu / 1e9;
+    const double cpu_gbps = slice.elements() * 2.0 / t_cpu / 1e9;
+    std::printf(
+        "\nFP8 requantization, every 128x128 block: GPU %.1f GB/s "
+        "(x%.2f copy), CPU (one thread) %.2f GB/s; %s\n",
+        gpu_gbps, gpu_gbps / copy_gbps, cpu_gbps,
+        same ? "identical" : "DIFFER");
+    j["fp8_requant"] = {
+        {"gpu_gbps", gpu_gbps}, {"cpu_gbps", cpu_gbps}, {"identical", same}};
   }
 
   // End to end over the first e2e_spans spans of 1M elements at 3%.

@@ -80,6 +80,11 @@ Result<Digest128> Digester::TensorDigest(const void*, uint64_t, Stream) {
   return NotBuilt();
 }
 
+Status RequantizeFp8(const Fp8Tensor&, const void*, const Fp8BlockSet&,
+                     uint8_t*, float*, Stream) {
+  return NotBuilt();
+}
+
 Result<IpcTensor> ExportIpcTensor(std::string, DType, std::vector<uint64_t>,
                                   const void*) {
   return NotBuilt();

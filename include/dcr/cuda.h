@@ -32,6 +32,7 @@
 #include "dcr/codec.h"
 #include "dcr/digest.h"
 #include "dcr/dtype.h"
+#include "dcr/fp8.h"
 #include "dcr/status.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
@@ -221,6 +222,16 @@ class Digester {
   explicit Digester(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// RequantizeFp8 (dcr/fp8.h) on the GPU: requantizes the blocks `blocks`
+// marks, and only those, from the canonical bits at d_src (t.elements()
+// elements of t.dtype) into the codes at d_q (t.elements() bytes) and the
+// scales at d_scale_inv (t.blocks() F32), bit-identical to the CPU's.
+// Block-wise scales only (Unsupported for a per-tensor scale). Synchronizes
+// `stream`.
+Status RequantizeFp8(const Fp8Tensor& t, const void* d_src,
+                     const Fp8BlockSet& blocks, uint8_t* d_q,
+                     float* d_scale_inv, Stream stream = nullptr);
 
 // ------------------------------------------------------------ CUDA IPC
 // A serving process keeps its weights in its own device buffers; a relay

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +22,8 @@
 #include "dcr/cuda.h"
 #include "dcr/digest.h"
 #include "dcr/dtype.h"
+#include "dcr/fp8.h"
+#include "dcr/shard_diff.h"
 
 namespace dcr::cuda {
 namespace {
@@ -521,6 +524,111 @@ TEST_F(CudaTest, ChunkApplierMatchesTheCpu) {
   }
   EXPECT_FALSE(ChunkApplier::Create({1024, 4}).ok());
   EXPECT_FALSE(ChunkApplier::Create({1 << 20, 0}).ok());
+}
+
+// FP8 block requantization against the CPU's: BF16, F16 and F32 sources
+// with NaNs of both signs, infinities, subnormals, zeros and values far past
+// 448; partial edge blocks, an all-zero block (the scale floor), blocks of
+// other shapes; only the marked blocks may change.
+TEST_F(CudaTest, RequantizeFp8MatchesTheCpu) {
+  struct Shape {
+    uint64_t rows, cols;
+    uint32_t br, bc;
+  };
+  const std::vector<Shape> shapes = {{300, 200, 128, 128},
+                                     {1, 1000, 128, 128},
+                                     {257, 129, 1, 64},
+                                     {64, 64, 128, 128}};
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " " +
+                   std::to_string(sh.rows) + "x" + std::to_string(sh.cols) +
+                   " blocks " + std::to_string(sh.br) + "x" +
+                   std::to_string(sh.bc));
+      Fp8Tensor t;
+      t.dtype = dtype;
+      t.rows = sh.rows;
+      t.cols = sh.cols;
+      t.block_rows = sh.br;
+      t.block_cols = sh.bc;
+      const size_t w = DTypeSize(dtype);
+      const uint64_t n = t.elements();
+      std::vector<std::byte> src(n * w);
+      const std::vector<uint32_t> special32 = {
+          0x7fc00000, 0xffc00001, 0x7f800000, 0xff800000, 0x00000001,
+          0x80000003, 0x00000000, 0x80000000, 0x4b000000, 0x3c7fffff};
+      for (uint64_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        if (rng_() % 50 == 0) {
+          bits = special32[rng_() % special32.size()];
+        } else {
+          // Mostly normal magnitudes around 2^-8..2^4, some tiny.
+          const float v =
+              std::ldexp(float(rng_() % 1000) / 1000.0f + 0.5f,
+                         int(rng_() % 13) - 8 - (rng_() % 9 == 0 ? 20 : 0));
+          std::memcpy(&bits, &v, 4);
+          bits |= (rng_() & 1) << 31;
+        }
+        if (dtype == DType::kF32) {
+          std::memcpy(src.data() + 4 * i, &bits, 4);
+        } else if (dtype == DType::kBF16) {
+          const uint16_t h = static_cast<uint16_t>(bits >> 16);
+          std::memcpy(src.data() + 2 * i, &h, 2);
+        } else {
+          float f;
+          std::memcpy(&f, &bits, 4);
+          uint16_t h = FloatToHalf(f);
+          if (rng_() % 40 == 0)
+            h = static_cast<uint16_t>(rng_() % 0x400);              // subnormal
+          if (rng_() % 97 == 0) h = 0x7e01 | ((rng_() & 1) << 15);  // NaN
+          std::memcpy(src.data() + 2 * i, &h, 2);
+        }
+      }
+      // One block all zeros: its scale is the floor's.
+      const uint64_t bw = std::min<uint64_t>(sh.bc, t.cols);
+      for (uint64_t r = 0; r < std::min<uint64_t>(sh.br, t.rows); ++r) {
+        std::memset(src.data() + (r * t.cols) * w, 0, bw * w);
+      }
+      // The state before: poison, so unmarked blocks must stay poison.
+      std::vector<uint8_t> q(n, 0xA5);
+      std::vector<float> scales(t.blocks(), -1.0f);
+      Fp8BlockSet marked(t);
+      // Every third block or so, by an element inside it; the first
+      // (all zeros) always, the last never.
+      for (uint64_t b = 0; b < t.blocks(); ++b) {
+        if (b != 0 && (b + 1 == t.blocks() || rng_() % 3 != 0)) continue;
+        const uint64_t r = b / t.blocks_across() * sh.br;
+        const uint64_t c = b % t.blocks_across() * sh.bc;
+        marked.MarkRange(r * t.cols + c, 1);
+      }
+      ASSERT_GT(marked.count(), 0u);
+      ASSERT_LT(marked.count(), t.blocks() > 1 ? t.blocks() : 2);
+      std::vector<uint8_t> want_q = q;
+      std::vector<float> want_s = scales;
+      ASSERT_TRUE(dcr::RequantizeFp8(t, src, marked, want_q, want_s).ok());
+      DeviceBuffer d_src = Upload(src);
+      DeviceBuffer d_q = Upload(std::as_bytes(std::span(q)));
+      DeviceBuffer d_s = Upload(std::as_bytes(std::span(scales)));
+      ASSERT_TRUE(RequantizeFp8(t, d_src.data(), marked,
+                                static_cast<uint8_t*>(d_q.data()),
+                                static_cast<float*>(d_s.data()))
+                      .ok());
+      auto got_q = Download(d_q.data(), n);
+      auto got_s = Download(d_s.data(), scales.size() * 4);
+      ASSERT_EQ(0, std::memcmp(got_q.data(), want_q.data(), n));
+      ASSERT_EQ(0, std::memcmp(got_s.data(), want_s.data(), got_s.size()));
+    }
+  }
+  Fp8Tensor per_tensor;
+  per_tensor.rows = 4;
+  per_tensor.cols = 4;
+  per_tensor.block_rows = per_tensor.block_cols = 0;
+  DeviceBuffer d = Alloc(64);
+  EXPECT_EQ(RequantizeFp8(per_tensor, d.data(), Fp8BlockSet(per_tensor),
+                          static_cast<uint8_t*>(d.data()),
+                          static_cast<float*>(d.data()))
+                .code(),
+            StatusCode::kUnsupported);
 }
 
 // The IPC peer: $DCR_CUDA_IPC_PEER, else beside this binary (where
