@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check of issue 20 in one run: the `cuda` tests (every kernel
-# against its CPU reference) and bench/gpu_bench (the kernels against the
-# device copy bandwidth, the end-to-end encode and decode + apply), with
-# one table at the end. Under 8 minutes on one H200.
+# against its CPU reference, the chunk applier, CUDA IPC into another
+# process), memcheck over the small ones, the dcr_cuda Python module built
+# here and run with torch CUDA tensors, and bench/gpu_bench (the kernels
+# against the device copy bandwidth, the end-to-end encode and decode +
+# apply), with one table at the end. About 2 minutes on one H200.
 #
 # A GPU machine is another image (other libraries, no -dev packages, no
 # package registry), so the binaries are built where dcr builds and carried:
@@ -23,8 +25,10 @@ if [[ ${1:-} == --pack ]]; then
   build=${DCR_BUILD_DIR:-build}
   bins=("$build/tests/cuda/cuda_kernels_test" "$build/tests/cuda/cuda_ipc_peer"
     "$build/bench/gpu_bench")
+  compgen -G "$build/python/dcr_cuda.*.so" >/dev/null ||
+    { echo "gpu_check: the dcr_cuda Python module is not built (cmake --build $build --target dcr_cuda_python)" >&2; exit 2; }
   for b in "${bins[@]}"; do
-    [[ -x $b ]] || { echo "gpu_check: $b not built (cmake --build $build --target cuda_kernels_test cuda_ipc_peer gpu_bench)" >&2; exit 2; }
+    [[ -x $b ]] || { echo "gpu_check: $b not built (cmake --build $build --target cuda_kernels_test cuda_ipc_peer gpu_bench dcr_cuda_python)" >&2; exit 2; }
   done
   rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
   cp "${bins[@]}" "$dir/bin/"
@@ -33,6 +37,20 @@ if [[ ${1:-} == --pack ]]; then
   ldd "${bins[@]}" | awk '/=> \// {print $3}' | sort -u |
     grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
     xargs -r cp -L -t "$dir/lib/"
+  # The Python module is built there, against that machine's Python and
+  # torch: carry its static libraries (debug info stripped) and the shared
+  # ones it needs, without the C++ runtime (that machine's compiler brings
+  # a newer one).
+  mkdir -p "$dir/pylib/so"
+  for a in cuda/libdcr_cuda.a src/placement/libdcr_placement.a \
+    src/codec/libdcr_codec.a src/format/libdcr_format.a \
+    src/common/libdcr_common.a src/common/libdcr_yaml_doc.a; do
+    strip --strip-debug -o "$dir/pylib/$(basename "$a")" "$build/$a"
+  done
+  cp "$(dirname "$(command -v nvcc)")/../lib64/libcudart_static.a" "$dir/pylib/"
+  ldd "$build"/python/dcr_cuda.*.so | awk '/=> \// {print $3}' | sort -u |
+    grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+    xargs -r cp -L -t "$dir/pylib/so/"
   du -sh "$dir"
   exit 0
 fi
@@ -73,6 +91,39 @@ if [[ ${GPU_CHECK_SANITIZE:-1} == 1 ]] && command -v compute-sanitizer >/dev/nul
   echo "$sanitize"
 fi
 
+# The Python module (dcr_cuda) built here against this machine's Python,
+# pybind11 and torch, then tests/cuda/cuda_tensors_test.py with torch CUDA
+# tensors. Its own library path: not the carried C++ runtime.
+python="not run"
+if [[ -d $dir/pylib ]]; then
+  echo "== python: dcr_cuda with torch CUDA tensors"
+  cxx=$(command -v g++ || command -v c++ || true)
+  inc=$(python3 -m pybind11 --includes 2>/dev/null || true)
+  ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  pymod=$(mktemp -d)
+  if [[ -z $cxx ]]; then
+    python="untested: no C++ compiler on this machine"
+  elif [[ -z $inc ]]; then
+    python="untested: no pybind11 for $(python3 --version 2>&1)"
+  elif ! "$cxx" -O2 -shared -fPIC -std=c++20 $inc -Iinclude -Isrc \
+      src/python/cuda_module.cc -o "$pymod/dcr_cuda$ext" \
+      -Wl,--start-group "$dir"/pylib/*.a -Wl,--end-group "$dir"/pylib/so/*.so* \
+      -ldl -lrt -lpthread >"$out/python_build.log" 2>&1; then
+    python="FAILED to build (python_build.log)"; status=1
+    tail -5 "$out/python_build.log"
+  else
+    LD_LIBRARY_PATH=$PWD/$dir/pylib/so PYTHONPATH=$pymod \
+      python3 tests/cuda/cuda_tensors_test.py "$dir/bin/cuda_ipc_peer" 2>&1 |
+      tee "$out/python.log"
+    case ${PIPESTATUS[0]} in
+      0) python="passed ($(python3 -c 'import torch; print("torch", torch.__version__)'))" ;;
+      77) python="skipped: $(tail -1 "$out/python.log")" ;;
+      *) python="FAILED (python.log)"; status=1 ;;
+    esac
+  fi
+  echo "$python"
+fi
+
 echo "== gpu_bench"
 start=$SECONDS
 "$dir/bin/gpu_bench" --gib "${GPU_CHECK_GIB:-1}" --reps "${GPU_CHECK_REPS:-5}" \
@@ -92,6 +143,7 @@ printf '%-22s %s\n' "cuda tests" \
   "rc $tests_rc: $passed passed, $failed failed, $skipped skipped (${tests_s} s)"
 printf '%-22s %s\n' "gpu_bench" "rc $bench_rc (${bench_s} s)"
 printf '%-22s %s\n' "memcheck" "$sanitize"
+printf '%-22s %s\n' "python (CUDA tensors)" "$python"
 if [[ -f $out/gpu.json ]]; then
   python3 - "$out/gpu.json" <<'PY'
 import json, sys

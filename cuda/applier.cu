@@ -100,6 +100,7 @@ Result<std::unique_ptr<ChunkApplier>> ChunkApplier::Create(Options options) {
   if (options.slots < 1 || options.slots > 64) {
     return Status::InvalidArgument("a chunk applier takes 1 to 64 slots");
   }
+  DCR_RETURN_IF_ERROR(RequireDevice());
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->slot_bytes = options.staging_bytes / options.slots / 16 * 16;

@@ -24,6 +24,22 @@ inline Status LaunchStatus(std::string_view kernel) {
                     std::string("launch of ") + std::string(kernel));
 }
 
+// Unsupported, naming the driver's reason, where no device is usable:
+// what the classes' Create() return first, rather than the error of
+// whichever allocation would fail.
+inline Status RequireDevice() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Unsupported(std::string("no usable CUDA device (") +
+                               cudaGetErrorName(e) + ": " +
+                               cudaGetErrorString(e) + ")");
+  }
+  if (count == 0) return Status::Unsupported("no CUDA device");
+  return Status::OK();
+}
+
 }  // namespace dcr::cuda
 
 #define DCR_CUDA_RETURN_IF_ERROR(call, what)                              \

@@ -197,6 +197,7 @@ Result<std::unique_ptr<Differ>> Differ::Create(uint64_t max_elems) {
         "a CUDA differ takes 1 to 2^32 - 1 elements, not " +
         std::to_string(max_elems));
   }
+  DCR_RETURN_IF_ERROR(RequireDevice());
   auto impl = std::make_unique<Impl>();
   impl->max_elems = max_elems;
   // Tiles are 16 KiB, so the widest elements make the most of them.

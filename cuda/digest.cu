@@ -190,6 +190,7 @@ Digester::Digester(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Digester::~Digester() = default;
 
 Result<std::unique_ptr<Digester>> Digester::Create() {
+  DCR_RETURN_IF_ERROR(RequireDevice());
   auto impl = std::make_unique<Impl>();
   // The tables of x * K^32 for x a single byte v at byte j of the operand.
   const LinearDigest k32 = linear_digest::Power(32);
