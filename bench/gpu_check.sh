@@ -65,9 +65,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
 status=0
 echo "== cuda tests"
 start=$SECONDS
-"$dir/bin/cuda_kernels_test" --gtest_brief=0 2>&1 | tee "$out/cuda_tests.log" |
-  grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|^GPU|Failure|error' | head -60
-tests_rc=${PIPESTATUS[0]}
+"$dir/bin/cuda_kernels_test" --gtest_brief=0 >"$out/cuda_tests.log" 2>&1
+tests_rc=$?
+grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|^GPU|Failure|error' \
+  "$out/cuda_tests.log" | head -60
 tests_s=$((SECONDS - start))
 # One line per test with its time; the summary lists them again without.
 count() { grep -cE "^\[ *$1 *\] .* \([0-9]+ ms\)$" "$out/cuda_tests.log"; }
@@ -86,6 +87,7 @@ if [[ ${GPU_CHECK_SANITIZE:-1} == 1 ]] && command -v compute-sanitizer >/dev/nul
   case $rc in
     0) sanitize="clean" ;;
     9) sanitize="ERRORS (memcheck.log)"; status=1 ;;
+    1) sanitize="a test FAILED under memcheck (memcheck.log)"; status=1 ;;
     *) sanitize="could not run (rc $rc): $(grep -m1 -iE 'error|not supported' "$out/memcheck.log")" ;;
   esac
   echo "$sanitize"

@@ -44,13 +44,15 @@ struct ChunkApplier::Impl {
   size_t slot_bytes = 0;
   std::vector<Slot> slots;
   size_t next = 0;
-  cudaEvent_t last = nullptr;  // the previous piece's apply
+  cudaEvent_t last = nullptr;   // the previous piece's apply
+  cudaEvent_t input = nullptr;  // the caller's stream at Apply()
   std::unique_ptr<ChunkDecoder> decoder;
   DecodedChunk decoded;
   std::vector<std::byte> base;  // host copy of a span, for context chunks
   Stats stats;
 
   ~Impl() {
+    if (input != nullptr) cudaEventDestroy(input);
     for (Slot& s : slots) {
       if (s.stream != nullptr) cudaStreamSynchronize(s.stream);
       if (s.done != nullptr) cudaEventDestroy(s.done);
@@ -80,6 +82,9 @@ struct ChunkApplier::Impl {
       DCR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s.stream, last, 0),
                                "ordering applies");
     }
+    // After what the caller's stream held at Apply(): the span's writers.
+    DCR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s.stream, input, 0),
+                             "ordering after the caller's stream");
     DCR_RETURN_IF_ERROR(
         apply(static_cast<std::byte*>(s.device.data()), s.stream));
     DCR_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.done, s.stream),
@@ -112,6 +117,9 @@ Result<std::unique_ptr<ChunkApplier>> ChunkApplier::Create(Options options) {
         std::to_string(options.slots) + " slots");
   }
   DCR_ASSIGN_OR_RETURN(impl->decoder, ChunkDecoder::Create());
+  DCR_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&impl->input, cudaEventDisableTiming),
+      "cudaEventCreate");
   impl->slots.resize(options.slots);
   for (Slot& s : impl->slots) {
     DCR_CUDA_RETURN_IF_ERROR(cudaMallocHost(&s.host, impl->slot_bytes),
@@ -128,7 +136,7 @@ Result<std::unique_ptr<ChunkApplier>> ChunkApplier::Create(Options options) {
 }
 
 Status ChunkApplier::Apply(std::span<const std::byte> chunk, void* d_span,
-                           uint64_t span_elems) {
+                           uint64_t span_elems, Stream stream) {
   Impl& m = *impl_;
   DCR_ASSIGN_OR_RETURN(ChunkHeader h, PeekChunkHeader(chunk));
   if (h.span_elems != span_elems) {
@@ -139,9 +147,11 @@ Status ChunkApplier::Apply(std::span<const std::byte> chunk, void* d_span,
   }
   std::span<const std::byte> base;
   if (h.encoding == ChunkEncoding::kContext) {
-    // Everything enqueued before must have landed: the base is what the
-    // span holds once they have.
+    // Everything enqueued before must have landed, the caller's writes
+    // and this applier's: the base is what the span holds once they have.
     DCR_RETURN_IF_ERROR(Flush());
+    DCR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream),
+                             "waiting for the caller's stream");
     m.base.resize(span_elems * h.elem_size);
     DCR_RETURN_IF_ERROR(CopyToHost(m.base, d_span));
     base = m.base;
@@ -149,6 +159,8 @@ Status ChunkApplier::Apply(std::span<const std::byte> chunk, void* d_span,
   const auto t0 = Clock::now();
   DCR_RETURN_IF_ERROR(m.decoder->Decode(chunk, &m.decoded, nullptr, base));
   m.stats.decode_s += Since(t0);
+  DCR_CUDA_RETURN_IF_ERROR(cudaEventRecord(m.input, stream),
+                           "cudaEventRecord on the caller's stream");
   const DecodedChunk& c = m.decoded;
   const size_t w = c.header.elem_size;
   const ChunkKind kind = c.header.kind;

@@ -32,8 +32,9 @@ constexpr int kThreads = 256;
 constexpr int kVecs = 4;
 constexpr uint64_t kTileBytes = 16ull * kThreads * kVecs;
 
+// 16-byte aligned: loaded and stored whole as a uint4.
 template <typename T>
-struct Lanes {
+struct alignas(16) Lanes {
   static constexpr int kCount = 16 / sizeof(T);
   T v[kCount];
 };

@@ -150,10 +150,12 @@ struct Digester::Impl {
   DeviceBuffer consts;                     // Consts
   DeviceBuffer out;                        // 2 x u64
   unsigned long long* host_out = nullptr;  // pinned, 2 x u64
+  std::byte* edge = nullptr;               // pinned, 32: head and tail
   int max_blocks = 0;                      // resident blocks of the kernel
 
   ~Impl() {
     if (host_out != nullptr) cudaFreeHost(host_out);
+    if (edge != nullptr) cudaFreeHost(edge);
   }
 
   // XOR over whole blocks b < `blocks` at d of X_b * K^(b + 1).
@@ -220,6 +222,9 @@ Result<std::unique_ptr<Digester>> Digester::Create() {
   DCR_CUDA_RETURN_IF_ERROR(
       cudaMallocHost(reinterpret_cast<void**>(&impl->host_out), 16),
       "cudaMallocHost");
+  DCR_CUDA_RETURN_IF_ERROR(
+      cudaMallocHost(reinterpret_cast<void**>(&impl->edge), 32),
+      "cudaMallocHost");
   for (auto* fn : {DigestKernel<true>, DigestKernel<false>}) {
     DCR_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -246,24 +251,38 @@ Result<LinearDigest> Digester::LinearHash(uint64_t offset, const void* d_data,
   const uint64_t head = std::min<uint64_t>((16 - offset % 16) % 16, bytes);
   const uint64_t blocks = (bytes - head) / 16;
   const uint64_t tail = bytes - head - blocks * 16;
-  LinearDigest sum;
-  std::byte edge[16];
+  // The edges are read on `stream`, after the work it holds (whatever
+  // wrote the bytes), into pinned memory.
+  const uint64_t at = head + blocks * 16;
+  std::byte* edge = impl_->edge;
   if (head > 0) {
-    DCR_RETURN_IF_ERROR(CopyToHost(std::span<std::byte>(edge, head), d));
-    sum ^= dcr::LinearHash(offset, std::span<const std::byte>(edge, head));
+    DCR_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(edge, d, head, cudaMemcpyDeviceToHost, stream),
+        "reading the digest's head");
   }
+  if (tail > 0) {
+    DCR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(edge + 16, d + at, tail,
+                                             cudaMemcpyDeviceToHost, stream),
+                             "reading the digest's tail");
+  }
+  LinearDigest sum;
   if (blocks > 0) {
+    // Synchronizes `stream`, so the edges have landed too.
     DCR_ASSIGN_OR_RETURN(LinearDigest body,
                          impl_->Body(d + head, blocks, stream));
     const uint64_t first_block = (offset + head) / 16;
     sum ^= first_block == 0
                ? body
                : GfMultiply(body, linear_digest::Power(first_block));
+  } else {
+    DCR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "the digest");
+  }
+  if (head > 0) {
+    sum ^= dcr::LinearHash(offset, std::span<const std::byte>(edge, head));
   }
   if (tail > 0) {
-    const uint64_t at = head + blocks * 16;
-    DCR_RETURN_IF_ERROR(CopyToHost(std::span<std::byte>(edge, tail), d + at));
-    sum ^= dcr::LinearHash(offset + at, std::span<const std::byte>(edge, tail));
+    sum ^= dcr::LinearHash(offset + at,
+                           std::span<const std::byte>(edge + 16, tail));
   }
   return sum;
 }

@@ -158,8 +158,11 @@ Status RequantizeFp8(const Fp8Tensor& t, const void* d_src,
   }
   DCR_ASSIGN_OR_RETURN(DeviceBuffer d_list,
                        DeviceBuffer::Allocate(list.size() * sizeof(uint32_t)));
-  DCR_RETURN_IF_ERROR(
-      CopyToDevice(d_list.data(), std::as_bytes(std::span(list))));
+  // On `stream`, so the kernel after it reads the list as copied.
+  DCR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_list.data(), list.data(),
+                                           list.size() * sizeof(uint32_t),
+                                           cudaMemcpyHostToDevice, stream),
+                           "copying the block list");
   const Shape s{
       t.rows,    t.cols, t.block_rows, t.block_cols, t.blocks_across(),
       t.min_amax};

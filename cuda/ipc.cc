@@ -128,7 +128,14 @@ Result<std::unique_ptr<IpcImport>> IpcImport::Open(
     }
     DCR_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev), "cudaSetDevice");
   }
+  std::map<std::string, size_t> sizes;  // handle -> mapped bytes
   for (const IpcTensor& t : manifest.tensors) {
+    if (t.handle.size() != 2 * sizeof(cudaIpcMemHandle_t::reserved) ||
+        t.handle.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return Status::InvalidArgument("tensor '" + t.name +
+                                     "': the IPC handle is not 128 "
+                                     "lower-case hex digits");
+    }
     auto it = impl->mapped.find(t.handle);
     if (it == impl->mapped.end()) {
       void* base = nullptr;
@@ -137,6 +144,20 @@ Result<std::unique_ptr<IpcImport>> IpcImport::Open(
           cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
           "mapping tensor '" + t.name + "' (cudaIpcOpenMemHandle)");
       it = impl->mapped.emplace(t.handle, base).first;
+      // The mapping's size, where the driver reports it for IPC mappings
+      // (0 where it does not: the manifest's word is all there is then).
+      uintptr_t b = 0;
+      size_t size = 0;
+      sizes[t.handle] = AllocationOf(base, &b, &size).ok() ? size : 0;
+    }
+    // Every byte the relay may write lies inside the mapping.
+    const size_t size = sizes[t.handle];
+    if (size > 0 && (t.offset > size || t.bytes > size - t.offset)) {
+      return Status::InvalidArgument(
+          "tensor '" + t.name + "' (" + std::to_string(t.bytes) +
+          " bytes at offset " + std::to_string(t.offset) +
+          ") runs past the end of its exported allocation (" +
+          std::to_string(size) + " bytes)");
     }
     impl->tensors.push_back(static_cast<char*>(it->second) + t.offset);
   }

@@ -166,6 +166,8 @@ Result<IpcManifest> ParseIpcManifest(std::string_view text) {
 struct IpcServer::Impl {
   std::string path;
   std::string text;
+  dev_t dev = 0;  // the socket file this server bound
+  ino_t ino = 0;
   int listen_fd = -1;
   int stop_pipe[2] = {-1, -1};
   std::thread thread;
@@ -178,12 +180,19 @@ struct IpcServer::Impl {
         return;
       }
       if (fds[1].revents != 0) return;
+      if ((fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) return;
       if ((fds[0].revents & POLLIN) == 0) continue;
       const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      // A reader that stalls is dropped after 5 s rather than holding the
+      if (c < 0) {
+        // Out of descriptors: wait rather than spin.
+        if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) {
+          ::poll(&fds[1], 1, 50);
+        }
+        continue;
+      }
+      // A reader that stalls is dropped after 1 s rather than holding the
       // server (the manifest is small; one write usually takes it all).
-      timeval tv{5, 0};
+      timeval tv{1, 0};
       ::setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
       size_t sent = 0;
       while (sent < text.size()) {
@@ -205,7 +214,12 @@ struct IpcServer::Impl {
     }
     if (listen_fd >= 0) {
       ::close(listen_fd);
-      ::unlink(path.c_str());
+      // Only our socket: another server may have bound the path since.
+      struct stat sb;
+      if (::lstat(path.c_str(), &sb) == 0 && sb.st_dev == dev &&
+          sb.st_ino == ino) {
+        ::unlink(path.c_str());
+      }
     }
     for (int fd : stop_pipe) {
       if (fd >= 0) ::close(fd);
@@ -221,14 +235,24 @@ Result<std::unique_ptr<IpcServer>> IpcServer::Start(const std::string& path,
   Status st;
   const sockaddr_un addr = Address(path, &st);
   DCR_RETURN_IF_ERROR(st);
-  // A socket left by a server that died is replaced; anything else at the
-  // path is not ours to remove.
+  // A socket left by a server that died is replaced; one a live server
+  // answers on, or anything else at the path, is not ours to remove.
   struct stat sb;
   if (::lstat(path.c_str(), &sb) == 0) {
     if (!S_ISSOCK(sb.st_mode)) {
       return Status::InvalidArgument(path +
                                      " exists and is not a socket; choose "
                                      "another path for the IPC manifest");
+    }
+    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) return Status::FromErrno("socket", errno);
+    const bool live = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr),
+                                sizeof(addr)) == 0;
+    ::close(probe);
+    if (live) {
+      return Status::InvalidArgument(
+          "a server already answers on " + path +
+          "; stop it or choose another path for the IPC manifest");
     }
     ::unlink(path.c_str());
   }
@@ -247,6 +271,11 @@ Result<std::unique_ptr<IpcServer>> IpcServer::Start(const std::string& path,
     impl->listen_fd = -1;
     return Status::FromErrno("bind " + path, e);
   }
+  if (::lstat(path.c_str(), &sb) != 0) {
+    return Status::FromErrno("stat " + path, errno);
+  }
+  impl->dev = sb.st_dev;
+  impl->ino = sb.st_ino;
   if (::listen(impl->listen_fd, 16) != 0) {
     return Status::FromErrno("listen " + path, errno);
   }
@@ -271,7 +300,9 @@ Result<IpcManifest> FetchIpcManifest(const std::string& path, int timeout_ms) {
   int last_errno = 0;
   // The server may not be listening yet: retry until the deadline.
   while (true) {
-    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // Non-blocking: a full backlog is EAGAIN, retried until the
+    // deadline, not a connect that blocks past it.
+    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return Status::FromErrno("socket", errno);
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) ==
         0) {
@@ -302,7 +333,7 @@ Result<IpcManifest> FetchIpcManifest(const std::string& path, int timeout_ms) {
                              " ms");
     }
     const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n < 0) {
       const int e = errno;
       ::close(fd);

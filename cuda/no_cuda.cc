@@ -35,6 +35,16 @@ Status CopyToHost(std::span<std::byte>, const void*) { return NotBuilt(); }
 Status CopyOnDevice(void*, const void*, size_t, Stream) { return NotBuilt(); }
 Status Fill(void*, uint8_t, size_t) { return NotBuilt(); }
 Status Synchronize(Stream) { return NotBuilt(); }
+Result<OwnedStream> OwnedStream::Create() { return NotBuilt(); }
+OwnedStream::~OwnedStream() = default;
+OwnedStream::OwnedStream(OwnedStream&& o) noexcept
+    : stream_(std::exchange(o.stream_, nullptr)) {}
+OwnedStream& OwnedStream::operator=(OwnedStream&& o) noexcept {
+  stream_ = std::exchange(o.stream_, nullptr);
+  return *this;
+}
+Status UseDevice(int) { return NotBuilt(); }
+Result<std::string> PciBusId(int) { return NotBuilt(); }
 
 struct Differ::Impl {};
 Differ::Differ(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -62,7 +72,8 @@ ChunkApplier::~ChunkApplier() = default;
 Result<std::unique_ptr<ChunkApplier>> ChunkApplier::Create(Options) {
   return NotBuilt();
 }
-Status ChunkApplier::Apply(std::span<const std::byte>, void*, uint64_t) {
+Status ChunkApplier::Apply(std::span<const std::byte>, void*, uint64_t,
+                           Stream) {
   return NotBuilt();
 }
 Status ChunkApplier::Flush() { return NotBuilt(); }

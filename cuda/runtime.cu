@@ -108,9 +108,11 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 Status CopyToDevice(void* d_dst, std::span<const std::byte> src) {
   if (src.empty()) return Status::OK();
-  return CudaStatus(
+  DCR_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(d_dst, src.data(), src.size(), cudaMemcpyHostToDevice),
       "cudaMemcpy to device");
+  // From pageable memory cudaMemcpy may return before the DMA landed.
+  return CudaStatus(cudaStreamSynchronize(nullptr), "cudaMemcpy to device");
 }
 
 Status CopyToHost(std::span<std::byte> dst, const void* d_src) {
@@ -132,6 +134,43 @@ Status Fill(void* d_dst, uint8_t value, size_t bytes) {
   if (bytes == 0) return Status::OK();
   DCR_CUDA_RETURN_IF_ERROR(cudaMemset(d_dst, value, bytes), "cudaMemset");
   return CudaStatus(cudaDeviceSynchronize(), "cudaMemset");
+}
+
+Result<OwnedStream> OwnedStream::Create() {
+  cudaStream_t s = nullptr;
+  DCR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                           "cudaStreamCreate");
+  return OwnedStream(s);
+}
+
+OwnedStream::~OwnedStream() {
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+OwnedStream::OwnedStream(OwnedStream&& o) noexcept
+    : stream_(std::exchange(o.stream_, nullptr)) {}
+
+OwnedStream& OwnedStream::operator=(OwnedStream&& o) noexcept {
+  if (this != &o) {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    stream_ = std::exchange(o.stream_, nullptr);
+  }
+  return *this;
+}
+
+Status UseDevice(int index) {
+  return CudaStatus(cudaSetDevice(index),
+                    "cudaSetDevice(" + std::to_string(index) + ")");
+}
+
+Result<std::string> PciBusId(int index) {
+  char bus[32] = {};
+  DCR_CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus, sizeof(bus), index),
+                           "cudaDeviceGetPCIBusId");
+  return std::string(bus);
 }
 
 Status Synchronize(Stream stream) {

@@ -100,6 +100,29 @@ Status CopyOnDevice(void* d_dst, const void* d_src, size_t bytes,
 // Sets `bytes` bytes at d_dst to `value` (poisoning outputs in tests).
 Status Fill(void* d_dst, uint8_t value, size_t bytes);
 Status Synchronize(Stream stream);
+// A non-blocking stream of the current device, destroyed with the object
+// (after the work queued on it).
+class OwnedStream {
+ public:
+  static Result<OwnedStream> Create();
+  OwnedStream() = default;
+  ~OwnedStream();
+  OwnedStream(OwnedStream&& o) noexcept;
+  OwnedStream& operator=(OwnedStream&& o) noexcept;
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  Stream get() const { return stream_; }
+
+ private:
+  explicit OwnedStream(Stream s) : stream_(s) {}
+  Stream stream_ = nullptr;
+};
+
+// Makes device `index` current for this thread (cudaSetDevice).
+Status UseDevice(int index);
+// The PCI bus id of device `index` ("0000:19:00.0"), without creating a
+// context on it.
+Result<std::string> PciBusId(int index);
 
 // The most elements one FindChanges call takes: positions are 32-bit.
 inline constexpr uint64_t kMaxDiffElems = (1ull << 32) - 1;
@@ -188,10 +211,13 @@ class ChunkApplier {
   // Decodes `chunk` and enqueues its application to the span at d_span,
   // which holds `span_elems` elements of the chunk's element size (its
   // header's span_elems must match: InvalidArgument otherwise, nothing
-  // written). A context-coded chunk is decoded against a host copy of the
-  // span, read back first (it decodes only against the base bits).
+  // written). The apply runs after the work `stream` holds now (whatever
+  // wrote the span: a framework's kernels, a copy), on the applier's own
+  // streams. A context-coded chunk is decoded against a host copy of the
+  // span, read back first (it decodes only against the base bits). The
+  // applier uses the device that was current at Create().
   Status Apply(std::span<const std::byte> chunk, void* d_span,
-               uint64_t span_elems);
+               uint64_t span_elems, Stream stream = nullptr);
   Status Flush();
   const Stats& stats() const;
 
@@ -275,9 +301,11 @@ Result<IpcTensor> ExportIpcTensor(std::string name, DType dtype,
                                   std::vector<uint64_t> shape,
                                   const void* d_ptr);
 
-// Serves `manifest` on a Unix socket at `path` (created; removed when the
-// server is destroyed): each connection receives the encoded manifest and
-// is closed. Runs a thread.
+// Serves `manifest` on a Unix socket at `path`: each connection receives
+// the encoded manifest and is closed. Runs a thread. A socket left at
+// `path` by a server that died is replaced; one a live server answers on
+// is not (InvalidArgument), nor is any other file. Destroying the server
+// removes the socket, unless another has been bound at `path` since.
 class IpcServer {
  public:
   static Result<std::unique_ptr<IpcServer>> Start(const std::string& path,
@@ -299,7 +327,10 @@ Result<IpcManifest> FetchIpcManifest(const std::string& path,
 
 // The manifest's allocations mapped into this process (each distinct
 // handle once); unmapped on destruction. The exporter must keep them
-// allocated meanwhile.
+// allocated meanwhile. A tensor that does not lie inside its mapped
+// allocation (offset + bytes past its end, where the driver reports the
+// mapping's size), or a malformed handle, is InvalidArgument and nothing
+// stays mapped.
 class IpcImport {
  public:
   static Result<std::unique_ptr<IpcImport>> Open(const IpcManifest& manifest);

@@ -50,6 +50,8 @@ void Check(const dcr::Status& s) {
 // A torch tensor's memory as dcr sees it.
 struct TensorRef {
   bool cuda = false;
+  int device = -1;              // CUDA device index
+  cu::Stream stream = nullptr;  // torch's current stream on that device
   std::byte* ptr = nullptr;
   uint64_t bytes = 0;
   dcr::DType dtype = dcr::DType::kBF16;
@@ -87,11 +89,28 @@ TensorRef Ref(const py::handle& t, const std::string& name, bool need_cuda) {
     throw py::value_error("'" + name + "' is not a torch tensor");
   }
   TensorRef r;
-  r.cuda = t.attr("is_cuda").cast<bool>();
+  const py::object device = t.attr("device");
+  const std::string type = py::str(device.attr("type"));
+  if (type != "cpu" && type != "cuda") {
+    throw py::value_error("tensor '" + name + "' is on a " + type +
+                          " device; dcr_cuda takes CPU and CUDA tensors");
+  }
+  r.cuda = type == "cuda";
   if (need_cuda && !r.cuda) {
     throw py::value_error("tensor '" + name +
                           "' is on the CPU; this call takes a CUDA tensor "
                           "(.cuda())");
+  }
+  if (r.cuda) {
+    // The call runs on the tensor's device, after the work torch queued
+    // on its current stream there.
+    r.device = device.attr("index").cast<int>();
+    Check(cu::UseDevice(r.device));
+    const py::object torch_cuda = py::module_::import("torch.cuda");
+    r.stream =
+        reinterpret_cast<cu::Stream>(torch_cuda.attr("current_stream")(device)
+                                         .attr("cuda_stream")
+                                         .cast<uintptr_t>());
   }
   if (!t.attr("is_contiguous")().cast<bool>()) {
     throw py::value_error("tensor '" + name +
@@ -111,28 +130,38 @@ std::string TensorDigestHex(const py::handle& t) {
     return dcr::TensorDigest(std::span<const std::byte>(r.ptr, r.bytes))
         .ToHex();
   }
-  static std::unique_ptr<cu::Digester> digester;
+  // One digester per device (its tables live there).
+  static std::map<int, std::unique_ptr<cu::Digester>> digesters;
+  auto& digester = digesters[r.device];
   if (digester == nullptr) digester = Take(cu::Digester::Create());
-  return Take(digester->TensorDigest(r.ptr, r.bytes)).ToHex();
+  return Take(digester->TensorDigest(r.ptr, r.bytes, r.stream)).ToHex();
 }
 
 py::tuple FindChanges(const py::handle& base, const py::handle& target,
                       bool xor_values) {
-  TensorRef b = Ref(base, "base", true), t = Ref(target, "target", true);
+  TensorRef t = Ref(target, "target", true), b = Ref(base, "base", true);
   if (b.bytes != t.bytes || b.elem_size != t.elem_size) {
     throw py::value_error("base and target differ in size or dtype");
   }
+  if (b.device != t.device) {
+    throw py::value_error("base and target are on different devices");
+  }
   const uint64_t n = b.bytes / b.elem_size;
   if (n == 0) return py::make_tuple(py::bytes(), py::bytes());
+  if (n > cu::kMaxDiffElems) {
+    throw py::value_error("find_changes takes fewer than 2^32 elements");
+  }
   auto differ = Take(cu::Differ::Create(n));
   auto pos = Take(cu::DeviceBuffer::Allocate(4 * n));
   auto val = Take(cu::DeviceBuffer::Allocate(b.bytes));
   uint64_t k = 0;
   {
     py::gil_scoped_release release;
+    // After torch's work on the base's stream (the target's is made to
+    // wait by the caller's usual stream discipline: both are on one).
     k = Take(differ->FindChanges(b.elem_size, b.ptr, t.ptr, n, xor_values,
-                                 static_cast<uint32_t*>(pos.data()),
-                                 val.data()));
+                                 static_cast<uint32_t*>(pos.data()), val.data(),
+                                 b.stream));
   }
   std::string p(4 * k, '\0'), v(k * b.elem_size, '\0');
   Check(cu::CopyToHost(std::as_writable_bytes(std::span(p.data(), p.size())),
@@ -172,12 +201,22 @@ py::list EncodeDiff(const py::handle& base, const py::handle& target,
 
 class PyApplier {
  public:
-  explicit PyApplier(size_t staging_bytes)
-      : applier_(Take(cu::ChunkApplier::Create({staging_bytes, 4}))) {}
+  // On the current CUDA device (torch.cuda.current_device()).
+  explicit PyApplier(size_t staging_bytes) {
+    device_ =
+        py::module_::import("torch.cuda").attr("current_device")().cast<int>();
+    Check(cu::UseDevice(device_));
+    applier_ = Take(cu::ChunkApplier::Create({staging_bytes, 4}));
+  }
 
   // The chunk's own id names its span of `t` (spans of span_elems).
   void Apply(const py::bytes& chunk, const py::handle& t, uint64_t span_elems) {
     TensorRef r = Ref(t, "tensor", true);
+    if (r.device != device_) {
+      throw py::value_error(
+          "the tensor is on cuda:" + std::to_string(r.device) +
+          ", this applier on cuda:" + std::to_string(device_));
+    }
     const std::string_view c = chunk;
     const auto bytes = std::as_bytes(std::span(c.data(), c.size()));
     const dcr::ChunkHeader h = Take(dcr::PeekChunkHeader(bytes));
@@ -186,18 +225,34 @@ class PyApplier {
           "the chunk's elements are " + std::to_string(h.elem_size) +
           " bytes, the tensor's " + std::to_string(r.elem_size));
     }
-    const uint64_t at = uint64_t{h.id.span} * span_elems * r.elem_size;
-    if (at >= r.bytes) throw py::value_error("span past the tensor's end");
+    uint64_t at = 0;
+    if (span_elems == 0 ||
+        __builtin_mul_overflow(uint64_t{h.id.span}, span_elems, &at) ||
+        __builtin_mul_overflow(at, uint64_t{r.elem_size}, &at) ||
+        at >= r.bytes) {
+      throw py::value_error("span " + std::to_string(h.id.span) + " of " +
+                            std::to_string(span_elems) +
+                            " elements lies past the tensor's end");
+    }
     Check(applier_->Apply(bytes, r.ptr + at,
-                          std::min(span_elems, (r.bytes - at) / r.elem_size)));
+                          std::min(span_elems, (r.bytes - at) / r.elem_size),
+                          r.stream));
+    // The apply runs after this returns: the tensor's memory must not go
+    // back to torch's allocator before flush().
+    pending_.append(t);
   }
   void Flush() {
-    py::gil_scoped_release release;
-    Check(applier_->Flush());
+    {
+      py::gil_scoped_release release;
+      Check(applier_->Flush());
+    }
+    pending_ = py::list();
   }
 
  private:
+  int device_ = 0;
   std::unique_ptr<cu::ChunkApplier> applier_;
+  py::list pending_;  // tensors with applies in flight
 };
 
 // Exports CUDA tensors to a relay and serves the manifest until closed;
@@ -206,14 +261,18 @@ class PyExporter {
  public:
   PyExporter(const std::string& socket, const py::dict& tensors) {
     cu::IpcManifest m;
+    int device = -1;
     for (auto [k, v] : tensors) {
       const std::string name = py::str(k);
       TensorRef r = Ref(v, name, true);
-      if (m.device.empty()) {
-        const int dev = v.attr("device").attr("index").cast<int>();
-        for (const auto& d : Take(cu::Probe()).devices) {
-          if (d.index == dev) m.device = d.pci_bus_id;
-        }
+      if (device < 0) {
+        device = r.device;
+        m.device = Take(cu::PciBusId(device));
+      } else if (r.device != device) {
+        throw py::value_error("tensor '" + name +
+                              "' is on cuda:" + std::to_string(r.device) +
+                              ", the others on cuda:" + std::to_string(device) +
+                              ": one Exporter per device");
       }
       m.tensors.push_back(
           Take(cu::ExportIpcTensor(name, r.dtype, r.shape, r.ptr)));
@@ -222,7 +281,10 @@ class PyExporter {
     manifest_ = cu::EncodeIpcManifest(m);
     server_ = Take(cu::IpcServer::Start(socket, std::move(m)));
   }
-  void Close() { server_.reset(); }
+  void Close() {
+    py::gil_scoped_release release;  // the server's thread may be sending
+    server_.reset();
+  }
   const std::string& manifest() const { return manifest_; }
 
  private:

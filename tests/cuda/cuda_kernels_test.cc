@@ -631,6 +631,50 @@ TEST_F(CudaTest, RequantizeFp8MatchesTheCpu) {
             StatusCode::kUnsupported);
 }
 
+// Work the caller queued on its own non-blocking stream comes first: a
+// dense XOR written there right before, then the applier's chunk and the
+// digest, both given that stream, see its result (a race would read the
+// span before the XOR landed).
+TEST_F(CudaTest, AppliesAndDigestsFollowTheCallersStream) {
+  const size_t w = 2;
+  const uint64_t n = 1 << 22;  // 8 MiB: the XOR takes a while
+  auto enc = Value(ChunkEncoder::Create(EncodeOptions{}));
+  auto digester = Value(Digester::Create());
+  OwnedStream s = Value(OwnedStream::Create());
+  // The caller's kernel XORs `mask` into the base, giving `mid`; the
+  // chunk overwrites `mid` into `want`. Had the overwrite landed before
+  // the XOR, its elements would read want ^ mask; had the digest read
+  // before it, it would be the base's.
+  std::vector<std::byte> base(n * w), mask(n * w), mid(n * w), want;
+  for (size_t i = 0; i < base.size(); ++i) {
+    base[i] = static_cast<std::byte>(rng_());
+    mask[i] = static_cast<std::byte>(rng_() | 1);
+    mid[i] = base[i] ^ mask[i];
+  }
+  want = mid;
+  for (uint64_t e = 0; e < n; e += 1 + rng_() % 60) {
+    want[e * w] ^= std::byte{0x5a};
+  }
+  std::vector<std::byte> chunk;
+  ASSERT_TRUE(Value(
+      enc->EncodeDiff(ChunkKind::kOverwrite, {0, 0, 0}, w, mid, want, &chunk)));
+  auto applier = Value(ChunkApplier::Create({1 << 20, 4}));
+  for (int round = 0; round < 3; ++round) {
+    DeviceBuffer d = Upload(base), m = Upload(mask);
+    ASSERT_TRUE(
+        ApplyDense(ChunkKind::kXor, w, d.data(), n, m.data(), s.get()).ok());
+    EXPECT_EQ(Value(digester->TensorDigest(d.data(), n * w, s.get())),
+              TensorDigest(mid));
+    ASSERT_TRUE(Synchronize(s.get()).ok());
+    ASSERT_TRUE(CopyToDevice(d.data(), base).ok());
+    ASSERT_TRUE(
+        ApplyDense(ChunkKind::kXor, w, d.data(), n, m.data(), s.get()).ok());
+    ASSERT_TRUE(applier->Apply(chunk, d.data(), n, s.get()).ok());
+    ASSERT_TRUE(applier->Flush().ok());
+    ASSERT_EQ(Download(d.data(), n * w), want) << "round " << round;
+  }
+}
+
 // The IPC peer: $DCR_CUDA_IPC_PEER, else beside this binary (where
 // bench/gpu_check.sh --pack puts it), else where the build put it.
 std::string PeerPath() {
@@ -727,6 +771,21 @@ TEST_F(CudaTest, ARelayAppliesIntoAServingProcesssBuffersThroughIpc) {
     EXPECT_EQ(Download(ptrs[i], targets[i].size()), targets[i]) << name;
   }
   server.reset();
+  // A manifest whose tensor runs past its allocation is refused before
+  // anything is mapped for writing.
+  IpcManifest bad = manifest;
+  bad.tensors[2].offset = (1 << 20) - 256;
+  auto bad_server = Value(IpcServer::Start(dir + "/bad.sock", bad));
+  const std::string bad_cmd = "'" + peer + "' '" + dir + "/bad.sock' '" + dir +
+                              "' " + std::to_string(span) + " 2> '" + out + "'";
+  EXPECT_NE(std::system(bad_cmd.c_str()), 0);
+  std::ifstream err(out);
+  std::string line;
+  std::getline(err, line);
+  EXPECT_NE(line.find("runs past the end of its exported allocation"),
+            std::string::npos)
+      << line;
+  bad_server.reset();
   std::filesystem::remove_all(dir);
 }
 

@@ -3,8 +3,12 @@
 // naming it, and the socket's edges (a server not up yet, none at all, a
 // stale socket, a path that is not a socket).
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -148,15 +152,37 @@ TEST(IpcManifestTest, ServesTheManifestOnAUnixSocket) {
             std::string::npos);
 }
 
-TEST(IpcManifestTest, ReplacesAStaleSocketButNoOtherFile) {
+TEST(IpcManifestTest, ReplacesAStaleSocketButNoLiveOneOrOtherFile) {
   testing::TempDir dir;
   const std::string path = dir.Path("ipc.sock");
   {
+    // A socket file as a crashed server leaves it: bound, nobody listening.
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.data(), path.size());
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ::close(fd);
     auto s = IpcServer::Start(path, Sample());
-    ASSERT_TRUE(s.ok());
-    // Leak the socket file as a crashed server would: start another on it.
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    // A live server's socket is not taken over.
     auto s2 = IpcServer::Start(path, Sample());
-    ASSERT_TRUE(s2.ok()) << s2.status().ToString();
+    ASSERT_FALSE(s2.ok());
+    EXPECT_NE(s2.status().ToString().find("already answers"),
+              std::string::npos);
+    EXPECT_TRUE(FetchIpcManifest(path, 1000).ok());
+  }
+  // A server that stops removes only its own socket: a newer one bound at
+  // the path meanwhile keeps it.
+  {
+    auto old_server = IpcServer::Start(path, Sample());
+    ASSERT_TRUE(old_server.ok());
+    ASSERT_EQ(::unlink(path.c_str()), 0);  // as an operator's cleanup would
+    auto newer = IpcServer::Start(path, Sample());
+    ASSERT_TRUE(newer.ok());
+    old_server.value().reset();
+    EXPECT_TRUE(FetchIpcManifest(path, 1000).ok())
+        << "the old server removed the newer one's socket";
   }
   const std::string file = dir.Path("weights.bin");
   std::ofstream(file) << "not a socket";
