@@ -16,6 +16,7 @@
 #include "cli/cli_common.h"
 #include "cli/doctor.h"
 #include "cli/relay_objstore.h"
+#include "cli/relay_watchdog.h"
 #include "common/bytes.h"
 #include "common/failpoint.h"
 #include "common/file.h"
@@ -400,9 +401,16 @@ int Run(const Args& a) {
       return kExitFailed;
     }
   }
+  // Under systemd (Type=notify): ready now; WATCHDOG=1 while healthy.
+  RelayWatchdog watchdog(
+      relay->get(),
+      fmt::format("port {}{}", (*relay)->port(),
+                  metrics ? fmt::format(", metrics port {}", metrics->port())
+                          : std::string()));
   int sig = 0;
   sigwait(&set, &sig);
   spdlog::info("{}: {} received, stopping", o.name, strsignal(sig));
+  watchdog.Stop();
   if (metrics) metrics->Stop();
   (*relay)->Stop();
   return kExitOk;

@@ -103,7 +103,7 @@ inline constexpr uint8_t kForge = FailActionBit(FailAction::kForge);
 
 // The registry of failpoints. Appending one: add it here, hook it with
 // DCR_FAILPOINT("name") and document it in docs/TESTING.md.
-inline constexpr std::array<FailpointInfo, 14> kFailpoints = {{
+inline constexpr std::array<FailpointInfo, 15> kFailpoints = {{
     {"relay.plan", failpoint_internal::kControl | failpoint_internal::kDrop,
      "a relay got a PLAN, before binding it (drop: ignore the PLAN)"},
     {"relay.apply_chunk",
@@ -155,6 +155,9 @@ inline constexpr std::array<FailpointInfo, 14> kFailpoints = {{
     {"producer.send_chunk", failpoint_internal::kControl,
      "a trainer rank's producer is about to send one of its chunks to the "
      "coordinator (exit: the rank dies mid-refit)"},
+    {"relay.loop", failpoint_internal::kControl,
+     "a relay's event loop turns (at least every 200 ms; hang: the loop "
+     "stops, as a hung relay's would, and a watchdog sees it)"},
 }};
 
 // An index into kFailpoints.

@@ -24,6 +24,9 @@ constexpr auto kStatsInterval = std::chrono::milliseconds(200);
 
 void Relay::Impl::Run() {
   while (!stopping_) {
+    loop_turn_.store(Clock::now().time_since_epoch().count(),
+                     std::memory_order_relaxed);
+    (void)DCR_FAILPOINT("relay.loop");
     mailbox_.RunUntil(NextDeadline(Clock::now()));
     if (current_) OnTimers(Clock::now());
     inbound_->Sweep(Clock::now());
@@ -587,6 +590,9 @@ Relay::Relay(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Relay::~Relay() { Stop(); }
 uint16_t Relay::port() const { return impl_->port(); }
 RelayStats Relay::Stats() const { return impl_->Stats(); }
+std::chrono::steady_clock::duration Relay::SinceLoopTurn() const {
+  return impl_->SinceLoopTurn();
+}
 void Relay::Stop() { impl_->Stop(); }
 
 }  // namespace dcr

@@ -161,6 +161,10 @@ class Relay {
 
   uint16_t port() const;
   RelayStats Stats() const;
+  // How long ago the relay's event loop last turned. It turns at least every
+  // 200 ms while the relay is healthy (idle included); a watchdog
+  // (dcr-relay under systemd's WatchdogSec=) reads a longer time as hung.
+  std::chrono::steady_clock::duration SinceLoopTurn() const;
 
   // Restores the base bits of a refit in progress, closes every link and
   // joins the threads. Idempotent.

@@ -49,6 +49,12 @@ class Relay::Impl {
   Status Init();
   uint16_t port() const { return listener_->BoundPort(); }
   RelayStats Stats() const { return board_.Get(); }
+  std::chrono::steady_clock::duration SinceLoopTurn() const {
+    return std::chrono::steady_clock::now() -
+           std::chrono::steady_clock::time_point(
+               std::chrono::steady_clock::duration(
+                   loop_turn_.load(std::memory_order_relaxed)));
+  }
   void Stop();
 
  private:
@@ -196,6 +202,10 @@ class Relay::Impl {
   std::unique_ptr<InboundLinks> inbound_;
   std::thread actor_;
   std::atomic<bool> stopping_{false};
+  // When the actor's loop last turned (steady_clock ticks): it turns at
+  // least every kStatsInterval while healthy (SinceLoopTurn).
+  std::atomic<int64_t> loop_turn_{
+      std::chrono::steady_clock::now().time_since_epoch().count()};
   std::once_flag stop_once_;
 
   // Actor state.

@@ -31,7 +31,7 @@ constexpr bool NamesAreUnique() {
   return true;
 }
 static_assert(NamesAreUnique());
-static_assert(static_cast<size_t>(FailpointIdOf("producer.send_chunk")) ==
+static_assert(static_cast<size_t>(FailpointIdOf("relay.loop")) ==
               kFailpoints.size() - 1);
 
 class FailpointTest : public ::testing::Test {
@@ -73,7 +73,7 @@ TEST_F(FailpointTest, BadSpecsAreRefusedWithOneLineMessages) {
       "relay.plan, relay.apply_chunk, relay.forward, relay.vote, "
       "relay.commit, relay.abort, coord.before_plan, coord.after_stream, "
       "coord.before_commit, coord.after_commit, coord.baseline_write, "
-      "store.data_sync, coord.upload, producer.send_chunk";
+      "store.data_sync, coord.upload, producer.send_chunk, relay.loop";
   const std::string actions =
       "exit, hang, drop, delay(MS), corrupt, cut(BYTES), forge";
   const std::pair<std::string, std::string> cases[] = {
