@@ -258,6 +258,9 @@ struct RefitReport {
   uint64_t trainer_step = 0;
   std::vector<NodeOutcome> nodes;  // every receiver in tree order
   std::vector<CatchUpReport> catch_up;
+  // When the coordinator wrote the report to its state directory (ISO 8601
+  // UTC, to the second); empty before that.
+  std::string ended_at;
 
   std::string ToJson() const;  // one object, keys documented in README
 };

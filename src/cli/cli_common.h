@@ -103,6 +103,7 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code);
 void AddKeygenCommand(CLI::App* app, int* exit_code);
 // Registers `gc` (the object store's retention, coord/object_retention.h).
 void AddGcCommand(CLI::App* app, GlobalOptions* g, int* exit_code);
+void AddHistoryCommand(CLI::App* app, GlobalOptions* g, int* exit_code);
 
 }  // namespace dcr::cli
 

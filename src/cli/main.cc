@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
                   "  dcr refit --topology topology/local.yaml --target "
                   "v1.safetensors\n"
                   "  dcr status --topology topology/local.yaml\n"
+                  "  dcr history --topology topology/local.yaml\n"
                   "  dcr plan --topology topology/local.yaml --params 30B "
                   "--change-rate 3%\n"
                   "  dcr doctor --topology topology/local.yaml\n\n") +
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   AddPlanCommand(&app, &g, &exit_code);
   AddKeygenCommand(&app, &exit_code);
   AddGcCommand(&app, &g, &exit_code);
+  AddHistoryCommand(&app, &g, &exit_code);
   AddDoctorCommand(&app, &g, &exit_code);
   app.parse_complete_callback([&] {
     auto fmt = dcr::ParseLogFormat(g.log_format);

@@ -251,7 +251,7 @@ void CatchUpBehind(const RefitOptions& options,
     report->outcome = all ? RefitOutcome::kCommitted : RefitOutcome::kPartial;
     report->reason = all ? std::string() : ExcludedReason(*report);
   }
-  state.WriteLastRefit(*report);
+  state.WriteReport(report);
 }
 
 }  // namespace dcr

@@ -161,6 +161,7 @@ std::string RefitReport::ToJson() const {
     j["producers"] = producers;
     j["trainer_step"] = trainer_step;
   }
+  if (!ended_at.empty()) j["ended_at"] = ended_at;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -195,7 +196,8 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
                                     "nodes",
                                     "catch_up",
                                     "producers",
-                                    "trainer_step"}));
+                                    "trainer_step",
+                                    "ended_at"}));
   DCR_RETURN_IF_ERROR(f.Format().status());
   RefitReport r;
   DCR_ASSIGN_OR_RETURN(r.refit, f.Refit("refit"));
@@ -228,6 +230,9 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
     DCR_ASSIGN_OR_RETURN(uint64_t n, f.Uint("producers"));
     r.producers = static_cast<uint32_t>(n);
     DCR_ASSIGN_OR_RETURN(r.trainer_step, f.Uint("trainer_step"));
+  }
+  if (f.Has("ended_at")) {
+    DCR_ASSIGN_OR_RETURN(r.ended_at, f.String("ended_at"));
   }
   // Written since context-coded chunks; older files lack it.
   if (f.Has("context_chunks")) {

@@ -392,7 +392,7 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
   root_->FlushAndStop();
   FinishObjects();
   DCR_RETURN_IF_ERROR(phases_.Finish());
-  setup_.state.WriteLastRefit(report_);
+  setup_.state.WriteReport(&report_);
   // Unfinished: --resume (or the next refit) finishes it from current.json.
   if (report_.outcome != RefitOutcome::kUnfinished && !keep_current_) {
     setup_.state.RemoveCurrent();

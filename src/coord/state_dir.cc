@@ -315,13 +315,83 @@ Result<StateDirLock> StateDirLock::Acquire(const StateDir& state,
   return StateDirLock(std::move(fd));
 }
 
-void StateDir::WriteLastRefit(const RefitReport& report) const {
-  nlohmann::json j = nlohmann::json::parse(report.ToJson());
+void StateDir::WriteReport(RefitReport* report) const {
+  report->ended_at = NowIso8601();
+  nlohmann::json j = nlohmann::json::parse(report->ToJson());
   j["format"] = kStateFormat;
-  Status w = WriteText(
-      LastRefitPath(),
-      j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  const std::string text =
+      j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  Status w = WriteText(LastRefitPath(), text);
   if (!w.ok()) spdlog::warn("cannot write last-refit.json: {}", w.ToString());
+  std::error_code ec;
+  fs::create_directories(ReportsDir(), ec);
+  const std::string path = fmt::format("{}/{:012}-{}.json", ReportsDir(),
+                                       report->epoch, report->refit.ToHex());
+  w = ec ? Status::FromErrno("cannot create " + ReportsDir(), ec.value())
+         : WriteText(path, text);
+  if (!w.ok()) {
+    spdlog::warn("refit history: cannot write the report: {}", w.ToString());
+    return;
+  }
+  if (Status s = PruneReports(); !s.ok()) {
+    spdlog::warn("refit history: {}", s.ToString());
+  }
+}
+
+namespace {
+
+// The report files of `dir` (<12 digits>-<32 hex>.json), sorted by name:
+// epoch order.
+Result<std::vector<std::string>> ReportNames(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return names;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool ok = name.size() == 12 + 1 + 32 + 5 && name[12] == '-' &&
+                    name.ends_with(".json") &&
+                    std::all_of(name.begin(), name.begin() + 12,
+                                [](char c) { return c >= '0' && c <= '9'; }) &&
+                    RefitId::FromHex(name.substr(13, 32)).ok() &&
+                    it->is_regular_file(ec);
+    if (ok) names.push_back(name);
+  }
+  if (ec) return Status::FromErrno("cannot list " + dir, ec.value());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+Result<std::vector<ReportFile>> StateDir::ReadReports(size_t limit) const {
+  DCR_ASSIGN_OR_RETURN(std::vector<std::string> names,
+                       ReportNames(ReportsDir()));
+  const size_t first =
+      limit == 0 || names.size() <= limit ? 0 : names.size() - limit;
+  std::vector<ReportFile> out;
+  for (size_t i = first; i < names.size(); ++i) {
+    std::string path = ReportsDir() + "/" + names[i];
+    Result<RefitReport> report = [&]() -> Result<RefitReport> {
+      DCR_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(path));
+      return RefitReportFromJson(j, path);
+    }();
+    out.push_back({std::move(path), std::move(report)});
+  }
+  return out;
+}
+
+Status StateDir::PruneReports(size_t keep) const {
+  DCR_ASSIGN_OR_RETURN(std::vector<std::string> names,
+                       ReportNames(ReportsDir()));
+  for (size_t i = 0; i + keep < names.size(); ++i) {
+    const std::string path = ReportsDir() + "/" + names[i];
+    std::error_code ec;
+    if (!fs::remove(path, ec) && ec) {
+      return Status::FromErrno("cannot remove " + path, ec.value());
+    }
+  }
+  return Status::OK();
 }
 
 Result<RefitReport> StateDir::ReadLastRefit() const {

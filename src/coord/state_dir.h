@@ -10,6 +10,8 @@
 //                         `dcr refit --resume` reads it
 //   decisions/<refit>.json  a commit decision, durable before COMMIT
 //   last-refit.json       the report of the last refit (RefitReport::ToJson)
+//   reports/<epoch>-<refit>.json  the reports of the last kReportsKept
+//                         refits (dcr history)
 //   history/              the delta history (coord/history.h)
 //
 // Every JSON file carries "format" (kStateFormat; a file without it, from
@@ -78,6 +80,16 @@ std::optional<RefitId> RefitOfJsonFile(
 // How many refits' decisions decisions/ keeps (besides current.json's).
 inline constexpr size_t kDecisionsKept = 32;
 
+// How many refits' reports reports/ keeps (dcr history).
+inline constexpr size_t kReportsKept = 1000;
+
+// One file of reports/, read strictly: its report, or why it cannot be
+// read (Corruption naming the file and the field).
+struct ReportFile {
+  std::string path;
+  Result<RefitReport> report;
+};
+
 // Who holds a state directory's lock, as its lock file says.
 struct LockHolder {
   int64_t pid = 0;      // 0: the holder has not written it yet
@@ -94,6 +106,7 @@ class StateDir {
   std::string CurrentPath() const { return dir_ + "/current.json"; }
   std::string DecisionPath(const RefitId& refit) const;
   std::string LastRefitPath() const { return dir_ + "/last-refit.json"; }
+  std::string ReportsDir() const { return dir_ + "/reports"; }
   std::string HistoryDir() const { return dir_ + "/history"; }
   // Records of the refits that uploaded objects (coord/object_retention.h).
   std::string ObjectsDir() const { return dir_ + "/objects"; }
@@ -127,11 +140,22 @@ class StateDir {
   // IOError when a file cannot be removed.
   Status PruneDecisions(size_t keep = kDecisionsKept) const;
 
-  // Writes the report (RefitReport::ToJson plus "format"), or logs a
-  // warning (a report is never worth failing a refit that already ended).
-  void WriteLastRefit(const RefitReport& report) const;
+  // Sets report->ended_at to now and writes the report (RefitReport::ToJson
+  // plus "format") as last-refit.json and as
+  // reports/<epoch, 12 digits>-<refit id>.json, then removes the reports
+  // beyond the kReportsKept newest (by file name: epoch order). A failure
+  // is logged as a warning: a report is never worth failing a refit that
+  // already ended.
+  void WriteReport(RefitReport* report) const;
   // NotFound when no refit wrote one; Corruption naming file and field.
   Result<RefitReport> ReadLastRefit() const;
+  // The newest `limit` files of reports/, oldest first (0: all). A file
+  // whose name is not <12 digits>-<32 hex>.json is skipped; one that does
+  // not read is returned with its error. Empty when there is no reports/.
+  // IOError when the directory cannot be listed.
+  Result<std::vector<ReportFile>> ReadReports(size_t limit = 0) const;
+  // Removes the reports but the `keep` newest (by file name).
+  Status PruneReports(size_t keep = kReportsKept) const;
 
  private:
   std::string dir_;

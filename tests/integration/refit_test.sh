@@ -237,6 +237,28 @@ expect 0 "$DCR" status --topology "$TOPO_MC" -o json
 node_json a2 "n['reachable'] and n['committed'] == {'step': 4, 'digest': '$V2_DIGEST'}"
 json "all(n['committed'] == {'step': 5, 'digest': '$V3_DIGEST'} for n in d['nodes'] if n['node'] != 'a2')"
 
+# --- e2. dcr history: every refit's report, in order ----------------------
+LAST_ID=$(python3 -S -c "import json; print(json.load(open('$T/last-refit.json'))['refit'])")
+expect 0 "$DCR" history --topology "$TOPO_MC" -n 0 -o json
+json 'len(d["reports"]) >= 5' \
+  '[r["epoch"] for r in d["reports"]] == sorted(r["epoch"] for r in d["reports"])' \
+  "d['reports'][-1]['refit'] == '$LAST_ID'" \
+  'd["reports"][-1]["outcome"] == "committed-partial"' \
+  'all(r["ended_at"].endswith("Z") for r in d["reports"])'
+expect 0 "$DCR" history --topology "$TOPO_MC" -n 2 --plot "$T/history.png"
+grep -q '^ENDED  *STEP  *MODE' "$T/out" || fail "dcr history: no table header"
+[[ $(grep -c ' -> ' "$T/out") -eq 2 ]] || fail "dcr history -n 2: not 2 rows"
+tail -1 "$T/out" | grep -q '4 -> 5 .*committed-partial .* a2$' ||
+  fail "dcr history: the last row does not show the partial commit without a2"
+[[ $(head -c 8 "$T/history.png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] ||
+  fail "dcr history --plot: $T/history.png is not a PNG"
+# A damaged report is named, the others still listed, exit 1.
+DAMAGED=$(find "$T/root/reports" -name '*.json' | sort | head -1)
+echo '{"format": 2}' >"$DAMAGED"
+expect 1 "$DCR" history --topology "$TOPO_MC" -n 0
+grep -q "$DAMAGED" "$T/err" || fail "dcr history does not name the damaged $DAMAGED"
+grep -q '4 -> 5' "$T/out" || fail "dcr history: a damaged report hid the others"
+
 # --- f. Metrics of b1 (started with --metrics-port 0) --------------------
 MPORT=$(python3 -S -c "import json; print(json.load(open('$T/b1.ready'))['metrics_port'])")
 [[ $MPORT -gt 0 ]] || fail "b1's ready file has no metrics port"

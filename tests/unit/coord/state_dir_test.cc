@@ -3,6 +3,7 @@
 // named in the error.
 #include "coord/state_dir.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -338,7 +339,7 @@ TEST_F(StateDirTest, LastRefitIsTheReportsJson) {
   r.epoch = 8;
   r.outcome = RefitOutcome::kPartial;
   r.reason = "excluded, now stale: n2";
-  state_.WriteLastRefit(r);
+  state_.WriteReport(&r);
   auto text = ReadFileToString(state_.LastRefitPath());
   ASSERT_TRUE(text.ok());
   auto j = nlohmann::json::parse(*text);
@@ -388,7 +389,8 @@ RefitReport FullReport() {
 TEST_F(StateDirTest, LastRefitRoundTrips) {
   EXPECT_TRUE(state_.ReadLastRefit().status().IsNotFound());
   RefitReport r = FullReport();
-  state_.WriteLastRefit(r);
+  state_.WriteReport(&r);
+  EXPECT_EQ(r.ended_at.size(), 20u) << r.ended_at;  // 2026-12-04T21:00:00Z
   auto back = state_.ReadLastRefit();
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   // The same report, as its JSON says.
@@ -398,6 +400,74 @@ TEST_F(StateDirTest, LastRefitRoundTrips) {
   // Written by an older build (no "format"): format 1.
   Write(state_.LastRefitPath(), r.ToJson());
   EXPECT_TRUE(state_.ReadLastRefit().ok());
+}
+
+TEST_F(StateDirTest, ReportsKeepTheNewestInEpochOrder) {
+  auto none = state_.ReadReports();
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->empty());  // no reports/ yet
+  for (uint64_t epoch : {3, 1, 12, 2}) {
+    RefitReport r = FullReport();
+    r.epoch = epoch;
+    r.refit = Id(static_cast<uint8_t>(epoch));
+    r.target.step = epoch * 10;
+    state_.WriteReport(&r);
+  }
+  // Not reports: left alone and not listed.
+  Write(state_.ReportsDir() + "/NOTES.txt", "mine");
+  Write(state_.ReportsDir() + "/000000000007-xyz.json", "{}");
+  auto all = state_.ReadReports();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 4u);
+  std::vector<uint64_t> epochs;
+  for (const ReportFile& f : *all) {
+    ASSERT_TRUE(f.report.ok()) << f.report.status().ToString();
+    epochs.push_back(f.report->epoch);
+    EXPECT_EQ(f.report->target.step, f.report->epoch * 10);
+    EXPECT_FALSE(f.report->ended_at.empty());
+  }
+  EXPECT_EQ(epochs, (std::vector<uint64_t>{1, 2, 3, 12}));
+  auto last2 = state_.ReadReports(2);
+  ASSERT_TRUE(last2.ok());
+  ASSERT_EQ(last2->size(), 2u);
+  EXPECT_EQ((*last2)[0].report->epoch, 3u);
+  EXPECT_EQ((*last2)[1].report->epoch, 12u);
+
+  // A damaged report is listed with its error, naming file and field.
+  Write((*all)[1].path, R"({"format": 2, "refit": 7})");
+  auto damaged = state_.ReadReports();
+  ASSERT_TRUE(damaged.ok());
+  ASSERT_FALSE((*damaged)[1].report.ok());
+  EXPECT_TRUE((*damaged)[1].report.status().IsCorruption());
+  EXPECT_NE((*damaged)[1].report.status().message().find((*all)[1].path),
+            std::string::npos);
+
+  // Pruning keeps the newest by epoch; other files stay.
+  ASSERT_TRUE(state_.PruneReports(3).ok());
+  auto kept = state_.ReadReports();
+  ASSERT_TRUE(kept.ok());
+  ASSERT_EQ(kept->size(), 3u);
+  EXPECT_EQ((*kept)[0].path, (*all)[1].path);
+  EXPECT_TRUE(std::filesystem::exists(state_.ReportsDir() + "/NOTES.txt"));
+}
+
+TEST_F(StateDirTest, WritingAReportPrunesBeyondTheLimit) {
+  std::filesystem::create_directories(state_.ReportsDir());
+  for (uint64_t epoch = 1; epoch <= kReportsKept; ++epoch) {
+    Write(fmt::format("{}/{:012}-{}.json", state_.ReportsDir(), epoch,
+                      Id(1).ToHex()),
+          "{}");
+  }
+  RefitReport r = FullReport();
+  r.epoch = kReportsKept + 1;
+  state_.WriteReport(&r);
+  auto all = state_.ReadReports();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), kReportsKept);
+  EXPECT_NE(all->front().path.find(fmt::format("/{:012}-", 2)),
+            std::string::npos);
+  ASSERT_TRUE(all->back().report.ok());
+  EXPECT_EQ(all->back().report->epoch, kReportsKept + 1);
 }
 
 TEST_F(StateDirTest, EachMalformedLastRefitFieldIsNamed) {
