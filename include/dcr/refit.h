@@ -47,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -151,12 +152,33 @@ struct RefitOptions {
   // With it the encoder hashes every chunk and END carries the refit
   // manifest signed with it (docs/PROTOCOL.md §"Signed refits").
   std::string signing_key_file;
-  // Called on the coordinator thread about every 100 ms while chunks flow.
+  // Called on the coordinator thread about every 100 ms from the stream to
+  // the last reply (docs/PROTOCOL.md §"Progress").
   struct Progress {
+    // The phase as a user sees it:
+    //   "stream"  chunks going down, until every receiver has applied
+    //             every chunk sent (delivered_bytes reaches payload_bytes
+    //             once payload_final), whatever the root's own phase;
+    //   "vote"    receivers verifying the target (answered of receivers);
+    //   "repair"  a repair round's overwrites going down and applied;
+    //   "commit", "abort"  the decision going down (answered of receivers).
+    std::string phase = "stream";
     uint64_t scanned_bytes = 0;  // target bytes diffed so far
     uint64_t total_bytes = 0;    // checkpoint bytes
-    uint64_t payload_bytes = 0;  // chunk bytes sent so far
+    // Chunk bytes sent so far in this stream (the refit's, or the repair
+    // round's), and whether it sent its last chunk (then the total).
+    uint64_t payload_bytes = 0;
+    bool payload_final = false;
     uint64_t chunks = 0;
+    // Of payload_bytes, those every receiver has applied: the least over
+    // the tree, as the relays report it (at most 250 ms old per hop).
+    // nullopt where the relays do not report it (heartbeats off, a relay
+    // of an older release).
+    std::optional<uint64_t> delivered_bytes;
+    // This phase's replies: receivers that answered (or whose link
+    // failed) of all.
+    size_t answered = 0;
+    size_t receivers = 0;
     std::string slowest;  // the child with the longest send queue
     uint64_t slowest_queue_bytes = 0;
   };

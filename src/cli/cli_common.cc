@@ -31,13 +31,21 @@ bool GlobalOptions::ShowProgress() const {
   return ::isatty(STDERR_FILENO) == 1;
 }
 
-void AddWorkOptions(CLI::App* cmd, GlobalOptions* g) {
+void AddWorkOptions(CLI::App* cmd, GlobalOptions* g, bool json_progress) {
   cmd->add_option("-j,--threads", g->threads,
                   "Worker threads (0: one per core)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--progress", g->progress,
-                  "Progress on stderr: auto (on a terminal), always, never")
-      ->check(CLI::IsMember({"auto", "always", "never"}));
+  if (json_progress) {
+    cmd->add_option("--progress", g->progress,
+                    "Progress on stderr: auto (a bar on a terminal, else a "
+                    "line every 5 s), always, never, or json (an object per "
+                    "line, every 250 ms)")
+        ->check(CLI::IsMember({"auto", "always", "never", "json"}));
+  } else {
+    cmd->add_option("--progress", g->progress,
+                    "Progress on stderr: auto (on a terminal), always, never")
+        ->check(CLI::IsMember({"auto", "always", "never"}));
+  }
 }
 
 void AddOutputOption(CLI::App* cmd, GlobalOptions* g, bool short_flag) {

@@ -56,7 +56,8 @@ struct GlobalOptions {
 };
 
 // Adds --threads, --progress to a subcommand.
-void AddWorkOptions(CLI::App* cmd, GlobalOptions* g);
+void AddWorkOptions(CLI::App* cmd, GlobalOptions* g,
+                    bool json_progress = false);
 // Adds -o/--output text|json to a subcommand.
 void AddOutputOption(CLI::App* cmd, GlobalOptions* g, bool short_flag = true);
 

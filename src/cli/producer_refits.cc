@@ -23,7 +23,8 @@ namespace dcr::cli {
 // Exit: 1 if any refit failed or aborted, else 3 if any committed partial,
 // else 0; 2 for a usage or configuration error before the first.
 int RunProducerRefits(const ProducerArgs& a, const GlobalOptions& g,
-                      RefitOptions* o, std::unique_ptr<Progress>* progress) {
+                      RefitOptions* o,
+                      std::unique_ptr<RefitProgress>* progress) {
   auto layout = LoadLayout(a.layout);
   if (!layout.ok()) return ReportError(layout.status());
   if (static_cast<uint32_t>(a.producers) != layout->ranks()) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -11,9 +12,9 @@
 
 #include "cli/cli_common.h"
 #include "cli/refit_cli.h"
+#include "cli/refit_progress.h"
 #include "common/bytes.h"
 #include "common/file.h"
-#include "common/progress.h"
 #include "coord/coordinator.h"  // QueryStatus
 #include "coord/state_dir.h"
 #include "dcr/checkpoint.h"
@@ -262,26 +263,20 @@ int RunRefitCommand(const RefitArgs& a, const GlobalOptions& g) {
     if (!bps.ok()) return ReportError(bps.status());
     o.transport_options.max_send_bps = *bps;
   }
-  std::unique_ptr<Progress> progress;
-  uint64_t shown = 0;  // scanned bytes already reported to `progress`
+  std::unique_ptr<RefitProgress> progress;
   // A refit is a long transfer: a bar on a terminal, otherwise a line
   // every 5 s (logs of a training job), unless asked for silence.
   if (!g.quiet && g.progress != "never") {
-    o.on_progress = [&](const RefitOptions::Progress& p) {
+    const RefitProgress::Style style =
+        g.progress == "json"           ? RefitProgress::Style::kJson
+        : ::isatty(STDERR_FILENO) == 1 ? RefitProgress::Style::kBar
+                                       : RefitProgress::Style::kLines;
+    o.on_progress = [&, style](const RefitOptions::Progress& p) {
       if (!progress) {
-        progress = std::make_unique<Progress>(a.full ? "refit --full" : "refit",
-                                              p.total_bytes, true);
+        progress = std::make_unique<RefitProgress>(
+            a.full ? "refit --full" : "refit", style);
       }
-      progress->SetDetail(fmt::format(
-          "payload {}  {} chunks{}", HumanBytes(p.payload_bytes), p.chunks,
-          p.slowest.empty() || p.slowest_queue_bytes == 0
-              ? ""
-              : fmt::format("  slowest {} ({} queued)", p.slowest,
-                            HumanBytes(p.slowest_queue_bytes))));
-      if (p.scanned_bytes > shown) {
-        progress->Add(p.scanned_bytes - shown);
-        shown = p.scanned_bytes;
-      }
+      progress->Update(p);
     };
   }
   if (a.p.producers > 0) return RunProducerRefits(a.p, g, &o, &progress);
@@ -382,7 +377,7 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
                     "Pace each of the root's links to this bandwidth, e.g. "
                     "200Mbps (testing without tc)");
     AddOutputOption(cmd, g);
-    AddWorkOptions(cmd, g);
+    AddWorkOptions(cmd, g, /*json_progress=*/true);
     cmd->footer(
         "\nThe baseline is root.baseline of the topology; every relay must "
         "hold it (or take\na --full refit). The refit commits on every "
@@ -398,8 +393,11 @@ void AddRefitCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
         "  dcr refit --topology topology/local.yaml --target "
         "step42.safetensors "
         "--full -o json\n\n"
-        "Progress goes to stderr: a bar on a terminal, a line every 5 s "
-        "otherwise\n(--progress never or -q to silence it).\n\n"
+        "Progress goes to stderr, phase by phase (plan, stream, vote, "
+        "repair, commit): a bar\non a terminal, a line every 5 s otherwise "
+        "(--progress json: an object per line;\n--progress never or -q: "
+        "none). The stream counts the chunk bytes every\nreceiver applied, "
+        "not those queued.\n\n"
         "Exit codes: 0 committed everywhere, 3 committed with nodes excluded "
         "or unconfirmed,\n1 aborted (every relay restored its base) or "
         "unfinished (the commit reached no\nrelay: dcr refit --resume "

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "cli/cli_common.h"
-#include "common/progress.h"
+#include "cli/refit_progress.h"
 #include "dcr/refit.h"
 #include "dcr/topology.h"
 #include "dcr/transport.h"
@@ -39,7 +39,8 @@ struct ProducerArgs {
 // Runs producers' refits with `o` (topology, transport, timeouts set)
 // until a.refits of them ran or a signal stops it; the exit code.
 int RunProducerRefits(const ProducerArgs& a, const GlobalOptions& g,
-                      RefitOptions* o, std::unique_ptr<Progress>* progress);
+                      RefitOptions* o,
+                      std::unique_ptr<RefitProgress>* progress);
 
 }  // namespace dcr::cli
 

@@ -111,6 +111,9 @@ Result<RefitReport> RefitRun::RunPhases() {
   root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
                                      report_.refit, /*resume=*/false,
                                      objects_.get());
+  if (options_.on_progress) {
+    root_->SetProgress([this](RefitOptions::Progress* p) { FillProgress(p); });
+  }
 
   // 1. Plan.
   DCR_FAILPOINT("coord.before_plan");
@@ -500,6 +503,9 @@ Result<RefitReport> RefitRun::Resume() {
   root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
                                      report_.refit, /*resume=*/true,
                                      objects_.get());
+  if (options_.on_progress) {
+    root_->SetProgress([this](RefitOptions::Progress* p) { FillProgress(p); });
+  }
   // Every relay that holds the refit takes this run as its parent (an
   // adoption at the new epoch) and says where it is; then the decision.
   auto t_plan = Clock::now();

@@ -75,10 +75,9 @@ class RefitRun {
   // Runs `job` on the encoder pipeline and sends what it queues down the
   // tree (RootTree::StreamFrom, with progress); the pipeline's failure.
   Status SendJob(ChunkJob job, RootTree::Streamed* streamed);
-  // RefitOptions::on_progress with the scan and checkpoint sizes; the
-  // overload reports the stream's end (a no-op without a callback).
-  void ReportProgress(RefitOptions::Progress* p);
-  void ReportProgress(const RootTree::Streamed& streamed);
+  // RootTree's progress with the refit's phase and scan added, to
+  // RefitOptions::on_progress.
+  void FillProgress(RefitOptions::Progress* p);
   // Streams chunks down the tree: the delta (or every span for --full, or
   // the composed history chain), or with `repair` dense overwrites of every
   // span of `tensors`. The producer's failure, if any.
@@ -136,8 +135,9 @@ class RefitRun {
   // END names the target (hashed in the first pass; the PLAN left it).
   bool target_at_end_ = false;
   std::optional<std::vector<ServingBits>> serving_targets_;
-  FileStamps target_stamps_;   // the target's files when the refit began
-  bool keep_current_ = false;  // the baseline still needs --resume
+  FileStamps target_stamps_;    // the target's files when the refit began
+  bool keep_current_ = false;   // the baseline still needs --resume
+  bool repair_stream_ = false;  // the last Stream was a repair round's
 };
 
 }  // namespace dcr

@@ -12,6 +12,7 @@
 namespace dcr {
 
 Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
+  repair_stream_ = repair;
   if (producers_ && !repair) return StreamProducers();
   SpanEncoder::Options eo;
   eo.target = setup_.target.get();
@@ -129,7 +130,7 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
             : " (not every span: the rest after the decision)");
   }
   report_.changed_elements = sent_.changed_elements();
-  ReportProgress(streamed);
+  root_->ReportProgress();
   return produced;
 }
 
@@ -137,27 +138,41 @@ Status RefitRun::SendJob(ChunkJob job, RootTree::Streamed* streamed) {
   const uint64_t window = setup_.plan.chunk_window_bytes;
   ChunkProducer producer(setup_.pool.get(), window, [this] { root_->Wake(); });
   producer.Start(std::move(job));
-  *streamed = root_->StreamFrom(
-      &producer, window,
-      options_.on_progress
-          ? std::function<void(RefitOptions::Progress*)>(
-                [this](RefitOptions::Progress* p) { ReportProgress(p); })
-          : nullptr);
+  *streamed = root_->StreamFrom(&producer, window);
   return producer.Join();
 }
 
-void RefitRun::ReportProgress(RefitOptions::Progress* p) {
+void RefitRun::FillProgress(RefitOptions::Progress* p) {
   p->scanned_bytes = *sent_.scanned();
   p->total_bytes = report_.checkpoint_bytes;
+  // The stream's chunks are in flight until every receiver applied them:
+  // that is the stream (or the repair round) still, not the vote.
+  const bool in_flight =
+      !p->payload_final ||
+      (p->delivered_bytes && *p->delivered_bytes < p->payload_bytes);
+  switch (phases_.phase()) {
+    case RootPhase::kStreaming:
+      p->phase = "stream";
+      break;
+    case RootPhase::kRepairing:
+      p->phase = "repair";
+      break;
+    case RootPhase::kVoting:
+      p->phase = !in_flight ? "vote" : repair_stream_ ? "repair" : "stream";
+      break;
+    case RootPhase::kCommitting:
+    case RootPhase::kStopped:
+    case RootPhase::kDone:
+      p->phase = "commit";
+      break;
+    case RootPhase::kAborting:
+      p->phase = "abort";
+      break;
+    default:
+      p->phase = "plan";
+      break;
+  }
   options_.on_progress(*p);
-}
-
-void RefitRun::ReportProgress(const RootTree::Streamed& streamed) {
-  if (!options_.on_progress) return;
-  RefitOptions::Progress p;
-  p.payload_bytes = streamed.payload_bytes;
-  p.chunks = streamed.chunks;
-  ReportProgress(&p);
 }
 
 Status RefitRun::StreamProducers() {
@@ -199,7 +214,7 @@ Status RefitRun::StreamProducers() {
       report_.target.step, report_.target.digest.ShortHex(),
       producers_->ranks(), report_.chunks,
       static_cast<double>(report_.payload_bytes) / 1e6);
-  ReportProgress(streamed);
+  root_->ReportProgress();
   return Status::OK();
 }
 

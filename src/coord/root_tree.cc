@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <tuple>
 
 namespace dcr {
 
@@ -118,17 +119,54 @@ void RootTree::RunTimers() {
 }
 
 void RootTree::WaitPhase() {
-  // Waits for events (replies, link failures) and the phase's timers.
+  // Waits for events (replies, link failures), the phase's timers and the
+  // progress reports.
   while (!fanout_->Complete()) {
-    mailbox_.RunUntil(NextTimer());
+    mailbox_.RunUntil(std::min(NextTimer(), NextProgress()));
     RunTimers();
+    MaybeReportProgress();
   }
+  ReportProgress();  // the phase's answers, all in
 }
 
-RootTree::Streamed RootTree::StreamFrom(
-    ChunkProducer* producer, uint64_t window,
-    const std::function<void(RefitOptions::Progress*)>& progress) {
+RootTree::Clock::time_point RootTree::NextProgress() const {
+  return progress_ ? last_progress_ + kProgressInterval
+                   : Clock::time_point::max();
+}
+
+void RootTree::MaybeReportProgress() {
+  if (progress_ && Clock::now() >= NextProgress()) ReportProgress();
+}
+
+void RootTree::ReportProgress() {
+  if (!progress_) return;
+  last_progress_ = Clock::now();
+  RefitOptions::Progress p;
+  p.payload_bytes = stream_payload_;
+  p.payload_final = stream_final_;
+  p.chunks = stream_chunks_;
+  if (std::optional<uint64_t> d = fanout_->Delivered()) {
+    // This stream's bytes: relays count the refit's, and an overwrite
+    // applied twice (a resend) counts twice; never above what was sent.
+    p.delivered_bytes = std::min(
+        *d > delivered_before_ ? *d - delivered_before_ : 0, stream_payload_);
+  }
+  std::tie(p.answered, p.receivers) = fanout_->Answered();
+  for (auto& [name, bytes] : fanout_->QueueDepths()) {
+    if (bytes >= p.slowest_queue_bytes) {
+      p.slowest = name;
+      p.slowest_queue_bytes = bytes;
+    }
+  }
+  progress_(&p);
+}
+
+RootTree::Streamed RootTree::StreamFrom(ChunkProducer* producer,
+                                        uint64_t window) {
   Streamed out;
+  stream_payload_ = stream_chunks_ = 0;
+  stream_final_ = false;
+  delivered_before_ = fanout_->Delivered().value_or(0);
   // Sends queued chunks while every child's queue has room; true when the
   // producer's queue ran empty.
   auto send_queued = [&] {
@@ -138,11 +176,12 @@ RootTree::Streamed RootTree::StreamFrom(
       stream_bytes_ += o->frame->size();
       out.payload_bytes += o->payload;
       ++out.chunks;
+      stream_payload_ = out.payload_bytes;
+      stream_chunks_ = out.chunks;
       fanout_->Forward(o->frame, /*chunk=*/true);
     }
     return false;
   };
-  auto last_progress = Clock::now();
   for (;;) {
     const uint64_t before = out.chunks;
     send_queued();
@@ -155,10 +194,7 @@ RootTree::Streamed RootTree::StreamFrom(
     // callback wants regular updates, not events).
     Clock::time_point wait_until = Clock::now();
     if (out.chunks == before) {
-      wait_until = NextTimer();
-      if (progress) {
-        wait_until = std::min(wait_until, last_progress + kProgressInterval);
-      }
+      wait_until = std::min(NextTimer(), NextProgress());
     }
     mailbox_.RunUntil(wait_until);
     RunTimers();
@@ -169,20 +205,9 @@ RootTree::Streamed RootTree::StreamFrom(
     }
     // Drain what the producer queued after its last wake-up.
     if (producer->done() && send_queued()) break;
-    if (progress && Clock::now() - last_progress >= kProgressInterval) {
-      last_progress = Clock::now();
-      RefitOptions::Progress p;
-      p.payload_bytes = out.payload_bytes;
-      p.chunks = out.chunks;
-      for (auto& [name, bytes] : fanout_->QueueDepths()) {
-        if (bytes >= p.slowest_queue_bytes) {
-          p.slowest = name;
-          p.slowest_queue_bytes = bytes;
-        }
-      }
-      progress(&p);
-    }
+    MaybeReportProgress();
   }
+  stream_final_ = true;
   return out;
 }
 

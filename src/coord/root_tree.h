@@ -81,6 +81,16 @@ class RootTree {
   // Runs link events until every child's subtree answered the expected
   // reply, or the deadline.
   void WaitPhase();
+
+  // While StreamFrom and WaitPhase run, about every kProgressInterval:
+  // `fill` gets the tree's figures (payload and chunks of the current
+  // stream, delivered bytes of it, answers, the slowest child) and adds
+  // the refit's own (phase, scan), then reports them. Null: none.
+  void SetProgress(std::function<void(RefitOptions::Progress*)> fill) {
+    progress_ = std::move(fill);
+  }
+  // Reports progress now (at a phase's end), if SetProgress set one.
+  void ReportProgress();
   std::vector<NodeResult> Results() const { return fanout_->Results(); }
 
   struct Streamed {
@@ -88,11 +98,9 @@ class RootTree {
     uint64_t payload_bytes = 0;
   };
   // Sends what `producer` queues until it is done and drained, or until
-  // no child is left (then it cancels the producer). `progress`, if set,
-  // gets payload, chunk count and the slowest child about every 100 ms.
-  Streamed StreamFrom(
-      ChunkProducer* producer, uint64_t window,
-      const std::function<void(RefitOptions::Progress*)>& progress);
+  // no child is left (then it cancels the producer). A new stream for
+  // progress: its payload and delivered bytes count from here.
+  Streamed StreamFrom(ChunkProducer* producer, uint64_t window);
 
   FrameSender& sender() { return sender_; }
   void Wake() { mailbox_.Wake(); }
@@ -124,6 +132,10 @@ class RootTree {
   Clock::time_point NextTimer() const;
   // Acts on the Fanout's timers that are due.
   void RunTimers();
+  // When the next progress report is due (max() without one).
+  Clock::time_point NextProgress() const;
+  // Reports if one is due.
+  void MaybeReportProgress();
 
   const RefitOptions& options_;
   Mailbox mailbox_;
@@ -134,6 +146,15 @@ class RootTree {
   FrameSender sender_;
   uint64_t stream_bytes_ = 0;
   bool stopped_ = false;
+  std::function<void(RefitOptions::Progress*)> progress_;
+  Clock::time_point last_progress_{};
+  // The current stream (StreamFrom) for progress: its payload and chunks
+  // so far, whether it ended, and the tree's delivered bytes as it began
+  // (relays count every stream of the refit).
+  uint64_t stream_payload_ = 0;
+  uint64_t stream_chunks_ = 0;
+  bool stream_final_ = false;
+  uint64_t delivered_before_ = 0;
   Clock::time_point timers_ran_;  // RunTimers last ran
 };
 

@@ -115,6 +115,16 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   std::vector<std::pair<std::string, size_t>> QueueDepths() const;
   // Bytes written to children so far.
   uint64_t BytesSent() const;
+  // The least chunk bytes any node below has applied in this refit, from
+  // the children's HEARTBEATs (ProgressMsg::delivered_bytes: each child's
+  // subtree minimum; a child that has not reported yet counts 0). Failed
+  // and superseded children, subtrees that took no chunks and children of
+  // an older release (no figure) are left out. nullopt with heartbeats off
+  // or when no child counts (docs/PROTOCOL.md §"Progress").
+  std::optional<uint64_t> Delivered() const;
+  // The current phase's answers so far: nodes below that answered (or whose
+  // link failed: their parent answers for them), of all nodes below.
+  std::pair<size_t, size_t> Answered() const;
 
   // Starts a phase: every live child must answer with `reply` before
   // `deadline`.

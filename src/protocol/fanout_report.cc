@@ -39,6 +39,32 @@ uint64_t Fanout::BytesSent() const {
   return total;
 }
 
+std::optional<uint64_t> Fanout::Delivered() const {
+  if (tree_.plan.heartbeat_ms == 0) return std::nullopt;
+  std::optional<uint64_t> least;
+  for (const Child& c : children_) {
+    if (c.failed || c.superseded || !c.takes_chunks) continue;
+    if (c.progress && !c.progress->delivered_bytes) continue;  // older
+    const uint64_t v = c.progress ? *c.progress->delivered_bytes : 0;
+    least = least ? std::min(*least, v) : v;
+  }
+  return least;
+}
+
+std::pair<size_t, size_t> Fanout::Answered() const {
+  size_t answered = 0, total = 0;
+  for (const Child& c : children_) {
+    if (c.superseded) continue;
+    total += c.sub.nodes.size();
+    if (c.failed) {
+      answered += c.sub.nodes.size();
+    } else if (c.reply) {
+      answered += std::min(c.reply->nodes.size(), c.sub.nodes.size());
+    }
+  }
+  return {answered, total};
+}
+
 std::vector<NodeResult> Fanout::Results() const {
   std::vector<NodeResult> out;
   for (const Child& c : children_) {

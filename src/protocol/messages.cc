@@ -28,6 +28,8 @@ constexpr uint8_t kPlanObjects = 32;
 constexpr uint8_t kPlanTargetAtEndVersion = 2;
 constexpr uint8_t kResultsPositionVersion = 2;  // with received_through
 constexpr uint8_t kResultsStoreVersion = 3;     // with StoreCondition
+// HEARTBEAT progress with delivered_bytes (ProgressMsg).
+constexpr uint8_t kProgressDeliveredVersion = 2;
 constexpr uint8_t kStoreUnfinished = 1;
 constexpr uint8_t kStorePrepared = 2;
 constexpr uint8_t kStoreMissing = 4;
@@ -518,19 +520,24 @@ Result<AbortMsg> DecodeAbort(std::span<const std::byte> b) {
 std::vector<std::byte> EncodeProgress(const ProgressMsg& m) {
   std::vector<std::byte> out;
   ByteWriter w(&out);
-  w.Put<uint8_t>(kMessageVersion);
+  w.Put<uint8_t>(m.delivered_bytes ? kProgressDeliveredVersion
+                                   : kMessageVersion);
   w.Put<uint64_t>(m.received_bytes);
   w.Put<uint64_t>(m.backlog_bytes);
   w.Put<uint64_t>(m.self_held_ms);
+  if (m.delivered_bytes) w.Put<uint64_t>(*m.delivered_bytes);
   return out;
 }
 
 Result<ProgressMsg> DecodeProgress(std::span<const std::byte> b) {
-  Reader r(b, "HEARTBEAT");
+  Reader r(b, "HEARTBEAT", kProgressDeliveredVersion);
   ProgressMsg m;
   m.received_bytes = r.Get<uint64_t>("received_bytes");
   m.backlog_bytes = r.Get<uint64_t>("backlog_bytes");
   m.self_held_ms = r.Get<uint64_t>("self_held_ms");
+  if (r.ok() && r.version() == kProgressDeliveredVersion) {
+    m.delivered_bytes = r.Get<uint64_t>("delivered_bytes");
+  }
   DCR_RETURN_IF_ERROR(r.Finish());
   return m;
 }

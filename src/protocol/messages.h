@@ -258,7 +258,8 @@ struct AbortMsg {
 // parent's HEARTBEAT, and a child of an older release, send none: empty
 // payload). The parent's slow-child verdict (protocol/liveness.h) reads it
 // to tell a slow node from a slow link. Version 1: u64 received_bytes,
-// u64 backlog_bytes, u64 self_held_ms.
+// u64 backlog_bytes, u64 self_held_ms. Version 2 adds u64 delivered_bytes:
+// the progress bar's figure (docs/PROTOCOL.md §"Progress").
 struct ProgressMsg {
   // Bytes this relay took from its parent links in this refit: CHUNK
   // frames it handled and frames waiting for its event thread.
@@ -270,6 +271,10 @@ struct ProgressMsg {
   // of its own (its event thread behind, its apply window full), not for
   // its children's windows.
   uint64_t self_held_ms = 0;
+  // Chunk bytes (CHUNK payloads) applied in this refit by every node of
+  // the sender's subtree: the least of its own and its live children's
+  // reports. nullopt from a relay of an older release (version 1).
+  std::optional<uint64_t> delivered_bytes;
   friend bool operator==(const ProgressMsg&, const ProgressMsg&) = default;
 };
 
@@ -284,7 +289,7 @@ std::vector<std::byte> EncodeProgress(const ProgressMsg& m);
 // Each returns Corruption naming the message and the field on any
 // malformed, truncated, oversized or trailing input, or an unknown message
 // version (1 for all; PLAN also 2; END also 2 and 3; RESULTS also 2 and
-// 3).
+// 3; HEARTBEAT progress also 2).
 Result<HelloMsg> DecodeHello(std::span<const std::byte> b);
 Result<PlanMsg> DecodePlan(std::span<const std::byte> b);
 Result<ResultsMsg> DecodeResults(std::span<const std::byte> b);

@@ -35,8 +35,12 @@ void ApplyTracker::Done(uint64_t bytes,
                         Result<RefitSession::ApplyOutcome> outcome,
                         std::optional<AppliedChunk> hashed) {
   if (outcome.ok()) {
-    (*outcome == RefitSession::ApplyOutcome::kApplied ? applied_
-                                                      : duplicates_) += 1;
+    if (*outcome == RefitSession::ApplyOutcome::kApplied) {
+      applied_bytes_ += bytes;
+      applied_ += 1;
+    } else {
+      duplicates_ += 1;
+    }
   }
   backlog_bytes_ -= bytes;
   MutexLock lock(&mu_);

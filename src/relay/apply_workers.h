@@ -41,6 +41,8 @@ class ApplyTracker {
   bool idle() const { return in_flight_.load() == 0; }
   uint64_t backlog_bytes() const { return backlog_bytes_.load(); }
   uint64_t applied() const { return applied_.load(); }
+  // Bytes of the chunks applied() counts (their encoded size, as sent).
+  uint64_t applied_bytes() const { return applied_bytes_.load(); }
   uint64_t duplicates() const { return duplicates_.load(); }
 
   // Blocks until no job of this refit is in flight.
@@ -62,6 +64,7 @@ class ApplyTracker {
   std::atomic<uint64_t> in_flight_{0};
   std::atomic<uint64_t> backlog_bytes_{0};
   std::atomic<uint64_t> applied_{0};
+  std::atomic<uint64_t> applied_bytes_{0};
   std::atomic<uint64_t> duplicates_{0};
   Mutex mu_;
   CondVar idle_cv_;  // in_flight_ reached 0

@@ -83,10 +83,16 @@ std::optional<std::string> ParentLink::Heartbeat(
     const FrameHeader& about, Clock::time_point now,
     const std::function<ProgressMsg()>& progress) {
   if (heartbeat_.count() == 0 || orphaned_) return std::nullopt;
-  if (now - last_heartbeat_ >= heartbeat_) {
-    last_heartbeat_ = now;
-    SendReply(*sender_, *up_, FrameType::kHeartbeat, about,
-              EncodeProgress(progress()), node_);
+  const bool due = now - last_heartbeat_ >= heartbeat_;
+  if (due || now - last_check_ >= kProgressInterval) {
+    last_check_ = now;
+    const ProgressMsg m = progress();
+    if (due || m.delivered_bytes != last_delivered_) {
+      last_heartbeat_ = now;
+      last_delivered_ = m.delivered_bytes;
+      SendReply(*sender_, *up_, FrameType::kHeartbeat, about, EncodeProgress(m),
+                node_);
+    }
   }
   // While we do not read from the parent (backpressure) its frames wait in
   // the socket: silence then says nothing.
@@ -101,9 +107,20 @@ void ParentLink::Stalled(Clock::duration gap) {
   last_rx_ = std::min(Clock::now(), last_rx_ + gap);
 }
 
+void ParentLink::SendProgress(const FrameHeader& about,
+                              const ProgressMsg& progress) {
+  if (heartbeat_.count() == 0 || orphaned_) return;
+  last_heartbeat_ = last_check_ = Clock::now();
+  last_delivered_ = progress.delivered_bytes;
+  SendReply(*sender_, *up_, FrameType::kHeartbeat, about,
+            EncodeProgress(progress), node_);
+}
+
 ParentLink::Clock::time_point ParentLink::NextHeartbeat() const {
   if (heartbeat_.count() == 0 || orphaned_) return Clock::time_point::max();
-  Clock::time_point next = last_heartbeat_ + heartbeat_;
+  // Delivered bytes may have moved: look again after kProgressInterval.
+  Clock::time_point next =
+      std::min(last_heartbeat_ + heartbeat_, last_check_ + kProgressInterval);
   // The silence check; while paused, Resume restarts the clock.
   if (!paused_) {
     next = std::min(next,

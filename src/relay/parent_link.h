@@ -81,12 +81,18 @@ class ParentLink {
                               bool resend);
 
   // Heartbeat timer: sends a HEARTBEAT up when one is due, carrying
-  // `progress()` (ProgressMsg, protocol/liveness.h). Returns why the
+  // `progress()` (ProgressMsg, protocol/liveness.h), and between them, at
+  // most every kProgressInterval, when its delivered bytes moved (the
+  // root's progress bar: docs/PROTOCOL.md §"Progress"). Returns why the
   // parent counts as gone (silent for 4 intervals while reading), if so;
   // the caller closes the link and orphans the refit.
   std::optional<std::string> Heartbeat(
       const FrameHeader& about, Clock::time_point now,
       const std::function<ProgressMsg()>& progress);
+  // Sends a HEARTBEAT with `progress` now (before a VOTE: the parent then
+  // has the subtree's last delivered bytes with its vote), unless
+  // heartbeats are off or the refit is orphaned.
+  void SendProgress(const FrameHeader& about, const ProgressMsg& progress);
   // When Heartbeat wants to run next (max(): never).
   Clock::time_point NextHeartbeat() const;
   // This relay did not run for `gap` (a stopped process, a blocked
@@ -96,6 +102,9 @@ class ParentLink {
 
   // Closes the parent's link.
   void Close() { up_->Close(); }
+
+  // How often delivered bytes go up at most (between heartbeats).
+  static constexpr std::chrono::milliseconds kProgressInterval{250};
 
  private:
   std::string node_;
@@ -109,6 +118,8 @@ class ParentLink {
   Clock::time_point orphan_deadline_;
   Clock::time_point last_rx_ = Clock::now();
   Clock::time_point last_heartbeat_ = Clock::now();
+  std::optional<uint64_t> last_delivered_;       // in the last HEARTBEAT up
+  Clock::time_point last_check_ = Clock::now();  // progress() last read
   std::vector<std::byte> plan_reply_;
   std::optional<CachedReply> last_reply_;
   // The last CHUNK taken from a parent; an adopter that asks for it

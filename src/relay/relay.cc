@@ -70,6 +70,15 @@ Clock::time_point Relay::Impl::NextDeadline(Clock::time_point now) const {
   return next;
 }
 
+ProgressMsg Relay::Impl::ProgressReport() {
+  Current& c = *current_;
+  ProgressMsg m = c.progress.Report(Clock::now(), c.parent->waiting_bytes(),
+                                    c.refit->tracker().backlog_bytes());
+  const uint64_t own = c.refit->tracker().applied_bytes();
+  m.delivered_bytes = std::min(own, c.fanout->Delivered().value_or(own));
+  return m;
+}
+
 void Relay::Impl::OnTimers(Clock::time_point now) {
   Current& c = *current_;
   // The loop runs the timers at least every half heartbeat interval; a
@@ -95,10 +104,8 @@ void Relay::Impl::OnTimers(Clock::time_point now) {
     c.fanout->Close();
   }
   SampleProgress();
-  if (auto why = c.parent->Heartbeat(About(), now, [&] {
-        return c.progress.Report(Clock::now(), c.parent->waiting_bytes(),
-                                 c.refit->tracker().backlog_bytes());
-      })) {
+  if (auto why =
+          c.parent->Heartbeat(About(), now, [&] { return ProgressReport(); })) {
     c.parent->Close();
     Orphan(*why);
   }
@@ -144,6 +151,9 @@ void Relay::Impl::Advance() {
         if (r.local_done() && ServingVoteGate(r) && c.fanout->Complete()) {
           Result<NodeResult> vote = r.Voted();
           if (vote.ok() && !DCR_FAILPOINT("relay.vote").drop()) {
+            // The subtree's last delivered bytes first, so that the root's
+            // progress has them with the votes (the same link, in order).
+            c.parent->SendProgress(About(), ProgressReport());
             AnswerUp(FrameType::kVote, *vote);
           }
         }

@@ -131,6 +131,10 @@ class Relay::Impl {
   void FlipServing();
   // Feeds the refit's ProgressMeter what holds its parent link now.
   void SampleProgress();
+  // This refit's progress for the HEARTBEATs up: the meter's figures and
+  // the subtree's delivered bytes (its own applied bytes, or a child's
+  // report where less).
+  ProgressMsg ProgressReport();
   void PublishStats();
   FrameHeader About() const;
   void Reply(Link& link, FrameType type, const FrameHeader& about,

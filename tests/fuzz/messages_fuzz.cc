@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::span<const std::byte> b(reinterpret_cast<const std::byte*>(data) + 1,
                                size - 1);
-  switch (data[0] % 11) {
+  switch (data[0] % 12) {
     case 0:
       RoundTrip(b, dcr::DecodeHello, dcr::EncodeHello);
       break;
@@ -86,6 +86,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 10:
       RoundTrip(b, dcr::DecodeProducerBaseline, dcr::EncodeProducerBaseline);
+      break;
+    case 11:
+      RoundTrip(b, dcr::DecodeProgress, dcr::EncodeProgress);
       break;
   }
   return 0;

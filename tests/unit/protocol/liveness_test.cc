@@ -116,42 +116,42 @@ TEST(LivenessTest, SlowLinkOrSlowNode) {
   for (const Case& c : {
            Case{"queue full 8 intervals, the child keeps up (backlog 0, "
                 "never held): the link is slow, nobody is cut out",
-                {{0, 2000, 0, ProgressMsg{0, 0, 0}, K::kAlive},
-                 {801, 2000, 10, ProgressMsg{10, 0, 0}, K::kSlowLink},
+                {{0, 2000, 0, ProgressMsg{0, 0, 0, {}}, K::kAlive},
+                 {801, 2000, 10, ProgressMsg{10, 0, 0, {}}, K::kSlowLink},
                  // the hold starts over: the next note 8 intervals later
-                 {1200, 2000, 14, ProgressMsg{14, 0, 0}, K::kAlive},
-                 {1602, 2000, 20, ProgressMsg{20, 0, 0}, K::kSlowLink}}},
+                 {1200, 2000, 14, ProgressMsg{14, 0, 0, {}}, K::kAlive},
+                 {1602, 2000, 20, ProgressMsg{20, 0, 0, {}}, K::kSlowLink}}},
            Case{"the child keeps up with its children's windows full "
                 "(held below it, not by itself): not slow",
-                {{0, 2000, 0, ProgressMsg{0, 400, 0}, K::kAlive},
-                 {801, 2000, 0, ProgressMsg{0, 400, 0}, K::kSlowLink}}},
+                {{0, 2000, 0, ProgressMsg{0, 400, 0, {}}, K::kAlive},
+                 {801, 2000, 0, ProgressMsg{0, 400, 0, {}}, K::kSlowLink}}},
            Case{"queue full, the child holds its link unread for its own "
                 "work most of the hold: a slow node",
-                {{0, 2000, 0, ProgressMsg{0, 0, 0}, K::kAlive},
-                 {801, 2000, 10, ProgressMsg{10, 0, 700}, K::kSlow}}},
+                {{0, 2000, 0, ProgressMsg{0, 0, 0, {}}, K::kAlive},
+                 {801, 2000, 10, ProgressMsg{10, 0, 700, {}}, K::kSlow}}},
            Case{"queue full, held by itself for under half the hold: the "
                 "link is slow",
-                {{0, 2000, 0, ProgressMsg{0, 0, 0}, K::kAlive},
-                 {801, 2000, 10, ProgressMsg{10, 0, 390}, K::kSlowLink}}},
+                {{0, 2000, 0, ProgressMsg{0, 0, 0, {}}, K::kAlive},
+                 {801, 2000, 10, ProgressMsg{10, 0, 390, {}}, K::kSlowLink}}},
            Case{"queue empty, but bytes pile up in the child (its thread "
                 "takes them in, nothing consumes them): a slow node",
-                {{0, 0, 0, ProgressMsg{1500, 1500, 0}, K::kAlive},
-                 {500, 0, 0, ProgressMsg{3000, 2990, 0}, K::kAlive},
-                 {801, 0, 0, ProgressMsg{5000, 4980, 0}, K::kSlow}}},
+                {{0, 0, 0, ProgressMsg{1500, 1500, 0, {}}, K::kAlive},
+                 {500, 0, 0, ProgressMsg{3000, 2990, 0, {}}, K::kAlive},
+                 {801, 0, 0, ProgressMsg{5000, 4980, 0, {}}, K::kSlow}}},
            Case{"a backlog above half the window during a hold: a slow node",
-                {{0, 2000, 0, ProgressMsg{0, 900, 0}, K::kAlive},
-                 {801, 2000, 5, ProgressMsg{5, 900, 0}, K::kSlow}}},
+                {{0, 2000, 0, ProgressMsg{0, 900, 0, {}}, K::kAlive},
+                 {801, 2000, 5, ProgressMsg{5, 900, 0, {}}, K::kSlow}}},
            Case{"a slow node on a link of unknown speed never measured: "
                 "alive",
-                {{0, 2000, 0, ProgressMsg{0, 900, 0}, K::kAlive, 0},
-                 {801, 2000, 5, ProgressMsg{5, 900, 800}, K::kAlive, 0}}},
+                {{0, 2000, 0, ProgressMsg{0, 900, 0, {}}, K::kAlive, 0},
+                 {801, 2000, 5, ProgressMsg{5, 900, 800, {}}, K::kAlive, 0}}},
            Case{"the child's backlog drains to half the window and the "
                 "queue too: the hold ends",
-                {{0, 0, 0, ProgressMsg{1500, 1500, 0}, K::kAlive},
-                 {500, 0, 0, ProgressMsg{1500, 400, 0}, K::kAlive},
-                 {600, 0, 0, ProgressMsg{3000, 1500, 0}, K::kAlive},
-                 {1300, 0, 0, ProgressMsg{3000, 1500, 0}, K::kAlive},
-                 {1401, 0, 0, ProgressMsg{3000, 1500, 0}, K::kSlow}}},
+                {{0, 0, 0, ProgressMsg{1500, 1500, 0, {}}, K::kAlive},
+                 {500, 0, 0, ProgressMsg{1500, 400, 0, {}}, K::kAlive},
+                 {600, 0, 0, ProgressMsg{3000, 1500, 0, {}}, K::kAlive},
+                 {1300, 0, 0, ProgressMsg{3000, 1500, 0, {}}, K::kAlive},
+                 {1401, 0, 0, ProgressMsg{3000, 1500, 0, {}}, K::kSlow}}},
        }) {
     LivenessState state;
     for (const Step& s : c.steps) {
@@ -180,17 +180,18 @@ TEST(LivenessTest, ExpectationsFollowTheMeasuredRate) {
   };
   for (uint64_t per_s : {2000u, 500u}) {
     LivenessState state;
-    (void)CheckLiveness(state, policy, at(0, 0, {0, 0, 0}));
+    (void)CheckLiveness(state, policy, at(0, 0, {0, 0, 0, {}}));
     LivenessVerdict v =
-        CheckLiveness(state, policy, at(1000, 10000, {10000, 0, 0}));
+        CheckLiveness(state, policy, at(1000, 10000, {10000, 0, 0, {}}));
     ASSERT_EQ(v.kind, LivenessVerdict::Kind::kSlowLink) << v.why;
     EXPECT_EQ(state.measured_bps, 80000u);
     EXPECT_NE(v.why.find("delivered 0.08 Mbit/s (topology: 1e+03 Mbit/s)"),
               std::string::npos)
         << v.why;
     // Now the node falls behind: its backlog stays above half the window.
-    (void)CheckLiveness(state, policy, at(1100, 10000, {10900, 900, 0}));
-    v = CheckLiveness(state, policy, at(2100, 10000, {10900 + per_s, 900, 0}));
+    (void)CheckLiveness(state, policy, at(1100, 10000, {10900, 900, 0, {}}));
+    v = CheckLiveness(state, policy,
+                      at(2100, 10000, {10900 + per_s, 900, 0, {}}));
     EXPECT_EQ(v.kind, per_s == 2000 ? LivenessVerdict::Kind::kAlive
                                     : LivenessVerdict::Kind::kSlow)
         << per_s << ": " << v.why;
@@ -208,11 +209,12 @@ TEST(LivenessTest, AMeasuredRateStandsInForAnUnknownBandwidth) {
     seen.progress = p;
     return seen;
   };
-  (void)CheckLiveness(state, policy, at(0, {0, 0, 0}));
-  ASSERT_EQ(CheckLiveness(state, policy, at(1000, {10000, 0, 0})).kind,
+  (void)CheckLiveness(state, policy, at(0, {0, 0, 0, {}}));
+  ASSERT_EQ(CheckLiveness(state, policy, at(1000, {10000, 0, 0, {}})).kind,
             LivenessVerdict::Kind::kSlowLink);
-  (void)CheckLiveness(state, policy, at(1100, {10000, 900, 0}));
-  LivenessVerdict v = CheckLiveness(state, policy, at(2100, {10100, 900, 0}));
+  (void)CheckLiveness(state, policy, at(1100, {10000, 900, 0, {}}));
+  LivenessVerdict v =
+      CheckLiveness(state, policy, at(2100, {10100, 900, 0, {}}));
   EXPECT_EQ(v.kind, LivenessVerdict::Kind::kSlow) << v.why;
 }
 
@@ -226,12 +228,38 @@ TEST(ProgressMeterTest, CountsOnlyTimeHeldForItsOwnWork) {
   m.Received(50);
   // 10 bytes wait for its thread, 30 for its apply workers; held 100 ms more.
   ProgressMsg p = m.Report(t0 + milliseconds(600), 10, 30);
-  EXPECT_EQ(p, (ProgressMsg{160, 40, 400}));
+  EXPECT_EQ(p, (ProgressMsg{160, 40, 400, {}}));
   EXPECT_EQ(*DecodeProgress(EncodeProgress(p)), p);
   std::vector<std::byte> bytes = EncodeProgress(p);
   bytes.pop_back();
   EXPECT_TRUE(DecodeProgress(bytes).status().IsCorruption());
   EXPECT_TRUE(DecodeProgress({}).status().IsCorruption());
+}
+
+TEST(ProgressMsgTest, DeliveredBytesTravelInVersion2) {
+  ProgressMsg v1{160, 40, 400, {}};
+  std::vector<std::byte> b1 = EncodeProgress(v1);
+  ASSERT_EQ(b1.size(), 25u);
+  EXPECT_EQ(b1[0], std::byte{1});  // an older parent reads it as before
+  ProgressMsg v2 = v1;
+  v2.delivered_bytes = 150;
+  std::vector<std::byte> b2 = EncodeProgress(v2);
+  ASSERT_EQ(b2.size(), 33u);
+  EXPECT_EQ(b2[0], std::byte{2});
+  auto back = DecodeProgress(b2);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, v2);
+  EXPECT_FALSE(DecodeProgress(b1)->delivered_bytes.has_value());
+  // Version 2 without its field, version 1 with it, an unknown version.
+  std::vector<std::byte> short2 = b2;
+  short2.resize(25);
+  EXPECT_TRUE(DecodeProgress(short2).status().IsCorruption());
+  std::vector<std::byte> long1 = b2;
+  long1[0] = std::byte{1};
+  EXPECT_TRUE(DecodeProgress(long1).status().IsCorruption());
+  std::vector<std::byte> v3 = b2;
+  v3[0] = std::byte{3};
+  EXPECT_TRUE(DecodeProgress(v3).status().IsCorruption());
 }
 
 }  // namespace
