@@ -157,12 +157,12 @@ def notify_and_watchdog():
 
 def hung_loop_stops_the_pings():
     mgr = Manager("hung")
-    # The loop turns about every 200 ms at idle: the 15th turn is ~3 s in.
+    # The loop turns about every 200 ms at idle: the 10th turn is ~2 s in.
     p, ready = start_relay("hung", mgr, {
-        "WATCHDOG_USEC": "1000000", "DCR_FAILPOINTS": "relay.loop=hang@15"})
+        "WATCHDOG_USEC": "1000000", "DCR_FAILPOINTS": "relay.loop=hang@10"})
     try:
         expect_ready("hung", mgr, ready)
-        got = mgr.collect(6)
+        got = mgr.collect(4.5)
         pings = [t for t, m in got if m == "WATCHDOG=1"]
         if not pings:
             fail("no WATCHDOG=1 before the hang")
