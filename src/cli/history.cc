@@ -1,7 +1,9 @@
 // `dcr history`: the reports of the last refits (state_dir/reports/, kept by
 // coord/state_dir.h) as a table, as JSON, or as a plot of time and payload
 // per step, so that a regression shows at a glance.
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -68,12 +70,48 @@ void PrintTable(const std::vector<const RefitReport*>& reports) {
   }
 }
 
+// `s` as a gnuplot single-quoted string (a quote doubled).
+std::string GnuplotQuoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    out += c;
+    if (c == '\'') out += '\'';
+  }
+  return out + "'";
+}
+
+// Runs `gnuplot script` with its output in `log`, without a shell: the
+// exit status, or 127 when gnuplot is not installed.
+Result<int> RunGnuplot(const std::string& script, const std::string& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  std::string prog = "gnuplot";
+  std::vector<char*> argv = {prog.data(), const_cast<char*>(script.c_str()),
+                             nullptr};
+  pid_t pid = 0;
+  const int err =
+      posix_spawnp(&pid, "gnuplot", &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (err == ENOENT) return 127;
+  if (err != 0) return Status::FromErrno("--plot: cannot run gnuplot", err);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return Status::FromErrno("--plot: waitpid", errno);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // Draws time and payload per target step in two panels (gnuplot): a delta
 // of a few MB and a full refit of many GB each stay readable, on log axes.
 Status Plot(const std::vector<const RefitReport*>& reports,
             const std::string& png) {
-  std::string dir =
-      (std::filesystem::temp_directory_path() / "dcr-history-XXXXXX").string();
+  std::error_code ec;
+  std::filesystem::path tmpdir = std::filesystem::temp_directory_path(ec);
+  if (ec) tmpdir = "/tmp";
+  std::string dir = (tmpdir / "dcr-history-XXXXXX").string();
   if (::mkdtemp(dir.data()) == nullptr) {
     return Status::FromErrno("--plot: cannot create " + dir, errno);
   }
@@ -96,46 +134,48 @@ Status Plot(const std::vector<const RefitReport*>& reports,
   }
   const std::string dat = tmp.path + "/history.dat";
   // Whole steps on the x axis, about 10 ticks.
-  const uint64_t span =
-      reports.back()->target.step > reports.front()->target.step
-          ? reports.back()->target.step - reports.front()->target.step
-          : 0;
+  const auto [lo, hi] = std::minmax_element(
+      reports.begin(), reports.end(), [](const auto* a, const auto* b) {
+        return a->target.step < b->target.step;
+      });
+  const uint64_t span = (*hi)->target.step - (*lo)->target.step;
   const uint64_t xstep = std::max<uint64_t>(1, (span + 9) / 10);
   DCR_RETURN_IF_ERROR(WriteFileAtomic(
       dat, std::as_bytes(std::span<const char>(data.data(), data.size()))));
   // Committed refits as points joined by a line, aborted ones as crosses.
   const std::string script = fmt::format(
       "set terminal pngcairo size 1000,640 font ',10'\n"
-      "set output '{png}'\n"
+      "set output {png}\n"
       "set multiplot layout 2,1 title 'dcr refits: time and payload per "
       "step (log scales; x: aborted)'\n"
       "set grid\nset logscale y\nset key top left\n"
       "set xlabel 'target step'\nset xtics {xstep}\n"
       "set offsets graph 0.03, graph 0.03, 0, 0\n"
       "set ylabel 'seconds'\n"
-      "plot '{dat}' using 1:($4==1&&$5==0?$2:1/0) with linespoints pt 7 "
+      "plot {dat} using 1:($4==1&&$5==0?$2:1/0) with linespoints pt 7 "
       "title 'delta', '' using 1:($4==1&&$5==1?$2:1/0) with points pt 5 "
       "title 'full', '' using 1:($4==0?$2:1/0) with points pt 2 ps 2 "
       "title 'aborted'\n"
       "set ylabel 'payload (MB)'\n"
-      "plot '{dat}' using 1:($4==1&&$5==0?$3:1/0) with linespoints pt 7 "
+      "plot {dat} using 1:($4==1&&$5==0?$3:1/0) with linespoints pt 7 "
       "title 'delta', '' using 1:($4==1&&$5==1?$3:1/0) with points pt 5 "
       "title 'full', '' using 1:($4==0?$3:1/0) with points pt 2 ps 2 "
       "title 'aborted'\n"
       "unset multiplot\n",
-      fmt::arg("png", png), fmt::arg("dat", dat), fmt::arg("xstep", xstep));
+      fmt::arg("png", GnuplotQuoted(png)), fmt::arg("dat", GnuplotQuoted(dat)),
+      fmt::arg("xstep", xstep));
   const std::string gp = tmp.path + "/history.gp";
   DCR_RETURN_IF_ERROR(WriteFileAtomic(
       gp, std::as_bytes(std::span<const char>(script.data(), script.size()))));
   const std::string log = tmp.path + "/gnuplot.log";
-  const std::string cmd = "gnuplot '" + gp + "' >'" + log + "' 2>&1";
-  const int rc = std::system(cmd.c_str());
+  DCR_ASSIGN_OR_RETURN(int rc, RunGnuplot(gp, log));
+  if (rc == 127) {
+    return Status::IOError(
+        "--plot needs gnuplot, which is not installed (Debian: apt install "
+        "gnuplot-nox)");
+  }
   if (rc != 0) {
     auto out = ReadFileToString(log);
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127) {
-      return Status::Unsupported(
-          "--plot needs gnuplot (Debian: apt install gnuplot-nox)");
-    }
     return Status::IOError("gnuplot failed drawing " + png + ": " +
                            (out.ok() ? *out : std::string("(no output)")));
   }
@@ -155,6 +195,9 @@ int RunHistory(const HistoryArgs& a, const GlobalOptions& g) {
   std::vector<const RefitReport*> reports;
   int rc = kExitOk;
   for (const ReportFile& f : *files) {
+    // Pruned by a refit ending meanwhile: no longer part of the history.
+    std::error_code ec;
+    if (!f.report.ok() && !std::filesystem::exists(f.path, ec)) continue;
     if (f.report.ok()) {
       reports.push_back(&*f.report);
     } else {

@@ -21,6 +21,7 @@ struct Figures {
   uint64_t done = 0;
   uint64_t total = 0;
   bool estimate = false;
+  bool extrapolated = false;  // the estimate follows the diff's progress
   bool delivered = false;
 };
 
@@ -34,6 +35,7 @@ Figures FiguresOf(const RefitOptions::Progress& p) {
     if (p.scanned_bytes > 0 && p.total_bytes > p.scanned_bytes) {
       f.total = static_cast<uint64_t>(static_cast<double>(p.payload_bytes) *
                                       p.total_bytes / p.scanned_bytes);
+      f.extrapolated = true;
     }
   }
   if (f.total < f.done) f.total = f.done;
@@ -98,7 +100,9 @@ std::string RefitProgress::Line() const {
   const double rate = secs > 0 ? f.done / secs : 0;
   const double pct = f.total ? 100.0 * f.done / f.total : 0;
   std::string eta = "--";
-  if (rate > 0 && f.total > f.done) {
+  // No ETA from a total that is only what was sent so far (a repair
+  // round's, whose size the diff's progress does not tell).
+  if (rate > 0 && f.total > f.done && (!f.estimate || f.extrapolated)) {
     eta = fmt::format("{:.0f}s", (f.total - f.done) / rate);
   } else if (f.total == f.done && p.payload_final) {
     eta = "0s";

@@ -5,10 +5,12 @@
 //
 // Healthy means the relay's event loop turned within half the watchdog
 // interval (Relay::SinceLoopTurn; it turns at least every 200 ms, idle
-// included). A loop that stops turning (a deadlock, a store call that never
-// returns) stops the pings, and systemd restarts the relay once WatchdogSec
-// passes: the restart repairs an interrupted refit from its journal
-// (docs/PROTOCOL.md §"Repair of a mixed store").
+// included). Pings go every quarter interval while healthy, and at once
+// when a stall ends. A loop that stops turning (a deadlock, a store call
+// that never returns) stops the pings, and systemd restarts the relay
+// 1.25 to 1.5 WatchdogSec after the loop stopped (a stall shorter than
+// WatchdogSec never restarts it): the restart repairs an interrupted refit
+// from its journal (docs/PROTOCOL.md §"Repair of a mixed store").
 //
 // Thread safety: construct, then Stop or destroy, from one thread.
 #ifndef DCR_CLI_RELAY_WATCHDOG_H_
@@ -28,8 +30,8 @@ class Relay;
 class RelayWatchdog {
  public:
   // Sends READY=1 with a STATUS line naming `listening`; then, when systemd
-  // asked for a watchdog (WATCHDOG_USEC for this process), pings every half
-  // interval on a thread of its own while `relay` is healthy. A
+  // asked for a watchdog (WATCHDOG_USEC for this process), pings every
+  // quarter interval on a thread of its own while `relay` is healthy. A
   // notification that cannot be sent is logged, never fatal.
   RelayWatchdog(const Relay* relay, std::string listening);
   ~RelayWatchdog();  // Stop()

@@ -199,7 +199,9 @@ void Fanout::OnFrame(size_t i, const Frame& frame) {
   if (frame.type() == FrameType::kHeartbeat) {
     // A relay reports its progress in it (protocol/liveness.h); a relay of
     // an older release sends it empty.
-    if (!frame.payload.empty()) {
+    if (frame.payload.empty()) {
+      c.sent_empty_heartbeat = true;
+    } else {
       if (auto p = DecodeProgress(frame.payload); p.ok()) {
         c.progress = *p;
       } else {

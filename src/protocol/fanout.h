@@ -118,9 +118,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // The least chunk bytes any node below has applied in this refit, from
   // the children's HEARTBEATs (ProgressMsg::delivered_bytes: each child's
   // subtree minimum; a child that has not reported yet counts 0). Failed
-  // and superseded children, subtrees that took no chunks and children of
-  // an older release (no figure) are left out. nullopt with heartbeats off
-  // or when no child counts (docs/PROTOCOL.md §"Progress").
+  // and superseded children, children whose PLAN_REPLY has not come (an
+  // adoption in progress), subtrees that took no chunks and children of an
+  // older release (no figure) are left out. nullopt with heartbeats off or
+  // when no child counts (docs/PROTOCOL.md §"Progress").
   std::optional<uint64_t> Delivered() const;
   // The current phase's answers so far: nodes below that answered (or whose
   // link failed: their parent answers for them), of all nodes below.
@@ -284,6 +285,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     Clock::time_point last_heartbeat;     // last HEARTBEAT to it
     LivenessState liveness;               // protocol/liveness.h
     std::optional<ProgressMsg> progress;  // its last HEARTBEAT's report
+    bool sent_empty_heartbeat = false;    // an older release: no progress
     // A split node is tried again now and then (it may restart and rejoin
     // its refit): when, how often so far, and for a rejoin entry, which
     // entry it would replace.

@@ -43,7 +43,8 @@ std::optional<uint64_t> Fanout::Delivered() const {
   if (tree_.plan.heartbeat_ms == 0) return std::nullopt;
   std::optional<uint64_t> least;
   for (const Child& c : children_) {
-    if (c.failed || c.superseded || !c.takes_chunks) continue;
+    if (c.failed || c.superseded || !c.takes_chunks || !c.accepted) continue;
+    if (c.sent_empty_heartbeat && !c.progress) continue;       // older
     if (c.progress && !c.progress->delivered_bytes) continue;  // older
     const uint64_t v = c.progress ? *c.progress->delivered_bytes : 0;
     least = least ? std::min(*least, v) : v;

@@ -74,6 +74,9 @@ std::shared_ptr<Link> ParentLink::Adopt(std::shared_ptr<Link> link,
   orphaned_ = false;
   paused_ = false;
   depth_ = depth;
+  // The new parent has no figure of ours: send one at the next timer.
+  last_delivered_.reset();
+  last_check_ = Clock::time_point();
   last_rx_ = Clock::now();
   reply_position_ = resend;
   return old && old.get() != up_.get() ? old : nullptr;

@@ -74,8 +74,15 @@ ProgressMsg Relay::Impl::ProgressReport() {
   Current& c = *current_;
   ProgressMsg m = c.progress.Report(Clock::now(), c.parent->waiting_bytes(),
                                     c.refit->tracker().backlog_bytes());
+  // A node that only forwards counts for nothing itself: its children's
+  // figure, or none (then its parent leaves it out).
+  const std::optional<uint64_t> below = c.fanout->Delivered();
+  if (!c.refit->applies()) {
+    m.delivered_bytes = below;
+    return m;
+  }
   const uint64_t own = c.refit->tracker().applied_bytes();
-  m.delivered_bytes = std::min(own, c.fanout->Delivered().value_or(own));
+  m.delivered_bytes = std::min(own, below.value_or(own));
   return m;
 }
 

@@ -43,7 +43,8 @@ RelayRefit::RelayRefit(const Env* env, const RefitId& id, uint64_t epoch,
       plan_(std::move(plan)),
       own_(std::move(own)),
       session_(std::move(session)),
-      tracker_(std::make_shared<ApplyTracker>()) {}
+      tracker_(std::make_shared<ApplyTracker>()),
+      applies_(session_ != nullptr) {}
 
 RelayRefit::~RelayRefit() {
   tracker_->WaitIdle();

@@ -129,6 +129,9 @@ class RelayRefit {
   RefitPhase phase() const { return phase_; }
   const NodeResult& own() const { return own_; }
   const ApplyTracker& tracker() const { return *tracker_; }
+  // This node applies the refit (it began a session at PLAN); false for a
+  // node that only forwards it (behind, busy, its store unusable).
+  bool applies() const { return applies_; }
   // The phase's own result is in (Vote or Finish ran).
   bool local_done() const { return local_.has_value(); }
   // This node's own vote (kVoting, once Vote ran) is yes.
@@ -155,6 +158,7 @@ class RelayRefit {
   NodeResult own_;                         // PLAN result (refusal if any)
   std::unique_ptr<RefitSession> session_;  // null: forward-only, or done
   std::shared_ptr<ApplyTracker> tracker_;  // shared with in-flight jobs
+  const bool applies_;                     // a session at PLAN
   RefitPhase phase_ = RefitPhase::kPlanning;
   std::optional<EndMsg> end_;
   Status end_error_;  // the last END's target contradicts the plan
