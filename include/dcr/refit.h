@@ -261,8 +261,13 @@ struct RefitReport {
   double plan_seconds = 0;     // PLAN sent to the last PLAN_REPLY
   double stream_seconds = 0;   // first chunk to END sent
   double vote_seconds = 0;     // END sent to the last vote
-  double commit_seconds = 0;   // decision to the last COMMIT_REPLY (and the
-                               // baseline committed, in parallel)
+  // Of vote_seconds: END sent to every receiver having applied every chunk
+  // of the stream, as the relays report it (docs/PROTOCOL.md §"Progress"):
+  // a paced link's drain, not the verification. 0: not reported, or all
+  // applied by the time the stream ended.
+  double applied_seconds = 0;
+  double commit_seconds = 0;  // decision to the last COMMIT_REPLY (and the
+                              // baseline committed, in parallel)
   double total_seconds = 0;
   // Time root.baseline took the target's bits while the refit streamed
   // (writes and history syncs on the producer thread, hidden behind the

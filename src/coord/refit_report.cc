@@ -136,7 +136,8 @@ std::string RefitReport::ToJson() const {
         {"commit", commit_seconds},
         {"total", total_seconds},
         {"baseline_in_stream", baseline_in_stream_seconds},
-        {"hashed_in_stream", hashed_in_stream_seconds}}},
+        {"hashed_in_stream", hashed_in_stream_seconds},
+        {"applied", applied_seconds}}},
       {"nodes", nodes_json}};
   nlohmann::json catch_up_json = nlohmann::json::array();
   for (const CatchUpReport& c : catch_up) {
@@ -253,7 +254,7 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
   StateJson sf(*seconds, file, "seconds.");
   DCR_RETURN_IF_ERROR(
       sf.OnlyFields({"prepare", "plan", "stream", "vote", "commit", "total",
-                     "baseline_in_stream", "hashed_in_stream"}));
+                     "baseline_in_stream", "hashed_in_stream", "applied"}));
   DCR_ASSIGN_OR_RETURN(r.prepare_seconds, sf.Number("prepare"));
   DCR_ASSIGN_OR_RETURN(r.plan_seconds, sf.Number("plan"));
   DCR_ASSIGN_OR_RETURN(r.stream_seconds, sf.Number("stream"));
@@ -267,6 +268,9 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
   if (sf.Has("hashed_in_stream")) {  // since END names the target (issue 22)
     DCR_ASSIGN_OR_RETURN(r.hashed_in_stream_seconds,
                          sf.Number("hashed_in_stream"));
+  }
+  if (sf.Has("applied")) {  // since relays report delivered bytes
+    DCR_ASSIGN_OR_RETURN(r.applied_seconds, sf.Number("applied"));
   }
   DCR_ASSIGN_OR_RETURN(const nlohmann::json* nodes, f.Array("nodes"));
   for (size_t i = 0; i < nodes->size(); ++i) {

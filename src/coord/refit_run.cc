@@ -181,6 +181,9 @@ Result<RefitReport> RefitRun::RunPhases() {
       DCR_RETURN_IF_ERROR(phases_.Vote());
       DCR_ASSIGN_OR_RETURN(bool sent, Vote());
       report_.vote_seconds = Seconds(t_stream, Clock::now());
+      if (stream_applied_at_ && *stream_applied_at_ > t_stream) {
+        report_.applied_seconds = Seconds(t_stream, *stream_applied_at_);
+      }
       commit_set = YesVotes(replies_.votes, report_.target);
       commit = sent && !commit_set.empty() &&
                commit_set.size() + catching_up >= required;
@@ -287,6 +290,7 @@ Result<bool> RefitRun::Vote() {
       return false;  // no END went down: no vote will come
     }
     root_->WaitPhase();
+    if (round == 0) stream_applied_at_ = root_->applied_at();
     replies_.votes = root_->Results();
     // Receivers whose bits differ name the tensors; overwrite chunks of
     // those tensors (idempotent, whatever each receiver applied before)

@@ -138,6 +138,8 @@ class RefitRun {
   FileStamps target_stamps_;    // the target's files when the refit began
   bool keep_current_ = false;   // the baseline still needs --resume
   bool repair_stream_ = false;  // the last Stream was a repair round's
+  // When the stream's chunks were applied everywhere (RootTree::applied_at).
+  std::optional<std::chrono::steady_clock::time_point> stream_applied_at_;
 };
 
 }  // namespace dcr

@@ -124,9 +124,19 @@ void RootTree::WaitPhase() {
   while (!fanout_->Complete()) {
     mailbox_.RunUntil(std::min(NextTimer(), NextProgress()));
     RunTimers();
+    NoteApplied();
     MaybeReportProgress();
   }
+  NoteApplied();
   ReportProgress();  // the phase's answers, all in
+}
+
+void RootTree::NoteApplied() {
+  if (!stream_final_ || applied_at_) return;
+  std::optional<uint64_t> d = fanout_->Delivered();
+  if (d && *d >= delivered_before_ + stream_payload_) {
+    applied_at_ = Clock::now();
+  }
 }
 
 RootTree::Clock::time_point RootTree::NextProgress() const {
@@ -166,6 +176,7 @@ RootTree::Streamed RootTree::StreamFrom(ChunkProducer* producer,
   Streamed out;
   stream_payload_ = stream_chunks_ = 0;
   stream_final_ = false;
+  applied_at_.reset();
   delivered_before_ = fanout_->Delivered().value_or(0);
   // Sends queued chunks while every child's queue has room; true when the
   // producer's queue ran empty.

@@ -91,6 +91,9 @@ class RootTree {
   }
   // Reports progress now (at a phase's end), if SetProgress set one.
   void ReportProgress();
+  // When every receiver had applied every chunk of the last stream, as the
+  // relays report it; nullopt before that, or when they do not report.
+  std::optional<Clock::time_point> applied_at() const { return applied_at_; }
   std::vector<NodeResult> Results() const { return fanout_->Results(); }
 
   struct Streamed {
@@ -136,6 +139,8 @@ class RootTree {
   Clock::time_point NextProgress() const;
   // Reports if one is due.
   void MaybeReportProgress();
+  // Sets applied_at_ once the stream is over and delivered everywhere.
+  void NoteApplied();
 
   const RefitOptions& options_;
   Mailbox mailbox_;
@@ -155,6 +160,7 @@ class RootTree {
   uint64_t stream_chunks_ = 0;
   bool stream_final_ = false;
   uint64_t delivered_before_ = 0;
+  std::optional<Clock::time_point> applied_at_;
   Clock::time_point timers_ran_;  // RunTimers last ran
 };
 

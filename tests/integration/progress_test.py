@@ -192,11 +192,18 @@ def check(name, lines, scrapes, report):
         fail("%s: the bar lagged the link's bytes of 1 s before by %.1f%%" %
              (name, 100 * worst_behind))
     drain_s = draining[-1]["elapsed"] - draining[0]["elapsed"]
+    # The report tells the drain from the vote too.
+    sec = report["seconds"]
+    if not (0.5 * drain_s <= sec["applied"] <= sec["vote"] + 1e-3):
+        fail("%s: report seconds.applied %.3f (vote %.3f, drain %.1f s)" %
+             (name, sec["applied"], sec["vote"], drain_s))
     print("ok: %s: %d B payload; %d reports, %d while draining for %.1f s; "
           "phases %s; bar minus link: at most %+.1f%% (0.15 s later), link "
-          "1 s earlier minus bar: at most %+.1f%%" % (name, payload, len(lines), len(draining), drain_s,
-                       " -> ".join(order), 100 * worst_ahead,
-                       100 * worst_behind))
+          "1 s earlier minus bar: at most %+.1f%%; report: all applied %.2f s "
+          "into the vote's %.2f s" %
+          (name, payload, len(lines), len(draining), drain_s,
+           " -> ".join(order), 100 * worst_ahead, 100 * worst_behind,
+           sec["applied"], sec["vote"]))
 
 
 def main():
