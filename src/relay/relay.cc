@@ -70,22 +70,6 @@ Clock::time_point Relay::Impl::NextDeadline(Clock::time_point now) const {
   return next;
 }
 
-ProgressMsg Relay::Impl::ProgressReport() {
-  Current& c = *current_;
-  ProgressMsg m = c.progress.Report(Clock::now(), c.parent->waiting_bytes(),
-                                    c.refit->tracker().backlog_bytes());
-  // A node that only forwards counts for nothing itself: its children's
-  // figure, or none (then its parent leaves it out).
-  const std::optional<uint64_t> below = c.fanout->Delivered();
-  if (!c.refit->applies()) {
-    m.delivered_bytes = below;
-    return m;
-  }
-  const uint64_t own = c.refit->tracker().applied_bytes();
-  m.delivered_bytes = std::min(own, below.value_or(own));
-  return m;
-}
-
 void Relay::Impl::OnTimers(Clock::time_point now) {
   Current& c = *current_;
   // The loop runs the timers at least every half heartbeat interval; a
@@ -428,16 +412,6 @@ void Relay::Impl::MaybePause() {
     if (c.puller) c.puller->Pause(true);
   }
   SampleProgress();
-}
-
-void Relay::Impl::SampleProgress() {
-  Current& c = *current_;
-  // Unread for its own work: frames wait for this thread beyond the
-  // inbound quota, or the apply window (not the children's) holds it.
-  c.progress.Sample(Clock::now(), c.parent->held_by_waiting() ||
-                                      (c.parent->paused() &&
-                                       c.refit->tracker().backlog_bytes() >
-                                           options_.apply_window_bytes / 2));
 }
 
 void Relay::Impl::MaybeResume() {
