@@ -492,10 +492,7 @@ Status DecodeContextChunk(std::span<const std::byte> bytes,
   // The group planes, then each change's value from its group's planes.
   const size_t n = c.changed;
   std::array<size_t, kMaxContextGroups> gcount{};
-  for (size_t g = 0; g < groups; ++g) {
-    gcount[g] = static_cast<size_t>(std::count(
-        s.rng.begin(), s.rng.begin() + static_cast<ptrdiff_t>(n), g));
-  }
+  ContextScan().count_groups(s.rng.data(), n, groups, gcount.data());
   std::array<const uint8_t*, kMaxContextGroups * 4> gp{};
   for (size_t g = 0; g < groups; ++g) {
     for (size_t j = 0; j < w; ++j) {

@@ -1,9 +1,10 @@
 // The per-element loops of context coding (codec/context.h): the exponent
 // ranges of 64 elements at a time as bit masks, the range-local indices
 // the encoder codes, and the decoder's scan from those indices back to
-// positions. They are compiled three times: generic, with POPCNT, BMI2 and AVX2
-// (context_scan_fast.cc), and with AVX-512BW too (context_scan_avx512.cc);
-// ContextScan() picks one at run time.
+// positions. They are compiled four times: generic, with POPCNT, BMI2 and
+// AVX2 (context_scan_fast.cc), with AVX-512BW too (context_scan_avx512.cc),
+// and with AVX-512 VBMI and VBMI2 too (context_scan_vbmi2.cc); ContextScan()
+// picks one at run time.
 //
 // Internal to the codec.
 #ifndef DCR_CODEC_CONTEXT_SCAN_H_
@@ -65,7 +66,8 @@ struct ContextScanOps {
   void (*local_indices)(size_t elem_size, const std::byte* base, size_t n,
                         const Ranges& r, std::span<const uint32_t> positions,
                         const uint8_t* rng, RangeLocals* locals);
-  // The inverse: the positions (ascending) `locals` name in `base`;
+  // The inverse: the positions (ascending) `locals` name in `base`, each
+  // range's indices strictly ascending (as RiceDecode gives them);
   // Corruption unless they are exactly `expect` and every index is inside
   // its range.
   // (*groups)[i] is the value group of positions[i]'s range.
@@ -74,6 +76,13 @@ struct ContextScanOps {
                            std::vector<uint32_t>* positions,
                            std::vector<uint8_t>* groups, size_t expect,
                            const std::string& name);
+  // counts[g] = how many of group[0, n) are g, for g < groups (<= 4).
+  void (*count_groups)(const uint8_t* group, size_t n, size_t groups,
+                       size_t* counts);
+  // GatherGroups (codec/value_groups.h) for groups >= 2.
+  void (*gather_groups)(size_t elem_size, const uint8_t* group, size_t n,
+                        size_t groups, const uint8_t* const* gp,
+                        std::byte* out);
   // FindChanges (codec/diff.h).
   size_t (*find_changes)(size_t elem_size, const std::byte* base,
                          const std::byte* target, size_t n, bool xor_values,
@@ -84,7 +93,7 @@ struct ContextScanOps {
 const ContextScanOps& ContextScan();
 
 // Every compilation this CPU runs, slowest first, by name ("generic",
-// "avx2", "avx512"): the tests hold them to one another.
+// "avx2", "avx512", "avx512vbmi2"): the tests hold them to one another.
 std::vector<std::pair<std::string, const ContextScanOps*>> ContextScans();
 
 }  // namespace dcr

@@ -5,37 +5,14 @@
 #include <cstring>
 
 #include "codec/context.h"
+#include "codec/context_scan.h"
 #include "codec/diff.h"
 
 namespace dcr {
-namespace {
-
-template <size_t W>
-void GatherGroupsW(const uint8_t* group, size_t n, const uint8_t* const* gp,
-                   std::byte* out) {
-  std::array<size_t, kMaxContextGroups> at{};
-  for (size_t i = 0; i < n; ++i) {
-    const size_t g = group[i];
-    const size_t k = at[g]++;
-    for (size_t j = 0; j < W; ++j) {
-      out[i * W + j] = std::byte{gp[g * W + j][k]};
-    }
-  }
-}
-
-}  // namespace
-
 void GatherGroups(size_t w, size_t groups, const uint8_t* group, size_t n,
                   const uint8_t* const* gp, std::byte* out) {
   if (groups == 1) return JoinPlanes(w, gp, n, out);
-  switch (w) {
-    case 1:
-      return GatherGroupsW<1>(group, n, gp, out);
-    case 2:
-      return GatherGroupsW<2>(group, n, gp, out);
-    default:
-      return GatherGroupsW<4>(group, n, gp, out);
-  }
+  ContextScan().gather_groups(w, group, n, groups, gp, out);
 }
 
 namespace {
