@@ -15,23 +15,29 @@
 //                                            decode+apply on one thread
 //                                            with and without the relay
 //                                            journal's write-ahead records
+//   --as F16|F32|F8_E4M3                     sees the BF16 pair as that
+//                                            dtype (ConvertBf16 below)
 // bench/codec_figures.py runs both on traingen pairs and prints the table.
 #include <benchmark/benchmark.h>
 #include <zstd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/bytes.h"
 #include "dcr/checkpoint.h"
 #include "dcr/codec.h"
 #include "dcr/dtype.h"
 #include "dcr/entropy.h"
+#include "dcr/fp8.h"
 #include "dcr/thread_pool.h"
 #include "session/journal.h"
 
@@ -56,9 +62,51 @@ Pair* g_pair = nullptr;
 EncodeOptions g_encode;
 uint64_t g_span_elems = kDefaultSpanElems;
 
-// Copies both checkpoints into memory so timings exclude page faults.
+// --as: a BF16 pair seen as another floating dtype, for the figures of
+// dtypes traingen does not write. The same elements change as in the
+// BF16 pair (F32 keeps the BF16 bits in its high half, below them a fixed
+// pattern both versions share), or fewer where the dtype is coarser
+// (F16 and F8_E4M3 round each value; E4M3 with one scale per tensor, the
+// base's amax over 448, as a serving FP8 copy would).
+float Bf16Value(const std::byte* p) {
+  const uint32_t bits = uint32_t{LoadLE<uint16_t>(p)} << 16;
+  return std::bit_cast<float>(bits);
+}
+
+std::vector<std::byte> ConvertBf16(std::span<const std::byte> in, DType to,
+                                   float scale) {
+  const size_t n = in.size() / 2;
+  std::vector<std::byte> out(n * DTypeSize(to));
+  for (size_t i = 0; i < n; ++i) {
+    const std::byte* p = in.data() + 2 * i;
+    if (to == DType::kF32) {
+      const uint32_t low =
+          static_cast<uint32_t>(i * 0x9E3779B97F4A7C15ull >> 48);
+      StoreLE<uint32_t>(out.data() + 4 * i,
+                        uint32_t{LoadLE<uint16_t>(p)} << 16 | low);
+    } else if (to == DType::kF16) {
+      StoreLE<uint16_t>(
+          out.data() + 2 * i,
+          std::bit_cast<uint16_t>(static_cast<_Float16>(Bf16Value(p))));
+    } else {
+      out[i] = std::byte{Fp8E4M3FromF32(Bf16Value(p) / scale)};
+    }
+  }
+  return out;
+}
+
+float E4M3Scale(std::span<const std::byte> bf16) {
+  float amax = 0;
+  for (size_t i = 0; i < bf16.size() / 2; ++i) {
+    amax = std::max(amax, std::fabs(Bf16Value(bf16.data() + 2 * i)));
+  }
+  return amax > 0 ? amax / kFp8E4M3Max : 1.0f;
+}
+
+// Copies both checkpoints into memory so timings exclude page faults;
+// with `as` other than BF16, BF16 tensors are converted to it.
 Pair* LoadPair(const std::string& base_path, const std::string& target_path,
-               uint64_t span_elems) {
+               uint64_t span_elems, DType as) {
   auto b = Checkpoint::Open(base_path, Checkpoint::Mode::kReadOnly);
   auto t = Checkpoint::Open(target_path, Checkpoint::Mode::kReadOnly);
   if (!b.ok() || !t.ok()) {
@@ -72,17 +120,26 @@ Pair* LoadPair(const std::string& base_path, const std::string& target_path,
   }
   auto* p = new Pair();
   const Manifest& m = (*b)->manifest();
+  std::vector<DType> dtypes;
   for (size_t i = 0; i < m.size(); ++i) {
     auto bd = (*b)->TensorData(i);
     auto td = (*t)->TensorData(i);
-    p->base.emplace_back(bd.begin(), bd.end());
-    p->target.emplace_back(td.begin(), td.end());
-    p->work.emplace_back(bd.begin(), bd.end());
-    p->bytes += bd.size();
+    if (m[i].dtype == DType::kBF16 && as != DType::kBF16) {
+      const float scale = as == DType::kF8E4M3 ? E4M3Scale(bd) : 1.0f;
+      p->base.push_back(ConvertBf16(bd, as, scale));
+      p->target.push_back(ConvertBf16(td, as, scale));
+      dtypes.push_back(as);
+    } else {
+      p->base.emplace_back(bd.begin(), bd.end());
+      p->target.emplace_back(td.begin(), td.end());
+      dtypes.push_back(m[i].dtype);
+    }
+    p->work.push_back(p->base.back());
+    p->bytes += p->base.back().size();
   }
   for (size_t i = 0; i < m.size(); ++i) {
-    size_t w = DTypeSize(m[i].dtype);
-    ExponentField field = ExponentFieldOf(m[i].dtype);
+    size_t w = DTypeSize(dtypes[i]);
+    ExponentField field = ExponentFieldOf(dtypes[i]);
     uint64_t n = m[i].NumElements();
     for (uint64_t s = 0; s < SpanCount(n, span_elems); ++s) {
       uint64_t off = s * span_elems * w;
@@ -409,6 +466,7 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   std::string base, target, journal_dir = "/tmp";
   uint64_t span = dcr::kDefaultSpanElems;
+  dcr::DType as = dcr::DType::kBF16;
   std::vector<char*> rest = {argv[0]};
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
@@ -426,6 +484,15 @@ int main(int argc, char** argv) {
       dcr::g_encode.zstd_level = std::stoi(v4);
     } else if (const char* v5 = value("--journal-dir")) {
       journal_dir = v5;
+    } else if (const char* v6 = value("--as")) {
+      auto d = dcr::ParseDType(v6);
+      if (!d.ok() || (*d != dcr::DType::kBF16 && *d != dcr::DType::kF16 &&
+                      *d != dcr::DType::kF32 && *d != dcr::DType::kF8E4M3)) {
+        std::fprintf(stderr,
+                     "codec_bench: --as takes BF16, F16, F32 or F8_E4M3\n");
+        return 2;
+      }
+      as = *d;
     } else {
       rest.push_back(argv[i]);
     }
@@ -435,12 +502,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: codec_bench sizes|speed|journal --base B --target T "
                  "[--span-elems N] [--level L] [--journal-dir D] "
-                 "[--benchmark_* flags]\n"
+                 "[--as F16|F32|F8_E4M3] [--benchmark_* flags]\n"
                  "see bench/README.md; bench/codec_figures.py runs it on "
                  "traingen pairs\n");
     return 2;
   }
-  dcr::g_pair = dcr::LoadPair(base, target, span);
+  dcr::g_pair = dcr::LoadPair(base, target, span, as);
   dcr::g_span_elems = span;
   if (mode == "sizes") return dcr::RunSizes(*dcr::g_pair);
   if (mode == "journal") return dcr::RunJournal(*dcr::g_pair, journal_dir);

@@ -14,7 +14,10 @@ v4 -> v5 (after the first step every element no longer moves alike). Then:
   - zstd --patch-from and xdelta3 sizes on the v0 -> v1 pairs, when installed;
   - codec_bench speed: diff+encode and decode+apply throughput (the context
     rebuild included) with 1 and 2 threads, and the plain encoding's with 1
-    thread (ratios are measured in the same run).
+    thread (ratios are measured in the same run);
+  - other dtypes (--dtypes, F16, F32 and F8_E4M3 by default): the 3% and 5%
+    pairs converted by codec_bench --as, sizes and 1-thread speeds, context
+    and plain; they are held to BF16's per-byte speed targets.
 Prints two tables and writes bench/results/codec.json.
 
 Usage: bench/codec_figures.py [--build-dir build] [--work /tmp/dcr-bench-codec]
@@ -129,7 +132,7 @@ def end_to_end(args, v0, v1):
             "apply_seconds": apply["seconds"], "verified": True}
 
 
-def speed(args, v0, v1):
+def speed(args, v0, v1, extra=(), one_thread=False):
     bench = os.path.join(args.build_dir, "bench", "codec_bench")
     # These machines are shared and their speed drifts over minutes: rather
     # than three repetitions of each benchmark back to back, run the whole
@@ -138,7 +141,8 @@ def speed(args, v0, v1):
     rounds = 1 if args.quick else SPEED_ROUNDS
     samples = {}
     for _ in range(rounds):
-        out = run([bench, "speed", "--base", v0, "--target", v1,
+        out = run([bench, "speed", "--base", v0, "--target", v1, *extra,
+                   *(["--benchmark_filter=/1/"] if one_thread else []),
                    "--benchmark_format=json",
                    # The first iteration of a process runs on cold pages
                    # (measured up to 3x slower): warm up, then time.
@@ -150,6 +154,13 @@ def speed(args, v0, v1):
             name = b["run_name"].replace("/real_time", "")
             samples.setdefault(name, []).append(b["bytes_per_second"] / 1e9)
     res = {name: statistics.median(v) for name, v in samples.items()}
+    if one_thread:
+        return {
+            "encode_gbps_1t": res["BM_Encode/1"],
+            "decode_apply_gbps_1t": res["BM_DecodeApply/1"],
+            "plain_encode_gbps_1t": res["BM_EncodePlain/1"],
+            "plain_decode_apply_gbps_1t": res["BM_DecodeApplyPlain/1"],
+        }
     return {
         "encode_gbps_1t": res["BM_Encode/1"],
         "encode_gbps_2t": res["BM_Encode/2"],
@@ -182,6 +193,24 @@ def measure(args, label, rate, d, report, a, b, external):
     return row
 
 
+def measure_dtype(args, dtype, rate, d):
+    """A BF16 pair seen as another dtype (codec_bench --as): sizes and
+    one-thread speeds, context-coded and plain."""
+    v0, v1 = versions(d, 0, 1)
+    bench = os.path.join(args.build_dir, "bench", "codec_bench")
+    label = f"{dtype} {rate}%"
+    print(f"{label}: sizes, throughput", file=sys.stderr)
+    sizes = json.loads(run([bench, "sizes", "--base", v0, "--target", v1,
+                            "--as", dtype]).stdout)
+    row = {"pair": label, "dtype": dtype, "nominal_rate_pct": rate,
+           **{k: v for k, v in sizes.items() if not isinstance(v, (list, dict))}}
+    row.update(speed(args, v0, v1, extra=("--as", dtype), one_thread=True))
+    row["encode_over_plain"] = row["encode_gbps_1t"] / row["plain_encode_gbps_1t"]
+    row["decode_apply_over_plain"] = (row["decode_apply_gbps_1t"] /
+                                      row["plain_decode_apply_gbps_1t"])
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,6 +226,11 @@ def main():
                     help="small model (smoke run; figures not representative)")
     ap.add_argument("--no-external", action="store_true",
                     help="skip zstd --patch-from and xdelta3")
+    ap.add_argument("--dtypes", default="F16,F32,F8_E4M3",
+                    help="other dtypes, each measured on the BF16 pairs of "
+                         "--dtype-rates converted to it (codec_bench --as); "
+                         "'none' to skip")
+    ap.add_argument("--dtype-rates", default="3,5")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "codec.json"))
     args = ap.parse_args()
     if args.quick and args.pairs_dir:
@@ -218,6 +252,13 @@ def main():
         else:
             rows.append(measure(args, f"{rate}%", rate, d, report, 0, 1,
                                 not args.no_external))
+
+    dtype_rows = []
+    if args.dtypes != "none":
+        for rate in [int(r) for r in args.dtype_rates.split(",")]:
+            d, _ = gen_run(args, rate, LATER_STEP if rate == later else 1, model)
+            for dtype in args.dtypes.split(","):
+                dtype_rows.append(measure_dtype(args, dtype, rate, d))
 
     def mb(b):
         return f"{b / 1e6:8.2f}" if b is not None else "       -"
@@ -245,6 +286,18 @@ def main():
               f"{r['encode_scaling_2t']:5.2f} {r['decode_apply_gbps_1t']:6.2f} "
               f"{r['decode_apply_gbps_2t']:6.2f} {r['decode_apply_scaling_2t']:5.2f} "
               f"{r['plain_encode_gbps_1t']:12.2f} {r['plain_decode_apply_gbps_1t']:12.2f}")
+    if dtype_rows:
+        print()
+        print("other dtypes (the BF16 pair converted; speeds 1 thread, ctx = context-coded):")
+        print(f"{'pair':>14} {'change':>7} {'ctx/o0':>6} {'ctx/cond':>8} {'ctx/plain':>9} "
+              f"{'enc':>6} {'plain enc':>9} {'x':>5} {'dec':>6} {'plain dec':>9} {'x':>5}")
+        for r in dtype_rows:
+            print(f"{r['pair']:>14} {100 * r['change_rate']:6.2f}% "
+                  f"{r['payload_over_floor']:6.3f} {r['payload_over_conditional']:8.3f} "
+                  f"{r['payload_over_plain']:9.3f} {r['encode_gbps_1t']:6.2f} "
+                  f"{r['plain_encode_gbps_1t']:9.2f} {r['encode_over_plain']:5.2f} "
+                  f"{r['decode_apply_gbps_1t']:6.2f} {r['plain_decode_apply_gbps_1t']:9.2f} "
+                  f"{r['decode_apply_over_plain']:5.2f}")
     checks = {}
     for key, (target, rel) in TARGETS.items():
         pick = max if rel == "<=" else min
@@ -252,6 +305,16 @@ def main():
         ok = all((r[key] <= target) if rel == "<=" else (r[key] >= target) for r in rows)
         checks[key] = {"target": target, "relation": rel, "worst": worst[key],
                        "worst_pair": worst["pair"], "pass": ok}
+    # Other dtypes are held to BF16's per-byte speed targets.
+    for key in ("encode_gbps_1t", "decode_apply_gbps_1t"):
+        if not dtype_rows:
+            break
+        target, rel = TARGETS[key]
+        worst = min(dtype_rows, key=lambda r: r[key])
+        checks["dtypes_" + key] = {
+            "target": target, "relation": rel, "worst": worst[key],
+            "worst_pair": worst["pair"],
+            "pass": all(r[key] >= target for r in dtype_rows)}
     print()
     for key, c in checks.items():
         print(f"  {'PASS' if c['pass'] else 'MISS'}  {key:26s} worst {c['worst']:.3f} "
@@ -260,13 +323,14 @@ def main():
         "benchmark": "codec",
         # 2: rows carry a "pair" label and the conditional floor, the
         # context-coded payload (payload_*) beside the plain one (plain_*);
-        # checks carry their relation and worst pair.
-        "schema_version": 2,
+        # checks carry their relation and worst pair. 3: dtype_rows.
+        "schema_version": 3,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
         "quick": args.quick,
         "model": model,
         "rows": rows,
+        "dtype_rows": dtype_rows,
         "checks": checks,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
