@@ -119,8 +119,8 @@ Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
 CostParameters CostParameters::BaseIndependent() {
   CostParameters p;
   p.payload_ratio = {{0.01, 0.00690}, {0.03, 0.01803}, {0.05, 0.02834}};
-  p.encode_rate = {{0.01, 5.33e9}, {0.03, 3.28e9}, {0.05, 2.13e9}};
-  p.apply_rate = {{0.01, 8.42e9}, {0.03, 5.11e9}, {0.05, 3.74e9}};
+  p.encode_rate = {{0.01, 6.09e9}, {0.03, 3.37e9}, {0.05, 2.27e9}};
+  p.apply_rate = {{0.01, 12.94e9}, {0.03, 6.14e9}, {0.05, 4.20e9}};
   p.source = "built-in, base-independent chunks";
   return p;
 }

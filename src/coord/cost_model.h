@@ -70,10 +70,10 @@ struct CostParameters {
       {0.01, 0.00526}, {0.03, 0.01378}, {0.05, 0.02189}};
   // (change rate, bytes/s per core) for diff + encode at the root.
   std::vector<std::pair<double, double>> encode_rate = {
-      {0.01, 1.89e9}, {0.03, 1.63e9}, {0.05, 1.20e9}};
+      {0.01, 2.39e9}, {0.03, 1.61e9}, {0.05, 1.15e9}};
   // (change rate, bytes/s per core) for decode + apply at a relay.
   std::vector<std::pair<double, double>> apply_rate = {
-      {0.01, 2.73e9}, {0.03, 2.24e9}, {0.05, 1.80e9}};
+      {0.01, 4.16e9}, {0.03, 2.97e9}, {0.05, 2.45e9}};
   double full_ratio = 0.669;         // --full payload / checkpoint (BF16)
   double full_encode_rate = 0.24e9;  // zstd-1 of dense spans, per core
   double full_apply_rate = 0.67e9;   // decompress + copy, per core
