@@ -38,6 +38,7 @@
 #include "dcr/dtype.h"
 #include "dcr/entropy.h"
 #include "dcr/fp8.h"
+#include "dcr/shard_diff.h"
 #include "dcr/thread_pool.h"
 #include "session/journal.h"
 
@@ -85,9 +86,7 @@ std::vector<std::byte> ConvertBf16(std::span<const std::byte> in, DType to,
       StoreLE<uint32_t>(out.data() + 4 * i,
                         uint32_t{LoadLE<uint16_t>(p)} << 16 | low);
     } else if (to == DType::kF16) {
-      StoreLE<uint16_t>(
-          out.data() + 2 * i,
-          std::bit_cast<uint16_t>(static_cast<_Float16>(Bf16Value(p))));
+      StoreLE<uint16_t>(out.data() + 2 * i, FloatToHalf(Bf16Value(p)));
     } else {
       out[i] = std::byte{Fp8E4M3FromF32(Bf16Value(p) / scale)};
     }
