@@ -1,16 +1,13 @@
-// WeightStore's version-record logic, store specs, the backend factory and
-// the memory store.
+// WeightStore's version-record logic and its background write-back. The
+// specs and the backend factory are in store_spec.cc, the backends in
+// memory_store.cc, file_store.cc and shm_store.cc.
 #include "dcr/store.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -24,12 +21,8 @@
 namespace dcr {
 namespace {
 
-namespace fs = std::filesystem;
 using store_internal::NowIso8601;
 
-constexpr std::string_view kRecordSuffix = ".dcr-version";
-constexpr std::string_view kDirRecordName = "store.dcr-version";
-constexpr std::string_view kShmDir = "/dev/shm/";
 // The background write-back's slice. An fsync waits behind the slices in
 // flight, one per store: on the testbed's shared disk (8 relay stores of
 // 100 MB and the root's baseline, tools: 4 refits at 3%) the commit phase
@@ -38,52 +31,9 @@ constexpr std::string_view kShmDir = "/dev/shm/";
 // store's own write-back runs as fast in 256 KiB slices as in one msync
 // (1.6-2.0 GB/s for 400 MB on the same disk).
 constexpr size_t kBackgroundSliceBytes = size_t{256} << 10;
-// Memory stores align every tensor to a cache line.
-constexpr uint64_t kMemoryAlign = 64;
 
 std::string VersionString(const Version& v) {
   return "step " + std::to_string(v.step) + " (" + v.digest.ShortHex() + ")";
-}
-
-// Heap memory for tests: all tensors in one zero-initialized buffer.
-class MemoryStore final : public WeightStore {
- public:
-  explicit MemoryStore(Manifest manifest)
-      : WeightStore("memory:", "",
-                    VersionRecord{manifest.digest(), {}, {}, {}}),
-        manifest_(std::move(manifest)) {
-    offsets_.reserve(manifest_.size());
-    uint64_t total = 0;
-    for (const TensorInfo& t : manifest_.tensors()) {
-      offsets_.push_back(total);
-      total += (t.NumBytes() + kMemoryAlign - 1) / kMemoryAlign * kMemoryAlign;
-    }
-    // make_unique value-initializes, so the store starts as zeros.
-    buffer_ = std::make_unique<std::byte[]>(total + kMemoryAlign);
-    const uintptr_t p = reinterpret_cast<uintptr_t>(buffer_.get());
-    base_ = buffer_.get() + (kMemoryAlign - p % kMemoryAlign) % kMemoryAlign;
-  }
-
-  const Manifest& manifest() const override { return manifest_; }
-  std::span<const std::byte> Tensor(size_t i) const override {
-    return {base_ + offsets_[i], manifest_[i].NumBytes()};
-  }
-  std::span<std::byte> MutableTensor(size_t i) override {
-    return {base_ + offsets_[i], manifest_[i].NumBytes()};
-  }
-
- protected:
-  Status SyncData(size_t) override { return Status::OK(); }
-
- private:
-  Manifest manifest_;
-  std::vector<uint64_t> offsets_;
-  std::unique_ptr<std::byte[]> buffer_;
-  std::byte* base_ = nullptr;
-};
-
-std::string ResolvedRecordPath(const StoreSpec& spec) {
-  return spec.record_path.empty() ? DefaultRecordPath(spec) : spec.record_path;
 }
 
 }  // namespace
@@ -562,151 +512,6 @@ Status WeightStore::EndRefit() {
   if (!next.in_progress) return Status::OK();
   next.in_progress.reset();
   return records_->SyncThenPersist(*this, std::move(next), "end refit");
-}
-
-// ------------------------------------------------------------------- specs
-
-std::string StoreSpec::ToString() const {
-  switch (kind) {
-    case Kind::kMemory:
-      return "memory:";
-    case Kind::kFile:
-      return "file:" + path;
-    case Kind::kShm:
-      return "shm:" + path;
-  }
-  return "?";
-}
-
-Result<StoreSpec> ParseStoreSpec(std::string_view text) {
-  const size_t colon = text.find(':');
-  const std::string_view kind = text.substr(0, colon);
-  const std::string_view rest =
-      colon == std::string_view::npos ? "" : text.substr(colon + 1);
-  StoreSpec spec;
-  if (kind == "memory") {
-    if (!rest.empty()) {
-      return Status::InvalidArgument("store '" + std::string(text) +
-                                     "': a memory store takes no path");
-    }
-    spec.kind = StoreSpec::Kind::kMemory;
-    return spec;
-  }
-  if (colon == std::string_view::npos || (kind != "file" && kind != "shm")) {
-    return Status::InvalidArgument(
-        "store '" + std::string(text) +
-        "' is not one of memory:, file:PATH, shm:NAME");
-  }
-  if (rest.empty()) {
-    return Status::InvalidArgument("store '" + std::string(text) +
-                                   "' names no path");
-  }
-  if (kind == "file") {
-    spec.kind = StoreSpec::Kind::kFile;
-    spec.path = std::string(rest);
-    return spec;
-  }
-  spec.kind = StoreSpec::Kind::kShm;
-  spec.path = rest.front() == '/' ? std::string(rest) : "/" + std::string(rest);
-  DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
-  return spec;
-}
-
-std::string DefaultRecordPath(const StoreSpec& spec) {
-  switch (spec.kind) {
-    case StoreSpec::Kind::kMemory:
-      return "";
-    case StoreSpec::Kind::kFile: {
-      std::error_code ec;
-      if (fs::is_directory(spec.path, ec)) {
-        return (fs::path(spec.path) / kDirRecordName).string();
-      }
-      return spec.path + std::string(kRecordSuffix);
-    }
-    case StoreSpec::Kind::kShm:
-      // spec.path is "/name"; the record sits beside the object.
-      return std::string(kShmDir) + spec.path.substr(1) +
-             std::string(kRecordSuffix);
-  }
-  return "";
-}
-
-// ----------------------------------------------------------------- factory
-
-Result<std::unique_ptr<WeightStore>> OpenStore(const StoreSpec& spec) {
-  switch (spec.kind) {
-    case StoreSpec::Kind::kMemory:
-      return Status::InvalidArgument(
-          "a memory store cannot be reopened; create it with CreateStore");
-    case StoreSpec::Kind::kFile:
-      if (spec.path.empty()) {
-        return Status::InvalidArgument("file store spec names no path");
-      }
-      return store_internal::OpenFileStore(spec.path, ResolvedRecordPath(spec),
-                                           spec);
-    case StoreSpec::Kind::kShm:
-      DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
-      return store_internal::OpenShmStore(spec.path, ResolvedRecordPath(spec));
-  }
-  return Status::Internal("unknown store kind");
-}
-
-Result<std::unique_ptr<WeightStore>> CreateStore(
-    const StoreSpec& spec, const Manifest& manifest,
-    const std::map<std::string, std::string>& metadata) {
-  switch (spec.kind) {
-    case StoreSpec::Kind::kMemory:
-      return std::unique_ptr<WeightStore>(new MemoryStore(manifest));
-    case StoreSpec::Kind::kFile:
-      if (spec.path.empty()) {
-        return Status::InvalidArgument("file store spec names no path");
-      }
-      return store_internal::CreateFileStore(
-          spec.path, ResolvedRecordPath(spec), spec, manifest, metadata);
-    case StoreSpec::Kind::kShm:
-      DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
-      return store_internal::CreateShmStore(spec.path, ResolvedRecordPath(spec),
-                                            manifest, metadata);
-  }
-  return Status::Internal("unknown store kind");
-}
-
-Result<std::unique_ptr<WeightStore>> CreateMemoryStoreFrom(
-    const Checkpoint& checkpoint) {
-  auto store = std::make_unique<MemoryStore>(checkpoint.manifest());
-  for (size_t i = 0; i < checkpoint.manifest().size(); ++i) {
-    const std::span<const std::byte> src = checkpoint.TensorData(i);
-    if (!src.empty()) {
-      std::memcpy(store->MutableTensor(i).data(), src.data(), src.size());
-    }
-  }
-  return std::unique_ptr<WeightStore>(std::move(store));
-}
-
-Status RemoveStore(const StoreSpec& spec) {
-  switch (spec.kind) {
-    case StoreSpec::Kind::kMemory:
-      return Status::OK();
-    case StoreSpec::Kind::kFile: {
-      const std::string record_path = ResolvedRecordPath(spec);
-      std::error_code ec;
-      if (fs::is_directory(spec.path, ec)) {
-        return Status::InvalidArgument("RemoveStore refuses directory '" +
-                                       spec.path + "'");
-      }
-      DCR_RETURN_IF_ERROR(store_internal::RemoveRecord(record_path));
-      if (::unlink(spec.path.c_str()) != 0 && errno != ENOENT) {
-        return Status::FromErrno("cannot remove '" + spec.path + "'", errno);
-      }
-      return Status::OK();
-    }
-    case StoreSpec::Kind::kShm:
-      DCR_RETURN_IF_ERROR(store_internal::ValidateShmName(spec.path));
-      DCR_RETURN_IF_ERROR(
-          store_internal::RemoveRecord(ResolvedRecordPath(spec)));
-      return store_internal::UnlinkShm(spec.path);
-  }
-  return Status::Internal("unknown store kind");
 }
 
 }  // namespace dcr

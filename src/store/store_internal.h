@@ -34,6 +34,9 @@ Status RemoveRecord(const std::string& record_path);
 // Takes an exclusive, non-blocking flock on `fd`; `what` names the store.
 Status LockExclusive(int fd, const std::string& what);
 
+// The memory backend (memory_store.cc): zeros, no record.
+std::unique_ptr<WeightStore> CreateMemoryStore(const Manifest& manifest);
+
 // Backends. `record_path` is already resolved (never empty).
 // `spec` gives the data sync mode and the write-back delay.
 Result<std::unique_ptr<WeightStore>> OpenFileStore(
