@@ -202,8 +202,8 @@ class InboundLinks {
   std::string PeerNode(uint64_t link_id) const;
   // Cuts the links past their HELLO or idle deadline, logs the summary of
   // suppressed cut-off lines, and gives freed frame memory back to the
-  // system (malloc_trim, at most once a second, and once more a second
-  // later) after links that had received 16 MiB or more of frames closed. Cheap
+  // system (malloc_trim, at most once a second, and each second for 4
+  // more) after links that had received 16 MiB or more of frames closed. Cheap
   // when nothing is due; call it on every turn of the actor's loop.
   void Sweep(SteadyTime now);
 
@@ -240,6 +240,7 @@ class InboundLinks {
   SteadyTime last_trim_{};
   std::optional<SteadyTime> trim_at_;
   uint64_t closed_frame_bytes_ = 0;
+  int trims_left_ = 0;  // trims still due after the last closes
 };
 
 }  // namespace dcr
