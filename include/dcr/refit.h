@@ -48,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -114,10 +115,13 @@ struct RefitOptions {
   // Delta refits: code chunks in the context of the base bits every node
   // of the plan holds (codec.h kContext): about 0.77x the payload on Adam
   // steps, at 2-3x the encode and decode CPU. History files stay
-  // base-independent. kAuto predicts both through the tree with the cost
-  // model (coord/cost_model.h: the topology's bandwidths, the root's
+  // base-independent. Decided per child of the root: a subtree that holds
+  // a serving rank gets base-independent chunks (the same changes, at the
+  // same sequence numbers) whatever this says. kAuto predicts both
+  // through the tree with the cost model (coord/cost_model.h
+  // ChooseContextPerSubtree: the topology's bandwidths, the root's
   // encoder threads, 16 cores per relay, the last refit's change rate or
-  // 3%) and takes the faster; kOn and kOff force it.
+  // 3%) and takes the faster per subtree; kOn and kOff force it.
   enum class ContextCoding { kAuto, kOn, kOff };
   ContextCoding context_coding = ContextCoding::kAuto;
   // When root.baseline's data is written back (dcr/store.h "Durability").
@@ -141,6 +145,10 @@ struct RefitOptions {
   // Tests only: return right after the commit decision is durable, without
   // sending COMMIT, as if the coordinator had died there.
   bool TEST_crash_after_decision = false;
+  // Tests only: nodes taken as if they held a serving rank for the choice
+  // of context coding (their root child's subtree gets base-independent
+  // chunks), without a serving layout.
+  std::set<std::string> TEST_plain_nodes;
   size_t threads = 0;  // encoder threads; 0: hardware count
   // Every link's kind; empty: each link the kind the topology gives it
   // (`transport` on defaults, a cluster, a node or a link). Tests set
@@ -243,6 +251,13 @@ struct RefitReport {
   uint64_t payload_bytes = 0;  // encoded chunk bytes
   // Of `chunks`, those coded in the context of the base (codec.h kContext).
   uint64_t context_chunks = 0;
+  // A mixed tree (serving ranks beside canonical stores, with context
+  // coding on): the nodes planned with context-coded chunks, and the
+  // payload the others got (each context-coded chunk base-independent).
+  // `payload_bytes` and `stream_bytes` are then what a context_nodes edge
+  // carried. Empty and 0 otherwise.
+  std::vector<std::string> context_nodes;
+  uint64_t plain_payload_bytes = 0;
   uint64_t stream_bytes = 0;   // all frames the root sent down one edge
   int repair_rounds = 0;       // repair rounds run (see RefitOptions)
   uint64_t repair_chunks = 0;  // overwrite chunks they sent

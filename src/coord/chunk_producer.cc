@@ -12,7 +12,7 @@ bool ChunkQueue::Push(Outgoing o) {
     --blocked_;
   }
   if (cancelled_) return false;
-  bytes_ += o.frame->size();
+  bytes_ += o.bytes();
   items_.push_back(std::move(o));
   return true;
 }
@@ -22,7 +22,7 @@ std::optional<Outgoing> ChunkQueue::Pop() {
   if (items_.empty()) return std::nullopt;
   Outgoing o = std::move(items_.front());
   items_.pop_front();
-  bytes_ -= o.frame->size();
+  bytes_ -= o.bytes();
   space_.Signal();
   return o;
 }

@@ -38,6 +38,13 @@ namespace dcr {
 struct Outgoing {
   FrameBuffer frame;
   uint64_t payload = 0;  // the chunk's encoded bytes (without the frame)
+  // A mixed tree (some subtrees take no context-coded chunks): the same
+  // chunk base-independent at the same sequence number when `frame` is
+  // context-coded, and its payload bytes; else null (`frame` is for all).
+  FrameBuffer plain = nullptr;
+  uint64_t plain_payload = 0;
+  // Bytes queued: both frames.
+  uint64_t bytes() const { return frame->size() + (plain ? plain->size() : 0); }
 };
 
 // Frames between the producer and the sender; Push blocks while `capacity`
@@ -72,6 +79,8 @@ struct EncodedChunk {
   std::vector<std::byte> base_independent;
   ChunkSizes sizes;
   Sha256Digest sha256{};  // set by jobs that sign what they send
+  // Of `base_independent`, when it is sent too (a mixed tree) and signed.
+  Sha256Digest base_independent_sha256{};
 
   // Empty again for the next item: the producer reuses one per slot, and
   // encoders append.
@@ -80,6 +89,7 @@ struct EncodedChunk {
     base_independent.clear();
     sizes = ChunkSizes();
     sha256 = Sha256Digest{};
+    base_independent_sha256 = Sha256Digest{};
   }
 };
 

@@ -53,47 +53,138 @@ Status ReadPoints(const nlohmann::json& j, const char* key,
   return Status::OK();
 }
 
+Status CheckInputs(const Tree& tree, double model_bytes, double change_rate) {
+  if (!(model_bytes > 0)) {
+    return Status::InvalidArgument("the model size must be positive");
+  }
+  if (!(change_rate > 0 && change_rate <= 1)) {
+    return Status::InvalidArgument(
+        "the change rate must be above 0 and at most 1 (e.g. 0.03 for 3%)");
+  }
+  if (tree.nodes.size() < 2) {
+    return Status::InvalidArgument("the topology has no relays");
+  }
+  return Status::OK();
+}
+
+// The paths into the nodes `in` marks (the whole tree, or one root child's
+// subtree): the slowest path from the root into a cluster whose head is
+// among them paces a stream to them (each cluster's stream_bps is the
+// bottleneck of the path into it); the deepest of them, with the latency of
+// its path, fills the pipeline. bps 0 when no cluster's head is marked.
+struct PathShape {
+  uint64_t bps = 0;
+  std::string cluster;  // the slowest path's
+  int depth = 0;
+  double latency_s = 0;
+};
+
+Result<PathShape> ShapeOf(const Tree& tree, const std::vector<bool>& in,
+                          uint64_t default_bps) {
+  PathShape s;
+  for (const TreeCluster& c : tree.clusters) {
+    if (c.head < 0 || static_cast<size_t>(c.head) >= in.size() ||
+        !in[static_cast<size_t>(c.head)]) {
+      continue;
+    }
+    uint64_t bps = c.stream_bps ? c.stream_bps : default_bps;
+    if (bps == 0) {
+      return Status::InvalidArgument(fmt::format(
+          "cluster {}: the topology gives no bandwidth on its path from the "
+          "root; add bandwidth to its link (or pass --bandwidth)",
+          c.name));
+    }
+    if (s.bps == 0 || bps < s.bps) {
+      s.bps = bps;
+      s.cluster = c.name;
+    }
+  }
+  for (size_t i = 1; i < tree.nodes.size() && i < in.size(); ++i) {
+    if (!in[i]) continue;
+    double latency = 0;
+    int depth = 0;
+    for (int n = static_cast<int>(i); n > 0;
+         n = tree.nodes[static_cast<size_t>(n)].parent) {
+      latency += tree.nodes[static_cast<size_t>(n)].link_latency_ns * 1e-9;
+      ++depth;
+    }
+    if (depth > s.depth || (depth == s.depth && latency > s.latency_s)) {
+      s.depth = depth;
+      s.latency_s = latency;
+    }
+  }
+  return s;
+}
+
+// The stages a path and a relay add to the stream: sending `payload` down a
+// path of `bps`, and decoding and applying the model at `apply_rate`.
+double TransferSeconds(double payload, uint64_t bps, const CostParameters& p) {
+  return payload / (static_cast<double>(bps) / 8 * p.efficiency);
+}
+double ApplySeconds(double model_bytes, double apply_rate,
+                    const CostParameters& p) {
+  return model_bytes / (apply_rate * p.relay_cores);
+}
+
+// The root's stage: encode (with the target's hash and, `baseline_in_stream`
+// (a delta refit), root.baseline's writes), or a producers' refit's.
 // `baseline_in_stream`: the root writes root.baseline as it encodes (a
 // delta refit), not after the decision (a full one).
-RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
-                       double bottleneck_Bps, const PlanEstimate& shape,
-                       const CostParameters& p, bool baseline_in_stream) {
+RefitEstimate RootStage(double model_bytes, double encode_rate,
+                        double apply_rate, const CostParameters& p,
+                        bool baseline_in_stream) {
   RefitEstimate e;
-  e.payload_bytes = payload;
-  e.transfer_s = payload / (bottleneck_Bps * p.efficiency);
-  e.baseline_s = shape.model_bytes / (p.baseline_rate * p.root_cores);
+  e.baseline_s = model_bytes / (p.baseline_rate * p.root_cores);
   const double root_hash_rate =
       p.root_hash_rate > 0 ? p.root_hash_rate : p.hash_rate;
-  e.target_hash_s = shape.model_bytes / (root_hash_rate * p.root_cores);
-  e.encode_s = shape.model_bytes / (encode_rate * p.root_cores) +
-               e.target_hash_s + (baseline_in_stream ? e.baseline_s : 0);
+  e.target_hash_s = model_bytes / (root_hash_rate * p.root_cores);
+  e.encode_s = model_bytes / (encode_rate * p.root_cores) + e.target_hash_s +
+               (baseline_in_stream ? e.baseline_s : 0);
   if (p.producers > 0 && baseline_in_stream) {
     // The ranks diff and hash their shards; the root applies the merged
     // parts to root.baseline beside them (coord/producer_feed.h).
     const double cores = static_cast<double>(p.producers) * p.producer_cores;
-    e.target_hash_s = shape.model_bytes / (root_hash_rate * cores);
-    e.baseline_s = shape.model_bytes / (apply_rate * p.root_cores);
-    e.producers_s = shape.model_bytes / (encode_rate * cores) + e.target_hash_s;
+    e.target_hash_s = model_bytes / (root_hash_rate * cores);
+    e.baseline_s = model_bytes / (apply_rate * p.root_cores);
+    e.producers_s = model_bytes / (encode_rate * cores) + e.target_hash_s;
     e.encode_s = std::max(e.producers_s, e.baseline_s);
   }
-  e.apply_s = shape.model_bytes / (apply_rate * p.relay_cores);
-  double slowest = std::max({e.transfer_s, e.encode_s, e.apply_s});
-  e.bottleneck = slowest == e.transfer_s ? "transfer"
-                 : slowest == e.encode_s ? "encode"
-                                         : "apply";
+  return e;
+}
+
+// The terms that follow from the stages (`e`'s transfer, encode and apply)
+// and the whole tree's `shape`: stream, verify, commit, control, total.
+void Finish(const PlanEstimate& shape, const CostParameters& p,
+            bool baseline_in_stream, RefitEstimate* e) {
+  double slowest = std::max({e->transfer_s, e->encode_s, e->apply_s});
+  e->bottleneck = slowest == e->transfer_s ? "transfer"
+                  : slowest == e->encode_s ? "encode"
+                                           : "apply";
   double hops = shape.depth * p.hop_overhead_s + shape.path_latency_s;
-  e.stream_s = slowest + hops;
-  e.prepare_s = 0;
+  e->stream_s = slowest + hops;
+  e->prepare_s = 0;
   // Relays hash each tensor once the stream has moved past it
   // (session/refit_session.h, "Hashing ahead"), in the time applying leaves
   // their cores idle; what does not fit there is the vote's tail.
   const double hash_s = shape.model_bytes / (p.hash_rate * p.relay_cores);
-  e.verify_s = std::max(0.0, hash_s - std::max(0.0, slowest - e.apply_s));
-  e.commit_s = std::max(
+  e->verify_s = std::max(0.0, hash_s - std::max(0.0, slowest - e->apply_s));
+  e->commit_s = std::max(
       p.commit_sync_rate > 0 ? shape.model_bytes / p.commit_sync_rate : 0,
-      baseline_in_stream ? 0 : e.baseline_s);
-  e.control_s = 3 * 2 * hops + p.fixed_overhead_s;
-  e.total_s = e.prepare_s + e.control_s + e.stream_s + e.verify_s + e.commit_s;
+      baseline_in_stream ? 0 : e->baseline_s);
+  e->control_s = 3 * 2 * hops + p.fixed_overhead_s;
+  e->total_s =
+      e->prepare_s + e->control_s + e->stream_s + e->verify_s + e->commit_s;
+}
+
+RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
+                       uint64_t bottleneck_bps, const PlanEstimate& shape,
+                       const CostParameters& p, bool baseline_in_stream) {
+  RefitEstimate e = RootStage(shape.model_bytes, encode_rate, apply_rate, p,
+                              baseline_in_stream);
+  e.payload_bytes = payload;
+  e.transfer_s = TransferSeconds(payload, bottleneck_bps, p);
+  e.apply_s = ApplySeconds(shape.model_bytes, apply_rate, p);
+  Finish(shape, p, baseline_in_stream, &e);
   return e;
 }
 
@@ -114,6 +205,92 @@ Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
   c.without_s = without.delta.total_s;
   c.context = c.with_s < c.without_s;
   return c;
+}
+
+bool SubtreeContextChoice::any() const {
+  return std::find(context.begin(), context.end(), true) != context.end();
+}
+
+Result<SubtreeContextChoice> ChooseContextPerSubtree(
+    const Tree& tree, const std::vector<bool>& plain, double model_bytes,
+    double change_rate, uint32_t root_cores, bool history_records) {
+  DCR_RETURN_IF_ERROR(CheckInputs(tree, model_bytes, change_rate));
+  const std::vector<int>& children = tree.nodes[0].children;
+  if (plain.size() != children.size()) {
+    return Status::InvalidArgument(
+        fmt::format("{} plain flags for the root's {} children", plain.size(),
+                    children.size()));
+  }
+  CostParameters context;
+  CostParameters independent = CostParameters::BaseIndependent();
+  context.root_cores = independent.root_cores =
+      std::max<uint32_t>(root_cores, 1);
+  DCR_ASSIGN_OR_RETURN(
+      PlanEstimate without,
+      EstimateRefit(tree, model_bytes, change_rate, independent));
+  SubtreeContextChoice choice;
+  choice.children = children;
+  choice.context.assign(children.size(), false);
+  choice.without_s = choice.with_s = without.delta.total_s;
+
+  // Each eligible child takes context where its own stages gain. Index 0:
+  // base-independent chunks, 1: context-coded.
+  const double payload[2] = {
+      model_bytes * Interpolate(independent.payload_ratio, change_rate),
+      model_bytes * Interpolate(context.payload_ratio, change_rate)};
+  const double apply[2] = {
+      ApplySeconds(model_bytes,
+                   Interpolate(independent.apply_rate, change_rate),
+                   independent),
+      ApplySeconds(model_bytes, Interpolate(context.apply_rate, change_rate),
+                   context)};
+  RefitEstimate mixed;
+  bool any_independent = false;
+  for (size_t i = 0; i < children.size(); ++i) {
+    std::vector<bool> in(tree.nodes.size(), false);
+    for (int n : tree.Subtree(children[i])) in[static_cast<size_t>(n)] = true;
+    DCR_ASSIGN_OR_RETURN(PathShape shape, ShapeOf(tree, in, 0));
+    if (shape.bps == 0) {
+      return Status::InvalidArgument(fmt::format(
+          "root child {}: no cluster with a known bandwidth below it",
+          tree.nodes[static_cast<size_t>(children[i])].name));
+    }
+    const double transfer[2] = {
+        TransferSeconds(payload[0], shape.bps, independent),
+        TransferSeconds(payload[1], shape.bps, context)};
+    const bool takes = !plain[i] && std::max(transfer[1], apply[1]) <
+                                        std::max(transfer[0], apply[0]);
+    choice.context[i] = takes;
+    const size_t v = takes ? 1 : 0;
+    any_independent = any_independent || !takes;
+    mixed.payload_bytes = std::max(mixed.payload_bytes, payload[v]);
+    mixed.transfer_s = std::max(mixed.transfer_s, transfer[v]);
+    mixed.apply_s = std::max(mixed.apply_s, apply[v]);
+  }
+  if (!choice.any()) return choice;
+
+  // One context encoder for the whole stream; the base-independent copy
+  // costs a plain encoder's pass unless the history records it anyway.
+  RefitEstimate root =
+      RootStage(model_bytes, Interpolate(context.encode_rate, change_rate),
+                Interpolate(context.apply_rate, change_rate), context,
+                /*baseline_in_stream=*/true);
+  root.payload_bytes = mixed.payload_bytes;
+  root.transfer_s = mixed.transfer_s;
+  root.apply_s = mixed.apply_s;
+  if (any_independent && !history_records) {
+    root.encode_s +=
+        model_bytes / (Interpolate(independent.encode_rate, change_rate) *
+                       independent.root_cores);
+  }
+  Finish(without, context, /*baseline_in_stream=*/true, &root);
+  choice.mixed = root;
+  if (root.total_s < choice.without_s) {
+    choice.with_s = root.total_s;
+  } else {
+    choice.context.assign(children.size(), false);
+  }
+  return choice;
 }
 
 CostParameters CostParameters::BaseIndependent() {
@@ -207,59 +384,24 @@ Result<CostParameters> CostParameters::FromJson(const std::string& text,
 Result<PlanEstimate> EstimateRefit(const Tree& tree, double model_bytes,
                                    double change_rate, const CostParameters& p,
                                    uint64_t default_bps) {
-  if (!(model_bytes > 0)) {
-    return Status::InvalidArgument("the model size must be positive");
-  }
-  if (!(change_rate > 0 && change_rate <= 1)) {
-    return Status::InvalidArgument(
-        "the change rate must be above 0 and at most 1 (e.g. 0.03 for 3%)");
-  }
-  if (tree.nodes.size() < 2) {
-    return Status::InvalidArgument("the topology has no relays");
-  }
+  DCR_RETURN_IF_ERROR(CheckInputs(tree, model_bytes, change_rate));
   PlanEstimate e;
   e.model_bytes = model_bytes;
   e.change_rate = change_rate;
   e.receivers = tree.nodes.size() - 1;
-  // The slowest path from the root decides the stream's pace: each
-  // cluster's stream_bps is the bottleneck of the path into it.
-  uint64_t slowest = 0;
-  for (const TreeCluster& c : tree.clusters) {
-    if (c.head < 0) continue;
-    uint64_t bps = c.stream_bps ? c.stream_bps : default_bps;
-    if (bps == 0) {
-      return Status::InvalidArgument(fmt::format(
-          "cluster {}: the topology gives no bandwidth on its path from the "
-          "root; add bandwidth to its link (or pass --bandwidth)",
-          c.name));
-    }
-    if (slowest == 0 || bps < slowest) {
-      slowest = bps;
-      e.bottleneck_cluster = c.name;
-    }
-  }
-  e.bottleneck_bps = slowest;
-  // The deepest relay and the latency of its path.
-  for (size_t i = 1; i < tree.nodes.size(); ++i) {
-    double latency = 0;
-    int depth = 0;
-    for (int n = static_cast<int>(i); n > 0;
-         n = tree.nodes[static_cast<size_t>(n)].parent) {
-      latency += tree.nodes[static_cast<size_t>(n)].link_latency_ns * 1e-9;
-      ++depth;
-    }
-    if (depth > e.depth || (depth == e.depth && latency > e.path_latency_s)) {
-      e.depth = depth;
-      e.path_latency_s = latency;
-    }
-  }
-  double Bps = static_cast<double>(slowest) / 8;
+  DCR_ASSIGN_OR_RETURN(
+      PathShape shape,
+      ShapeOf(tree, std::vector<bool>(tree.nodes.size(), true), default_bps));
+  e.bottleneck_bps = shape.bps;
+  e.bottleneck_cluster = shape.cluster;
+  e.depth = shape.depth;
+  e.path_latency_s = shape.latency_s;
   e.delta = Estimate(model_bytes * Interpolate(p.payload_ratio, change_rate),
                      Interpolate(p.encode_rate, change_rate),
-                     Interpolate(p.apply_rate, change_rate), Bps, e, p,
+                     Interpolate(p.apply_rate, change_rate), shape.bps, e, p,
                      /*baseline_in_stream=*/true);
   e.full = Estimate(model_bytes * p.full_ratio, p.full_encode_rate,
-                    p.full_apply_rate, Bps, e, p,
+                    p.full_apply_rate, shape.bps, e, p,
                     /*baseline_in_stream=*/false);
   e.speedup = e.full.total_s / e.delta.total_s;
   return e;

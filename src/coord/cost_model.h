@@ -44,6 +44,24 @@
 // base-independent: use BaseIndependent() parameters).
 // A full refit has the same terms with the full payload, no diff (encode is
 // a zstd pass, full_encode rate) and a dense apply (copy rate).
+// Context coding per root child subtree (ChooseContextPerSubtree): the root
+// encodes one stream and sends each root child c, for each chunk, either the
+// context-coded frame or the base-independent one (variant v_c; a subtree
+// that holds serving nodes takes base-independent frames only):
+//   transfer_c     = payload(v_c) / (bottleneck bandwidth of the paths into
+//                    the clusters headed in c's subtree * efficiency)
+//   apply_c        = model_bytes / (apply rate(v_c) * relay cores)
+//   v_c            = context iff c may take it and
+//                    max(transfer_c, apply_c) is lower with it
+//   encode         = the context-coded encode above (it writes the
+//                    base-independent copy as well when some child takes
+//                    it) + model_bytes / (base-independent encode rate *
+//                    root cores) for that copy unless the history records
+//                    it anyway
+//   stream         = max(encode, max_c transfer_c, max_c apply_c)
+//                    + pipeline fill (one window paces every child)
+//   verify, commit, control as above; the plan is taken when its total is
+//   below that of an all-base-independent refit.
 //
 // Thread safety: pure functions.
 #ifndef DCR_COORD_COST_MODEL_H_
@@ -172,6 +190,38 @@ struct ContextChoice {
 Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
                                           double change_rate,
                                           uint32_t root_cores);
+
+// Context coding decided per child of the root, for a tree in which some
+// root children's subtrees must take base-independent chunks (they hold
+// serving nodes): one context encoder at the root feeds context-coded
+// frames to the children that gain from them and base-independent ones to
+// the others (the Model above). `plain` has one flag per root child, in
+// `tree.nodes[0].children` order: true when its subtree must take
+// base-independent chunks. `history_records`: the history keeps the
+// base-independent copy anyway, so writing it costs the encoder nothing
+// more. The defaults and BaseIndependent() parameters, with `root_cores`
+// encoder threads. With no child forced plain and every subtree's choice
+// the same, the result is ChooseContextCoding's. InvalidArgument for
+// `plain` of the wrong size, a root child without a cluster of known
+// bandwidth below it, or EstimateRefit's.
+struct SubtreeContextChoice {
+  std::vector<int> children;  // the root's, tree.nodes[0].children order
+  std::vector<bool> context;  // per child: takes context-coded chunks
+  // Predicted refit time of the chosen plan: the mixed plan if any child
+  // takes context, else without_s.
+  double with_s = 0;
+  double without_s = 0;  // every child base-independent
+  // The mixed plan's terms whenever a child gained from context on its own
+  // stages, taken or not (payload_bytes: the larger frame a child is
+  // sent); all zero when none did.
+  RefitEstimate mixed;
+
+  // True iff some child takes context-coded chunks.
+  bool any() const;
+};
+Result<SubtreeContextChoice> ChooseContextPerSubtree(
+    const Tree& tree, const std::vector<bool>& plain, double model_bytes,
+    double change_rate, uint32_t root_cores, bool history_records);
 
 }  // namespace dcr
 

@@ -158,6 +158,10 @@ std::string RefitReport::ToJson() const {
     }
   }
   j["catch_up"] = std::move(catch_up_json);
+  if (!context_nodes.empty()) {
+    j["context_nodes"] = context_nodes;
+    j["plain_payload_bytes"] = plain_payload_bytes;
+  }
   if (producers > 0) {
     j["producers"] = producers;
     j["trainer_step"] = trainer_step;
@@ -184,6 +188,8 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
                                     "chunks",
                                     "payload_bytes",
                                     "context_chunks",
+                                    "context_nodes",
+                                    "plain_payload_bytes",
                                     "stream_bytes",
                                     "repair_rounds",
                                     "repair_chunks",
@@ -238,6 +244,11 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
   // Written since context-coded chunks; older files lack it.
   if (f.Has("context_chunks")) {
     DCR_ASSIGN_OR_RETURN(r.context_chunks, f.Uint("context_chunks"));
+  }
+  // Mixed trees only.
+  if (f.Has("context_nodes")) {
+    DCR_ASSIGN_OR_RETURN(r.context_nodes, f.Strings("context_nodes"));
+    DCR_ASSIGN_OR_RETURN(r.plain_payload_bytes, f.Uint("plain_payload_bytes"));
   }
   DCR_RETURN_IF_ERROR(f.Number("change_rate").status());
   DCR_ASSIGN_OR_RETURN(uint64_t rounds, f.Uint("repair_rounds"));
@@ -296,7 +307,16 @@ void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
                     RefitReport* report) {
   auto p = ByNode(replies.plan), v = ByNode(replies.votes),
        f = ByNode(replies.final);
+  // A mixed tree's edges without context carried the base-independent
+  // payload instead (the frames around it are the same).
   const uint64_t per_edge = report->stream_bytes;
+  const uint64_t per_plain_edge =
+      report->context_nodes.empty() ? per_edge
+      : per_edge >= report->payload_bytes
+          ? per_edge - report->payload_bytes + report->plain_payload_bytes
+          : report->plain_payload_bytes;
+  const std::set<std::string> context(report->context_nodes.begin(),
+                                      report->context_nodes.end());
   for (size_t i = 1; i < tree.nodes.size(); ++i) {
     const TreeNode& n = tree.nodes[i];
     NodeOutcome o;
@@ -353,7 +373,9 @@ void SummarizeNodes(const Tree& tree, const PhaseReplies& replies,
       carried |= it != p.end() && it->second.code == NodeCode::kOk;
     }
     if (carried) {
-      report->link_class_bytes[std::string(LinkClassName(n.link))] += per_edge;
+      report->link_class_bytes[std::string(LinkClassName(n.link))] +=
+          context.empty() || context.contains(n.name) ? per_edge
+                                                      : per_plain_edge;
     }
   }
 }

@@ -108,9 +108,10 @@ Result<RefitReport> RefitRun::RunPhases() {
                    ? ""
                    : fmt::format(" ({})", report_.target.digest.ShortHex()),
                tree.nodes.size() - 1);
-  root_ = std::make_unique<RootTree>(options_, setup_.plan, report_.epoch,
-                                     report_.refit, /*resume=*/false,
-                                     objects_.get());
+  root_ = std::make_unique<RootTree>(
+      options_, setup_.plan, report_.epoch, report_.refit, /*resume=*/false,
+      objects_.get(),
+      setup_.mixed() ? setup_.plain_nodes : std::set<std::string>());
   if (options_.on_progress) {
     root_->SetProgress([this](RefitOptions::Progress* p) { FillProgress(p); });
   }
@@ -390,6 +391,14 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
   report_.commit_seconds = Seconds(t_decide, Clock::now());
   root_->CountAdoptions(&report_);
   report_.stream_bytes = root_->stream_bytes();
+  if (setup_.mixed()) {
+    for (size_t i = 1; i < setup_.tree.nodes.size(); ++i) {
+      const std::string& name = setup_.tree.nodes[i].name;
+      if (!root_->plain_nodes().contains(name)) {
+        report_.context_nodes.push_back(name);
+      }
+    }
+  }
   root_->Close();
   SummarizeNodes(setup_.tree, replies_, commit_set, &report_);
   if (report_.outcome == RefitOutcome::kPartial && report_.reason.empty()) {

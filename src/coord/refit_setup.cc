@@ -1,6 +1,7 @@
 #include "coord/refit_setup.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -123,8 +124,10 @@ Status OpenBaseline(const RefitOptions& options, bool strict,
 }
 
 // Whether a delta refit codes its chunks in the base's context: as told,
-// or (auto) whichever the cost model predicts faster through the tree.
-bool UseContextCoding(const RefitOptions& options, const RefitSetup& setup) {
+// or (auto) whichever the cost model predicts faster, per subtree of the
+// root (ChooseContextPerSubtree): a subtree without serving ranks that
+// would not gain joins setup->plain_nodes.
+bool UseContextCoding(const RefitOptions& options, RefitSetup* setup) {
   using CC = RefitOptions::ContextCoding;
   // A producer's part cannot be coded in its span's context (another part
   // may change it first): docs/design/producer-stream.md.
@@ -132,29 +135,54 @@ bool UseContextCoding(const RefitOptions& options, const RefitSetup& setup) {
   if (options.context_coding != CC::kAuto) {
     return options.context_coding == CC::kOn;
   }
-  if (!setup.target) return false;
+  if (!setup->target) return false;
   double rate = 0.03;
-  if (auto last = setup.state.ReadLastRefit();
+  if (auto last = setup->state.ReadLastRefit();
       last.ok() && last->total_elements > 0 && last->changed_elements > 0) {
     rate = std::clamp(static_cast<double>(last->changed_elements) /
                           static_cast<double>(last->total_elements),
                       0.001, 1.0);
   }
+  const Tree& tree = setup->tree;
+  std::vector<bool> plain;
+  for (int c : tree.nodes[0].children) {
+    plain.push_back(
+        setup->plain_nodes.contains(tree.nodes[static_cast<size_t>(c)].name));
+  }
   const double bytes =
-      static_cast<double>(setup.target->manifest().TotalBytes());
-  auto choice = dcr::ChooseContextCoding(
-      setup.tree, bytes, rate, static_cast<uint32_t>(setup.pool->size()));
+      static_cast<double>(setup->target->manifest().TotalBytes());
+  // The history keeps each chunk's base-independent copy anyway (RefitRun
+  // records a whole-tree delta refit).
+  const bool records =
+      options.only_nodes.empty() && options.topology.root.keep_deltas > 0;
+  auto choice = ChooseContextPerSubtree(
+      tree, plain, bytes, rate, static_cast<uint32_t>(setup->pool->size()),
+      records);
   if (!choice.ok()) {
     spdlog::info("context coding: off (no estimate: {})",
                  choice.status().ToString());
     return false;
   }
+  std::vector<std::string> on, off;
+  for (size_t i = 0; i < choice->children.size(); ++i) {
+    const std::vector<int> sub = tree.Subtree(choice->children[i]);
+    const std::string& head = tree.nodes[sub[0]].name;
+    (choice->context[i] ? on : off).push_back(head);
+    if (choice->any() && !choice->context[i]) {
+      for (int k : sub) {
+        setup->plain_nodes.insert(tree.nodes[static_cast<size_t>(k)].name);
+      }
+    }
+  }
   spdlog::info(
-      "context coding: {} (auto: {:.2f} s predicted with, {:.2f} s without, "
-      "at {:.1f}% change; --context on|off to choose)",
-      choice->context ? "on" : "off", choice->with_s, choice->without_s,
-      100 * rate);
-  return choice->context;
+      "context coding: {} (auto: {:.2f} s predicted, {:.2f} s without, at "
+      "{:.1f}% change; --context on|off to choose)",
+      !choice->any() ? std::string("off")
+      : off.empty()  ? std::string("on")
+                     : fmt::format("on for the subtrees of {}, off for {}",
+                                   fmt::join(on, ", "), fmt::join(off, ", ")),
+      choice->with_s, choice->without_s, 100 * rate);
+  return choice->any();
 }
 
 // The PLAN fields a refit and a resume share.
@@ -171,13 +199,40 @@ void FillPlan(const RefitOptions& options, const RefitReport& report,
   plan.phase_timeout_ms = static_cast<uint32_t>(options.phase_timeout.count());
   plan.heartbeat_ms = static_cast<uint32_t>(options.heartbeat.count());
   plan.nodes = PlanNodes(setup->tree);
+  // A serving rank holds parts of spans, not whole ones to decode against:
+  // the subtree of each root child that holds one takes base-independent
+  // chunks (its relays forward one encoding to all).
+  const Tree& tree = setup->tree;
+  setup->plain_nodes.clear();
+  size_t canonical_children = 0;
+  std::vector<std::string> plain_heads;
+  for (int child : tree.nodes[0].children) {
+    std::vector<int> sub = tree.Subtree(child);
+    if (std::none_of(sub.begin(), sub.end(), [&](int k) {
+          const TreeNode& n = tree.nodes[static_cast<size_t>(k)];
+          return n.serving || options.TEST_plain_nodes.contains(n.name);
+        })) {
+      ++canonical_children;
+      continue;
+    }
+    plain_heads.push_back(tree.nodes[static_cast<size_t>(child)].name);
+    for (int k : sub) {
+      setup->plain_nodes.insert(tree.nodes[static_cast<size_t>(k)].name);
+    }
+  }
   // Every node of a delta plan holds the base whole (nodes at other
   // versions are caught up or repaired in refits of their own, with
   // base-independent chunks).
-  // A serving rank holds parts of spans, not whole ones to decode against.
   plan.context_coded = report.mode == RefitMode::kDelta && !setup->composed &&
-                       setup->serving.empty() &&
-                       UseContextCoding(options, *setup);
+                       canonical_children > 0 &&
+                       UseContextCoding(options, setup);
+  if (setup->mixed() &&
+      options.context_coding == RefitOptions::ContextCoding::kOn) {
+    spdlog::info(
+        "context coding: on, but base-independent chunks for the subtrees "
+        "of {}, which hold serving ranks",
+        fmt::join(plain_heads, ", "));
+  }
 }
 
 // Names the serving ranks' bits in the PLAN: at the base when root.baseline
@@ -356,6 +411,7 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
       CheckVersions(options, feed, &target_digests, &setup, report));
   DCR_ASSIGN_OR_RETURN(
       setup.serving, ServingRanks::Load(setup.tree, setup.target->manifest()));
+  FillPlan(options, *report, &setup);
   if (setup.signer) {
     // END carries a manifest entry per chunk: refuse now, before any relay
     // is asked, a refit whose manifest could not fit in one frame.
@@ -365,6 +421,8 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
     }
     // A producers' stream carries up to one part per rank per span.
     if (options.producers) spans *= options.producers->layout().ranks();
+    // A mixed tree lists a context-coded chunk once per encoding.
+    if (setup.mixed()) spans *= 2;
     if (Status s = setup.signer->CheckFits(
             spans, setup.target->manifest().size(), setup.serving.size());
         !s.ok()) {
@@ -373,7 +431,6 @@ Result<RefitSetup> SetUpRefit(const RefitOptions& options, HistoryFeed feed,
     }
   }
   DCR_ASSIGN_OR_RETURN(report->epoch, setup.state.NextEpoch());
-  FillPlan(options, *report, &setup);
   setup.plan.manifest = setup.target->manifest().digest();
   if (options.mode == RefitMode::kFull) {
     setup.plan.tensors = setup.target->manifest().tensors();

@@ -47,10 +47,20 @@ struct RefitSetup {
   std::unique_ptr<ComposedDelta> composed;  // catch-up or repair (HistoryFeed)
   std::unique_ptr<EndSigner> signer;        // null: END is unsigned
   std::unique_ptr<ThreadPool> pool;
-  // The tree's serving ranks (empty: none): their plans carry no
-  // context-coded chunks, and the root names their bits.
+  // The tree's serving ranks (empty: none): the root names their bits.
   ServingRanks serving;
+  // The nodes that must not get context-coded chunks: every node of each
+  // root child's subtree that holds a serving rank (its relays forward one
+  // encoding to all), and under --context auto those of a subtree the
+  // cost model keeps base-independent. With plan.context_coded, the tree
+  // is mixed: those
+  // subtrees get each context-coded chunk in a base-independent encoding
+  // too, at the same sequence number (docs/PROTOCOL.md §"Context-coded
+  // chunks").
+  std::set<std::string> plain_nodes;
   PlanMsg plan;
+
+  bool mixed() const { return plan.context_coded && !plain_nodes.empty(); }
 };
 
 // A refit of options (RunRefit): `feed` (history delta files, with

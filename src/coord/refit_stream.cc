@@ -25,7 +25,9 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
       options_.mode != RefitMode::kFull || options_.compress_full || union_feed;
   eo.hash = setup_.signer != nullptr;
   eo.context = setup_.plan.context_coded;
-  eo.base_independent = record_.active();
+  // A mixed tree sends the base-independent copy too.
+  eo.base_independent = record_.active() || setup_.mixed();
+  eo.hash_base_independent = eo.hash && setup_.mixed();
   eo.scanned = repair ? nullptr : sent_.scanned();
   SpanEncoder::Kind kind = repair            ? SpanEncoder::Kind::kFull
                            : union_feed      ? SpanEncoder::Kind::kRepair
@@ -66,10 +68,25 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   };
   job.emit = [&](size_t i, const EncodedChunk& chunk) -> Result<Outgoing> {
     // Numbered in the order queued: the coordinator thread sends nothing
-    // else while the producer runs.
-    DCR_ASSIGN_OR_RETURN(FrameBuffer frame,
-                         root_->sender().Next(FrameType::kChunk, chunk.bytes));
-    sent_.Add(encoder.id(i), chunk.sha256, chunk.sizes, repair);
+    // else while the producer runs. A mixed tree's subtrees without
+    // context get a context-coded chunk's base-independent copy, at the
+    // same sequence number.
+    const bool two =
+        !repair && setup_.mixed() && !chunk.base_independent.empty();
+    Outgoing o;
+    if (two) {
+      DCR_ASSIGN_OR_RETURN(
+          auto frames, root_->sender().NextPair(FrameType::kChunk, chunk.bytes,
+                                                chunk.base_independent));
+      std::tie(o.frame, o.plain) = std::move(frames);
+    } else {
+      DCR_ASSIGN_OR_RETURN(
+          o.frame, root_->sender().Next(FrameType::kChunk, chunk.bytes));
+    }
+    o.payload = chunk.bytes.size();
+    o.plain_payload = two ? chunk.base_independent.size() : 0;
+    sent_.Add(encoder.id(i), chunk.sha256, chunk.sizes, repair,
+              two && setup_.signer ? &chunk.base_independent_sha256 : nullptr);
     // The history keeps base-independent chunks: it is decoded later,
     // against no base.
     if (!repair) {
@@ -90,7 +107,7 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
       }
     }
     if (!repair && in_stream_) in_stream_->Changed(encoder.id(i));
-    return Outgoing{std::move(frame), chunk.bytes.size()};
+    return o;
   };
   if (!repair && in_stream_) {
     job.after_batch = [&](bool last) { return in_stream_->AfterBatch(last); };
@@ -107,6 +124,8 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   }
   report_.chunks = streamed.chunks;
   report_.payload_bytes = streamed.payload_bytes;
+  if (setup_.mixed())
+    report_.plain_payload_bytes = streamed.plain_payload_bytes;
   if (digests && produced.ok()) {
     // Whatever the pass did not reach (it hashed every span it encoded).
     CheckpointDigests d = digests->Finish(setup_.pool.get());
@@ -195,7 +214,10 @@ Status RefitRun::StreamProducers() {
     // Sparse XOR parts are base-independent: the history keeps them as
     // they are.
     record_.Append(chunk.bytes);
-    return Outgoing{std::move(frame), chunk.bytes.size()};
+    Outgoing o;
+    o.frame = std::move(frame);
+    o.payload = chunk.bytes.size();
+    return o;
   };
   RootTree::Streamed streamed;
   Status produced = SendJob(std::move(job), &streamed);

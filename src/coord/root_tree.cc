@@ -48,7 +48,8 @@ std::set<std::string> YesVotes(const std::vector<NodeResult>& votes,
 }
 
 RootTree::RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
-                   const RefitId& refit, bool resume, ObjectStore* objects)
+                   const RefitId& refit, bool resume, ObjectStore* objects,
+                   std::set<std::string> plain_nodes)
     : options_(options),
       sender_(options.transport_options.frames, FrameContext{epoch, refit}, 1) {
   TransportOptions to = options.transport_options;
@@ -64,6 +65,7 @@ RootTree::RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
   fo.header.refit_id = refit;
   fo.header.sequence = 0;
   fo.resume = resume;
+  fo.plain_nodes = std::move(plain_nodes);
   if (objects != nullptr &&
       std::any_of(plan.nodes.begin(), plan.nodes.end(),
                   [](const PlanNode& n) { return n.pulls_objects; })) {
@@ -131,12 +133,29 @@ void RootTree::WaitPhase() {
   ReportProgress();  // the phase's answers, all in
 }
 
+std::optional<uint64_t> RootTree::StreamDelivered() const {
+  // This stream's bytes: relays count the refit's, and an overwrite
+  // applied twice (a resend) counts twice; never above what was sent.
+  std::optional<double> least;
+  const uint64_t totals[2] = {stream_payload_, stream_plain_payload_};
+  for (int v = 0; v < 2; ++v) {
+    std::optional<uint64_t> d = fanout_->Delivered(/*context=*/v == 0);
+    if (!d) continue;
+    const uint64_t got = std::min(
+        *d > delivered_before_[v] ? *d - delivered_before_[v] : 0, totals[v]);
+    const double f =
+        totals[v] == 0 ? 1.0 : static_cast<double>(got) / totals[v];
+    least = least ? std::min(*least, f) : f;
+  }
+  if (!least) return std::nullopt;
+  return *least >= 1.0 ? stream_payload_
+                       : static_cast<uint64_t>(*least * stream_payload_);
+}
+
 void RootTree::NoteApplied() {
   if (!stream_final_ || applied_at_) return;
-  std::optional<uint64_t> d = fanout_->Delivered();
-  if (d && *d >= delivered_before_ + stream_payload_) {
-    applied_at_ = Clock::now();
-  }
+  std::optional<uint64_t> d = StreamDelivered();
+  if (d && *d >= stream_payload_) applied_at_ = Clock::now();
 }
 
 RootTree::Clock::time_point RootTree::NextProgress() const {
@@ -155,12 +174,7 @@ void RootTree::ReportProgress() {
   p.payload_bytes = stream_payload_;
   p.payload_final = stream_final_;
   p.chunks = stream_chunks_;
-  if (std::optional<uint64_t> d = fanout_->Delivered()) {
-    // This stream's bytes: relays count the refit's, and an overwrite
-    // applied twice (a resend) counts twice; never above what was sent.
-    p.delivered_bytes = std::min(
-        *d > delivered_before_ ? *d - delivered_before_ : 0, stream_payload_);
-  }
+  p.delivered_bytes = StreamDelivered();
   std::tie(p.answered, p.receivers) = fanout_->Answered();
   for (auto& [name, bytes] : fanout_->QueueDepths()) {
     if (bytes >= p.slowest_queue_bytes) {
@@ -174,10 +188,11 @@ void RootTree::ReportProgress() {
 RootTree::Streamed RootTree::StreamFrom(ChunkProducer* producer,
                                         uint64_t window) {
   Streamed out;
-  stream_payload_ = stream_chunks_ = 0;
+  stream_payload_ = stream_plain_payload_ = stream_chunks_ = 0;
   stream_final_ = false;
   applied_at_.reset();
-  delivered_before_ = fanout_->Delivered().value_or(0);
+  delivered_before_[0] = fanout_->Delivered(true).value_or(0);
+  delivered_before_[1] = fanout_->Delivered(false).value_or(0);
   // Sends queued chunks while every child's queue has room; true when the
   // producer's queue ran empty.
   auto send_queued = [&] {
@@ -186,10 +201,12 @@ RootTree::Streamed RootTree::StreamFrom(ChunkProducer* producer,
       if (!o) return true;
       stream_bytes_ += o->frame->size();
       out.payload_bytes += o->payload;
+      out.plain_payload_bytes += o->plain ? o->plain_payload : o->payload;
       ++out.chunks;
       stream_payload_ = out.payload_bytes;
+      stream_plain_payload_ = out.plain_payload_bytes;
       stream_chunks_ = out.chunks;
-      fanout_->Forward(o->frame, /*chunk=*/true);
+      fanout_->Forward(o->frame, /*chunk=*/true, /*keep=*/true, o->plain);
     }
     return false;
   };

@@ -62,8 +62,11 @@ class RootTree {
   // `objects`: the topology's object store, when the plan has nodes that
   // pull from it (PlanNode::pulls_objects); their CHUNK and END frames go
   // there (ObjectUploader) instead of down their links.
+  // `plain_nodes`: a mixed tree's nodes that take no context-coded chunks
+  // (Fanout::Options::plain_nodes).
   RootTree(const RefitOptions& options, PlanMsg plan, uint64_t epoch,
-           const RefitId& refit, bool resume, ObjectStore* objects = nullptr);
+           const RefitId& refit, bool resume, ObjectStore* objects = nullptr,
+           std::set<std::string> plain_nodes = {});
   ~RootTree();
   RootTree(const RootTree&) = delete;
   RootTree& operator=(const RootTree&) = delete;
@@ -99,6 +102,9 @@ class RootTree {
   struct Streamed {
     uint64_t chunks = 0;
     uint64_t payload_bytes = 0;
+    // What subtrees without context-coded chunks got (Outgoing::
+    // plain_payload): payload_bytes unless the tree is mixed.
+    uint64_t plain_payload_bytes = 0;
   };
   // Sends what `producer` queues until it is done and drained, or until
   // no child is left (then it cancels the producer). A new stream for
@@ -108,8 +114,13 @@ class RootTree {
   FrameSender& sender() { return sender_; }
   void Wake() { mailbox_.Wake(); }
   size_t live_children() const { return fanout_->live_children(); }
-  // Bytes of every frame the root sent down one edge.
+  // Bytes of every frame the root sent down one edge (of a mixed tree, an
+  // edge that takes context-coded chunks).
   uint64_t stream_bytes() const { return stream_bytes_; }
+  // The nodes that took no context-coded chunks (Fanout::plain_nodes).
+  const std::set<std::string>& plain_nodes() const {
+    return fanout_->plain_nodes();
+  }
   // Re-parenting counters (RefitReport's adoptions, resent_*).
   void CountAdoptions(RefitReport* report) const;
 
@@ -156,10 +167,17 @@ class RootTree {
   // The current stream (StreamFrom) for progress: its payload and chunks
   // so far, whether it ended, and the tree's delivered bytes as it began
   // (relays count every stream of the refit).
+  // A mixed tree's two kinds of subtree count different bytes: each
+  // variant's payload and delivered bytes are kept apart ([0]: context-
+  // coded, [1]: base-independent) and progress takes the least fraction.
   uint64_t stream_payload_ = 0;
+  uint64_t stream_plain_payload_ = 0;
   uint64_t stream_chunks_ = 0;
   bool stream_final_ = false;
-  uint64_t delivered_before_ = 0;
+  uint64_t delivered_before_[2] = {0, 0};
+  // This stream's bytes every receiver applied, scaled to stream_payload_;
+  // nullopt when no child reports.
+  std::optional<uint64_t> StreamDelivered() const;
   std::optional<Clock::time_point> applied_at_;
   Clock::time_point timers_ran_;  // RunTimers last ran
 };

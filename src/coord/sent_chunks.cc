@@ -5,9 +5,11 @@
 namespace dcr {
 
 void SentChunks::Add(const ChunkId& id, const Sha256Digest& sha256,
-                     const ChunkSizes& sizes, bool repair) {
+                     const ChunkSizes& sizes, bool repair,
+                     const Sha256Digest* also) {
   (repair ? repair_ : stream_).push_back(id);
   if (sign_) manifest_.push_back({id, sha256});
+  if (sign_ && also != nullptr) manifest_.push_back({id, *also});
   if (!repair) stream_sizes_ += sizes;
 }
 

@@ -26,8 +26,13 @@ class SentChunks {
   void set_sign(bool on) { sign_ = on; }
 
   // A chunk of the stream (repair: of a repair round) went into the queue.
+  // `also`: the hash of the same chunk in its second encoding, sent to
+  // the subtrees of a mixed tree that take no context-coded chunks: the
+  // manifest lists the chunk once per encoding (docs/PROTOCOL.md §"Signed
+  // refits").
   void Add(const ChunkId& id, const Sha256Digest& sha256,
-           const ChunkSizes& sizes, bool repair);
+           const ChunkSizes& sizes, bool repair,
+           const Sha256Digest* also = nullptr);
 
   // END for every distinct chunk id sent so far (unsigned).
   EndMsg End() const;

@@ -88,6 +88,9 @@ Status SpanEncoder::Encode(size_t i, size_t worker, EncodedChunk* out) {
   if (options_.digests && s.ok()) options_.digests->Offer(id);
   if (options_.hash && s.ok() && !out->bytes.empty()) {
     out->sha256 = Sha256(out->bytes);
+    if (options_.hash_base_independent && !out->base_independent.empty()) {
+      out->base_independent_sha256 = Sha256(out->base_independent);
+    }
   }
   if (options_.scanned) *options_.scanned += count * es;
   return s;

@@ -48,6 +48,9 @@ class SpanEncoder {
     // in a base-independent encoding whenever `bytes` is context-coded
     // (what the history keeps).
     bool base_independent = false;
+    // With `base_independent` and `hash`: hash that copy too (it is sent
+    // beside the first, to a mixed tree's subtrees without context).
+    bool hash_base_independent = false;
     // Target bytes encoded so far, if counted.
     std::atomic<uint64_t>* scanned = nullptr;
     // kDiff, kFull: each span encoded is offered for the target's digests

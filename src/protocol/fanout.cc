@@ -56,7 +56,8 @@ Fanout::Fanout(Options options, PlanMsg plan)
       resend_(options_.resend_buffer_bytes.value_or(
           tree_.plan.chunk_window_bytes != 0
               ? kResendWindows * tree_.plan.chunk_window_bytes
-              : kResendDefaultBytes)) {
+              : kResendDefaultBytes)),
+      plain_(options_.plain_nodes) {
   tree_.plan.adopt = false;
   tree_.plan.resend = false;
   for (size_t i : tree_.Children(0)) AddChild(i, false, false);
@@ -80,6 +81,9 @@ size_t Fanout::AddChild(size_t plan_index, bool adoption, bool retried,
   c.sub.resume = options_.resume;
   c.sub.resend = adoption && resend_.enabled();
   c.sub.sender_depth = delegated_depth.value_or(options_.depth);
+  // A whole subtree takes one encoding: its relays forward what they get.
+  c.context = tree_.plan.context_coded && !HoldsPlain(plan_index);
+  c.sub.context_coded = c.context;
   c.adoption = adoption;
   c.retried = retried;
   c.delegated_depth = delegated_depth;
@@ -99,6 +103,14 @@ void Fanout::NotePeak() {
 void Fanout::RefreshSub(Child& c) {
   if (c.rejoin_of) return;  // alone: its children are ours
   c.sub.nodes = SubPlan(tree_.plan, c.plan_index).nodes;
+}
+
+bool Fanout::HoldsPlain(size_t index) const {
+  if (plain_.empty()) return false;
+  const std::vector<PlanNode> nodes = SubPlan(tree_.plan, index).nodes;
+  return std::any_of(nodes.begin(), nodes.end(), [&](const PlanNode& n) {
+    return plain_.contains(n.name);
+  });
 }
 
 std::optional<size_t> Fanout::EntryOf(size_t index) const {
@@ -300,12 +312,13 @@ void Fanout::OnClosed(size_t i, const Status& why) {
   c.link.reset();
 }
 
-size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
+size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep,
+                       const FrameBuffer& plain) {
   std::optional<FramePosition> position;
   chunks_seen_ |= chunk;
   if (chunk) {
     position = WholeFramePosition(*frame, options_.frames);
-    resend_.Keep(frame, position, keep);
+    resend_.Keep(frame, position, keep, plain);
   } else {
     control_ = frame;
   }
@@ -314,7 +327,15 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
   // frames there, stored once however many pull.
   bool stored = false;
   auto store = [&] {
-    if (!stored) options_.objects->Push(frame);
+    // One object sequence for every puller: base-independent once any
+    // puller is planned without the flag (both kinds decode those).
+    objects_plain_ |=
+        plain &&
+        std::any_of(children_.begin(), children_.end(), [](const Child& c) {
+          return c.sub.nodes[0].pulls_objects && !c.context;
+        });
+    if (!stored)
+      options_.objects->Push(objects_plain_ && plain ? plain : frame);
     stored = true;
   };
   const bool end =
@@ -345,7 +366,7 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep) {
     // An adoption not yet accepted gets the control frame when it is,
     // after the chunks it missed (OnFrame).
     if (!chunk && c.adoption && !c.accepted) continue;
-    c.link->Send(frame);
+    c.link->Send(plain && !c.context ? plain : frame);
     if (position && !c.accepted) c.sent_unaccepted.push_back(*position);
     ++n;
   }
@@ -357,7 +378,7 @@ void Fanout::Resend(Child& c, const FramePosition& after,
   const std::string& name = c.sub.nodes[0].name;
   // A node that pulls from the object store reads what it missed there.
   if (options_.objects != nullptr && c.sub.nodes[0].pulls_objects) return;
-  ResendBuffer::Resend r = resend_.For(after, std::move(sent));
+  ResendBuffer::Resend r = resend_.For(after, std::move(sent), c.context);
   for (const FrameBuffer& f : r.frames) c.link->Send(f);
   resent_chunks_ += r.frames.size();
   resent_bytes_ += r.bytes;

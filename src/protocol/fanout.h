@@ -24,6 +24,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,6 +77,16 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     // frame, and never as CHUNKs on their links (END still goes on the
     // link too, where the puller ignores it). Null: no child pulls.
     ObjectSink* objects = nullptr;
+    // The root of a tree where some subtrees take context-coded chunks
+    // (PlanMsg::context_coded) and others must not (they hold serving
+    // ranks: docs/PROTOCOL.md §"Context-coded chunks"): the nodes that
+    // must never get one. A child whose subtree holds one gets its PLAN
+    // without the flag and the base-independent frame of every chunk sent
+    // in two encodings (Forward's `plain`). The label sticks: a node
+    // placed under such a subtree joins the set, and a node of the set is
+    // placed only under a subtree without the flag (or adopted by the
+    // root). Empty: every child gets the plan's flag (relays).
+    std::set<std::string> plain_nodes;
   };
   static constexpr uint64_t kResendWindows = 4;
   static constexpr uint64_t kResendDefaultBytes = 64ull << 20;
@@ -102,8 +113,11 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // failpoint's damaged or cut copy, a fault in this node's forward path)
   // or not whole counts as evicted: an adopted node that missed it gets it
   // from the root's repair round.
-  size_t Forward(const FrameBuffer& frame, bool chunk = false,
-                 bool keep = true);
+  // `plain` (the root of a mixed tree): the same CHUNK in a
+  // base-independent encoding at the same sequence number, for children
+  // planned without PlanMsg::context_coded; null: `frame` is for everyone.
+  size_t Forward(const FrameBuffer& frame, bool chunk = false, bool keep = true,
+                 const FrameBuffer& plain = nullptr);
 
   // The largest send queue among live children (backpressure), and the
   // object sink's queue when children pull from it. When a
@@ -122,7 +136,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // adoption in progress), subtrees that took no chunks and children of an
   // older release (no figure) are left out. nullopt with heartbeats off or
   // when no child counts (docs/PROTOCOL.md §"Progress").
-  std::optional<uint64_t> Delivered() const;
+  // `context`: only the children planned with (true) or without (false)
+  // PlanMsg::context_coded, whose chunk bytes differ in a mixed tree.
+  std::optional<uint64_t> Delivered(
+      std::optional<bool> context = std::nullopt) const;
   // The current phase's answers so far: nodes below that answered (or whose
   // link failed: their parent answers for them), of all nodes below.
   std::pair<size_t, size_t> Answered() const;
@@ -238,6 +255,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // reported as timed out until the child answers again.
   std::vector<NodeResult> Results() const;
 
+  // The nodes that must not get context-coded chunks (Options::
+  // plain_nodes and those placed under their subtrees since).
+  const std::set<std::string>& plain_nodes() const { return plain_; }
+
   // Children still in the refit.
   size_t live_children() const;
   size_t child_count() const { return children_.size(); }
@@ -297,6 +318,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     // "first chunk" bound: a node that was adopted itself takes its own
     // resends after live chunks, so what it forwards is not in order.)
     std::vector<FramePosition> sent_unaccepted;
+    // Its PLAN carries PlanMsg::context_coded: it gets context-coded
+    // chunks (the first frame of a pair).
+    bool context = false;
     // Adopting on behalf of an ancestor (Amend): the depth it sends.
     std::optional<uint32_t> delegated_depth;
     // Adopted because its parent could not be reached at PLAN: it never
@@ -314,6 +338,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
                   std::optional<uint32_t> delegated_depth = std::nullopt);
   // Its sub-plan from the current tree (placements included).
   void RefreshSub(Child& c);
+  // Some node of the current subtree of plan node `index` is in plain_.
+  bool HoldsPlain(size_t index) const;
   void NotePeak();
   // Fails adoptions not accepted within the connect timeout.
   void ExpireAdoptions(Clock::time_point now);
@@ -360,6 +386,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   bool closing_ = false;      // Close() ran: closed links are normal
   bool chunks_seen_ = false;  // Forward had a CHUNK
   ResendBuffer resend_;
+  std::set<std::string> plain_;  // Options::plain_nodes, grown by placement
+  // The object sink got a base-independent frame: it gets them from then
+  // on (a puller planned without the flag reads every object).
+  bool objects_plain_ = false;
   uint64_t resent_chunks_ = 0;
   uint64_t resent_bytes_ = 0;
   uint64_t resend_misses_ = 0;

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <string_view>
@@ -119,12 +120,29 @@ void Fanout::AdoptChildrenOf(size_t i, bool unplanned) {
       roots.push_back(e.plan_index);
     }
   }
-  OrphanPlacement placement = PlaceOrphans(tree_, orphans, free, roots);
+  // A mixed tree (plain_ set): a subtree planned without context-coded
+  // chunks is never placed under one that gets them (it could not decode
+  // them, nor its new parent's resends); the other way is safe, and the
+  // label sticks (see Options::plain_nodes).
+  auto context_subtree = [this](size_t root) {
+    return tree_.plan.context_coded && !HoldsPlain(root);
+  };
+  auto may_host = [&](size_t orphan, size_t root) {
+    return !HoldsPlain(orphan) || !context_subtree(root);
+  };
+  OrphanPlacement placement = PlaceOrphans(
+      tree_, orphans, free, roots,
+      plain_.empty() ? std::function<bool(size_t, size_t)>() : may_host);
   for (const auto& [moved, host] : placement.placed) {
     spdlog::info("{}: placing {}, a child of {}, under {} (fanout {})",
                  options_.hello.node, tree_.plan.nodes[moved].name, failed,
                  tree_.plan.nodes[host].name, tree_.Capacity(host));
     ++adoptions_;
+    if (plain_.contains(tree_.plan.nodes[host].name)) {
+      for (const PlanNode& n : SubPlan(tree_.plan, moved).nodes) {
+        plain_.insert(n.name);
+      }
+    }
   }
   for (size_t o : placement.adopt) {
     spdlog::info("{}: adopting {}, a child of {}", options_.hello.node,

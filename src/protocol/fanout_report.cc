@@ -39,11 +39,12 @@ uint64_t Fanout::BytesSent() const {
   return total;
 }
 
-std::optional<uint64_t> Fanout::Delivered() const {
+std::optional<uint64_t> Fanout::Delivered(std::optional<bool> context) const {
   if (tree_.plan.heartbeat_ms == 0) return std::nullopt;
   std::optional<uint64_t> least;
   for (const Child& c : children_) {
     if (c.failed || c.superseded || !c.takes_chunks || !c.accepted) continue;
+    if (context && c.context != *context) continue;
     if (c.sent_empty_heartbeat && !c.progress) continue;       // older
     if (c.progress && !c.progress->delivered_bytes) continue;  // older
     const uint64_t v = c.progress ? *c.progress->delivered_bytes : 0;

@@ -39,6 +39,17 @@ Result<FrameBuffer> FrameSender::NextGather(
   return EncodeFrameGather(h, parts, options_);
 }
 
+Result<std::pair<FrameBuffer, FrameBuffer>> FrameSender::NextPair(
+    FrameType type, std::span<const std::byte> first,
+    std::span<const std::byte> second) {
+  const uint64_t sequence = next_sequence_.fetch_add(1);
+  DCR_ASSIGN_OR_RETURN(FrameBuffer a, Encode(type, 0, context_.epoch,
+                                             context_.refit, sequence, first));
+  DCR_ASSIGN_OR_RETURN(FrameBuffer b, Encode(type, 0, context_.epoch,
+                                             context_.refit, sequence, second));
+  return std::make_pair(std::move(a), std::move(b));
+}
+
 Result<FrameBuffer> FrameSender::At(FrameType type, uint64_t sequence,
                                     std::span<const std::byte> payload,
                                     uint16_t flags) const {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "dcr/status.h"
@@ -52,6 +53,14 @@ class FrameSender {
   // The gather form of Next: the payload is the concatenation of `parts`.
   Result<FrameBuffer> NextGather(
       FrameType type, std::span<const std::span<const std::byte>> parts);
+  // Two frames of `type` at one (the next) sequence number: the same
+  // message in two encodings, for different receivers (the root of a tree
+  // where some subtrees take context-coded chunks and others the
+  // base-independent ones). Each carries its own authentication tag; the
+  // counter advances once.
+  Result<std::pair<FrameBuffer, FrameBuffer>> NextPair(
+      FrameType type, std::span<const std::byte> first,
+      std::span<const std::byte> second);
   // A frame with a given sequence number, which the counter does not
   // advance: a fan-out sends one PLAN (and the HELLO before it) at the
   // sequence its own PLAN arrived with.

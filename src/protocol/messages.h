@@ -126,7 +126,8 @@ struct PlanMsg {
   uint32_t sender_depth = 0;
   // Delta plans only: chunks may be context-coded (codec.h kContext),
   // decodable only against the base; every node of the plan holds the base
-  // whole. A chunk coded so in a plan without the flag is refused.
+  // whole. A chunk coded so in a plan without the flag is refused. The
+  // root's own plan: some child's gets it (Fanout::Options::plain_nodes).
   bool context_coded = false;
   // The serving ranks of the plan's serving relays: their bits at the base
   // (no regions), and at the target when the PLAN names it (with regions;

@@ -70,9 +70,10 @@ size_t PlanTree::MoveUnder(size_t index, size_t host) {
   return base;
 }
 
-OrphanPlacement PlaceOrphans(PlanTree& tree, const std::vector<size_t>& orphans,
-                             size_t free_slots,
-                             const std::vector<size_t>& live) {
+OrphanPlacement PlaceOrphans(
+    PlanTree& tree, const std::vector<size_t>& orphans, size_t free_slots,
+    const std::vector<size_t>& live,
+    const std::function<bool(size_t orphan, size_t root)>& may_host) {
   OrphanPlacement out;
   for (size_t o : orphans) {
     if (out.adopt.size() < free_slots) {
@@ -81,6 +82,9 @@ OrphanPlacement PlaceOrphans(PlanTree& tree, const std::vector<size_t>& orphans,
     }
     std::vector<size_t> roots = out.adopt;
     roots.insert(roots.end(), live.begin(), live.end());
+    if (may_host) {
+      std::erase_if(roots, [&](size_t r) { return !may_host(o, r); });
+    }
     std::optional<size_t> host = tree.FindHost(roots);
     if (!host) {
       out.adopt.push_back(o);  // no free slot anywhere: the owner's

@@ -14,6 +14,7 @@
 #define DCR_PROTOCOL_PLAN_TREE_H_
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -70,10 +71,14 @@ struct OrphanPlacement {
 // first node with a free slot (PlanTree::FindHost) of the subtrees of the
 // orphans adopted so far and then of `live` (the owner's live children
 // whose subtree takes chunks); with no free slot anywhere the owner adopts
-// it too. Mutates `tree` (MoveUnder) for every placement.
-OrphanPlacement PlaceOrphans(PlanTree& tree, const std::vector<size_t>& orphans,
-                             size_t free_slots,
-                             const std::vector<size_t>& live);
+// it too. `may_host(orphan, root)`, if set, limits an orphan to the
+// subtrees of the roots it allows (the root of a mixed tree: an orphan
+// that must not get context-coded chunks goes only under a subtree that
+// does not get them). Mutates `tree` (MoveUnder) for every placement.
+OrphanPlacement PlaceOrphans(
+    PlanTree& tree, const std::vector<size_t>& orphans, size_t free_slots,
+    const std::vector<size_t>& live,
+    const std::function<bool(size_t orphan, size_t root)>& may_host = nullptr);
 
 // A PLAN for the owner from its parent may carry subtrees the parent placed
 // under nodes of the owner's subtree. Appends to `tree` every node of

@@ -126,13 +126,14 @@ node_json() {  # node_json NAME EXPR: EXPR holds for n = node NAME of d["nodes"]
   json "[n for n in d['nodes'] if n['node']=='$1'] and all($2 for n in d['nodes'] if n['node']=='$1')"
 }
 
-# small_serving_model STEPS: dcr-traingen's model at test size (hidden 64,
-# 2 layers, vocabulary 300) in $T/ck (v0..vSTEPS, V set to it), and
-# layouts/traingen-serve-tp2.yaml scaled to it in $T/serve.yaml. Needs
-# TRAINGEN and LAYOUTS.
+# small_serving_model STEPS [LR]: dcr-traingen's model at test size (hidden
+# 64, 2 layers, vocabulary 300) in $T/ck (v0..vSTEPS, V set to it), and
+# layouts/traingen-serve-tp2.yaml scaled to it in $T/serve.yaml. LR
+# (default 2e-5, about 17% of elements changed per step) sets the change
+# rate. Needs TRAINGEN and LAYOUTS.
 small_serving_model() {
   "$TRAINGEN" --hidden 64 --layers 2 --heads 4 --kv-heads 2 --vocab 300 \
-    --lr 2e-5 --steps "$1" --out "$T/ck" >/dev/null 2>"$T/traingen.log" ||
+    --lr "${2:-2e-5}" --steps "$1" --out "$T/ck" >/dev/null 2>"$T/traingen.log" ||
     { cat "$T/traingen.log" >&2; fail "traingen"; }
   V=$T/ck
   small_serving_layout

@@ -9,7 +9,9 @@
 #   b. delta refits v1..v3 commit on every node; after each, c0 holds the
 #      target bit for bit and every serving rank verifies against it with
 #      `dcr layout verify --serving` (FP8 codes and scales as quantized from
-#      the target); no chunk is context-coded
+#      the target); with --context on the tree is mixed: c0's subtree
+#      gets context-coded chunks, the serving subtrees (s0, f0) each one's
+#      base-independent copy at the same sequence number
 #   c. two serving relays (BF16 s1, FP8 f1) killed mid-refit
 #      (relay.apply_chunk=exit@10) restore their ranks' bases through their
 #      maps at restart, FP8 codes and scales requantized; the next refit
@@ -36,7 +38,9 @@ source "$(dirname "$0")/lib.sh"
 unset DCR_FAILPOINTS
 
 # --- Model, layouts, topology ---------------------------------------------
-small_serving_model 4
+# About 6% of elements change per step: sparse enough for context-coded
+# chunks (b).
+small_serving_model 4 5e-6
 fp8_serving_layout
 
 RELAYS=(c0 s0 s1 f0 f1)
@@ -125,7 +129,9 @@ verify_serving 0
 for k in 1 2; do
   refit_json 0 "$TOPO" --target "$V/v$k.safetensors" --context on
   json 'd["outcome"] == "committed" and d["mode"] == "delta"' \
-    'd["context_chunks"] == 0 and d["repair_rounds"] == 0' \
+    'd["context_chunks"] > 0 and d["repair_rounds"] == 0' \
+    'd["context_nodes"] == ["c0"]' \
+    'd["plain_payload_bytes"] > d["payload_bytes"] > 0' \
     "all(n['code'] == 'ok' for n in d['nodes'])"
   verify_serving "$k"
 done
@@ -138,7 +144,7 @@ for n in s1 f1; do
   start_relay $n "DCR_FAILPOINTS=relay.apply_chunk=delay(300)@9;relay.apply_chunk=exit@10"
 done
 wait_ready s1 f1
-refit_json 1 "$TOPO" --target "$V/v3.safetensors"
+refit_json 1 "$TOPO" --target "$V/v3.safetensors" --context on
 json 'd["outcome"] == "aborted"'
 for n in s1 f1; do
   for _ in $(seq 50); do kill -0 "${PID[$n]}" 2>/dev/null || break; sleep 0.1; done
@@ -158,8 +164,8 @@ for n in s1 f1; do
     { cat "$T/$n.log" >&2; fail "$n did not restore its base"; }
 done
 verify_serving 2
-refit_json 0 "$TOPO" --target "$V/v3.safetensors"
-json 'd["outcome"] == "committed"'
+refit_json 0 "$TOPO" --target "$V/v3.safetensors" --context on
+json 'd["outcome"] == "committed" and d["context_chunks"] > 0'
 verify_serving 3
 
 # --- d. A flipped bit is repaired -------------------------------------------

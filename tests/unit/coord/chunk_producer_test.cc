@@ -82,6 +82,27 @@ TEST(ChunkQueueTest, PushBlocksAtCapacityUntilPopped) {
   EXPECT_EQ(q.bytes(), 20u);
 }
 
+// A chunk in two encodings (a mixed tree) takes the room of both frames.
+TEST(ChunkQueueTest, BothFramesOfAChunkCountAgainstTheCapacity) {
+  ChunkQueue q(/*capacity=*/30);
+  Outgoing two = Frame(10);
+  two.plain = std::make_shared<std::vector<std::byte>>(14);
+  two.plain_payload = 14;
+  ASSERT_TRUE(q.Push(two));
+  EXPECT_EQ(q.bytes(), 24u);
+  ASSERT_TRUE(q.Push(Frame(6)));
+  EXPECT_EQ(q.bytes(), 30u);
+  std::atomic<bool> pushed{false};
+  std::thread t([&] { pushed = q.Push(Frame(1)); });
+  ASSERT_TRUE(WaitFor([&] { return q.blocked() == 1; }));
+  auto o = q.Pop();
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->plain->size(), 14u);
+  t.join();
+  EXPECT_TRUE(pushed);
+  EXPECT_EQ(q.bytes(), 7u);
+}
+
 TEST(ChunkQueueTest, CancelWakesABlockedPushAndRefusesMore) {
   ChunkQueue q(10);
   ASSERT_TRUE(q.Push(Frame(10)));

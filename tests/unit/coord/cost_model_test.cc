@@ -9,8 +9,10 @@
 namespace dcr {
 namespace {
 
-// root -> 2 clusters of 4 over `wan` bits/s, 10 Gbit/s inside.
-Tree TwoRegion(uint64_t wan, uint64_t latency_ns = 20'000'000) {
+// root -> 2 clusters of 4 over `wan` bits/s (cluster b over `wan_b` when
+// given), 10 Gbit/s inside.
+Tree TwoRegion(uint64_t wan, uint64_t latency_ns = 20'000'000,
+               uint64_t wan_b = 0) {
   std::string yaml = R"(version: 1
 defaults: {fanout: 2}
 root: {name: trainer, host: 10.0.0.1, port: 17000, cluster: train}
@@ -31,11 +33,13 @@ clusters:
       - {name: b2, host: 10.0.2.3, port: 17001}
       - {name: b3, host: 10.0.2.4, port: 17001}
 links:
-  - {from: train, to: a, bandwidth: WAN, latency: LATns}
-  - {from: train, to: b, bandwidth: WAN, latency: LATns}
+  - {from: train, to: a, bandwidth: WAN_A, latency: LATns}
+  - {from: train, to: b, bandwidth: WAN_B, latency: LATns}
 )";
   for (auto [from, to] :
-       {std::pair<std::string, std::string>{"WAN", std::to_string(wan) + "bps"},
+       {std::pair<std::string, std::string>{"WAN_A",
+                                            std::to_string(wan) + "bps"},
+        {"WAN_B", std::to_string(wan_b ? wan_b : wan) + "bps"},
         {"LAT", std::to_string(latency_ns)}}) {
     for (size_t at; (at = yaml.find(from)) != std::string::npos;) {
       yaml.replace(at, from.size(), to);
@@ -201,6 +205,135 @@ TEST(CostModelTest, ContextCodingWhereTheLinkIsSlowerThanTheCores) {
   EXPECT_LT(slow->with_s, slow->without_s);
 }
 
+// The index among the root's children of the one heading `name`.
+size_t ChildIndex(const Tree& tree, std::string_view name) {
+  const auto& children = tree.nodes[0].children;
+  auto it = std::find(children.begin(), children.end(), tree.Find(name));
+  EXPECT_NE(it, children.end()) << name;
+  return static_cast<size_t>(it - children.begin());
+}
+
+TEST(CostModelTest, PerSubtreeWithoutPlainChildrenIsChooseContextCoding) {
+  const double tb2 = 2e12;
+  for (uint64_t wan : {3'050'000'000ull, 30'500'000'000ull}) {
+    const Tree tree = TwoRegion(wan);
+    auto whole = ChooseContextCoding(tree, tb2, 0.03, 32);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    for (bool history : {true, false}) {
+      auto c =
+          ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, history);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      EXPECT_EQ(c->children, tree.nodes[0].children);
+      EXPECT_EQ(c->context, std::vector<bool>(2, whole->context)) << wan;
+      EXPECT_EQ(c->any(), whole->context);
+      EXPECT_NEAR(c->without_s, whole->without_s, 1e-9 * whole->without_s);
+      // The chosen plan's time: context's where it wins, else none's.
+      const double chosen = whole->context ? whole->with_s : whole->without_s;
+      EXPECT_NEAR(c->with_s, chosen, 1e-9 * chosen) << wan;
+    }
+  }
+  // The paper's link: context wins, and the per-subtree plan is the
+  // whole-tree context-coded refit term for term.
+  const Tree tree = TwoRegion(3'050'000'000);
+  CostParameters p;
+  auto e = EstimateRefit(tree, tb2, 0.03, p);
+  auto c = ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, false);
+  ASSERT_TRUE(e.ok() && c.ok());
+  EXPECT_TRUE(c->any());
+  EXPECT_NEAR(c->mixed.encode_s, e->delta.encode_s, 1e-9);
+  EXPECT_NEAR(c->mixed.transfer_s, e->delta.transfer_s, 1e-9);
+  EXPECT_NEAR(c->mixed.apply_s, e->delta.apply_s, 1e-9);
+  EXPECT_NEAR(c->mixed.total_s, e->delta.total_s, 1e-9);
+}
+
+// Cluster a holds serving nodes, on a fast link; b is canonical, over the
+// paper's WAN.
+TEST(CostModelTest, ContextGoesToTheSlowCanonicalSubtreeOnly) {
+  const double tb2 = 2e12;
+  const Tree tree = TwoRegion(100'000'000'000, 20'000'000, 3'050'000'000);
+  const size_t a = ChildIndex(tree, "a0"), b = ChildIndex(tree, "b0");
+  std::vector<bool> plain(2, false);
+  plain[a] = true;
+  auto c = ChooseContextPerSubtree(tree, plain, tb2, 0.03, 32, true);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->context[a]);
+  EXPECT_TRUE(c->context[b]);
+  EXPECT_TRUE(c->any());
+  EXPECT_LT(c->with_s, c->without_s);
+  EXPECT_DOUBLE_EQ(c->with_s, c->mixed.total_s);
+  // b's context-coded payload over the WAN paces the stream, not a's
+  // larger base-independent one over its fast link.
+  CostParameters context;
+  const CostParameters independent = CostParameters::BaseIndependent();
+  EXPECT_NEAR(
+      c->mixed.transfer_s,
+      tb2 * context.payload_ratio[1].second / (3.05e9 / 8 * context.efficiency),
+      1e-6);
+  EXPECT_DOUBLE_EQ(c->mixed.payload_bytes,
+                   tb2 * independent.payload_ratio[1].second);
+  // The relays of b decode context-coded chunks: the slower apply.
+  EXPECT_NEAR(c->mixed.apply_s,
+              tb2 / (context.apply_rate[1].second * context.relay_cores), 1e-6);
+  // Unforced, a's fast link would not gain from context either (its
+  // relays' decode would bound it).
+  auto free =
+      ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, true);
+  ASSERT_TRUE(free.ok());
+  EXPECT_FALSE(free->context[a]);
+  EXPECT_TRUE(free->context[b]);
+}
+
+TEST(CostModelTest, AnEncodeBoundRootGivesContextToNobody) {
+  const double tb2 = 2e12;
+  // Fast links: every subtree's relays decode base-independent chunks
+  // faster, and the transfer is short either way.
+  auto fast = ChooseContextPerSubtree(TwoRegion(400'000'000'000),
+                                      {false, false}, tb2, 0.01, 1, true);
+  ASSERT_TRUE(fast.ok()) << fast.status().ToString();
+  EXPECT_FALSE(fast->any());
+  EXPECT_EQ(fast->with_s, fast->without_s);
+  EXPECT_EQ(fast->mixed.total_s, 0);
+  // b's slow link alone would gain from the smaller payload, but one root
+  // core runs the slower context encoder: the root bounds the stream.
+  const Tree tree = TwoRegion(400'000'000'000, 20'000'000, 1'000'000'000);
+  const size_t a = ChildIndex(tree, "a0");
+  std::vector<bool> plain(2, false);
+  plain[a] = true;
+  auto slow = ChooseContextPerSubtree(tree, plain, tb2, 0.01, 1, true);
+  ASSERT_TRUE(slow.ok()) << slow.status().ToString();
+  EXPECT_FALSE(slow->any());
+  EXPECT_EQ(slow->with_s, slow->without_s);
+  EXPECT_EQ(slow->mixed.bottleneck, "encode");
+  EXPECT_GT(slow->mixed.total_s, slow->without_s);
+  // With 32 cores the same plan is taken.
+  auto cores = ChooseContextPerSubtree(tree, plain, tb2, 0.01, 32, true);
+  ASSERT_TRUE(cores.ok());
+  EXPECT_TRUE(cores->context[1 - a]);
+}
+
+TEST(CostModelTest, AnUnrecordedBaseIndependentCopyCostsTheEncoder) {
+  const double tb2 = 2e12;
+  const Tree tree = TwoRegion(100'000'000'000, 20'000'000, 3'050'000'000);
+  std::vector<bool> plain(2, false);
+  plain[ChildIndex(tree, "a0")] = true;
+  auto recorded = ChooseContextPerSubtree(tree, plain, tb2, 0.03, 8, true);
+  auto extra = ChooseContextPerSubtree(tree, plain, tb2, 0.03, 8, false);
+  ASSERT_TRUE(recorded.ok() && extra.ok());
+  ASSERT_GT(recorded->mixed.encode_s, 0);
+  const double copy_s =
+      tb2 / (CostParameters::BaseIndependent().encode_rate[1].second * 8);
+  EXPECT_NEAR(extra->mixed.encode_s - recorded->mixed.encode_s, copy_s, 1e-6);
+  EXPECT_GT(extra->mixed.total_s, recorded->mixed.total_s);
+  EXPECT_DOUBLE_EQ(extra->without_s, recorded->without_s);
+  // Every child context-coded: no base-independent copy to write.
+  auto all = ChooseContextPerSubtree(TwoRegion(3'050'000'000), {false, false},
+                                     tb2, 0.03, 8, false);
+  auto all_recorded = ChooseContextPerSubtree(
+      TwoRegion(3'050'000'000), {false, false}, tb2, 0.03, 8, true);
+  ASSERT_TRUE(all.ok() && all_recorded.ok());
+  EXPECT_DOUBLE_EQ(all->mixed.encode_s, all_recorded->mixed.encode_s);
+}
+
 TEST(CostModelTest, BadInputsAreRefused) {
   CostParameters p;
   Tree t = TwoRegion(1'000'000'000);
@@ -210,6 +343,24 @@ TEST(CostModelTest, BadInputsAreRefused) {
   Tree empty;
   empty.nodes.resize(1);
   EXPECT_TRUE(EstimateRefit(empty, 1e9, 0.03, p).status().IsInvalidArgument());
+  // One plain flag per root child.
+  for (const std::vector<bool>& plain :
+       {std::vector<bool>{}, std::vector<bool>{true},
+        std::vector<bool>{false, false, true}}) {
+    EXPECT_TRUE(ChooseContextPerSubtree(t, plain, 1e9, 0.03, 8, true)
+                    .status()
+                    .IsInvalidArgument())
+        << plain.size();
+  }
+  EXPECT_TRUE(ChooseContextPerSubtree(t, {false, false}, 0, 0.03, 8, true)
+                  .status()
+                  .IsInvalidArgument());
+  EXPECT_TRUE(ChooseContextPerSubtree(t, {false, false}, 1e9, 2, 8, true)
+                  .status()
+                  .IsInvalidArgument());
+  EXPECT_TRUE(ChooseContextPerSubtree(empty, {}, 1e9, 0.03, 8, true)
+                  .status()
+                  .IsInvalidArgument());
 }
 
 TEST(CostModelTest, CalibrationJsonOverridesAndIsChecked) {

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "coord/sent_chunks.h"
 #include "testing/temp_dir.h"
 #include "wire/signature.h"
 
@@ -41,6 +42,33 @@ TEST(EndSignerTest, ServingRanksCountTowardTheEndBound) {
   EXPECT_GT(with - plain, 3u * 50 * 16);
   EXPECT_LE(with - plain, EndSigner::ServingBitsBytes(3, 50));
   EXPECT_EQ(EndSigner::ServingBitsBytes(0, 50), 0u);
+}
+
+// A mixed tree sends a context-coded chunk in two encodings: the manifest
+// lists it once per encoding (each relay finds the bytes it applied), END
+// names the id once.
+TEST(SentChunksTest, AChunkSentInTwoEncodingsIsListedTwiceAndEndedOnce) {
+  SentChunks sent;
+  sent.set_sign(true);
+  Sha256Digest a{}, b{}, c{};
+  a[0] = std::byte{1};
+  b[0] = std::byte{2};
+  c[0] = std::byte{3};
+  ChunkSizes sizes;
+  sizes.changed = 5;
+  sent.Add(ChunkId{0, 0, 0}, a, sizes, /*repair=*/false, &b);
+  sent.Add(ChunkId{0, 1, 0}, c, sizes, /*repair=*/false);
+  ASSERT_EQ(sent.manifest().size(), 3u);
+  EXPECT_EQ(sent.manifest()[0].sha256, a);
+  EXPECT_EQ(sent.manifest()[1].sha256, b);
+  EXPECT_EQ(sent.manifest()[1].id, (ChunkId{0, 0, 0}));
+  EXPECT_EQ(sent.manifest()[2].sha256, c);
+  EXPECT_EQ(sent.End().chunk_count, 2u);
+  EXPECT_EQ(sent.changed_elements(), 10u);
+  // Unsigned: nothing listed.
+  SentChunks unsigned_;
+  unsigned_.Add(ChunkId{0, 0, 0}, a, sizes, false, &b);
+  EXPECT_TRUE(unsigned_.manifest().empty());
 }
 
 }  // namespace

@@ -207,6 +207,53 @@ TEST(RefitReportTest, UnfinishedSaysWhyAndWhatFinishesIt) {
   EXPECT_EQ(back->reason, why);
 }
 
+// A mixed tree: the nodes with context-coded chunks and the payload the
+// others got survive last-refit.json (a report without them reads as
+// before), and each edge counts the bytes of its own encoding.
+TEST(RefitReportTest, AMixedTreeCountsEachEdgesEncoding) {
+  // root -> head (wan) -> {a, b} (lan), plus root -> s (wan) with the
+  // base-independent chunks.
+  Tree t = SmallTree();
+  TreeNode s;
+  s.name = "s";
+  s.cluster = "c2";
+  s.parent = 0;
+  s.link = LinkClass::kWan;
+  t.nodes[0].children.push_back(static_cast<int>(t.nodes.size()));
+  t.nodes.push_back(s);
+  RefitReport r;
+  r.target = kTarget;
+  r.outcome = RefitOutcome::kCommitted;
+  r.stream_bytes = 1000;  // frames on a context-coded edge
+  r.payload_bytes = 700;
+  r.plain_payload_bytes = 900;
+  r.context_nodes = {"head", "a", "b"};
+  PhaseReplies p;
+  for (const char* n : {"head", "a", "b", "s"}) {
+    p.plan.push_back(R(n, NodeCode::kOk));
+    p.votes.push_back(R(n, NodeCode::kOk, kTarget));
+    p.final.push_back(R(n, NodeCode::kOk, kTarget));
+  }
+  SummarizeNodes(t, p, {"head", "a", "b", "s"}, &r);
+  EXPECT_EQ(r.link_class_bytes["wan"], 1000u + 1200u);
+  EXPECT_EQ(r.link_class_bytes["lan"], 2000u);
+  auto j = nlohmann::json::parse(r.ToJson());
+  EXPECT_EQ(j["plain_payload_bytes"], 900);
+  EXPECT_EQ(j["context_nodes"].size(), 3u);
+  auto back = RefitReportFromJson(j, "f");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->context_nodes, r.context_nodes);
+  EXPECT_EQ(back->plain_payload_bytes, 900u);
+  // Not mixed: neither key is written, and a file without them reads.
+  RefitReport plain;
+  auto k = nlohmann::json::parse(plain.ToJson());
+  EXPECT_FALSE(k.contains("context_nodes"));
+  EXPECT_FALSE(k.contains("plain_payload_bytes"));
+  auto back2 = RefitReportFromJson(k, "f");
+  ASSERT_TRUE(back2.ok()) << back2.status().ToString();
+  EXPECT_TRUE(back2->context_nodes.empty());
+}
+
 TEST(RefitReportTest, AnAbortBlamesTheAbortPhaseOnly) {
   RefitReport r;
   r.target = kTarget;

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <bit>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -214,6 +216,82 @@ TEST_F(SigningTreeTest, SignedRefitCommitsEverywhere) {
     EXPECT_EQ(DigestOf(StorePath(n)), DigestOf(Ckpt(1))) << n;
   }
   EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), DigestOf(Ckpt(1)));
+}
+
+// A mixed tree (b0's subtree taken as serving: base-independent chunks;
+// ca's context-coded), on Adam-like steps where context coding pays: each
+// context-coded chunk goes out twice at one sequence number, the manifest
+// lists both encodings, and every relay verifies the one it applied. A
+// relay planned without context refuses a context-coded chunk, so a
+// commit with no repair round says each subtree got its own encoding.
+TEST_F(SigningTreeTest, AMixedTreeSendsEachSubtreeItsEncodingSigned) {
+  // BF16 weights about N(0, 0.02) and a step of 3e-6 each: small weights
+  // (fine ULPs) change, large ones mostly do not.
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  auto bf16 = [](float f) {
+    uint32_t u = std::bit_cast<uint32_t>(f);
+    return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+  };
+  std::vector<std::vector<float>> w;
+  for (const TensorInfo& t : infos_) {
+    w.emplace_back(t.NumElements());
+    for (float& x : w.back()) x = normal(rng);
+  }
+  for (int v = 0; v < 2; ++v) {
+    std::vector<Bytes> data;
+    for (size_t i = 0; i < infos_.size(); ++i) {
+      Bytes b(infos_[i].NumBytes());
+      for (size_t e = 0; e < w[i].size(); ++e) {
+        if (infos_[i].dtype == DType::kBF16) {
+          uint16_t h = bf16(w[i][e]);
+          std::memcpy(&b[2 * e], &h, 2);
+        } else {
+          std::memcpy(&b[4 * e], &w[i][e], 4);
+        }
+        w[i][e] += normal(rng) > 0 ? 3e-6f : -3e-6f;
+      }
+      data.push_back(std::move(b));
+    }
+    Write(Ckpt(v), data);
+  }
+  for (const auto& n : kRelays) {
+    std::filesystem::copy_file(
+        Ckpt(0), StorePath(n),
+        std::filesystem::copy_options::overwrite_existing);
+  }
+  std::filesystem::copy_file(Ckpt(0), dir_.Path("base.safetensors"),
+                             std::filesystem::copy_options::overwrite_existing);
+  StartRelays(kRelays);
+  RefitOptions o;
+  o.topology = MakeTopology(0);
+  o.transport_options.frames.authenticator = hop_key_;
+  o.signing_key_file = dir_.Path("root.key");
+  o.target = Ckpt(1);
+  o.phase_timeout = 10s;
+  o.threads = 2;
+  o.transport = "fake";
+  o.transport_options.fake_network = network_;
+  o.context_coding = RefitOptions::ContextCoding::kOn;
+  o.TEST_plain_nodes = {"b0"};
+  auto report = RunRefit(o);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const RefitReport& r = *report;
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  EXPECT_EQ(r.repair_rounds, 0) << r.ToJson();
+  EXPECT_GT(r.context_chunks, 0u) << r.ToJson();
+  EXPECT_EQ(r.context_nodes, (std::vector<std::string>{"a0", "a1", "a2"}));
+  EXPECT_GT(r.plain_payload_bytes, r.payload_bytes);
+  // a0's edge carried the context-coded stream, b0's the other: the WAN
+  // class counts each once.
+  EXPECT_EQ(r.link_class_bytes.at("wan"),
+            2 * r.stream_bytes + r.plain_payload_bytes - r.payload_bytes)
+      << r.ToJson();
+  WaitIdle();
+  for (const auto& n : kRelays) {
+    EXPECT_TRUE(Node(r, n).committed) << n;
+    EXPECT_EQ(DigestOf(StorePath(n)), DigestOf(Ckpt(1))) << n;
+  }
 }
 
 TEST_F(SigningTreeTest, FullSignedRefitCommits) {

@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <set>
 #include <thread>
 #include <vector>
+
+#include "wire/hmac_authenticator.h"
 
 namespace dcr {
 namespace {
@@ -67,6 +70,36 @@ TEST(FrameSenderTest, ReplyTakesTheRefitOfWhatItAnswers) {
   EXPECT_EQ(f.header.epoch, 11u);
   EXPECT_EQ(f.header.refit_id, about.refit_id);
   EXPECT_EQ(f.header.sequence, 0u);  // the sender's own counter
+}
+
+// A chunk in two encodings (the root of a mixed tree): one sequence number
+// for both, each frame authenticated on its own, the counter advanced once.
+TEST(FrameSenderTest, NextPairNumbersBothFramesOnceAndTagsEach) {
+  std::vector<std::byte> key(32, std::byte{7});
+  auto auth = HmacFrameAuthenticator::Create(key);
+  ASSERT_TRUE(auth.ok()) << auth.status().ToString();
+  FrameOptions options;
+  options.authenticator =
+      std::shared_ptr<const FrameAuthenticator>(std::move(*auth).release());
+  FrameSender sender(options, FrameContext{3, Id(2, 5)}, 9);
+  auto pair = sender.NextPair(FrameType::kChunk, Bytes("context"),
+                              Bytes("base-independent"));
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  Frame a = Parse(pair->first, options), b = Parse(pair->second, options);
+  EXPECT_EQ(a.header.sequence, 9u);
+  EXPECT_EQ(b.header.sequence, 9u);
+  EXPECT_EQ(a.header.type, FrameType::kChunk);
+  EXPECT_EQ(b.header.epoch, 3u);
+  EXPECT_EQ(a.payload.size(), 7u);
+  EXPECT_EQ(b.payload.size(), 16u);
+  EXPECT_EQ(sender.next_sequence(), 10u);
+  // A tag is over its own frame: swapping payloads breaks it.
+  std::vector<std::byte> forged(*pair->second);
+  forged[kFrameHeaderSize] = std::byte{'X'};
+  EXPECT_FALSE(ParseFrame(forged, options).ok());
+  auto next = sender.Next(FrameType::kEnd, {});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(Parse(*next, options).header.sequence, 10u);
 }
 
 TEST(FrameSenderTest, APayloadOverTheBoundIsRefused) {

@@ -164,6 +164,36 @@ TEST(PlanTreeTest, PlaceOrphansCoversEveryOutcome) {
   }
 }
 
+// The root of a mixed tree: an orphan that must not get context-coded
+// chunks goes only under a subtree that does not get them either, else the
+// owner adopts it; `may_host` sees every candidate root.
+TEST(PlanTreeTest, PlaceOrphansKeepsAnOrphanToTheRootsItMayGoUnder) {
+  // a0 (index 1) failed; no free slot. b0's subtree takes context chunks,
+  // a1 may not go there; a2 may.
+  PlanTree t = PlanTree::Of(Sample(), true);
+  std::vector<std::pair<std::string, std::string>> asked;
+  OrphanPlacement p =
+      PlaceOrphans(t, t.Children(1), 0, {4}, [&](size_t o, size_t r) {
+        asked.emplace_back(t.plan.nodes[o].name, t.plan.nodes[r].name);
+        return t.plan.nodes[o].name != "a1";
+      });
+  ASSERT_EQ(p.adopt.size(), 1u);
+  EXPECT_EQ(t.plan.nodes[p.adopt[0]].name, "a1");
+  ASSERT_EQ(p.placed.size(), 1u);
+  // a2 may go under the adopted a1 (first in breadth-first order).
+  EXPECT_EQ(t.plan.nodes[p.placed[0].first].name, "a2");
+  EXPECT_EQ(t.plan.nodes[p.placed[0].second].name, "a1");
+  std::vector<std::pair<std::string, std::string>> want = {
+      {"a1", "b0"}, {"a2", "a1"}, {"a2", "b0"}};
+  EXPECT_EQ(asked, want);
+  // Nobody allowed anywhere: the owner adopts all.
+  PlanTree u = PlanTree::Of(Sample(), true);
+  OrphanPlacement q = PlaceOrphans(u, u.Children(1), 0, {4},
+                                   [](size_t, size_t) { return false; });
+  EXPECT_EQ(q.adopt.size(), 2u);
+  EXPECT_TRUE(q.placed.empty());
+}
+
 TEST(PlanTreeTest, PlaceOrphansFillsEveryHostToCapacityOnly) {
   // Chains (fanout 1): each orphan goes one level deeper.
   PlanTree t = PlanTree::Of(

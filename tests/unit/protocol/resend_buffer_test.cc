@@ -32,6 +32,44 @@ TEST(ResendBufferTest, ResendsWhatCameAfterLessWhatWasSent) {
   EXPECT_TRUE(b.For(At(5), {}).frames.empty());
 }
 
+// The root of a mixed tree keeps a chunk's two encodings at one position:
+// a node that takes context-coded chunks gets the first, another the
+// base-independent one; both count against the limit and leave together.
+TEST(ResendBufferTest, KeepsBothEncodingsOfAChunkAndResendsTheOneAsked) {
+  ResendBuffer b(1000);
+  FrameBuffer context1 = Frame(100), plain1 = Frame(130);
+  FrameBuffer both2 = Frame(50);  // a chunk with one encoding for everyone
+  FrameBuffer context3 = Frame(100), plain3 = Frame(130);
+  b.Keep(context1, At(1), true, plain1);
+  b.Keep(both2, At(2), true);
+  b.Keep(context3, At(3), true, plain3);
+  EXPECT_EQ(b.bytes(), 510u);
+  EXPECT_EQ(b.frames(), 3u);
+  ResendBuffer::Resend c = b.For(At(0), {});
+  ASSERT_EQ(c.frames.size(), 3u);
+  EXPECT_EQ(c.frames[0], context1);
+  EXPECT_EQ(c.frames[1], both2);
+  EXPECT_EQ(c.frames[2], context3);
+  EXPECT_EQ(c.bytes, 250u);
+  ResendBuffer::Resend p = b.For(At(0), {At(3)}, /*context=*/false);
+  ASSERT_EQ(p.frames.size(), 2u);
+  EXPECT_EQ(p.frames[0], plain1);
+  EXPECT_EQ(p.frames[1], both2);
+  EXPECT_EQ(p.bytes, 180u);
+  // 510 + 230 > 600: the oldest pair leaves, whole.
+  ResendBuffer small(600);
+  small.Keep(context1, At(1), true, plain1);
+  small.Keep(both2, At(2), true);
+  small.Keep(context3, At(3), true, plain3);
+  small.Keep(Frame(100), At(4), true, Frame(130));
+  EXPECT_EQ(small.bytes(), 510u);
+  ResendBuffer::Resend late = small.For(At(0), {}, /*context=*/false);
+  EXPECT_TRUE(late.miss);
+  ASSERT_EQ(late.frames.size(), 3u);
+  EXPECT_EQ(late.frames[0], both2);
+  EXPECT_EQ(late.frames[1], plain3);
+}
+
 TEST(ResendBufferTest, EvictionMakesAMissOnlyForNodesThatNeedIt) {
   ResendBuffer b(250);
   for (uint64_t s = 1; s <= 4; ++s) b.Keep(Frame(100), At(s), true);
