@@ -216,8 +216,21 @@ void FillPlan(const RefitOptions& options, const RefitReport& report,
       continue;
     }
     plain_heads.push_back(tree.nodes[static_cast<size_t>(child)].name);
+    std::vector<std::string> canonical;
     for (int k : sub) {
-      setup->plain_nodes.insert(tree.nodes[static_cast<size_t>(k)].name);
+      const TreeNode& n = tree.nodes[static_cast<size_t>(k)];
+      setup->plain_nodes.insert(n.name);
+      if (!n.serving) canonical.push_back(n.name);
+    }
+    // docs/design/context-per-subtree.md §8: no transcoding relay.
+    if (!canonical.empty() && report.mode == RefitMode::kDelta &&
+        options.context_coding != RefitOptions::ContextCoding::kOff) {
+      spdlog::warn(
+          "{}: canonical relays fed with serving ranks below them take "
+          "base-independent chunks too ({}); give the serving clusters a "
+          "link from the root's cluster to keep context coding for them",
+          tree.nodes[static_cast<size_t>(child)].name,
+          fmt::join(canonical, ", "));
     }
   }
   // Every node of a delta plan holds the base whole (nodes at other

@@ -6,7 +6,9 @@
 // with no repair round says every node got an encoding it can decode.
 #include <bit>
 #include <cstring>
+#include <filesystem>
 
+#include "dcr/objstore.h"
 #include "relay_tree_fixture.h"
 
 namespace dcr {
@@ -41,6 +43,48 @@ class MixedTreeTest : public RelayTreeTest {
   static void Mixed(RefitOptions& o) {
     o.context_coding = RefitOptions::ContextCoding::kOn;
     o.TEST_plain_nodes = {"b1"};  // any node of the subtree will do
+  }
+
+  // The tree with cluster cb as `source: objstore` (b0 pulls its chunks
+  // from a directory store), every relay started.
+  Topology StartWithObjects() {
+    std::string objects = dir_.Path("objects");
+    Topology t = MakeTopology();
+    for (ClusterSpec& c : t.clusters) {
+      if (c.name == "cb") c.source = ChunkSource::kObjstore;
+    }
+    ObjectStoreSpec spec;
+    spec.kind = ObjectStoreKind::kDir;
+    spec.path = objects;
+    t.objstore = spec;
+    for (const auto& n : kRelays) {
+      if (n != "b0") StartRelay(n);
+    }
+    RelayOptions o;
+    o.name = "b0";
+    o.store = *ParseStoreSpec("file:" + StorePath("b0"));
+    o.listen_host = "b0";
+    o.listen_port = 2;
+    o.transport = "fake";
+    o.transport_options.fake_network = network_;
+    o.apply_threads = 2;
+    auto store = OpenDirObjectStore(objects);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    if (store.ok()) o.objects = std::shared_ptr<ObjectStore>(*std::move(store));
+    auto r = Relay::Start(o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) relays_["b0"] = *std::move(r);
+    return t;
+  }
+  // Bytes of the objects stored for refit `id`.
+  uint64_t ObjectBytes(const RefitId& id) {
+    uint64_t total = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(
+             dir_.Path("objects/refits/" + id.ToHex()), ec)) {
+      if (e.is_regular_file()) total += e.file_size();
+    }
+    return total;
   }
 };
 
@@ -85,6 +129,46 @@ TEST_F(MixedTreeTest, EachSubtreeGetsItsEncodingAndProgressCountsBoth) {
   EXPECT_GT(all.context_chunks, 0u);
   EXPECT_TRUE(all.context_nodes.empty());
   EXPECT_EQ(all.plain_payload_bytes, 0u);
+}
+
+// One object sequence for every pulling head: base-independent frames when
+// a puller is planned without context (b0 here), context-coded ones when
+// every puller has the flag (a0's subtree is the plain one then). Either
+// way each node decodes what it gets: no repair round.
+TEST_F(MixedTreeTest, ThePullersSequenceHoldsTheEncodingEveryPullerTakes) {
+  SeedAll(0);
+  Topology topo = StartWithObjects();
+  // The same step twice: b0's subtree plain, then a0's.
+  std::vector<uint64_t> stored, payload, plain_payload;
+  for (const char* plain : {"b1", "a1"}) {
+    RefitReport r = Refit(1, RefitMode::kDelta, 0, [&](RefitOptions& o) {
+      o.topology = topo;
+      o.context_coding = RefitOptions::ContextCoding::kOn;
+      o.TEST_plain_nodes = {plain};
+    });
+    ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << plain << r.ToJson();
+    EXPECT_EQ(r.repair_rounds, 0) << r.ToJson();
+    EXPECT_GT(r.context_chunks, 0u);
+    ASSERT_GT(r.plain_payload_bytes, r.payload_bytes);
+    stored.push_back(ObjectBytes(r.refit));
+    payload.push_back(r.payload_bytes);
+    plain_payload.push_back(r.plain_payload_bytes);
+    const Digest128 want = DigestOf(Ckpt(1));
+    for (const auto& n : kRelays) {
+      WaitIdle(n);
+      EXPECT_EQ(DigestOf(StorePath(n)), want) << n << " (" << plain << ")";
+    }
+    // Back to v0 for the next round, by a full refit.
+    RefitReport back = Refit(0, RefitMode::kFull, 0,
+                             [&](RefitOptions& o) { o.topology = topo; });
+    ASSERT_EQ(back.outcome, RefitOutcome::kCommitted) << back.ToJson();
+  }
+  // The same frames and END but for the chunks' encoding: the first
+  // sequence held the base-independent chunks, the second the
+  // context-coded ones.
+  EXPECT_EQ(payload[0], payload[1]);
+  EXPECT_EQ(plain_payload[0], plain_payload[1]);
+  EXPECT_EQ(stored[0] - stored[1], plain_payload[0] - payload[0]);
 }
 
 // b0 (planned without context) is lost mid-stream before b1 got anything
