@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -244,8 +245,8 @@ Result<SubtreeContextChoice> ChooseContextPerSubtree(
                    independent),
       ApplySeconds(model_bytes, Interpolate(context.apply_rate, change_rate),
                    context)};
-  RefitEstimate mixed;
-  bool any_independent = false;
+  // Per child, its own path's transfer in each encoding.
+  std::vector<std::array<double, 2>> transfer(children.size());
   for (size_t i = 0; i < children.size(); ++i) {
     std::vector<bool> in(tree.nodes.size(), false);
     for (int n : tree.Subtree(children[i])) in[static_cast<size_t>(n)] = true;
@@ -255,40 +256,59 @@ Result<SubtreeContextChoice> ChooseContextPerSubtree(
           "root child {}: no cluster with a known bandwidth below it",
           tree.nodes[static_cast<size_t>(children[i])].name));
     }
-    const double transfer[2] = {
-        TransferSeconds(payload[0], shape.bps, independent),
-        TransferSeconds(payload[1], shape.bps, context)};
-    const bool takes = !plain[i] && std::max(transfer[1], apply[1]) <
-                                        std::max(transfer[0], apply[0]);
-    choice.context[i] = takes;
-    const size_t v = takes ? 1 : 0;
-    any_independent = any_independent || !takes;
-    mixed.payload_bytes = std::max(mixed.payload_bytes, payload[v]);
-    mixed.transfer_s = std::max(mixed.transfer_s, transfer[v]);
-    mixed.apply_s = std::max(mixed.apply_s, apply[v]);
+    transfer[i] = {TransferSeconds(payload[0], shape.bps, independent),
+                   TransferSeconds(payload[1], shape.bps, context)};
   }
-  if (!choice.any()) return choice;
-
-  // One context encoder for the whole stream; the base-independent copy
-  // costs a plain encoder's pass unless the history records it anyway.
-  RefitEstimate root =
-      RootStage(model_bytes, Interpolate(context.encode_rate, change_rate),
-                Interpolate(context.apply_rate, change_rate), context,
-                /*baseline_in_stream=*/true);
-  root.payload_bytes = mixed.payload_bytes;
-  root.transfer_s = mixed.transfer_s;
-  root.apply_s = mixed.apply_s;
-  if (any_independent && !history_records) {
-    root.encode_s +=
-        model_bytes / (Interpolate(independent.encode_rate, change_rate) *
-                       independent.root_cores);
+  // The refit with `takes` (per child: context-coded chunks): one context
+  // encoder for the whole stream, whose base-independent copy costs a plain
+  // encoder's pass unless the history records it anyway; one window paces
+  // every child.
+  auto evaluate = [&](const std::vector<bool>& takes) {
+    RefitEstimate e =
+        RootStage(model_bytes, Interpolate(context.encode_rate, change_rate),
+                  Interpolate(context.apply_rate, change_rate), context,
+                  /*baseline_in_stream=*/true);
+    bool any_independent = false;
+    for (size_t i = 0; i < children.size(); ++i) {
+      const size_t v = takes[i] ? 1 : 0;
+      any_independent = any_independent || !takes[i];
+      e.payload_bytes = std::max(e.payload_bytes, payload[v]);
+      e.transfer_s = std::max(e.transfer_s, transfer[i][v]);
+      e.apply_s = std::max(e.apply_s, apply[v]);
+    }
+    if (any_independent && !history_records) {
+      e.encode_s +=
+          model_bytes / (Interpolate(independent.encode_rate, change_rate) *
+                         independent.root_cores);
+    }
+    Finish(without, context, /*baseline_in_stream=*/true, &e);
+    return e;
+  };
+  // Two candidates beside `without`: every eligible child on context (what
+  // a tree without serving nodes gets: ChooseContextCoding's plan), and
+  // each eligible child on context where its own stages gain (a child
+  // bound by a slow relay may apply base-independent chunks faster). On a
+  // tie the plan with fewer base-independent children wins: two encodings
+  // cost root memory, resend coverage and signed-manifest room.
+  std::vector<bool> all(children.size()), greedy(children.size());
+  for (size_t i = 0; i < children.size(); ++i) {
+    all[i] = !plain[i];
+    greedy[i] = !plain[i] && std::max(transfer[i][1], apply[1]) <
+                                 std::max(transfer[i][0], apply[0]);
   }
-  Finish(without, context, /*baseline_in_stream=*/true, &root);
-  choice.mixed = root;
-  if (root.total_s < choice.without_s) {
-    choice.with_s = root.total_s;
-  } else {
-    choice.context.assign(children.size(), false);
+  for (const std::vector<bool>* takes : {&all, &greedy}) {
+    if (std::none_of(takes->begin(), takes->end(), [](bool b) { return b; })) {
+      continue;
+    }
+    RefitEstimate e = evaluate(*takes);
+    if (!choice.any() ? e.total_s < choice.without_s
+                      : e.total_s < choice.with_s) {
+      choice.context = *takes;
+      choice.with_s = e.total_s;
+      choice.mixed = e;
+    } else if (!choice.any() && choice.mixed.total_s == 0) {
+      choice.mixed = e;  // the best plan with context, not taken
+    }
   }
   return choice;
 }

@@ -51,8 +51,11 @@
 //   transfer_c     = payload(v_c) / (bottleneck bandwidth of the paths into
 //                    the clusters headed in c's subtree * efficiency)
 //   apply_c        = model_bytes / (apply rate(v_c) * relay cores)
-//   v_c            = context iff c may take it and
-//                    max(transfer_c, apply_c) is lower with it
+//   v_c            = two candidates: context for every child that may
+//                    take it, and context for those whose own
+//                    max(transfer_c, apply_c) is lower with it; the
+//                    faster is taken (on a tie, the one with fewer
+//                    base-independent children)
 //   encode         = the context-coded encode above (it writes the
 //                    base-independent copy as well when some child takes
 //                    it) + model_bytes / (base-independent encode rate *
@@ -211,9 +214,9 @@ struct SubtreeContextChoice {
   // takes context, else without_s.
   double with_s = 0;
   double without_s = 0;  // every child base-independent
-  // The mixed plan's terms whenever a child gained from context on its own
-  // stages, taken or not (payload_bytes: the larger frame a child is
-  // sent); all zero when none did.
+  // The terms of the plan taken (payload_bytes: the larger frame a child
+  // is sent); when no plan with context is taken, of the best one
+  // evaluated; all zero when no child may take context.
   RefitEstimate mixed;
 
   // True iff some child takes context-coded chunks.

@@ -107,10 +107,14 @@ void Fanout::RefreshSub(Child& c) {
 
 bool Fanout::HoldsPlain(size_t index) const {
   if (plain_.empty()) return false;
-  const std::vector<PlanNode> nodes = SubPlan(tree_.plan, index).nodes;
-  return std::any_of(nodes.begin(), nodes.end(), [&](const PlanNode& n) {
-    return plain_.contains(n.name);
-  });
+  std::vector<size_t> stack = {index};
+  while (!stack.empty()) {
+    const size_t x = stack.back();
+    stack.pop_back();
+    if (plain_.contains(tree_.plan.nodes[x].name)) return true;
+    for (size_t k : tree_.Children(x)) stack.push_back(k);
+  }
+  return false;
 }
 
 std::optional<size_t> Fanout::EntryOf(size_t index) const {
@@ -329,11 +333,18 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep,
   auto store = [&] {
     // One object sequence for every puller: base-independent once any
     // puller is planned without the flag (both kinds decode those).
-    objects_plain_ |=
-        plain &&
+    if (plain && !objects_plain_ &&
         std::any_of(children_.begin(), children_.end(), [](const Child& c) {
           return c.sub.nodes[0].pulls_objects && !c.context;
-        });
+        })) {
+      // From the first chunk on (pullers are the root's children, planned
+      // before it): every puller's subtree gets base-independent chunks.
+      objects_plain_ = true;
+      for (const Child& c : children_) {
+        if (!c.sub.nodes[0].pulls_objects) continue;
+        for (const PlanNode& node : c.sub.nodes) plain_.insert(node.name);
+      }
+    }
     if (!stored)
       options_.objects->Push(objects_plain_ && plain ? plain : frame);
     stored = true;
@@ -366,7 +377,7 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep,
     // An adoption not yet accepted gets the control frame when it is,
     // after the chunks it missed (OnFrame).
     if (!chunk && c.adoption && !c.accepted) continue;
-    c.link->Send(plain && !c.context ? plain : frame);
+    c.link->Send(plain && !GetsContext(c) ? plain : frame);
     if (position && !c.accepted) c.sent_unaccepted.push_back(*position);
     ++n;
   }
@@ -378,7 +389,7 @@ void Fanout::Resend(Child& c, const FramePosition& after,
   const std::string& name = c.sub.nodes[0].name;
   // A node that pulls from the object store reads what it missed there.
   if (options_.objects != nullptr && c.sub.nodes[0].pulls_objects) return;
-  ResendBuffer::Resend r = resend_.For(after, std::move(sent), c.context);
+  ResendBuffer::Resend r = resend_.For(after, std::move(sent), GetsContext(c));
   for (const FrameBuffer& f : r.frames) c.link->Send(f);
   resent_chunks_ += r.frames.size();
   resent_bytes_ += r.bytes;

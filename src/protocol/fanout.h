@@ -82,10 +82,11 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     // ranks: docs/PROTOCOL.md §"Context-coded chunks"): the nodes that
     // must never get one. A child whose subtree holds one gets its PLAN
     // without the flag and the base-independent frame of every chunk sent
-    // in two encodings (Forward's `plain`). The label sticks: a node
-    // placed under such a subtree joins the set, and a node of the set is
-    // placed only under a subtree without the flag (or adopted by the
-    // root). Empty: every child gets the plan's flag (relays).
+    // in two encodings (Forward's `plain`). Every subtree keeps one
+    // encoding: an orphan is placed only under a subtree of its own kind
+    // (or adopted by the root). The subtree of a pulling child that reads
+    // base-independent objects (see Forward) joins the set. Empty: every
+    // child gets the plan's flag (relays).
     std::set<std::string> plain_nodes;
   };
   static constexpr uint64_t kResendWindows = 4;
@@ -255,8 +256,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // reported as timed out until the child answers again.
   std::vector<NodeResult> Results() const;
 
-  // The nodes that must not get context-coded chunks (Options::
-  // plain_nodes and those placed under their subtrees since).
+  // The nodes that get no context-coded chunks (Options::plain_nodes, and
+  // pullers that read base-independent objects).
   const std::set<std::string>& plain_nodes() const { return plain_; }
 
   // Children still in the refit.
@@ -340,6 +341,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   void RefreshSub(Child& c);
   // Some node of the current subtree of plan node `index` is in plain_.
   bool HoldsPlain(size_t index) const;
+  // It receives context-coded chunks (the first frame of a pair).
+  bool GetsContext(const Child& c) const {
+    return c.context && !plain_.contains(c.sub.nodes[0].name);
+  }
   void NotePeak();
   // Fails adoptions not accepted within the connect timeout.
   void ExpireAdoptions(Clock::time_point now);

@@ -120,29 +120,28 @@ void Fanout::AdoptChildrenOf(size_t i, bool unplanned) {
       roots.push_back(e.plan_index);
     }
   }
-  // A mixed tree (plain_ set): a subtree planned without context-coded
-  // chunks is never placed under one that gets them (it could not decode
-  // them, nor its new parent's resends); the other way is safe, and the
-  // label sticks (see Options::plain_nodes).
-  auto context_subtree = [this](size_t root) {
-    return tree_.plan.context_coded && !HoldsPlain(root);
+  // A mixed tree: an orphan goes only under a subtree of its own encoding,
+  // so every subtree keeps one (see Options::plain_nodes). A subtree
+  // planned without context-coded chunks cannot decode them, nor its new
+  // parent's resends of them; and one that takes them has relays whose
+  // resend buffers hold them, which a node placed below later could not
+  // decode either.
+  auto label = [this](size_t index) {
+    return plain_.contains(tree_.plan.nodes[index].name);
   };
-  auto may_host = [&](size_t orphan, size_t root) {
-    return !HoldsPlain(orphan) || !context_subtree(root);
-  };
-  OrphanPlacement placement = PlaceOrphans(
-      tree_, orphans, free, roots,
-      plain_.empty() ? std::function<bool(size_t, size_t)>() : may_host);
+  std::function<bool(size_t, size_t)> may_host;
+  if (tree_.plan.context_coded && !plain_.empty()) {
+    may_host = [&](size_t orphan, size_t root) {
+      return label(orphan) == label(root);
+    };
+  }
+  OrphanPlacement placement =
+      PlaceOrphans(tree_, orphans, free, roots, may_host);
   for (const auto& [moved, host] : placement.placed) {
     spdlog::info("{}: placing {}, a child of {}, under {} (fanout {})",
                  options_.hello.node, tree_.plan.nodes[moved].name, failed,
                  tree_.plan.nodes[host].name, tree_.Capacity(host));
     ++adoptions_;
-    if (plain_.contains(tree_.plan.nodes[host].name)) {
-      for (const PlanNode& n : SubPlan(tree_.plan, moved).nodes) {
-        plain_.insert(n.name);
-      }
-    }
   }
   for (size_t o : placement.adopt) {
     spdlog::info("{}: adopting {}, a child of {}", options_.hello.node,

@@ -44,7 +44,7 @@ std::optional<uint64_t> Fanout::Delivered(std::optional<bool> context) const {
   std::optional<uint64_t> least;
   for (const Child& c : children_) {
     if (c.failed || c.superseded || !c.takes_chunks || !c.accepted) continue;
-    if (context && c.context != *context) continue;
+    if (context && GetsContext(c) != *context) continue;
     if (c.sent_empty_heartbeat && !c.progress) continue;       // older
     if (c.progress && !c.progress->delivered_bytes) continue;  // older
     const uint64_t v = c.progress ? *c.progress->delivered_bytes : 0;
