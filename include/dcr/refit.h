@@ -120,8 +120,9 @@ struct RefitOptions {
   // same sequence numbers) whatever this says. kAuto predicts both
   // through the tree with the cost model (coord/cost_model.h
   // ChooseContextPerSubtree: the topology's bandwidths, the root's
-  // encoder threads, 16 cores per relay, the last refit's change rate or
-  // 3%) and takes the faster per subtree; kOn and kOff force it.
+  // encoder threads, the relays' apply threads (topology
+  // defaults.apply_threads, 2 by default), the last refit's change rate
+  // or 3%) and takes the faster per subtree; kOn and kOff force it.
   enum class ContextCoding { kAuto, kOn, kOff };
   ContextCoding context_coding = ContextCoding::kAuto;
   // When root.baseline's data is written back (dcr/store.h "Durability").

@@ -154,8 +154,21 @@ struct TopologyDefaults {
   // The root's Ed25519 public key (PEM): relays check the signed refit
   // manifest against it before voting. Empty: refits are not signed.
   std::string signing_public_key_file;
+  // Threads each relay applies chunks and hashes its store with (dcr-relay
+  // --apply-threads overrides it), and what `dcr refit --context auto`
+  // and `dcr plan` take for a relay's cores. 0: not given
+  // (kDefaultApplyThreads; see ApplyThreads).
+  uint32_t apply_threads = 0;
   bool operator==(const TopologyDefaults&) const = default;
 };
+
+// dcr-relay's apply threads when neither the topology nor --apply-threads
+// gives any.
+inline constexpr uint32_t kDefaultApplyThreads = 2;
+// A relay's apply threads as the topology gives them.
+inline uint32_t ApplyThreads(const TopologyDefaults& d) {
+  return d.apply_threads != 0 ? d.apply_threads : kDefaultApplyThreads;
+}
 
 // The object store that clusters with `source: objstore` pull chunks from
 // (include/dcr/objstore.h). Credentials are never in the topology: the

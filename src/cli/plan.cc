@@ -150,6 +150,12 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
   CostParameters p = a.no_context || a.producers > 0
                          ? CostParameters::BaseIndependent()
                          : CostParameters();
+  // The relays' apply threads as the topology sets them (a calibration
+  // file or --relay-cores may say otherwise); without them, the
+  // projection's 16 cores.
+  if (topo->defaults.apply_threads != 0) {
+    p.relay_cores = topo->defaults.apply_threads;
+  }
   if (!a.calibration.empty()) {
     auto text = ReadFileToString(a.calibration);
     if (!text.ok()) return ReportError(text.status());
@@ -255,7 +261,8 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
                   "Encoder cores at the root (default 32)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--relay-cores", a->relay_cores,
-                  "Apply and hash cores per relay (default 16)")
+                  "Apply and hash cores per relay (default: the topology's "
+                  "defaults.apply_threads, else 16)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--producers", a->producers,
                   "Predict a producers' refit (dcr refit --producers): this "

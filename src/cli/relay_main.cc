@@ -44,7 +44,7 @@ struct Args {
   std::string ready_file;
   std::string log_format = "text";
   bool verbose = false;
-  size_t apply_threads = 2;
+  size_t apply_threads = 0;  // 0: the topology's, else kDefaultApplyThreads
   std::string apply_window = "64MiB";
   std::string memory_limit;
   std::string data_sync = "background";
@@ -162,6 +162,7 @@ int Run(const Args& a) {
   // The root's signing public key, and where it came from.
   std::string public_key_file = a.signing_public_key_file;
   std::string public_key_origin = "--signing-public-key-file";
+  uint32_t topology_threads = kDefaultApplyThreads;
   if (!a.topology.empty()) {
     if (a.node.empty()) {
       return ReportError(Status::InvalidArgument(
@@ -176,6 +177,7 @@ int Run(const Args& a) {
                       a.topology, a.node, a.topology)));
     }
     o.name = n->name;
+    topology_threads = ApplyThreads(topo->defaults);
     if (Status s = UseTree(*topo, a.allow_peers, &o); !s.ok()) {
       return ReportError(s);
     }
@@ -262,7 +264,7 @@ int Run(const Args& a) {
         a.write_back_delay)));
   }
   o.store.write_back_delay = std::chrono::milliseconds(*delay / 1000000);
-  o.apply_threads = std::max<size_t>(1, a.apply_threads);
+  o.apply_threads = a.apply_threads != 0 ? a.apply_threads : topology_threads;
   auto window = ParseSize(a.apply_window);
   if (!window.ok()) return ReportError(window.status());
   o.apply_window_bytes = std::max<uint64_t>(*window, 1u << 20);
@@ -451,7 +453,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "json"}));
   app.add_flag("-v,--verbose", a.verbose, "Log debug detail");
   app.add_option("--apply-threads", a.apply_threads,
-                 "Threads applying chunks and hashing (default 2)");
+                 "Threads applying chunks and hashing (default: the "
+                 "topology's defaults.apply_threads, else 2)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--apply-window", a.apply_window,
                  "Received-but-unapplied bytes before reading pauses "
                  "(default 64MiB)");

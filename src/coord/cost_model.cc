@@ -193,10 +193,12 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
 
 Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
                                           double change_rate,
-                                          uint32_t root_cores) {
+                                          uint32_t root_cores,
+                                          uint32_t relay_cores) {
   CostParameters context;
   CostParameters plain = CostParameters::BaseIndependent();
   context.root_cores = plain.root_cores = std::max<uint32_t>(root_cores, 1);
+  context.relay_cores = plain.relay_cores = std::max<uint32_t>(relay_cores, 1);
   DCR_ASSIGN_OR_RETURN(PlanEstimate with,
                        EstimateRefit(tree, model_bytes, change_rate, context));
   DCR_ASSIGN_OR_RETURN(PlanEstimate without,
@@ -214,7 +216,8 @@ bool SubtreeContextChoice::any() const {
 
 Result<SubtreeContextChoice> ChooseContextPerSubtree(
     const Tree& tree, const std::vector<bool>& plain, double model_bytes,
-    double change_rate, uint32_t root_cores, bool history_records) {
+    double change_rate, uint32_t root_cores, uint32_t relay_cores,
+    bool history_records) {
   DCR_RETURN_IF_ERROR(CheckInputs(tree, model_bytes, change_rate));
   const std::vector<int>& children = tree.nodes[0].children;
   if (plain.size() != children.size()) {
@@ -226,6 +229,8 @@ Result<SubtreeContextChoice> ChooseContextPerSubtree(
   CostParameters independent = CostParameters::BaseIndependent();
   context.root_cores = independent.root_cores =
       std::max<uint32_t>(root_cores, 1);
+  context.relay_cores = independent.relay_cores =
+      std::max<uint32_t>(relay_cores, 1);
   DCR_ASSIGN_OR_RETURN(
       PlanEstimate without,
       EstimateRefit(tree, model_bytes, change_rate, independent));

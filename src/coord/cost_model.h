@@ -183,8 +183,9 @@ Result<PlanEstimate> EstimateRefit(const Tree& tree, double model_bytes,
 // Whether a delta refit through `tree` is predicted faster with
 // context-coded chunks (the defaults) than with base-independent ones
 // (CostParameters::BaseIndependent()), both with `root_cores` encoder
-// threads. Fills the two predictions when asked. An error from either
-// estimate (e.g. a path without a bandwidth) is returned.
+// threads and `relay_cores` apply threads per relay. Fills the two predictions
+// when asked. An error from either estimate (e.g. a path without a bandwidth)
+// is returned.
 struct ContextChoice {
   bool context = false;
   double with_s = 0;     // predicted refit time, context-coded
@@ -192,7 +193,8 @@ struct ContextChoice {
 };
 Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
                                           double change_rate,
-                                          uint32_t root_cores);
+                                          uint32_t root_cores,
+                                          uint32_t relay_cores);
 
 // Context coding decided per child of the root, for a tree in which some
 // root children's subtrees must take base-independent chunks (they hold
@@ -203,10 +205,10 @@ Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
 // base-independent chunks. `history_records`: the history keeps the
 // base-independent copy anyway, so writing it costs the encoder nothing
 // more. The defaults and BaseIndependent() parameters, with `root_cores`
-// encoder threads. With no child forced plain and every subtree's choice
-// the same, the result is ChooseContextCoding's. InvalidArgument for
-// `plain` of the wrong size, a root child without a cluster of known
-// bandwidth below it, or EstimateRefit's.
+// encoder threads and `relay_cores` apply threads per relay. With no child
+// forced plain and every subtree's choice the same, the result is
+// ChooseContextCoding's. InvalidArgument for `plain` of the wrong size, a root
+// child without a cluster of known bandwidth below it, or EstimateRefit's.
 struct SubtreeContextChoice {
   std::vector<int> children;  // the root's, tree.nodes[0].children order
   std::vector<bool> context;  // per child: takes context-coded chunks
@@ -224,7 +226,8 @@ struct SubtreeContextChoice {
 };
 Result<SubtreeContextChoice> ChooseContextPerSubtree(
     const Tree& tree, const std::vector<bool>& plain, double model_bytes,
-    double change_rate, uint32_t root_cores, bool history_records);
+    double change_rate, uint32_t root_cores, uint32_t relay_cores,
+    bool history_records);
 
 }  // namespace dcr
 

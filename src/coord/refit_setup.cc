@@ -157,7 +157,7 @@ bool UseContextCoding(const RefitOptions& options, RefitSetup* setup) {
       options.only_nodes.empty() && options.topology.root.keep_deltas > 0;
   auto choice = ChooseContextPerSubtree(
       tree, plain, bytes, rate, static_cast<uint32_t>(setup->pool->size()),
-      records);
+      ApplyThreads(options.topology.defaults), records);
   if (!choice.ok()) {
     spdlog::info("context coding: off (no estimate: {})",
                  choice.status().ToString());

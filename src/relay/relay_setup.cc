@@ -140,9 +140,10 @@ Status Relay::Impl::Init() {
   }
   PublishStats();
   actor_ = std::thread([this] { Run(); });
-  spdlog::info("{}: listening on {}:{} ({}) with {}", options_.name,
-               options_.listen_host, port(), listener_->kind(),
-               store_ ? store_->describe() : options_.store.ToString());
+  spdlog::info("{}: listening on {}:{} ({}) with {}; apply threads: {}",
+               options_.name, options_.listen_host, port(), listener_->kind(),
+               store_ ? store_->describe() : options_.store.ToString(),
+               options_.apply_threads);
   return Status::OK();
 }
 

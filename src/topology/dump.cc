@@ -95,6 +95,9 @@ std::string DumpTopology(const Topology& t) {
         {"signing_public_key_file", &d.signing_public_key_file}}) {
     if (!value->empty()) e << YAML::Key << key << YAML::Value << Esc(*value);
   }
+  if (d.apply_threads != 0) {
+    e << YAML::Key << "apply_threads" << YAML::Value << d.apply_threads;
+  }
   e << YAML::EndMap;
 
   const RootSpec& r = t.root;
@@ -209,7 +212,8 @@ std::string TopologyToJson(const Topology& t) {
            {"tls_ca_file", d.tls_ca_file},
            {"tls_cert_file", d.tls_cert_file},
            {"tls_key_file", d.tls_key_file},
-           {"signing_public_key_file", d.signing_public_key_file}};
+           {"signing_public_key_file", d.signing_public_key_file},
+           {"apply_threads", ApplyThreads(d)}};
   const RootSpec& r = t.root;
   j["root"] = json{{"name", r.name},
                    {"host", r.host},

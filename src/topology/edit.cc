@@ -122,6 +122,10 @@ Status SetDefaults(Topology* t, std::string_view key, std::string_view field,
   if (field == "min_commit") {
     return Assign(*t, key, v, topology_internal::ParseMinCommit, &d.min_commit);
   }
+  if (field == "apply_threads") {
+    return Assign(*t, key, v, topology_internal::ParseApplyThreads,
+                  &d.apply_threads);
+  }
   if (field == "auth_key_file") {
     return Assign(*t, key, v, Text, &d.auth_key_file);
   }

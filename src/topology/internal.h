@@ -39,6 +39,9 @@ Result<uint16_t> ParsePort(std::string_view s);
 Result<bool> ParseBool(std::string_view s);
 // "all" (0) or an integer >= 1.
 Result<uint32_t> ParseMinCommit(std::string_view s);
+// defaults.apply_threads: 1 to 1024 (empty, for `dcr topo set`: 0, not
+// given).
+Result<uint32_t> ParseApplyThreads(std::string_view s);
 
 using yaml_doc::ClosestKey;
 using yaml_doc::JoinKeys;
@@ -53,7 +56,8 @@ inline constexpr std::string_view kDefaultsKeys[] = {
     "fanout",       "window_bytes",
     "min_commit",   "auth_key_file",
     "tls_ca_file",  "tls_cert_file",
-    "tls_key_file", "signing_public_key_file"};
+    "tls_key_file", "signing_public_key_file",
+    "apply_threads"};
 inline constexpr std::string_view kRootKeys[] = {"name",
                                                  "host",
                                                  "port",

@@ -209,6 +209,9 @@ Status Parser::ParseDefaults(const Field& df, TopologyDefaults* d) const {
       DCR_ASSIGN_OR_RETURN(d->tls_key_file, Str(x, p));
     } else if (x.key == "signing_public_key_file") {
       DCR_ASSIGN_OR_RETURN(d->signing_public_key_file, Str(x, p));
+    } else if (x.key == "apply_threads") {
+      DCR_ASSIGN_OR_RETURN(d->apply_threads,
+                           Value(x, p, topology_internal::ParseApplyThreads));
     }
   }
   return Status::OK();

@@ -418,6 +418,12 @@ Result<uint32_t> ParseMinCommit(std::string_view s) {
   return static_cast<uint32_t>(*v);
 }
 
+Result<uint32_t> ParseApplyThreads(std::string_view s) {
+  if (s.empty()) return uint32_t{0};
+  DCR_ASSIGN_OR_RETURN(uint64_t v, ParseUint(s, 1, 1024));
+  return static_cast<uint32_t>(v);
+}
+
 std::string EscapeEnv(std::string_view s) {
   std::string out;
   out.reserve(s.size());

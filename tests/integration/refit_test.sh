@@ -43,7 +43,7 @@ write_topology() {  # write_topology FILE MIN_COMMIT
     # mixed: TCP from the root to both heads and inside rollout-a; UCX
     # inside rollout-b (the cluster's transport; its head's own link, the
     # WAN one, stays TCP by the node's key).
-    echo "defaults: {transport: ${TRANSPORT/mixed/tcp}, fanout: 2, min_commit: $2}"
+    echo "defaults: {transport: ${TRANSPORT/mixed/tcp}, fanout: 2, min_commit: $2, apply_threads: 3}"
     echo "root: {name: trainer, host: 127.0.0.1, port: ${PORTS[0]}, cluster: train, state_dir: \"$T/root\", baseline: \"$T/base.safetensors\"}"
     echo "clusters:"
     echo "  - name: train"
@@ -78,7 +78,7 @@ json 'len(d["nodes"]) == 6' \
 # Relays: b1 also serves metrics on a port of its choosing.
 start_relay() {  # start_relay NAME: starts it in the background (see wait_ready)
   local n=$1 extra=()
-  [[ $n == b1 ]] && extra=(--metrics-port 0 --metrics-host 127.0.0.1)
+  [[ $n == b1 ]] && extra=(--metrics-port 0 --metrics-host 127.0.0.1 --apply-threads 1)
   rm -f "$T/$n.ready"
   "$RELAY" --topology "$TOPO" --node "$n" --ready-file "$T/$n.ready" \
     "${extra[@]}" >>"$T/$n.log" 2>&1 &
@@ -144,6 +144,11 @@ for n in "${RELAYS[@]}"; do
   want=${TRANSPORT/mixed/tcp}
   [[ $TRANSPORT == mixed && $n == b[12] ]] && want=ucx
   grep -q "listening on .* ($want)" "$T/$n.log" || { cat "$T/$n.log" >&2; fail "$n does not listen on $want"; }
+  # The topology's defaults.apply_threads, unless --apply-threads says.
+  threads=3
+  [[ $n == b1 ]] && threads=1
+  grep -q "listening on .*; apply threads: $threads\$" "$T/$n.log" ||
+    { cat "$T/$n.log" >&2; fail "$n does not apply on $threads threads"; }
 done
 
 # Step 1 codes its chunks in the base's context, step 2 does not; both

@@ -194,12 +194,12 @@ TEST(CostModelTest, ContextCodingWhereTheLinkIsSlowerThanTheCores) {
   // the context-coded refit; base-independent chunks are faster. (On the
   // paper's link itself context coding has been faster since the codec's
   // speed-ups of 2026-12-02.)
-  auto fast = ChooseContextCoding(TwoRegion(30'500'000'000), tb2, 0.03, 32);
+  auto fast = ChooseContextCoding(TwoRegion(30'500'000'000), tb2, 0.03, 32, 16);
   ASSERT_TRUE(fast.ok()) << fast.status().ToString();
   EXPECT_FALSE(fast->context);
   EXPECT_GT(fast->with_s, fast->without_s);
   // The paper's link: the smaller payload wins.
-  auto slow = ChooseContextCoding(TwoRegion(3'050'000'000), tb2, 0.03, 32);
+  auto slow = ChooseContextCoding(TwoRegion(3'050'000'000), tb2, 0.03, 32, 16);
   ASSERT_TRUE(slow.ok());
   EXPECT_TRUE(slow->context);
   EXPECT_LT(slow->with_s, slow->without_s);
@@ -217,11 +217,11 @@ TEST(CostModelTest, PerSubtreeWithoutPlainChildrenIsChooseContextCoding) {
   const double tb2 = 2e12;
   for (uint64_t wan : {3'050'000'000ull, 30'500'000'000ull}) {
     const Tree tree = TwoRegion(wan);
-    auto whole = ChooseContextCoding(tree, tb2, 0.03, 32);
+    auto whole = ChooseContextCoding(tree, tb2, 0.03, 32, 16);
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
     for (bool history : {true, false}) {
-      auto c =
-          ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, history);
+      auto c = ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, 16,
+                                       history);
       ASSERT_TRUE(c.ok()) << c.status().ToString();
       EXPECT_EQ(c->children, tree.nodes[0].children);
       EXPECT_EQ(c->context, std::vector<bool>(2, whole->context)) << wan;
@@ -237,7 +237,8 @@ TEST(CostModelTest, PerSubtreeWithoutPlainChildrenIsChooseContextCoding) {
   const Tree tree = TwoRegion(3'050'000'000);
   CostParameters p;
   auto e = EstimateRefit(tree, tb2, 0.03, p);
-  auto c = ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, false);
+  auto c =
+      ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, 16, false);
   ASSERT_TRUE(e.ok() && c.ok());
   EXPECT_TRUE(c->any());
   EXPECT_NEAR(c->mixed.encode_s, e->delta.encode_s, 1e-9);
@@ -254,7 +255,7 @@ TEST(CostModelTest, ContextGoesToTheSlowCanonicalSubtreeOnly) {
   const size_t a = ChildIndex(tree, "a0"), b = ChildIndex(tree, "b0");
   std::vector<bool> plain(2, false);
   plain[a] = true;
-  auto c = ChooseContextPerSubtree(tree, plain, tb2, 0.03, 32, true);
+  auto c = ChooseContextPerSubtree(tree, plain, tb2, 0.03, 32, 16, true);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(c->context[a]);
   EXPECT_TRUE(c->context[b]);
@@ -278,7 +279,7 @@ TEST(CostModelTest, ContextGoesToTheSlowCanonicalSubtreeOnly) {
   // b paces the stream either way: a tie, and the plan with one encoding
   // for all wins it (ChooseContextCoding's).
   auto free =
-      ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, true);
+      ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, 16, true);
   ASSERT_TRUE(free.ok());
   EXPECT_TRUE(free->context[a]);
   EXPECT_TRUE(free->context[b]);
@@ -290,7 +291,7 @@ TEST(CostModelTest, AnEncodeBoundRootGivesContextToNobody) {
   // Fast links: every subtree's relays decode base-independent chunks
   // faster, and the transfer is short either way.
   auto fast = ChooseContextPerSubtree(TwoRegion(400'000'000'000),
-                                      {false, false}, tb2, 0.01, 1, true);
+                                      {false, false}, tb2, 0.01, 1, 16, true);
   ASSERT_TRUE(fast.ok()) << fast.status().ToString();
   EXPECT_FALSE(fast->any());
   EXPECT_EQ(fast->with_s, fast->without_s);
@@ -301,14 +302,14 @@ TEST(CostModelTest, AnEncodeBoundRootGivesContextToNobody) {
   const size_t a = ChildIndex(tree, "a0");
   std::vector<bool> plain(2, false);
   plain[a] = true;
-  auto slow = ChooseContextPerSubtree(tree, plain, tb2, 0.01, 1, true);
+  auto slow = ChooseContextPerSubtree(tree, plain, tb2, 0.01, 1, 16, true);
   ASSERT_TRUE(slow.ok()) << slow.status().ToString();
   EXPECT_FALSE(slow->any());
   EXPECT_EQ(slow->with_s, slow->without_s);
   EXPECT_EQ(slow->mixed.bottleneck, "encode");
   EXPECT_GT(slow->mixed.total_s, slow->without_s);
   // With 32 cores the same plan is taken.
-  auto cores = ChooseContextPerSubtree(tree, plain, tb2, 0.01, 32, true);
+  auto cores = ChooseContextPerSubtree(tree, plain, tb2, 0.01, 32, 16, true);
   ASSERT_TRUE(cores.ok());
   EXPECT_TRUE(cores->context[1 - a]);
 }
@@ -322,9 +323,9 @@ TEST(CostModelTest, WithoutServingNodesUnevenLinksKeepOneEncoding) {
   const double tb2 = 2e12;
   const Tree tree = TwoRegion(10'000'000'000, 20'000'000, 3'050'000'000);
   for (bool records : {false, true}) {
-    auto c =
-        ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, records);
-    auto whole = ChooseContextCoding(tree, tb2, 0.03, 32);
+    auto c = ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, 16,
+                                     records);
+    auto whole = ChooseContextCoding(tree, tb2, 0.03, 32, 16);
     ASSERT_TRUE(c.ok() && whole.ok());
     EXPECT_TRUE(whole->context);
     EXPECT_EQ(c->context, (std::vector<bool>{true, true})) << records;
@@ -332,13 +333,34 @@ TEST(CostModelTest, WithoutServingNodesUnevenLinksKeepOneEncoding) {
   }
 }
 
+// The paper's link with relays that apply on dcr-relay's default 2
+// threads: decoding 2 TB of context-coded chunks takes longer than the
+// WAN carries the larger base-independent payload, so auto turns context
+// off; with 16 threads it pays.
+TEST(CostModelTest, RelaysWithFewApplyThreadsTakeBaseIndependentChunks) {
+  const double tb2 = 2e12;
+  const Tree tree = TwoRegion(3'050'000'000);
+  auto sixteen = ChooseContextCoding(tree, tb2, 0.03, 32, 16);
+  auto two = ChooseContextCoding(tree, tb2, 0.03, 32, 2);
+  ASSERT_TRUE(sixteen.ok() && two.ok());
+  EXPECT_TRUE(sixteen->context);
+  EXPECT_FALSE(two->context);
+  // Context-coded apply at 2.97 GB/s per core on 2 cores: 337 s.
+  EXPECT_GT(two->with_s, 330);
+  EXPECT_LT(two->without_s, two->with_s);
+  auto per =
+      ChooseContextPerSubtree(tree, {false, false}, tb2, 0.03, 32, 2, true);
+  ASSERT_TRUE(per.ok());
+  EXPECT_FALSE(per->any());
+}
+
 TEST(CostModelTest, AnUnrecordedBaseIndependentCopyCostsTheEncoder) {
   const double tb2 = 2e12;
   const Tree tree = TwoRegion(100'000'000'000, 20'000'000, 3'050'000'000);
   std::vector<bool> plain(2, false);
   plain[ChildIndex(tree, "a0")] = true;
-  auto recorded = ChooseContextPerSubtree(tree, plain, tb2, 0.03, 8, true);
-  auto extra = ChooseContextPerSubtree(tree, plain, tb2, 0.03, 8, false);
+  auto recorded = ChooseContextPerSubtree(tree, plain, tb2, 0.03, 8, 16, true);
+  auto extra = ChooseContextPerSubtree(tree, plain, tb2, 0.03, 8, 16, false);
   ASSERT_TRUE(recorded.ok() && extra.ok());
   ASSERT_GT(recorded->mixed.encode_s, 0);
   const double copy_s =
@@ -348,9 +370,9 @@ TEST(CostModelTest, AnUnrecordedBaseIndependentCopyCostsTheEncoder) {
   EXPECT_DOUBLE_EQ(extra->without_s, recorded->without_s);
   // Every child context-coded: no base-independent copy to write.
   auto all = ChooseContextPerSubtree(TwoRegion(3'050'000'000), {false, false},
-                                     tb2, 0.03, 8, false);
+                                     tb2, 0.03, 8, 16, false);
   auto all_recorded = ChooseContextPerSubtree(
-      TwoRegion(3'050'000'000), {false, false}, tb2, 0.03, 8, true);
+      TwoRegion(3'050'000'000), {false, false}, tb2, 0.03, 8, 16, true);
   ASSERT_TRUE(all.ok() && all_recorded.ok());
   EXPECT_DOUBLE_EQ(all->mixed.encode_s, all_recorded->mixed.encode_s);
 }
@@ -368,18 +390,18 @@ TEST(CostModelTest, BadInputsAreRefused) {
   for (const std::vector<bool>& plain :
        {std::vector<bool>{}, std::vector<bool>{true},
         std::vector<bool>{false, false, true}}) {
-    EXPECT_TRUE(ChooseContextPerSubtree(t, plain, 1e9, 0.03, 8, true)
+    EXPECT_TRUE(ChooseContextPerSubtree(t, plain, 1e9, 0.03, 8, 16, true)
                     .status()
                     .IsInvalidArgument())
         << plain.size();
   }
-  EXPECT_TRUE(ChooseContextPerSubtree(t, {false, false}, 0, 0.03, 8, true)
+  EXPECT_TRUE(ChooseContextPerSubtree(t, {false, false}, 0, 0.03, 8, 16, true)
                   .status()
                   .IsInvalidArgument());
-  EXPECT_TRUE(ChooseContextPerSubtree(t, {false, false}, 1e9, 2, 8, true)
+  EXPECT_TRUE(ChooseContextPerSubtree(t, {false, false}, 1e9, 2, 8, 16, true)
                   .status()
                   .IsInvalidArgument());
-  EXPECT_TRUE(ChooseContextPerSubtree(empty, {}, 1e9, 0.03, 8, true)
+  EXPECT_TRUE(ChooseContextPerSubtree(empty, {}, 1e9, 0.03, 8, 16, true)
                   .status()
                   .IsInvalidArgument());
 }

@@ -90,6 +90,7 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
       {"defaults.tls_cert_file", "/etc/dcr/node.pem"},
       {"defaults.tls_key_file", "/etc/dcr/node.key"},
       {"defaults.signing_public_key_file", "/etc/dcr/root.pub"},
+      {"defaults.apply_threads", "8"},
       {"root.signing_key_file", "/srv/dcr/root.key"},
       {"root.keep_deltas", "9"},
       {"root.host", "10.0.0.1"},
@@ -123,6 +124,7 @@ TEST_F(EditTest, SetValueAcceptedKeys) {
   EXPECT_EQ(topo_.defaults.auth_key_file, "/etc/dcr/frame.key");
   EXPECT_EQ(topo_.defaults.tls_cert_file, "/etc/dcr/node.pem");
   EXPECT_EQ(topo_.defaults.signing_public_key_file, "/etc/dcr/root.pub");
+  EXPECT_EQ(topo_.defaults.apply_threads, 8u);
   EXPECT_EQ(topo_.root.signing_key_file, "/srv/dcr/root.key");
   EXPECT_EQ(topo_.root.keep_deltas, 9u);
   ASSERT_TRUE(SetValue(&topo_, "root.keep_deltas", "").ok());

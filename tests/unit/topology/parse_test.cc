@@ -123,6 +123,31 @@ TEST(ParseTest, KeepDeltas) {
   EXPECT_THAT(bad.status().message(), HasSubstr("root.keep_deltas"));
 }
 
+// defaults.apply_threads: the relays' apply threads, read by dcr-relay and
+// by the root's cost model; not written back when not given.
+TEST(ParseTest, ApplyThreads) {
+  auto t = ParseTopology(kSampleYaml, "t.yaml");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->defaults.apply_threads, 0u);
+  EXPECT_EQ(ApplyThreads(t->defaults), kDefaultApplyThreads);
+  EXPECT_THAT(DumpTopology(*t), ::testing::Not(HasSubstr("apply_threads")));
+  auto k = ParseTopology(
+      Edited("min_commit: all}", "min_commit: all, apply_threads: 12}"),
+      "t.yaml");
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(ApplyThreads(k->defaults), 12u);
+  auto again = ParseTopology(DumpTopology(*k), "dump.yaml");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->defaults.apply_threads, 12u);
+  EXPECT_EQ(
+      ErrorOf(Edited("min_commit: all}", "min_commit: all, apply_threads: 0}")),
+      "t.yaml:2: defaults.apply_threads: expected an integer 1-1024, "
+      "got '0'");
+  EXPECT_THAT(ErrorOf(Edited("min_commit: all}",
+                             "min_commit: all, apply_threads: 5000}")),
+              HasSubstr("defaults.apply_threads"));
+}
+
 TEST(ParseTest, AuthKeyFile) {
   auto t = ParseTopology(kSampleYaml, "t.yaml");
   ASSERT_TRUE(t.ok());

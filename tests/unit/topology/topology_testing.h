@@ -109,6 +109,8 @@ inline Topology RandomTopology(std::mt19937_64& rng) {
     t.links.push_back(l);
   }
   if (pick(0, 2) == 0) t.defaults.auth_key_file = "/etc/dcr/frame.key";
+  if (pick(0, 2) == 0)
+    t.defaults.apply_threads = static_cast<uint32_t>(pick(1, 64));
   // Sometimes an object store (no cluster pulls from it: which clusters
   // the root feeds directly depends on the tree).
   if (pick(0, 3) == 0) {
