@@ -155,9 +155,11 @@ struct TopologyDefaults {
   // manifest against it before voting. Empty: refits are not signed.
   std::string signing_public_key_file;
   // Threads each relay applies chunks and hashes its store with (dcr-relay
-  // --apply-threads overrides it), and what `dcr refit --context auto`
-  // and `dcr plan` take for a relay's cores. 0: not given
-  // (kDefaultApplyThreads; see ApplyThreads).
+  // --apply-threads overrides it; each also reserves 8 MiB of the relay's
+  // memory limit), and what `dcr refit --context auto` and `dcr plan`
+  // take for a relay's cores. 0: not given: relays and auto take
+  // kDefaultApplyThreads (see ApplyThreads), `dcr plan` its projection's
+  // 16 cores. At most kMaxApplyThreads.
   uint32_t apply_threads = 0;
   bool operator==(const TopologyDefaults&) const = default;
 };
@@ -165,6 +167,7 @@ struct TopologyDefaults {
 // dcr-relay's apply threads when neither the topology nor --apply-threads
 // gives any.
 inline constexpr uint32_t kDefaultApplyThreads = 2;
+inline constexpr uint32_t kMaxApplyThreads = 256;
 // A relay's apply threads as the topology gives them.
 inline uint32_t ApplyThreads(const TopologyDefaults& d) {
   return d.apply_threads != 0 ? d.apply_threads : kDefaultApplyThreads;

@@ -163,6 +163,7 @@ int Run(const Args& a) {
   std::string public_key_file = a.signing_public_key_file;
   std::string public_key_origin = "--signing-public-key-file";
   uint32_t topology_threads = kDefaultApplyThreads;
+  std::string threads_origin = "the default";
   if (!a.topology.empty()) {
     if (a.node.empty()) {
       return ReportError(Status::InvalidArgument(
@@ -178,6 +179,9 @@ int Run(const Args& a) {
     }
     o.name = n->name;
     topology_threads = ApplyThreads(topo->defaults);
+    if (topo->defaults.apply_threads != 0) {
+      threads_origin = a.topology + " defaults.apply_threads";
+    }
     if (Status s = UseTree(*topo, a.allow_peers, &o); !s.ok()) {
       return ReportError(s);
     }
@@ -265,6 +269,7 @@ int Run(const Args& a) {
   }
   o.store.write_back_delay = std::chrono::milliseconds(*delay / 1000000);
   o.apply_threads = a.apply_threads != 0 ? a.apply_threads : topology_threads;
+  if (a.apply_threads != 0) threads_origin = "--apply-threads";
   auto window = ParseSize(a.apply_window);
   if (!window.ok()) return ReportError(window.status());
   o.apply_window_bytes = std::max<uint64_t>(*window, 1u << 20);
@@ -343,12 +348,18 @@ int Run(const Args& a) {
         "{}: refits must be signed by the root (Ed25519, public key file {})",
         o.name, public_key_file);
   }
+  spdlog::info("{}: {} apply threads ({})", o.name, o.apply_threads,
+               threads_origin);
   if (default_limit) {
     spdlog::info(
         "{}: default memory limit {}: a quarter of this machine's {} (its "
-        "cgroup's limit if lower), at most {}; --memory-limit sets another",
+        "cgroup's limit if lower), at most {}{}; --memory-limit sets another",
         o.name, HumanBytes(o.memory_limit_bytes), HumanBytes(machine),
-        HumanBytes(kDefaultMemoryLimitMax));
+        HumanBytes(kDefaultMemoryLimitMax),
+        o.memory_limit_bytes > kDefaultMemoryLimitMax
+            ? fmt::format(", or the least {} apply threads need",
+                          o.apply_threads)
+            : std::string());
   }
   if (o.transport_options.tls.enabled()) {
     spdlog::info("{}: links use TLS, mutual certificates (CA {}, cert {})",
@@ -455,7 +466,7 @@ int main(int argc, char** argv) {
   app.add_option("--apply-threads", a.apply_threads,
                  "Threads applying chunks and hashing (default: the "
                  "topology's defaults.apply_threads, else 2)")
-      ->check(CLI::Range(1, 1024));
+      ->check(CLI::Range(uint32_t{1}, kMaxApplyThreads));
   app.add_option("--apply-window", a.apply_window,
                  "Received-but-unapplied bytes before reading pauses "
                  "(default 64MiB)");

@@ -314,7 +314,7 @@ void AddTopologyCommands(CLI::App* app, GlobalOptions* g, int* exit_code) {
             "  defaults.{transport,span_elems,fanout,window_bytes,"
             "min_commit,auth_key_file,\n"
             "            tls_ca_file,tls_cert_file,tls_key_file,"
-            "signing_public_key_file}\n"
+            "signing_public_key_file,apply_threads}\n"
             "  root.{name,host,port,cluster,state_dir,baseline,"
             "signing_key_file,keep_deltas}\n"
             "  clusters.NAME.{name,region,fanout,bandwidth,transport}  (or "

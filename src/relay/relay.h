@@ -65,7 +65,7 @@ struct RelayOptions {
   // Frame bounds, watermarks, fake network, send rate limit.
   TransportOptions transport_options;
   // Threads applying chunks (and hashing for the vote).
-  size_t apply_threads = 2;
+  size_t apply_threads = 2;  // dcr-relay: kDefaultApplyThreads (dcr/topology.h)
   // Chunk bytes received and not yet applied before the relay stops reading
   // from its parent.
   uint64_t apply_window_bytes = 64ull << 20;

@@ -39,8 +39,9 @@ Result<uint16_t> ParsePort(std::string_view s);
 Result<bool> ParseBool(std::string_view s);
 // "all" (0) or an integer >= 1.
 Result<uint32_t> ParseMinCommit(std::string_view s);
-// defaults.apply_threads: 1 to 1024 (empty, for `dcr topo set`: 0, not
-// given).
+// defaults.apply_threads: 1 to kMaxApplyThreads; empty (an empty
+// `${VAR:-}` in a file, or `dcr topo set defaults.apply_threads=`): 0, not
+// given.
 Result<uint32_t> ParseApplyThreads(std::string_view s);
 
 using yaml_doc::ClosestKey;

@@ -420,7 +420,7 @@ Result<uint32_t> ParseMinCommit(std::string_view s) {
 
 Result<uint32_t> ParseApplyThreads(std::string_view s) {
   if (s.empty()) return uint32_t{0};
-  DCR_ASSIGN_OR_RETURN(uint64_t v, ParseUint(s, 1, 1024));
+  DCR_ASSIGN_OR_RETURN(uint64_t v, ParseUint(s, 1, kMaxApplyThreads));
   return static_cast<uint32_t>(v);
 }
 

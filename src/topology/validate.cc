@@ -419,6 +419,10 @@ class Validator {
     if (d.window_bytes == 0) {
       return Err(0, "defaults.window_bytes", "window must be positive");
     }
+    if (d.apply_threads > kMaxApplyThreads) {
+      return Err(0, "defaults.apply_threads",
+                 "apply_threads must be 1-" + std::to_string(kMaxApplyThreads));
+    }
     for (auto [key, value] :
          {std::pair<const char*, const std::string*>{"defaults.auth_key_file",
                                                      &d.auth_key_file},

@@ -127,7 +127,9 @@ clusters:
     return *topo;
   }
 
-  void StartRelay(const std::string& node, const std::string& store = "") {
+  // `tweak` changes the options before the relay starts.
+  void StartRelay(const std::string& node, const std::string& store = "",
+                  const std::function<void(RelayOptions&)>& tweak = {}) {
     RelayOptions o;
     o.name = node;
     o.store =
@@ -141,6 +143,7 @@ clusters:
     o.prepared_wait = prepared_wait_;
     o.resend_buffer_bytes = resend_buffer_bytes_;
     o.undo_dir = undo_dir_;
+    if (tweak) tweak(o);
     auto r = Relay::Start(o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     relays_[node] = *std::move(r);

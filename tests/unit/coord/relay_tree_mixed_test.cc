@@ -57,23 +57,15 @@ class MixedTreeTest : public RelayTreeTest {
     spec.kind = ObjectStoreKind::kDir;
     spec.path = objects;
     t.objstore = spec;
-    for (const auto& n : kRelays) {
-      if (n != "b0") StartRelay(n);
-    }
-    RelayOptions o;
-    o.name = "b0";
-    o.store = *ParseStoreSpec("file:" + StorePath("b0"));
-    o.listen_host = "b0";
-    o.listen_port = 2;
-    o.transport = "fake";
-    o.transport_options.fake_network = network_;
-    o.apply_threads = 2;
     auto store = OpenDirObjectStore(objects);
     EXPECT_TRUE(store.ok()) << store.status().ToString();
-    if (store.ok()) o.objects = std::shared_ptr<ObjectStore>(*std::move(store));
-    auto r = Relay::Start(o);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    if (r.ok()) relays_["b0"] = *std::move(r);
+    std::shared_ptr<ObjectStore> shared;
+    if (store.ok()) shared = *std::move(store);
+    for (const auto& n : kRelays) {
+      StartRelay(n, "", [&](RelayOptions& o) {
+        if (n == "b0") o.objects = shared;
+      });
+    }
     return t;
   }
   // Bytes of the objects stored for refit `id`.

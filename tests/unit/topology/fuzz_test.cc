@@ -152,12 +152,20 @@ TEST(TopologyFuzzTest, MutationsLoadOrFailCleanly) {
 // Random edits on random topologies: each is applied only if valid.
 TEST(TopologyFuzzTest, RandomEditsKeepTopologiesValid) {
   std::mt19937_64 rng(99);
-  const char* keys[] = {
-      "defaults.fanout",       "defaults.min_commit",   "defaults.window_bytes",
-      "clusters[0].fanout",    "clusters[1].bandwidth", "links[0].bandwidth",
-      "links[0].to",           "root.cluster",          "root.port",
-      "nodes.c1n0.port",       "nodes.c1n0.head",       "clusters.c1.name",
-      "defaults.auth_key_file"};
+  const char* keys[] = {"defaults.fanout",
+                        "defaults.min_commit",
+                        "defaults.window_bytes",
+                        "clusters[0].fanout",
+                        "clusters[1].bandwidth",
+                        "links[0].bandwidth",
+                        "links[0].to",
+                        "root.cluster",
+                        "root.port",
+                        "nodes.c1n0.port",
+                        "nodes.c1n0.head",
+                        "clusters.c1.name",
+                        "defaults.auth_key_file",
+                        "defaults.apply_threads"};
   const char* values[] = {"",      "0",    "1",     "2",     "all",
                           "17000", "c0",   "c1",    "c9",    "1Gbps",
                           "x",     "true", "64MiB", "18000", "-3"};

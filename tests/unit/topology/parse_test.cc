@@ -141,11 +141,16 @@ TEST(ParseTest, ApplyThreads) {
   EXPECT_EQ(again->defaults.apply_threads, 12u);
   EXPECT_EQ(
       ErrorOf(Edited("min_commit: all}", "min_commit: all, apply_threads: 0}")),
-      "t.yaml:2: defaults.apply_threads: expected an integer 1-1024, "
+      "t.yaml:2: defaults.apply_threads: expected an integer 1-256, "
       "got '0'");
   EXPECT_THAT(ErrorOf(Edited("min_commit: all}",
-                             "min_commit: all, apply_threads: 5000}")),
+                             "min_commit: all, apply_threads: 257}")),
               HasSubstr("defaults.apply_threads"));
+  // A topology built in code is checked the same way.
+  Topology big = *k;
+  big.defaults.apply_threads = 300;
+  EXPECT_THAT(std::string(ValidateTopology(big).message()),
+              HasSubstr("apply_threads must be 1-256"));
 }
 
 TEST(ParseTest, AuthKeyFile) {
