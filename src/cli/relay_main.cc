@@ -2,9 +2,7 @@
 // from its parent, forwards them to its children and applies them to its
 // store in place (src/relay/relay.h).
 #include <fmt/format.h>
-#include <netdb.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -16,6 +14,7 @@
 #include "cli/cli_common.h"
 #include "cli/doctor.h"
 #include "cli/relay_objstore.h"
+#include "cli/relay_topology.h"
 #include "cli/relay_watchdog.h"
 #include "common/bytes.h"
 #include "common/failpoint.h"
@@ -69,53 +68,6 @@ struct Args {
   std::string output = "text";  // of --doctor
 };
 
-// What the topology's tree says about this node: plans only from its
-// ancestors; connections only from the topology's hosts (resolved now) and
-// `extra`; it listens on the kind of the link into it.
-Status UseTree(const Topology& topo, const std::vector<std::string>& extra,
-               RelayOptions* o) {
-  DCR_ASSIGN_OR_RETURN(Tree tree, BuildTree(topo));
-  int self = tree.Find(o->name);
-  // It listens on the kind of the link into it (topology `transport`).
-  if (self > 0) {
-    o->transport = std::string(
-        TransportKindName(tree.nodes[static_cast<size_t>(self)].transport));
-  }
-  for (int i : tree.PathToRoot(self)) {
-    if (i != self) o->plan_senders.push_back(tree.nodes[i].name);
-  }
-  // A HELLO must name one of the tree's nodes (a CLI client names none).
-  for (const auto& n : tree.nodes) o->known_nodes.push_back(n.name);
-  std::set<std::string> hosts(extra.begin(), extra.end());
-  hosts.insert(topo.root.host);
-  for (const ClusterSpec& c : topo.clusters) {
-    for (const NodeSpec& n : c.nodes) hosts.insert(n.host);
-  }
-  std::set<std::string> addresses(extra.begin(), extra.end());
-  for (const std::string& h : hosts) {
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (getaddrinfo(h.c_str(), nullptr, &hints, &res) != 0) {
-      spdlog::warn(
-          "{}: cannot resolve topology host '{}'; connections from "
-          "it will be refused",
-          o->name, h);
-      continue;
-    }
-    for (addrinfo* p = res; p != nullptr; p = p->ai_next) {
-      char buf[INET6_ADDRSTRLEN] = {};
-      if (getnameinfo(p->ai_addr, p->ai_addrlen, buf, sizeof buf, nullptr, 0,
-                      NI_NUMERICHOST) == 0) {
-        addresses.insert(buf);
-      }
-    }
-    freeaddrinfo(res);
-  }
-  o->peer_addresses.assign(addresses.begin(), addresses.end());
-  return Status::OK();
-}
-
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s) {
   size_t colon = s.rfind(':');
   if (colon == std::string::npos || colon == 0) {
@@ -138,18 +90,6 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s) {
         fmt::format("--listen '{}': the port must be 0-65535", s));
   }
   return std::make_pair(host, static_cast<uint16_t>(port));
-}
-
-StoreSpec FromTopology(const StoreLocation& s) {
-  StoreSpec spec;
-  spec.kind = s.kind == StoreKind::kFile  ? StoreSpec::Kind::kFile
-              : s.kind == StoreKind::kShm ? StoreSpec::Kind::kShm
-                                          : StoreSpec::Kind::kMemory;
-  spec.path = s.path;
-  if (spec.kind == StoreSpec::Kind::kShm && !spec.path.starts_with('/')) {
-    spec.path = "/" + spec.path;
-  }
-  return spec;
 }
 
 int Run(const Args& a) {
