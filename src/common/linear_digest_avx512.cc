@@ -15,6 +15,12 @@ namespace {
 
 constexpr size_t kBlocks = 32;  // per group: 8 registers
 constexpr size_t kRegs = kBlocks / 4;
+// How far ahead each group asks for its lines. The Horner step chains the
+// groups, so the core waits on every group's loads: without the prefetch
+// a 1 GiB buffer hashed at 12 GB/s against 25 from L2 (digest_bench on
+// this 2-core AMD EPYC VM); with it, at 20 GB/s. A prefetch past the end
+// is a hint that never faults (the address is formed as an integer).
+constexpr size_t kPrefetchBytes = 2048;
 
 // Products a * b, four lanes at once, summed unreduced by Karatsuba: each
 // costs lo * lo, hi * hi and (lo ^ hi) * (lo ^ hi), the last taken from
@@ -89,6 +95,13 @@ LinearDigest Body(const std::byte* p, uint64_t blocks, const Powers& k) {
   __m512i acc = _mm512_setzero_si512();
   for (uint64_t g = 0; g < groups; ++g) {
     const std::byte* q = p + 16 * kBlocks * g;
+#pragma GCC unroll 8
+    for (size_t r = 0; r < kRegs; ++r) {
+      _mm_prefetch(
+          reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(q) +
+                                        kPrefetchBytes + 64 * r),
+          _MM_HINT_T0);
+    }
     Acc s;
     s.Add(acc, step, stepf);
 #pragma GCC unroll 8
