@@ -1,7 +1,9 @@
 // dcr plan: the predicted time of a delta refit and of a full-checkpoint
 // refit through a topology's tree (src/coord/cost_model.h, docs/SCALE.md).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -145,36 +147,71 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
   }
   auto rate = ParseRate(a.change_rate);
   if (!rate.ok()) return ReportError(rate.status());
-  // A producers' refit codes its parts without context (their spans are
-  // shared between ranks): base-independent parameters.
-  CostParameters p = a.no_context || a.producers > 0
-                         ? CostParameters::BaseIndependent()
-                         : CostParameters();
-  // The relays' apply threads as the topology sets them (a calibration
-  // file or --relay-cores may say otherwise); without them, the
-  // projection's 16 cores.
-  if (topo->defaults.apply_threads != 0) {
-    p.relay_cores = topo->defaults.apply_threads;
-  }
+  // One encoding's parameters: `base` with the topology's apply threads
+  // (a calibration file or --relay-cores may say otherwise; without them,
+  // the projection's 16 cores), the calibration and the flags over it.
+  std::string calibration_text;
   if (!a.calibration.empty()) {
     auto text = ReadFileToString(a.calibration);
     if (!text.ok()) return ReportError(text.status());
-    auto c = CostParameters::FromJson(*text, a.calibration, p);
-    if (!c.ok()) return ReportError(c.status());
-    p = *c;
+    calibration_text = std::move(*text);
   }
-  if (a.root_cores) p.root_cores = a.root_cores;
-  if (a.relay_cores) p.relay_cores = a.relay_cores;
-  p.producers = a.producers;
-  p.producer_cores = a.producer_cores;
+  auto params = [&](CostParameters base) -> Result<CostParameters> {
+    if (topo->defaults.apply_threads != 0) {
+      base.relay_cores = topo->defaults.apply_threads;
+    }
+    if (!a.calibration.empty()) {
+      DCR_ASSIGN_OR_RETURN(base, CostParameters::FromJson(calibration_text,
+                                                          a.calibration, base));
+    }
+    if (a.root_cores) base.root_cores = a.root_cores;
+    if (a.relay_cores) base.relay_cores = a.relay_cores;
+    base.producers = a.producers;
+    base.producer_cores = a.producer_cores;
+    return base;
+  };
+  // A producers' refit codes its parts without context (their spans are
+  // shared between ranks): base-independent parameters.
+  auto p =
+      params(a.no_context || a.producers > 0 ? CostParameters::BaseIndependent()
+                                             : CostParameters());
+  if (!p.ok()) return ReportError(p.status());
   uint64_t default_bps = 0;
   if (!a.bandwidth.empty()) {
     auto bps = ParseBandwidth(a.bandwidth);
     if (!bps.ok()) return ReportError(bps.status());
     default_bps = *bps;
   }
-  auto e = EstimateRefit(*tree, bytes, *rate, p, default_bps);
+  auto e = EstimateRefit(*tree, bytes, *rate, *p, default_bps);
   if (!e.ok()) return ReportError(e.status().WithContext(topo->source));
+  // A serving rank holds parts of spans, nothing to decode a context-coded
+  // chunk against: as `dcr refit` does, a root child whose subtree holds
+  // one takes base-independent chunks, and the others context-coded ones.
+  std::vector<std::string> context_heads, plain_heads;
+  if (!a.no_context && a.producers == 0) {
+    std::vector<bool> takes;
+    for (int child : tree->nodes[0].children) {
+      const std::vector<int> sub = tree->Subtree(child);
+      const bool serving = std::any_of(sub.begin(), sub.end(), [&](int k) {
+        return tree->nodes[static_cast<size_t>(k)].serving;
+      });
+      takes.push_back(!serving);
+      (serving ? plain_heads : context_heads)
+          .push_back(tree->nodes[static_cast<size_t>(child)].name);
+    }
+    if (!plain_heads.empty()) {
+      auto independent = params(CostParameters::BaseIndependent());
+      if (!independent.ok()) return ReportError(independent.status());
+      auto mixed =
+          EstimateSubtreeCoding(*tree, takes, bytes, *rate, *p, *independent,
+                                topo->root.keep_deltas > 0, default_bps);
+      if (!mixed.ok()) {
+        return ReportError(mixed.status().WithContext(topo->source));
+      }
+      e->delta = *mixed;
+      e->speedup = e->full.total_s / e->delta.total_s;
+    }
+  }
   if (g.format() == OutputFormat::kJson) {
     nlohmann::json j = {{"topology", topo->source},
                         {"model_bytes", e->model_bytes},
@@ -184,11 +221,13 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
                         {"bottleneck_bps", e->bottleneck_bps},
                         {"bottleneck_cluster", e->bottleneck_cluster},
                         {"path_latency_s", e->path_latency_s},
-                        {"calibration", p.source},
-                        {"root_cores", p.root_cores},
-                        {"relay_cores", p.relay_cores},
-                        {"producers", p.producers},
-                        {"producer_cores", p.producer_cores},
+                        {"calibration", p->source},
+                        {"root_cores", p->root_cores},
+                        {"relay_cores", p->relay_cores},
+                        {"producers", p->producers},
+                        {"producer_cores", p->producer_cores},
+                        {"context_subtrees", context_heads},
+                        {"base_independent_subtrees", plain_heads},
                         {"delta", EstimateJson(e->delta)},
                         {"full", EstimateJson(e->full)},
                         {"speedup", e->speedup}};
@@ -203,13 +242,24 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
       e->bottleneck_cluster.c_str(), e->path_latency_s * 1e3);
   std::printf("model %s, %.2f%% of elements change; calibration: %s\n",
               HumanBytes(static_cast<uint64_t>(bytes)).c_str(), *rate * 100,
-              p.source.c_str());
-  if (p.producers > 0) {
+              p->source.c_str());
+  if (p->producers > 0) {
     std::printf(
         "delta from %u producers x %u cores (they diff and hash their "
         "shards: %s); the root applies the parts to root.baseline (%s)\n",
-        p.producers, p.producer_cores, Secs(e->delta.producers_s).c_str(),
+        p->producers, p->producer_cores, Secs(e->delta.producers_s).c_str(),
         Secs(e->delta.baseline_s).c_str());
+  }
+  if (!plain_heads.empty()) {
+    const std::string rest =
+        context_heads.empty()
+            ? std::string("no subtree takes context-coded chunks")
+            : fmt::format("context-coded for {}",
+                          fmt::join(context_heads, ", "));
+    std::printf(
+        "delta: base-independent chunks for the subtrees of %s (serving "
+        "ranks below: they hold parts of spans); %s\n",
+        fmt::format("{}", fmt::join(plain_heads, ", ")).c_str(), rest.c_str());
   }
   std::printf("\n");
   std::printf("%-6s %10s %10s %10s %10s %10s %10s %10s  %s\n", "refit",
@@ -283,7 +333,10 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
       "spans into root.baseline as it encodes them (both in\nthe encode "
       "column; END names the target's digests). The full refit sends\n"
       "zstd-compressed dense spans through the same tree and writes "
-      "root.baseline\nafter the decision (its commit column).\n\n"
+      "root.baseline\nafter the decision (its commit column). A subtree of "
+      "the root that holds\nserving ranks takes base-independent chunks, as "
+      "dcr refit sends them; the\nothers context-coded ones (not with "
+      "--no-context).\n\n"
       "Examples:\n"
       "  dcr plan --topology topology/two-region.yaml --params 1T "
       "--change-rate 3%\n"

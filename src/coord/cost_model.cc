@@ -189,6 +189,88 @@ RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
   return e;
 }
 
+// What ChooseContextPerSubtree and EstimateSubtreeCoding share: each
+// encoding's payload and apply time (index 0: base-independent chunks, 1:
+// context-coded), each root child's transfer in both over its own paths,
+// and the all-base-independent refit, whose shape paces the others.
+struct SubtreeModel {
+  double payload[2] = {0, 0};
+  double apply[2] = {0, 0};
+  std::vector<std::array<double, 2>> transfer;  // per root child
+  PlanEstimate without;
+};
+
+// `flags` (one per root child, in `tree.nodes[0].children` order) is only
+// checked for its size.
+Result<SubtreeModel> ModelSubtrees(const Tree& tree,
+                                   const std::vector<bool>& flags,
+                                   double model_bytes, double change_rate,
+                                   const CostParameters& context,
+                                   const CostParameters& independent,
+                                   uint64_t default_bps) {
+  DCR_RETURN_IF_ERROR(CheckInputs(tree, model_bytes, change_rate));
+  const std::vector<int>& children = tree.nodes[0].children;
+  if (flags.size() != children.size()) {
+    return Status::InvalidArgument(fmt::format(
+        "{} flags for the root's {} children", flags.size(), children.size()));
+  }
+  SubtreeModel m;
+  DCR_ASSIGN_OR_RETURN(m.without, EstimateRefit(tree, model_bytes, change_rate,
+                                                independent, default_bps));
+  m.payload[0] =
+      model_bytes * Interpolate(independent.payload_ratio, change_rate);
+  m.payload[1] = model_bytes * Interpolate(context.payload_ratio, change_rate);
+  m.apply[0] = ApplySeconds(model_bytes,
+                            Interpolate(independent.apply_rate, change_rate),
+                            independent);
+  m.apply[1] = ApplySeconds(
+      model_bytes, Interpolate(context.apply_rate, change_rate), context);
+  m.transfer.resize(children.size());
+  for (size_t i = 0; i < children.size(); ++i) {
+    std::vector<bool> in(tree.nodes.size(), false);
+    for (int n : tree.Subtree(children[i])) in[static_cast<size_t>(n)] = true;
+    DCR_ASSIGN_OR_RETURN(PathShape shape, ShapeOf(tree, in, default_bps));
+    if (shape.bps == 0) {
+      return Status::InvalidArgument(fmt::format(
+          "root child {}: no cluster with a known bandwidth below it",
+          tree.nodes[static_cast<size_t>(children[i])].name));
+    }
+    m.transfer[i] = {TransferSeconds(m.payload[0], shape.bps, independent),
+                     TransferSeconds(m.payload[1], shape.bps, context)};
+  }
+  return m;
+}
+
+// The refit with `takes` (per root child: context-coded chunks; at least
+// one): one context encoder for the whole stream, whose base-independent
+// copy costs a plain encoder's pass unless the history records it anyway;
+// one window paces every child.
+RefitEstimate EstimateTakes(const SubtreeModel& m,
+                            const std::vector<bool>& takes, double model_bytes,
+                            double change_rate, const CostParameters& context,
+                            const CostParameters& independent,
+                            bool history_records) {
+  RefitEstimate e =
+      RootStage(model_bytes, Interpolate(context.encode_rate, change_rate),
+                Interpolate(context.apply_rate, change_rate), context,
+                /*baseline_in_stream=*/true);
+  bool any_independent = false;
+  for (size_t i = 0; i < takes.size(); ++i) {
+    const size_t v = takes[i] ? 1 : 0;
+    any_independent = any_independent || !takes[i];
+    e.payload_bytes = std::max(e.payload_bytes, m.payload[v]);
+    e.transfer_s = std::max(e.transfer_s, m.transfer[i][v]);
+    e.apply_s = std::max(e.apply_s, m.apply[v]);
+  }
+  if (any_independent && !history_records) {
+    e.encode_s +=
+        model_bytes / (Interpolate(independent.encode_rate, change_rate) *
+                       independent.root_cores);
+  }
+  Finish(m.without, context, /*baseline_in_stream=*/true, &e);
+  return e;
+}
+
 }  // namespace
 
 Result<ContextChoice> ChooseContextCoding(const Tree& tree, double model_bytes,
@@ -218,77 +300,20 @@ Result<SubtreeContextChoice> ChooseContextPerSubtree(
     const Tree& tree, const std::vector<bool>& plain, double model_bytes,
     double change_rate, uint32_t root_cores, uint32_t relay_cores,
     bool history_records) {
-  DCR_RETURN_IF_ERROR(CheckInputs(tree, model_bytes, change_rate));
-  const std::vector<int>& children = tree.nodes[0].children;
-  if (plain.size() != children.size()) {
-    return Status::InvalidArgument(
-        fmt::format("{} plain flags for the root's {} children", plain.size(),
-                    children.size()));
-  }
   CostParameters context;
   CostParameters independent = CostParameters::BaseIndependent();
   context.root_cores = independent.root_cores =
       std::max<uint32_t>(root_cores, 1);
   context.relay_cores = independent.relay_cores =
       std::max<uint32_t>(relay_cores, 1);
-  DCR_ASSIGN_OR_RETURN(
-      PlanEstimate without,
-      EstimateRefit(tree, model_bytes, change_rate, independent));
+  DCR_ASSIGN_OR_RETURN(SubtreeModel m,
+                       ModelSubtrees(tree, plain, model_bytes, change_rate,
+                                     context, independent, /*default_bps=*/0));
+  const std::vector<int>& children = tree.nodes[0].children;
   SubtreeContextChoice choice;
   choice.children = children;
   choice.context.assign(children.size(), false);
-  choice.without_s = choice.with_s = without.delta.total_s;
-
-  // Each eligible child takes context where its own stages gain. Index 0:
-  // base-independent chunks, 1: context-coded.
-  const double payload[2] = {
-      model_bytes * Interpolate(independent.payload_ratio, change_rate),
-      model_bytes * Interpolate(context.payload_ratio, change_rate)};
-  const double apply[2] = {
-      ApplySeconds(model_bytes,
-                   Interpolate(independent.apply_rate, change_rate),
-                   independent),
-      ApplySeconds(model_bytes, Interpolate(context.apply_rate, change_rate),
-                   context)};
-  // Per child, its own path's transfer in each encoding.
-  std::vector<std::array<double, 2>> transfer(children.size());
-  for (size_t i = 0; i < children.size(); ++i) {
-    std::vector<bool> in(tree.nodes.size(), false);
-    for (int n : tree.Subtree(children[i])) in[static_cast<size_t>(n)] = true;
-    DCR_ASSIGN_OR_RETURN(PathShape shape, ShapeOf(tree, in, 0));
-    if (shape.bps == 0) {
-      return Status::InvalidArgument(fmt::format(
-          "root child {}: no cluster with a known bandwidth below it",
-          tree.nodes[static_cast<size_t>(children[i])].name));
-    }
-    transfer[i] = {TransferSeconds(payload[0], shape.bps, independent),
-                   TransferSeconds(payload[1], shape.bps, context)};
-  }
-  // The refit with `takes` (per child: context-coded chunks): one context
-  // encoder for the whole stream, whose base-independent copy costs a plain
-  // encoder's pass unless the history records it anyway; one window paces
-  // every child.
-  auto evaluate = [&](const std::vector<bool>& takes) {
-    RefitEstimate e =
-        RootStage(model_bytes, Interpolate(context.encode_rate, change_rate),
-                  Interpolate(context.apply_rate, change_rate), context,
-                  /*baseline_in_stream=*/true);
-    bool any_independent = false;
-    for (size_t i = 0; i < children.size(); ++i) {
-      const size_t v = takes[i] ? 1 : 0;
-      any_independent = any_independent || !takes[i];
-      e.payload_bytes = std::max(e.payload_bytes, payload[v]);
-      e.transfer_s = std::max(e.transfer_s, transfer[i][v]);
-      e.apply_s = std::max(e.apply_s, apply[v]);
-    }
-    if (any_independent && !history_records) {
-      e.encode_s +=
-          model_bytes / (Interpolate(independent.encode_rate, change_rate) *
-                         independent.root_cores);
-    }
-    Finish(without, context, /*baseline_in_stream=*/true, &e);
-    return e;
-  };
+  choice.without_s = choice.with_s = m.without.delta.total_s;
   // Two candidates beside `without`: every eligible child on context (what
   // a tree without serving nodes gets: ChooseContextCoding's plan), and
   // each eligible child on context where its own stages gain (a child
@@ -298,14 +323,15 @@ Result<SubtreeContextChoice> ChooseContextPerSubtree(
   std::vector<bool> all(children.size()), greedy(children.size());
   for (size_t i = 0; i < children.size(); ++i) {
     all[i] = !plain[i];
-    greedy[i] = !plain[i] && std::max(transfer[i][1], apply[1]) <
-                                 std::max(transfer[i][0], apply[0]);
+    greedy[i] = !plain[i] && std::max(m.transfer[i][1], m.apply[1]) <
+                                 std::max(m.transfer[i][0], m.apply[0]);
   }
   for (const std::vector<bool>* takes : {&all, &greedy}) {
     if (std::none_of(takes->begin(), takes->end(), [](bool b) { return b; })) {
       continue;
     }
-    RefitEstimate e = evaluate(*takes);
+    RefitEstimate e = EstimateTakes(m, *takes, model_bytes, change_rate,
+                                    context, independent, history_records);
     if (!choice.any() ? e.total_s < choice.without_s
                       : e.total_s < choice.with_s) {
       choice.context = *takes;
@@ -316,6 +342,21 @@ Result<SubtreeContextChoice> ChooseContextPerSubtree(
     }
   }
   return choice;
+}
+
+Result<RefitEstimate> EstimateSubtreeCoding(
+    const Tree& tree, const std::vector<bool>& takes, double model_bytes,
+    double change_rate, const CostParameters& context,
+    const CostParameters& independent, bool history_records,
+    uint64_t default_bps) {
+  DCR_ASSIGN_OR_RETURN(SubtreeModel m,
+                       ModelSubtrees(tree, takes, model_bytes, change_rate,
+                                     context, independent, default_bps));
+  if (std::none_of(takes.begin(), takes.end(), [](bool b) { return b; })) {
+    return m.without.delta;
+  }
+  return EstimateTakes(m, takes, model_bytes, change_rate, context, independent,
+                       history_records);
 }
 
 CostParameters CostParameters::BaseIndependent() {

@@ -229,6 +229,20 @@ Result<SubtreeContextChoice> ChooseContextPerSubtree(
     double change_rate, uint32_t root_cores, uint32_t relay_cores,
     bool history_records);
 
+// A delta refit through `tree` in which root child i (`tree.nodes[0]
+// .children` order) takes context-coded chunks iff takes[i], the others
+// base-independent ones: the per-subtree model above with each encoding's
+// parameters (`context`, `independent`; their own cores). What `dcr refit
+// --context on` streams when serving ranks keep some subtrees off context,
+// and `dcr plan` predicts. With no child on context, EstimateRefit's delta
+// with `independent`. InvalidArgument as ChooseContextPerSubtree's, or for
+// a path without a bandwidth when `default_bps` is 0.
+Result<RefitEstimate> EstimateSubtreeCoding(
+    const Tree& tree, const std::vector<bool>& takes, double model_bytes,
+    double change_rate, const CostParameters& context,
+    const CostParameters& independent, bool history_records,
+    uint64_t default_bps = 0);
+
 }  // namespace dcr
 
 #endif  // DCR_COORD_COST_MODEL_H_

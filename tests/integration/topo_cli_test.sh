@@ -123,6 +123,25 @@ python3 -c "import json; a=json.load(open('$T/plan-builtin.json')); b=json.load(
 expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
   --change-rate 3% --wan 3.048Gbps --producers 64 --producer-cores 8
 grep -q "delta from 64 producers x 8 cores" "$T/out" || fail "plan --producers text"
+# Serving ranks below s0 keep its subtree off context coding, as dcr refit
+# does: the delta row is the mixed tree (a0's subtree context-coded, s0's
+# base-independent), so it carries the larger base-independent frame and
+# the context encoder.
+expect 0 "$DCR" plan --topology "$TOPO/serve-local.yaml" --params 1B \
+  --change-rate 3%
+grep -q "base-independent chunks for the subtrees of s0 (serving ranks below: they hold parts of spans); context-coded for a0" "$T/out" ||
+  fail "plan does not name the serving subtree"
+expect 0 "$DCR" plan --topology "$TOPO/serve-local.yaml" --params 1B \
+  --change-rate 3% -o json
+json 'd["context_subtrees"] == ["a0"] and d["base_independent_subtrees"] == ["s0"]'
+cp "$T/out" "$T/plan-serve.json"
+expect 0 "$DCR" plan --topology "$TOPO/serve-local.yaml" --params 1B \
+  --change-rate 3% -o json --no-context
+json 'd["context_subtrees"] == [] and d["base_independent_subtrees"] == []'
+python3 -c "import json; m=json.load(open('$T/plan-serve.json'))['delta']; p=json.load(open('$T/out'))['delta']; assert m['payload_bytes'] == p['payload_bytes'] and m['encode_s'] > p['encode_s'], (m, p)"
+expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
+  --change-rate 3% -o json
+json 'd["context_subtrees"] == ["a0", "b0"] and d["base_independent_subtrees"] == []'
 expect 2 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T --change-rate 150%
 expect_err "--change-rate '150%'"
 echo '{"baseline_rte": 1e9}' >"$T/badcal.json"

@@ -286,6 +286,68 @@ TEST(CostModelTest, ContextGoesToTheSlowCanonicalSubtreeOnly) {
   EXPECT_DOUBLE_EQ(free->with_s, c->with_s);
 }
 
+// What `dcr plan` predicts for a tree with serving nodes: the plan with
+// context wherever a subtree may take it, ChooseContextPerSubtree's terms;
+// with no child on context, the base-independent refit's; with every child
+// on it, the whole-tree context-coded refit's.
+TEST(CostModelTest, EstimateSubtreeCodingIsThePlanItNames) {
+  const double tb2 = 2e12;
+  const Tree tree = TwoRegion(100'000'000'000, 20'000'000, 3'050'000'000);
+  const size_t a = ChildIndex(tree, "a0"), b = ChildIndex(tree, "b0");
+  std::vector<bool> plain(2, false);
+  plain[a] = true;
+  std::vector<bool> takes(2, false);
+  takes[b] = true;
+  CostParameters context;
+  const CostParameters independent = CostParameters::BaseIndependent();
+  auto mixed =
+      EstimateSubtreeCoding(tree, takes, tb2, 0.03, context, independent, true);
+  auto c = ChooseContextPerSubtree(tree, plain, tb2, 0.03, context.root_cores,
+                                   context.relay_cores, true);
+  ASSERT_TRUE(mixed.ok() && c.ok()) << mixed.status().ToString();
+  ASSERT_TRUE(c->context[b]);
+  EXPECT_DOUBLE_EQ(mixed->total_s, c->mixed.total_s);
+  EXPECT_DOUBLE_EQ(mixed->transfer_s, c->mixed.transfer_s);
+  EXPECT_DOUBLE_EQ(mixed->payload_bytes, c->mixed.payload_bytes);
+
+  auto none = EstimateSubtreeCoding(tree, {false, false}, tb2, 0.03, context,
+                                    independent, true);
+  auto plain_refit = EstimateRefit(tree, tb2, 0.03, independent);
+  ASSERT_TRUE(none.ok() && plain_refit.ok());
+  EXPECT_DOUBLE_EQ(none->total_s, plain_refit->delta.total_s);
+  EXPECT_DOUBLE_EQ(none->payload_bytes, plain_refit->delta.payload_bytes);
+
+  auto all = EstimateSubtreeCoding(tree, {true, true}, tb2, 0.03, context,
+                                   independent, true);
+  auto context_refit = EstimateRefit(tree, tb2, 0.03, context);
+  ASSERT_TRUE(all.ok() && context_refit.ok());
+  EXPECT_NEAR(all->total_s, context_refit->delta.total_s,
+              1e-9 * context_refit->delta.total_s);
+
+  // Each encoding's own parameters count: relays that apply
+  // base-independent chunks 4x slower make the mixed plan apply-bound.
+  CostParameters slow = independent;
+  for (auto& [rate, bps] : slow.apply_rate) bps /= 4;
+  auto slower =
+      EstimateSubtreeCoding(tree, takes, tb2, 0.03, context, slow, true);
+  ASSERT_TRUE(slower.ok());
+  EXPECT_GT(slower->apply_s, mixed->apply_s);
+  // A topology without bandwidths needs default_bps, as EstimateRefit.
+  Tree bare = tree;
+  for (TreeCluster& cluster : bare.clusters) cluster.stream_bps = 0;
+  EXPECT_FALSE(
+      EstimateSubtreeCoding(bare, takes, tb2, 0.03, context, independent, true)
+          .ok());
+  EXPECT_TRUE(EstimateSubtreeCoding(bare, takes, tb2, 0.03, context,
+                                    independent, true, 10'000'000'000)
+                  .ok());
+  // One flag per root child.
+  EXPECT_TRUE(
+      EstimateSubtreeCoding(tree, {true}, tb2, 0.03, context, independent, true)
+          .status()
+          .IsInvalidArgument());
+}
+
 TEST(CostModelTest, AnEncodeBoundRootGivesContextToNobody) {
   const double tb2 = 2e12;
   // Fast links: every subtree's relays decode base-independent chunks
