@@ -187,30 +187,37 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
   // A serving rank holds parts of spans, nothing to decode a context-coded
   // chunk against: as `dcr refit` does, a root child whose subtree holds
   // one takes base-independent chunks, and the others context-coded ones.
+  // (--no-context and a producers' refit: every subtree base-independent.)
   std::vector<std::string> context_heads, plain_heads;
-  if (!a.no_context && a.producers == 0) {
-    std::vector<bool> takes;
-    for (int child : tree->nodes[0].children) {
-      const std::vector<int> sub = tree->Subtree(child);
-      const bool serving = std::any_of(sub.begin(), sub.end(), [&](int k) {
-        return tree->nodes[static_cast<size_t>(k)].serving;
-      });
-      takes.push_back(!serving);
-      (serving ? plain_heads : context_heads)
-          .push_back(tree->nodes[static_cast<size_t>(child)].name);
+  const bool context = !a.no_context && a.producers == 0;
+  std::vector<bool> takes;
+  for (int child : tree->nodes[0].children) {
+    const std::vector<int> sub = tree->Subtree(child);
+    const bool serving = std::any_of(sub.begin(), sub.end(), [&](int k) {
+      return tree->nodes[static_cast<size_t>(k)].serving;
+    });
+    takes.push_back(context && !serving);
+    (takes.back() ? context_heads : plain_heads)
+        .push_back(tree->nodes[static_cast<size_t>(child)].name);
+  }
+  if (context && !plain_heads.empty()) {
+    auto independent = params(CostParameters::BaseIndependent());
+    if (!independent.ok()) return ReportError(independent.status());
+    // A calibration measures the refit it ran, context-coded by default:
+    // the base-independent subtrees keep their own encoding's built-in
+    // payload, encode and apply figures.
+    const CostParameters builtin = CostParameters::BaseIndependent();
+    independent->payload_ratio = builtin.payload_ratio;
+    independent->encode_rate = builtin.encode_rate;
+    independent->apply_rate = builtin.apply_rate;
+    auto mixed =
+        EstimateSubtreeCoding(*tree, takes, bytes, *rate, *p, *independent,
+                              topo->root.keep_deltas > 0, default_bps);
+    if (!mixed.ok()) {
+      return ReportError(mixed.status().WithContext(topo->source));
     }
-    if (!plain_heads.empty()) {
-      auto independent = params(CostParameters::BaseIndependent());
-      if (!independent.ok()) return ReportError(independent.status());
-      auto mixed =
-          EstimateSubtreeCoding(*tree, takes, bytes, *rate, *p, *independent,
-                                topo->root.keep_deltas > 0, default_bps);
-      if (!mixed.ok()) {
-        return ReportError(mixed.status().WithContext(topo->source));
-      }
-      e->delta = *mixed;
-      e->speedup = e->full.total_s / e->delta.total_s;
-    }
+    e->delta = *mixed;
+    e->speedup = e->full.total_s / e->delta.total_s;
   }
   if (g.format() == OutputFormat::kJson) {
     nlohmann::json j = {{"topology", topo->source},
@@ -250,7 +257,7 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
         p->producers, p->producer_cores, Secs(e->delta.producers_s).c_str(),
         Secs(e->delta.baseline_s).c_str());
   }
-  if (!plain_heads.empty()) {
+  if (context && !plain_heads.empty()) {
     const std::string rest =
         context_heads.empty()
             ? std::string("no subtree takes context-coded chunks")

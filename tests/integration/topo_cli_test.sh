@@ -137,11 +137,20 @@ json 'd["context_subtrees"] == ["a0"] and d["base_independent_subtrees"] == ["s0
 cp "$T/out" "$T/plan-serve.json"
 expect 0 "$DCR" plan --topology "$TOPO/serve-local.yaml" --params 1B \
   --change-rate 3% -o json --no-context
-json 'd["context_subtrees"] == [] and d["base_independent_subtrees"] == []'
+json 'd["context_subtrees"] == [] and d["base_independent_subtrees"] == ["a0", "s0"]'
 python3 -c "import json; m=json.load(open('$T/plan-serve.json'))['delta']; p=json.load(open('$T/out'))['delta']; assert m['payload_bytes'] == p['payload_bytes'] and m['encode_s'] > p['encode_s'], (m, p)"
+# A calibration measures the (context-coded) refit it ran: the serving
+# subtree keeps the built-in base-independent payload.
+echo '{"payload_ratio": [[0.01, 1e-5], [0.05, 1e-5]]}' >"$T/tiny.json"
+expect 0 "$DCR" plan --topology "$TOPO/serve-local.yaml" --params 1B \
+  --change-rate 3% -o json --calibration "$T/tiny.json"
+python3 -c "import json; m=json.load(open('$T/plan-serve.json'))['delta']; c=json.load(open('$T/out'))['delta']; assert c['payload_bytes'] == m['payload_bytes'], (m, c)"
 expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
   --change-rate 3% -o json
 json 'd["context_subtrees"] == ["a0", "b0"] and d["base_independent_subtrees"] == []'
+expect 0 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T \
+  --change-rate 3%
+if grep -q "serving ranks below" "$T/out"; then fail "plan names serving subtrees where there are none"; fi
 expect 2 "$DCR" plan --topology "$TOPO/two-region.yaml" --params 1T --change-rate 150%
 expect_err "--change-rate '150%'"
 echo '{"baseline_rte": 1e9}' >"$T/badcal.json"
