@@ -75,14 +75,19 @@ void ChunkProducer::Run() {
   const size_t batch = std::max<size_t>(4, pool_->size() * 4);
   std::vector<EncodedChunk> out(batch);
   std::vector<Status> errors(batch);
-  for (size_t begin = 0;;) {
+  // The first batch holds one item per worker, so that the stream's first
+  // chunk goes out after one item's encode rather than a whole batch's
+  // (on the testbed's 2 cores, 8 spans diffed, encoded, hashed and written
+  // to root.baseline: about 0.02 s before the first byte left the root).
+  size_t want = std::min(batch, std::max<size_t>(1, pool_->size()));
+  for (size_t begin = 0;; want = batch) {
     size_t n = 0;
     if (job_.fetch) {
-      Result<size_t> fetched = job_.fetch(batch);
+      Result<size_t> fetched = job_.fetch(want);
       if (!fetched.ok()) return Stop(fetched.status());
-      n = std::min(*fetched, batch);
+      n = std::min(*fetched, want);
     } else if (begin < job_.items) {
-      n = std::min(batch, job_.items - begin);
+      n = std::min(want, job_.items - begin);
     }
     if (n == 0) break;
     pool_->ParallelFor(n, [&](size_t i, size_t worker) {

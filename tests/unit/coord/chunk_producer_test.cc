@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -165,7 +166,7 @@ TEST(ChunkProducerTest, EachItemStartsFromAnEmptyChunk) {
 // after_batch runs once per batch, after that batch's chunks were emitted,
 // with `last` only on the final one; its error stops the producer.
 TEST(ChunkProducerTest, AfterBatchFollowsEachBatchsEmits) {
-  ThreadPool pool(2);  // batches of 8
+  ThreadPool pool(2);  // a first batch of 2, then batches of 8
   for (bool fail : {false, true}) {
     ChunkProducer p(&pool, 1 << 20, [] {});
     ChunkJob job = CountingJob(20);
@@ -188,13 +189,35 @@ TEST(ChunkProducerTest, AfterBatchFollowsEachBatchsEmits) {
       EXPECT_TRUE(s.ok());
       EXPECT_EQ(tags.size(), 20u);
       EXPECT_EQ(calls, (std::vector<std::pair<size_t, bool>>{
-                           {8, false}, {16, false}, {20, true}}));
+                           {2, false}, {10, false}, {18, false}, {20, true}}));
     } else {
       EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
-      EXPECT_EQ(tags.size(), 16u);
+      EXPECT_EQ(tags.size(), 10u);
       EXPECT_EQ(calls.size(), 2u);
     }
   }
+}
+
+// The stream's first chunk is queued once one item per worker is encoded,
+// not a whole batch: here items from 2 on block until the first is popped.
+TEST(ChunkProducerTest, TheFirstChunkIsQueuedBeforeAWholeBatchIsEncoded) {
+  ThreadPool pool(2);
+  ChunkProducer p(&pool, 1 << 20, nullptr);
+  ChunkJob job = CountingJob(20);
+  std::atomic<bool> popped{false};
+  auto encode = job.encode;
+  job.encode = [&, encode](size_t i, size_t w, EncodedChunk* out) {
+    if (i >= 2) WaitFor([&] { return popped.load(); });
+    return encode(i, w, out);
+  };
+  p.Start(std::move(job));
+  std::optional<Outgoing> first;
+  EXPECT_TRUE(WaitFor([&] { return (first = p.Pop()).has_value(); }));
+  popped = true;
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(uint8_t((*first->frame)[0]), 0);
+  EXPECT_EQ(Drain(p).size(), 19u);
+  EXPECT_TRUE(p.Join().ok());
 }
 
 TEST(ChunkProducerTest, RunsAtMostOneWindowAhead) {
