@@ -55,7 +55,7 @@ using ucx_internal::WorkerPtr;
 // What the server sends first on every accepted endpoint; a connect
 // completes when it arrives (UCX creates a client endpoint before the
 // server accepted it).
-constexpr char kHello[8] = {'D', 'C', 'R', 'U', 'C', 'X', '0', '1'};
+constexpr char kHelloMagic[8] = {'D', 'C', 'R', 'U', 'C', 'X', '0', '1'};
 constexpr uint16_t kCtlAmId = 0x0dc1;
 // Stream bytes a sender may have sent and not yet credited.
 constexpr uint64_t kWindowBytes = 8u << 20;
@@ -193,7 +193,7 @@ struct PendingConnect {
   std::chrono::milliseconds timeout{0};
   Clock::time_point deadline;
   ucp_ep_h ep = nullptr;
-  char hello[sizeof(kHello)] = {};
+  char hello[sizeof(kHelloMagic)] = {};
   bool finished = false;
 
   std::string address() const { return HostPort(host, port); }
@@ -654,8 +654,8 @@ void OnHello(const std::shared_ptr<UcxShared>& shared, const Op& op) {
                                   UcsText(op.status)));
     return;
   }
-  if (op.length != sizeof(kHello) ||
-      std::memcmp(pc->hello, kHello, sizeof(kHello)) != 0) {
+  if (op.length != sizeof(kHelloMagic) ||
+      std::memcmp(pc->hello, kHelloMagic, sizeof(kHelloMagic)) != 0) {
     FinishConnect(*shared, pc,
                   Status::IOError("connect to " + pc->address() +
                                   ": the peer is not a dcr ucx transport"));
@@ -696,7 +696,7 @@ void OnConnRequest(const std::shared_ptr<UcxShared>& shared,
   }
   auto* op = new Op(Op::kHello);
   ucp_request_param_t sp = s.Params(op);
-  s.Submit(op, ucp_stream_send_nbx(ep, kHello, sizeof(kHello), &sp));
+  s.Submit(op, ucp_stream_send_nbx(ep, kHelloMagic, sizeof(kHelloMagic), &sp));
   auto link = std::make_shared<UcxLink>(shared, ep, peer, s.listen_handler);
   link->Start();
 }

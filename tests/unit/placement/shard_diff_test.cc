@@ -36,7 +36,6 @@ void ExpectRanksCoverTheChangedSet(const Layout& l, const Tensors& base,
                                                 std::vector<std::byte>>>>
       got;
   std::vector<std::vector<LinearDigest>> parts;
-  uint64_t read = 0;
   for (uint32_t r = 0; r < l.ranks(); ++r) {
     auto bs = BuildShards(l, r, View(base));
     auto ts = BuildShards(l, r, View(target));
@@ -69,7 +68,6 @@ void ExpectRanksCoverTheChangedSet(const Layout& l, const Tensors& base,
     uint64_t own = 0;
     for (const auto& [n, v] : *bs) own += v.size();
     EXPECT_EQ(st.shard_bytes_read, 2 * own) << "rank " << r;
-    read += st.shard_bytes_read;
     for (const CanonicalChanges& c : *changes) {
       const size_t w = DTypeSize(l.tensors[c.tensor].dtype);
       ASSERT_EQ(c.base.size(), c.positions.size() * w);
