@@ -24,7 +24,7 @@
 namespace dcr::cli {
 namespace {
 
-using json = nlohmann::ordered_json;
+using nlohmann::ordered_json;
 
 uint64_t Volume(const Shape& s) {
   uint64_t n = 1;
@@ -121,9 +121,9 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
       l.ok() ? KeptShards(*file, serving) : l.status();
   if (!kept.ok()) {
     if (g.format() == OutputFormat::kJson) {
-      std::printf("%s\n", json{{"file", path},
-                               {"valid", false},
-                               {"error", kept.status().message()}}
+      std::printf("%s\n", ordered_json{{"file", path},
+                                       {"valid", false},
+                                       {"error", kept.status().message()}}
                               .dump(2)
                               .c_str());
     }
@@ -156,19 +156,19 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
   }
 
   if (g.format() == OutputFormat::kJson) {
-    json j{{"file", path},
-           {"valid", true},
-           {"fingerprint", fp.ToHex()},
-           {"ranks", l->ranks()},
-           {"tp", l->tp},
-           {"pp", l->pp},
-           {"ep", l->ep},
-           {"layers", l->layers},
-           {"experts", l->experts},
-           {"tensors", l->tensors.size()},
-           {"elements", elements},
-           {"bytes", bytes}};
-    json per = json::array();
+    ordered_json j{{"file", path},
+                   {"valid", true},
+                   {"fingerprint", fp.ToHex()},
+                   {"ranks", l->ranks()},
+                   {"tp", l->tp},
+                   {"pp", l->pp},
+                   {"ep", l->ep},
+                   {"layers", l->layers},
+                   {"experts", l->experts},
+                   {"tensors", l->tensors.size()},
+                   {"elements", elements},
+                   {"bytes", bytes}};
+    ordered_json per = ordered_json::array();
     for (const RankSummary& s : ranks) {
       per.push_back(
           {{"rank", s.rank},
@@ -181,10 +181,10 @@ int RunCheck(const GlobalOptions& g, const std::string& path,
     }
     j["per_rank"] = per;
     if (rank) {
-      json shards = json::array();
+      ordered_json shards = ordered_json::array();
       const auto pieces = PiecesOf(*l, *rank, map ? &*map : nullptr);
       for (const auto& [name, shard] : (*kept)[*rank]) {
-        json feeds = json::array();
+        ordered_json feeds = ordered_json::array();
         auto fed = pieces.find(name);  // none for FP8 scales
         if (fed != pieces.end()) {
           for (const auto& [t, p] : fed->second) {
@@ -338,7 +338,7 @@ int RunVerify(const GlobalOptions& g, const std::string& path,
     }
     canonical.emplace(t.name, (*ckpt)->TensorData(static_cast<size_t>(i)));
   }
-  json ranks = json::array();
+  ordered_json ranks = ordered_json::array();
   uint64_t differing = 0;
   for (uint32_t r = 0; r < l->ranks(); ++r) {
     if (only && r != *only) continue;
@@ -353,7 +353,7 @@ int RunVerify(const GlobalOptions& g, const std::string& path,
       return CompareShards(*l, r, shards.bytes(), canonical);
     }();
     if (!mm.ok()) return ReportError(mm.status());
-    json bad = json::array();
+    ordered_json bad = ordered_json::array();
     for (const ShardMismatch& x : *mm) {
       differing += x.differing;
       bad.push_back({{"shard", x.shard},
@@ -377,14 +377,15 @@ int RunVerify(const GlobalOptions& g, const std::string& path,
     ranks.push_back({{"rank", r}, {"mismatches", bad}});
   }
   if (g.format() == OutputFormat::kJson) {
-    std::printf("%s\n", json{{"layout", path},
+    std::printf("%s\n",
+                ordered_json{{"layout", path},
                              {"shards", store.empty() ? shards_dir : store},
                              {"canonical", canonical_path},
                              {"identical", differing == 0},
                              {"differing_elements", differing},
                              {"ranks", ranks}}
-                            .dump(2)
-                            .c_str());
+                    .dump(2)
+                    .c_str());
   } else if (differing == 0) {
     std::printf("identical: every element the layout maps matches %s\n",
                 canonical_path.c_str());
@@ -426,7 +427,8 @@ int InspectServingStore(const GlobalOptions& g, const std::string& layout,
   size_t holds = 0;
   for (uint32_t t = 0; t < l->tensors.size(); ++t) holds += m->Holds(t);
   if (g.format() == OutputFormat::kJson) {
-    std::printf("%s\n", json{{"type", "serving store"},
+    std::printf("%s\n",
+                ordered_json{{"type", "serving store"},
                              {"path", store},
                              {"layout", layout},
                              {"layout_fingerprint", m->fingerprint().ToHex()},
@@ -437,8 +439,8 @@ int InspectServingStore(const GlobalOptions& g, const std::string& layout,
                              {"canonical_tensors", l->tensors.size()},
                              {"canonical_tensors_held", holds},
                              {"bits", bits.ToHex()}}
-                            .dump(2)
-                            .c_str());
+                    .dump(2)
+                    .c_str());
     return kExitOk;
   }
   std::printf("serving store %s\n", store.c_str());

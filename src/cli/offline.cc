@@ -20,7 +20,7 @@
 namespace dcr::cli {
 namespace {
 
-using json = nlohmann::ordered_json;
+using nlohmann::ordered_json;
 
 // --layout and --rank of verify and inspect: the file `what` names is a
 // serving relay's store, rank --rank of the serving layout --layout.
@@ -51,7 +51,9 @@ std::shared_ptr<ServingStoreOptions> AddServingStoreOptions(
   return o;
 }
 
-void PrintJson(const json& j) { std::printf("%s\n", j.dump(2).c_str()); }
+void PrintJson(const ordered_json& j) {
+  std::printf("%s\n", j.dump(2).c_str());
+}
 
 // Step number recorded by the trainer in the safetensors metadata.
 std::optional<uint64_t> MetadataStep(const Checkpoint& c) {
@@ -70,15 +72,15 @@ std::optional<uint64_t> MetadataStep(const Checkpoint& c) {
 
 double Ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
-json SizesJson(const ChunkSizes& s) {
-  return json{{"header_bytes", s.header},
-              {"position_bytes", s.positions},
-              {"value_bytes", s.values},
-              {"payload_bytes", s.total()}};
+ordered_json SizesJson(const ChunkSizes& s) {
+  return ordered_json{{"header_bytes", s.header},
+                      {"position_bytes", s.positions},
+                      {"value_bytes", s.values},
+                      {"payload_bytes", s.total()}};
 }
 
-json VersionJson(const Version& v) {
-  return json{{"step", v.step}, {"digest", v.digest.ToHex()}};
+ordered_json VersionJson(const Version& v) {
+  return ordered_json{{"step", v.step}, {"digest", v.digest.ToHex()}};
 }
 
 void PrintDeltaText(const DeltaStats& s, const std::string& path) {
@@ -113,25 +115,25 @@ void PrintDeltaText(const DeltaStats& s, const std::string& path) {
               Ratio(h.total_bytes, s.file_bytes));
 }
 
-json DeltaJson(const DeltaStats& s, const std::string& path) {
+ordered_json DeltaJson(const DeltaStats& s, const std::string& path) {
   const DeltaHeader& h = s.header;
-  json j{{"type", "delta"},
-         {"path", path},
-         {"base", VersionJson(h.base)},
-         {"target", VersionJson(h.target)},
-         {"manifest_digest", h.manifest.ToHex()},
-         {"kind", h.all_overwrite ? "overwrite" : "xor"},
-         {"tensors", h.tensor_count},
-         {"span_elems", h.span_elems},
-         {"total_elements", h.total_elements},
-         {"checkpoint_bytes", h.total_bytes},
-         {"changed_elements", h.changed_elements},
-         {"change_rate", Ratio(h.changed_elements, h.total_elements)},
-         {"chunks", s.chunks},
-         {"sparse_chunks", s.sparse_chunks},
-         {"dense_chunks", s.dense_chunks},
-         {"file_bytes", s.file_bytes},
-         {"seconds", s.seconds}};
+  ordered_json j{{"type", "delta"},
+                 {"path", path},
+                 {"base", VersionJson(h.base)},
+                 {"target", VersionJson(h.target)},
+                 {"manifest_digest", h.manifest.ToHex()},
+                 {"kind", h.all_overwrite ? "overwrite" : "xor"},
+                 {"tensors", h.tensor_count},
+                 {"span_elems", h.span_elems},
+                 {"total_elements", h.total_elements},
+                 {"checkpoint_bytes", h.total_bytes},
+                 {"changed_elements", h.changed_elements},
+                 {"change_rate", Ratio(h.changed_elements, h.total_elements)},
+                 {"chunks", s.chunks},
+                 {"sparse_chunks", s.sparse_chunks},
+                 {"dense_chunks", s.dense_chunks},
+                 {"file_bytes", s.file_bytes},
+                 {"seconds", s.seconds}};
   j["sections"] = SizesJson(s.sizes);
   return j;
 }
@@ -213,7 +215,7 @@ int RunDiffFromShards(const GlobalOptions& g, const std::string& layout_path,
   progress.Finish();
   if (!stats.ok()) return ReportError(stats.status());
   if (g.format() == OutputFormat::kJson) {
-    json j = DeltaJson(*stats, out_path);
+    ordered_json j = DeltaJson(*stats, out_path);
     j["layout"] = layout_path;
     j["producers"] = layout->ranks();
     PrintJson(j);
@@ -238,13 +240,13 @@ int RunApply(const GlobalOptions& g, const std::string& delta_path,
   if (!stats.ok()) return ReportError(stats.status());
   const DeltaHeader& h = stats->header;
   if (g.format() == OutputFormat::kJson) {
-    PrintJson(json{{"target", target_path},
-                   {"delta", delta_path},
-                   {"from", VersionJson(h.base)},
-                   {"to", VersionJson(h.target)},
-                   {"chunks", stats->chunks},
-                   {"changed_elements", h.changed_elements},
-                   {"seconds", stats->seconds}});
+    PrintJson(ordered_json{{"target", target_path},
+                           {"delta", delta_path},
+                           {"from", VersionJson(h.base)},
+                           {"to", VersionJson(h.target)},
+                           {"chunks", stats->chunks},
+                           {"changed_elements", h.changed_elements},
+                           {"seconds", stats->seconds}});
   } else {
     std::printf(
         "applied %s to %s: step %llu -> %llu, %llu chunks, %llu "
@@ -268,18 +270,19 @@ int RunVerify(const GlobalOptions& g, const std::string& a_path,
   auto pool = MakePool(g);
   std::vector<Mismatch> diffs = CompareCheckpoints(**a, **b, pool.get());
   if (g.format() == OutputFormat::kJson) {
-    json j{{"identical", diffs.empty()}, {"a", a_path}, {"b", b_path}};
-    json list = json::array();
+    ordered_json j{{"identical", diffs.empty()}, {"a", a_path}, {"b", b_path}};
+    ordered_json list = ordered_json::array();
     for (const auto& d : diffs) {
       if (!d.manifest_difference.empty()) {
         j["manifest_difference"] = d.manifest_difference;
         continue;
       }
-      list.push_back(json{{"tensor", d.tensor},
-                          {"first_element", d.element},
-                          {"a", d.a_hex},
-                          {"b", d.b_hex},
-                          {"differing_elements", d.differing_elements}});
+      list.push_back(
+          ordered_json{{"tensor", d.tensor},
+                       {"first_element", d.element},
+                       {"a", d.a_hex},
+                       {"b", d.b_hex},
+                       {"differing_elements", d.differing_elements}});
     }
     j["differences"] = list;
     PrintJson(j);
@@ -338,29 +341,29 @@ int RunInspect(const GlobalOptions& g, const std::string& path,
   }
   auto step = MetadataStep(**c);
   if (g.format() == OutputFormat::kJson) {
-    json j{{"type", "checkpoint"},
-           {"path", path},
-           {"tensors", m.size()},
-           {"elements", m.TotalElements()},
-           {"bytes", m.TotalBytes()},
-           {"version_digest", d.version.ToHex()},
-           {"manifest_digest", d.manifest.ToHex()}};
+    ordered_json j{{"type", "checkpoint"},
+                   {"path", path},
+                   {"tensors", m.size()},
+                   {"elements", m.TotalElements()},
+                   {"bytes", m.TotalBytes()},
+                   {"version_digest", d.version.ToHex()},
+                   {"manifest_digest", d.manifest.ToHex()}};
     if (step) j["step"] = *step;
-    json dt = json::object();
+    ordered_json dt = ordered_json::object();
     for (const auto& [name, e] : by_dtype) {
-      dt[name] = json{{"tensors", e.first}, {"bytes", e.second}};
+      dt[name] = ordered_json{{"tensors", e.first}, {"bytes", e.second}};
     }
     j["dtypes"] = dt;
     j["metadata"] = (*c)->metadata();
     if (list_tensors) {
-      json list = json::array();
+      ordered_json list = ordered_json::array();
       for (size_t i = 0; i < m.size(); ++i) {
-        list.push_back(json{{"name", m[i].name},
-                            {"dtype", DTypeName(m[i].dtype)},
-                            {"shape", m[i].shape},
-                            {"bytes", m[i].NumBytes()},
-                            {"digest", d.tensors[i].ToHex()},
-                            {"file", (*c)->FileOf(i)}});
+        list.push_back(ordered_json{{"name", m[i].name},
+                                    {"dtype", DTypeName(m[i].dtype)},
+                                    {"shape", m[i].shape},
+                                    {"bytes", m[i].NumBytes()},
+                                    {"digest", d.tensors[i].ToHex()},
+                                    {"file", (*c)->FileOf(i)}});
       }
       j["tensor_list"] = list;
     }

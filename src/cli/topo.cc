@@ -16,7 +16,7 @@
 namespace dcr::cli {
 namespace {
 
-using json = nlohmann::ordered_json;
+using nlohmann::ordered_json;
 
 constexpr const char* kCommentsLost =
     "\nThe file is rewritten in normalized form (temp file + rename), only if "
@@ -61,13 +61,13 @@ std::string SummaryText(const Summary& s) {
   return out;
 }
 
-json SummaryJson(const Summary& s) {
-  return json{{"clusters", s.clusters},
-              {"relays", s.relays},
-              {"links", s.links},
-              {"tree_depth", s.depth},
-              {"root_children", s.root_children},
-              {"narrowest_wan_bps", s.narrowest_wan_bps}};
+ordered_json SummaryJson(const Summary& s) {
+  return ordered_json{{"clusters", s.clusters},
+                      {"relays", s.relays},
+                      {"links", s.links},
+                      {"tree_depth", s.depth},
+                      {"root_children", s.root_children},
+                      {"narrowest_wan_bps", s.narrowest_wan_bps}};
 }
 
 // Loads and builds; on error reports it and returns false.
@@ -111,15 +111,16 @@ int RunValidate(const GlobalOptions& g, const std::string& path) {
       auto err = LoadTopology(path);
       std::string msg =
           err.ok() ? "invalid tree" : std::string(err.status().message());
-      std::printf("%s\n", json{{"file", path}, {"valid", false}, {"error", msg}}
-                              .dump(2)
-                              .c_str());
+      std::printf("%s\n",
+                  ordered_json{{"file", path}, {"valid", false}, {"error", msg}}
+                      .dump(2)
+                      .c_str());
     }
     return rc;
   }
   Summary s = Summarize(t, tree);
   if (g.format() == OutputFormat::kJson) {
-    json j{{"file", path}, {"valid", true}};
+    ordered_json j{{"file", path}, {"valid", true}};
     j["summary"] = SummaryJson(s);
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -135,8 +136,8 @@ int RunShow(const GlobalOptions& g, const std::string& path) {
   if (!Load(path, &t, &tree, &rc)) return rc;
   Summary s = Summarize(t, tree);
   if (g.format() == OutputFormat::kJson) {
-    json j{{"file", path}};
-    j["topology"] = json::parse(TopologyToJson(t));
+    ordered_json j{{"file", path}};
+    j["topology"] = ordered_json::parse(TopologyToJson(t));
     j["summary"] = SummaryJson(s);
     std::printf("%s\n", j.dump(2).c_str());
   } else {
