@@ -24,7 +24,7 @@ if(DCR_SANITIZE)
 endif()
 if(DCR_FUZZ)
   if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
-    message(FATAL_ERROR "dcr: DCR_FUZZ=ON needs clang (CXX=clang++)")
+    message(FATAL_ERROR "dcr: DCR_FUZZ=ON needs clang (-DCMAKE_CXX_COMPILER=clang++ on a new build directory)")
   endif()
   # Instrument every library for coverage; the fuzz targets link libFuzzer.
   target_compile_options(dcr_flags INTERFACE

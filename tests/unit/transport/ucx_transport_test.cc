@@ -35,8 +35,8 @@ constexpr milliseconds kConnectTimeout{5000};
 constexpr char kPeerPortVar[] = "DCR_UCX_TEST_PEER_PORT";
 
 // Loopback without RDMA, before any UCX context reads the environment (the
-// CMake test environment sets the same, with UCX_WARN_UNUSED_ENV_VARS=n,
-// which UCX reads when it loads; a caller's own UCX_TLS wins).
+// CMake test environment sets UCX_WARN_UNUSED_ENV_VARS=n, which UCX reads
+// when it loads; a caller's own UCX_TLS wins).
 const bool kUcxEnv = [] {
   setenv("UCX_TLS", "tcp", /*overwrite=*/0);
   return true;
