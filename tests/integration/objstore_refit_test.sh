@@ -326,7 +326,16 @@ if [[ $BACKEND == s3rver ]]; then
   set +e; wait "$REFIT_PID"; rc=$?; set -e
   [[ $rc -eq 0 ]] || { cat "$T/restart.err" >&2; fail "the refit across an s3rver restart exited $rc"; }
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["outcome"] == "committed", d["outcome"]' "$T/restart.json"
-  tail -n +"$((F0_LINES + 1))" "$T/f0.log" | grep -q "objstore: refits/.*: I/O error" ||
+  # (Polled: f0 may write its log lines after the refit has returned.)
+  saw_down=0
+  for _ in $(seq 100); do
+    if tail -n +"$((F0_LINES + 1))" "$T/f0.log" | grep -q "objstore: refits/.*: I/O error"; then
+      saw_down=1
+      break
+    fi
+    sleep 0.1
+  done
+  [[ $saw_down -eq 1 ]] ||
     { tail -n +"$((F0_LINES + 1))" "$T/f0.log" >&2; fail "f0 never saw the store down"; }
   verify_all "$V/v2.safetensors" "${RELAYS[@]}"
   CUR=$V/v2.safetensors OTHER_V=$V/v3.safetensors
