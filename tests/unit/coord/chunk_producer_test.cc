@@ -19,7 +19,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-Outgoing Frame(size_t bytes, uint8_t tag = 0) {
+Outgoing TestOutgoing(size_t bytes, uint8_t tag = 0) {
   auto b = std::make_shared<std::vector<std::byte>>(bytes, std::byte{tag});
   return Outgoing{b, bytes};
 }
@@ -38,7 +38,7 @@ ChunkJob CountingJob(size_t n, std::function<bool(size_t)> skip = nullptr) {
   };
   job.emit = [](size_t i, const EncodedChunk& c) -> Result<Outgoing> {
     EXPECT_EQ(c.bytes.size(), 1u);
-    return Frame(16, static_cast<uint8_t>(i));
+    return TestOutgoing(16, static_cast<uint8_t>(i));
   };
   return job;
 }
@@ -69,7 +69,7 @@ TEST(ChunkQueueTest, PushBlocksAtCapacityUntilPopped) {
   std::atomic<int> pushed{0};
   std::thread t([&] {
     for (int i = 0; i < 3; ++i) {
-      ASSERT_TRUE(q.Push(Frame(10)));
+      ASSERT_TRUE(q.Push(TestOutgoing(10)));
       ++pushed;
     }
   });
@@ -86,15 +86,15 @@ TEST(ChunkQueueTest, PushBlocksAtCapacityUntilPopped) {
 // A chunk in two encodings (a mixed tree) takes the room of both frames.
 TEST(ChunkQueueTest, BothFramesOfAChunkCountAgainstTheCapacity) {
   ChunkQueue q(/*capacity=*/30);
-  Outgoing two = Frame(10);
+  Outgoing two = TestOutgoing(10);
   two.plain = std::make_shared<std::vector<std::byte>>(14);
   two.plain_payload = 14;
   ASSERT_TRUE(q.Push(two));
   EXPECT_EQ(q.bytes(), 24u);
-  ASSERT_TRUE(q.Push(Frame(6)));
+  ASSERT_TRUE(q.Push(TestOutgoing(6)));
   EXPECT_EQ(q.bytes(), 30u);
   std::atomic<bool> pushed{false};
-  std::thread t([&] { pushed = q.Push(Frame(1)); });
+  std::thread t([&] { pushed = q.Push(TestOutgoing(1)); });
   ASSERT_TRUE(WaitFor([&] { return q.blocked() == 1; }));
   auto o = q.Pop();
   ASSERT_TRUE(o.has_value());
@@ -106,14 +106,14 @@ TEST(ChunkQueueTest, BothFramesOfAChunkCountAgainstTheCapacity) {
 
 TEST(ChunkQueueTest, CancelWakesABlockedPushAndRefusesMore) {
   ChunkQueue q(10);
-  ASSERT_TRUE(q.Push(Frame(10)));
+  ASSERT_TRUE(q.Push(TestOutgoing(10)));
   std::atomic<bool> result{true};
-  std::thread t([&] { result = q.Push(Frame(10)); });
+  std::thread t([&] { result = q.Push(TestOutgoing(10)); });
   ASSERT_TRUE(WaitFor([&] { return q.blocked() == 1; }));
   q.Cancel();
   t.join();
   EXPECT_FALSE(result);
-  EXPECT_FALSE(q.Push(Frame(1)));
+  EXPECT_FALSE(q.Push(TestOutgoing(1)));
   // What was queued before stays.
   EXPECT_TRUE(q.Pop().has_value());
   EXPECT_FALSE(q.Pop().has_value());
@@ -156,7 +156,7 @@ TEST(ChunkProducerTest, EachItemStartsFromAnEmptyChunk) {
   };
   job.emit = [](size_t i, const EncodedChunk& c) -> Result<Outgoing> {
     EXPECT_EQ(c.base_independent.size(), i % 3 == 0 ? 1u : 0u) << i;
-    return Frame(16, static_cast<uint8_t>(i));
+    return TestOutgoing(16, static_cast<uint8_t>(i));
   };
   p.Start(std::move(job));
   EXPECT_EQ(Drain(p).size(), 200u);

@@ -19,10 +19,10 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
 
-constexpr uint64_t kSpan = 4096;
+constexpr uint64_t kHistorySpan = 4096;
 constexpr size_t kElem = 2;  // BF16-like
 // Two "tensors": 3 spans (the last one short) and 1 span.
-const std::vector<uint64_t> kElems = {2 * kSpan + 1000, 700};
+const std::vector<uint64_t> kHistoryElems = {2 * kHistorySpan + 1000, 700};
 const Digest128 kManifest{7, 7};
 
 Version V(uint64_t step) { return Version{step, Digest128{step + 1, 99}}; }
@@ -31,7 +31,7 @@ struct Model {
   std::vector<Bytes> t;
   explicit Model(uint32_t seed) {
     std::mt19937 rng(seed);
-    for (uint64_t n : kElems) {
+    for (uint64_t n : kHistoryElems) {
       Bytes b(n * kElem);
       for (auto& x : b) x = static_cast<std::byte>(rng());
       t.push_back(std::move(b));
@@ -49,8 +49,8 @@ struct Model {
     return m;
   }
   std::span<std::byte> Span(ChunkId id) {
-    uint64_t first = uint64_t{id.span} * kSpan;
-    uint64_t n = std::min(kSpan, kElems[id.tensor] - first);
+    uint64_t first = uint64_t{id.span} * kHistorySpan;
+    uint64_t n = std::min(kHistorySpan, kHistoryElems[id.tensor] - first);
     return std::span<std::byte>(t[id.tensor]).subspan(first * kElem, n * kElem);
   }
 };
@@ -76,8 +76,8 @@ class HistoryTest : public ::testing::Test {
       fs::create_directories(history_.AbortedDir());
       (*w)->set_path(history_.AbortedPathFor(*aborted));
     }
-    for (uint32_t t = 0; t < kElems.size(); ++t) {
-      for (uint32_t s = 0; s < SpanCount(kElems[t], kSpan); ++s) {
+    for (uint32_t t = 0; t < kHistoryElems.size(); ++t) {
+      for (uint32_t s = 0; s < SpanCount(kHistoryElems[t], kHistorySpan); ++s) {
         ChunkId id{t, s};
         Bytes out;
         if (overwrite == id) {
@@ -118,9 +118,9 @@ class HistoryTest : public ::testing::Test {
     h.base = V(from);
     h.target = V(to);
     h.manifest = kManifest;
-    h.span_elems = kSpan;
-    h.tensor_count = kElems.size();
-    h.total_elements = kElems[0] + kElems[1];
+    h.span_elems = kHistorySpan;
+    h.tensor_count = kHistoryElems.size();
+    h.total_elements = kHistoryElems[0] + kHistoryElems[1];
     h.total_bytes = h.total_elements * kElem;
     ASSERT_TRUE((*w)->Finish(h).ok());
   }
@@ -129,7 +129,7 @@ class HistoryTest : public ::testing::Test {
   // bits the composer needs for overwritten spans.
   Model Compose(const std::vector<std::string>& chain, Model base, Model end,
                 size_t* chunks = nullptr) {
-    auto c = ComposedDelta::Open(chain, kManifest, kSpan);
+    auto c = ComposedDelta::Open(chain, kManifest, kHistorySpan);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) return base;
     Bytes scratch;
@@ -193,7 +193,7 @@ TEST_F(HistoryTest, PartsComposeIntoWholeSpans) {
   Record(v1, v2, 1, 2);
   auto chain = history_.Chain(V(0), V(2));
   ASSERT_TRUE(chain.ok()) << chain.status().ToString();
-  auto c = ComposedDelta::Open(*chain, kManifest, kSpan);
+  auto c = ComposedDelta::Open(*chain, kManifest, kHistorySpan);
   ASSERT_TRUE(c.ok());
   ASSERT_EQ((*c)->ids().size(), 4u);  // the spans, not the parts
   for (const ChunkId& id : (*c)->ids()) EXPECT_EQ(id.part, 0);
@@ -229,13 +229,13 @@ TEST_F(HistoryTest, MissingLinksAndBadChainsAreRefused) {
   Record(v0, v1, 0, 1);
   std::vector<std::string> reversed = {history_.PathFor(V(2)),
                                        history_.PathFor(V(1))};
-  EXPECT_TRUE(ComposedDelta::Open(reversed, kManifest, kSpan)
+  EXPECT_TRUE(ComposedDelta::Open(reversed, kManifest, kHistorySpan)
                   .status()
                   .IsInvalidArgument());
   std::vector<std::string> ok = {history_.PathFor(V(1))};
-  EXPECT_FALSE(ComposedDelta::Open(ok, Digest128{1, 2}, kSpan).ok());
-  EXPECT_FALSE(ComposedDelta::Open(ok, kManifest, kSpan * 2).ok());
-  EXPECT_FALSE(ComposedDelta::Open({}, kManifest, kSpan).ok());
+  EXPECT_FALSE(ComposedDelta::Open(ok, Digest128{1, 2}, kHistorySpan).ok());
+  EXPECT_FALSE(ComposedDelta::Open(ok, kManifest, kHistorySpan * 2).ok());
+  EXPECT_FALSE(ComposedDelta::Open({}, kManifest, kHistorySpan).ok());
   // A damaged file is no link of a chain.
   std::ofstream(history_.PathFor(V(1)), std::ios::binary | std::ios::trunc)
       << "garbage";
@@ -335,8 +335,8 @@ TEST_F(HistoryTest, ARecordingIsNamedByItsRefitThenByItsTarget) {
   EXPECT_EQ(r.undo_path(), history_.TmpPathFor(refit));
   EXPECT_NE(r.undo_path().find(refit.ToHex()), std::string::npos);
   uint64_t changed = 0;
-  for (uint32_t t = 0; t < kElems.size(); ++t) {
-    for (uint32_t s = 0; s < SpanCount(kElems[t], kSpan); ++s) {
+  for (uint32_t t = 0; t < kHistoryElems.size(); ++t) {
+    for (uint32_t s = 0; s < SpanCount(kHistoryElems[t], kHistorySpan); ++s) {
       Bytes out;
       auto c = encoder_->EncodeDiff(ChunkKind::kXor, {t, s}, kElem,
                                     v0.Span({t, s}), v1.Span({t, s}), &out);
@@ -352,9 +352,9 @@ TEST_F(HistoryTest, ARecordingIsNamedByItsRefitThenByItsTarget) {
   h.base = V(0);
   h.target = V(1);
   h.manifest = kManifest;
-  h.span_elems = kSpan;
-  h.tensor_count = kElems.size();
-  h.total_elements = kElems[0] + kElems[1];
+  h.span_elems = kHistorySpan;
+  h.tensor_count = kHistoryElems.size();
+  h.total_elements = kHistoryElems[0] + kHistoryElems[1];
   h.total_bytes = h.total_elements * kElem;
   auto path = r.Finish(h);
   ASSERT_TRUE(path.has_value());
@@ -389,7 +389,7 @@ class RepairTest : public HistoryTest {
   // Applies the repair overwrites of `files` (the union of their change
   // sets, with `end`'s bits) to `store`.
   Model Repair(const std::vector<std::string>& files, Model store, Model end) {
-    auto c = ComposedDelta::Open(files, kManifest, kSpan,
+    auto c = ComposedDelta::Open(files, kManifest, kHistorySpan,
                                  ComposedDelta::Kind::kUnion);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) return store;

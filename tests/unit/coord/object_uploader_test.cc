@@ -47,7 +47,7 @@ class FailingStore final : public ObjectStore {
   std::atomic<int> puts_{0};
 };
 
-FrameBuffer Frame(uint8_t fill, size_t n = 64) {
+FrameBuffer FilledFrame(uint8_t fill, size_t n = 64) {
   return std::make_shared<const std::vector<std::byte>>(n, std::byte{fill});
 }
 
@@ -74,7 +74,7 @@ TEST_F(ObjectUploaderTest, StoresEveryFrameUnderItsOrdinal) {
   std::atomic<int> wakes{0};
   ObjectUploader u(
       store_.get(), kRefit, 4, [&] { wakes.fetch_add(1); }, 10s);
-  for (uint8_t i = 0; i < 20; ++i) u.Push(Frame(i));
+  for (uint8_t i = 0; i < 20; ++i) u.Push(FilledFrame(i));
   EXPECT_EQ(u.pushed(), 20u);
   WaitUploaded(u, 20);
   EXPECT_EQ(u.uploaded(), 20u);
@@ -83,7 +83,7 @@ TEST_F(ObjectUploaderTest, StoresEveryFrameUnderItsOrdinal) {
   for (uint8_t i = 0; i < 20; ++i) {
     auto got = store_->Get(RefitObjectKey(kRefit, i));
     ASSERT_TRUE(got.ok()) << i;
-    EXPECT_EQ(*got, *Frame(i));
+    EXPECT_EQ(*got, *FilledFrame(i));
   }
   EXPECT_GE(wakes.load(), 20);
 }
@@ -91,7 +91,7 @@ TEST_F(ObjectUploaderTest, StoresEveryFrameUnderItsOrdinal) {
 TEST_F(ObjectUploaderTest, RetriesAStoreThatIsDownUntilItIsBack) {
   FailingStore down(store_.get(), 2, Status::IOError("connection refused"));
   ObjectUploader u(&down, kRefit, 1, nullptr, 10s);
-  u.Push(Frame(7));  // the END object, say: it must get there
+  u.Push(FilledFrame(7));  // the END object, say: it must get there
   WaitUploaded(u, 1);
   EXPECT_EQ(u.uploaded(), 1u);
   EXPECT_EQ(u.failures(), 2u);
@@ -103,8 +103,8 @@ TEST_F(ObjectUploaderTest, ARefusalIsNotRetried) {
   FailingStore refusing(store_.get(), 1,
                         Status::InvalidArgument("access denied"));
   ObjectUploader u(&refusing, kRefit, 1, nullptr, 10s);
-  u.Push(Frame(1));
-  u.Push(Frame(2));
+  u.Push(FilledFrame(1));
+  u.Push(FilledFrame(2));
   WaitUploaded(u, 1);
   u.Stop();
   EXPECT_EQ(refusing.puts(), 2);
@@ -116,14 +116,14 @@ TEST_F(ObjectUploaderTest, ARefusalIsNotRetried) {
 TEST_F(ObjectUploaderTest, StopCutsARetryShortAndDropsTheQueue) {
   FailingStore down(store_.get(), 1 << 20, Status::IOError("down"));
   ObjectUploader u(&down, kRefit, 1, nullptr, 60s);
-  for (uint8_t i = 0; i < 5; ++i) u.Push(Frame(i));
+  for (uint8_t i = 0; i < 5; ++i) u.Push(FilledFrame(i));
   while (down.puts() < 2) std::this_thread::sleep_for(5ms);
   const auto t0 = std::chrono::steady_clock::now();
   u.Stop();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   EXPECT_EQ(u.uploaded(), 0u);
   EXPECT_EQ(u.QueuedBytes(), 0u);
-  u.Push(Frame(9));  // ignored after Stop
+  u.Push(FilledFrame(9));  // ignored after Stop
   EXPECT_EQ(u.pushed(), 5u);
 }
 
@@ -133,8 +133,8 @@ TEST_F(ObjectUploaderTest, AStoreThatStaysDownIsGivenUpAfterTheDeadline) {
   FailingStore down(store_.get(), 1 << 20, Status::IOError("no space left"));
   ObjectUploader u(&down, kRefit, 1, nullptr, 500ms);
   const auto t0 = std::chrono::steady_clock::now();
-  u.Push(Frame(1));
-  u.Push(Frame(2));
+  u.Push(FilledFrame(1));
+  u.Push(FilledFrame(2));
   while (u.QueuedBytes() > 0 && std::chrono::steady_clock::now() - t0 < 5s) {
     std::this_thread::sleep_for(10ms);
   }

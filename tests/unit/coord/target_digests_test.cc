@@ -16,18 +16,18 @@ namespace dcr {
 namespace {
 
 using Bytes = std::vector<std::byte>;
-constexpr uint64_t kSpan = 1000;
+constexpr uint64_t kDigestSpan = 1000;
 
 class TargetDigestsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // Short last spans, a one-span tensor, an empty tensor, an F32 one.
     const std::vector<std::pair<DType, uint64_t>> shapes = {
-        {DType::kBF16, 7 * kSpan + 13},
+        {DType::kBF16, 7 * kDigestSpan + 13},
         {DType::kBF16, 999},
         {DType::kF32, 0},
-        {DType::kF32, 3 * kSpan},
-        {DType::kU8, 2 * kSpan + 1}};
+        {DType::kF32, 3 * kDigestSpan},
+        {DType::kU8, 2 * kDigestSpan + 1}};
     std::mt19937 rng(7);
     std::vector<Bytes> data;
     std::vector<TensorToWrite> w;
@@ -48,7 +48,8 @@ class TargetDigestsTest : public ::testing::Test {
     want_ = target_->ComputeDigests();
     const Manifest& m = target_->manifest();
     for (uint32_t t = 0; t < m.size(); ++t) {
-      for (uint32_t s = 0; s < SpanCount(m[t].NumElements(), kSpan); ++s) {
+      for (uint32_t s = 0; s < SpanCount(m[t].NumElements(), kDigestSpan);
+           ++s) {
         ids_.push_back({t, s});
       }
       total_ += m[t].NumBytes();
@@ -69,7 +70,7 @@ class TargetDigestsTest : public ::testing::Test {
 };
 
 TEST_F(TargetDigestsTest, InOrderOffersHashEverySpanThere) {
-  TargetDigests d(target_.get(), kSpan);
+  TargetDigests d(target_.get(), kDigestSpan);
   for (const ChunkId& id : ids_) d.Offer(id);
   EXPECT_EQ(d.offered_bytes(), total_);
   ExpectDigests(d.Finish(nullptr));
@@ -80,7 +81,7 @@ TEST_F(TargetDigestsTest, ShuffledOffersFromManyThreadsGiveTheSameDigests) {
     std::vector<ChunkId> order = ids_;
     std::mt19937 rng(seed);
     std::shuffle(order.begin(), order.end(), rng);
-    TargetDigests d(target_.get(), kSpan);
+    TargetDigests d(target_.get(), kDigestSpan);
     std::vector<std::thread> threads;
     constexpr size_t kThreads = 4;
     for (size_t k = 0; k < kThreads; ++k) {
@@ -99,13 +100,13 @@ TEST_F(TargetDigestsTest, FinishHashesWhatWasNeverOffered) {
   ThreadPool pool(3);
   // Nothing offered.
   {
-    TargetDigests d(target_.get(), kSpan);
+    TargetDigests d(target_.get(), kDigestSpan);
     ExpectDigests(d.Finish(&pool));
     EXPECT_EQ(d.offered_bytes(), 0u);
   }
   // Every other span, in reverse: the offers behind a gap wait for Finish.
   {
-    TargetDigests d(target_.get(), kSpan);
+    TargetDigests d(target_.get(), kDigestSpan);
     for (size_t i = ids_.size(); i-- > 0;) {
       if (i % 2 == 0) d.Offer(ids_[i]);
     }
@@ -114,7 +115,7 @@ TEST_F(TargetDigestsTest, FinishHashesWhatWasNeverOffered) {
 }
 
 TEST_F(TargetDigestsTest, RepeatedAndOutOfRangeOffersAreIgnored) {
-  TargetDigests d(target_.get(), kSpan);
+  TargetDigests d(target_.get(), kDigestSpan);
   for (const ChunkId& id : ids_) {
     d.Offer(id);
     d.Offer(id);

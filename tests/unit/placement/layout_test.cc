@@ -21,11 +21,8 @@ namespace {
 
 using placement_testing::Tensors;
 using placement_testing::View;
+using placement_testing::Volume;
 using ::testing::HasSubstr;
-
-uint64_t Volume(const Shape& s) {
-  return std::accumulate(s.begin(), s.end(), uint64_t{1}, std::multiplies<>());
-}
 
 // Canonical tensors as values: element i of tensor k holds a number no
 // other element of any tensor holds.
@@ -112,7 +109,7 @@ void ExpectPiecesRead(const Layout& l, const Values& canonical,
 // A small Megatron-style GPT: vocabulary 1000 padded, fused QKV with GQA,
 // fused gate/up, row-parallel projections, replicated norms, a final norm
 // and an untied head on the last stage.
-std::string Gpt(uint32_t tp, uint32_t pp, bool transpose_head = false) {
+std::string MegatronGpt(uint32_t tp, uint32_t pp, bool transpose_head = false) {
   std::string y = "version: 1\n";
   y += "parallel: {tp: " + std::to_string(tp) + ", pp: " + std::to_string(pp) +
        "}\n";
@@ -176,8 +173,8 @@ tensors:
   return y;
 }
 
-// The shards each rank of Gpt(tp, pp) holds, built the way Megatron builds
-// them from the canonical tensors.
+// The shards each rank of MegatronGpt(tp, pp) holds, built the way Megatron
+// builds them from the canonical tensors.
 std::map<std::pair<uint32_t, std::string>, std::vector<int64_t>> GptShards(
     const Values& v, uint32_t tp, uint32_t pp, bool transpose_head) {
   std::map<std::pair<uint32_t, std::string>, std::vector<int64_t>> out;
@@ -248,7 +245,7 @@ TEST(LayoutTest, MegatronGptMatchesAReferenceSharding) {
       for (bool transpose : {false, true}) {
         SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) +
                      (transpose ? " transposed" : ""));
-        auto l = ParseLayout(Gpt(tp, pp, transpose), "gpt.yaml");
+        auto l = ParseLayout(MegatronGpt(tp, pp, transpose), "gpt.yaml");
         ASSERT_TRUE(l.ok()) << l.status().ToString();
         EXPECT_EQ(l->ranks(), tp * pp);
         // embed, norm and head, and 11 per layer.
@@ -261,7 +258,7 @@ TEST(LayoutTest, MegatronGptMatchesAReferenceSharding) {
 }
 
 TEST(LayoutTest, ShapesDtypesAndShardsOfEachRank) {
-  auto l = ParseLayout(Gpt(2, 2), "gpt.yaml");
+  auto l = ParseLayout(MegatronGpt(2, 2), "gpt.yaml");
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   std::map<std::string, const LayoutTensor*> by_name;
   for (const LayoutTensor& t : l->tensors) by_name[t.name] = &t;
@@ -384,10 +381,10 @@ tensors:
 }
 
 TEST(LayoutTest, FingerprintFollowsWhatIsResolvedNotHowItIsWritten) {
-  auto a = ParseLayout(Gpt(2, 2), "a.yaml");
+  auto a = ParseLayout(MegatronGpt(2, 2), "a.yaml");
   ASSERT_TRUE(a.ok());
   // The same layout with the final norm's entry moved first.
-  std::string text = Gpt(2, 2);
+  std::string text = MegatronGpt(2, 2);
   size_t at = text.find("  - name: model.norm.weight");
   size_t end = text.find("  - name: lm_head.weight");
   std::string norm = text.substr(at, end - at);
@@ -396,10 +393,10 @@ TEST(LayoutTest, FingerprintFollowsWhatIsResolvedNotHowItIsWritten) {
   auto b = ParseLayout(text + "# a comment\n", "b.yaml");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(a->Fingerprint(), b->Fingerprint());
-  auto c = ParseLayout(Gpt(4, 2), "c.yaml");
+  auto c = ParseLayout(MegatronGpt(4, 2), "c.yaml");
   ASSERT_TRUE(c.ok());
   EXPECT_NE(a->Fingerprint(), c->Fingerprint());
-  auto d = ParseLayout(Gpt(2, 2, /*transpose_head=*/true), "d.yaml");
+  auto d = ParseLayout(MegatronGpt(2, 2, /*transpose_head=*/true), "d.yaml");
   ASSERT_TRUE(d.ok());
   EXPECT_NE(a->Fingerprint(), d->Fingerprint());
   // Explicit pieces in another order, and add: -0 for nothing.

@@ -7,15 +7,13 @@
 #include <thread>
 #include <vector>
 
+#include "testing/test_util.h"
 #include "wire/hmac_authenticator.h"
 
 namespace dcr {
 namespace {
 
-std::vector<std::byte> Bytes(std::string_view s) {
-  const auto* p = reinterpret_cast<const std::byte*>(s.data());
-  return {p, p + s.size()};
-}
+using testing::TextBytes;
 
 RefitId Id(uint8_t a, uint8_t b) {
   RefitId id;
@@ -33,8 +31,8 @@ Frame Parse(const FrameBuffer& b, const FrameOptions& options = {}) {
 TEST(FrameSenderTest, NextNumbersFramesInTheSendersContext) {
   RefitId refit = Id(7, 9);
   FrameSender sender({}, FrameContext{4, refit}, 1);
-  auto a = sender.Next(FrameType::kChunk, Bytes("abc"));
-  auto b = sender.Next(FrameType::kEnd, Bytes("d"));
+  auto a = sender.Next(FrameType::kChunk, TextBytes("abc"));
+  auto b = sender.Next(FrameType::kEnd, TextBytes("d"));
   ASSERT_TRUE(a.ok() && b.ok());
   Frame fa = Parse(*a), fb = Parse(*b);
   EXPECT_EQ(fa.header.type, FrameType::kChunk);
@@ -48,7 +46,7 @@ TEST(FrameSenderTest, NextNumbersFramesInTheSendersContext) {
 
 TEST(FrameSenderTest, AtKeepsTheCounterAndMessageFlagsOnly) {
   FrameSender sender({}, FrameContext{2, Id(1, 1)}, 5);
-  auto f = sender.At(FrameType::kPlan, 0, Bytes("p"), 0xff01);
+  auto f = sender.At(FrameType::kPlan, 0, TextBytes("p"), 0xff01);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   Frame p = Parse(*f);
   EXPECT_EQ(p.header.sequence, 0u);
@@ -63,7 +61,7 @@ TEST(FrameSenderTest, ReplyTakesTheRefitOfWhatItAnswers) {
   about.epoch = 11;
   about.refit_id = Id(3, 4);
   about.sequence = 99;
-  auto r = sender.Reply(FrameType::kPlanReply, about, Bytes("ok"));
+  auto r = sender.Reply(FrameType::kPlanReply, about, TextBytes("ok"));
   ASSERT_TRUE(r.ok());
   Frame f = Parse(*r);
   EXPECT_EQ(f.header.type, FrameType::kPlanReply);
@@ -82,8 +80,8 @@ TEST(FrameSenderTest, NextPairNumbersBothFramesOnceAndTagsEach) {
   options.authenticator =
       std::shared_ptr<const FrameAuthenticator>(std::move(*auth).release());
   FrameSender sender(options, FrameContext{3, Id(2, 5)}, 9);
-  auto pair = sender.NextPair(FrameType::kChunk, Bytes("context"),
-                              Bytes("base-independent"));
+  auto pair = sender.NextPair(FrameType::kChunk, TextBytes("context"),
+                              TextBytes("base-independent"));
   ASSERT_TRUE(pair.ok()) << pair.status().ToString();
   Frame a = Parse(pair->first, options), b = Parse(pair->second, options);
   EXPECT_EQ(a.header.sequence, 9u);
@@ -106,8 +104,8 @@ TEST(FrameSenderTest, APayloadOverTheBoundIsRefused) {
   FrameOptions options;
   options.max_payload = 4;
   FrameSender sender(options);
-  EXPECT_FALSE(sender.Next(FrameType::kChunk, Bytes("12345")).ok());
-  EXPECT_TRUE(sender.Next(FrameType::kChunk, Bytes("1234")).ok());
+  EXPECT_FALSE(sender.Next(FrameType::kChunk, TextBytes("12345")).ok());
+  EXPECT_TRUE(sender.Next(FrameType::kChunk, TextBytes("1234")).ok());
 }
 
 TEST(FrameSenderTest, ConcurrentSendersNeverShareASequenceNumber) {
@@ -133,7 +131,7 @@ TEST(FrameSenderTest, ConcurrentSendersNeverShareASequenceNumber) {
 
 TEST(FrameSenderTest, WholeFramePositionReadsOnlyExactlyOneFrame) {
   FrameSender sender({}, FrameContext{6, Id(2, 2)}, 41);
-  auto f = sender.Next(FrameType::kChunk, Bytes("payload"));
+  auto f = sender.Next(FrameType::kChunk, TextBytes("payload"));
   ASSERT_TRUE(f.ok());
   auto pos = WholeFramePosition(**f, {});
   ASSERT_TRUE(pos.has_value());

@@ -23,7 +23,7 @@ PlanMsg Plan(std::vector<std::pair<std::string, int32_t>> nodes) {
 
 // name -> parent's name ("" for the owner and detached nodes), of the
 // nodes reachable from the owner.
-std::map<std::string, std::string> Shape(const PlanTree& t) {
+std::map<std::string, std::string> TreeShape(const PlanTree& t) {
   std::map<std::string, std::string> out;
   PlanMsg reach = SubPlan(t.plan, 0);
   for (const PlanNode& n : reach.nodes) {
@@ -34,7 +34,7 @@ std::map<std::string, std::string> Shape(const PlanTree& t) {
 }
 
 // root -> {a0 -> {a1, a2}, b0 -> {b1 -> {b2}}}
-PlanMsg Sample() {
+PlanMsg SampleTreePlan() {
   return Plan({{"root", -1},
                {"a0", 0},
                {"a1", 1},
@@ -55,7 +55,7 @@ TEST(PlanTreeTest, CapacityIsThePlannedCountOrTheFanout) {
   // As a relay: its own capacity is max(planned, fanout) too.
   for (Case c : {Case{true, 0, 2}, Case{true, 1, 2}, Case{true, 2, 2},
                  Case{true, 5, 2}, Case{false, 0, 2}, Case{false, 6, 2}}) {
-    PlanTree t = PlanTree::Of(Sample(), c.root);
+    PlanTree t = PlanTree::Of(SampleTreePlan(), c.root);
     EXPECT_EQ(t.Capacity(c.index), c.capacity)
         << "root " << c.root << " index " << c.index;
   }
@@ -73,14 +73,14 @@ TEST(PlanTreeTest, CapacityIsThePlannedCountOrTheFanout) {
 }
 
 TEST(PlanTreeTest, ChildrenInPlanOrder) {
-  PlanTree t = PlanTree::Of(Sample(), true);
+  PlanTree t = PlanTree::Of(SampleTreePlan(), true);
   EXPECT_EQ(t.Children(0), (std::vector<size_t>{1, 4}));
   EXPECT_EQ(t.Children(1), (std::vector<size_t>{2, 3}));
   EXPECT_EQ(t.Children(6), std::vector<size_t>{});
 }
 
 TEST(PlanTreeTest, FindHostIsBreadthFirstOverTheRootsInOrder) {
-  PlanTree t = PlanTree::Of(Sample(), true);  // relay capacity 2
+  PlanTree t = PlanTree::Of(SampleTreePlan(), true);  // relay capacity 2
   struct Case {
     std::vector<size_t> roots;
     std::optional<size_t> host;
@@ -102,7 +102,7 @@ TEST(PlanTreeTest, FindHostIsBreadthFirstOverTheRootsInOrder) {
 }
 
 TEST(PlanTreeTest, MoveUnderKeepsOrderAndDetachesTheOriginal) {
-  PlanTree t = PlanTree::Of(Sample(), true);
+  PlanTree t = PlanTree::Of(SampleTreePlan(), true);
   size_t moved = t.MoveUnder(5, 2);  // b1 (with b2) under a1
   EXPECT_EQ(moved, 7u);
   EXPECT_EQ(t.plan.nodes[5].parent, -1);
@@ -114,7 +114,7 @@ TEST(PlanTreeTest, MoveUnderKeepsOrderAndDetachesTheOriginal) {
   for (size_t i = 1; i < t.plan.nodes.size(); ++i) {
     EXPECT_LT(t.plan.nodes[i].parent, static_cast<int32_t>(i));
   }
-  auto shape = Shape(t);
+  auto shape = TreeShape(t);
   EXPECT_EQ(shape["b1"], "a1");
   EXPECT_EQ(shape["b2"], "b1");
   EXPECT_EQ(shape["b0"], "root");
@@ -150,7 +150,7 @@ TEST(PlanTreeTest, PlaceOrphansCoversEveryOutcome) {
                 {"a1"},
                 {{"a2", "a1"}}},
        }) {
-    PlanTree t = PlanTree::Of(Sample(), true);
+    PlanTree t = PlanTree::Of(SampleTreePlan(), true);
     OrphanPlacement p = PlaceOrphans(t, t.Children(1), c.free_slots, c.live);
     std::vector<std::string> adopt;
     for (size_t a : p.adopt) adopt.push_back(t.plan.nodes[a].name);
@@ -170,7 +170,7 @@ TEST(PlanTreeTest, PlaceOrphansCoversEveryOutcome) {
 TEST(PlanTreeTest, PlaceOrphansKeepsAnOrphanToTheRootsItMayGoUnder) {
   // a0 (index 1) failed; no free slot. b0's subtree takes context chunks,
   // a1 may not go there; a2 may.
-  PlanTree t = PlanTree::Of(Sample(), true);
+  PlanTree t = PlanTree::Of(SampleTreePlan(), true);
   std::vector<std::pair<std::string, std::string>> asked;
   OrphanPlacement p =
       PlaceOrphans(t, t.Children(1), 0, {4}, [&](size_t o, size_t r) {
@@ -187,7 +187,7 @@ TEST(PlanTreeTest, PlaceOrphansKeepsAnOrphanToTheRootsItMayGoUnder) {
       {"a1", "b0"}, {"a2", "a1"}, {"a2", "b0"}};
   EXPECT_EQ(asked, want);
   // Nobody allowed anywhere: the owner adopts all.
-  PlanTree u = PlanTree::Of(Sample(), true);
+  PlanTree u = PlanTree::Of(SampleTreePlan(), true);
   OrphanPlacement q = PlaceOrphans(u, u.Children(1), 0, {4},
                                    [](size_t, size_t) { return false; });
   EXPECT_EQ(q.adopt.size(), 2u);
@@ -202,7 +202,7 @@ TEST(PlanTreeTest, PlaceOrphansFillsEveryHostToCapacityOnly) {
   t.fanout = 1;
   OrphanPlacement p = PlaceOrphans(t, t.Children(1), 0, {5});
   ASSERT_EQ(p.placed.size(), 3u);
-  auto shape = Shape(t);
+  auto shape = TreeShape(t);
   EXPECT_EQ(shape["x1"], "y");
   EXPECT_EQ(shape["x2"], "x1");
   EXPECT_EQ(shape["x3"], "x2");
@@ -228,7 +228,7 @@ TEST(PlanTreeTest, MergePlanTakesOnlyNewReachableSubtrees) {
   std::vector<std::string> names;
   for (size_t k : tops) names.push_back(t.plan.nodes[k].name);
   EXPECT_EQ(names, (std::vector<std::string>{"b1", "c1"}));
-  auto shape = Shape(t);
+  auto shape = TreeShape(t);
   EXPECT_EQ(shape["b1"], "a1");
   EXPECT_EQ(shape["b2"], "b1");  // below a new node: no top of its own
   EXPECT_EQ(shape["c1"], "a0");
@@ -251,7 +251,7 @@ TEST(PlanTreeTest, MergePlanIgnoresWhatItCannotReach) {
 }
 
 TEST(PlanTreeTest, NearestEntryWalksUpToTheOwner) {
-  PlanTree t = PlanTree::Of(Sample(), true);
+  PlanTree t = PlanTree::Of(SampleTreePlan(), true);
   auto entry_of = [](size_t x) -> std::optional<size_t> {
     if (x == 4) return 40;  // b0 has a link entry
     return std::nullopt;

@@ -17,7 +17,7 @@ Sha256Digest HashOf(int seed) {
   return Sha256(b);
 }
 
-RefitManifest Sample() {
+RefitManifest SampleManifest() {
   RefitManifest m;
   for (size_t i = 0; i < m.refit.bytes.size(); ++i) m.refit.bytes[i] = i + 1;
   m.epoch = 7;
@@ -66,7 +66,7 @@ EndMsg SignedEnd(const RefitManifest& m, const Ed25519PrivateKey& k) {
 }
 
 TEST(RefitManifestTest, RoundTripAndSize) {
-  RefitManifest m = Sample();
+  RefitManifest m = SampleManifest();
   auto bytes = EncodeManifest(m);
   EXPECT_EQ(bytes.size(), ManifestEncodedSize(m.chunks.size()));
   EXPECT_EQ(bytes.size(), 74u + 1 + 4 * kManifestEntryBytes);
@@ -82,7 +82,7 @@ TEST(RefitManifestTest, RoundTripAndSize) {
 }
 
 TEST(RefitManifestTest, TruncatedTrailingOversizedAndMalformed) {
-  auto bytes = EncodeManifest(Sample());
+  auto bytes = EncodeManifest(SampleManifest());
   for (size_t n = 0; n < bytes.size(); ++n) {
     auto r = DecodeManifest(std::span(bytes).first(n));
     EXPECT_TRUE(r.status().IsCorruption()) << n;
@@ -100,7 +100,7 @@ TEST(RefitManifestTest, TruncatedTrailingOversizedAndMalformed) {
   EXPECT_THAT(DecodeManifest(mode).status().message(),
               HasSubstr("unknown mode 3"));
   // A count above the bound is refused before allocating, whatever follows.
-  RefitManifest m = Sample();
+  RefitManifest m = SampleManifest();
   m.chunks.clear();
   auto head = EncodeManifest(m);
   head.pop_back();  // the count 0
@@ -127,7 +127,7 @@ TEST(RefitManifestTest, TruncatedTrailingOversizedAndMalformed) {
 TEST(RefitManifestTest, SignedManifestVerifies) {
   auto key = NewKey();
   auto pub = PublicOf(*key);
-  RefitManifest m = Sample();
+  RefitManifest m = SampleManifest();
   EndMsg end = SignedEnd(m, *key);
   std::vector<AppliedChunk> applied = {
       {{0, 0}, HashOf(1)}, {{0, 1}, HashOf(2)}, {{0, 1}, HashOf(4)}};
@@ -148,7 +148,7 @@ TEST(RefitManifestTest, SignedManifestVerifies) {
 TEST(RefitManifestTest, EveryMismatchIsNamed) {
   auto key = NewKey();
   auto pub = PublicOf(*key);
-  RefitManifest m = Sample();
+  RefitManifest m = SampleManifest();
   EndMsg end = SignedEnd(m, *key);
   PlanMsg plan = PlanFor(m);
   auto why = [&](const EndMsg& e, const Ed25519PublicKey& k,

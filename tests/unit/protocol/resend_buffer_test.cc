@@ -8,7 +8,7 @@
 namespace dcr {
 namespace {
 
-FrameBuffer Frame(size_t size) {
+FrameBuffer SizedFrame(size_t size) {
   return std::make_shared<const std::vector<std::byte>>(size);
 }
 
@@ -18,7 +18,7 @@ TEST(ResendBufferTest, ResendsWhatCameAfterLessWhatWasSent) {
   ResendBuffer b(1000);
   std::vector<FrameBuffer> f;
   for (uint64_t s = 1; s <= 5; ++s) {
-    f.push_back(Frame(100));
+    f.push_back(SizedFrame(100));
     b.Keep(f.back(), At(s), true);
   }
   EXPECT_EQ(b.frames(), 5u);
@@ -37,9 +37,9 @@ TEST(ResendBufferTest, ResendsWhatCameAfterLessWhatWasSent) {
 // base-independent one; both count against the limit and leave together.
 TEST(ResendBufferTest, KeepsBothEncodingsOfAChunkAndResendsTheOneAsked) {
   ResendBuffer b(1000);
-  FrameBuffer context1 = Frame(100), plain1 = Frame(130);
-  FrameBuffer both2 = Frame(50);  // a chunk with one encoding for everyone
-  FrameBuffer context3 = Frame(100), plain3 = Frame(130);
+  FrameBuffer context1 = SizedFrame(100), plain1 = SizedFrame(130);
+  FrameBuffer both2 = SizedFrame(50);  // a chunk with one encoding for everyone
+  FrameBuffer context3 = SizedFrame(100), plain3 = SizedFrame(130);
   b.Keep(context1, At(1), true, plain1);
   b.Keep(both2, At(2), true);
   b.Keep(context3, At(3), true, plain3);
@@ -61,7 +61,7 @@ TEST(ResendBufferTest, KeepsBothEncodingsOfAChunkAndResendsTheOneAsked) {
   small.Keep(context1, At(1), true, plain1);
   small.Keep(both2, At(2), true);
   small.Keep(context3, At(3), true, plain3);
-  small.Keep(Frame(100), At(4), true, Frame(130));
+  small.Keep(SizedFrame(100), At(4), true, SizedFrame(130));
   EXPECT_EQ(small.bytes(), 510u);
   ResendBuffer::Resend late = small.For(At(0), {}, /*context=*/false);
   EXPECT_TRUE(late.miss);
@@ -72,7 +72,7 @@ TEST(ResendBufferTest, KeepsBothEncodingsOfAChunkAndResendsTheOneAsked) {
 
 TEST(ResendBufferTest, EvictionMakesAMissOnlyForNodesThatNeedIt) {
   ResendBuffer b(250);
-  for (uint64_t s = 1; s <= 4; ++s) b.Keep(Frame(100), At(s), true);
+  for (uint64_t s = 1; s <= 4; ++s) b.Keep(SizedFrame(100), At(s), true);
   EXPECT_EQ(b.frames(), 2u);  // 1 and 2 evicted
   ResendBuffer::Resend behind = b.For(At(1), {});
   EXPECT_TRUE(behind.miss);
@@ -85,10 +85,10 @@ TEST(ResendBufferTest, EvictionMakesAMissOnlyForNodesThatNeedIt) {
 
 TEST(ResendBufferTest, AFrameNotKeptOrNotWholeIsLost) {
   ResendBuffer b(1000);
-  b.Keep(Frame(10), At(1), true);
-  b.Keep(Frame(10), At(2), false);        // a damaged copy
-  b.Keep(Frame(10), std::nullopt, true);  // not whole: counts as 3
-  b.Keep(Frame(10), At(4), true);
+  b.Keep(SizedFrame(10), At(1), true);
+  b.Keep(SizedFrame(10), At(2), false);        // a damaged copy
+  b.Keep(SizedFrame(10), std::nullopt, true);  // not whole: counts as 3
+  b.Keep(SizedFrame(10), At(4), true);
   EXPECT_EQ(b.frames(), 2u);
   EXPECT_TRUE(b.For(At(1), {}).miss);
   ResendBuffer::Resend r = b.For(At(2), {});
@@ -100,7 +100,7 @@ TEST(ResendBufferTest, AFrameNotKeptOrNotWholeIsLost) {
 TEST(ResendBufferTest, ZeroLimitKeepsNothing) {
   ResendBuffer b(0);
   EXPECT_FALSE(b.enabled());
-  b.Keep(Frame(10), At(1), true);
+  b.Keep(SizedFrame(10), At(1), true);
   EXPECT_EQ(b.frames(), 0u);
   EXPECT_TRUE(b.For(At(0), {}).frames.empty());
 }

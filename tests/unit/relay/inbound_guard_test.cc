@@ -12,6 +12,7 @@
 #include "relay/inbound_links.h"
 #include "relay/memory_budget.h"
 #include "relay/relay_stats.h"
+#include "testing/test_util.h"
 
 namespace dcr {
 namespace {
@@ -19,8 +20,8 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kGiB = 1ull << 30;
+using testing::kGiB;
+using testing::kMiB;
 
 const SteadyTime kT0 = SteadyTime() + std::chrono::hours(1);
 

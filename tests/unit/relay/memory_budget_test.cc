@@ -4,12 +4,13 @@
 #include <gtest/gtest.h>
 
 #include "dcr/wire.h"
+#include "testing/test_util.h"
 
 namespace dcr {
 namespace {
 
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kGiB = 1ull << 30;
+using testing::kGiB;
+using testing::kMiB;
 
 TEST(MemoryBudgetTest, EveryBoundFitsUnderTheLimit) {
   for (uint64_t limit : {256 * kMiB, 400 * kMiB, 512 * kMiB, 1 * kGiB,

@@ -24,7 +24,7 @@ using placement_testing::View;
 using ::testing::HasSubstr;
 using Bytes = std::vector<std::byte>;
 
-constexpr uint64_t kSpan = 1000;
+constexpr uint64_t kServingSpan = 1000;
 
 // tp 2: an FP8 weight split by columns, a BF16 weight split by rows, a
 // replicated norm, and an FP8 vocabulary split padded to 128 rows (rank 1
@@ -91,7 +91,7 @@ class ServingSessionTest : public ::testing::TestWithParam<uint32_t> {
     plan_.base = base_v_;
     plan_.target = target_v_;
     plan_.manifest = canonical_.digest();
-    plan_.span_elems = kSpan;
+    plan_.span_elems = kServingSpan;
     plan_.nodes = {{"n0", "127.0.0.1", 1, "tcp", -1}};
     refit_.bytes[0] = 9;
     decoder_ = std::move(*ChunkDecoder::Create());
@@ -119,9 +119,9 @@ class ServingSessionTest : public ::testing::TestWithParam<uint32_t> {
       const TensorInfo& info = canonical_[t];
       const size_t w = DTypeSize(info.dtype);
       const uint64_t n = info.NumElements();
-      for (uint32_t s = 0; s < SpanCount(n, kSpan); ++s) {
-        const uint64_t off = s * kSpan * w;
-        const uint64_t len = std::min(kSpan, n - s * kSpan) * w;
+      for (uint32_t s = 0; s < SpanCount(n, kServingSpan); ++s) {
+        const uint64_t off = s * kServingSpan * w;
+        const uint64_t len = std::min(kServingSpan, n - s * kServingSpan) * w;
         fn(ChunkId{t, s, 0}, w,
            std::span<const std::byte>(base_.at(info.name)).subspan(off, len),
            std::span<const std::byte>(target_.at(info.name)).subspan(off, len));

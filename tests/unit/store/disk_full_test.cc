@@ -20,25 +20,15 @@
 #include "dcr/checkpoint.h"
 #include "dcr/store.h"
 #include "testing/temp_dir.h"
+#include "testing/test_util.h"
 
 namespace dcr {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-RefitId IdOf(uint8_t seed) {
-  RefitId id;
-  for (size_t i = 0; i < id.bytes.size(); ++i) {
-    id.bytes[i] = static_cast<uint8_t>(seed + i);
-  }
-  return id;
-}
-
-std::string ReadAll(const std::string& path) {
-  auto s = ReadFileToString(path);
-  return s.ok() ? *s : "<" + s.status().ToString() + ">";
-}
+using testing::ReadAllOrStatus;
+using testing::TestRefitId;
 
 class DiskFullTest : public ::testing::Test {
  protected:
@@ -125,17 +115,17 @@ TEST_F(DiskFullTest, RecordWritesFailCleanlyAndResumeWhenSpaceIsFreed) {
   const Version v1{1, Digest128{1, 1}};
   const Version v2{2, Digest128{2, 2}};
   const Version v3{3, Digest128{3, 3}};
-  ASSERT_TRUE((*store)->Commit(v1, IdOf(1)).ok());
+  ASSERT_TRUE((*store)->Commit(v1, TestRefitId(1)).ok());
   // The write-back drops the record's "unsynced" mark.
   ASSERT_TRUE((*store)->WaitDataSync().ok());
-  const std::string committed_v1 = ReadAll(record_path);
+  const std::string committed_v1 = ReadAllOrStatus(record_path);
   EXPECT_THAT(committed_v1, HasSubstr("\"format\":3,"));
 
   // Full before a refit starts: BeginRefit fails, nothing changes.
   ASSERT_NO_FATAL_FAILURE(Fill());
-  Status begin = (*store)->BeginRefit(IdOf(2), v1, v2);
+  Status begin = (*store)->BeginRefit(TestRefitId(2), v1, v2);
   ExpectDiskFull(begin, record_path);
-  EXPECT_EQ(ReadAll(record_path), committed_v1);
+  EXPECT_EQ(ReadAllOrStatus(record_path), committed_v1);
   EXPECT_EQ((*store)->committed(), v1);
   EXPECT_FALSE((*store)->InProgress().has_value());
 
@@ -143,12 +133,12 @@ TEST_F(DiskFullTest, RecordWritesFailCleanlyAndResumeWhenSpaceIsFreed) {
   // keeps saying the refit is in progress (the bits may be the target's),
   // on disk and in memory.
   Free();
-  ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v2).ok());
-  const std::string in_progress = ReadAll(record_path);
+  ASSERT_TRUE((*store)->BeginRefit(TestRefitId(2), v1, v2).ok());
+  const std::string in_progress = ReadAllOrStatus(record_path);
   ASSERT_NO_FATAL_FAILURE(Fill());
-  ExpectDiskFull((*store)->Commit(v2, IdOf(2)), record_path);
+  ExpectDiskFull((*store)->Commit(v2, TestRefitId(2)), record_path);
   ExpectDiskFull((*store)->EndRefit(), record_path);
-  EXPECT_EQ(ReadAll(record_path), in_progress);
+  EXPECT_EQ(ReadAllOrStatus(record_path), in_progress);
   EXPECT_EQ((*store)->committed(), v1);
   ASSERT_TRUE((*store)->InProgress().has_value());
   EXPECT_EQ((*store)->InProgress()->target, v2);
@@ -159,7 +149,7 @@ TEST_F(DiskFullTest, RecordWritesFailCleanlyAndResumeWhenSpaceIsFreed) {
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   EXPECT_EQ((*store)->committed(), v1);
   ASSERT_TRUE((*store)->InProgress().has_value());
-  EXPECT_EQ((*store)->InProgress()->refit, IdOf(2));
+  EXPECT_EQ((*store)->InProgress()->refit, TestRefitId(2));
   auto read = ReadVersionRecord(record_path);
   ASSERT_TRUE(read.ok()) << read.status().ToString();
   ASSERT_TRUE(read->has_value());
@@ -167,9 +157,9 @@ TEST_F(DiskFullTest, RecordWritesFailCleanlyAndResumeWhenSpaceIsFreed) {
 
   // Space freed: the pending commit goes through, and later refits too.
   Free();
-  ASSERT_TRUE((*store)->Commit(v2, IdOf(2)).ok());
-  ASSERT_TRUE((*store)->BeginRefit(IdOf(3), v2, v3).ok());
-  ASSERT_TRUE((*store)->Commit(v3, IdOf(3)).ok());
+  ASSERT_TRUE((*store)->Commit(v2, TestRefitId(2)).ok());
+  ASSERT_TRUE((*store)->BeginRefit(TestRefitId(3), v2, v3).ok());
+  ASSERT_TRUE((*store)->Commit(v3, TestRefitId(3)).ok());
   store->reset();
   store = OpenStore(spec);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
@@ -182,8 +172,8 @@ TEST_F(DiskFullTest, WriteVersionRecordLeavesTheOldRecordWhole) {
   const std::string path = Path("r.dcr-version");
   VersionRecord old_record;
   old_record.manifest = Digest128{7, 8};
-  old_record.committed =
-      CommitInfo{Version{4, Digest128{4, 4}}, IdOf(4), "2025-01-31T12:00:00Z"};
+  old_record.committed = CommitInfo{Version{4, Digest128{4, 4}}, TestRefitId(4),
+                                    "2025-01-31T12:00:00Z"};
   ASSERT_TRUE(WriteVersionRecord(path, old_record).ok());
   ASSERT_NO_FATAL_FAILURE(Fill());
   VersionRecord next = old_record;

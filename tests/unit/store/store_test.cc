@@ -26,6 +26,7 @@
 #include "dcr/thread_pool.h"
 #include "format/safetensors_header.h"
 #include "testing/temp_dir.h"
+#include "testing/test_util.h"
 
 namespace dcr {
 namespace {
@@ -33,6 +34,9 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using testing::ReadAllOrStatus;
+using testing::TestRefitId;
+
 using ::testing::Not;
 
 std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
@@ -65,19 +69,6 @@ struct Fixture {
   }
   Manifest manifest() const { return *Manifest::Create(infos); }
 };
-
-RefitId IdOf(uint8_t seed) {
-  RefitId id;
-  for (size_t i = 0; i < id.bytes.size(); ++i) {
-    id.bytes[i] = static_cast<uint8_t>(seed + i);
-  }
-  return id;
-}
-
-std::string ReadAll(const std::string& path) {
-  auto s = ReadFileToString(path);
-  return s.ok() ? *s : "<" + s.status().ToString() + ">";
-}
 
 // Copies every tensor of `from` into `to` (same manifest).
 void CopyBits(const Checkpoint& from, WeightStore* to) {
@@ -229,13 +220,13 @@ TEST_F(StoreTest, MemoryStoreFromCheckpoint) {
 
   EXPECT_FALSE(s.committed().has_value());
   const Version v{7, want.version};
-  ASSERT_TRUE(s.Commit(v, IdOf(1)).ok());
+  ASSERT_TRUE(s.Commit(v, TestRefitId(1)).ok());
   EXPECT_EQ(s.committed(), v);
-  EXPECT_EQ(s.record().committed->refit, IdOf(1));
+  EXPECT_EQ(s.record().committed->refit, TestRefitId(1));
   EXPECT_FALSE(s.record().committed->committed_at.empty());
 
   const Version next{8, Digest128{5, 6}};
-  ASSERT_TRUE(s.BeginRefit(IdOf(2), v, next).ok());
+  ASSERT_TRUE(s.BeginRefit(TestRefitId(2), v, next).ok());
   ASSERT_TRUE(s.InProgress().has_value());
   EXPECT_EQ(s.InProgress()->target, next);
   EXPECT_EQ(s.committed(), v);
@@ -286,7 +277,7 @@ TEST_F(StoreTest, FileStoreCommitSurvivesReopen) {
     CopyBits(**t, &s);
     target_version = Version{1, (*t)->ComputeDigests().version};
     EXPECT_EQ(s.Digests().version, target_version.digest);
-    ASSERT_TRUE(s.Commit(target_version, IdOf(9)).ok());
+    ASSERT_TRUE(s.Commit(target_version, TestRefitId(9)).ok());
     EXPECT_EQ(s.committed(), target_version);
     EXPECT_TRUE(fs::exists(record_path));
     ASSERT_TRUE(s.WaitDataSync().ok());  // it rewrites the record too
@@ -303,7 +294,7 @@ TEST_F(StoreTest, FileStoreCommitSurvivesReopen) {
   EXPECT_EQ((*store)->committed(), target_version);
   const VersionRecord rec = (*store)->record();
   ASSERT_TRUE(rec.committed.has_value());
-  EXPECT_EQ(rec.committed->refit, IdOf(9));
+  EXPECT_EQ(rec.committed->refit, TestRefitId(9));
   EXPECT_THAT(rec.committed->committed_at,
               ::testing::MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}T"
                                       "[0-9]{2}:[0-9]{2}:[0-9]{2}Z"));
@@ -319,8 +310,8 @@ TEST_F(StoreTest, RefitInProgressSurvivesRestartAndCommitClearsIt) {
   {
     auto store = OpenStore(spec);
     ASSERT_TRUE(store.ok());
-    ASSERT_TRUE((*store)->Commit(base, IdOf(1)).ok());
-    ASSERT_TRUE((*store)->BeginRefit(IdOf(2), base, target).ok());
+    ASSERT_TRUE((*store)->Commit(base, TestRefitId(1)).ok());
+    ASSERT_TRUE((*store)->BeginRefit(TestRefitId(2), base, target).ok());
     const int64_t ids = (*store)->manifest().Find("ids");
     ASSERT_GE(ids, 0);
     (*store)->MutableTensor(ids)[0] ^= std::byte{1};  // a partial apply
@@ -330,21 +321,21 @@ TEST_F(StoreTest, RefitInProgressSurvivesRestartAndCommitClearsIt) {
   WeightStore& s = **store;
   EXPECT_EQ(s.committed(), base);
   ASSERT_TRUE(s.InProgress().has_value());
-  EXPECT_EQ(s.InProgress()->refit, IdOf(2));
+  EXPECT_EQ(s.InProgress()->refit, TestRefitId(2));
   EXPECT_EQ(s.InProgress()->base, base);
   EXPECT_EQ(s.InProgress()->target, target);
   EXPECT_FALSE(s.InProgress()->started_at.empty());
 
   // A commit of another refit or version is refused and changes nothing.
-  const std::string before = ReadAll(s.record_path());
-  Status wrong_id = s.Commit(target, IdOf(3));
+  const std::string before = ReadAllOrStatus(s.record_path());
+  Status wrong_id = s.Commit(target, TestRefitId(3));
   EXPECT_TRUE(wrong_id.IsInvalidArgument()) << wrong_id.ToString();
-  Status wrong_version = s.Commit(Version{5, target.digest}, IdOf(2));
+  Status wrong_version = s.Commit(Version{5, target.digest}, TestRefitId(2));
   EXPECT_TRUE(wrong_version.IsInvalidArgument()) << wrong_version.ToString();
-  EXPECT_EQ(ReadAll(s.record_path()), before);
+  EXPECT_EQ(ReadAllOrStatus(s.record_path()), before);
   EXPECT_TRUE(s.InProgress().has_value());
 
-  ASSERT_TRUE(s.Commit(target, IdOf(2)).ok());
+  ASSERT_TRUE(s.Commit(target, TestRefitId(2)).ok());
   EXPECT_FALSE(s.InProgress().has_value());
   EXPECT_EQ(s.committed(), target);
   store->reset();
@@ -364,7 +355,9 @@ TEST_F(StoreTest, EndRefitClearsDurably) {
     ASSERT_TRUE((*store)->EndRefit().ok());  // nothing in progress: a no-op
     EXPECT_FALSE(fs::exists((*store)->record_path()));
     ASSERT_TRUE(
-        (*store)->BeginRefit(IdOf(2), base, Version{4, Digest128{2, 2}}).ok());
+        (*store)
+            ->BeginRefit(TestRefitId(2), base, Version{4, Digest128{2, 2}})
+            .ok());
     // A refit that starts on a never-committed store (seeding) is recorded
     // too.
     EXPECT_FALSE((*store)->committed().has_value());
@@ -382,7 +375,8 @@ TEST_F(StoreTest, CreateFileStoreIsAValidZeroCheckpoint) {
   // A stale record of an earlier store at the same path must not survive.
   VersionRecord stale;
   stale.manifest = f.manifest().digest();
-  stale.committed = CommitInfo{Version{9, Digest128{9, 9}}, IdOf(9), "then"};
+  stale.committed =
+      CommitInfo{Version{9, Digest128{9, 9}}, TestRefitId(9), "then"};
   ASSERT_TRUE(WriteVersionRecord(spec.path + ".dcr-version", stale).ok());
   {
     auto store = CreateStore(spec, f.manifest(), f.metadata);
@@ -404,7 +398,7 @@ TEST_F(StoreTest, CreateFileStoreIsAValidZeroCheckpoint) {
     EXPECT_EQ((*store)->Digests().version, (*zeros)->ComputeDigests().version);
     CopyBits(**src, store->get());
     const Version v{0, (*src)->ComputeDigests().version};
-    ASSERT_TRUE((*store)->Commit(v, IdOf(4)).ok());
+    ASSERT_TRUE((*store)->Commit(v, TestRefitId(4)).ok());
   }
   auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly);
   ASSERT_TRUE(cp.ok());
@@ -441,7 +435,7 @@ TEST_F(StoreTest, ShardedDirectoryStore) {
     auto cp = Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly);
     ASSERT_TRUE(cp.ok());
     EXPECT_EQ((*store)->Digests().version, (*cp)->ComputeDigests().version);
-    ASSERT_TRUE((*store)->Commit(v, IdOf(5)).ok());
+    ASSERT_TRUE((*store)->Commit(v, TestRefitId(5)).ok());
   }
   // The record does not confuse the checkpoint reader.
   ASSERT_TRUE(Checkpoint::Open(spec.path, Checkpoint::Mode::kReadOnly).ok());
@@ -458,7 +452,8 @@ TEST_F(StoreTest, RecordPathOverride) {
   spec.record_path = Path("state/p.dcr-version");
   auto store = OpenStore(spec);
   ASSERT_TRUE(store.ok());
-  ASSERT_TRUE((*store)->Commit(Version{1, Digest128{1, 1}}, IdOf(1)).ok());
+  ASSERT_TRUE(
+      (*store)->Commit(Version{1, Digest128{1, 1}}, TestRefitId(1)).ok());
   EXPECT_TRUE(fs::exists(spec.record_path));
   EXPECT_FALSE(fs::exists(spec.path + ".dcr-version"));
 
@@ -497,7 +492,7 @@ TEST_F(StoreTest, ALegacyRecordIsReHashedOnceOrRefused) {
     r.legacy_digests = true;
     r.manifest = manifest;
     r.committed =
-        CommitInfo{Version{7, digest}, IdOf(7), "2025-01-31T12:00:00Z"};
+        CommitInfo{Version{7, digest}, TestRefitId(7), "2025-01-31T12:00:00Z"};
     return r;
   };
   {
@@ -506,7 +501,7 @@ TEST_F(StoreTest, ALegacyRecordIsReHashedOnceOrRefused) {
                               "2025-01-31T12:01:00Z", Version{6, legacy}};
     // Written as it was read: format 2 (legacy digests, a mark).
     ASSERT_TRUE(WriteVersionRecord(record_path, r).ok());
-    EXPECT_THAT(ReadAll(record_path), HasSubstr("{\"format\":2,"));
+    EXPECT_THAT(ReadAllOrStatus(record_path), HasSubstr("{\"format\":2,"));
   }
   {
     auto s = OpenStore(spec);
@@ -524,7 +519,7 @@ TEST_F(StoreTest, ALegacyRecordIsReHashedOnceOrRefused) {
   if ((*upgraded)->unsynced) {
     EXPECT_FALSE((*upgraded)->unsynced->synced);
   }
-  EXPECT_THAT(ReadAll(record_path), Not(HasSubstr("{\"format\":1,")));
+  EXPECT_THAT(ReadAllOrStatus(record_path), Not(HasSubstr("{\"format\":1,")));
 
   // Bits that do not hold the version the record names.
   ASSERT_TRUE(
@@ -558,8 +553,8 @@ TEST_F(StoreTest, ALegacyRecordIsReHashedOnceOrRefused) {
   // now, so the store opens never committed, to be seeded.
   VersionRecord busy = legacy_record(legacy);
   busy.in_progress =
-      RefitInProgress{IdOf(8), Version{7, legacy}, Version{8, Digest128{}},
-                      "2025-01-31T12:02:00Z"};
+      RefitInProgress{TestRefitId(8), Version{7, legacy},
+                      Version{8, Digest128{}}, "2025-01-31T12:02:00Z"};
   ASSERT_TRUE(WriteVersionRecord(record_path, busy).ok());
   {
     auto s = OpenStore(spec);
@@ -608,16 +603,16 @@ TEST_F(StoreTest, RecordIsReplacedAtomically) {
   WeightStore& s = **store;
   const Version v1{1, Digest128{1, 1}};
   const Version v2{2, Digest128{2, 2}};
-  ASSERT_TRUE(s.Commit(v1, IdOf(1)).ok());
+  ASSERT_TRUE(s.Commit(v1, TestRefitId(1)).ok());
   ASSERT_TRUE(s.WaitDataSync().ok());  // its record update is done too
-  const std::string first = ReadAll(s.record_path());
+  const std::string first = ReadAllOrStatus(s.record_path());
   // A reader holding the old record keeps seeing all of it: the new one
   // arrives by rename, never by rewriting the file in place.
   UniqueFd old_fd(::open(s.record_path().c_str(), O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(old_fd.valid());
   struct stat before;
   ASSERT_EQ(::fstat(old_fd.get(), &before), 0);
-  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  ASSERT_TRUE(s.Commit(v2, TestRefitId(2)).ok());
   ASSERT_TRUE(s.WaitDataSync().ok());
   struct stat after;
   ASSERT_EQ(::stat(s.record_path().c_str(), &after), 0);
@@ -640,25 +635,25 @@ TEST_F(StoreTest, FailedRecordWriteKeepsPreviousRecord) {
   ASSERT_TRUE(store.ok());
   WeightStore& s = **store;
   const Version v1{1, Digest128{1, 1}};
-  ASSERT_TRUE(s.Commit(v1, IdOf(1)).ok());
+  ASSERT_TRUE(s.Commit(v1, TestRefitId(1)).ok());
   ASSERT_TRUE(s.WaitDataSync().ok());
-  const std::string first = ReadAll(s.record_path());
+  const std::string first = ReadAllOrStatus(s.record_path());
 
   // The temporary file cannot be created (as on a full disk), so neither
   // the commit nor a BeginRefit may take effect, on disk or in memory.
   fs::create_directory(s.record_path() + ".tmp");
-  Status commit = s.Commit(Version{2, Digest128{2, 2}}, IdOf(2));
+  Status commit = s.Commit(Version{2, Digest128{2, 2}}, TestRefitId(2));
   EXPECT_EQ(commit.code(), StatusCode::kIOError) << commit.ToString();
   EXPECT_THAT(std::string(commit.message()), HasSubstr(s.record_path()));
-  Status begin = s.BeginRefit(IdOf(3), v1, Version{3, Digest128{3, 3}});
+  Status begin = s.BeginRefit(TestRefitId(3), v1, Version{3, Digest128{3, 3}});
   EXPECT_EQ(begin.code(), StatusCode::kIOError);
-  EXPECT_EQ(ReadAll(s.record_path()), first);
+  EXPECT_EQ(ReadAllOrStatus(s.record_path()), first);
   EXPECT_EQ(s.committed(), v1);
   EXPECT_FALSE(s.InProgress().has_value());
 
   fs::remove(s.record_path() + ".tmp");
   const Version v2{2, Digest128{2, 2}};
-  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  ASSERT_TRUE(s.Commit(v2, TestRefitId(2)).ok());
   EXPECT_EQ(s.committed(), v2);
   store->reset();
   auto reopened = OpenStore(spec);
@@ -858,7 +853,7 @@ TEST_F(StoreTest, ShmStoreCreateCommitReopen) {
     ThreadPool pool(2);
     EXPECT_EQ(s.Digests(&pool).tensors, (*src)->ComputeDigests().tensors);
     EXPECT_EQ(s.Digests(&pool).version, v.digest);
-    ASSERT_TRUE(s.BeginRefit(IdOf(1), Version{}, v).ok());
+    ASSERT_TRUE(s.BeginRefit(TestRefitId(1), Version{}, v).ok());
     // The lock keeps a second relay out while this one holds the store.
     auto second = OpenStore(shm.spec());
     ASSERT_FALSE(second.ok());
@@ -872,7 +867,7 @@ TEST_F(StoreTest, ShmStoreCreateCommitReopen) {
     ASSERT_TRUE((*store)->InProgress().has_value());
     EXPECT_EQ((*store)->InProgress()->target, v);
     EXPECT_EQ((*store)->Digests().version, v.digest);
-    ASSERT_TRUE((*store)->Commit(v, IdOf(1)).ok());
+    ASSERT_TRUE((*store)->Commit(v, TestRefitId(1)).ok());
   }
   auto store = OpenStore(shm.spec());
   ASSERT_TRUE(store.ok());
@@ -920,7 +915,7 @@ TEST_F(StoreTest, ShmImageIsASafetensorsFileForAServingProcess) {
         << e.info.name;
   }
   // Byte for byte the file WriteSafetensors writes for the same bits.
-  const std::string file = ReadAll(Path("src.safetensors"));
+  const std::string file = ReadAllOrStatus(Path("src.safetensors"));
   ASSERT_EQ(file.size(), size);
   EXPECT_EQ(std::memcmp(file.data(), p, size), 0);
   ::munmap(p, size);
@@ -934,7 +929,8 @@ TEST_F(StoreTest, ShmDefaultRecordAndRemove) {
     auto store = CreateStore(shm.spec(), f.manifest());
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     EXPECT_EQ((*store)->record_path(), record_path);
-    ASSERT_TRUE((*store)->Commit(Version{1, Digest128{1, 1}}, IdOf(1)).ok());
+    ASSERT_TRUE(
+        (*store)->Commit(Version{1, Digest128{1, 1}}, TestRefitId(1)).ok());
     EXPECT_TRUE(fs::exists(record_path));
   }
   ASSERT_TRUE(RemoveStore(shm.spec()).ok());
@@ -986,7 +982,7 @@ class DataSyncTest : public StoreTest {
     auto store = OpenStore(spec);
     EXPECT_TRUE(store.ok()) << store.status().ToString();
     *v = Version{1, (*store)->Digests().version};
-    EXPECT_TRUE((*store)->Commit(*v, IdOf(1)).ok());
+    EXPECT_TRUE((*store)->Commit(*v, TestRefitId(1)).ok());
     EXPECT_TRUE((*store)->WaitDataSync().ok());
     return spec;
   }
@@ -1040,7 +1036,7 @@ TEST_F(DataSyncTest, ACommitIsMarkedUntilTheWriteBackClearsIt) {
   // Hold the write-back, so the marked record can be seen.
   ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(300)").ok());
   const Version v{1, s.Digests().version};
-  ASSERT_TRUE(s.Commit(v, IdOf(1)).ok());
+  ASSERT_TRUE(s.Commit(v, TestRefitId(1)).ok());
   auto marked = OnDisk(s.record_path());
   ASSERT_TRUE(marked && marked->unsynced);
   EXPECT_EQ(marked->unsynced->boot_id, *boot);
@@ -1050,28 +1046,28 @@ TEST_F(DataSyncTest, ACommitIsMarkedUntilTheWriteBackClearsIt) {
   ASSERT_TRUE(s.WaitDataSync().ok());
   // The next commit's mark names the version on disk before it.
   const Version v2{2, Digest128{2, 2}};
-  ASSERT_TRUE(s.BeginRefit(IdOf(2), v, v2).ok());
-  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  ASSERT_TRUE(s.BeginRefit(TestRefitId(2), v, v2).ok());
+  ASSERT_TRUE(s.Commit(v2, TestRefitId(2)).ok());
   marked = OnDisk(s.record_path());
   ASSERT_TRUE(marked && marked->unsynced);
   EXPECT_EQ(marked->unsynced->synced, v);
   // A third commit before the write-back keeps the first mark.
   const Version v3{3, Digest128{3, 3}};
-  ASSERT_TRUE(s.BeginRefit(IdOf(3), v2, v3).ok());
-  ASSERT_TRUE(s.Commit(v3, IdOf(3)).ok());
+  ASSERT_TRUE(s.BeginRefit(TestRefitId(3), v2, v3).ok());
+  ASSERT_TRUE(s.Commit(v3, TestRefitId(3)).ok());
   marked = OnDisk(s.record_path());
   if (marked && marked->unsynced) {
     EXPECT_EQ(marked->unsynced->synced, v);
   }
   const Version& last = v3;
-  EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":4,"));
+  EXPECT_THAT(ReadAllOrStatus(s.record_path()), HasSubstr("{\"format\":4,"));
   ASSERT_TRUE(s.WaitDataSync().ok());
   auto cleared = OnDisk(s.record_path());
   ASSERT_TRUE(cleared);
   EXPECT_FALSE(cleared->unsynced);
   EXPECT_EQ(cleared->committed->version, last);
   EXPECT_FALSE(s.record().unsynced);
-  EXPECT_THAT(ReadAll(s.record_path()), HasSubstr("{\"format\":3,"));
+  EXPECT_THAT(ReadAllOrStatus(s.record_path()), HasSubstr("{\"format\":3,"));
 }
 
 // StoreSpec::write_back_delay: the write-back starts that long after the
@@ -1086,7 +1082,7 @@ TEST_F(DataSyncTest, TheWriteBackWaitsOutItsDelayForEveryCommitInIt) {
   WeightStore& s = **store;
   const Version v1{1, s.Digests().version};
   const Clock::time_point t0 = Clock::now();
-  ASSERT_TRUE(s.Commit(v1, IdOf(1)).ok());
+  ASSERT_TRUE(s.Commit(v1, TestRefitId(1)).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   auto rec = OnDisk(s.record_path());
   ASSERT_TRUE(rec);
@@ -1094,8 +1090,8 @@ TEST_F(DataSyncTest, TheWriteBackWaitsOutItsDelayForEveryCommitInIt) {
     EXPECT_TRUE(rec->unsynced);
   }
   const Version v2{2, Digest128{2, 2}};
-  ASSERT_TRUE(s.BeginRefit(IdOf(2), v1, v2).ok());
-  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  ASSERT_TRUE(s.BeginRefit(TestRefitId(2), v1, v2).ok());
+  ASSERT_TRUE(s.Commit(v2, TestRefitId(2)).ok());
   const bool within = Clock::now() - t0 < std::chrono::milliseconds(500);
   // The first record seen without the mark names v2: one write-back
   // served both commits (when the second came within the delay).
@@ -1118,7 +1114,7 @@ TEST_F(DataSyncTest, WaitingOrClosingWritesBackAtOnce) {
   auto store = OpenStore(spec);
   ASSERT_TRUE(store.ok());
   const Version v1{1, (*store)->Digests().version};
-  ASSERT_TRUE((*store)->Commit(v1, IdOf(1)).ok());
+  ASSERT_TRUE((*store)->Commit(v1, TestRefitId(1)).ok());
   Clock::time_point t0 = Clock::now();
   ASSERT_TRUE((*store)->WaitDataSync().ok());
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
@@ -1126,8 +1122,8 @@ TEST_F(DataSyncTest, WaitingOrClosingWritesBackAtOnce) {
   ASSERT_TRUE(rec);
   EXPECT_FALSE(rec->unsynced);
   const Version v2{2, Digest128{2, 2}};
-  ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v2).ok());
-  ASSERT_TRUE((*store)->Commit(v2, IdOf(2)).ok());
+  ASSERT_TRUE((*store)->BeginRefit(TestRefitId(2), v1, v2).ok());
+  ASSERT_TRUE((*store)->Commit(v2, TestRefitId(2)).ok());
   const std::string record_path = (*store)->record_path();
   t0 = Clock::now();
   store->reset();
@@ -1148,7 +1144,7 @@ TEST_F(DataSyncTest, AWriteBackLeavesARecordItDidNotWrite) {
   auto store = OpenStore(spec);
   ASSERT_TRUE(store.ok());
   const Version v1{1, (*store)->Digests().version};
-  ASSERT_TRUE((*store)->Commit(v1, IdOf(1)).ok());
+  ASSERT_TRUE((*store)->Commit(v1, TestRefitId(1)).ok());
   const std::string path = (*store)->record_path();
   auto mine = OnDisk(path);
   ASSERT_TRUE(mine && mine->unsynced);
@@ -1161,8 +1157,8 @@ TEST_F(DataSyncTest, AWriteBackLeavesARecordItDidNotWrite) {
   ASSERT_TRUE(rec);
   EXPECT_EQ(rec->committed->version, theirs.committed->version);
   // Removed: still not put back.
-  ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v1).ok());
-  ASSERT_TRUE((*store)->Commit(v1, IdOf(2)).ok());
+  ASSERT_TRUE((*store)->BeginRefit(TestRefitId(2), v1, v1).ok());
+  ASSERT_TRUE((*store)->Commit(v1, TestRefitId(2)).ok());
   std::filesystem::remove(path);
   ASSERT_TRUE((*store)->WaitDataSync().ok());
   EXPECT_FALSE(std::filesystem::exists(path));
@@ -1183,7 +1179,7 @@ TEST_F(DataSyncTest, AWriteBackThatKeptTheMarkMakesTheNextOneDueAtOnce) {
   const Version v1{1, s.Digests().version};
   const Version v2{2, Digest128{2, 2}};
   ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(500)@1").ok());
-  ASSERT_TRUE(s.Commit(v1, IdOf(1)).ok());
+  ASSERT_TRUE(s.Commit(v1, TestRefitId(1)).ok());
   // A waiter starts the write-back; the failpoint holds it while the next
   // refit begins.
   std::thread waiter([&] { EXPECT_TRUE(s.WaitDataSync().ok()); });
@@ -1192,12 +1188,12 @@ TEST_F(DataSyncTest, AWriteBackThatKeptTheMarkMakesTheNextOneDueAtOnce) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_EQ(TEST_FailpointHits(point), 1u);
-  ASSERT_TRUE(s.BeginRefit(IdOf(2), v1, v2).ok());
+  ASSERT_TRUE(s.BeginRefit(TestRefitId(2), v1, v2).ok());
   waiter.join();
   auto rec = OnDisk(s.record_path());
   ASSERT_TRUE(rec && rec->unsynced && rec->in_progress);
   const Clock::time_point t0 = Clock::now();
-  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  ASSERT_TRUE(s.Commit(v2, TestRefitId(2)).ok());
   rec = Unmarked(s.record_path(), std::chrono::seconds(10));
   ASSERT_TRUE(rec);
   EXPECT_FALSE(rec->unsynced) << "still marked, the delay waited out";
@@ -1213,7 +1209,7 @@ TEST_F(DataSyncTest, SyncingAtCommitNeverMarks) {
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE(ArmFailpoints("store.data_sync=drop").ok());  // never reached
   const Version v{1, (*store)->Digests().version};
-  ASSERT_TRUE((*store)->Commit(v, IdOf(1)).ok());
+  ASSERT_TRUE((*store)->Commit(v, TestRefitId(1)).ok());
   auto rec = OnDisk((*store)->record_path());
   ASSERT_TRUE(rec);
   EXPECT_FALSE(rec->unsynced);
@@ -1230,17 +1226,17 @@ TEST_F(DataSyncTest, ARecordWrittenDuringTheWriteBackKeepsTheMark) {
   WeightStore& s = **store;
   const Version v2{2, Digest128{2, 2}};
   ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(300)").ok());
-  ASSERT_TRUE(s.BeginRefit(IdOf(2), v1, v2).ok());
+  ASSERT_TRUE(s.BeginRefit(TestRefitId(2), v1, v2).ok());
   ASSERT_TRUE(s.EndRefit().ok());  // base restored: marked, write-back held
   // The next refit starts while the write-back runs: what that write-back
   // covered is not known, so the mark must stay.
-  ASSERT_TRUE(s.BeginRefit(IdOf(3), v1, v2).ok());
+  ASSERT_TRUE(s.BeginRefit(TestRefitId(3), v1, v2).ok());
   ASSERT_TRUE(s.WaitDataSync().ok());
   auto rec = OnDisk(s.record_path());
   ASSERT_TRUE(rec && rec->unsynced && rec->in_progress);
-  EXPECT_EQ(rec->in_progress->refit, IdOf(3));
+  EXPECT_EQ(rec->in_progress->refit, TestRefitId(3));
   // Its commit queues another write-back, which clears it.
-  ASSERT_TRUE(s.Commit(v2, IdOf(3)).ok());
+  ASSERT_TRUE(s.Commit(v2, TestRefitId(3)).ok());
   ASSERT_TRUE(s.WaitDataSync().ok());
   rec = OnDisk(s.record_path());
   ASSERT_TRUE(rec);
@@ -1258,8 +1254,8 @@ TEST_F(DataSyncTest, AFailedWriteBackIsReportedAndKeepsTheMark) {
   WeightStore& s = **store;
   ASSERT_TRUE(ArmFailpoints("store.data_sync=drop").ok());
   const Version v2{2, Digest128{2, 2}};
-  ASSERT_TRUE(s.BeginRefit(IdOf(2), v1, v2).ok());
-  ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+  ASSERT_TRUE(s.BeginRefit(TestRefitId(2), v1, v2).ok());
+  ASSERT_TRUE(s.Commit(v2, TestRefitId(2)).ok());
   Status st = s.WaitDataSync();
   EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();
   EXPECT_THAT(st.ToString(), HasSubstr("store.data_sync"));
@@ -1272,8 +1268,8 @@ TEST_F(DataSyncTest, AFailedWriteBackIsReportedAndKeepsTheMark) {
   // stays for the rest of the process.
   DisarmFailpoints();
   const Version v3{3, Digest128{3, 3}};
-  ASSERT_TRUE(s.BeginRefit(IdOf(3), v2, v3).ok());
-  ASSERT_TRUE(s.Commit(v3, IdOf(3)).ok());
+  ASSERT_TRUE(s.BeginRefit(TestRefitId(3), v2, v3).ok());
+  ASSERT_TRUE(s.Commit(v3, TestRefitId(3)).ok());
   EXPECT_TRUE(s.WaitDataSync().ok());
   rec = OnDisk(s.record_path());
   ASSERT_TRUE(rec && rec->unsynced);
@@ -1294,11 +1290,11 @@ TEST_F(DataSyncTest, DestroyingAStoreFinishesItsWriteBack) {
     // behind it and is still pending when the store is destroyed.
     ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(300)@1").ok());
     const Version v2{2, Digest128{2, 2}};
-    ASSERT_TRUE(s.BeginRefit(IdOf(2), v1, v2).ok());
-    ASSERT_TRUE(s.Commit(v2, IdOf(2)).ok());
+    ASSERT_TRUE(s.BeginRefit(TestRefitId(2), v1, v2).ok());
+    ASSERT_TRUE(s.Commit(v2, TestRefitId(2)).ok());
     const Version v3{3, Digest128{3, 3}};
-    ASSERT_TRUE(s.BeginRefit(IdOf(3), v2, v3).ok());
-    ASSERT_TRUE(s.Commit(v3, IdOf(3)).ok());
+    ASSERT_TRUE(s.BeginRefit(TestRefitId(3), v2, v3).ok());
+    ASSERT_TRUE(s.Commit(v3, TestRefitId(3)).ok());
   }
   // The held write-back saw a newer record and kept the mark; the queued
   // one, served on the way out, dropped it.
@@ -1318,9 +1314,9 @@ TEST_F(DataSyncTest, ADetachedStoreLeavesItsMarkToTheNextOpen) {
     ASSERT_TRUE(store.ok());
     (*store)->DetachDataSync();
     ASSERT_TRUE(ArmFailpoints("store.data_sync=delay(300)").ok());
-    ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v2).ok());
-    ASSERT_TRUE((*store)->Commit(v2, IdOf(2)).ok());
-    ASSERT_TRUE((*store)->BeginRefit(IdOf(3), v2, v2).ok());
+    ASSERT_TRUE((*store)->BeginRefit(TestRefitId(2), v1, v2).ok());
+    ASSERT_TRUE((*store)->Commit(v2, TestRefitId(2)).ok());
+    ASSERT_TRUE((*store)->BeginRefit(TestRefitId(3), v2, v2).ok());
     ASSERT_TRUE((*store)->EndRefit().ok());  // a second request, queued
     // Destroying it waits for a write-back in flight (if the thread took
     // the first request already), not for the queued one.
@@ -1409,7 +1405,7 @@ TEST_F(DataSyncTest, ALostWriteBackWithAKnownSyncedVersionIsAMixToRepair) {
     EXPECT_FALSE((*store)->committed().has_value());
     auto busy = (*store)->InProgress();
     ASSERT_TRUE(busy.has_value());
-    EXPECT_EQ(busy->refit, IdOf(1));
+    EXPECT_EQ(busy->refit, TestRefitId(1));
     EXPECT_EQ(busy->base, v0);
     EXPECT_EQ(busy->target, v1);
     EXPECT_FALSE((*store)->record().unsynced);
@@ -1419,16 +1415,16 @@ TEST_F(DataSyncTest, ALostWriteBackWithAKnownSyncedVersionIsAMixToRepair) {
   {
     auto store = OpenStore(spec);
     ASSERT_TRUE(store.ok());
-    ASSERT_TRUE((*store)->Commit(v1, IdOf(1)).ok());
+    ASSERT_TRUE((*store)->Commit(v1, TestRefitId(1)).ok());
     ASSERT_TRUE((*store)->WaitDataSync().ok());
-    ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v2).ok());
+    ASSERT_TRUE((*store)->BeginRefit(TestRefitId(2), v1, v2).ok());
   }
   ASSERT_NO_FATAL_FAILURE(Mark(record_path, kOtherBoot, v0));
   auto store = OpenStore(spec);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   auto busy = (*store)->InProgress();
   ASSERT_TRUE(busy.has_value());
-  EXPECT_EQ(busy->refit, IdOf(2));
+  EXPECT_EQ(busy->refit, TestRefitId(2));
   EXPECT_EQ(busy->base, v0);
   EXPECT_EQ(busy->target, v2);
 }
@@ -1441,14 +1437,14 @@ TEST_F(DataSyncTest, AMarkOfAnotherBootBesideARefitInProgressKeepsTheRefit) {
   {
     auto store = OpenStore(spec);
     ASSERT_TRUE(store.ok());
-    ASSERT_TRUE((*store)->BeginRefit(IdOf(2), v1, v2).ok());
+    ASSERT_TRUE((*store)->BeginRefit(TestRefitId(2), v1, v2).ok());
   }
   ASSERT_NO_FATAL_FAILURE(Mark(spec.path + ".dcr-version", kOtherBoot));
   auto store = OpenStore(spec);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   // The record already says the bits are a mix: nothing to hash.
   ASSERT_TRUE((*store)->InProgress().has_value());
-  EXPECT_EQ((*store)->InProgress()->refit, IdOf(2));
+  EXPECT_EQ((*store)->InProgress()->refit, TestRefitId(2));
   EXPECT_EQ((*store)->committed(), v1);
   EXPECT_FALSE((*store)->record().unsynced);
 }

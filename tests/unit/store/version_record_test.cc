@@ -8,27 +8,21 @@
 
 #include "dcr/store.h"
 #include "testing/temp_dir.h"
+#include "testing/test_util.h"
 
 namespace dcr {
 namespace {
 
 using ::testing::HasSubstr;
-
-RefitId IdOf(uint8_t seed) {
-  RefitId id;
-  for (size_t i = 0; i < id.bytes.size(); ++i) {
-    id.bytes[i] = static_cast<uint8_t>(seed + i);
-  }
-  return id;
-}
+using testing::TestRefitId;
 
 VersionRecord FullRecord() {
   VersionRecord r;
   r.manifest = Digest128{0x0123456789abcdefull, 0xfedcba9876543210ull};
-  r.committed = CommitInfo{Version{41, Digest128{1, 2}}, IdOf(0x10),
+  r.committed = CommitInfo{Version{41, Digest128{1, 2}}, TestRefitId(0x10),
                            "2025-01-31T12:00:00Z"};
   r.in_progress =
-      RefitInProgress{IdOf(0xa0), Version{41, Digest128{1, 2}},
+      RefitInProgress{TestRefitId(0xa0), Version{41, Digest128{1, 2}},
                       Version{42, Digest128{3, 4}}, "2025-01-31T12:05:00Z"};
   return r;
 }
@@ -51,7 +45,7 @@ void ExpectCorrupt(const std::string& text, const std::string& expect,
 }
 
 TEST(RefitIdTest, HexRoundTrip) {
-  const RefitId id = IdOf(0xf0);
+  const RefitId id = TestRefitId(0xf0);
   EXPECT_EQ(id.ToHex(), "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff");
   auto back = RefitId::FromHex(id.ToHex());
   ASSERT_TRUE(back.ok());

@@ -17,6 +17,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::kSampleYaml;
 using ::testing::StartsWith;
+using testing::TopologyErrorOf;
 
 // kSampleYaml with the first occurrence of `from` replaced by `to`.
 std::string Edited(const std::string& from, const std::string& to) {
@@ -25,13 +26,6 @@ std::string Edited(const std::string& from, const std::string& to) {
   EXPECT_NE(at, std::string::npos) << from;
   if (at != std::string::npos) s.replace(at, from.size(), to);
   return s;
-}
-
-std::string ErrorOf(const std::string& text) {
-  auto t = ParseTopology(text, "t.yaml");
-  if (t.ok()) return "<parsed>";
-  EXPECT_TRUE(t.status().IsInvalidArgument()) << t.status().ToString();
-  return std::string(t.status().message());
 }
 
 TEST(ParseTest, Sample) {
@@ -139,12 +133,12 @@ TEST(ParseTest, ApplyThreads) {
   auto again = ParseTopology(DumpTopology(*k), "dump.yaml");
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->defaults.apply_threads, 12u);
-  EXPECT_EQ(
-      ErrorOf(Edited("min_commit: all}", "min_commit: all, apply_threads: 0}")),
-      "t.yaml:2: defaults.apply_threads: expected an integer 1-256, "
-      "got '0'");
-  EXPECT_THAT(ErrorOf(Edited("min_commit: all}",
-                             "min_commit: all, apply_threads: 257}")),
+  EXPECT_EQ(TopologyErrorOf(Edited("min_commit: all}",
+                                   "min_commit: all, apply_threads: 0}")),
+            "t.yaml:2: defaults.apply_threads: expected an integer 1-256, "
+            "got '0'");
+  EXPECT_THAT(TopologyErrorOf(Edited("min_commit: all}",
+                                     "min_commit: all, apply_threads: 257}")),
               HasSubstr("defaults.apply_threads"));
   // A topology built in code is checked the same way.
   Topology big = *k;
@@ -187,19 +181,19 @@ TEST(ParseTest, AuthKeyFile) {
       "t.yaml");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->defaults.auth_key_file, "");
-  EXPECT_EQ(ErrorOf(Edited("min_commit: all}",
-                           "min_commit: all, auth_key_file: "
-                           "\"${DCR_TOPO_TEST_NOPE}\"}")),
+  EXPECT_EQ(TopologyErrorOf(Edited("min_commit: all}",
+                                   "min_commit: all, auth_key_file: "
+                                   "\"${DCR_TOPO_TEST_NOPE}\"}")),
             "t.yaml:2: defaults.auth_key_file: environment variable "
             "DCR_TOPO_TEST_NOPE is not set (write ${DCR_TOPO_TEST_NOPE:-"
             "default} to give a default)");
-  EXPECT_EQ(ErrorOf(Edited("min_commit: all}",
-                           "min_commit: all, auth_key_file: [a, b]}")),
+  EXPECT_EQ(TopologyErrorOf(Edited("min_commit: all}",
+                                   "min_commit: all, auth_key_file: [a, b]}")),
             "t.yaml:2: defaults.auth_key_file: expected a value, got a list");
-  EXPECT_EQ(
-      ErrorOf(Edited("min_commit: all}", "min_commit: all, auth_keyfile: /k}")),
-      "t.yaml:2: defaults.auth_keyfile: unknown key (did you mean "
-      "'auth_key_file'?)");
+  EXPECT_EQ(TopologyErrorOf(Edited("min_commit: all}",
+                                   "min_commit: all, auth_keyfile: /k}")),
+            "t.yaml:2: defaults.auth_keyfile: unknown key (did you mean "
+            "'auth_key_file'?)");
 }
 
 TEST(ParseTest, EnvironmentExpansion) {
@@ -216,8 +210,8 @@ TEST(ParseTest, EnvironmentExpansion) {
       "t.yaml");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->root.port, 17010);
-  EXPECT_EQ(ErrorOf(Edited("state_dir: /var/lib/dcr",
-                           "state_dir: \"${DCR_TOPO_TEST_NOPE}\"")),
+  EXPECT_EQ(TopologyErrorOf(Edited("state_dir: /var/lib/dcr",
+                                   "state_dir: \"${DCR_TOPO_TEST_NOPE}\"")),
             "t.yaml:3: root.state_dir: environment variable "
             "DCR_TOPO_TEST_NOPE is not set (write ${DCR_TOPO_TEST_NOPE:-"
             "default} to give a default)");
@@ -318,21 +312,25 @@ TEST(ParseTest, ErrorsNameFileLineAndKey) {
        "'0Gbps'"},
   };
   for (const Case& c : cases) {
-    EXPECT_EQ(ErrorOf(c.text), c.want) << c.text;
+    EXPECT_EQ(TopologyErrorOf(c.text), c.want) << c.text;
   }
 }
 
 TEST(ParseTest, MoreErrors) {
   // Syntax errors carry yaml-cpp's line.
-  EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: [train\n")),
-              StartsWith("t.yaml:"));
-  EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: [train\n")),
-              HasSubstr("opens a '[' or '{' that is never closed"));
-  EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: [train]]\n")),
-              HasSubstr("']' closes nothing"));
-  EXPECT_THAT(ErrorOf(Edited("  - name: train\n", "  - name: {a: b: c}\n")),
-              HasSubstr("YAML syntax error"));
-  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) + "---\nversion: 1\n"),
+  EXPECT_THAT(
+      TopologyErrorOf(Edited("  - name: train\n", "  - name: [train\n")),
+      StartsWith("t.yaml:"));
+  EXPECT_THAT(
+      TopologyErrorOf(Edited("  - name: train\n", "  - name: [train\n")),
+      HasSubstr("opens a '[' or '{' that is never closed"));
+  EXPECT_THAT(
+      TopologyErrorOf(Edited("  - name: train\n", "  - name: [train]]\n")),
+      HasSubstr("']' closes nothing"));
+  EXPECT_THAT(
+      TopologyErrorOf(Edited("  - name: train\n", "  - name: {a: b: c}\n")),
+      HasSubstr("YAML syntax error"));
+  EXPECT_THAT(TopologyErrorOf(std::string(kSampleYaml) + "---\nversion: 1\n"),
               HasSubstr("expected one YAML document, got 2"));
   // Two heads in one cluster.
   std::string two_heads =
@@ -341,17 +339,18 @@ TEST(ParseTest, MoreErrors) {
   two_heads.replace(two_heads.find("port: 17001, store"),
                     std::string("port: 17001, store").size(),
                     "port: 17001, head: true, store");
-  EXPECT_EQ(ErrorOf(two_heads),
+  EXPECT_EQ(TopologyErrorOf(two_heads),
             "t.yaml:14: clusters[1].nodes[1].head: cluster 'rollout-a' has "
             "more than one head");
   // A non-root cluster without nodes.
-  EXPECT_EQ(ErrorOf(Edited("  - name: train\n",
-                           "  - name: train\n  - name: empty\n")),
+  EXPECT_EQ(TopologyErrorOf(Edited("  - name: train\n",
+                                   "  - name: train\n  - name: empty\n")),
             "t.yaml:6: clusters[1].nodes: cluster 'empty' has no nodes");
   // Duplicate store file on one host.
-  EXPECT_EQ(ErrorOf(Edited("{name: a1, host: 10.1.0.11, port: 17001}",
-                           "{name: a1, host: 10.1.0.10, port: 17002, store: "
-                           "{kind: file, path: /models/policy.safetensors}}")),
+  EXPECT_EQ(TopologyErrorOf(
+                Edited("{name: a1, host: 10.1.0.11, port: 17001}",
+                       "{name: a1, host: 10.1.0.10, port: 17002, store: "
+                       "{kind: file, path: /models/policy.safetensors}}")),
             "t.yaml:14: clusters[1].nodes[1].store.path: store "
             "file:/models/policy.safetensors on 10.1.0.10 is already used by "
             "node 'a0' (line 13)");
@@ -392,39 +391,46 @@ TEST(ParseTest, ObjectStoreSourceRoundTripsAndIsChecked) {
   EXPECT_EQ(t->objstore->path, "/mnt/shared/dcr");
 
   // Errors name the key and say what to write.
-  EXPECT_EQ(ErrorOf(Edited("    transport: tcp\n",
-                           "    transport: tcp\n    source: objstore\n")),
-            "t.yaml:7: clusters[1].source: cluster 'rollout-a' takes its "
-            "chunks from the object store, but the topology has no objstore: "
-            "section (kind: dir with a path, or kind: s3 with an endpoint and "
-            "a bucket)");
-  EXPECT_THAT(ErrorOf(Edited("    transport: tcp\n",
+  EXPECT_EQ(
+      TopologyErrorOf(Edited("    transport: tcp\n",
+                             "    transport: tcp\n    source: objstore\n")),
+      "t.yaml:7: clusters[1].source: cluster 'rollout-a' takes its "
+      "chunks from the object store, but the topology has no objstore: "
+      "section (kind: dir with a path, or kind: s3 with an endpoint and "
+      "a bucket)");
+  EXPECT_THAT(
+      TopologyErrorOf(Edited("    transport: tcp\n",
                              "    transport: tcp\n    source: bucket\n")),
-              HasSubstr("clusters[1].source: expected relay or objstore"));
-  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) + "objstore: {kind: dir}\n"),
-              HasSubstr("objstore.path: an objstore of kind dir needs a path"));
-  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
-                      "objstore: {kind: dir, path: /x, bucket: b}\n"),
+      HasSubstr("clusters[1].source: expected relay or objstore"));
+  EXPECT_THAT(
+      TopologyErrorOf(std::string(kSampleYaml) + "objstore: {kind: dir}\n"),
+      HasSubstr("objstore.path: an objstore of kind dir needs a path"));
+  EXPECT_THAT(TopologyErrorOf(std::string(kSampleYaml) +
+                              "objstore: {kind: dir, path: /x, bucket: b}\n"),
               HasSubstr("are for kind s3"));
-  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
+  EXPECT_THAT(
+      TopologyErrorOf(std::string(kSampleYaml) +
                       "objstore: {kind: s3, endpoint: s3.amazonaws.com, "
                       "bucket: b}\n"),
-              HasSubstr("objstore.endpoint: expected an http:// or https://"));
-  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
+      HasSubstr("objstore.endpoint: expected an http:// or https://"));
+  EXPECT_THAT(
+      TopologyErrorOf(std::string(kSampleYaml) +
                       "objstore: {kind: s3, endpoint: http://h:9000}\n"),
-              HasSubstr("objstore.bucket: kind s3 needs a bucket"));
-  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
+      HasSubstr("objstore.bucket: kind s3 needs a bucket"));
+  EXPECT_THAT(
+      TopologyErrorOf(std::string(kSampleYaml) +
                       "objstore: {kind: s3, endpoint: http://h, bucket: b, "
                       "prefix: dcr}\n"),
-              HasSubstr("objstore.prefix: a key prefix ends in '/'"));
-  EXPECT_THAT(ErrorOf(std::string(kSampleYaml) +
+      HasSubstr("objstore.prefix: a key prefix ends in '/'"));
+  EXPECT_THAT(
+      TopologyErrorOf(std::string(kSampleYaml) +
                       "objstore: {kind: s3, endpoint: http://h, bucket: b, "
                       "secret_key: x}\n"),
-              HasSubstr("objstore.secret_key: unknown key"));
-  EXPECT_THAT(ErrorOf(Edited("  - name: train\n    region: us-east\n",
-                             "  - name: train\n    region: us-east\n"
-                             "    source: objstore\n") +
-                      "objstore: {kind: dir, path: /x}\n"),
+      HasSubstr("objstore.secret_key: unknown key"));
+  EXPECT_THAT(TopologyErrorOf(Edited("  - name: train\n    region: us-east\n",
+                                     "  - name: train\n    region: us-east\n"
+                                     "    source: objstore\n") +
+                              "objstore: {kind: dir, path: /x}\n"),
               HasSubstr("the root's own cluster is fed by the root directly"));
 }
 

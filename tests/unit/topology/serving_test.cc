@@ -19,6 +19,7 @@ namespace dcr {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::TopologyErrorOf;
 
 // Line numbers matter: error tests point at them.
 constexpr const char* kServingYaml =
@@ -34,7 +35,7 @@ constexpr const char* kServingYaml =
     "      - {name: n2, host: h, port: 4}\n";  // 9
 
 // kServingYaml with the first occurrence of `from` replaced by `to`.
-std::string Edited(const std::string& from, const std::string& to) {
+std::string ServingEdited(const std::string& from, const std::string& to) {
   std::string s = kServingYaml;
   size_t at = s.find(from);
   EXPECT_NE(at, std::string::npos) << from;
@@ -51,13 +52,6 @@ std::string Removed(std::initializer_list<std::string> parts) {
     if (at != std::string::npos) s.erase(at, p.size());
   }
   return s;
-}
-
-std::string ErrorOf(const std::string& text) {
-  auto t = ParseTopology(text, "t.yaml");
-  if (t.ok()) return "<parsed>";
-  EXPECT_TRUE(t.status().IsInvalidArgument()) << t.status().ToString();
-  return std::string(t.status().message());
 }
 
 TEST(ServingTest, ClusterLayoutIsTheDefault) {
@@ -115,59 +109,61 @@ TEST(ServingTest, ErrorsNameFileLineAndKey) {
     std::string text;
     std::string want;
   } cases[] = {
-      {Edited("{rank: 0}", "{rank: 0, lyout: x.yaml}"),
+      {ServingEdited("{rank: 0}", "{rank: 0, lyout: x.yaml}"),
        "t.yaml:7: clusters[0].nodes[0].serving.lyout: unknown key (did you "
        "mean 'layout'?)"},
-      {Edited("{rank: 0}", "{rank: 0, store: x}"),
+      {ServingEdited("{rank: 0}", "{rank: 0, store: x}"),
        "t.yaml:7: clusters[0].nodes[0].serving.store: unknown key (known "
        "keys: layout, rank, socket)"},
-      {Edited("{rank: 0}", "{rank: 0, rank: 1}"),
+      {ServingEdited("{rank: 0}", "{rank: 0, rank: 1}"),
        "t.yaml:7: clusters[0].nodes[0].serving.rank: duplicate key (first "
        "given at line 7)"},
-      {Edited("{layout: layouts/tp2.yaml}",
-              "{layout: layouts/tp2.yaml, colour: red}"),
+      {ServingEdited("{layout: layouts/tp2.yaml}",
+                     "{layout: layouts/tp2.yaml, colour: red}"),
        "t.yaml:5: clusters[0].serving.colour: unknown key (known keys: "
        "layout)"},
-      {Edited("{layout: layouts/tp2.yaml}",
-              "{layout: layouts/tp2.yaml, rank: 0}"),
+      {ServingEdited("{layout: layouts/tp2.yaml}",
+                     "{layout: layouts/tp2.yaml, rank: 0}"),
        "t.yaml:5: clusters[0].serving.rank: a rank is per node: give "
        "serving: {rank: N} on each node that serves"},
-      {Edited("serving: {rank: 0}", "serving: 3"),
+      {ServingEdited("serving: {rank: 0}", "serving: 3"),
        "t.yaml:7: clusters[0].nodes[0].serving: expected a map, got a "
        "scalar"},
-      {Edited("serving: {rank: 0}", "serving: null"),
+      {ServingEdited("serving: {rank: 0}", "serving: null"),
        "t.yaml:7: clusters[0].nodes[0].serving: expected a map, got "
        "nothing"},
-      {Edited("{layout: layouts/tp2.yaml}", "[layouts/tp2.yaml]"),
+      {ServingEdited("{layout: layouts/tp2.yaml}", "[layouts/tp2.yaml]"),
        "t.yaml:5: clusters[0].serving: expected a map, got a list"},
-      {Edited("{layout: layouts/tp2.yaml}", "{}"),
+      {ServingEdited("{layout: layouts/tp2.yaml}", "{}"),
        "t.yaml:5: clusters[0].serving: missing required key 'layout'"},
-      {Edited("{layout: layouts/tp2.yaml}", "{layout: \"\"}"),
+      {ServingEdited("{layout: layouts/tp2.yaml}", "{layout: \"\"}"),
        "t.yaml:5: clusters[0].serving.layout: expected the path of a layout "
        "file, got ''"},
-      {Edited("{layout: layouts/tp2.yaml}", "{layout: {a: b}}"),
+      {ServingEdited("{layout: layouts/tp2.yaml}", "{layout: {a: b}}"),
        "t.yaml:5: clusters[0].serving.layout: expected a value, got a map"},
-      {Edited("{rank: 0}", "{rank: 0, layout: [a, b]}"),
+      {ServingEdited("{rank: 0}", "{rank: 0, layout: [a, b]}"),
        "t.yaml:7: clusters[0].nodes[0].serving.layout: expected a value, got "
        "a list"},
-      {Edited("{rank: 0}", "{rank: 0, layout: \"\"}"),
+      {ServingEdited("{rank: 0}", "{rank: 0, layout: \"\"}"),
        "t.yaml:7: clusters[0].nodes[0].serving.layout: expected the path of "
        "a layout file, got ''"},
-      {Edited("{rank: 0}", "{rank: 0, layout: \"${DCR_SERVING_TEST_NOPE}\"}"),
+      {ServingEdited("{rank: 0}",
+                     "{rank: 0, layout: \"${DCR_SERVING_TEST_NOPE}\"}"),
        "t.yaml:7: clusters[0].nodes[0].serving.layout: environment variable "
        "DCR_SERVING_TEST_NOPE is not set (write ${DCR_SERVING_TEST_NOPE:-"
        "default} to give a default)"},
-      {Edited("{rank: 0}", "{layout: x.yaml}"),
+      {ServingEdited("{rank: 0}", "{layout: x.yaml}"),
        "t.yaml:7: clusters[0].nodes[0].serving: missing required key "
        "'rank'"},
-      {Edited("{rank: 0}", "{rank: -1}"), rank_msg + "'-1'"},
-      {Edited("{rank: 0}", "{rank: 2147483648}"), rank_msg + "'2147483648'"},
-      {Edited("{rank: 0}", "{rank: 99999999999999999999999}"),
+      {ServingEdited("{rank: 0}", "{rank: -1}"), rank_msg + "'-1'"},
+      {ServingEdited("{rank: 0}", "{rank: 2147483648}"),
+       rank_msg + "'2147483648'"},
+      {ServingEdited("{rank: 0}", "{rank: 99999999999999999999999}"),
        rank_msg + "'99999999999999999999999'"},
-      {Edited("{rank: 0}", "{rank: 1.5}"), rank_msg + "'1.5'"},
-      {Edited("{rank: 0}", "{rank: 1e3}"), rank_msg + "'1e3'"},
-      {Edited("{rank: 0}", "{rank: zero}"), rank_msg + "'zero'"},
-      {Edited("{rank: 0}", "{rank: [0]}"),
+      {ServingEdited("{rank: 0}", "{rank: 1.5}"), rank_msg + "'1.5'"},
+      {ServingEdited("{rank: 0}", "{rank: 1e3}"), rank_msg + "'1e3'"},
+      {ServingEdited("{rank: 0}", "{rank: zero}"), rank_msg + "'zero'"},
+      {ServingEdited("{rank: 0}", "{rank: [0]}"),
        "t.yaml:7: clusters[0].nodes[0].serving.rank: expected a value, got a "
        "list"},
       // No layout at the node or the cluster.
@@ -182,7 +178,7 @@ TEST(ServingTest, ErrorsNameFileLineAndKey) {
        "serves)"},
   };
   for (const Case& c : cases) {
-    EXPECT_EQ(ErrorOf(c.text), c.want) << c.text;
+    EXPECT_EQ(TopologyErrorOf(c.text), c.want) << c.text;
   }
 }
 
@@ -284,10 +280,10 @@ TEST(ServingTest, DumpLoadsBackEqual) {
 }
 
 TEST(ServingTest, SocketNeedsAShmStore) {
-  const std::string shm =
-      Edited("{name: s0, host: h, port: 2, serving: {rank: 0}}",
-             "{name: s0, host: h, port: 2, store: {kind: shm, path: /s0}, "
-             "serving: {rank: 0, socket: /run/dcr/s0.sock}}");
+  const std::string shm = ServingEdited(
+      "{name: s0, host: h, port: 2, serving: {rank: 0}}",
+      "{name: s0, host: h, port: 2, store: {kind: shm, path: /s0}, "
+      "serving: {rank: 0, socket: /run/dcr/s0.sock}}");
   auto t = ParseTopology(shm, "t.yaml");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->clusters[0].nodes[0].serving->socket, "/run/dcr/s0.sock");
@@ -301,15 +297,17 @@ TEST(ServingTest, SocketNeedsAShmStore) {
   EXPECT_EQ(j["clusters"][0]["nodes"][0]["serving"]["socket"],
             "/run/dcr/s0.sock");
 
-  EXPECT_EQ(ErrorOf(Edited("{rank: 0}", "{rank: 0, socket: /run/s0.sock}")),
+  EXPECT_EQ(TopologyErrorOf(
+                ServingEdited("{rank: 0}", "{rank: 0, socket: /run/s0.sock}")),
             "t.yaml:7: clusters[0].nodes[0].serving.socket: a serving process "
             "maps the relay's store: give the node a shm store (store: {kind: "
             "shm, path: NAME})");
-  EXPECT_THAT(ErrorOf(Edited("{rank: 0}", "{rank: 0, socket: /" +
-                                              std::string(120, 'x') + "}")),
-              HasSubstr("t.yaml:7: clusters[0].nodes[0].serving.socket: "
-                        "expected a Unix socket path of 1 to 107 bytes, got "
-                        "121"));
+  EXPECT_THAT(
+      TopologyErrorOf(ServingEdited(
+          "{rank: 0}", "{rank: 0, socket: /" + std::string(120, 'x') + "}")),
+      HasSubstr("t.yaml:7: clusters[0].nodes[0].serving.socket: "
+                "expected a Unix socket path of 1 to 107 bytes, got "
+                "121"));
   // An edit that takes the shm store away is caught too.
   Topology edited = *t;
   edited.clusters[0].nodes[0].store = {};

@@ -3,12 +3,23 @@
 #ifndef DCR_TESTS_UNIT_TOPOLOGY_TOPOLOGY_TESTING_H_
 #define DCR_TESTS_UNIT_TOPOLOGY_TOPOLOGY_TESTING_H_
 
+#include <gtest/gtest.h>
+
 #include <random>
 #include <string>
 
 #include "dcr/topology.h"
 
 namespace dcr::testing {
+
+// The message ParseTopology gives for `text` (read as "t.yaml"), which must
+// be InvalidArgument; "<parsed>" when it parses.
+inline std::string TopologyErrorOf(const std::string& text) {
+  auto t = ParseTopology(text, "t.yaml");
+  if (t.ok()) return "<parsed>";
+  EXPECT_TRUE(t.status().IsInvalidArgument()) << t.status().ToString();
+  return std::string(t.status().message());
+}
 
 // Line numbers matter: error tests point at them.
 inline constexpr const char* kSampleYaml =

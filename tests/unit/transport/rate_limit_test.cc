@@ -20,13 +20,8 @@ using testing::TestFrame;
 
 constexpr uint64_t kBps = 40'000'000;  // 40 Mbit/s: 5 MB/s
 constexpr size_t kTotalPayload = 5'000'000;
-constexpr milliseconds kConnectTimeout{5000};
-
-std::unique_ptr<Transport> MakeTcp(const TransportOptions& options) {
-  Result<std::unique_ptr<Transport>> t = CreateTransport("tcp", options);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return std::move(t).value();
-}
+using testing::kConnectTimeout;
+using testing::MakeTcp;
 
 TransportOptions Limited(uint64_t bps = kBps) {
   TransportOptions o;

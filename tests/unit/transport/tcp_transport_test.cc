@@ -22,13 +22,8 @@ using testing::kWait;
 using testing::Recorder;
 using testing::TestFrame;
 
-constexpr milliseconds kConnectTimeout{5000};
-
-std::unique_ptr<Transport> MakeTcp(TransportOptions options = {}) {
-  Result<std::unique_ptr<Transport>> t = CreateTransport("tcp", options);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return std::move(t).value();
-}
+using testing::kConnectTimeout;
+using testing::MakeTcp;
 
 // A listening server with a recorder.
 struct Server {

@@ -37,7 +37,7 @@ using std::chrono::milliseconds;
 using testing::Recorder;
 using testing::TestFrame;
 
-constexpr milliseconds kConnectTimeout{5000};
+using testing::kConnectTimeout;
 
 struct PkeyFree {
   void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }

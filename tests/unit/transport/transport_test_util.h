@@ -19,6 +19,15 @@
 namespace dcr::testing {
 
 inline constexpr std::chrono::seconds kWait{20};
+inline constexpr std::chrono::milliseconds kConnectTimeout{5000};
+
+// A TCP transport with `options` (failing the test if it cannot be made).
+inline std::unique_ptr<Transport> MakeTcp(
+    const TransportOptions& options = {}) {
+  Result<std::unique_ptr<Transport>> t = CreateTransport("tcp", options);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::move(t).value();
+}
 
 // A frame whose sequence is `seq`, epoch `epoch`, and whose payload is
 // `size` bytes derived from both (so corruption or mix-ups show).

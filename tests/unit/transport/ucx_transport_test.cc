@@ -31,7 +31,7 @@ using testing::Recorder;
 using testing::TestFrame;
 using Clock = std::chrono::steady_clock;
 
-constexpr milliseconds kConnectTimeout{5000};
+using testing::kConnectTimeout;
 constexpr char kPeerPortVar[] = "DCR_UCX_TEST_PEER_PORT";
 
 // Loopback without RDMA, before any UCX context reads the environment (the

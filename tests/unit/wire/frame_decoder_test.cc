@@ -6,17 +6,13 @@
 
 #include "common/bytes.h"
 #include "dcr/wire.h"
+#include "testing/test_util.h"
 #include "unit/wire/test_authenticator.h"
 
 namespace dcr {
 namespace {
 
-std::vector<std::byte> Bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
+using testing::RandomBytes;
 
 FrameBuffer Make(uint64_t seq, size_t payload_size,
                  const FrameOptions& options = {}) {
@@ -26,7 +22,7 @@ FrameBuffer Make(uint64_t seq, size_t payload_size,
   h.sequence = seq;
   h.refit_id.bytes[0] = 0x5a;
   Result<FrameBuffer> buf =
-      EncodeFrame(h, Bytes(payload_size, uint32_t(seq)), options);
+      EncodeFrame(h, RandomBytes(payload_size, uint32_t(seq)), options);
   EXPECT_TRUE(buf.ok()) << buf.status().ToString();
   return *buf;
 }
@@ -289,7 +285,7 @@ TEST(FrameDecoderTest, TaggedFramesAreLengthAccountedWithoutAKey) {
 
 TEST(FrameDecoderTest, GarbageIsRejectedAtTheFirstHeader) {
   FrameDecoder d;
-  std::vector<std::byte> garbage = Bytes(kFrameHeaderSize, 99);
+  std::vector<std::byte> garbage = RandomBytes(kFrameHeaderSize, 99);
   d.Feed(garbage);
   Status s = d.Next().status();
   EXPECT_TRUE(s.IsCorruption());

@@ -1,23 +1,18 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "common/bytes.h"
 #include "dcr/digest.h"
 #include "dcr/wire.h"
+#include "testing/test_util.h"
 #include "unit/wire/test_authenticator.h"
 
 namespace dcr {
 namespace {
 
-std::vector<std::byte> Bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
+using testing::RandomBytes;
 
 FrameHeader SampleHeader() {
   FrameHeader h;
@@ -30,7 +25,7 @@ FrameHeader SampleHeader() {
 }
 
 TEST(FrameTest, HeaderLayoutIsLittleEndianAtDocumentedOffsets) {
-  auto payload = Bytes(100, 1);
+  auto payload = RandomBytes(100, 1);
   Result<FrameBuffer> buf = EncodeFrame(SampleHeader(), payload);
   ASSERT_TRUE(buf.ok()) << buf.status().ToString();
   const std::vector<std::byte>& b = **buf;
@@ -53,7 +48,7 @@ TEST(FrameTest, HeaderLayoutIsLittleEndianAtDocumentedOffsets) {
 }
 
 TEST(FrameTest, EncodeParseRoundTrip) {
-  auto payload = Bytes(1000, 2);
+  auto payload = RandomBytes(1000, 2);
   Result<FrameBuffer> buf = EncodeFrame(SampleHeader(), payload);
   ASSERT_TRUE(buf.ok());
   Result<Frame> f = ParseFrame(**buf);
@@ -80,7 +75,7 @@ TEST(FrameTest, EmptyPayload) {
 }
 
 TEST(FrameTest, GatherEqualsContiguous) {
-  auto a = Bytes(10, 3), b = Bytes(0, 4), c = Bytes(77, 5);
+  auto a = RandomBytes(10, 3), b = RandomBytes(0, 4), c = RandomBytes(77, 5);
   std::vector<std::byte> all = a;
   all.insert(all.end(), c.begin(), c.end());
   std::span<const std::byte> parts[] = {a, b, c};
@@ -102,7 +97,7 @@ TEST(FrameTest, EncodeRejectsWireFlagsUnknownTypeAndOversizedPayload) {
   h.type = FrameType::kChunk;
   FrameOptions small;
   small.max_payload = 64;
-  auto payload = Bytes(65, 6);
+  auto payload = RandomBytes(65, 6);
   Status s = EncodeFrame(h, payload, small).status();
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_TRUE(EncodeFrame(h, std::span(payload).first(64), small).ok());
@@ -159,7 +154,7 @@ std::vector<std::byte> WithFieldValue(const FrameBuffer& buf, size_t offset,
 }
 
 TEST(FrameTest, HeaderFieldChecksNameTheField) {
-  Result<FrameBuffer> buf = EncodeFrame(SampleHeader(), Bytes(8, 7));
+  Result<FrameBuffer> buf = EncodeFrame(SampleHeader(), RandomBytes(8, 7));
   ASSERT_TRUE(buf.ok());
   struct Case {
     std::vector<std::byte> bytes;
@@ -197,7 +192,7 @@ TEST(FrameTest, HeaderFieldChecksNameTheField) {
 }
 
 TEST(FrameTest, ParseFrameChecksExactSizeAndTruncatedHeader) {
-  Result<FrameBuffer> buf = EncodeFrame(SampleHeader(), Bytes(8, 8));
+  Result<FrameBuffer> buf = EncodeFrame(SampleHeader(), RandomBytes(8, 8));
   ASSERT_TRUE(buf.ok());
   std::span<const std::byte> all(**buf);
   Status s = ParseFrame(all.first(20)).status();
@@ -214,7 +209,7 @@ TEST(FrameTest, AuthTagLayoutAndVerification) {
   auto key_b = std::make_shared<testing::TestAuthenticator>(2);
   FrameOptions signing;
   signing.authenticator = key_a;
-  auto payload = Bytes(33, 9);
+  auto payload = RandomBytes(33, 9);
   Result<FrameBuffer> buf = EncodeFrame(SampleHeader(), payload, signing);
   ASSERT_TRUE(buf.ok());
   ASSERT_EQ((*buf)->size(), kFrameHeaderSize + 33 + kAuthTagSize);

@@ -16,6 +16,7 @@
 #include "dcr/digest.h"
 #include "dcr/wire.h"
 #include "testing/temp_dir.h"
+#include "testing/test_util.h"
 #include "wire/hmac_authenticator.h"
 
 namespace dcr {
@@ -23,19 +24,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using Bytes = std::vector<std::byte>;
-
-Bytes Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Bytes v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
-
-Bytes FromText(std::string_view s) {
-  Bytes v(s.size());
-  std::memcpy(v.data(), s.data(), s.size());
-  return v;
-}
+using testing::RandomBytes;
+using testing::TextBytes;
 
 std::string Hex(std::span<const std::byte> b) {
   static const char* kDigits = "0123456789abcdef";
@@ -48,7 +38,7 @@ std::string Hex(std::span<const std::byte> b) {
 }
 
 std::shared_ptr<const FrameAuthenticator> Key(uint32_t seed) {
-  auto a = HmacFrameAuthenticator::Create(Random(32, seed));
+  auto a = HmacFrameAuthenticator::Create(RandomBytes(32, seed));
   EXPECT_TRUE(a.ok()) << a.status().ToString();
   return a.ok() ? std::shared_ptr<const FrameAuthenticator>(*std::move(a))
                 : nullptr;
@@ -60,7 +50,7 @@ FrameOptions With(std::shared_ptr<const FrameAuthenticator> key) {
   return o;
 }
 
-FrameHeader SampleHeader() {
+FrameHeader SealedSampleHeader() {
   FrameHeader h;
   h.type = FrameType::kChunk;
   h.flags = 0x0100;
@@ -106,7 +96,7 @@ TEST(HmacTest, MatchesRfc4231) {
   auto a = HmacFrameAuthenticator::Create(Bytes(131, std::byte{0xaa}));
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   Bytes msg =
-      FromText("Test Using Larger Than Block-Size Key - Hash Key First");
+      TextBytes("Test Using Larger Than Block-Size Key - Hash Key First");
   std::array<std::byte, kAuthTagSize> tag;
   (*a)->Sign(msg, tag);
   EXPECT_EQ(Hex(tag),
@@ -119,7 +109,7 @@ TEST(HmacTest, MatchesRfc4231) {
   for (size_t i = 0; i < key.size(); ++i) key[i] = std::byte(i);
   auto b = HmacFrameAuthenticator::Create(key);
   ASSERT_TRUE(b.ok());
-  (*b)->Sign(FromText("dcr"), tag);
+  (*b)->Sign(TextBytes("dcr"), tag);
   EXPECT_EQ(Hex(tag),
             "ec70f7d3ee76a899c5db8ee8fe33ba01b3939f7bd133db7f47bbaa151be935a8");
 }
@@ -139,8 +129,8 @@ TEST(HmacTest, CreateRefusesShortAndOversizedKeys) {
 
 TEST(HmacTest, SignedFramesRoundTripThroughTheDecoder) {
   FrameOptions keyed = With(Key(1));
-  Bytes payload = Random(5000, 2);
-  Bytes frame = Encode(SampleHeader(), payload, keyed);
+  Bytes payload = RandomBytes(5000, 2);
+  Bytes frame = Encode(SealedSampleHeader(), payload, keyed);
   ASSERT_EQ(frame.size(), kFrameHeaderSize + payload.size() + kAuthTagSize);
   EXPECT_EQ(LoadLE<uint16_t>(frame.data() + 6), 0x0100 | kFrameFlagAuthTag);
   // The tag is HMAC-SHA256 over the header and the payload.
@@ -155,10 +145,10 @@ TEST(HmacTest, SignedFramesRoundTripThroughTheDecoder) {
   std::vector<Bytes> frames;
   Bytes stream;
   for (uint64_t seq = 0; seq < 20; ++seq) {
-    FrameHeader h = SampleHeader();
+    FrameHeader h = SealedSampleHeader();
     h.sequence = seq;
     h.type = seq == 0 ? FrameType::kPlan : FrameType::kChunk;
-    frames.push_back(Encode(h, Random(seq * 37, uint32_t(seq)), keyed));
+    frames.push_back(Encode(h, RandomBytes(seq * 37, uint32_t(seq)), keyed));
     stream.insert(stream.end(), frames.back().begin(), frames.back().end());
   }
   FrameDecoder d(keyed);
@@ -185,8 +175,8 @@ TEST(HmacTest, SignedFramesRoundTripThroughTheDecoder) {
 
 TEST(HmacTest, UntaggedAndWronglyKeyedFramesAreRefused) {
   FrameOptions keyed = With(Key(1));
-  Bytes payload = Random(100, 4);
-  Bytes untagged = Encode(SampleHeader(), payload, {});
+  Bytes payload = RandomBytes(100, 4);
+  Bytes untagged = Encode(SealedSampleHeader(), payload, {});
   EXPECT_TRUE(Accepted(untagged, {}));
   EXPECT_FALSE(Accepted(untagged, keyed));
   Status s = ParseFrame(untagged, keyed).status();
@@ -194,7 +184,7 @@ TEST(HmacTest, UntaggedAndWronglyKeyedFramesAreRefused) {
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("missing authentication tag"));
 
-  Bytes other_key = Encode(SampleHeader(), payload, With(Key(2)));
+  Bytes other_key = Encode(SealedSampleHeader(), payload, With(Key(2)));
   EXPECT_FALSE(Accepted(other_key, keyed));
   s = ParseFrame(other_key, keyed).status();
   EXPECT_THAT(std::string(s.message()),
@@ -202,11 +192,11 @@ TEST(HmacTest, UntaggedAndWronglyKeyedFramesAreRefused) {
 
   // A tag of zeros (what Sign writes if OpenSSL fails) and a tag taken from
   // another frame are refused too.
-  Bytes zeros = Encode(SampleHeader(), payload, keyed);
+  Bytes zeros = Encode(SealedSampleHeader(), payload, keyed);
   std::fill(zeros.end() - kAuthTagSize, zeros.end(), std::byte{0});
   EXPECT_FALSE(Accepted(zeros, keyed));
-  Bytes a = Encode(SampleHeader(), payload, keyed);
-  FrameHeader h = SampleHeader();
+  Bytes a = Encode(SealedSampleHeader(), payload, keyed);
+  FrameHeader h = SealedSampleHeader();
   h.sequence += 1;
   Bytes b = Encode(h, payload, keyed);
   std::copy(b.end() - kAuthTagSize, b.end(), a.end() - kAuthTagSize);
@@ -218,7 +208,7 @@ TEST(HmacTest, UntaggedAndWronglyKeyedFramesAreRefused) {
   StoreLE<uint16_t>(forged.data() + 6,
                     LoadLE<uint16_t>(forged.data() + 6) | kFrameFlagAuthTag);
   Reseal(&forged);
-  Bytes junk = Random(kAuthTagSize, 5);
+  Bytes junk = RandomBytes(kAuthTagSize, 5);
   forged.insert(forged.end(), junk.begin(), junk.end());
   EXPECT_TRUE(Accepted(forged, {}));  // well formed: only the key tells
   EXPECT_FALSE(Accepted(forged, keyed));
@@ -226,7 +216,7 @@ TEST(HmacTest, UntaggedAndWronglyKeyedFramesAreRefused) {
 
 TEST(HmacTest, EverySingleBitFlipIsRefused) {
   FrameOptions keyed = With(Key(1));
-  Bytes frame = Encode(SampleHeader(), Random(40, 6), keyed);
+  Bytes frame = Encode(SealedSampleHeader(), RandomBytes(40, 6), keyed);
   ASSERT_TRUE(Accepted(frame, keyed));
   for (size_t bit = 0; bit < frame.size() * 8; ++bit) {
     Bytes bad = frame;
@@ -239,7 +229,7 @@ TEST(HmacTest, HeaderEditsWithAResealedChecksumAreRefused) {
   // An attacker without the key rewrites a field the tag binds and fixes
   // the checksum: the checksum alone would accept the frame, the tag not.
   FrameOptions keyed = With(Key(1));
-  const Bytes frame = Encode(SampleHeader(), Random(64, 7), keyed);
+  const Bytes frame = Encode(SealedSampleHeader(), RandomBytes(64, 7), keyed);
   struct Edit {
     const char* field;
     size_t offset;
@@ -287,14 +277,14 @@ class FrameKeyFileTest : public ::testing::Test {
 };
 
 TEST_F(FrameKeyFileTest, LoadsAKeyThatInteroperates) {
-  Bytes key = Random(32, 8);
+  Bytes key = RandomBytes(32, 8);
   std::string p1 = Write("k1", key);
   std::string p2 = Write("k2", key, 0400);
   auto a = LoadFrameKey(p1);
   auto b = LoadFrameKey(p2);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   ASSERT_TRUE(b.ok()) << b.status().ToString();
-  Bytes frame = Encode(SampleHeader(), Random(10, 9), With(*a));
+  Bytes frame = Encode(SealedSampleHeader(), RandomBytes(10, 9), With(*a));
   EXPECT_TRUE(Accepted(frame, With(*b)));
   // The file's bytes are the key: one more byte is another key.
   Bytes longer = key;
@@ -302,13 +292,13 @@ TEST_F(FrameKeyFileTest, LoadsAKeyThatInteroperates) {
   auto c = LoadFrameKey(Write("k3", longer));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(Accepted(frame, With(*c)));
-  auto big = LoadFrameKey(Write("k4", Random(kMaxFrameKeyBytes, 10)));
+  auto big = LoadFrameKey(Write("k4", RandomBytes(kMaxFrameKeyBytes, 10)));
   EXPECT_TRUE(big.ok()) << big.status().ToString();
 }
 
 TEST_F(FrameKeyFileTest, RefusesAFileOthersCanReach) {
   for (mode_t mode : {0644, 0640, 0604, 0660, 0601, 0610, 0700 | 0044}) {
-    std::string p = Write("open", Random(32, 11), mode);
+    std::string p = Write("open", RandomBytes(32, 11), mode);
     auto k = LoadFrameKey(p);
     ASSERT_FALSE(k.ok()) << std::oct << mode;
     EXPECT_TRUE(k.status().IsInvalidArgument());
@@ -317,14 +307,14 @@ TEST_F(FrameKeyFileTest, RefusesAFileOthersCanReach) {
     EXPECT_THAT(msg, HasSubstr("chmod 600 " + p));
     EXPECT_EQ(msg.find('\n'), std::string::npos);
   }
-  std::string p = Write("open", Random(32, 11), 0644);
+  std::string p = Write("open", RandomBytes(32, 11), 0644);
   EXPECT_THAT(std::string(LoadFrameKey(p).status().message()),
               HasSubstr("has mode 0644"));
 }
 
 TEST_F(FrameKeyFileTest, RefusesShortEmptyHugeMissingAndOddFiles) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{31}}) {
-    std::string p = Write("short", Random(n, 12));
+    std::string p = Write("short", RandomBytes(n, 12));
     auto k = LoadFrameKey(p);
     ASSERT_FALSE(k.ok()) << n;
     EXPECT_TRUE(k.status().IsInvalidArgument());
@@ -332,7 +322,7 @@ TEST_F(FrameKeyFileTest, RefusesShortEmptyHugeMissingAndOddFiles) {
                 HasSubstr("'" + p + "' holds " + std::to_string(n) +
                           " bytes; a key needs 32 or more"));
   }
-  std::string huge = Write("huge", Random(kMaxFrameKeyBytes + 1, 13));
+  std::string huge = Write("huge", RandomBytes(kMaxFrameKeyBytes + 1, 13));
   auto k = LoadFrameKey(huge);
   EXPECT_TRUE(k.status().IsInvalidArgument());
   EXPECT_THAT(std::string(k.status().message()), HasSubstr("not a key file"));

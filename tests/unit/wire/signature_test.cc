@@ -15,18 +15,14 @@
 #include <sstream>
 
 #include "testing/temp_dir.h"
+#include "testing/test_util.h"
 
 namespace dcr {
 namespace {
 
 using ::testing::HasSubstr;
 using Bytes = std::vector<std::byte>;
-
-Bytes FromText(std::string_view s) {
-  Bytes v(s.size());
-  std::memcpy(v.data(), s.data(), s.size());
-  return v;
-}
+using testing::TextBytes;
 
 std::string ReadText(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -67,11 +63,11 @@ std::pair<std::string, std::string> EcPems() {
 
 TEST(Sha256Test, KnownAnswers) {
   // FIPS 180-2 examples.
-  EXPECT_EQ(Sha256Hex(Sha256(FromText("abc"))),
+  EXPECT_EQ(Sha256Hex(Sha256(TextBytes("abc"))),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(Sha256Hex(Sha256({})),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(Sha256Hex(Sha256(FromText("abc")), 4), "ba7816bf");
+  EXPECT_EQ(Sha256Hex(Sha256(TextBytes("abc")), 4), "ba7816bf");
 }
 
 TEST(SignatureTest, KeygenWritesAPairThatSignsAndVerifies) {
@@ -89,7 +85,7 @@ TEST(SignatureTest, KeygenWritesAPairThatSignsAndVerifies) {
   ASSERT_TRUE(verifier.ok()) << verifier.status().ToString();
   EXPECT_THAT((*verifier)->origin(), HasSubstr(pub));
 
-  Bytes msg = FromText("refit manifest bytes");
+  Bytes msg = TextBytes("refit manifest bytes");
   auto sig = (*key)->Sign(msg);
   ASSERT_TRUE(sig.ok());
   EXPECT_TRUE((*verifier)->Verify(msg, *sig));
