@@ -34,6 +34,9 @@ namespace dcr {
 
 using Shape = std::vector<uint64_t>;
 
+// "[4096, 1024]": a shape as messages name it.
+std::string ShapeText(const Shape& shape);
+
 struct AffinePiece {
   uint32_t rank = 0;           // the trainer rank holding the shard
   std::string shard;           // the shard tensor's name on that rank

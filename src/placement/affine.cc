@@ -17,15 +17,6 @@ std::string Where(const std::string& tensor, const AffinePiece& p) {
          " shard '" + p.shard + "'";
 }
 
-std::string ShapeText(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(s[i]);
-  }
-  return out + "]";
-}
-
 // Elements of `s`, or false if the count overflows 64 bits.
 bool Volume(const Shape& s, uint64_t* n) {
   if (std::find(s.begin(), s.end(), uint64_t{0}) != s.end()) {
@@ -95,6 +86,14 @@ bool ProgressionsMeet(uint64_t a, uint64_t s, uint64_t n, uint64_t b,
 }
 
 }  // namespace
+
+std::string ShapeText(const Shape& shape) {
+  std::string out = "[";
+  for (size_t d = 0; d < shape.size(); ++d) {
+    out += (d ? ", " : "") + std::to_string(shape[d]);
+  }
+  return out + "]";
+}
 
 AffinePiece AffinePiece::Block(uint32_t rank, std::string shard, Shape shape,
                                Shape to) {

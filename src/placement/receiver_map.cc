@@ -23,14 +23,6 @@ bool HoldsCopy(const Layout& l, const LayoutTensor& t, const AffinePiece& p,
   return (tp_p == tp_h || t.copies_tp) && (ep_p == ep_h || t.copies_ep);
 }
 
-std::string ShapeText(const Shape& shape) {
-  std::string out = "[";
-  for (size_t d = 0; d < shape.size(); ++d) {
-    out += (d ? ", " : "") + std::to_string(shape[d]);
-  }
-  return out + "]";
-}
-
 uint64_t ShapeElements(const Shape& shape) {
   uint64_t n = 1;
   for (uint64_t d : shape) n *= d;

@@ -13,14 +13,6 @@
 namespace dcr {
 namespace {
 
-std::string ShapeText(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(s[i]);
-  }
-  return out + "]";
-}
-
 // shard_runs::CheckRank, and a part id for every rank.
 Status CheckRank(const Layout& layout, uint32_t rank) {
   DCR_RETURN_IF_ERROR(shard_runs::CheckRank(layout, rank));

@@ -52,12 +52,6 @@ std::string DTypeOfTorch(const py::handle& t) {
   return it == kNames.end() ? "" : it->second;
 }
 
-std::string ShapeText(const std::vector<uint64_t>& shape) {
-  std::string out;
-  for (uint64_t d : shape) out += (out.empty() ? "" : ", ") + std::to_string(d);
-  return "[" + out + "]";
-}
-
 // A name -> tensor dict as rank `rank`'s shard bytes; `held` keeps the
 // buffers alive. A torch tensor of a shard the layout gives the rank must
 // have the layout's shape and dtype (a transposed or retyped tensor of the
