@@ -37,6 +37,10 @@
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
+namespace dcr {
+class ReceiverMap;  // dcr/receiver_map.h
+}  // namespace dcr
+
 namespace dcr::cuda {
 
 using Stream = CUstream_st*;
@@ -294,6 +298,18 @@ std::string EncodeIpcManifest(const IpcManifest& manifest);
 // builds without CUDA (it is only text).
 inline constexpr size_t kMaxIpcManifestBytes = 64 << 20;
 Result<IpcManifest> ParseIpcManifest(std::string_view text);
+
+// What a relay checks when a serving process attaches its GPU buffers
+// (docs/design/gpu-serving.md §2, step 1): `manifest` exports every tensor
+// serving rank `map` computes with (ReceiverMap::DeviceShards: FP8 codes
+// and scales, not their shadows), each with the map's dtype and shape.
+// Tensors the map does not name are allowed and left alone (a server may
+// export more than its weights). InvalidArgument otherwise, naming the
+// rank and every tensor that is missing or differs (the first
+// kMaxAttachErrors, then how many more). No device is touched: it works in
+// builds without CUDA.
+inline constexpr size_t kMaxAttachErrors = 16;
+Status CheckIpcManifest(const IpcManifest& manifest, const ReceiverMap& map);
 
 // The entry for a tensor of `dtype` and `shape` at d_ptr (anywhere inside
 // a cudaMalloc allocation, as a framework's caching allocator hands out).

@@ -79,6 +79,10 @@ class ReceiverMap {
   // The tensors the rank keeps, by name, copies included: for an FP8 shard
   // its codes (F8_E4M3), its scales (F32) and its shadow.
   const std::map<std::string, LayoutShard>& shards() const { return shards_; }
+  // The tensors a serving process computes with: shards() less the FP8
+  // shadows, whose canonical bits only the relay's store keeps. What a
+  // server exports to its relay over CUDA IPC (dcr/cuda.h IpcManifest).
+  std::map<std::string, LayoutShard> DeviceShards() const;
   // Where an FP8 shard's canonical bits are kept.
   static std::string ShadowName(const std::string& shard) {
     return shard + ".shadow";

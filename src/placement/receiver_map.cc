@@ -474,6 +474,18 @@ Digest128 ReceiverMap::BitsDigest(
   return h.Finish();
 }
 
+std::map<std::string, LayoutShard> ReceiverMap::DeviceShards() const {
+  std::map<std::string, LayoutShard> out = shards_;
+  for (const auto& [name, f] : fp8_) {
+    if (!f.view.per_tensor()) out.erase(ShadowName(name));
+  }
+  // A per-tensor FP8 tensor's shadow is the whole canonical tensor.
+  for (const auto& [tensor, boxes] : fp8_boxes_) {
+    out.erase(ShadowName(held_.tensors[tensor].name));
+  }
+  return out;
+}
+
 Result<Manifest> ReceiverMap::StoreManifest() const {
   std::vector<TensorInfo> tensors;
   for (const auto& [name, s] : shards_) {
