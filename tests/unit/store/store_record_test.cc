@@ -33,16 +33,12 @@ namespace dcr {
 namespace {
 
 namespace fs = std::filesystem;
-using store_testing::AllZero;
-using store_testing::CopyBits;
 using store_testing::Fixture;
 using store_testing::RunAsNobody;
-using store_testing::ShmName;
 using store_testing::StoreTest;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::RandomBytes;
 using testing::ReadAllOrStatus;
 using testing::TestRefitId;
 
