@@ -1,5 +1,6 @@
 #include "transport/link_lifecycle.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -27,6 +28,22 @@ void LinkLifecycle::PauseReading() {
   }
   PostToEventThread([self = std::static_pointer_cast<LinkLifecycle>(
                          shared_from_this())] { self->read_paused_ = true; });
+}
+
+bool LinkLifecycle::DeliverDecoded(FrameDecoder& decoder,
+                                   const std::string& peer) {
+  while (!closing_ && !read_paused_) {
+    Result<std::optional<DecodedFrame>> next = decoder.Next();
+    if (!next.ok()) {
+      DoClose(next.status().WithContext("frame from " + peer));
+      return false;
+    }
+    if (!next->has_value()) break;
+    ++frames_received_;
+    const DecodedFrame& f = **next;
+    handler().OnFrame(*this, f.frame, f.buffer);
+  }
+  return !closing_ && !read_paused_;
 }
 
 void LinkLifecycle::ResumeReading() {

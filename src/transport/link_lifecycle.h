@@ -23,6 +23,7 @@
 
 #include "dcr/status.h"
 #include "dcr/transport.h"
+#include "dcr/wire.h"
 
 namespace dcr::transport_internal {
 
@@ -109,6 +110,12 @@ class LinkLifecycle : public Link {
   // Event thread. After a write completes: closes with OK if a
   // CloseAfterFlush is pending and Flushed(). Returns true if it closed.
   bool FinishFlushClose();
+  // Event thread, for Deliver: hands the frames `decoder` has ready to the
+  // handler, counting each, until the link is closing or paused or none is
+  // left. A frame that does not decode closes the link (the error names
+  // `peer`). Returns true iff the link may read more (neither closing nor
+  // paused).
+  bool DeliverDecoded(FrameDecoder& decoder, const std::string& peer);
 
   // Close was called on the event thread, or the link is closed: no more
   // frames in or out.

@@ -169,19 +169,7 @@ class FakeLink final : public LinkLifecycle {
     Deliver();
   }
 
-  void Deliver() override {
-    while (!closing() && !read_paused()) {
-      Result<std::optional<DecodedFrame>> next = decoder_.Next();
-      if (!next.ok()) {
-        DoClose(next.status().WithContext("frame from " + peer_));
-        return;
-      }
-      if (!next->has_value()) return;
-      ++frames_received_;
-      const DecodedFrame& f = **next;
-      handler().OnFrame(*this, f.frame, f.buffer);
-    }
-  }
+  void Deliver() override { (void)DeliverDecoded(decoder_, peer_); }
 
   // Cuts the link: both ends close with `why`.
   void Cut(Direction& dir, const Status& why) {

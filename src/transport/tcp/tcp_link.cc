@@ -231,18 +231,7 @@ void TcpLink::OnRead(const asio::error_code& ec, size_t n) {
 }
 
 void TcpLink::Deliver() {
-  while (!closing() && !read_paused()) {
-    Result<std::optional<DecodedFrame>> next = decoder_.Next();
-    if (!next.ok()) {
-      DoClose(next.status().WithContext("frame from " + peer_));
-      return;
-    }
-    if (!next->has_value()) break;
-    ++frames_received_;
-    const DecodedFrame& f = **next;
-    handler().OnFrame(*this, f.frame, f.buffer);
-  }
-  if (closing() || read_paused()) return;
+  if (!DeliverDecoded(decoder_, peer_)) return;
   if (pending_close_) {
     Status why = std::move(*pending_close_);
     pending_close_.reset();
