@@ -32,14 +32,6 @@ uint64_t Volume(const Shape& s) {
   return n;
 }
 
-std::string ShapeText(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(s[i]);
-  }
-  return out + "]";
-}
-
 struct RankSummary {
   uint32_t rank = 0, tp = 0, ep = 0, pp = 0;
   size_t shards = 0;

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 
 #include "dcr/cuda.h"
@@ -17,7 +18,9 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 // A tp 2 server: a column split held as FP8 with per-block scales, a row
-// split as FP8 with one scale per tensor, and a BF16 norm on both ranks.
+// split as FP8 with one scale per tensor (its shard named apart from the
+// tensor: the per-tensor shadow takes the tensor's name), and a BF16 norm
+// on both ranks.
 constexpr const char* kServing = R"(version: 1
 parallel: {tp: 2}
 tensors:
@@ -27,7 +30,7 @@ tensors:
     shape: [256, 64]
     fp8: {block: [64, 32]}
   - name: down
-    shard: down
+    shard: down_proj
     split: row
     shape: [64, 256]
     fp8: {block: tensor}
@@ -66,13 +69,14 @@ TEST(IpcAttachTest, TheDeviceHoldsEveryShardButTheFp8Shadows) {
     for (const auto& [name, s] : map.shards()) {
       const bool shadow =
           name == ReceiverMap::ShadowName("w.weight") ||
-          name == ReceiverMap::ShadowName("down");  // per tensor: its name
+          name == ReceiverMap::ShadowName("down");  // the tensor's name
       EXPECT_EQ(device.count(name), shadow ? 0u : 1u) << name;
     }
     EXPECT_EQ(device.size() + 2, map.shards().size());
     EXPECT_EQ(device.at("w.weight").dtype, DType::kF8E4M3);
     EXPECT_EQ(device.at("w.weight").shape, Shape({128, 64}));
-    EXPECT_EQ(device.at("down").dtype, DType::kF8E4M3);
+    EXPECT_EQ(device.at("down_proj").dtype, DType::kF8E4M3);
+    EXPECT_EQ(device.count(ReceiverMap::ShadowName("down_proj")), 0u);
     EXPECT_EQ(device.at("norm").dtype, DType::kBF16);
   }
   // Without FP8 the device holds what the store holds.
@@ -106,7 +110,7 @@ TEST(IpcAttachTest, EveryMissingOrDifferentTensorIsNamed) {
                 [](const cuda::IpcTensor& t) { return t.name == "norm"; });
   for (cuda::IpcTensor& t : m.tensors) {
     if (t.name == "w.weight") t.dtype = DType::kBF16;  // not quantized
-    if (t.name == "down") t.shape = {64, 256};         // the whole tensor
+    if (t.name == "down_proj") t.shape = {64, 256};    // the whole tensor
   }
   const Status s = cuda::CheckIpcManifest(m, map);
   ASSERT_TRUE(s.IsInvalidArgument()) << s.ToString();
@@ -115,8 +119,8 @@ TEST(IpcAttachTest, EveryMissingOrDifferentTensorIsNamed) {
   EXPECT_THAT(msg, HasSubstr("'norm' is not exported"));
   EXPECT_THAT(msg, HasSubstr("'w.weight' is [128, 64] BF16, the layout gives "
                              "[128, 64] F8_E4M3"));
-  EXPECT_THAT(msg, HasSubstr("'down' is [64, 256] F8_E4M3, the layout gives "
-                             "[64, 128] F8_E4M3"));
+  EXPECT_THAT(msg, HasSubstr("'down_proj' is [64, 256] F8_E4M3, the layout "
+                             "gives [64, 128] F8_E4M3"));
   EXPECT_THAT(msg, Not(HasSubstr("more")));
 }
 

@@ -37,6 +37,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "common/file.h"
 #include "common/mutex.h"

@@ -8,9 +8,10 @@
 namespace dcr {
 namespace {
 
-const Version kTarget{2, Digest128{3, 4}};
+const Version kUpdateTarget{2, Digest128{3, 4}};
 
-NodeResult R(const std::string& node, NodeCode code, Version v = kTarget) {
+NodeResult NodeAt(const std::string& node, NodeCode code,
+                  Version v = kUpdateTarget) {
   NodeResult r;
   r.node = node;
   r.code = code;
@@ -27,26 +28,26 @@ TEST(BaselineUpdateTest, OnlyACommitThatReachedNoOneKeepsTheBaseline) {
     bool kept;
   } cases[] = {
       {"every node confirmed",
-       {R("a", NodeCode::kOk), R("b", NodeCode::kOk)},
+       {NodeAt("a", NodeCode::kOk), NodeAt("b", NodeCode::kOk)},
        false},
       {"one confirmed, one refused",
-       {R("a", NodeCode::kRejected), R("b", NodeCode::kOk)},
+       {NodeAt("a", NodeCode::kRejected), NodeAt("b", NodeCode::kOk)},
        false},
       {"one confirmed, one lost",
-       {R("a", NodeCode::kTimeout), R("b", NodeCode::kOk)},
+       {NodeAt("a", NodeCode::kTimeout), NodeAt("b", NodeCode::kOk)},
        false},
       {"one ended the refit without it (prepared wait over), one lost",
-       {R("a", NodeCode::kOk, other), R("b", NodeCode::kTimeout)},
+       {NodeAt("a", NodeCode::kOk, other), NodeAt("b", NodeCode::kTimeout)},
        false},
       {"every node refused it (a stale epoch: fenced off)",
-       {R("a", NodeCode::kRejected), R("b", NodeCode::kRejected)},
+       {NodeAt("a", NodeCode::kRejected), NodeAt("b", NodeCode::kRejected)},
        true},
       {"dropped as stale, or lost: timeouts only",
-       {R("a", NodeCode::kTimeout), R("b", NodeCode::kUnreachable)},
+       {NodeAt("a", NodeCode::kTimeout), NodeAt("b", NodeCode::kUnreachable)},
        true},
       {"no reply at all", {}, true},
       {"ok only from a node outside the commit set",
-       {R("c", NodeCode::kOk)},
+       {NodeAt("c", NodeCode::kOk)},
        true},
   };
   for (const Case& c : cases) {

@@ -10,15 +10,12 @@
 #include <fstream>
 
 #include "testing/temp_dir.h"
+#include "testing/test_util.h"
 
 namespace dcr {
 namespace {
 
-RefitId Id(uint8_t seed) {
-  RefitId id;
-  for (size_t i = 0; i < id.bytes.size(); ++i) id.bytes[i] = uint8_t(seed + i);
-  return id;
-}
+using testing::TestRefitId;
 
 // A store whose LIST misses the newest objects (S3's LIST may lag behind
 // recent writes), over a working one.
@@ -112,23 +109,23 @@ class ObjectRetentionTest : public ::testing::Test {
 
 TEST_F(ObjectRetentionTest, KeepsTheLastKCommittedAndRemovesTheRest) {
   ObjectRetention r(state_, store_.get(), 2);
-  Refit(&r, Id(1), 1, 3, true);
-  Refit(&r, Id(2), 2, 4, false);  // aborted, and its removal failed
-  Refit(&r, Id(3), 3, 2, true);
-  Refit(&r, Id(4), 4, 5, true);
-  auto report = r.Prune(Id(4));
+  Refit(&r, TestRefitId(1), 1, 3, true);
+  Refit(&r, TestRefitId(2), 2, 4, false);  // aborted, and its removal failed
+  Refit(&r, TestRefitId(3), 3, 2, true);
+  Refit(&r, TestRefitId(4), 4, 5, true);
+  auto report = r.Prune(TestRefitId(4));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->objects_removed, 3u + 4u);
   EXPECT_EQ(report->failures, 0u);
-  EXPECT_EQ(Objects(Id(1)), 0u);
-  EXPECT_EQ(Objects(Id(2)), 0u);
-  EXPECT_EQ(Objects(Id(3)), 2u);
-  EXPECT_EQ(Objects(Id(4)), 5u);
-  EXPECT_FALSE(HasRecord(Id(1)));
-  EXPECT_FALSE(HasRecord(Id(2)));
-  EXPECT_TRUE(HasRecord(Id(3)));
+  EXPECT_EQ(Objects(TestRefitId(1)), 0u);
+  EXPECT_EQ(Objects(TestRefitId(2)), 0u);
+  EXPECT_EQ(Objects(TestRefitId(3)), 2u);
+  EXPECT_EQ(Objects(TestRefitId(4)), 5u);
+  EXPECT_FALSE(HasRecord(TestRefitId(1)));
+  EXPECT_FALSE(HasRecord(TestRefitId(2)));
+  EXPECT_TRUE(HasRecord(TestRefitId(3)));
   ASSERT_EQ(report->refits.size(), 4u);
-  EXPECT_EQ(report->refits[0].refit, Id(4).ToHex());  // newest first
+  EXPECT_EQ(report->refits[0].refit, TestRefitId(4).ToHex());  // newest first
   EXPECT_FALSE(report->refits[0].removed);
   EXPECT_EQ(report->refits[0].why,
             "one of the last 2 committed (root.keep_deltas)");
@@ -136,38 +133,38 @@ TEST_F(ObjectRetentionTest, KeepsTheLastKCommittedAndRemovesTheRest) {
   EXPECT_EQ(report->refits[2].state, "uploading");
   EXPECT_EQ(report->refits[3].target_step, 10u);
 
-  // The next commit pushes Id(3) out.
-  Refit(&r, Id(5), 5, 1, true);
+  // The next commit pushes TestRefitId(3) out.
+  Refit(&r, TestRefitId(5), 5, 1, true);
   report = r.Prune(std::nullopt);
   ASSERT_TRUE(report.ok());
-  EXPECT_EQ(Objects(Id(3)), 0u);
-  EXPECT_EQ(Objects(Id(4)), 5u);
-  EXPECT_EQ(Objects(Id(5)), 1u);
+  EXPECT_EQ(Objects(TestRefitId(3)), 0u);
+  EXPECT_EQ(Objects(TestRefitId(4)), 5u);
+  EXPECT_EQ(Objects(TestRefitId(5)), 1u);
 }
 
 TEST_F(ObjectRetentionTest, KeepZeroKeepsOnlyWhatIsNotOver) {
   ObjectRetention r(state_, store_.get(), 0);
-  Refit(&r, Id(1), 1, 3, true);
-  Refit(&r, Id(2), 2, 2, false);  // still uploading
-  auto report = r.Prune(Id(2));
+  Refit(&r, TestRefitId(1), 1, 3, true);
+  Refit(&r, TestRefitId(2), 2, 2, false);  // still uploading
+  auto report = r.Prune(TestRefitId(2));
   ASSERT_TRUE(report.ok());
-  EXPECT_EQ(Objects(Id(1)), 0u);
-  EXPECT_FALSE(HasRecord(Id(1)));
-  EXPECT_EQ(Objects(Id(2)), 2u);
-  EXPECT_TRUE(HasRecord(Id(2)));
+  EXPECT_EQ(Objects(TestRefitId(1)), 0u);
+  EXPECT_FALSE(HasRecord(TestRefitId(1)));
+  EXPECT_EQ(Objects(TestRefitId(2)), 2u);
+  EXPECT_TRUE(HasRecord(TestRefitId(2)));
 }
 
 TEST_F(ObjectRetentionTest, RemoveTakesAnAbortedRefitsObjectsAndRecord) {
   ObjectRetention r(state_, store_.get(), 2);
-  Refit(&r, Id(1), 1, 4, false);
-  const std::string torn =
-      dir_.Path("bucket/refits/" + Id(1).ToHex() + "/f/0000000004.dcr-tmp-1-1");
+  Refit(&r, TestRefitId(1), 1, 4, false);
+  const std::string torn = dir_.Path("bucket/refits/" + TestRefitId(1).ToHex() +
+                                     "/f/0000000004.dcr-tmp-1-1");
   std::ofstream(torn) << "cut short";
-  ASSERT_TRUE(r.Remove(Id(1)).ok());
+  ASSERT_TRUE(r.Remove(TestRefitId(1)).ok());
   EXPECT_FALSE(std::filesystem::exists(torn));
   EXPECT_FALSE(std::filesystem::exists(dir_.Path("bucket/refits")));
-  EXPECT_EQ(Objects(Id(1)), 0u);
-  EXPECT_FALSE(HasRecord(Id(1)));
+  EXPECT_EQ(Objects(TestRefitId(1)), 0u);
+  EXPECT_FALSE(HasRecord(TestRefitId(1)));
   // Nothing left under refits/ (the directory backend removes emptied
   // folders), nor what a root that died mid-upload left.
   auto keys = store_->List("");
@@ -177,12 +174,12 @@ TEST_F(ObjectRetentionTest, RemoveTakesAnAbortedRefitsObjectsAndRecord) {
 
 TEST_F(ObjectRetentionTest, RefitsOfNamedNodesAreNotKeptNorCounted) {
   ObjectRetention r(state_, store_.get(), 1);
-  Refit(&r, Id(1), 1, 3, true);
-  Refit(&r, Id(2), 2, 2, true, /*whole_tree=*/false);  // a catch-up
+  Refit(&r, TestRefitId(1), 1, 3, true);
+  Refit(&r, TestRefitId(2), 2, 2, true, /*whole_tree=*/false);  // a catch-up
   auto report = r.Prune(std::nullopt);
   ASSERT_TRUE(report.ok());
-  EXPECT_EQ(Objects(Id(1)), 3u);  // still the last whole-tree commit
-  EXPECT_EQ(Objects(Id(2)), 0u);
+  EXPECT_EQ(Objects(TestRefitId(1)), 3u);  // still the last whole-tree commit
+  EXPECT_EQ(Objects(TestRefitId(2)), 0u);
   EXPECT_EQ(report->refits[0].why,
             "a refit of named nodes (catch-up, repair, seed)");
 }
@@ -190,15 +187,15 @@ TEST_F(ObjectRetentionTest, RefitsOfNamedNodesAreNotKeptNorCounted) {
 TEST_F(ObjectRetentionTest, RemoveTakesPushedObjectsALaggingListMisses) {
   LaggingListStore lagging(store_.get(), 2);
   ObjectRetention r(state_, &lagging, 2);
-  Refit(&r, Id(1), 1, 5, false);
-  ASSERT_TRUE(r.Remove(Id(1), /*pushed=*/5).ok());
-  EXPECT_EQ(Objects(Id(1)), 0u);
+  Refit(&r, TestRefitId(1), 1, 5, false);
+  ASSERT_TRUE(r.Remove(TestRefitId(1), /*pushed=*/5).ok());
+  EXPECT_EQ(Objects(TestRefitId(1)), 0u);
 }
 
 TEST_F(ObjectRetentionTest, BeginKeepsTheRecordOfAResumedRefit) {
   ObjectRetention r(state_, store_.get(), 2);
-  Refit(&r, Id(1), 1, 1, true);
-  ASSERT_TRUE(r.Begin(Id(1), 7, 70, false).ok());
+  Refit(&r, TestRefitId(1), 1, 1, true);
+  ASSERT_TRUE(r.Begin(TestRefitId(1), 7, 70, false).ok());
   auto records = r.Records();
   ASSERT_TRUE(records.ok());
   ASSERT_EQ(records->size(), 1u);
@@ -209,28 +206,28 @@ TEST_F(ObjectRetentionTest, BeginKeepsTheRecordOfAResumedRefit) {
 
 TEST_F(ObjectRetentionTest, KeepsTheUnfinishedRefitCurrentJsonNames) {
   ObjectRetention r(state_, store_.get(), 0);
-  Refit(&r, Id(1), 1, 2, false);  // its root stopped after deciding
+  Refit(&r, TestRefitId(1), 1, 2, false);  // its root stopped after deciding
   CurrentRefit c;
-  c.refit = Id(1);
+  c.refit = TestRefitId(1);
   c.epoch = 1;
   c.base = Version{1, Digest128{1, 2}};
   c.target = Version{2, Digest128{3, 4}};
   ASSERT_TRUE(state_.WriteCurrent(c).ok());
   auto report = r.Prune(std::nullopt, /*scan_store=*/true);
   ASSERT_TRUE(report.ok());
-  EXPECT_EQ(Objects(Id(1)), 2u);
+  EXPECT_EQ(Objects(TestRefitId(1)), 2u);
   ASSERT_EQ(report->refits.size(), 1u);
   EXPECT_EQ(report->refits[0].why, "its refit is not over");
   state_.RemoveCurrent();
   report = r.Prune(std::nullopt, true);
   ASSERT_TRUE(report.ok());
-  EXPECT_EQ(Objects(Id(1)), 0u);
+  EXPECT_EQ(Objects(TestRefitId(1)), 0u);
 }
 
 TEST_F(ObjectRetentionTest, ScanReportsUnrecordedRefitsAndForeignKeys) {
   ObjectRetention r(state_, store_.get(), 1);
-  Refit(&r, Id(1), 1, 2, true);
-  Upload(Id(9), 3);  // another root's, or a record removed by hand
+  Refit(&r, TestRefitId(1), 1, 2, true);
+  Upload(TestRefitId(9), 3);  // another root's, or a record removed by hand
   const std::vector<std::byte> data(10, std::byte{1});
   ASSERT_TRUE(store_->Put("refits/not-a-refit", data).ok());
   ASSERT_TRUE(store_->Put("refits/README/x", data).ok());
@@ -244,7 +241,7 @@ TEST_F(ObjectRetentionTest, ScanReportsUnrecordedRefitsAndForeignKeys) {
   EXPECT_EQ(report->refits[1].state, "unrecorded");
   EXPECT_EQ(report->refits[1].objects, 3u);
   EXPECT_FALSE(report->refits[1].removed);
-  EXPECT_EQ(Objects(Id(9)), 3u);
+  EXPECT_EQ(Objects(TestRefitId(9)), 3u);
   EXPECT_EQ(
       report->foreign_keys,
       (std::vector<std::string>{"refits/README/x", "refits/not-a-refit"}));
@@ -254,13 +251,13 @@ TEST_F(ObjectRetentionTest, ScanReportsUnrecordedRefitsAndForeignKeys) {
                    /*dry_run=*/true);
   ASSERT_TRUE(report.ok());
   EXPECT_TRUE(report->refits[1].removed);
-  EXPECT_EQ(Objects(Id(9)), 3u);
+  EXPECT_EQ(Objects(TestRefitId(9)), 3u);
 
   report = r.Prune(std::nullopt, true, /*remove_unrecorded=*/true);
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->objects_removed, 3u);
-  EXPECT_EQ(Objects(Id(9)), 0u);
-  EXPECT_EQ(Objects(Id(1)), 2u);
+  EXPECT_EQ(Objects(TestRefitId(9)), 0u);
+  EXPECT_EQ(Objects(TestRefitId(1)), 2u);
   EXPECT_TRUE(store_->Get("elsewhere/kept").ok());
   EXPECT_TRUE(store_->Get("refits/not-a-refit").ok());
 }
@@ -268,27 +265,28 @@ TEST_F(ObjectRetentionTest, ScanReportsUnrecordedRefitsAndForeignKeys) {
 TEST_F(ObjectRetentionTest, AFailedRemovalKeepsTheRecordForTheNextPrune) {
   NoDeleteStore refusing(store_.get());
   ObjectRetention r(state_, &refusing, 0);
-  Refit(&r, Id(1), 1, 2, true);
-  Refit(&r, Id(2), 2, 2, true);
+  Refit(&r, TestRefitId(1), 1, 2, true);
+  Refit(&r, TestRefitId(2), 2, 2, true);
   auto report = r.Prune(std::nullopt);
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->failures, 2u);
   EXPECT_FALSE(report->refits[0].removed);
   EXPECT_NE(report->refits[0].why.find("access denied"), std::string::npos)
       << report->refits[0].why;
-  EXPECT_TRUE(HasRecord(Id(1)));
+  EXPECT_TRUE(HasRecord(TestRefitId(1)));
   // Once deletes work, the next prune finishes the job.
   ObjectRetention working(state_, store_.get(), 0);
   report = working.Prune(std::nullopt);
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->objects_removed, 4u);
-  EXPECT_FALSE(HasRecord(Id(1)));
+  EXPECT_FALSE(HasRecord(TestRefitId(1)));
 }
 
 TEST_F(ObjectRetentionTest, ADamagedRecordIsKeptAndItsObjectsToo) {
   ObjectRetention r(state_, store_.get(), 0);
-  Refit(&r, Id(1), 1, 2, true);
-  const std::string path = state_.ObjectsDir() + "/" + Id(1).ToHex() + ".json";
+  Refit(&r, TestRefitId(1), 1, 2, true);
+  const std::string path =
+      state_.ObjectsDir() + "/" + TestRefitId(1).ToHex() + ".json";
   std::ofstream(path) << "{\"format\": 2, \"refit\": \"zz\"}";
   std::ofstream(state_.ObjectsDir() + "/notes.txt") << "mine";
   auto records = r.Records();
@@ -296,7 +294,7 @@ TEST_F(ObjectRetentionTest, ADamagedRecordIsKeptAndItsObjectsToo) {
   EXPECT_TRUE(records->empty());
   auto report = r.Prune(std::nullopt);
   ASSERT_TRUE(report.ok());
-  EXPECT_EQ(Objects(Id(1)), 2u);
+  EXPECT_EQ(Objects(TestRefitId(1)), 2u);
   EXPECT_TRUE(std::filesystem::exists(path));
   EXPECT_TRUE(std::filesystem::exists(state_.ObjectsDir() + "/notes.txt"));
   // dcr gc shows it, and --unrecorded does not take its objects.
@@ -307,9 +305,9 @@ TEST_F(ObjectRetentionTest, ADamagedRecordIsKeptAndItsObjectsToo) {
   EXPECT_EQ(report->refits[0].state, "unreadable");
   EXPECT_FALSE(report->refits[0].removed);
   EXPECT_EQ(report->refits[0].objects, 2u);
-  EXPECT_EQ(Objects(Id(1)), 2u);
+  EXPECT_EQ(Objects(TestRefitId(1)), 2u);
   // Committed() on it names the file and the field.
-  Status s = r.Committed(Id(1));
+  Status s = r.Committed(TestRefitId(1));
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   EXPECT_NE(s.ToString().find(path), std::string::npos) << s.ToString();
 }

@@ -13,19 +13,16 @@
 
 #include "common/file.h"
 #include "testing/temp_dir.h"
+#include "testing/test_util.h"
 
 namespace dcr {
 namespace {
 
-RefitId Id(uint8_t seed) {
-  RefitId id;
-  for (size_t i = 0; i < id.bytes.size(); ++i) id.bytes[i] = uint8_t(seed + i);
-  return id;
-}
+using testing::TestRefitId;
 
 CurrentRefit SomeCurrent() {
   CurrentRefit c;
-  c.refit = Id(3);
+  c.refit = TestRefitId(3);
   c.epoch = 12;
   c.mode = RefitMode::kFull;
   c.base = Version{4, Digest128{1, 2}};
@@ -209,7 +206,7 @@ TEST_F(StateDirTest, MalformedCurrentIsCorruptionNamingTheFile) {
 
 TEST_F(StateDirTest, DecisionRoundTrips) {
   Decision d;
-  d.refit = Id(9);
+  d.refit = TestRefitId(9);
   d.epoch = 3;
   d.commit = true;
   d.base = Version{1, Digest128{5, 6}};
@@ -226,16 +223,17 @@ TEST_F(StateDirTest, DecisionRoundTrips) {
   EXPECT_TRUE((*r)->commit);
   EXPECT_EQ((*r)->commit_set, d.commit_set);
   // Another refit has no decision.
-  auto other = state_.ReadDecision(Id(10));
+  auto other = state_.ReadDecision(TestRefitId(10));
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE(other->has_value());
 }
 
 TEST_F(StateDirTest, MalformedDecisionIsCorruptionNamingTheFile) {
-  Write(state_.DecisionPath(Id(1)), R"({"decision": "commit"})");
-  Status s = state_.ReadDecision(Id(1)).status();
+  Write(state_.DecisionPath(TestRefitId(1)), R"({"decision": "commit"})");
+  Status s = state_.ReadDecision(TestRefitId(1)).status();
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
-  EXPECT_NE(s.message().find(state_.DecisionPath(Id(1))), std::string::npos);
+  EXPECT_NE(s.message().find(state_.DecisionPath(TestRefitId(1))),
+            std::string::npos);
 }
 
 nlohmann::json OldDecision(const RefitId& id) {
@@ -249,8 +247,9 @@ nlohmann::json OldDecision(const RefitId& id) {
 }
 
 TEST_F(StateDirTest, ADecisionOfTheEarlierDigestsIsRefused) {
-  Write(state_.DecisionPath(Id(2)), OldDecision(Id(2)).dump(2));
-  Status s = state_.ReadDecision(Id(2)).status();
+  Write(state_.DecisionPath(TestRefitId(2)),
+        OldDecision(TestRefitId(2)).dump(2));
+  Status s = state_.ReadDecision(TestRefitId(2)).status();
   EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
   EXPECT_NE(s.message().find("XXH3 digests of an earlier dcr"),
             std::string::npos)
@@ -258,10 +257,10 @@ TEST_F(StateDirTest, ADecisionOfTheEarlierDigestsIsRefused) {
 }
 
 TEST_F(StateDirTest, DecisionOfFormatTwoReads) {
-  nlohmann::json d = OldDecision(Id(2));
+  nlohmann::json d = OldDecision(TestRefitId(2));
   d["format"] = 2;
-  Write(state_.DecisionPath(Id(2)), d.dump(2));
-  auto r = state_.ReadDecision(Id(2));
+  Write(state_.DecisionPath(TestRefitId(2)), d.dump(2));
+  auto r = state_.ReadDecision(TestRefitId(2));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_TRUE(r->has_value());
   EXPECT_TRUE((*r)->commit);
@@ -280,19 +279,19 @@ TEST_F(StateDirTest, EachMalformedDecisionFieldIsNamed) {
       {"decision", [](auto& j) { j.erase("decision"); }},
       {"commit_set", [](auto& j) { j["commit_set"] = "a"; }},
       {"commit_set[1]", [](auto& j) { j["commit_set"][1] = 7; }},
-      {"refit", [](auto& j) { j["refit"] = Id(3).ToHex(); }},
+      {"refit", [](auto& j) { j["refit"] = TestRefitId(3).ToHex(); }},
       {"epoch", [](auto& j) { j.erase("epoch"); }},
       {"base.digest", [](auto& j) { j["base"]["digest"] = 5; }},
       {"decided_at", [](auto& j) { j["decided_at"] = 0; }},
       {"why", [](auto& j) { j["why"] = "because"; }},
   };
-  const std::string path = state_.DecisionPath(Id(2));
+  const std::string path = state_.DecisionPath(TestRefitId(2));
   for (const Case& c : cases) {
-    nlohmann::json j = OldDecision(Id(2));
+    nlohmann::json j = OldDecision(TestRefitId(2));
     j["format"] = 2;
     c.spoil(j);
     Write(path, j.dump());
-    Status s = state_.ReadDecision(Id(2)).status();
+    Status s = state_.ReadDecision(TestRefitId(2)).status();
     EXPECT_TRUE(s.IsCorruption()) << j.dump() << ": " << s.ToString();
     EXPECT_NE(s.message().find(path), std::string::npos) << s.ToString();
     EXPECT_NE(s.message().find("field '" + c.field + "'"), std::string::npos)
@@ -305,37 +304,38 @@ TEST_F(StateDirTest, EachMalformedDecisionFieldIsNamed) {
 TEST_F(StateDirTest, DecisionRetention) {
   for (uint8_t i = 1; i <= 40; ++i) {
     Decision d;
-    d.refit = Id(i);
+    d.refit = TestRefitId(i);
     d.epoch = 100 + i;
     d.commit = true;
     ASSERT_TRUE(state_.WriteDecision(d).ok());
   }
   CurrentRefit c = SomeCurrent();
-  c.refit = Id(2);  // an old refit, still unfinished
+  c.refit = TestRefitId(2);  // an old refit, still unfinished
   ASSERT_TRUE(state_.WriteCurrent(c).ok());
-  Write(state_.DecisionPath(Id(200)), "{torn");
+  Write(state_.DecisionPath(TestRefitId(200)), "{torn");
   Write(dir_.Path("state/decisions/NOTES.txt"), "mine");
   ASSERT_TRUE(state_.PruneDecisions(32).ok());
   for (uint8_t i = 1; i <= 40; ++i) {
     bool kept = i > 8 || i == 2;
-    EXPECT_EQ(std::filesystem::exists(state_.DecisionPath(Id(i))), kept)
+    EXPECT_EQ(std::filesystem::exists(state_.DecisionPath(TestRefitId(i))),
+              kept)
         << int(i);
   }
-  EXPECT_TRUE(std::filesystem::exists(state_.DecisionPath(Id(200))));
+  EXPECT_TRUE(std::filesystem::exists(state_.DecisionPath(TestRefitId(200))));
   EXPECT_TRUE(std::filesystem::exists(dir_.Path("state/decisions/NOTES.txt")));
   // Without current.json its refit goes too.
   state_.RemoveCurrent();
   ASSERT_TRUE(state_.PruneDecisions(32).ok());
-  EXPECT_FALSE(std::filesystem::exists(state_.DecisionPath(Id(2))));
-  EXPECT_TRUE(std::filesystem::exists(state_.DecisionPath(Id(9))));
+  EXPECT_FALSE(std::filesystem::exists(state_.DecisionPath(TestRefitId(2))));
+  EXPECT_TRUE(std::filesystem::exists(state_.DecisionPath(TestRefitId(9))));
   ASSERT_TRUE(state_.PruneDecisions(1).ok());
-  EXPECT_TRUE(std::filesystem::exists(state_.DecisionPath(Id(40))));
-  EXPECT_FALSE(std::filesystem::exists(state_.DecisionPath(Id(39))));
+  EXPECT_TRUE(std::filesystem::exists(state_.DecisionPath(TestRefitId(40))));
+  EXPECT_FALSE(std::filesystem::exists(state_.DecisionPath(TestRefitId(39))));
 }
 
 TEST_F(StateDirTest, LastRefitIsTheReportsJson) {
   RefitReport r;
-  r.refit = Id(4);
+  r.refit = TestRefitId(4);
   r.epoch = 8;
   r.outcome = RefitOutcome::kPartial;
   r.reason = "excluded, now stale: n2";
@@ -343,7 +343,7 @@ TEST_F(StateDirTest, LastRefitIsTheReportsJson) {
   auto text = ReadFileToString(state_.LastRefitPath());
   ASSERT_TRUE(text.ok());
   auto j = nlohmann::json::parse(*text);
-  EXPECT_EQ(j["refit"], Id(4).ToHex());
+  EXPECT_EQ(j["refit"], TestRefitId(4).ToHex());
   EXPECT_EQ(j["epoch"], 8);
   EXPECT_EQ(j["outcome"], "committed-partial");
   EXPECT_EQ(j["reason"], "excluded, now stale: n2");
@@ -352,7 +352,7 @@ TEST_F(StateDirTest, LastRefitIsTheReportsJson) {
 
 RefitReport FullReport() {
   RefitReport r;
-  r.refit = Id(4);
+  r.refit = TestRefitId(4);
   r.epoch = 8;
   r.mode = RefitMode::kFull;
   r.outcome = RefitOutcome::kPartial;
@@ -375,7 +375,7 @@ RefitReport FullReport() {
       NodeOutcome{"a", "c", false, NodeCode::kTimeout, "vote", "late", 3},
       NodeOutcome{"b", "c", true, NodeCode::kOk, "", "", 4}};
   CatchUpReport c;
-  c.refit = Id(5);
+  c.refit = TestRefitId(5);
   c.epoch = 9;
   c.nodes = {"d"};
   c.method = "dense";
@@ -396,7 +396,7 @@ TEST_F(StateDirTest, LastRefitRoundTrips) {
   // The same report, as its JSON says.
   EXPECT_EQ(back->ToJson(), r.ToJson());
   EXPECT_EQ(back->nodes[0].code, NodeCode::kTimeout);
-  EXPECT_EQ(back->catch_up[0].refit, Id(5));
+  EXPECT_EQ(back->catch_up[0].refit, TestRefitId(5));
   // Written by an older build (no "format"): format 1.
   Write(state_.LastRefitPath(), r.ToJson());
   EXPECT_TRUE(state_.ReadLastRefit().ok());
@@ -409,7 +409,7 @@ TEST_F(StateDirTest, ReportsKeepTheNewestInEpochOrder) {
   for (uint64_t epoch : {3, 1, 12, 2}) {
     RefitReport r = FullReport();
     r.epoch = epoch;
-    r.refit = Id(static_cast<uint8_t>(epoch));
+    r.refit = TestRefitId(static_cast<uint8_t>(epoch));
     r.target.step = epoch * 10;
     state_.WriteReport(&r);
   }
@@ -455,7 +455,7 @@ TEST_F(StateDirTest, WritingAReportPrunesBeyondTheLimit) {
   std::filesystem::create_directories(state_.ReportsDir());
   for (uint64_t epoch = 1; epoch <= kReportsKept; ++epoch) {
     Write(fmt::format("{}/{:012}-{}.json", state_.ReportsDir(), epoch,
-                      Id(1).ToHex()),
+                      TestRefitId(1).ToHex()),
           "{}");
   }
   RefitReport r = FullReport();
