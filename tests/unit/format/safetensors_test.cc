@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "common/file.h"
 #include "dcr/checkpoint.h"
 #include "dcr/thread_pool.h"
+#include "testing/test_util.h"
 
 namespace dcr {
 namespace {
@@ -47,12 +47,7 @@ class SafetensorsTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::byte> out(n);
-  for (std::byte& b : out) b = static_cast<std::byte>(rng());
-  return out;
-}
+using testing::RandomBytes;
 
 // Tensors of several dtypes, including a scalar and a zero-size tensor.
 struct Fixture {
