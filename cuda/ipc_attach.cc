@@ -10,28 +10,29 @@
 
 namespace dcr::cuda {
 
-Status CheckIpcManifest(const IpcManifest& manifest, const ReceiverMap& map) {
-  std::map<std::string, const IpcTensor*> exported;
+Status CheckIpcManifest(const IpcManifest& manifest,
+                        std::span<const TensorInfo> want,
+                        std::string_view whose, std::string_view source) {
+  std::map<std::string, const IpcTensor*, std::less<>> exported;
   for (const IpcTensor& t : manifest.tensors) exported.emplace(t.name, &t);
   std::vector<std::string> problems;
-  for (const auto& [name, want] : map.DeviceShards()) {
-    auto it = exported.find(name);
+  for (const TensorInfo& w : want) {
+    auto it = exported.find(w.name);
     if (it == exported.end()) {
-      problems.push_back("'" + name + "' is not exported");
+      problems.push_back("'" + w.name + "' is not exported");
       continue;
     }
     const IpcTensor& got = *it->second;
-    if (got.dtype != want.dtype || got.shape != want.shape) {
-      problems.push_back("'" + name + "' is " + ShapeText(got.shape) + " " +
-                         std::string(DTypeName(got.dtype)) +
-                         ", the layout gives " + ShapeText(want.shape) + " " +
-                         std::string(DTypeName(want.dtype)));
+    if (got.dtype != w.dtype || got.shape != w.shape) {
+      problems.push_back("'" + w.name + "' is " + ShapeText(got.shape) + " " +
+                         std::string(DTypeName(got.dtype)) + ", " +
+                         std::string(source) + " gives " + ShapeText(w.shape) +
+                         " " + std::string(DTypeName(w.dtype)));
     }
   }
   if (problems.empty()) return Status::OK();
-  std::string msg = "the GPU buffers serving rank " +
-                    std::to_string(map.rank()) +
-                    " exported do not match its layout: ";
+  std::string msg = "the GPU buffers " + std::string(whose) +
+                    " exported do not match " + std::string(source) + ": ";
   for (size_t i = 0; i < problems.size() && i < kMaxAttachErrors; ++i) {
     msg += (i ? "; " : "") + problems[i];
   }
@@ -42,7 +43,18 @@ Status CheckIpcManifest(const IpcManifest& manifest, const ReceiverMap& map) {
   return Status::InvalidArgument(
       msg +
       " (the server must export every tensor it computes with, FP8 "
-      "codes and scales included, as the serving layout declares them)");
+      "codes and scales included, as " +
+      std::string(source) + " declares them)");
+}
+
+Status CheckIpcManifest(const IpcManifest& manifest, const ReceiverMap& map) {
+  std::vector<TensorInfo> want;
+  for (const auto& [name, shard] : map.DeviceShards()) {
+    want.push_back({name, shard.dtype, shard.shape});
+  }
+  return CheckIpcManifest(manifest, want,
+                          "serving rank " + std::to_string(map.rank()),
+                          "the layout");
 }
 
 }  // namespace dcr::cuda

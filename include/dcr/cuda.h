@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dcr/checkpoint.h"
 #include "dcr/codec.h"
 #include "dcr/digest.h"
 #include "dcr/dtype.h"
@@ -310,6 +311,13 @@ Result<IpcManifest> ParseIpcManifest(std::string_view text);
 // builds without CUDA.
 inline constexpr size_t kMaxAttachErrors = 16;
 Status CheckIpcManifest(const IpcManifest& manifest, const ReceiverMap& map);
+// The same check against a list of tensors (a relay without a serving
+// layout: its store's tensors); `whose` names the holder in the message
+// ("serving rank 3", "the store shm:/w") and `source` what declares the
+// tensors ("the layout", "the store").
+Status CheckIpcManifest(const IpcManifest& manifest,
+                        std::span<const TensorInfo> want,
+                        std::string_view whose, std::string_view source);
 
 // The entry for a tensor of `dtype` and `shape` at d_ptr (anywhere inside
 // a cudaMalloc allocation, as a framework's caching allocator hands out).

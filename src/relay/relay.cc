@@ -31,6 +31,7 @@ void Relay::Impl::Run() {
     if (current_) OnTimers(Clock::now());
     inbound_->Sweep(Clock::now());
     Advance();
+    if (images_) images_->Tick();
     if (images_ && !current_ && images_->CatchUpDue()) CatchUpStandby();
     PublishStats();
   }
@@ -269,8 +270,9 @@ void Relay::Impl::AnswerStatus(Link& link, const Frame& frame) {
   if (const auto& sv = published.serving) {
     r.detail += fmt::format(
         "; serving process {}, image {} live{}, last pause {:.1f} ms",
-        sv->attached ? "attached" : "not attached", sv->live_image,
-        sv->caught_up ? "" : " (standby catching up)",
+        sv->attached ? (sv->gpu ? "attached (GPU buffers)" : "attached")
+                     : "not attached",
+        sv->live_image, sv->caught_up ? "" : " (standby catching up)",
         sv->last_pause_seconds * 1e3);
   }
   Reply(link, FrameType::kStatusReply, frame.header,

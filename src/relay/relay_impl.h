@@ -143,6 +143,9 @@ class Relay::Impl {
   // Sizes the bounds from options_.memory_limit_bytes (RelayOptions).
   Status ApplyMemoryLimit();
   // Reads the serving layout and maps the rank (RelayOptions::serving_*).
+  // ServingImages::Options::attach_device: a server's CUDA IPC exports.
+  Result<std::unique_ptr<DeviceWeights>> AttachServerGpu(
+      const std::string& socket);
   Status LoadServing();
   // The bits of the plan's base a serving relay's rank has, if it names
   // them.

@@ -63,9 +63,14 @@ Status Relay::Impl::Init() {
                       .socket = options_.serving_socket,
                       .deadline = options_.serving_deadline,
                       .pool = nullptr,  // set below, once the pool exists
-                      .post = [this](std::function<void()> fn) {
-                        mailbox_.Post(std::move(fn));
-                      }}));
+                      .post =
+                          [this](std::function<void()> fn) {
+                            mailbox_.Post(std::move(fn));
+                          },
+                      .attach_device =
+                          [this](const std::string& socket) {
+                            return AttachServerGpu(socket);
+                          }}));
   }
   if (!options_.on_commit.empty()) {
     hook_ = std::make_unique<CommitHook>(
@@ -209,6 +214,30 @@ Status Relay::Impl::LoadServing() {
                options_.name, options_.serving_rank, options_.serving_layout,
                serving_->fingerprint().ShortHex(), serving_store_.size());
   return Status::OK();
+}
+
+Result<std::unique_ptr<DeviceWeights>> Relay::Impl::AttachServerGpu(
+    const std::string& socket) {
+  // The tensors the server computes with: its rank's shards less the FP8
+  // shadows, or without a serving layout every tensor of the store.
+  std::vector<TensorInfo> want;
+  std::string whose, source;
+  if (serving_) {
+    for (const auto& [name, shard] : serving_->DeviceShards()) {
+      want.push_back({name, shard.dtype, shard.shape});
+    }
+    whose = fmt::format("serving rank {}", serving_->rank());
+    source = fmt::format("the layout {}", options_.serving_layout);
+  } else if (const WeightStore* s = store_ ? store_.get() : nullptr) {
+    want = s->manifest().tensors();
+    whose = "the server";
+    source = "the store " + options_.store.ToString();
+  } else {
+    return Status::Unsupported(
+        "the relay holds no weights yet (no serving layout, no store): "
+        "attach after its first full refit");
+  }
+  return AttachCudaIpcWeights(socket, std::move(want), whose, source);
 }
 
 Status Relay::Impl::ApplyMemoryLimit() {

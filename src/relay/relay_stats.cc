@@ -225,6 +225,25 @@ std::string RenderRelayMetrics(const RelayStats& s, const std::string& node,
              "Yes votes turned to no: the serving process did not answer");
     m.Sample("dcr_relay_serving_prepare_timeouts_total", sv->prepare_timeouts,
              {{"node", node}});
+    m.Family("dcr_relay_serving_gpu_attached", "gauge",
+             "1 while the serving process's GPU buffers are attached and "
+             "kept at the live image");
+    m.Sample("dcr_relay_serving_gpu_attached", uint64_t{sv->gpu ? 1u : 0u},
+             {{"node", node}});
+    m.Family("dcr_relay_serving_gpu_syncs_total", "counter",
+             "Attaches and commits that brought the GPU buffers to the live "
+             "image");
+    m.Sample("dcr_relay_serving_gpu_syncs_total", sv->gpu_syncs,
+             {{"node", node}});
+    m.Family("dcr_relay_serving_gpu_rewritten_tensors_total", "counter",
+             "GPU tensors those syncs rewrote from the live image");
+    m.Sample("dcr_relay_serving_gpu_rewritten_tensors_total", sv->gpu_rewritten,
+             {{"node", node}});
+    m.Family("dcr_relay_serving_gpu_sync_seconds", "gauge",
+             "The last sync of the GPU buffers: hashing both sides and "
+             "rewriting the tensors that differ");
+    m.Sample("dcr_relay_serving_gpu_sync_seconds", sv->last_gpu_sync_seconds,
+             {{"node", node}});
   }
   if (const auto& h = s.on_commit) {  // dcr-relay --on-commit
     m.Family("dcr_relay_on_commit_runs_total", "counter",

@@ -57,6 +57,11 @@ struct ServingStats {
   double last_pause_seconds = 0;  // COMMIT reaching the node to its answer
   double last_catch_up_seconds = 0;
   uint64_t prepare_timeouts = 0;  // yes votes turned to no
+  // A server computing on GPU buffers it exported (cuda_ipc in its hello):
+  bool gpu = false;            // attached, and kept at the live image
+  uint64_t gpu_syncs = 0;      // attaches and commits that synced them
+  uint64_t gpu_rewritten = 0;  // tensors those syncs rewrote
+  double last_gpu_sync_seconds = 0;
 };
 
 // The command run after each commit (relay/commit_hook.h).

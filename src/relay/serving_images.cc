@@ -190,6 +190,7 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   ForgetPrepare();
   pause_started_.reset();
   move_summary_.clear();
+  held_commit_.reset();
   if (connection_ != 0) {
     PauseMsg m;
     m.op = PauseMsg::Op::kCommit;
@@ -197,12 +198,24 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
     m.image = next.image;
     m.version = next.version;
     m.flips = next.flips;
-    port_->Send(connection_, m);
+    if (device_) {
+      // Its GPU buffers change only while it waits between two steps.
+      PauseMsg pause;
+      pause.op = PauseMsg::Op::kPause;
+      pause.refit = refit;
+      port_->Send(connection_, pause);
+      held_commit_ = m;
+    } else {
+      port_->Send(connection_, m);
+    }
     pause_started_ = commit_at;
   }
   spdlog::info("{}: image {} is live at step {}{}", options_.node, next.image,
                next.version.step,
-               connection_ != 0 ? "; waiting for the server to move" : "");
+               connection_ == 0 ? ""
+               : device_        ? "; pausing the server to update its GPU "
+                                  "buffers"
+                                : "; waiting for the server to move");
   return Status::OK();
 }
 
@@ -225,6 +238,74 @@ std::string ServingImages::MoveSummary() const {
       "serving process had not moved within {} ms",
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.deadline)
           .count());
+}
+
+void ServingImages::Tick() {
+  if (!held_commit_ || connection_ == 0) return;
+  if (Clock::now() < flipped_at_ + options_.deadline) return;
+  held_commit_.reset();
+  port_->Detach(
+      connection_,
+      fmt::format("it did not answer pause within {} ms; its GPU buffers are "
+                  "brought to the live image when it attaches again",
+                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                      options_.deadline)
+                      .count()));
+}
+
+void ServingImages::RefuseDevice(const std::string& why) {
+  spdlog::error("{}: {}", options_.node, why);
+  device_.reset();
+  held_commit_.reset();
+  stats_.gpu = false;
+  PauseMsg e;
+  e.op = PauseMsg::Op::kError;
+  e.detail = why;
+  port_->Send(connection_, e);
+  port_->Detach(connection_, why);
+}
+
+bool ServingImages::AttachDevice(const PauseMsg& hello) {
+  if (!options_.attach_device) {
+    RefuseDevice("this relay cannot attach GPU buffers");
+    return false;
+  }
+  Result<std::unique_ptr<DeviceWeights>> d =
+      options_.attach_device(hello.cuda_ipc);
+  if (!d.ok()) {
+    RefuseDevice(fmt::format("the GPU buffers exported on {} were refused: {}",
+                             hello.cuda_ipc, d.status().message()));
+    return false;
+  }
+  device_ = *std::move(d);
+  spdlog::info(
+      "{}: attached the serving process's GPU buffers ({} tensors, "
+      "manifest on {})",
+      options_.node, device_->tensors().size(), hello.cuda_ipc);
+  if (live_ && !SyncDevice("attach")) return false;
+  stats_.gpu = true;
+  return true;
+}
+
+bool ServingImages::SyncDevice(const char* when) {
+  Result<DeviceSync> sync = SyncDeviceWeights(*device_, *live_, options_.pool);
+  if (!sync.ok()) {
+    RefuseDevice(fmt::format(
+        "bringing the GPU buffers to step {} failed ({}): {}; the server must "
+        "not compute on them (they are synced again when it attaches)",
+        live_state_->version.step, when, sync.status().message()));
+    return false;
+  }
+  stats_.gpu_syncs += 1;
+  stats_.gpu_rewritten += sync->rewritten;
+  stats_.last_gpu_sync_seconds = sync->seconds;
+  spdlog::info(
+      "{}: GPU buffers at step {} ({}): {} of {} tensors rewritten ({} bytes) "
+      "in {:.1f} ms, {:.1f} ms of it hashing",
+      options_.node, live_state_->version.step, when, sync->rewritten,
+      sync->tensors, sync->rewritten_bytes, sync->seconds * 1e3,
+      sync->hash_seconds * 1e3);
+  return true;
 }
 
 bool ServingImages::CatchUpDue() const {
@@ -325,6 +406,9 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
     case Kind::kAttached:
       connection_ = e.connection;
       server_image_.reset();
+      device_.reset();
+      held_commit_.reset();
+      stats_.gpu = false;
       ForgetPrepare();  // a vote under way sends this server its prepare
       stats_.attached = true;
       spdlog::info("{}: a serving process attached ({})", options_.node,
@@ -332,15 +416,21 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
       return;
     case Kind::kDetached:
       if (e.connection != connection_) return;
-      connection_ = 0;
-      server_image_.reset();
-      ForgetPrepare();
-      stats_.attached = false;
       spdlog::warn("{}: the serving process detached: {}{}", options_.node,
                    e.detail,
-                   pause_started_ ? " (during its pause; it moves to the live "
-                                    "image by the header)"
-                                  : "");
+                   !pause_started_ ? ""
+                   : device_       ? " (during its pause; its GPU buffers are "
+                                     "synced when it attaches again)"
+                                   : " (during its pause; it moves to the live "
+                                     "image by the header)");
+      connection_ = 0;
+      server_image_.reset();
+      // Its GPU buffers are unknown from here: the next attach syncs them.
+      device_.reset();
+      held_commit_.reset();
+      ForgetPrepare();
+      stats_.attached = false;
+      stats_.gpu = false;
       if (pause_started_) move_summary_ = "serving process detached";
       pause_started_.reset();
       return;
@@ -352,16 +442,35 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
   switch (m.op) {
     case PauseMsg::Op::kHello:
       server_image_ = m.image;
-      spdlog::info("{}: serving process {} reads image {}", options_.node,
-                   m.pid, m.image ? std::to_string(*m.image) : "none");
+      spdlog::info(
+          "{}: serving process {} {}", options_.node, m.pid,
+          !m.cuda_ipc.empty()
+              ? "computes on GPU buffers it exports on " + m.cuda_ipc
+              : "reads image " + (m.image ? std::to_string(*m.image) : "none"));
+      if (device_) {
+        port_->Detach(connection_, "it sent a second hello");
+        return;
+      }
+      if (!m.cuda_ipc.empty() && !AttachDevice(m)) return;
       if (live_state_) {
         PauseMsg live;
         live.op = PauseMsg::Op::kLive;
         live.image = live_state_->image;
         live.version = live_state_->version;
         live.flips = live_state_->flips;
+        live.cuda = device_ != nullptr;
         port_->Send(connection_, live);
       }
+      return;
+    case PauseMsg::Op::kPaused:
+      if (!device_ || !held_commit_ || m.refit != held_commit_->refit) {
+        port_->Detach(connection_,
+                      "it sent paused for a pause the relay did not send");
+        return;
+      }
+      if (!SyncDevice("commit")) return;
+      port_->Send(connection_, *held_commit_);
+      held_commit_.reset();
       return;
     case PauseMsg::Op::kReady:
       if (prepared_refit_ == m.refit) ready_ = true;

@@ -15,6 +15,15 @@
 //            (every process that computed on it moved or died), it copies
 //            the live image over it; then the next refit may stage there.
 //
+// A server that computes on GPU buffers (cuda_ipc in its hello; docs/
+// PROTOCOL.md §"GPU servers") has one image, its own: the relay attaches
+// it (Options::attach_device), brings it to the live image before the
+// server computes (live with "cuda": true), and at each flip sends pause
+// instead of commit, brings the buffers to the new live image once the
+// server answers paused (SyncDeviceWeights), then sends commit. A server
+// whose buffers could not be attached or synced gets an error line and is
+// detached: it must not compute on them.
+//
 // The reader lock, not the messages, keeps the relay off an image a
 // process computes on: a server that is slow, detached, socket-less or
 // between a relay's restart and its reconnection holds its shared lock.
@@ -35,6 +44,7 @@
 #include "dcr/serving.h"
 #include "dcr/store.h"
 #include "dcr/thread_pool.h"
+#include "relay/device_weights.h"
 #include "relay/relay_stats.h"
 #include "relay/serving_port.h"
 
@@ -51,6 +61,12 @@ class ServingImages {
     ThreadPool* pool = nullptr;  // catch-up copies
     // Runs a function on the actor thread (Mailbox::Post).
     std::function<void(std::function<void()>)> post;
+    // Attaches the GPU buffers a server exported on the socket its hello
+    // names (the relay: AttachCudaIpcWeights with the tensors its rank
+    // computes with). Called on the actor thread. Null: such a server is
+    // refused.
+    std::function<Result<std::unique_ptr<DeviceWeights>>(const std::string&)>
+        attach_device;
   };
 
   // Opens the header and the live image if a commit made them (a header
@@ -99,6 +115,11 @@ class ServingImages {
   bool caught_up() const { return caught_up_; }
   std::string why_waiting() const;
 
+  // Acts on a deadline: a GPU server that did not answer pause within
+  // the deadline is detached (its buffers are synced when it attaches
+  // again). Called on every turn of the relay's loop.
+  void Tick();
+
   // The next time a timer here may act (a prepare's deadline; a catch-up
   // waiting for the standby's lock is tried every 50 ms); max() if none.
   Clock::time_point NextDeadline() const;
@@ -117,6 +138,13 @@ class ServingImages {
   }
   void ForgetPrepare();
   Result<bool> CatchUp(std::unique_ptr<WeightStore>& standby, bool prepared);
+  // Attaches the GPU buffers `hello` names; false (the server told and
+  // detached) if they cannot be attached or synced.
+  bool AttachDevice(const PauseMsg& hello);
+  // Brings device_ to the live image; false (the server told and
+  // detached, device_ dropped) if it fails.
+  bool SyncDevice(const char* when);
+  void RefuseDevice(const std::string& why);
   Status CopyLiveInto(WeightStore& standby);
 
   Options options_;
@@ -128,6 +156,10 @@ class ServingImages {
   // The attached server: its connection, and the image it said it reads.
   uint64_t connection_ = 0;  // 0: none attached
   std::optional<uint32_t> server_image_;
+  // Its GPU buffers (null: it computes on the host images), and the
+  // commit line held back until it answers pause.
+  std::unique_ptr<DeviceWeights> device_;
+  std::optional<PauseMsg> held_commit_;
   // The refit a prepare went out for, when, and whether it was answered.
   std::optional<RefitId> prepared_refit_;
   Clock::time_point prepare_deadline_{};

@@ -14,7 +14,8 @@ constexpr struct {
 } kOps[] = {{Op::kHello, "hello"},     {Op::kReady, "ready"},
             {Op::kFlipped, "flipped"}, {Op::kLive, "live"},
             {Op::kPrepare, "prepare"}, {Op::kCommit, "commit"},
-            {Op::kAbort, "abort"},     {Op::kError, "error"}};
+            {Op::kAbort, "abort"},     {Op::kError, "error"},
+            {Op::kPause, "pause"},     {Op::kPaused, "paused"}};
 
 Status Bad(const std::string& why) {
   return Status::InvalidArgument("pause message: " + why);
@@ -72,9 +73,12 @@ std::string EncodePauseMsg(const PauseMsg& m) {
     case Op::kHello:
       j["pid"] = m.pid;
       j["image"] = m.image ? json(*m.image) : json(nullptr);
+      if (!m.cuda_ipc.empty()) j["cuda_ipc"] = m.cuda_ipc;
       break;
     case Op::kReady:
     case Op::kAbort:
+    case Op::kPause:
+    case Op::kPaused:
       j["refit"] = m.refit.ToHex();
       break;
     case Op::kFlipped:
@@ -93,6 +97,7 @@ std::string EncodePauseMsg(const PauseMsg& m) {
       j["step"] = m.version.step;
       j["digest"] = m.version.digest.ToHex();
       j["flips"] = m.flips;
+      if (m.op == Op::kLive && m.cuda) j["cuda"] = true;
       break;
     case Op::kError:
       // Bounded so that the line fits kMaxPauseLine even with every
@@ -131,10 +136,22 @@ Result<PauseMsg> DecodePauseMsg(std::string_view line) {
         DCR_ASSIGN_OR_RETURN(uint32_t image, Image(j));
         m.image = image;
       }
+      if (j.contains("cuda_ipc")) {
+        DCR_ASSIGN_OR_RETURN(m.cuda_ipc, Str(j, "cuda_ipc"));
+        if (m.cuda_ipc.empty() || m.cuda_ipc.front() != '/' ||
+            m.cuda_ipc.size() > kMaxSocketPath ||
+            m.cuda_ipc.find('\0') != std::string::npos) {
+          return Bad(
+              "\"cuda_ipc\" must be an absolute socket path of at most " +
+              std::to_string(kMaxSocketPath) + " bytes");
+        }
+      }
       break;
     }
     case Op::kReady:
-    case Op::kAbort: {
+    case Op::kAbort:
+    case Op::kPause:
+    case Op::kPaused: {
       DCR_ASSIGN_OR_RETURN(m.refit, Refit(j));
       break;
     }
@@ -159,6 +176,11 @@ Result<PauseMsg> DecodePauseMsg(std::string_view line) {
       DCR_ASSIGN_OR_RETURN(m.version.step, U64(j, "step"));
       DCR_ASSIGN_OR_RETURN(m.version.digest, DigestOf(j));
       DCR_ASSIGN_OR_RETURN(m.flips, U64(j, "flips"));
+      if (m.op == Op::kLive && j.contains("cuda")) {
+        const json& c = j["cuda"];
+        if (!c.is_boolean()) return Bad("\"cuda\" must be true or false");
+        m.cuda = c.get<bool>();
+      }
       break;
     }
     case Op::kError: {

@@ -24,6 +24,14 @@ TEST(PauseMessagesTest, EveryOpRoundTrips) {
   all.push_back(m);
   m.image.reset();
   all.push_back(m);
+  m.cuda_ipc = "/run/server/weights.sock";
+  all.push_back(m);
+  for (Op op : {Op::kPause, Op::kPaused}) {
+    m = {};
+    m.op = op;
+    m.refit = Id(0x5a);
+    all.push_back(m);
+  }
   m = {};
   m.op = Op::kReady;
   m.refit = Id(0xab);
@@ -47,6 +55,10 @@ TEST(PauseMessagesTest, EveryOpRoundTrips) {
     m.flips = 12;
     all.push_back(m);
   }
+  m.op = Op::kLive;
+  m.refit = {};
+  m.cuda = true;
+  all.push_back(m);
   m = {};
   m.op = Op::kAbort;
   m.refit = Id(9);
@@ -75,6 +87,20 @@ TEST(PauseMessagesTest, UnknownKeysAreIgnored) {
   EXPECT_EQ(m->version.step, 4u);
 }
 
+TEST(PauseMessagesTest, TheGpuKeysAreOptionalAndWrittenOnlyWhenSet) {
+  // An older server's hello and an older relay's live still decode.
+  auto hello = DecodePauseMsg(R"({"op":"hello","pid":3,"image":null})");
+  ASSERT_TRUE(hello.ok()) << hello.status().ToString();
+  EXPECT_EQ(hello->cuda_ipc, "");
+  auto live = DecodePauseMsg(
+      R"({"op":"live","image":0,"step":1,"digest":"00112233445566778899aabbccddeeff","flips":1})");
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  EXPECT_FALSE(live->cuda);
+  // And a relay writes neither key to a server that did not ask.
+  EXPECT_EQ(EncodePauseMsg(*hello).find("cuda"), std::string::npos);
+  EXPECT_EQ(EncodePauseMsg(*live).find("cuda"), std::string::npos);
+}
+
 TEST(PauseMessagesTest, BadLinesSayWhatIsWrong) {
   struct Case {
     const char* line;
@@ -94,7 +120,23 @@ TEST(PauseMessagesTest, BadLinesSayWhatIsWrong) {
       {"{\"op\":\"prepare\",\"refit\":\"00112233445566778899aabbccddeeff\","
        "\"step\":1.5}",
        "\"step\""},
+      {"{\"op\":\"hello\",\"pid\":1,\"image\":null,\"cuda_ipc\":\"rel.sock\"}",
+       "absolute socket path"},
+      {"{\"op\":\"hello\",\"pid\":1,\"image\":null,\"cuda_ipc\":7}",
+       "\"cuda_ipc\" must be a string"},
+      {"{\"op\":\"live\",\"image\":0,\"step\":1,\"digest\":"
+       "\"00112233445566778899aabbccddeeff\",\"flips\":1,\"cuda\":1}",
+       "\"cuda\" must be true or false"},
+      {"{\"op\":\"paused\"}", "\"refit\""},
   };
+  {
+    const std::string long_path = "/" + std::string(kMaxSocketPath, 'a');
+    auto m =
+        DecodePauseMsg(R"({"op":"hello","pid":1,"image":null,"cuda_ipc":")" +
+                       long_path + "\"}");
+    ASSERT_FALSE(m.ok());
+    EXPECT_THAT(m.status().message(), HasSubstr("at most 107 bytes"));
+  }
   for (const Case& c : cases) {
     auto m = DecodePauseMsg(c.line);
     ASSERT_FALSE(m.ok()) << c.line;

@@ -136,8 +136,11 @@ TEST_F(ReceiverTest, ATornHeaderIsRebuiltInPlaceFromTheImages) {
   EXPECT_EQ((*r)->live().image, 0u);
   // The relay's receiver holds image 0: release it so the relay may open.
   r->reset();
-  auto images = ServingImages::Open(
-      {.node = "n", .store = spec_, .socket = "", .post = [](auto) {}});
+  auto images = ServingImages::Open({.node = "n",
+                                     .store = spec_,
+                                     .socket = "",
+                                     .post = [](auto) {},
+                                     .attach_device = nullptr});
   ASSERT_TRUE(images.ok()) << images.status().ToString();
   ASSERT_TRUE((*images)->live().has_value());
   EXPECT_EQ((*images)->live()->image, 1u);

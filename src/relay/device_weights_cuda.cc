@@ -1,0 +1,80 @@
+// AttachCudaIpcWeights: the DeviceWeights of a serving process's CUDA IPC
+// exports, over dcr/cuda.h (whose calls return Unsupported in a build
+// without CUDA, so this file builds in every configuration).
+#include <fmt/format.h>
+
+#include <map>
+
+#include "dcr/cuda.h"
+#include "relay/device_weights.h"
+
+namespace dcr {
+namespace {
+
+class CudaIpcWeights final : public DeviceWeights {
+ public:
+  CudaIpcWeights(std::vector<TensorInfo> tensors, std::vector<void*> ptrs,
+                 std::unique_ptr<cuda::IpcImport> import,
+                 std::unique_ptr<cuda::Digester> digester)
+      : tensors_(std::move(tensors)),
+        ptrs_(std::move(ptrs)),
+        import_(std::move(import)),
+        digester_(std::move(digester)) {}
+
+  const std::vector<TensorInfo>& tensors() const override { return tensors_; }
+
+  Result<Digest128> Digest(size_t i) override {
+    return digester_->TensorDigest(ptrs_[i], tensors_[i].NumBytes());
+  }
+
+  Status Write(size_t i, std::span<const std::byte> bytes) override {
+    if (bytes.size() != tensors_[i].NumBytes()) {
+      return Status::InvalidArgument(
+          fmt::format("writing {} bytes to the GPU tensor '{}' of {}",
+                      bytes.size(), tensors_[i].name, tensors_[i].NumBytes()));
+    }
+    if (bytes.empty()) return Status::OK();
+    return cuda::CopyToDevice(ptrs_[i], bytes);
+  }
+
+  Status Flush() override { return cuda::Synchronize(nullptr); }
+
+ private:
+  const std::vector<TensorInfo> tensors_;
+  const std::vector<void*> ptrs_;
+  std::unique_ptr<cuda::IpcImport> import_;  // keeps ptrs_ mapped
+  std::unique_ptr<cuda::Digester> digester_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceWeights>> AttachCudaIpcWeights(
+    const std::string& socket, std::vector<TensorInfo> want,
+    const std::string& whose, const std::string& source) {
+  if (!cuda::Built()) {
+    return Status::Unsupported(
+        "this dcr-relay was built without CUDA, so it cannot apply into a "
+        "serving process's GPU buffers; build with -DDCR_CUDA=ON (nvcc on "
+        "the build host)");
+  }
+  DCR_RETURN_IF_ERROR(cuda::Probe().status());
+  DCR_ASSIGN_OR_RETURN(cuda::IpcManifest manifest,
+                       cuda::FetchIpcManifest(socket));
+  DCR_RETURN_IF_ERROR(cuda::CheckIpcManifest(manifest, want, whose, source));
+  DCR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::IpcImport> import,
+                       cuda::IpcImport::Open(manifest));
+  std::map<std::string, size_t, std::less<>> index;
+  for (size_t i = 0; i < manifest.tensors.size(); ++i) {
+    index.emplace(manifest.tensors[i].name, i);
+  }
+  std::vector<void*> ptrs;
+  for (const TensorInfo& t : want)
+    ptrs.push_back(import->Tensor(index[t.name]));
+  DCR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Digester> digester,
+                       cuda::Digester::Create());
+  return std::unique_ptr<DeviceWeights>(
+      new CudaIpcWeights(std::move(want), std::move(ptrs), std::move(import),
+                         std::move(digester)));
+}
+
+}  // namespace dcr

@@ -1,0 +1,458 @@
+// A relay keeping a serving process's GPU buffers at its live image
+// (relay/device_weights.h, the GPU half of relay/serving_images.h), with
+// the buffers faked in host memory: the attach, the pause around each
+// commit, and every way it is refused. The CUDA IPC mapping itself runs
+// in tests/cuda on a GPU.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+
+#include "common/file.h"
+#include "dcr/store.h"
+#include "relay/device_weights.h"
+#include "relay/serving_images.h"
+#include "serving/pause_messages.h"
+#include "testing/temp_dir.h"
+
+namespace dcr {
+namespace {
+
+using ::testing::HasSubstr;
+using Op = PauseMsg::Op;
+
+// GPU buffers in host memory, with the faults a real device can show.
+class FakeGpu final : public DeviceWeights {
+ public:
+  explicit FakeGpu(std::vector<TensorInfo> tensors)
+      : tensors_(std::move(tensors)) {
+    for (const TensorInfo& t : tensors_) {
+      bytes_.emplace_back(t.NumBytes(), std::byte{0});
+    }
+  }
+  const std::vector<TensorInfo>& tensors() const override { return tensors_; }
+  Result<Digest128> Digest(size_t i) override {
+    if (fail_digest) return Status::IOError("the GPU fell off the bus");
+    return TensorDigest(bytes_[i]);
+  }
+  Status Write(size_t i, std::span<const std::byte> b) override {
+    writes += 1;
+    if (!drop_writes) std::memcpy(bytes_[i].data(), b.data(), b.size());
+    return Status::OK();
+  }
+  Status Flush() override { return Status::OK(); }
+
+  std::vector<std::byte>& bytes(size_t i) { return bytes_[i]; }
+  int writes = 0;
+  bool drop_writes = false;  // a write that reports success and does nothing
+  bool fail_digest = false;
+
+ private:
+  std::vector<TensorInfo> tensors_;
+  std::vector<std::vector<std::byte>> bytes_;
+};
+
+std::vector<std::byte> Filled(size_t n, uint8_t v) {
+  return std::vector<std::byte>(n, std::byte{v});
+}
+
+TEST(SyncDeviceWeightsTest, RewritesOnlyTheTensorsThatDiffer) {
+  auto m = Manifest::Create({{"a", DType::kBF16, {4}},
+                             {"b", DType::kU8, {3}},
+                             {"c", DType::kF32, {2}}});
+  ASSERT_TRUE(m.ok());
+  auto host = CreateStore(*ParseStoreSpec("memory:"), *m);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  for (size_t t = 0; t < 3; ++t) {
+    auto b = (*host)->MutableTensor(t);
+    std::memset(b.data(), 0x30 + static_cast<int>(t), b.size());
+  }
+  // The device holds "a" and "c" (not every store tensor is computed
+  // with); "c" already matches.
+  FakeGpu gpu({(*m)[0], (*m)[2]});
+  gpu.bytes(1) = Filled(8, 0x32);
+  ThreadPool pool(2);
+  auto sync = SyncDeviceWeights(gpu, **host, &pool);
+  ASSERT_TRUE(sync.ok()) << sync.status().ToString();
+  EXPECT_EQ(sync->tensors, 2u);
+  EXPECT_EQ(sync->rewritten, 1u);
+  EXPECT_EQ(sync->rewritten_bytes, 8u);
+  EXPECT_EQ(gpu.writes, 1);
+  EXPECT_EQ(gpu.bytes(0), Filled(8, 0x30));
+  // In step: nothing to write.
+  sync = SyncDeviceWeights(gpu, **host, nullptr);
+  ASSERT_TRUE(sync.ok());
+  EXPECT_EQ(sync->rewritten, 0u);
+  EXPECT_EQ(gpu.writes, 1);
+}
+
+TEST(SyncDeviceWeightsTest, RefusesTensorsTheHostDoesNotHoldAlike) {
+  auto m = Manifest::Create({{"a", DType::kBF16, {4}}});
+  auto host = CreateStore(*ParseStoreSpec("memory:"), *m);
+  ASSERT_TRUE(host.ok());
+  {
+    FakeGpu gpu({{"kv_cache", DType::kBF16, {4}}});
+    auto sync = SyncDeviceWeights(gpu, **host, nullptr);
+    ASSERT_FALSE(sync.ok());
+    EXPECT_EQ(sync.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(sync.status().message(), HasSubstr("'kv_cache' is not in"));
+  }
+  {
+    FakeGpu gpu({{"a", DType::kBF16, {2, 2}}});
+    auto sync = SyncDeviceWeights(gpu, **host, nullptr);
+    ASSERT_FALSE(sync.ok());
+    EXPECT_THAT(sync.status().message(),
+                HasSubstr("'a' is [2, 2] BF16, memory: holds it as [4] BF16"));
+    EXPECT_EQ(gpu.writes, 0);
+  }
+}
+
+TEST(SyncDeviceWeightsTest, AWriteTheDeviceDoesNotHoldIsCorruption) {
+  auto m = Manifest::Create({{"a", DType::kU8, {5}}});
+  auto host = CreateStore(*ParseStoreSpec("memory:"), *m);
+  ASSERT_TRUE(host.ok());
+  std::memset((*host)->MutableTensor(0).data(), 7, 5);
+  FakeGpu gpu({(*m)[0]});
+  gpu.drop_writes = true;
+  auto sync = SyncDeviceWeights(gpu, **host, nullptr);
+  ASSERT_FALSE(sync.ok());
+  EXPECT_EQ(sync.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(sync.status().message(),
+              HasSubstr("'a' does not hold what was written"));
+}
+
+// The server's end of the pause socket, speaking raw lines.
+class LineClient {
+ public:
+  explicit LineClient(const std::string& path) {
+    fd_ = UniqueFd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    connected_ =
+        ::connect(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  bool connected() const { return connected_; }
+  void Send(const PauseMsg& m) {
+    const std::string line = EncodePauseMsg(m);
+    ASSERT_EQ(::write(fd_.get(), line.data(), line.size()),
+              static_cast<ssize_t>(line.size()));
+  }
+  // The next line within `wait_ms`; nullopt at a timeout or at EOF
+  // (closed() says which).
+  std::optional<std::string> Line(int wait_ms = 5000) {
+    for (;;) {
+      if (size_t nl = in_.find('\n'); nl != std::string::npos) {
+        std::string line = in_.substr(0, nl);
+        in_.erase(0, nl + 1);
+        return line;
+      }
+      pollfd p{fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, wait_ms) <= 0) return std::nullopt;
+      char buf[4096];
+      const ssize_t n = ::read(fd_.get(), buf, sizeof(buf));
+      if (n <= 0) {
+        closed_ = true;
+        return std::nullopt;
+      }
+      in_.append(buf, static_cast<size_t>(n));
+    }
+  }
+  std::optional<PauseMsg> Msg(int wait_ms = 5000) {
+    auto line = Line(wait_ms);
+    if (!line) return std::nullopt;
+    auto m = DecodePauseMsg(*line);
+    EXPECT_TRUE(m.ok()) << *line;
+    if (!m.ok()) return std::nullopt;
+    return *m;
+  }
+  bool closed() const { return closed_; }
+
+ private:
+  UniqueFd fd_;
+  bool connected_ = false;
+  bool closed_ = false;
+  std::string in_;
+};
+
+class GpuServingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static std::atomic<int> n{0};
+    spec_.kind = StoreSpec::Kind::kShm;
+    spec_.path = "/dcr_gpu_serving_test_" + std::to_string(::getpid()) + "_" +
+                 std::to_string(n++);
+    Cleanup();
+    auto m =
+        Manifest::Create({{"a", DType::kBF16, {4}}, {"b", DType::kU8, {3}}});
+    ASSERT_TRUE(m.ok());
+    manifest_ = *m;
+    // Image 0 holds step 1 (bytes 0x10), image 1 step 2 (0x20).
+    for (uint32_t i = 0; i < 2; ++i) {
+      auto s = CreateStore(ServingImageSpec(spec_, i), *m);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      for (size_t t = 0; t < 2; ++t) {
+        auto bytes = (*s)->MutableTensor(t);
+        std::memset(bytes.data(), 0x10 * (i + 1), bytes.size());
+      }
+      ASSERT_TRUE((*s)->Commit(Version{i + 1, {i, i}}, RefitId{}).ok());
+    }
+    ASSERT_TRUE(
+        LiveHeader::Create(LiveHeaderName(spec_), {0, {1, {0, 0}}, 1}).ok());
+    socket_ = (dir_.path() / "relay.sock").string();
+    ServingImages::Options o;
+    o.node = "n";
+    o.store = spec_;
+    o.socket = socket_;
+    o.deadline = deadline_;
+    o.post = [this](std::function<void()> fn) {
+      std::lock_guard<std::mutex> l(mu_);
+      posted_.push_back(std::move(fn));
+    };
+    o.attach_device =
+        [this](
+            const std::string& path) -> Result<std::unique_ptr<DeviceWeights>> {
+      attach_paths_.push_back(path);
+      if (!refuse_.ok()) return refuse_;
+      auto gpu = std::make_unique<FakeGpu>(manifest_.tensors());
+      gpu_ = gpu.get();
+      gpu_->drop_writes = drop_writes_;
+      return std::unique_ptr<DeviceWeights>(std::move(gpu));
+    };
+    auto images = ServingImages::Open(std::move(o));
+    ASSERT_TRUE(images.ok()) << images.status().ToString();
+    images_ = *std::move(images);
+    ASSERT_TRUE(images_->Listen().ok());
+  }
+  void TearDown() override {
+    images_.reset();
+    standby_.reset();
+    Cleanup();
+  }
+  void Cleanup() {
+    for (uint32_t i = 0; i < 2; ++i) {
+      (void)RemoveStore(ServingImageSpec(spec_, i));
+      ::shm_unlink((spec_.path + "." + std::to_string(i) + ".readers").c_str());
+    }
+    (void)LiveHeader::Remove(LiveHeaderName(spec_));
+  }
+  // Runs what the port posted (the relay's actor) for `ms` milliseconds.
+  void Pump(int ms = 100) {
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < until) {
+      std::deque<std::function<void()>> run;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        run.swap(posted_);
+      }
+      for (auto& fn : run) fn();
+      images_->Tick();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  PauseMsg Hello(std::string cuda_ipc) {
+    PauseMsg h;
+    h.op = Op::kHello;
+    h.pid = 77;
+    h.cuda_ipc = std::move(cuda_ipc);
+    return h;
+  }
+  // Flips to image 1 (step 2), as a relay's commit does.
+  void Flip(const RefitId& refit) {
+    auto standby = OpenStore(ServingImageSpec(spec_, 1));
+    ASSERT_TRUE(standby.ok()) << standby.status().ToString();
+    ASSERT_TRUE(
+        images_->Flip(*standby, refit, std::chrono::steady_clock::now()).ok());
+    standby_ = *std::move(standby);  // now the old live image
+  }
+
+  std::chrono::milliseconds deadline_{5000};
+  StoreSpec spec_;
+  Manifest manifest_;
+  testing::TempDir dir_;
+  std::string socket_;
+  std::mutex mu_;
+  std::deque<std::function<void()>> posted_;
+  std::unique_ptr<ServingImages> images_;
+  std::unique_ptr<WeightStore> standby_;
+  std::vector<std::string> attach_paths_;
+  Status refuse_ = Status::OK();
+  bool drop_writes_ = false;
+  FakeGpu* gpu_ = nullptr;  // owned by images_ while attached
+};
+
+TEST_F(GpuServingTest, AttachBringsTheBuffersToTheLiveImageBeforeLive) {
+  LineClient c(socket_);
+  ASSERT_TRUE(c.connected());
+  c.Send(Hello("/run/server/weights.sock"));
+  Pump();
+  ASSERT_EQ(attach_paths_,
+            std::vector<std::string>{"/run/server/weights.sock"});
+  auto live = c.Msg();
+  ASSERT_TRUE(live.has_value());
+  EXPECT_EQ(live->op, Op::kLive);
+  EXPECT_TRUE(live->cuda);
+  EXPECT_EQ(live->version.step, 1u);
+  ASSERT_NE(gpu_, nullptr);
+  EXPECT_EQ(gpu_->bytes(0), Filled(8, 0x10));
+  EXPECT_EQ(gpu_->bytes(1), Filled(3, 0x10));
+  EXPECT_EQ(gpu_->writes, 2);
+  EXPECT_TRUE(images_->stats().gpu);
+  EXPECT_EQ(images_->stats().gpu_syncs, 1u);
+  EXPECT_EQ(images_->stats().gpu_rewritten, 2u);
+}
+
+TEST_F(GpuServingTest, ACommitWritesTheBuffersOnlyWhileTheServerIsPaused) {
+  LineClient c(socket_);
+  c.Send(Hello("/run/w.sock"));
+  Pump();
+  ASSERT_TRUE(c.Msg().has_value());  // live
+  const int writes_at_attach = gpu_->writes;
+  RefitId refit;
+  refit.bytes.fill(0x42);
+  Flip(refit);
+  Pump();
+  auto pause = c.Msg();
+  ASSERT_TRUE(pause.has_value());
+  EXPECT_EQ(pause->op, Op::kPause);
+  EXPECT_EQ(pause->refit, refit);
+  // Nothing is written, nor committed, until the server stopped.
+  EXPECT_EQ(gpu_->writes, writes_at_attach);
+  EXPECT_EQ(gpu_->bytes(0), Filled(8, 0x10));
+  EXPECT_FALSE(c.Line(50).has_value());
+  EXPECT_TRUE(images_->AwaitingMove());
+
+  PauseMsg paused;
+  paused.op = Op::kPaused;
+  paused.refit = refit;
+  c.Send(paused);
+  Pump();
+  auto commit = c.Msg();
+  ASSERT_TRUE(commit.has_value());
+  EXPECT_EQ(commit->op, Op::kCommit);
+  EXPECT_EQ(commit->image, 1u);
+  EXPECT_EQ(commit->version.step, 2u);
+  EXPECT_EQ(gpu_->bytes(0), Filled(8, 0x20));
+  EXPECT_EQ(gpu_->bytes(1), Filled(3, 0x20));
+  EXPECT_EQ(images_->stats().gpu_syncs, 2u);
+
+  PauseMsg flipped;
+  flipped.op = Op::kFlipped;
+  flipped.image = 1;
+  flipped.version.step = 2;
+  c.Send(flipped);
+  Pump();
+  EXPECT_FALSE(images_->AwaitingMove());
+  EXPECT_EQ(images_->stats().pauses, 1u);
+  EXPECT_THAT(images_->MoveSummary(), HasSubstr("serving process moved in"));
+}
+
+class GpuServingDeadlineTest : public GpuServingTest {
+ protected:
+  GpuServingDeadlineTest() { deadline_ = std::chrono::milliseconds(300); }
+};
+
+TEST_F(GpuServingDeadlineTest, AServerThatDoesNotPauseIsDetachedAtIt) {
+  LineClient c(socket_);
+  c.Send(Hello("/run/w.sock"));
+  Pump();
+  ASSERT_TRUE(c.Msg().has_value());
+  RefitId refit;
+  refit.bytes.fill(1);
+  Flip(refit);
+  Pump(500);  // past the 300 ms deadline
+  auto pause = c.Msg();
+  ASSERT_TRUE(pause.has_value());
+  EXPECT_EQ(pause->op, Op::kPause);
+  EXPECT_FALSE(c.Msg(1000).has_value());
+  EXPECT_TRUE(c.closed());
+  Pump();
+  EXPECT_FALSE(images_->stats().attached);
+  EXPECT_FALSE(images_->stats().gpu);
+
+  // Attaching again brings its buffers to the live image (step 2).
+  LineClient again(socket_);
+  again.Send(Hello("/run/w.sock"));
+  Pump();
+  auto live = again.Msg();
+  ASSERT_TRUE(live.has_value());
+  EXPECT_TRUE(live->cuda);
+  EXPECT_EQ(live->version.step, 2u);
+  EXPECT_EQ(gpu_->bytes(0), Filled(8, 0x20));
+}
+
+TEST_F(GpuServingTest, RefusedBuffersAreNamedAndTheServerDetached) {
+  refuse_ = Status::InvalidArgument(
+      "the GPU buffers serving rank 0 exported do not match the layout: 'a' "
+      "is not exported");
+  LineClient c(socket_);
+  c.Send(Hello("/run/w.sock"));
+  Pump();
+  auto error = c.Msg();
+  ASSERT_TRUE(error.has_value());
+  EXPECT_EQ(error->op, Op::kError);
+  EXPECT_THAT(error->detail, HasSubstr("/run/w.sock were refused"));
+  EXPECT_THAT(error->detail, HasSubstr("'a' is not exported"));
+  EXPECT_FALSE(c.Msg(1000).has_value());  // no live: it must not compute
+  EXPECT_TRUE(c.closed());
+}
+
+TEST_F(GpuServingTest, BuffersThatDoNotTakeTheWriteAreRefused) {
+  drop_writes_ = true;
+  LineClient c(socket_);
+  c.Send(Hello("/run/w.sock"));
+  Pump();
+  auto error = c.Msg();
+  ASSERT_TRUE(error.has_value());
+  EXPECT_EQ(error->op, Op::kError);
+  EXPECT_THAT(error->detail, HasSubstr("does not hold what was written"));
+  EXPECT_THAT(error->detail, HasSubstr("must not compute"));
+  EXPECT_FALSE(c.Msg(1000).has_value());
+  EXPECT_TRUE(c.closed());
+  EXPECT_FALSE(images_->stats().gpu);
+}
+
+TEST_F(GpuServingTest, PausedWithoutAPauseDetaches) {
+  LineClient c(socket_);
+  c.Send(Hello("/run/w.sock"));
+  Pump();
+  ASSERT_TRUE(c.Msg().has_value());
+  PauseMsg paused;
+  paused.op = Op::kPaused;
+  paused.refit.bytes.fill(9);
+  c.Send(paused);
+  Pump();
+  EXPECT_FALSE(c.Msg(1000).has_value());
+  EXPECT_TRUE(c.closed());
+}
+
+TEST_F(GpuServingTest, AHostServerStillGetsCommitWithoutAPause) {
+  LineClient c(socket_);
+  c.Send(Hello(""));
+  Pump();
+  auto live = c.Msg();
+  ASSERT_TRUE(live.has_value());
+  EXPECT_FALSE(live->cuda);
+  EXPECT_TRUE(attach_paths_.empty());
+  RefitId refit;
+  refit.bytes.fill(3);
+  Flip(refit);
+  Pump();
+  auto commit = c.Msg();
+  ASSERT_TRUE(commit.has_value());
+  EXPECT_EQ(commit->op, Op::kCommit);
+}
+
+}  // namespace
+}  // namespace dcr
