@@ -47,6 +47,8 @@
 
 namespace dcr {
 
+class PauseLink;  // serving/pause_link.h
+
 // The spec of image `image` (0 or 1) of the shm store `spec`: "/NAME.0" or
 // "/NAME.1", its record at the default path, or at spec.record_path with
 // ".<image>" before its ".dcr-version".
@@ -148,14 +150,13 @@ class ServingReceiver {
 
  private:
   class Image;
-  class Port;
   explicit ServingReceiver(Options options);
   Status Move(const LiveState& state);
 
   Options options_;
   std::optional<LiveHeader> header_;
   std::shared_ptr<Image> images_[2];
-  std::unique_ptr<Port> port_;
+  std::unique_ptr<PauseLink> port_;
   UniqueFd reader_lock_;  // shared, on the image the tensors are in
   LiveState live_;
   uint64_t prepares_ = 0;

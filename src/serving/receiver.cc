@@ -1,10 +1,8 @@
 // ServingReceiver (include/dcr/serving.h): the two images mapped
-// read-only, the live header, and the client end of the relay's socket.
+// read-only, the live header, and the relay's socket (serving/pause_link.h).
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +14,7 @@
 #include "common/file.h"
 #include "dcr/serving.h"
 #include "format/safetensors_header.h"
+#include "serving/pause_link.h"
 #include "serving/pause_messages.h"
 
 namespace dcr {
@@ -81,91 +80,6 @@ class ServingReceiver::Image {
   std::vector<std::span<const std::byte>> spans_;
 };
 
-// The client end of the relay's socket: lines in, lines out, never
-// blocking the serving loop for longer than a send of one small line.
-class ServingReceiver::Port {
- public:
-  explicit Port(std::string path) : path_(std::move(path)) {}
-
-  bool connected() const { return fd_.valid(); }
-
-  // Connects unless connected or tried within the last 200 ms; true iff a
-  // new connection was made.
-  bool MaybeConnect() {
-    if (fd_.valid()) return false;
-    const auto now = std::chrono::steady_clock::now();
-    if (now < next_try_) return false;
-    next_try_ = now + std::chrono::milliseconds(200);
-    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (!fd.valid()) return false;
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path_.size() >= sizeof addr.sun_path) return false;
-    std::memcpy(addr.sun_path, path_.data(), path_.size());
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) !=
-        0) {
-      return false;
-    }
-    ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
-    fd_ = std::move(fd);
-    in_.clear();
-    return true;
-  }
-
-  void Send(const PauseMsg& msg) {
-    if (!fd_.valid()) return;
-    const std::string line = EncodePauseMsg(msg);
-    size_t done = 0;
-    while (done < line.size()) {
-      ssize_t n = ::send(fd_.get(), line.data() + done, line.size() - done,
-                         MSG_NOSIGNAL);
-      if (n > 0) {
-        done += static_cast<size_t>(n);
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else if (n < 0 && errno == EAGAIN) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      } else {
-        fd_.Reset();
-        return;
-      }
-    }
-  }
-
-  // The complete lines received so far; closes on EOF, an error or a line
-  // that is too long or not a message.
-  std::vector<PauseMsg> Receive() {
-    std::vector<PauseMsg> out;
-    while (fd_.valid()) {
-      char buf[4096];
-      ssize_t n = ::recv(fd_.get(), buf, sizeof buf, 0);
-      if (n > 0) {
-        in_.append(buf, static_cast<size_t>(n));
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      fd_.Reset();  // EOF: the relay stopped or dropped us
-    }
-    size_t start = 0;
-    for (size_t nl; (nl = in_.find('\n', start)) != std::string::npos;
-         start = nl + 1) {
-      auto msg =
-          DecodePauseMsg(std::string_view(in_).substr(start, nl - start));
-      if (msg.ok()) out.push_back(*std::move(msg));
-    }
-    in_.erase(0, start);
-    if (in_.size() >= kMaxPauseLine) fd_.Reset();
-    return out;
-  }
-
- private:
-  std::string path_;
-  UniqueFd fd_;
-  std::string in_;
-  std::chrono::steady_clock::time_point next_try_{};
-};
-
 ServingReceiver::ServingReceiver(Options options)
     : options_(std::move(options)) {}
 ServingReceiver::~ServingReceiver() = default;
@@ -207,7 +121,7 @@ Result<std::unique_ptr<ServingReceiver>> ServingReceiver::Open(
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (!options.socket.empty()) {
-    r->port_ = std::make_unique<Port>(options.socket);
+    r->port_ = std::make_unique<PauseLink>(options.socket);
   }
   (void)r->Poll();  // attach now if the relay listens
   return r;
