@@ -48,6 +48,7 @@
 namespace dcr {
 
 class PauseLink;  // serving/pause_link.h
+struct PauseMsg;  // serving/pause_messages.h
 
 // The spec of image `image` (0 or 1) of the shm store `spec`: "/NAME.0" or
 // "/NAME.1", its record at the default path, or at spec.record_path with
@@ -160,6 +161,62 @@ class ServingReceiver {
   UniqueFd reader_lock_;  // shared, on the image the tensors are in
   LiveState live_;
   uint64_t prepares_ = 0;
+};
+
+// The serving side for a server that computes on weights in its own GPU
+// memory (docs/PROTOCOL.md §"GPU servers"; Python: dcr.GpuReceiver). The
+// server exports its weight tensors over CUDA IPC (dcr_cuda.Exporter, or
+// dcr/cuda.h IpcServer) and the relay writes them; this class tells the
+// server when it may compute on them. Call Poll() between two steps and
+// compute only while usable(): from the relay's answer that it attached
+// the buffers at the live version, and again after each commit.
+class GpuReceiver {
+ public:
+  struct Options {
+    std::string socket;    // the relay's serving socket
+    std::string cuda_ipc;  // where the server serves its IPC manifest
+                           // (absolute, at most 107 bytes)
+    // How long Open waits to be usable (0: it returns at once).
+    std::chrono::milliseconds wait{0};
+    // How long Poll, having answered a pause, waits for the commit line
+    // while the relay writes the buffers.
+    std::chrono::milliseconds pause_wait{30000};
+  };
+  // InvalidArgument for a bad option; with `wait`, IOError naming the
+  // relay's reason (its error line) if not usable within it.
+  static Result<std::unique_ptr<GpuReceiver>> Open(const Options& options);
+  ~GpuReceiver();
+  GpuReceiver(const GpuReceiver&) = delete;
+  GpuReceiver& operator=(const GpuReceiver&) = delete;
+
+  // Attaches when not attached (at open; after the relay restarted or
+  // dropped the link: every 200 ms at most), answers prepare with ready,
+  // and at a pause answers paused and waits for the commit (the buffers
+  // change meanwhile), then answers flipped. True iff the buffers now
+  // hold another version than at the last call. Not usable from a pause
+  // until its commit, from an error line or a lost link until the relay
+  // answers a new attach.
+  Result<bool> Poll();
+  bool usable() const { return usable_; }
+  // The version the buffers hold while usable().
+  const Version& version() const { return version_; }
+  bool attached() const;
+  // The relay's last error line (why the buffers were refused), or "".
+  const std::string& last_error() const { return last_error_; }
+  uint64_t pauses() const { return pauses_; }
+
+ private:
+  explicit GpuReceiver(Options options);
+  // Handles one line; sets `*changed` when the buffers changed version.
+  void Handle(const PauseMsg& m, bool* changed);
+
+  Options options_;
+  std::unique_ptr<PauseLink> link_;
+  bool usable_ = false;
+  bool paused_ = false;  // answered a pause, no commit yet
+  Version version_;
+  std::string last_error_;
+  uint64_t pauses_ = 0;
 };
 
 }  // namespace dcr

@@ -165,6 +165,56 @@ void AddReceiver(py::module_& m) {
           "flips", [](const ServingReceiver& r) { return r.live().flips; })
       .def_property_readonly("attached", &ServingReceiver::attached)
       .def_property_readonly("prepares", &ServingReceiver::prepares);
+
+  py::class_<GpuReceiver>(
+      m, "GpuReceiver",
+      "The pause protocol for a server whose weights are CUDA tensors it "
+      "exported (dcr_cuda.Exporter): the relay writes them in place. Call "
+      "poll() between two steps and compute only while usable is True "
+      "(docs/PROTOCOL.md, GPU servers).")
+      .def(py::init([](const std::string& socket, const std::string& cuda_ipc,
+                       double wait, double pause_wait) {
+             GpuReceiver::Options o;
+             o.socket = socket;
+             o.cuda_ipc = cuda_ipc;
+             o.wait =
+                 std::chrono::milliseconds(static_cast<int64_t>(wait * 1000.0));
+             o.pause_wait = std::chrono::milliseconds(
+                 static_cast<int64_t>(pause_wait * 1000.0));
+             Result<std::unique_ptr<GpuReceiver>> r =
+                 Status::Internal("not opened");
+             {
+               py::gil_scoped_release release;
+               r = GpuReceiver::Open(o);
+             }
+             return Take(std::move(r));
+           }),
+           "socket"_a, "cuda_ipc"_a, "wait"_a = 0.0, "pause_wait"_a = 30.0,
+           "attaches to the relay's serving socket, naming the socket "
+           "the Exporter serves its manifest on (cuda_ipc, absolute); "
+           "wait: seconds to wait for the relay to attach the buffers")
+      .def(
+          "poll",
+          [](GpuReceiver& r) {
+            Result<bool> changed = Status::Internal("not polled");
+            {
+              // A pause blocks here while the relay writes the buffers.
+              py::gil_scoped_release release;
+              changed = r.Poll();
+            }
+            return Take(std::move(changed));
+          },
+          "answers the relay; at a pause, waits for the relay to write "
+          "the buffers; True iff they now hold another version")
+      .def_property_readonly("usable", &GpuReceiver::usable)
+      .def_property_readonly(
+          "step", [](const GpuReceiver& r) { return r.version().step; })
+      .def_property_readonly(
+          "digest",
+          [](const GpuReceiver& r) { return r.version().digest.ToHex(); })
+      .def_property_readonly("attached", &GpuReceiver::attached)
+      .def_property_readonly("last_error", &GpuReceiver::last_error)
+      .def_property_readonly("pauses", &GpuReceiver::pauses);
 }
 
 }  // namespace dcr::python

@@ -259,4 +259,26 @@ if bad or len(seen) < 6:
     print("\n".join(bad) or f"only steps {sorted(seen)}", file=sys.stderr)
     sys.exit(1)
 PY
+# --- h. A GPU server where the relay cannot map GPU buffers ---------------
+# It names a CUDA IPC manifest socket (docs/PROTOCOL.md §"GPU servers").
+# On this host (no GPU, or a build without CUDA) the relay refuses the
+# buffers with the reason: the server is told why and is never usable.
+/usr/bin/python3 - "$PYDIR" "$SOCK" "$T/ipc.sock" >"$T/gpu.out" 2>&1 <<'PY' ||
+import sys
+sys.path.insert(0, sys.argv[1])
+import dcr
+try:
+    r = dcr.GpuReceiver(sys.argv[2], sys.argv[3], wait=5.0)
+except RuntimeError as e:
+    print("refused:", e)
+    sys.exit(0)
+print("usable without GPU buffers:", r.usable)
+sys.exit(1)
+PY
+  { cat "$T/gpu.out" >&2; fail "the GPU server was not refused"; }
+grep -q "did not attach the GPU buffers within 5000 ms: the GPU buffers exported on $T/ipc.sock were refused" "$T/gpu.out" ||
+  { cat "$T/gpu.out" >&2; fail "the refusal does not give the relay's reason"; }
+grep -Eq "no usable CUDA device|built without CUDA" "$T/gpu.out" ||
+  { cat "$T/gpu.out" >&2; fail "the refusal does not say why"; }
+wait_log s0 "were refused"
 echo "PASS serving process"
