@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of issue 20 in one run: the `cuda` tests (every kernel
 # against its CPU reference, the chunk applier, CUDA IPC into another
-# process), memcheck over the small ones, the dcr_cuda Python module built
+# process, a relay keeping a server's exported buffers at each commit),
+# memcheck over the small ones, the dcr_cuda Python module built
 # here and run with torch CUDA tensors, and bench/gpu_bench (the kernels
 # against the device copy bandwidth, the end-to-end encode and decode +
 # apply), with one table at the end. About 2 minutes on one H200.
@@ -24,11 +25,11 @@ if [[ ${1:-} == --pack ]]; then
   dir=${2:?usage: bench/gpu_check.sh --pack DIR}
   build=${DCR_BUILD_DIR:-build}
   bins=("$build/tests/cuda/cuda_kernels_test" "$build/tests/cuda/cuda_ipc_peer"
-    "$build/bench/gpu_bench")
+    "$build/tests/cuda/cuda_serving_peer" "$build/bench/gpu_bench")
   compgen -G "$build/python/dcr_cuda.*.so" >/dev/null ||
     { echo "gpu_check: the dcr_cuda Python module is not built (cmake --build $build --target dcr_cuda_python)" >&2; exit 2; }
   for b in "${bins[@]}"; do
-    [[ -x $b ]] || { echo "gpu_check: $b not built (cmake --build $build --target cuda_kernels_test cuda_ipc_peer gpu_bench dcr_cuda_python)" >&2; exit 2; }
+    [[ -x $b ]] || { echo "gpu_check: $b not built (cmake --build $build --target cuda_kernels_test cuda_ipc_peer cuda_serving_peer gpu_bench dcr_cuda_python)" >&2; exit 2; }
   done
   rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
   cp "${bins[@]}" "$dir/bin/"

@@ -1,0 +1,123 @@
+// A relay keeping a serving process's GPU buffers at its live image,
+// through real CUDA IPC (docs/PROTOCOL.md §"GPU servers"): this process is
+// the server (device buffers, exported, and a GpuReceiver), and
+// cuda_serving_peer the relay (ServingImages with AttachCudaIpcWeights).
+// Skipped where no GPU is usable.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cuda_serving_bits.h"
+#include "cuda_test_util.h"
+#include "dcr/serving.h"
+
+extern char** environ;
+
+namespace dcr::cuda::cudatest {
+namespace {
+
+std::string ServingPeerPath() {
+  if (const char* e = std::getenv("DCR_CUDA_SERVING_PEER")) return e;
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    std::string dir(self, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    if (::access((dir + "/cuda_serving_peer").c_str(), X_OK) == 0) {
+      return dir + "/cuda_serving_peer";
+    }
+  }
+  return DCR_CUDA_SERVING_PEER;
+}
+
+TEST_F(CudaTest, ARelayBringsAServersGpuBuffersToEachCommit) {
+  const std::vector<TensorInfo> tensors = dcr::cudatest::ServingTensors();
+  char dir_template[] = "/tmp/dcr-cuda-serving-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  // The server's weights, poisoned: the relay's attach must write them.
+  std::vector<DeviceBuffer> buffers;
+  IpcManifest manifest;
+  manifest.device = Value(Probe()).devices.front().pci_bus_id;
+  for (const TensorInfo& t : tensors) {
+    buffers.push_back(Alloc(t.NumBytes()));
+    ASSERT_TRUE(Fill(buffers.back().data(), kPoison, t.NumBytes()).ok());
+    manifest.tensors.push_back(Value(
+        ExportIpcTensor(t.name, t.dtype, t.shape, buffers.back().data())));
+  }
+  // A KV cache the relay must leave alone.
+  DeviceBuffer kv = Alloc(4096);
+  ASSERT_TRUE(Fill(kv.data(), 0x3c, kv.size()).ok());
+  manifest.tensors.push_back(
+      Value(ExportIpcTensor("kv_cache", DType::kU8, {4096}, kv.data())));
+  auto server = Value(IpcServer::Start(dir + "/ipc.sock", manifest));
+
+  const std::string peer = ServingPeerPath();
+  const std::string out = dir + "/peer.out";
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> args = {const_cast<char*>(peer.c_str()),
+                             const_cast<char*>(dir.c_str()), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, peer.c_str(), &fa, nullptr, args.data(), environ),
+            0)
+      << peer;
+  posix_spawn_file_actions_destroy(&fa);
+
+  GpuReceiver::Options o;
+  o.socket = dir + "/relay.sock";
+  o.cuda_ipc = dir + "/ipc.sock";
+  o.wait = std::chrono::seconds(20);
+  auto r = GpuReceiver::Open(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  GpuReceiver& rc = **r;
+  ASSERT_TRUE(rc.usable());
+  EXPECT_EQ(rc.version().step, 1u);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    EXPECT_EQ(Download(buffers[t].data(), tensors[t].NumBytes()),
+              dcr::cudatest::ServingBits(t, 1))
+        << tensors[t].name << " at attach";
+  }
+  // The peer flips to step 2 once attached: the next polls pause, wait
+  // while it writes, and come back on step 2.
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (rc.version().step != 2 && std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(rc.Poll().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(rc.usable());
+  EXPECT_EQ(rc.version().step, 2u);
+  EXPECT_EQ(rc.pauses(), 1u);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    EXPECT_EQ(Download(buffers[t].data(), tensors[t].NumBytes()),
+              dcr::cudatest::ServingBits(t, 2))
+        << tensors[t].name << " after the commit";
+  }
+  EXPECT_EQ(Download(kv.data(), kv.size()),
+            std::vector<std::byte>(kv.size(), std::byte{0x3c}));
+  // The peer exits once our flipped reached it.
+  int wstatus = 0;
+  for (int i = 0; i < 2000 && ::waitpid(pid, &wstatus, WNOHANG) == 0; ++i) {
+    (void)rc.Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::ifstream in(out);
+  std::stringstream figures;
+  figures << in.rdbuf();
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
+      << "peer: " << figures.str();
+  std::printf("GPU serving: %s", figures.str().c_str());
+  server.reset();
+}
+
+}  // namespace
+}  // namespace dcr::cuda::cudatest
