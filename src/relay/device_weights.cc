@@ -14,12 +14,10 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
       .count();
 }
 
-}  // namespace
-
-Result<DeviceSync> SyncDeviceWeights(DeviceWeights& device,
-                                     const WeightStore& host,
-                                     ThreadPool* pool) {
-  const auto start = std::chrono::steady_clock::now();
+// Where each device tensor lies in `host`: found by name, with its dtype
+// and shape.
+Result<std::vector<size_t>> Locate(const DeviceWeights& device,
+                                   const WeightStore& host) {
   const std::vector<TensorInfo>& tensors = device.tensors();
   const Manifest& m = host.manifest();
   std::vector<size_t> at(tensors.size());
@@ -39,15 +37,44 @@ Result<DeviceSync> SyncDeviceWeights(DeviceWeights& device,
     }
     at[i] = static_cast<size_t>(j);
   }
-  std::vector<Digest128> want(tensors.size());
+  return at;
+}
+
+std::vector<Digest128> HashAt(const WeightStore& host,
+                              const std::vector<size_t>& at, ThreadPool* pool) {
+  std::vector<Digest128> out(at.size());
   auto hash = [&](size_t i, size_t) {
-    want[i] = TensorDigest(host.Tensor(at[i]));
+    out[i] = TensorDigest(host.Tensor(at[i]));
   };
   if (pool != nullptr) {
-    pool->ParallelFor(tensors.size(), hash);
+    pool->ParallelFor(at.size(), hash);
   } else {
-    for (size_t i = 0; i < tensors.size(); ++i) hash(i, 0);
+    for (size_t i = 0; i < at.size(); ++i) hash(i, 0);
   }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<Digest128>> HostDigests(const DeviceWeights& device,
+                                           const WeightStore& host,
+                                           ThreadPool* pool) {
+  DCR_ASSIGN_OR_RETURN(std::vector<size_t> at, Locate(device, host));
+  return HashAt(host, at, pool);
+}
+
+Result<DeviceSync> SyncDeviceWeights(
+    DeviceWeights& device, const WeightStore& host, ThreadPool* pool,
+    const std::vector<Digest128>* host_digests) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<TensorInfo>& tensors = device.tensors();
+  DCR_ASSIGN_OR_RETURN(std::vector<size_t> at, Locate(device, host));
+  if (host_digests != nullptr && host_digests->size() != tensors.size()) {
+    return Status::Internal(fmt::format("{} host digests for {} GPU tensors",
+                                        host_digests->size(), tensors.size()));
+  }
+  const std::vector<Digest128> want =
+      host_digests != nullptr ? *host_digests : HashAt(host, at, pool);
   DeviceSync out;
   out.tensors = tensors.size();
   std::vector<size_t> differ;

@@ -63,8 +63,19 @@ struct DeviceSync {
 // device took the write but does not hold it). After an error the
 // device's bits are unknown: a caller must not let the server compute on
 // them.
-Result<DeviceSync> SyncDeviceWeights(DeviceWeights& device,
-                                     const WeightStore& host, ThreadPool* pool);
+//
+// `host_digests`, if given, are HostDigests(device, host) computed
+// earlier (the relay hashes while the server finishes its step); the host
+// must not have changed since.
+Result<DeviceSync> SyncDeviceWeights(
+    DeviceWeights& device, const WeightStore& host, ThreadPool* pool,
+    const std::vector<Digest128>* host_digests = nullptr);
+
+// The TensorDigest of each of the device's tensors in `host` (found by
+// name, checked as above), hashed on `pool` if given.
+Result<std::vector<Digest128>> HostDigests(const DeviceWeights& device,
+                                           const WeightStore& host,
+                                           ThreadPool* pool);
 
 // Attaches the GPU buffers a serving process exported (dcr/cuda.h "CUDA
 // IPC"): fetches the IPC manifest served on `socket`, checks it against

@@ -191,6 +191,7 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   pause_started_.reset();
   move_summary_.clear();
   held_commit_.reset();
+  pause_digests_.clear();
   if (connection_ != 0) {
     PauseMsg m;
     m.op = PauseMsg::Op::kCommit;
@@ -205,6 +206,11 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
       pause.refit = refit;
       port_->Send(connection_, pause);
       held_commit_ = m;
+      // Hash the new live image while the server finishes its step: the
+      // pause then hashes only the GPU side.
+      Result<std::vector<Digest128>> d =
+          HostDigests(*device_, *live_, options_.pool);
+      pause_digests_ = d.ok() ? *std::move(d) : std::vector<Digest128>();
     } else {
       port_->Send(connection_, m);
     }
@@ -287,8 +293,10 @@ bool ServingImages::AttachDevice(const PauseMsg& hello) {
   return true;
 }
 
-bool ServingImages::SyncDevice(const char* when) {
-  Result<DeviceSync> sync = SyncDeviceWeights(*device_, *live_, options_.pool);
+bool ServingImages::SyncDevice(const char* when,
+                               const std::vector<Digest128>* host_digests) {
+  Result<DeviceSync> sync =
+      SyncDeviceWeights(*device_, *live_, options_.pool, host_digests);
   if (!sync.ok()) {
     RefuseDevice(fmt::format(
         "bringing the GPU buffers to step {} failed ({}): {}; the server must "
@@ -468,7 +476,11 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
                       "it sent paused for a pause the relay did not send");
         return;
       }
-      if (!SyncDevice("commit")) return;
+      if (!SyncDevice("commit",
+                      pause_digests_.empty() ? nullptr : &pause_digests_)) {
+        return;
+      }
+      pause_digests_.clear();
       port_->Send(connection_, *held_commit_);
       held_commit_.reset();
       return;

@@ -143,7 +143,8 @@ class ServingImages {
   bool AttachDevice(const PauseMsg& hello);
   // Brings device_ to the live image; false (the server told and
   // detached, device_ dropped) if it fails.
-  bool SyncDevice(const char* when);
+  bool SyncDevice(const char* when,
+                  const std::vector<Digest128>* host_digests = nullptr);
   void RefuseDevice(const std::string& why);
   Status CopyLiveInto(WeightStore& standby);
 
@@ -160,6 +161,10 @@ class ServingImages {
   // commit line held back until it answers pause.
   std::unique_ptr<DeviceWeights> device_;
   std::optional<PauseMsg> held_commit_;
+  // The live image's digests of device_'s tensors, taken at the flip while
+  // the server finishes its step (the live image does not change until
+  // the next flip); empty if that failed (the sync hashes then).
+  std::vector<Digest128> pause_digests_;
   // The refit a prepare went out for, when, and whether it was answered.
   std::optional<RefitId> prepared_refit_;
   Clock::time_point prepare_deadline_{};
