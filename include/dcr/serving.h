@@ -34,6 +34,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -181,6 +182,15 @@ class GpuReceiver {
     // How long Poll, having answered a pause, waits for the commit line
     // while the relay writes the buffers.
     std::chrono::milliseconds pause_wait{30000};
+    // Called at a pause before paused goes out: returns once no work the
+    // server queued on its GPU reads the weights any more (for torch:
+    // torch.cuda.synchronize() on every device and stream it uses). GPU
+    // work is asynchronous: a step that returned may still be computing,
+    // and the relay writes the buffers from another process as soon as
+    // paused arrives. An error fails the Poll (nothing is sent; the relay
+    // detaches the server at its deadline). Null: the caller synchronizes
+    // before every Poll.
+    std::function<Status()> quiesce;
   };
   // InvalidArgument for a bad option; with `wait`, IOError naming the
   // relay's reason (its error line) if not usable within it.
@@ -190,12 +200,13 @@ class GpuReceiver {
   GpuReceiver& operator=(const GpuReceiver&) = delete;
 
   // Attaches when not attached (at open; after the relay restarted or
-  // dropped the link: every 200 ms at most), answers prepare with ready,
-  // and at a pause answers paused and waits for the commit (the buffers
-  // change meanwhile), then answers flipped. True iff the buffers now
-  // hold another version than at the last call. Not usable from a pause
-  // until its commit, from an error line or a lost link until the relay
-  // answers a new attach.
+  // dropped the link: every 200 ms at most, every 2 s after the relay
+  // refused the buffers), answers prepare with ready, and at a pause
+  // quiesces, answers paused and waits for the commit (the buffers change
+  // meanwhile), then answers flipped. True iff the buffers are usable
+  // and hold another version than when they last were. Not usable from a
+  // pause until its commit, from an error line or a lost link until the
+  // relay answers a new attach.
   Result<bool> Poll();
   bool usable() const { return usable_; }
   // The version the buffers hold while usable().
@@ -207,14 +218,15 @@ class GpuReceiver {
 
  private:
   explicit GpuReceiver(Options options);
-  // Handles one line; sets `*changed` when the buffers changed version.
-  void Handle(const PauseMsg& m, bool* changed);
+  // Handles one line.
+  Status Handle(const PauseMsg& m);
 
   Options options_;
   std::unique_ptr<PauseLink> link_;
   bool usable_ = false;
-  bool paused_ = false;  // answered a pause, no commit yet
+  std::optional<RefitId> paused_;  // answered its pause, no commit yet
   Version version_;
+  std::optional<Version> reported_;  // the last usable version Poll saw
   std::string last_error_;
   uint64_t pauses_ = 0;
 };

@@ -173,10 +173,24 @@ void AddReceiver(py::module_& m) {
       "poll() between two steps and compute only while usable is True "
       "(docs/PROTOCOL.md, GPU servers).")
       .def(py::init([](const std::string& socket, const std::string& cuda_ipc,
-                       double wait, double pause_wait) {
+                       double wait, double pause_wait, py::object quiesce) {
              GpuReceiver::Options o;
              o.socket = socket;
              o.cuda_ipc = cuda_ipc;
+             if (!quiesce.is_none()) {
+               // Called from poll(), which runs without the GIL.
+               auto fn = std::make_shared<py::object>(std::move(quiesce));
+               o.quiesce = [fn]() -> Status {
+                 py::gil_scoped_acquire gil;
+                 try {
+                   (*fn)();
+                 } catch (py::error_already_set& e) {
+                   return Status::Internal(std::string("quiesce raised: ") +
+                                           e.what());
+                 }
+                 return Status::OK();
+               };
+             }
              o.wait =
                  std::chrono::milliseconds(static_cast<int64_t>(wait * 1000.0));
              o.pause_wait = std::chrono::milliseconds(
@@ -190,9 +204,13 @@ void AddReceiver(py::module_& m) {
              return Take(std::move(r));
            }),
            "socket"_a, "cuda_ipc"_a, "wait"_a = 0.0, "pause_wait"_a = 30.0,
+           "quiesce"_a = py::none(),
            "attaches to the relay's serving socket, naming the socket "
            "the Exporter serves its manifest on (cuda_ipc, absolute); "
-           "wait: seconds to wait for the relay to attach the buffers")
+           "wait: seconds to wait for the relay to attach the buffers; "
+           "quiesce: called at a pause before the relay may write, must "
+           "return once no queued GPU work reads the weights (e.g. "
+           "torch.cuda.synchronize)")
       .def(
           "poll",
           [](GpuReceiver& r) {

@@ -11,6 +11,8 @@
 namespace dcr {
 namespace {
 
+constexpr int kFetchTimeoutMs = 500;
+
 class CudaIpcWeights final : public DeviceWeights {
  public:
   CudaIpcWeights(std::vector<TensorInfo> tensors, std::vector<void*> ptrs,
@@ -58,8 +60,10 @@ Result<std::unique_ptr<DeviceWeights>> AttachCudaIpcWeights(
         "the build host)");
   }
   DCR_RETURN_IF_ERROR(cuda::Probe().status());
+  // The server serves its manifest before it says hello: a short wait,
+  // since the relay's loop waits with it.
   DCR_ASSIGN_OR_RETURN(cuda::IpcManifest manifest,
-                       cuda::FetchIpcManifest(socket));
+                       cuda::FetchIpcManifest(socket, kFetchTimeoutMs));
   DCR_RETURN_IF_ERROR(cuda::CheckIpcManifest(manifest, want, whose, source));
   DCR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::IpcImport> import,
                        cuda::IpcImport::Open(manifest));

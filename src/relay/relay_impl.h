@@ -145,7 +145,7 @@ class Relay::Impl {
   // Reads the serving layout and maps the rank (RelayOptions::serving_*).
   // ServingImages::Options::attach_device: a server's CUDA IPC exports.
   Result<std::unique_ptr<DeviceWeights>> AttachServerGpu(
-      const std::string& socket);
+      const std::string& socket, const Manifest* live);
   Status LoadServing();
   // The bits of the plan's base a serving relay's rank has, if it names
   // them.

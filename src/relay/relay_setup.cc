@@ -57,20 +57,21 @@ Status Relay::Impl::Init() {
   DCR_RETURN_IF_ERROR(LoadServing());
   if (!options_.serving_socket.empty()) {
     DCR_ASSIGN_OR_RETURN(
-        images_, ServingImages::Open(
-                     {.node = options_.name,
-                      .store = options_.store,
-                      .socket = options_.serving_socket,
-                      .deadline = options_.serving_deadline,
-                      .pool = nullptr,  // set below, once the pool exists
-                      .post =
-                          [this](std::function<void()> fn) {
-                            mailbox_.Post(std::move(fn));
-                          },
-                      .attach_device =
-                          [this](const std::string& socket) {
-                            return AttachServerGpu(socket);
-                          }}));
+        images_,
+        ServingImages::Open(
+            {.node = options_.name,
+             .store = options_.store,
+             .socket = options_.serving_socket,
+             .deadline = options_.serving_deadline,
+             .pool = nullptr,  // set below, once the pool exists
+             .post =
+                 [this](std::function<void()> fn) {
+                   mailbox_.Post(std::move(fn));
+                 },
+             .attach_device =
+                 [this](const std::string& socket, const Manifest* live) {
+                   return AttachServerGpu(socket, live);
+                 }}));
   }
   if (!options_.on_commit.empty()) {
     hook_ = std::make_unique<CommitHook>(
@@ -217,9 +218,9 @@ Status Relay::Impl::LoadServing() {
 }
 
 Result<std::unique_ptr<DeviceWeights>> Relay::Impl::AttachServerGpu(
-    const std::string& socket) {
+    const std::string& socket, const Manifest* live) {
   // The tensors the server computes with: its rank's shards less the FP8
-  // shadows, or without a serving layout every tensor of the store.
+  // shadows, or without a serving layout every tensor of the live image.
   std::vector<TensorInfo> want;
   std::string whose, source;
   if (serving_) {
@@ -228,14 +229,15 @@ Result<std::unique_ptr<DeviceWeights>> Relay::Impl::AttachServerGpu(
     }
     whose = fmt::format("serving rank {}", serving_->rank());
     source = fmt::format("the layout {}", options_.serving_layout);
-  } else if (const WeightStore* s = store_ ? store_.get() : nullptr) {
-    want = s->manifest().tensors();
+  } else if (live != nullptr) {
+    want = live->tensors();
     whose = "the server";
-    source = "the store " + options_.store.ToString();
+    source = "the live image of " + options_.store.ToString();
   } else {
     return Status::Unsupported(
-        "the relay holds no weights yet (no serving layout, no store): "
-        "attach after its first full refit");
+        "the relay has committed no version yet and has no serving layout "
+        "to say which tensors a server holds: attach after its first full "
+        "refit");
   }
   return AttachCudaIpcWeights(socket, std::move(want), whose, source);
 }

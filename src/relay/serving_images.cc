@@ -249,26 +249,46 @@ std::string ServingImages::MoveSummary() const {
 void ServingImages::Tick() {
   if (!held_commit_ || connection_ == 0) return;
   if (Clock::now() < flipped_at_ + options_.deadline) return;
+  Drop(fmt::format(
+      "it did not answer pause within {} ms; its GPU buffers are brought to "
+      "the live image when it attaches again",
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.deadline)
+          .count()));
+}
+
+void ServingImages::Drop(const std::string& why) {
+  port_->Detach(connection_, why);
+  // Forgotten now, not at the port's kDetached event: nothing (a flip's
+  // commit line) goes to it meanwhile.
+  Dropped(why);
+}
+
+void ServingImages::Dropped(const std::string& why) {
+  spdlog::warn("{}: the serving process detached: {}{}", options_.node, why,
+               !pause_started_ ? ""
+               : device_       ? " (during its pause; its GPU buffers are "
+                                 "synced when it attaches again)"
+                               : " (during its pause; it moves to the live "
+                                 "image by the header)");
+  connection_ = 0;
+  server_image_.reset();
+  // Its GPU buffers are unknown from here: the next attach syncs them.
+  device_.reset();
   held_commit_.reset();
-  port_->Detach(
-      connection_,
-      fmt::format("it did not answer pause within {} ms; its GPU buffers are "
-                  "brought to the live image when it attaches again",
-                  std::chrono::duration_cast<std::chrono::milliseconds>(
-                      options_.deadline)
-                      .count()));
+  ForgetPrepare();
+  stats_.attached = false;
+  stats_.gpu = false;
+  if (pause_started_) move_summary_ = "serving process detached";
+  pause_started_.reset();
 }
 
 void ServingImages::RefuseDevice(const std::string& why) {
   spdlog::error("{}: {}", options_.node, why);
-  device_.reset();
-  held_commit_.reset();
-  stats_.gpu = false;
   PauseMsg e;
   e.op = PauseMsg::Op::kError;
   e.detail = why;
   port_->Send(connection_, e);
-  port_->Detach(connection_, why);
+  Drop(why);
 }
 
 bool ServingImages::AttachDevice(const PauseMsg& hello) {
@@ -276,8 +296,8 @@ bool ServingImages::AttachDevice(const PauseMsg& hello) {
     RefuseDevice("this relay cannot attach GPU buffers");
     return false;
   }
-  Result<std::unique_ptr<DeviceWeights>> d =
-      options_.attach_device(hello.cuda_ipc);
+  Result<std::unique_ptr<DeviceWeights>> d = options_.attach_device(
+      hello.cuda_ipc, live_ ? &live_->manifest() : nullptr);
   if (!d.ok()) {
     RefuseDevice(fmt::format("the GPU buffers exported on {} were refused: {}",
                              hello.cuda_ipc, d.status().message()));
@@ -309,7 +329,7 @@ bool ServingImages::SyncDevice(const char* when,
   stats_.last_gpu_sync_seconds = sync->seconds;
   spdlog::info(
       "{}: GPU buffers at step {} ({}): {} of {} tensors rewritten ({} bytes) "
-      "in {:.1f} ms, {:.1f} ms of it hashing",
+      "in {:.1f} ms, {:.1f} ms of it comparing digests",
       options_.node, live_state_->version.step, when, sync->rewritten,
       sync->tensors, sync->rewritten_bytes, sync->seconds * 1e3,
       sync->hash_seconds * 1e3);
@@ -423,24 +443,7 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
                    port_->path());
       return;
     case Kind::kDetached:
-      if (e.connection != connection_) return;
-      spdlog::warn("{}: the serving process detached: {}{}", options_.node,
-                   e.detail,
-                   !pause_started_ ? ""
-                   : device_       ? " (during its pause; its GPU buffers are "
-                                     "synced when it attaches again)"
-                                   : " (during its pause; it moves to the live "
-                                     "image by the header)");
-      connection_ = 0;
-      server_image_.reset();
-      // Its GPU buffers are unknown from here: the next attach syncs them.
-      device_.reset();
-      held_commit_.reset();
-      ForgetPrepare();
-      stats_.attached = false;
-      stats_.gpu = false;
-      if (pause_started_) move_summary_ = "serving process detached";
-      pause_started_.reset();
+      if (e.connection == connection_) Dropped(e.detail);
       return;
     case Kind::kMessage:
       break;
@@ -456,10 +459,20 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
               ? "computes on GPU buffers it exports on " + m.cuda_ipc
               : "reads image " + (m.image ? std::to_string(*m.image) : "none"));
       if (device_) {
-        port_->Detach(connection_, "it sent a second hello");
+        Drop("it sent a second hello");
         return;
       }
-      if (!m.cuda_ipc.empty() && !AttachDevice(m)) return;
+      if (!m.cuda_ipc.empty()) {
+        if (!AttachDevice(m)) return;
+        if (pause_started_ && live_state_) {
+          // A flip came between its connect and its hello: the attach
+          // brought its buffers to the live image, which ends that pause.
+          move_summary_ =
+              fmt::format("serving process attached its GPU buffers at step {}",
+                          live_state_->version.step);
+          pause_started_.reset();
+        }
+      }
       if (live_state_) {
         PauseMsg live;
         live.op = PauseMsg::Op::kLive;
@@ -472,8 +485,7 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
       return;
     case PauseMsg::Op::kPaused:
       if (!device_ || !held_commit_ || m.refit != held_commit_->refit) {
-        port_->Detach(connection_,
-                      "it sent paused for a pause the relay did not send");
+        Drop("it sent paused for a pause the relay did not send");
         return;
       }
       if (!SyncDevice("commit",
@@ -505,8 +517,7 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
       }
       return;
     default:
-      port_->Detach(connection_, fmt::format("it sent a relay's message ({})",
-                                             PauseOpName(m.op)));
+      Drop(fmt::format("it sent a relay's message ({})", PauseOpName(m.op)));
       return;
   }
 }

@@ -63,9 +63,11 @@ class ServingImages {
     std::function<void(std::function<void()>)> post;
     // Attaches the GPU buffers a server exported on the socket its hello
     // names (the relay: AttachCudaIpcWeights with the tensors its rank
-    // computes with). Called on the actor thread. Null: such a server is
-    // refused.
-    std::function<Result<std::unique_ptr<DeviceWeights>>(const std::string&)>
+    // computes with); `live` is the live image's manifest (null before
+    // the first commit). Called on the actor thread. Null: such a server
+    // is refused.
+    std::function<Result<std::unique_ptr<DeviceWeights>>(
+        const std::string& socket, const Manifest* live)>
         attach_device;
   };
 
@@ -145,7 +147,12 @@ class ServingImages {
   // detached, device_ dropped) if it fails.
   bool SyncDevice(const char* when,
                   const std::vector<Digest128>* host_digests = nullptr);
+  // Tells the server why (an error line), then Drop.
   void RefuseDevice(const std::string& why);
+  // Closes the attachment and forgets the server at once.
+  void Drop(const std::string& why);
+  // Forgets the attached server (it detached, or Drop).
+  void Dropped(const std::string& why);
   Status CopyLiveInto(WeightStore& standby);
 
   Options options_;

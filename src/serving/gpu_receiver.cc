@@ -9,6 +9,13 @@
 #include "serving/pause_messages.h"
 
 namespace dcr {
+namespace {
+
+// How long a receiver whose buffers the relay refused waits before it
+// attaches again (the relay's check costs it a manifest fetch and more).
+constexpr auto kRetryAfterRefusal = std::chrono::seconds(2);
+
+}  // namespace
 
 GpuReceiver::GpuReceiver(Options options) : options_(std::move(options)) {}
 GpuReceiver::~GpuReceiver() = default;
@@ -50,71 +57,80 @@ Result<std::unique_ptr<GpuReceiver>> GpuReceiver::Open(const Options& options) {
 
 bool GpuReceiver::attached() const { return link_->connected(); }
 
-void GpuReceiver::Handle(const PauseMsg& m, bool* changed) {
+Status GpuReceiver::Handle(const PauseMsg& m) {
   switch (m.op) {
     case PauseMsg::Op::kPrepare: {
       PauseMsg ready;
       ready.op = PauseMsg::Op::kReady;
       ready.refit = m.refit;
       link_->Send(ready);
-      return;
+      return Status::OK();
     }
     case PauseMsg::Op::kLive:
       if (!m.cuda) {
         // An older relay, or one that does not keep these buffers.
         usable_ = false;
         last_error_ = "the relay answered without attaching the GPU buffers";
-        return;
+        return Status::OK();
       }
-      if (!usable_ || m.version != version_) *changed = true;
       usable_ = true;
+      paused_.reset();
       version_ = m.version;
       last_error_.clear();
-      return;
+      return Status::OK();
     case PauseMsg::Op::kPause: {
       usable_ = false;
-      paused_ = true;
+      paused_ = m.refit;
+      if (options_.quiesce) {
+        if (Status q = options_.quiesce(); !q.ok()) {
+          paused_.reset();  // not paused: the relay drops it at its deadline
+          return q;
+        }
+      }
       PauseMsg paused;
       paused.op = PauseMsg::Op::kPaused;
       paused.refit = m.refit;
       link_->Send(paused);
       pauses_ += 1;
-      return;
+      return Status::OK();
     }
     case PauseMsg::Op::kCommit: {
-      if (!paused_) return;  // a commit this server did not pause for
-      paused_ = false;
+      // Only the commit of the pause it answered: the relay wrote the
+      // buffers in between.
+      if (paused_ != m.refit) return Status::OK();
+      paused_.reset();
       usable_ = true;
-      *changed = true;
       version_ = m.version;
       PauseMsg flipped;
       flipped.op = PauseMsg::Op::kFlipped;
       flipped.image = m.image;
       flipped.version.step = m.version.step;
       link_->Send(flipped);
-      return;
+      return Status::OK();
     }
     case PauseMsg::Op::kError:
+      // Refused: the relay closes the link; try again later, not at once.
       usable_ = false;
+      paused_.reset();
       last_error_ = m.detail;
-      return;
+      link_->Close(kRetryAfterRefusal);
+      return Status::OK();
     default:
-      return;  // abort: nothing changes
+      return Status::OK();  // abort: nothing changes
   }
 }
 
 Result<bool> GpuReceiver::Poll() {
-  bool changed = false;
   if (link_->MaybeConnect()) {
     usable_ = false;
-    paused_ = false;
+    paused_.reset();
     PauseMsg hello;
     hello.op = PauseMsg::Op::kHello;
     hello.pid = static_cast<uint64_t>(::getpid());
     hello.cuda_ipc = options_.cuda_ipc;
     link_->Send(hello);
   }
-  for (const PauseMsg& m : link_->Receive()) Handle(m, &changed);
+  for (const PauseMsg& m : link_->Receive()) DCR_RETURN_IF_ERROR(Handle(m));
   // Paused: the relay writes the buffers; wait for its commit.
   const auto until = std::chrono::steady_clock::now() + options_.pause_wait;
   while (paused_ && link_->connected()) {
@@ -123,13 +139,15 @@ Result<bool> GpuReceiver::Poll() {
     link_->Wait(
         std::chrono::duration_cast<std::chrono::milliseconds>(until - now) +
         std::chrono::milliseconds(1));
-    for (const PauseMsg& m : link_->Receive()) Handle(m, &changed);
+    for (const PauseMsg& m : link_->Receive()) DCR_RETURN_IF_ERROR(Handle(m));
   }
   if (!link_->connected()) {
     usable_ = false;
-    paused_ = false;
+    paused_.reset();
   }
-  return changed;
+  if (!usable_ || reported_ == version_) return false;
+  reported_ = version_;
+  return true;
 }
 
 }  // namespace dcr

@@ -79,6 +79,12 @@ std::vector<PauseMsg> PauseLink::Receive() {
   return out;
 }
 
+void PauseLink::Close(std::chrono::milliseconds wait) {
+  fd_.Reset();
+  in_.clear();
+  next_try_ = std::chrono::steady_clock::now() + wait;
+}
+
 bool PauseLink::Wait(std::chrono::milliseconds wait) const {
   if (!fd_.valid()) return false;
   pollfd p{fd_.get(), POLLIN, 0};

@@ -30,6 +30,9 @@ class PauseLink {
   // The complete lines received so far; closes on EOF, an error or a line
   // that is too long. Lines that are not messages are skipped.
   std::vector<PauseMsg> Receive();
+  // Closes the link, and makes MaybeConnect wait `wait` before the next
+  // try.
+  void Close(std::chrono::milliseconds wait);
   // Waits up to `wait` for something to read (or the link closing); false
   // at the timeout or when not connected.
   bool Wait(std::chrono::milliseconds wait) const;

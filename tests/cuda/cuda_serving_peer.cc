@@ -2,8 +2,8 @@
 // process of its own as CUDA IPC requires: shm images at steps 1 (live)
 // and 2, ServingImages on DIR/relay.sock attaching the test's exported
 // buffers through AttachCudaIpcWeights, and a flip to step 2 once they
-// are attached. Exits 0 once the server moved to step 2 (printing the
-// relay's figures), 1 otherwise.
+// are attached and the test created DIR/go. Exits 0 once the server moved to
+// step 2 (printing the relay's figures), 1 otherwise.
 //
 // Usage: cuda_serving_peer DIR
 #include <sys/mman.h>
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     std::lock_guard<std::mutex> l(mu);
     posted.push_back(std::move(fn));
   };
-  o.attach_device = [](const std::string& path) {
+  o.attach_device = [](const std::string& path, const dcr::Manifest*) {
     return dcr::AttachCudaIpcWeights(path, ServingTensors(), "the test server",
                                      "the test's tensors");
   };
@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
     for (auto& fn : run) fn();
     (*images)->Tick();
     const dcr::ServingStats st = (*images)->stats();
-    if (!flipped && st.gpu) {
+    // The test says go once it checked the buffers at step 1.
+    if (!flipped && st.gpu && ::access((dir + "/go").c_str(), F_OK) == 0) {
       auto s = dcr::OpenStore(dcr::ServingImageSpec(spec, 1));
       if (!s.ok()) return Fail(s.status().ToString());
       standby = *std::move(s);

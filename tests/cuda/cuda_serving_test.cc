@@ -4,6 +4,7 @@
 // cuda_serving_peer the relay (ServingImages with AttachCudaIpcWeights).
 // Skipped where no GPU is usable.
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -71,6 +72,19 @@ TEST_F(CudaTest, ARelayBringsAServersGpuBuffersToEachCommit) {
             0)
       << peer;
   posix_spawn_file_actions_destroy(&fa);
+  // Reaped below; killed if the test stops before.
+  bool reaped = false;
+  int wstatus = 0;
+  struct Reaper {
+    pid_t pid;
+    bool* reaped;
+    ~Reaper() {
+      if (!*reaped) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
+  } reaper{pid, &reaped};
 
   GpuReceiver::Options o;
   o.socket = dir + "/relay.sock";
@@ -86,8 +100,9 @@ TEST_F(CudaTest, ARelayBringsAServersGpuBuffersToEachCommit) {
               dcr::cudatest::ServingBits(t, 1))
         << tensors[t].name << " at attach";
   }
-  // The peer flips to step 2 once attached: the next polls pause, wait
-  // while it writes, and come back on step 2.
+  // Go: the peer flips to step 2; the next polls pause, wait while it
+  // writes, and come back on step 2.
+  std::ofstream(dir + "/go").put('\n');
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (rc.version().step != 2 && std::chrono::steady_clock::now() < until) {
@@ -105,15 +120,18 @@ TEST_F(CudaTest, ARelayBringsAServersGpuBuffersToEachCommit) {
   EXPECT_EQ(Download(kv.data(), kv.size()),
             std::vector<std::byte>(kv.size(), std::byte{0x3c}));
   // The peer exits once our flipped reached it.
-  int wstatus = 0;
-  for (int i = 0; i < 2000 && ::waitpid(pid, &wstatus, WNOHANG) == 0; ++i) {
-    (void)rc.Poll();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2000 && !reaped; ++i) {
+    reaped = ::waitpid(pid, &wstatus, WNOHANG) == pid;
+    if (!reaped) {
+      (void)rc.Poll();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   std::ifstream in(out);
   std::stringstream figures;
   figures << in.rdbuf();
-  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
+  EXPECT_TRUE(reaped) << "the peer did not exit; it printed: " << figures.str();
+  EXPECT_TRUE(reaped && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
       << "peer: " << figures.str();
   std::printf("GPU serving: %s", figures.str().c_str());
   server.reset();

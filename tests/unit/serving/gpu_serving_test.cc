@@ -251,11 +251,13 @@ class GpuServingTest : public ::testing::Test {
       posted_.push_back(std::move(fn));
     };
     o.attach_device =
-        [this](
-            const std::string& path) -> Result<std::unique_ptr<DeviceWeights>> {
+        [this](const std::string& path,
+               const Manifest* live) -> Result<std::unique_ptr<DeviceWeights>> {
       attach_paths_.push_back(path);
       if (!refuse_.ok()) return refuse_;
-      auto gpu = std::make_unique<FakeGpu>(manifest_.tensors());
+      // No serving layout here: the server holds every live tensor.
+      if (live == nullptr) return Status::Unsupported("no live image");
+      auto gpu = std::make_unique<FakeGpu>(live->tensors());
       gpu_ = gpu.get();
       gpu_->drop_writes = drop_writes_;
       return std::unique_ptr<DeviceWeights>(std::move(gpu));
@@ -292,6 +294,25 @@ class GpuServingTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }
+  // The next line the relay sends `c`, running the actor meanwhile;
+  // nullopt at `wait_ms` or when the relay closed the link.
+  std::optional<PauseMsg> NextMsg(LineClient& c, int wait_ms = 5000) {
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    while (std::chrono::steady_clock::now() < until && !c.closed()) {
+      Pump(5);
+      if (auto m = c.Msg(1)) return m;
+    }
+    return std::nullopt;
+  }
+  // Runs the actor until `done` holds (true), or 5 s passed (false).
+  bool PumpUntil(const std::function<bool()>& done) {
+    for (int i = 0; i < 1000; ++i) {
+      if (done()) return true;
+      Pump(5);
+    }
+    return done();
+  }
   PauseMsg Hello(std::string cuda_ipc) {
     PauseMsg h;
     h.op = Op::kHello;
@@ -327,10 +348,9 @@ TEST_F(GpuServingTest, AttachBringsTheBuffersToTheLiveImageBeforeLive) {
   LineClient c(socket_);
   ASSERT_TRUE(c.connected());
   c.Send(Hello("/run/server/weights.sock"));
-  Pump();
+  auto live = NextMsg(c);
   ASSERT_EQ(attach_paths_,
             std::vector<std::string>{"/run/server/weights.sock"});
-  auto live = c.Msg();
   ASSERT_TRUE(live.has_value());
   EXPECT_EQ(live->op, Op::kLive);
   EXPECT_TRUE(live->cuda);
@@ -347,14 +367,12 @@ TEST_F(GpuServingTest, AttachBringsTheBuffersToTheLiveImageBeforeLive) {
 TEST_F(GpuServingTest, ACommitWritesTheBuffersOnlyWhileTheServerIsPaused) {
   LineClient c(socket_);
   c.Send(Hello("/run/w.sock"));
-  Pump();
-  ASSERT_TRUE(c.Msg().has_value());  // live
+  ASSERT_TRUE(NextMsg(c).has_value());  // live
   const int writes_at_attach = gpu_->writes;
   RefitId refit;
   refit.bytes.fill(0x42);
   Flip(refit);
-  Pump();
-  auto pause = c.Msg();
+  auto pause = NextMsg(c);
   ASSERT_TRUE(pause.has_value());
   EXPECT_EQ(pause->op, Op::kPause);
   EXPECT_EQ(pause->refit, refit);
@@ -368,8 +386,7 @@ TEST_F(GpuServingTest, ACommitWritesTheBuffersOnlyWhileTheServerIsPaused) {
   paused.op = Op::kPaused;
   paused.refit = refit;
   c.Send(paused);
-  Pump();
-  auto commit = c.Msg();
+  auto commit = NextMsg(c);
   ASSERT_TRUE(commit.has_value());
   EXPECT_EQ(commit->op, Op::kCommit);
   EXPECT_EQ(commit->image, 1u);
@@ -383,7 +400,7 @@ TEST_F(GpuServingTest, ACommitWritesTheBuffersOnlyWhileTheServerIsPaused) {
   flipped.image = 1;
   flipped.version.step = 2;
   c.Send(flipped);
-  Pump();
+  EXPECT_TRUE(PumpUntil([&] { return images_->stats().pauses == 1; }));
   EXPECT_FALSE(images_->AwaitingMove());
   EXPECT_EQ(images_->stats().pauses, 1u);
   EXPECT_THAT(images_->MoveSummary(), HasSubstr("serving process moved in"));
@@ -397,8 +414,7 @@ class GpuServingDeadlineTest : public GpuServingTest {
 TEST_F(GpuServingDeadlineTest, AServerThatDoesNotPauseIsDetachedAtIt) {
   LineClient c(socket_);
   c.Send(Hello("/run/w.sock"));
-  Pump();
-  ASSERT_TRUE(c.Msg().has_value());
+  ASSERT_TRUE(NextMsg(c).has_value());
   RefitId refit;
   refit.bytes.fill(1);
   Flip(refit);
@@ -415,8 +431,7 @@ TEST_F(GpuServingDeadlineTest, AServerThatDoesNotPauseIsDetachedAtIt) {
   // Attaching again brings its buffers to the live image (step 2).
   LineClient again(socket_);
   again.Send(Hello("/run/w.sock"));
-  Pump();
-  auto live = again.Msg();
+  auto live = NextMsg(again);
   ASSERT_TRUE(live.has_value());
   EXPECT_TRUE(live->cuda);
   EXPECT_EQ(live->version.step, 2u);
@@ -429,8 +444,7 @@ TEST_F(GpuServingTest, RefusedBuffersAreNamedAndTheServerDetached) {
       "is not exported");
   LineClient c(socket_);
   c.Send(Hello("/run/w.sock"));
-  Pump();
-  auto error = c.Msg();
+  auto error = NextMsg(c);
   ASSERT_TRUE(error.has_value());
   EXPECT_EQ(error->op, Op::kError);
   EXPECT_THAT(error->detail, HasSubstr("/run/w.sock were refused"));
@@ -443,8 +457,7 @@ TEST_F(GpuServingTest, BuffersThatDoNotTakeTheWriteAreRefused) {
   drop_writes_ = true;
   LineClient c(socket_);
   c.Send(Hello("/run/w.sock"));
-  Pump();
-  auto error = c.Msg();
+  auto error = NextMsg(c);
   ASSERT_TRUE(error.has_value());
   EXPECT_EQ(error->op, Op::kError);
   EXPECT_THAT(error->detail, HasSubstr("does not hold what was written"));
@@ -454,33 +467,54 @@ TEST_F(GpuServingTest, BuffersThatDoNotTakeTheWriteAreRefused) {
   EXPECT_FALSE(images_->stats().gpu);
 }
 
+TEST_F(GpuServingTest, AFlipBeforeTheHelloEndsWhenTheBuffersAttach) {
+  LineClient c(socket_);
+  ASSERT_TRUE(PumpUntil([&] { return images_->stats().attached; }));
+  // Connected, hello not yet sent: the flip sends it a plain commit,
+  // which a GPU server ignores.
+  RefitId refit;
+  refit.bytes.fill(5);
+  Flip(refit);
+  EXPECT_TRUE(images_->AwaitingMove());
+  c.Send(Hello("/run/w.sock"));
+  std::optional<PauseMsg> m = NextMsg(c);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->op, Op::kCommit);
+  m = NextMsg(c);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->op, Op::kLive);
+  EXPECT_TRUE(m->cuda);
+  EXPECT_EQ(m->version.step, 2u);
+  EXPECT_EQ(gpu_->bytes(0), Filled(8, 0x20));
+  // The attach ended that pause: the relay's reply need not wait.
+  EXPECT_FALSE(images_->AwaitingMove());
+  EXPECT_EQ(images_->MoveSummary(),
+            "serving process attached its GPU buffers at step 2");
+}
+
 TEST_F(GpuServingTest, PausedWithoutAPauseDetaches) {
   LineClient c(socket_);
   c.Send(Hello("/run/w.sock"));
-  Pump();
-  ASSERT_TRUE(c.Msg().has_value());
+  ASSERT_TRUE(NextMsg(c).has_value());
   PauseMsg paused;
   paused.op = Op::kPaused;
   paused.refit.bytes.fill(9);
   c.Send(paused);
-  Pump();
-  EXPECT_FALSE(c.Msg(1000).has_value());
+  EXPECT_FALSE(NextMsg(c).has_value());
   EXPECT_TRUE(c.closed());
 }
 
 TEST_F(GpuServingTest, AHostServerStillGetsCommitWithoutAPause) {
   LineClient c(socket_);
   c.Send(Hello(""));
-  Pump();
-  auto live = c.Msg();
+  auto live = NextMsg(c);
   ASSERT_TRUE(live.has_value());
   EXPECT_FALSE(live->cuda);
   EXPECT_TRUE(attach_paths_.empty());
   RefitId refit;
   refit.bytes.fill(3);
   Flip(refit);
-  Pump();
-  auto commit = c.Msg();
+  auto commit = NextMsg(c);
   ASSERT_TRUE(commit.has_value());
   EXPECT_EQ(commit->op, Op::kCommit);
 }
@@ -517,8 +551,16 @@ class GpuReceiverTest : public GpuServingTest {
     o.socket = socket_;
     o.cuda_ipc = "/run/w.sock";
     o.wait = std::chrono::seconds(5);
+    o.quiesce = [this] {
+      quiesced_ += 1;
+      // What the buffers held when the server stopped using them.
+      OnActor([&] { bytes_at_quiesce_ = gpu_->bytes(0); });
+      return Status::OK();
+    };
     return o;
   }
+  int quiesced_ = 0;
+  std::vector<std::byte> bytes_at_quiesce_;
   std::atomic<bool> stop_{false};
   std::thread actor_;
 };
@@ -546,6 +588,9 @@ TEST_F(GpuReceiverTest, ComputesOnlyOnBuffersTheRelayBroughtToACommit) {
   EXPECT_EQ(rc.version().step, 2u);
   EXPECT_EQ(rc.pauses(), 1u);
   EXPECT_EQ(gpu_->bytes(0), Filled(8, 0x20));
+  // It quiesced once, before the relay wrote anything.
+  EXPECT_EQ(quiesced_, 1);
+  EXPECT_EQ(bytes_at_quiesce_, Filled(8, 0x10));
   // The relay counts the pause once flipped reached it.
   bool moved = false;
   for (int i = 0; i < 200 && !moved; ++i) {
@@ -565,6 +610,32 @@ TEST_F(GpuReceiverTest, ARefusalIsTheRelaysReason) {
   EXPECT_THAT(r.status().message(),
               HasSubstr("did not attach the GPU buffers"));
   EXPECT_THAT(r.status().message(), HasSubstr("'a' is not exported"));
+  // Refused, it does not come back at once: one attach in 500 ms.
+  size_t tries = 0;
+  OnActor([&] { tries = attach_paths_.size(); });
+  EXPECT_EQ(tries, 1u);
+}
+
+TEST_F(GpuReceiverTest, AQuiesceThatFailsFailsThePoll) {
+  auto o = Options();
+  o.quiesce = [] { return Status::Internal("cudaStreamSynchronize failed"); };
+  auto r = GpuReceiver::Open(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  RefitId refit;
+  refit.bytes.fill(0x43);
+  OnActor([&] { Flip(refit); });
+  Result<bool> polled = false;
+  for (int i = 0; i < 200 && polled.ok(); ++i) {
+    polled = (*r)->Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_FALSE(polled.ok());
+  EXPECT_THAT(polled.status().message(), HasSubstr("cudaStreamSynchronize"));
+  EXPECT_FALSE((*r)->usable());
+  // Nothing was written: the relay never got paused.
+  std::vector<std::byte> now;
+  OnActor([&] { now = gpu_->bytes(0); });
+  EXPECT_EQ(now, Filled(8, 0x10));
 }
 
 TEST_F(GpuReceiverTest, BadOptionsAreRefused) {
@@ -607,7 +678,8 @@ TEST_F(GpuReceiverTest, ALostRelayMakesTheBuffersUnusableUntilReattached) {
       posted_.push_back(std::move(fn));
     };
     o.attach_device =
-        [&](const std::string&) -> Result<std::unique_ptr<DeviceWeights>> {
+        [&](const std::string&,
+            const Manifest*) -> Result<std::unique_ptr<DeviceWeights>> {
       // The same buffers, mapped again.
       auto again = std::make_unique<FakeGpu>(tensors);
       for (size_t i = 0; i < 2; ++i) again->bytes(i) = held[i];
