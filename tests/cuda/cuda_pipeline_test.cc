@@ -141,17 +141,7 @@ TEST_F(CudaTest, AppliesAndDigestsFollowTheCallersStream) {
 // The IPC peer: $DCR_CUDA_IPC_PEER, else beside this binary (where
 // bench/gpu_check.sh --pack puts it), else where the build put it.
 std::string PeerPath() {
-  if (const char* e = std::getenv("DCR_CUDA_IPC_PEER")) return e;
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n > 0) {
-    std::string dir(self, static_cast<size_t>(n));
-    dir = dir.substr(0, dir.rfind('/'));
-    if (::access((dir + "/cuda_ipc_peer").c_str(), X_OK) == 0) {
-      return dir + "/cuda_ipc_peer";
-    }
-  }
-  return DCR_CUDA_IPC_PEER;
+  return HelperBinary("cuda_ipc_peer", "DCR_CUDA_IPC_PEER", DCR_CUDA_IPC_PEER);
 }
 
 // A serving process's weights, in its own device buffers (two tensors in

@@ -24,17 +24,8 @@ namespace dcr::cuda::cudatest {
 namespace {
 
 std::string ServingPeerPath() {
-  if (const char* e = std::getenv("DCR_CUDA_SERVING_PEER")) return e;
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n > 0) {
-    std::string dir(self, static_cast<size_t>(n));
-    dir = dir.substr(0, dir.rfind('/'));
-    if (::access((dir + "/cuda_serving_peer").c_str(), X_OK) == 0) {
-      return dir + "/cuda_serving_peer";
-    }
-  }
-  return DCR_CUDA_SERVING_PEER;
+  return HelperBinary("cuda_serving_peer", "DCR_CUDA_SERVING_PEER",
+                      DCR_CUDA_SERVING_PEER);
 }
 
 TEST_F(CudaTest, ARelayBringsAServersGpuBuffersToEachCommit) {

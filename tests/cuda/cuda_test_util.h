@@ -5,8 +5,10 @@
 #define DCR_TESTS_CUDA_CUDA_TEST_UTIL_H_
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <span>
@@ -19,6 +21,22 @@
 namespace dcr::cuda::cudatest {
 
 inline constexpr uint8_t kPoison = 0xa5;
+
+// A helper binary of the tests: $`env` if set, else `name` beside this
+// test binary (bench/gpu_check.sh carries them together), else
+// `built_at`, where CMake built it.
+inline std::string HelperBinary(const char* name, const char* env,
+                                const char* built_at) {
+  if (const char* e = std::getenv(env)) return e;
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    std::string dir(self, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/')) + "/" + name;
+    if (::access(dir.c_str(), X_OK) == 0) return dir;
+  }
+  return built_at;
+}
 
 class CudaTest : public ::testing::Test {
  protected:

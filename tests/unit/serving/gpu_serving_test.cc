@@ -25,6 +25,7 @@
 #include "relay/device_weights.h"
 #include "relay/serving_images.h"
 #include "serving/pause_messages.h"
+#include "testing/serving_images_testing.h"
 #include "testing/temp_dir.h"
 
 namespace dcr {
@@ -219,37 +220,18 @@ class LineClient {
 class GpuServingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    static std::atomic<int> n{0};
-    spec_.kind = StoreSpec::Kind::kShm;
-    spec_.path = "/dcr_gpu_serving_test_" + std::to_string(::getpid()) + "_" +
-                 std::to_string(n++);
-    Cleanup();
+    spec_ = testing::UniqueShmSpec("dcr_gpu_serving_test");
+    testing::RemoveServingStore(spec_);
     auto m =
         Manifest::Create({{"a", DType::kBF16, {4}}, {"b", DType::kU8, {3}}});
     ASSERT_TRUE(m.ok());
-    manifest_ = *m;
     // Image 0 holds step 1 (bytes 0x10), image 1 step 2 (0x20).
-    for (uint32_t i = 0; i < 2; ++i) {
-      auto s = CreateStore(ServingImageSpec(spec_, i), *m);
-      ASSERT_TRUE(s.ok()) << s.status().ToString();
-      for (size_t t = 0; t < 2; ++t) {
-        auto bytes = (*s)->MutableTensor(t);
-        std::memset(bytes.data(), 0x10 * (i + 1), bytes.size());
-      }
-      ASSERT_TRUE((*s)->Commit(Version{i + 1, {i, i}}, RefitId{}).ok());
-    }
+    Status made = testing::CreateServingImages(spec_, *m);
+    ASSERT_TRUE(made.ok()) << made.ToString();
     ASSERT_TRUE(
         LiveHeader::Create(LiveHeaderName(spec_), {0, {1, {0, 0}}, 1}).ok());
     socket_ = (dir_.path() / "relay.sock").string();
-    ServingImages::Options o;
-    o.node = "n";
-    o.store = spec_;
-    o.socket = socket_;
-    o.deadline = deadline_;
-    o.post = [this](std::function<void()> fn) {
-      std::lock_guard<std::mutex> l(mu_);
-      posted_.push_back(std::move(fn));
-    };
+    ServingImages::Options o = ImagesOptions();
     o.attach_device =
         [this](const std::string& path,
                const Manifest* live) -> Result<std::unique_ptr<DeviceWeights>> {
@@ -270,14 +252,20 @@ class GpuServingTest : public ::testing::Test {
   void TearDown() override {
     images_.reset();
     standby_.reset();
-    Cleanup();
+    testing::RemoveServingStore(spec_);
   }
-  void Cleanup() {
-    for (uint32_t i = 0; i < 2; ++i) {
-      (void)RemoveStore(ServingImageSpec(spec_, i));
-      ::shm_unlink((spec_.path + "." + std::to_string(i) + ".readers").c_str());
-    }
-    (void)LiveHeader::Remove(LiveHeaderName(spec_));
+  // The relay's options for the images, but how it attaches GPU buffers.
+  ServingImages::Options ImagesOptions() {
+    ServingImages::Options o;
+    o.node = "n";
+    o.store = spec_;
+    o.socket = socket_;
+    o.deadline = deadline_;
+    o.post = [this](std::function<void()> fn) {
+      std::lock_guard<std::mutex> l(mu_);
+      posted_.push_back(std::move(fn));
+    };
+    return o;
   }
   // Runs what the port posted (the relay's actor) for `ms` milliseconds.
   void Pump(int ms = 100) {
@@ -331,7 +319,6 @@ class GpuServingTest : public ::testing::Test {
 
   std::chrono::milliseconds deadline_{5000};
   StoreSpec spec_;
-  Manifest manifest_;
   testing::TempDir dir_;
   std::string socket_;
   std::mutex mu_;
@@ -669,14 +656,7 @@ TEST_F(GpuReceiverTest, ALostRelayMakesTheBuffersUnusableUntilReattached) {
   EXPECT_FALSE(rc.attached());
   EXPECT_FALSE(rc.usable());
   OnActor([&] {
-    ServingImages::Options o;
-    o.node = "n";
-    o.store = spec_;
-    o.socket = socket_;
-    o.post = [this](std::function<void()> fn) {
-      std::lock_guard<std::mutex> l(mu_);
-      posted_.push_back(std::move(fn));
-    };
+    ServingImages::Options o = ImagesOptions();
     o.attach_device =
         [&](const std::string&,
             const Manifest*) -> Result<std::unique_ptr<DeviceWeights>> {

@@ -17,6 +17,7 @@
 #include "dcr/store.h"
 #include "relay/serving_images.h"
 #include "relay/serving_port.h"
+#include "testing/serving_images_testing.h"
 #include "testing/temp_dir.h"
 
 namespace dcr {
@@ -28,32 +29,15 @@ using Kind = ServingPort::Event::Kind;
 class ReceiverTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    static std::atomic<int> n{0};
-    spec_.kind = StoreSpec::Kind::kShm;
-    spec_.path = "/dcr_receiver_test_" + std::to_string(::getpid()) + "_" +
-                 std::to_string(n++);
-    Cleanup();
+    spec_ = testing::UniqueShmSpec("dcr_receiver_test");
+    testing::RemoveServingStore(spec_);
     auto m =
         Manifest::Create({{"a", DType::kBF16, {4}}, {"b", DType::kU8, {3}}});
     ASSERT_TRUE(m.ok());
-    for (uint32_t i = 0; i < 2; ++i) {
-      auto s = CreateStore(ServingImageSpec(spec_, i), *m);
-      ASSERT_TRUE(s.ok()) << s.status().ToString();
-      for (size_t t = 0; t < 2; ++t) {
-        auto bytes = (*s)->MutableTensor(t);
-        std::memset(bytes.data(), 0x10 * (i + 1), bytes.size());
-      }
-      ASSERT_TRUE((*s)->Commit(Version{i + 1, {i, i}}, RefitId{}).ok());
-    }
+    Status made = testing::CreateServingImages(spec_, *m);
+    ASSERT_TRUE(made.ok()) << made.ToString();
   }
-  void TearDown() override { Cleanup(); }
-  void Cleanup() {
-    for (uint32_t i = 0; i < 2; ++i) {
-      (void)RemoveStore(ServingImageSpec(spec_, i));
-      ::shm_unlink((spec_.path + "." + std::to_string(i) + ".readers").c_str());
-    }
-    (void)LiveHeader::Remove(LiveHeaderName(spec_));
-  }
+  void TearDown() override { testing::RemoveServingStore(spec_); }
   ServingReceiver::Options Options(std::string socket = "") {
     ServingReceiver::Options o;
     o.store = spec_;
