@@ -159,47 +159,67 @@ Status ChunkApplier::Apply(std::span<const std::byte> chunk, void* d_span,
   const auto t0 = Clock::now();
   DCR_RETURN_IF_ERROR(m.decoder->Decode(chunk, &m.decoded, nullptr, base));
   m.stats.decode_s += Since(t0);
-  DCR_CUDA_RETURN_IF_ERROR(cudaEventRecord(m.input, stream),
-                           "cudaEventRecord on the caller's stream");
   const DecodedChunk& c = m.decoded;
   const size_t w = c.header.elem_size;
   const ChunkKind kind = c.header.kind;
+  if (c.header.encoding != ChunkEncoding::kDense) {
+    DCR_RETURN_IF_ERROR(ApplyDecoded(kind, w, d_span, span_elems, c.positions,
+                                     c.values, stream));
+    ++m.stats.chunks;
+    return Status::OK();
+  }
+  DCR_CUDA_RETURN_IF_ERROR(cudaEventRecord(m.input, stream),
+                           "cudaEventRecord on the caller's stream");
   auto* span = static_cast<std::byte*>(d_span);
-  if (c.header.encoding == ChunkEncoding::kDense) {
-    const uint64_t per = m.slot_bytes / w;
-    for (uint64_t at = 0; at < span_elems; at += per) {
-      const uint64_t k = std::min<uint64_t>(per, span_elems - at);
-      DCR_RETURN_IF_ERROR(m.Stage(
-          k * w,
-          [&](std::byte* h) {
-            std::memcpy(h, c.values.data() + at * w, k * w);
-          },
-          [&](std::byte* d, cudaStream_t s) {
-            return ApplyDense(kind, w, span + at * w, k, d, s);
-          }));
-    }
-  } else {
-    // Room for the positions' padding to 16 bytes.
-    const uint64_t per = (m.slot_bytes - 16) / (sizeof(uint32_t) + w);
-    const uint64_t changes = c.positions.size();
-    for (uint64_t at = 0; at < changes; at += per) {
-      const uint64_t k = std::min<uint64_t>(per, changes - at);
-      // Values start 16-byte aligned after the positions.
-      const size_t values_at = (k * sizeof(uint32_t) + 15) / 16 * 16;
-      DCR_RETURN_IF_ERROR(m.Stage(
-          values_at + k * w,
-          [&](std::byte* h) {
-            std::memcpy(h, c.positions.data() + at, k * sizeof(uint32_t));
-            std::memcpy(h + values_at, c.values.data() + at * w, k * w);
-          },
-          [&](std::byte* d, cudaStream_t s) {
-            return ApplyChanges(kind, w, d_span, span_elems,
-                                reinterpret_cast<const uint32_t*>(d),
-                                d + values_at, k, s);
-          }));
-    }
+  const uint64_t per = m.slot_bytes / w;
+  for (uint64_t at = 0; at < span_elems; at += per) {
+    const uint64_t k = std::min<uint64_t>(per, span_elems - at);
+    DCR_RETURN_IF_ERROR(m.Stage(
+        k * w,
+        [&](std::byte* h) { std::memcpy(h, c.values.data() + at * w, k * w); },
+        [&](std::byte* d, cudaStream_t s) {
+          return ApplyDense(kind, w, span + at * w, k, d, s);
+        }));
   }
   ++m.stats.chunks;
+  return Status::OK();
+}
+
+Status ChunkApplier::ApplyDecoded(ChunkKind kind, size_t elem_size,
+                                  void* d_span, uint64_t span_elems,
+                                  std::span<const uint32_t> positions,
+                                  std::span<const std::byte> values,
+                                  Stream stream) {
+  Impl& m = *impl_;
+  const size_t w = elem_size;
+  if ((w != 1 && w != 2 && w != 4 && w != 8) ||
+      values.size() != positions.size() * w) {
+    return Status::InvalidArgument(
+        "applying " + std::to_string(positions.size()) + " changes with " +
+        std::to_string(values.size()) + " bytes of values of " +
+        std::to_string(w) + " bytes each");
+  }
+  DCR_CUDA_RETURN_IF_ERROR(cudaEventRecord(m.input, stream),
+                           "cudaEventRecord on the caller's stream");
+  // Room for the positions' padding to 16 bytes.
+  const uint64_t per = (m.slot_bytes - 16) / (sizeof(uint32_t) + w);
+  const uint64_t changes = positions.size();
+  for (uint64_t at = 0; at < changes; at += per) {
+    const uint64_t k = std::min<uint64_t>(per, changes - at);
+    // Values start 16-byte aligned after the positions.
+    const size_t values_at = (k * sizeof(uint32_t) + 15) / 16 * 16;
+    DCR_RETURN_IF_ERROR(m.Stage(
+        values_at + k * w,
+        [&](std::byte* h) {
+          std::memcpy(h, positions.data() + at, k * sizeof(uint32_t));
+          std::memcpy(h + values_at, values.data() + at * w, k * w);
+        },
+        [&](std::byte* d, cudaStream_t s) {
+          return ApplyChanges(kind, w, d_span, span_elems,
+                              reinterpret_cast<const uint32_t*>(d),
+                              d + values_at, k, s);
+        }));
+  }
   return Status::OK();
 }
 

@@ -76,6 +76,11 @@ Status ChunkApplier::Apply(std::span<const std::byte>, void*, uint64_t,
                            Stream) {
   return NotBuilt();
 }
+Status ChunkApplier::ApplyDecoded(ChunkKind, size_t, void*, uint64_t,
+                                  std::span<const uint32_t>,
+                                  std::span<const std::byte>, Stream) {
+  return NotBuilt();
+}
 Status ChunkApplier::Flush() { return NotBuilt(); }
 const ChunkApplier::Stats& ChunkApplier::stats() const { return impl_->stats; }
 

@@ -223,6 +223,17 @@ class ChunkApplier {
   // applier uses the device that was current at Create().
   Status Apply(std::span<const std::byte> chunk, void* d_span,
                uint64_t span_elems, Stream stream = nullptr);
+  // Enqueues changes decoded elsewhere (a relay's diff of two host
+  // images) the way Apply enqueues a chunk's: element positions[k] of the
+  // span becomes (old ^ value) or value, the k-th `elem_size`-byte value
+  // of `values`. Positions must be distinct; positions at or past
+  // span_elems are skipped, never written (ApplyChanges). InvalidArgument,
+  // nothing enqueued, if the counts disagree or elem_size is not 1, 2, 4
+  // or 8.
+  Status ApplyDecoded(ChunkKind kind, size_t elem_size, void* d_span,
+                      uint64_t span_elems, std::span<const uint32_t> positions,
+                      std::span<const std::byte> values,
+                      Stream stream = nullptr);
   Status Flush();
   const Stats& stats() const;
 

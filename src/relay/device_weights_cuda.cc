@@ -3,6 +3,7 @@
 // without CUDA, so this file builds in every configuration).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "dcr/cuda.h"
@@ -17,11 +18,13 @@ class CudaIpcWeights final : public DeviceWeights {
  public:
   CudaIpcWeights(std::vector<TensorInfo> tensors, std::vector<void*> ptrs,
                  std::unique_ptr<cuda::IpcImport> import,
-                 std::unique_ptr<cuda::Digester> digester)
+                 std::unique_ptr<cuda::Digester> digester,
+                 std::unique_ptr<cuda::ChunkApplier> applier)
       : tensors_(std::move(tensors)),
         ptrs_(std::move(ptrs)),
         import_(std::move(import)),
-        digester_(std::move(digester)) {}
+        digester_(std::move(digester)),
+        applier_(std::move(applier)) {}
 
   const std::vector<TensorInfo>& tensors() const override { return tensors_; }
 
@@ -39,13 +42,37 @@ class CudaIpcWeights final : public DeviceWeights {
     return cuda::CopyToDevice(ptrs_[i], bytes);
   }
 
-  Status Flush() override { return cuda::Synchronize(nullptr); }
+  Status Patch(size_t i, uint64_t first, std::span<const uint32_t> positions,
+               std::span<const std::byte> values) override {
+    const TensorInfo& t = tensors_[i];
+    const uint64_t n = t.NumElements();
+    const size_t w = DTypeSize(t.dtype);
+    const bool fits = first <= n && values.size() == positions.size() * w &&
+                      std::all_of(positions.begin(), positions.end(),
+                                  [&](uint32_t p) { return p < n - first; });
+    if (!fits) {
+      return Status::InvalidArgument(fmt::format(
+          "a patch of {} elements from element {} of the GPU tensor '{}' ({} "
+          "elements) with {} bytes of values does not fit it",
+          positions.size(), first, t.name, n, values.size()));
+    }
+    if (positions.empty()) return Status::OK();
+    return applier_->ApplyDecoded(ChunkKind::kOverwrite, w,
+                                  static_cast<std::byte*>(ptrs_[i]) + first * w,
+                                  n - first, positions, values);
+  }
+
+  Status Flush() override {
+    DCR_RETURN_IF_ERROR(applier_->Flush());
+    return cuda::Synchronize(nullptr);
+  }
 
  private:
   const std::vector<TensorInfo> tensors_;
   const std::vector<void*> ptrs_;
   std::unique_ptr<cuda::IpcImport> import_;  // keeps ptrs_ mapped
   std::unique_ptr<cuda::Digester> digester_;
+  std::unique_ptr<cuda::ChunkApplier> applier_;  // Patch's staging
 };
 
 }  // namespace
@@ -76,9 +103,15 @@ Result<std::unique_ptr<DeviceWeights>> AttachCudaIpcWeights(
     ptrs.push_back(import->Tensor(index[t.name]));
   DCR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Digester> digester,
                        cuda::Digester::Create());
+  // At attach, not in the first pause: a GPU too full for the staging is
+  // refused now, with the reason, rather than at a commit.
+  cuda::ChunkApplier::Options staging;
+  staging.staging_bytes = kPatchStagingBytes;
+  DCR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ChunkApplier> applier,
+                       cuda::ChunkApplier::Create(staging));
   return std::unique_ptr<DeviceWeights>(
       new CudaIpcWeights(std::move(want), std::move(ptrs), std::move(import),
-                         std::move(digester)));
+                         std::move(digester), std::move(applier)));
 }
 
 }  // namespace dcr

@@ -203,6 +203,9 @@ class Relay::Impl {
   // With a serving socket: the live image and the server; store_ is then
   // the standby image. Null otherwise.
   std::unique_ptr<ServingImages> images_;
+  // What a GPU server's pause may hold in patches (ApplyMemoryLimit; a
+  // relay without a memory limit, in tests, takes 256 MiB).
+  uint64_t device_patch_budget_ = 256ull << 20;
   std::unique_ptr<CommitHook> hook_;       // RelayOptions::on_commit; or null
   std::unique_ptr<ChunkDecoder> decoder_;  // for restores on the actor thread
   RelayRefit::Env env_;

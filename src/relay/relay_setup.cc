@@ -71,7 +71,8 @@ Status Relay::Impl::Init() {
              .attach_device =
                  [this](const std::string& socket, const Manifest* live) {
                    return AttachServerGpu(socket, live);
-                 }}));
+                 },
+             .device_patch_budget = device_patch_budget_}));
   }
   if (!options_.on_commit.empty()) {
     hook_ = std::make_unique<CommitHook>(
@@ -253,6 +254,14 @@ Status Relay::Impl::ApplyMemoryLimit() {
     if (bound == 0 || bound > cap) bound = cap;
   };
   lower(options_.apply_window_bytes, b.apply_window_bytes);
+  // A GPU server's patches: the apply share, less their staging slots and
+  // the diff's scratch (relay/device_weights.h).
+  const uint64_t patch_overhead =
+      kPatchStagingBytes +
+      kPatchScratchPerThread * std::max<size_t>(options_.apply_threads, 1);
+  device_patch_budget_ = b.apply_window_bytes > patch_overhead
+                             ? b.apply_window_bytes - patch_overhead
+                             : 0;
   lower(options_.forward_window_cap, b.forward_window_bytes);
   lower(options_.inbound_quota_bytes, b.inbound_quota_bytes);
   lower(options_.max_inbound_links, b.max_inbound_links);

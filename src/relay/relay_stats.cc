@@ -235,13 +235,23 @@ std::string RenderRelayMetrics(const RelayStats& s, const std::string& node,
              "image");
     m.Sample("dcr_relay_serving_gpu_syncs_total", sv->gpu_syncs,
              {{"node", node}});
+    m.Family("dcr_relay_serving_gpu_patched_tensors_total", "counter",
+             "GPU tensors commits patched: only their changed elements "
+             "written");
+    m.Sample("dcr_relay_serving_gpu_patched_tensors_total", sv->gpu_patched,
+             {{"node", node}});
+    m.Family("dcr_relay_serving_gpu_patched_bytes_total", "counter",
+             "Bytes of those patches (positions and values) copied to the "
+             "GPU");
+    m.Sample("dcr_relay_serving_gpu_patched_bytes_total", sv->gpu_patched_bytes,
+             {{"node", node}});
     m.Family("dcr_relay_serving_gpu_rewritten_tensors_total", "counter",
-             "GPU tensors those syncs rewrote from the live image");
+             "GPU tensors those syncs rewrote whole from the live image");
     m.Sample("dcr_relay_serving_gpu_rewritten_tensors_total", sv->gpu_rewritten,
              {{"node", node}});
     m.Family("dcr_relay_serving_gpu_sync_seconds", "gauge",
-             "The last sync of the GPU buffers: hashing both sides and "
-             "rewriting the tensors that differ");
+             "The last sync of the GPU buffers: patching, hashing both "
+             "sides and rewriting the tensors that differ");
     m.Sample("dcr_relay_serving_gpu_sync_seconds", sv->last_gpu_sync_seconds,
              {{"node", node}});
   }

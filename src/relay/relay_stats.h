@@ -58,9 +58,11 @@ struct ServingStats {
   double last_catch_up_seconds = 0;
   uint64_t prepare_timeouts = 0;  // yes votes turned to no
   // A server computing on GPU buffers it exported (cuda_ipc in its hello):
-  bool gpu = false;            // attached, and kept at the live image
-  uint64_t gpu_syncs = 0;      // attaches and commits that synced them
-  uint64_t gpu_rewritten = 0;  // tensors those syncs rewrote
+  bool gpu = false;                // attached, and kept at the live image
+  uint64_t gpu_syncs = 0;          // attaches and commits that synced them
+  uint64_t gpu_patched = 0;        // tensors patched at commits
+  uint64_t gpu_patched_bytes = 0;  // positions and values of the patches
+  uint64_t gpu_rewritten = 0;      // tensors those syncs rewrote whole
   double last_gpu_sync_seconds = 0;
 };
 

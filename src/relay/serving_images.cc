@@ -191,7 +191,7 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   pause_started_.reset();
   move_summary_.clear();
   held_commit_.reset();
-  pause_digests_.clear();
+  pause_changes_.reset();
   if (connection_ != 0) {
     PauseMsg m;
     m.op = PauseMsg::Op::kCommit;
@@ -206,16 +206,26 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
       pause.refit = refit;
       port_->Send(connection_, pause);
       held_commit_ = m;
-      // Hash the new live image while the server finishes its step: the
-      // pause then hashes only the GPU side.
-      Result<std::vector<Digest128>> d =
-          HostDigests(*device_, *live_, options_.pool);
-      pause_digests_ = d.ok() ? *std::move(d) : std::vector<Digest128>();
+      // Diff the old live image (what the GPU holds) against the new one
+      // and hash the new while the server finishes its step: the pause
+      // then writes only the changed elements and hashes the GPU side.
+      Result<DeviceChanges> d =
+          StageDeviceChanges(*device_, standby.get(), *live_, options_.pool,
+                             options_.device_patch_budget);
+      if (d.ok()) {
+        pause_changes_ = *std::move(d);
+      } else {
+        spdlog::warn("{}: diffing the GPU tensors at the flip: {}",
+                     options_.node, d.status().ToString());
+      }
     } else {
       port_->Send(connection_, m);
     }
     pause_started_ = commit_at;
   }
+  // From now, after the diff: the server is not blamed for the relay's
+  // time.
+  move_deadline_ = Clock::now() + options_.deadline;
   spdlog::info("{}: image {} is live at step {}{}", options_.node, next.image,
                next.version.step,
                connection_ == 0 ? ""
@@ -235,7 +245,7 @@ void ServingImages::Aborted(const RefitId& refit) {
 }
 
 bool ServingImages::AwaitingMove() const {
-  return pause_started_ && Clock::now() < flipped_at_ + options_.deadline;
+  return pause_started_ && Clock::now() < move_deadline_;
 }
 
 std::string ServingImages::MoveSummary() const {
@@ -248,7 +258,7 @@ std::string ServingImages::MoveSummary() const {
 
 void ServingImages::Tick() {
   if (!held_commit_ || connection_ == 0) return;
-  if (Clock::now() < flipped_at_ + options_.deadline) return;
+  if (Clock::now() < move_deadline_) return;
   Drop(fmt::format(
       "it did not answer pause within {} ms; its GPU buffers are brought to "
       "the live image when it attaches again",
@@ -275,6 +285,7 @@ void ServingImages::Dropped(const std::string& why) {
   // Its GPU buffers are unknown from here: the next attach syncs them.
   device_.reset();
   held_commit_.reset();
+  pause_changes_.reset();
   ForgetPrepare();
   stats_.attached = false;
   stats_.gpu = false;
@@ -313,10 +324,9 @@ bool ServingImages::AttachDevice(const PauseMsg& hello) {
   return true;
 }
 
-bool ServingImages::SyncDevice(const char* when,
-                               const std::vector<Digest128>* host_digests) {
+bool ServingImages::SyncDevice(const char* when, const DeviceChanges* staged) {
   Result<DeviceSync> sync =
-      SyncDeviceWeights(*device_, *live_, options_.pool, host_digests);
+      SyncDeviceWeights(*device_, *live_, options_.pool, staged);
   if (!sync.ok()) {
     RefuseDevice(fmt::format(
         "bringing the GPU buffers to step {} failed ({}): {}; the server must "
@@ -325,22 +335,40 @@ bool ServingImages::SyncDevice(const char* when,
     return false;
   }
   stats_.gpu_syncs += 1;
+  stats_.gpu_patched += sync->patched;
+  stats_.gpu_patched_bytes += sync->patched_bytes;
   stats_.gpu_rewritten += sync->rewritten;
   stats_.last_gpu_sync_seconds = sync->seconds;
+  const std::string diffed =
+      staged == nullptr
+          ? ""
+          : fmt::format(
+                " (diffed at the flip in {:.1f} ms: {} changed, {} "
+                "patched)",
+                staged->seconds * 1e3, staged->changed, staged->patched);
   spdlog::info(
-      "{}: GPU buffers at step {} ({}): {} of {} tensors rewritten ({} bytes) "
-      "in {:.1f} ms, {:.1f} ms of it comparing digests",
-      options_.node, live_state_->version.step, when, sync->rewritten,
-      sync->tensors, sync->rewritten_bytes, sync->seconds * 1e3,
-      sync->hash_seconds * 1e3);
+      "{}: GPU buffers at step {} ({}): {} of {} tensors patched ({} bytes) "
+      "and {} rewritten ({} bytes) in {:.1f} ms, {:.1f} ms of it patching "
+      "and {:.1f} ms comparing digests{}",
+      options_.node, live_state_->version.step, when, sync->patched,
+      sync->tensors, sync->patched_bytes, sync->rewritten,
+      sync->rewritten_bytes, sync->seconds * 1e3, sync->patch_seconds * 1e3,
+      sync->hash_seconds * 1e3, diffed);
   return true;
 }
 
 bool ServingImages::CatchUpDue() const {
-  return !caught_up_ && Clock::now() >= retry_after_;
+  return !caught_up_ && !held_commit_ && Clock::now() >= retry_after_;
 }
 
 std::string ServingImages::why_waiting() const {
+  if (held_commit_ && live_state_) {
+    return fmt::format(
+        "the serving process has not answered its pause for step {} yet (its "
+        "GPU buffers are brought to it inside the pause); the relay stages "
+        "no refit until then",
+        live_state_->version.step);
+  }
   if (caught_up_ && standby_lock_.valid()) return "";
   return fmt::format(
       "a serving process still computes on image {} (it has not moved to "
@@ -358,8 +386,8 @@ ServingImages::Clock::time_point ServingImages::NextDeadline() const {
   if (!caught_up_) {
     next = std::min(next, std::max(now, retry_after_) + kLockPoll);
   }
-  if (pause_started_ && flipped_at_ + options_.deadline > now) {
-    next = std::min(next, flipped_at_ + options_.deadline);
+  if (pause_started_ && move_deadline_ > now) {
+    next = std::min(next, move_deadline_);
   }
   return next;
 }
@@ -373,6 +401,9 @@ Result<bool> ServingImages::MaybeCatchUp(std::unique_ptr<WeightStore>& standby,
 
 Result<bool> ServingImages::CatchUp(std::unique_ptr<WeightStore>& standby,
                                     bool prepared) {
+  // A GPU server's pause holds its patches in the apply share of the
+  // memory limit: no refit stages until it is over.
+  if (held_commit_) return false;
   if (!LockStandby()) return false;
   if (caught_up_) return true;
   if (prepared || !live_) return false;
@@ -436,6 +467,7 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
       server_image_.reset();
       device_.reset();
       held_commit_.reset();
+      pause_changes_.reset();
       stats_.gpu = false;
       ForgetPrepare();  // a vote under way sends this server its prepare
       stats_.attached = true;
@@ -488,11 +520,10 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
         Drop("it sent paused for a pause the relay did not send");
         return;
       }
-      if (!SyncDevice("commit",
-                      pause_digests_.empty() ? nullptr : &pause_digests_)) {
+      if (!SyncDevice("commit", pause_changes_ ? &*pause_changes_ : nullptr)) {
         return;
       }
-      pause_digests_.clear();
+      pause_changes_.reset();
       port_->Send(connection_, *held_commit_);
       held_commit_.reset();
       return;

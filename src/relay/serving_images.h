@@ -69,6 +69,11 @@ class ServingImages {
     std::function<Result<std::unique_ptr<DeviceWeights>>(
         const std::string& socket, const Manifest* live)>
         attach_device;
+    // The most bytes of patches (StageDeviceChanges) held for a GPU
+    // server's pause. The relay gives the apply share of its memory limit
+    // less the patches' staging and scratch: no refit stages from a commit
+    // until the standby has caught up, which waits for the pause.
+    uint64_t device_patch_budget = 256ull << 20;
   };
 
   // Opens the header and the live image if a commit made them (a header
@@ -126,7 +131,8 @@ class ServingImages {
   // waiting for the standby's lock is tried every 50 ms); max() if none.
   Clock::time_point NextDeadline() const;
   // Whether MaybeCatchUp should be tried: a catch-up pending (and not
-  // failed within the deadline).
+  // failed within the deadline), and no GPU server's pause (whose patches
+  // the apply window holds until then) in progress.
   bool CatchUpDue() const;
   ServingStats stats() const { return stats_; }
   void set_pool(ThreadPool* pool) { options_.pool = pool; }
@@ -145,8 +151,7 @@ class ServingImages {
   bool AttachDevice(const PauseMsg& hello);
   // Brings device_ to the live image; false (the server told and
   // detached, device_ dropped) if it fails.
-  bool SyncDevice(const char* when,
-                  const std::vector<Digest128>* host_digests = nullptr);
+  bool SyncDevice(const char* when, const DeviceChanges* staged = nullptr);
   // Tells the server why (an error line), then Drop.
   void RefuseDevice(const std::string& why);
   // Closes the attachment and forgets the server at once.
@@ -168,10 +173,10 @@ class ServingImages {
   // commit line held back until it answers pause.
   std::unique_ptr<DeviceWeights> device_;
   std::optional<PauseMsg> held_commit_;
-  // The live image's digests of device_'s tensors, taken at the flip while
-  // the server finishes its step (the live image does not change until
-  // the next flip); empty if that failed (the sync hashes then).
-  std::vector<Digest128> pause_digests_;
+  // What the flip changes in device_'s tensors, found while the server
+  // finishes its step (the live image does not change until the next
+  // flip); nullopt if that failed (the sync hashes and rewrites then).
+  std::optional<DeviceChanges> pause_changes_;
   // The refit a prepare went out for, when, and whether it was answered.
   std::optional<RefitId> prepared_refit_;
   Clock::time_point prepare_deadline_{};
@@ -180,6 +185,10 @@ class ServingImages {
   // when the header changed.
   std::optional<Clock::time_point> pause_started_;
   Clock::time_point flipped_at_{};
+  // Until when the relay waits for the server's answer to the last flip
+  // (paused, flipped): --serving-deadline from the end of the flip's own
+  // work (a GPU server's diff).
+  Clock::time_point move_deadline_{};
   std::string move_summary_;  // of the last flip
   // The standby's reader lock, held exclusively; invalid: not ours yet.
   UniqueFd standby_lock_;

@@ -94,6 +94,54 @@ TEST_F(CudaTest, ChunkApplierMatchesTheCpu) {
   EXPECT_FALSE(ChunkApplier::Create({1 << 20, 0}).ok());
 }
 
+// Changes decoded elsewhere (a relay's diff of two host images) through
+// the same pieces: every element size, XOR and overwrite, an empty list,
+// positions at the span's ends and past it (skipped), staging small
+// enough for pieces; the device ends with the CPU's result. Bad arguments
+// enqueue nothing.
+TEST_F(CudaTest, ApplyDecodedMatchesTheCpu) {
+  auto applier = Value(ChunkApplier::Create({64 << 10, 4}));
+  for (size_t w : {size_t{1}, size_t{2}, size_t{4}, size_t{8}}) {
+    for (ChunkKind kind : {ChunkKind::kXor, ChunkKind::kOverwrite}) {
+      SCOPED_TRACE("w=" + std::to_string(w));
+      const uint64_t n = 50000;
+      std::vector<std::byte> span(n * w);
+      for (std::byte& b : span) b = static_cast<std::byte>(rng_());
+      std::vector<uint32_t> positions = {0};
+      for (uint32_t p = 1 + rng_() % 5; p < n - 1; p += 1 + rng_() % 9) {
+        positions.push_back(p);
+      }
+      positions.push_back(n - 1);
+      std::vector<std::byte> values(positions.size() * w);
+      for (std::byte& b : values) b = static_cast<std::byte>(rng_());
+      std::vector<std::byte> want = span;
+      for (size_t k = 0; k < positions.size(); ++k) {
+        for (size_t j = 0; j < w; ++j) {
+          std::byte& e = want[positions[k] * w + j];
+          e = kind == ChunkKind::kXor ? e ^ values[k * w + j]
+                                      : values[k * w + j];
+        }
+      }
+      // Past the span: never written.
+      positions.push_back(n + 3);
+      values.resize(values.size() + w, std::byte{0xee});
+      DeviceBuffer d = Upload(span);
+      ASSERT_TRUE(
+          applier->ApplyDecoded(kind, w, d.data(), n, positions, values).ok());
+      ASSERT_TRUE(applier->ApplyDecoded(kind, w, d.data(), n, {}, {}).ok());
+      EXPECT_FALSE(applier
+                       ->ApplyDecoded(kind, w, d.data(), n, positions,
+                                      std::span(values).first(w))
+                       .ok());
+      EXPECT_FALSE(
+          applier->ApplyDecoded(kind, 3, d.data(), n, positions, values).ok());
+      ASSERT_TRUE(applier->Flush().ok());
+      EXPECT_EQ(Download(d.data(), want.size()), want);
+    }
+  }
+  EXPECT_GT(applier->stats().pieces, 8u);
+}
+
 // Work the caller queued on its own non-blocking stream comes first: a
 // dense XOR written there right before, then the applier's chunk and the
 // digest, both given that stream, see its result (a race would read the

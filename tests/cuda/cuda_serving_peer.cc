@@ -111,9 +111,11 @@ int main(int argc, char** argv) {
     }
     if (st.pauses == 1) {
       std::printf(
-          "gpu syncs %llu, tensors rewritten %llu, last sync %.3f ms, pause "
-          "%.3f ms\n",
+          "gpu syncs %llu, tensors patched %llu (%llu bytes), tensors "
+          "rewritten %llu, last sync %.3f ms, pause %.3f ms\n",
           static_cast<unsigned long long>(st.gpu_syncs),
+          static_cast<unsigned long long>(st.gpu_patched),
+          static_cast<unsigned long long>(st.gpu_patched_bytes),
           static_cast<unsigned long long>(st.gpu_rewritten),
           st.last_gpu_sync_seconds * 1e3, st.last_pause_seconds * 1e3);
       images->reset();

@@ -1,4 +1,4 @@
-// SyncDeviceWeights and HostDigests (relay/device_weights.h) against GPU
+// SyncDeviceWeights (relay/device_weights.h) against GPU
 // buffers faked in host memory.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -42,31 +42,32 @@ TEST(SyncDeviceWeightsTest, RewritesOnlyTheTensorsThatDiffer) {
   EXPECT_EQ(gpu.writes, 1);
 }
 
-TEST(SyncDeviceWeightsTest, TakesTheHostDigestsGivenInsteadOfHashing) {
+TEST(SyncDeviceWeightsTest, TakesTheStagedDigestsInsteadOfHashing) {
   auto m = Manifest::Create({{"a", DType::kU8, {6}}, {"b", DType::kU8, {2}}});
   auto host = CreateStore(*ParseStoreSpec("memory:"), *m);
   ASSERT_TRUE(host.ok());
   std::memset((*host)->MutableTensor(0).data(), 1, 6);
   std::memset((*host)->MutableTensor(1).data(), 2, 2);
   FakeGpu gpu(m->tensors());
-  auto digests = HostDigests(gpu, **host, nullptr);
-  ASSERT_TRUE(digests.ok()) << digests.status().ToString();
-  ASSERT_EQ(digests->size(), 2u);
-  EXPECT_EQ((*digests)[1], TensorDigest(Filled(2, 2)));
-  auto sync = SyncDeviceWeights(gpu, **host, nullptr, &*digests);
+  // No base: the digests only.
+  auto staged = StageDeviceChanges(gpu, nullptr, **host, nullptr, 0);
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  ASSERT_EQ(staged->target.size(), 2u);
+  EXPECT_EQ(staged->target[1], TensorDigest(Filled(2, 2)));
+  auto sync = SyncDeviceWeights(gpu, **host, nullptr, &*staged);
   ASSERT_TRUE(sync.ok()) << sync.status().ToString();
   EXPECT_EQ(sync->rewritten, 2u);
   EXPECT_EQ(gpu.bytes(0), Filled(6, 1));
   // Digests that are not the host's: the check after the write says so,
   // which shows they were used rather than computed again.
   gpu.bytes(0) = Filled(6, 9);
-  std::vector<Digest128> wrong = *digests;
-  wrong[0] = TensorDigest(Filled(6, 5));
+  DeviceChanges wrong = *staged;
+  wrong.target[0] = TensorDigest(Filled(6, 5));
   sync = SyncDeviceWeights(gpu, **host, nullptr, &wrong);
   ASSERT_FALSE(sync.ok());
   EXPECT_EQ(sync.status().code(), StatusCode::kCorruption);
   // Of another tensor list: refused.
-  wrong.pop_back();
+  wrong.target.pop_back();
   EXPECT_EQ(SyncDeviceWeights(gpu, **host, nullptr, &wrong).status().code(),
             StatusCode::kInternal);
 }

@@ -99,6 +99,8 @@ TEST_F(GpuServingDeadlineTest, AServerThatDoesNotPauseIsDetachedAtIt) {
   Pump();
   EXPECT_FALSE(images_->stats().attached);
   EXPECT_FALSE(images_->stats().gpu);
+  // Its pause is over: the standby may catch up and take refits again.
+  EXPECT_TRUE(images_->CatchUpDue());
 
   // Attaching again brings its buffers to the live image (step 2).
   LineClient again(socket_);
@@ -189,6 +191,64 @@ TEST_F(GpuServingTest, AHostServerStillGetsCommitWithoutAPause) {
   auto commit = NextMsg(c);
   ASSERT_TRUE(commit.has_value());
   EXPECT_EQ(commit->op, Op::kCommit);
+}
+
+// Images whose first tensor is long enough to be patched.
+class GpuPatchServingTest : public GpuServingTest {
+ protected:
+  GpuPatchServingTest() {
+    tensors_ = {{"a", DType::kBF16, {600}}, {"b", DType::kU8, {3}}};
+  }
+};
+
+TEST_F(GpuPatchServingTest, ACommitWritesOnlyTheChangedElements) {
+  // Step 2 changes two elements of "a" (and every byte of "b").
+  std::vector<std::byte> want = Filled(1200, 0x10);
+  want[14] = std::byte{0x20};
+  want[1199] = std::byte{0x21};
+  {
+    auto image = OpenStore(ServingImageSpec(spec_, 1));
+    ASSERT_TRUE(image.ok()) << image.status().ToString();
+    std::memcpy((*image)->MutableTensor(0).data(), want.data(), want.size());
+  }
+  LineClient c(socket_);
+  c.Send(Hello("/run/w.sock"));
+  ASSERT_TRUE(NextMsg(c).has_value());  // live
+  const int writes_at_attach = gpu_->writes;
+  RefitId refit;
+  refit.bytes.fill(0x43);
+  Flip(refit);
+  auto pause = NextMsg(c);
+  ASSERT_TRUE(pause.has_value());
+  EXPECT_EQ(pause->op, Op::kPause);
+  // The patches wait in the apply share: the standby does not catch up,
+  // and so takes no refit (a node answers busy, saying why), until the
+  // pause is over.
+  EXPECT_FALSE(images_->CatchUpDue());
+  auto ready = images_->MaybeCatchUp(standby_, false);
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_FALSE(*ready);
+  EXPECT_THAT(images_->why_waiting(),
+              HasSubstr("has not answered its pause for step 2"));
+  EXPECT_EQ(gpu_->patches, 0);
+  PauseMsg paused;
+  paused.op = Op::kPaused;
+  paused.refit = refit;
+  c.Send(paused);
+  auto commit = NextMsg(c);
+  ASSERT_TRUE(commit.has_value());
+  EXPECT_EQ(commit->op, Op::kCommit);
+  EXPECT_EQ(gpu_->patches, 1);
+  EXPECT_EQ(gpu_->writes, writes_at_attach + 1);  // "b", changed whole
+  EXPECT_EQ(gpu_->bytes(0), want);
+  EXPECT_EQ(gpu_->bytes(1), Filled(3, 0x20));
+  EXPECT_EQ(images_->stats().gpu_patched, 1u);
+  EXPECT_EQ(images_->stats().gpu_patched_bytes, 12u);
+  EXPECT_EQ(images_->stats().gpu_rewritten, 3u);  // 2 at the attach
+  EXPECT_TRUE(images_->CatchUpDue());
+  ready = images_->MaybeCatchUp(standby_, false);
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_TRUE(*ready);
 }
 
 }  // namespace

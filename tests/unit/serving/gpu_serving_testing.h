@@ -52,9 +52,27 @@ class FakeGpu final : public DeviceWeights {
     if (!drop_writes) std::memcpy(bytes_[i].data(), b.data(), b.size());
     return Status::OK();
   }
+  Status Patch(size_t i, uint64_t first, std::span<const uint32_t> positions,
+               std::span<const std::byte> values) override {
+    const size_t w = DTypeSize(tensors_[i].dtype);
+    const uint64_t n = tensors_[i].NumElements();
+    if (first > n || values.size() != positions.size() * w) {
+      return Status::InvalidArgument("a patch that does not fit");
+    }
+    for (uint32_t p : positions) {
+      if (p >= n - first) return Status::InvalidArgument("past the tensor");
+    }
+    patches += 1;
+    for (size_t k = 0; k < positions.size() && !drop_writes; ++k) {
+      std::memcpy(bytes_[i].data() + (first + positions[k]) * w,
+                  values.data() + k * w, w);
+    }
+    return Status::OK();
+  }
   Status Flush() override { return Status::OK(); }
 
   std::vector<std::byte>& bytes(size_t i) { return bytes_[i]; }
+  int patches = 0;  // Patch calls
   int writes = 0;
   bool drop_writes = false;  // a write that reports success and does nothing
   bool fail_digest = false;
@@ -127,8 +145,7 @@ class GpuServingTest : public ::testing::Test {
   void SetUp() override {
     spec_ = testing::UniqueShmSpec("dcr_gpu_serving_test");
     testing::RemoveServingStore(spec_);
-    auto m =
-        Manifest::Create({{"a", DType::kBF16, {4}}, {"b", DType::kU8, {3}}});
+    auto m = Manifest::Create(tensors_);
     ASSERT_TRUE(m.ok());
     // Image 0 holds step 1 (bytes 0x10), image 1 step 2 (0x20).
     Status made = testing::CreateServingImages(spec_, *m);
@@ -222,6 +239,10 @@ class GpuServingTest : public ::testing::Test {
     standby_ = *std::move(standby);  // now the old live image
   }
 
+  // The images' tensors; a derived fixture may set others in its
+  // constructor.
+  std::vector<TensorInfo> tensors_ = {{"a", DType::kBF16, {4}},
+                                      {"b", DType::kU8, {3}}};
   std::chrono::milliseconds deadline_{5000};
   StoreSpec spec_;
   testing::TempDir dir_;
