@@ -20,9 +20,8 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 
 // Where each device tensor lies in `host`: found by name, with its dtype
 // and shape.
-Result<std::vector<size_t>> Locate(const DeviceWeights& device,
+Result<std::vector<size_t>> Locate(const std::vector<TensorInfo>& tensors,
                                    const WeightStore& host) {
-  const std::vector<TensorInfo>& tensors = device.tensors();
   const Manifest& m = host.manifest();
   std::vector<size_t> at(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -60,9 +59,8 @@ std::vector<Digest128> HashAt(const WeightStore& host,
 
 // Where each device tensor lies in `base`, where it lies there alike; -1
 // where it does not (that tensor is not patched).
-std::vector<int64_t> LocateBase(const DeviceWeights& device,
+std::vector<int64_t> LocateBase(const std::vector<TensorInfo>& tensors,
                                 const WeightStore* base) {
-  const std::vector<TensorInfo>& tensors = device.tensors();
   std::vector<int64_t> at(tensors.size(), -1);
   if (base == nullptr) return at;
   const Manifest& m = base->manifest();
@@ -98,14 +96,13 @@ struct Stretch {
 
 }  // namespace
 
-Result<DeviceChanges> StageDeviceChanges(const DeviceWeights& device,
+Result<DeviceChanges> StageDeviceChanges(const std::vector<TensorInfo>& tensors,
                                          const WeightStore* base,
                                          const WeightStore& target,
                                          ThreadPool* pool, uint64_t budget) {
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<TensorInfo>& tensors = device.tensors();
-  DCR_ASSIGN_OR_RETURN(std::vector<size_t> at, Locate(device, target));
-  const std::vector<int64_t> base_at = LocateBase(device, base);
+  DCR_ASSIGN_OR_RETURN(std::vector<size_t> at, Locate(tensors, target));
+  const std::vector<int64_t> base_at = LocateBase(tensors, base);
   std::vector<Stretch> stretches;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const uint64_t n = tensors[i].NumElements();
@@ -236,7 +233,7 @@ Result<DeviceSync> SyncDeviceWeights(DeviceWeights& device,
                                      const DeviceChanges* staged) {
   const auto start = std::chrono::steady_clock::now();
   const std::vector<TensorInfo>& tensors = device.tensors();
-  DCR_ASSIGN_OR_RETURN(std::vector<size_t> at, Locate(device, host));
+  DCR_ASSIGN_OR_RETURN(std::vector<size_t> at, Locate(tensors, host));
   if (staged != nullptr && staged->target.size() != tensors.size()) {
     return Status::Internal(fmt::format("{} staged digests for {} GPU tensors",
                                         staged->target.size(), tensors.size()));

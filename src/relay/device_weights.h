@@ -99,7 +99,7 @@ inline constexpr uint64_t kPatchScratchPerThread = uint64_t{3} << 20;
 // memory on the server's GPU): DeviceWeights::Patch's staging slots.
 inline constexpr uint64_t kPatchStagingBytes = uint64_t{32} << 20;
 
-// Finds, for each device tensor, the elements `target` changed from
+// Finds, for each device tensor (`tensors`), the elements `target` changed from
 // `base` (each found by name, checked as in SyncDeviceWeights) and hashes
 // the target in the same pass, on `pool` if given. A changed tensor is
 // patched only where its patches take at most half the bytes of each of
@@ -110,7 +110,10 @@ inline constexpr uint64_t kPatchStagingBytes = uint64_t{32} << 20;
 // SyncDeviceWeights' rewrite. A tensor that `base` is null for, lacks or
 // holds with another dtype or shape is not patched. InvalidArgument if
 // `target` lacks a device tensor or holds it differently.
-Result<DeviceChanges> StageDeviceChanges(const DeviceWeights& device,
+//
+// Reads only the stores (and `tensors`, DeviceWeights::tensors()), so it
+// may run on a thread of its own while the device is in use.
+Result<DeviceChanges> StageDeviceChanges(const std::vector<TensorInfo>& tensors,
                                          const WeightStore* base,
                                          const WeightStore& target,
                                          ThreadPool* pool, uint64_t budget);

@@ -92,7 +92,7 @@ Status ServingImages::Listen() {
   return Status::OK();
 }
 
-ServingImages::~ServingImages() = default;
+ServingImages::~ServingImages() { JoinDiff(); }
 
 StoreSpec ServingImages::standby_spec() const {
   return ServingImageSpec(options_.store, standby_index());
@@ -182,6 +182,9 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   }
   flipped_at_ = Clock::now();
   live_state_ = next;
+  // A diff still reading the images (none should be: the standby cannot
+  // have taken this refit while one ran) ends before they change roles.
+  JoinDiff();
   std::swap(live_, standby);
   caught_up_ = false;
   retry_after_ = {};
@@ -206,25 +209,12 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
       pause.refit = refit;
       port_->Send(connection_, pause);
       held_commit_ = m;
-      // Diff the old live image (what the GPU holds) against the new one
-      // and hash the new while the server finishes its step: the pause
-      // then writes only the changed elements and hashes the GPU side.
-      Result<DeviceChanges> d =
-          StageDeviceChanges(*device_, standby.get(), *live_, options_.pool,
-                             options_.device_patch_budget);
-      if (d.ok()) {
-        pause_changes_ = *std::move(d);
-      } else {
-        spdlog::warn("{}: diffing the GPU tensors at the flip: {}",
-                     options_.node, d.status().ToString());
-      }
+      StartDiff(standby.get());
     } else {
       port_->Send(connection_, m);
     }
     pause_started_ = commit_at;
   }
-  // From now, after the diff: the server is not blamed for the relay's
-  // time.
   move_deadline_ = Clock::now() + options_.deadline;
   spdlog::info("{}: image {} is live at step {}{}", options_.node, next.image,
                next.version.step,
@@ -233,6 +223,59 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
                                   "buffers"
                                 : "; waiting for the server to move");
   return Status::OK();
+}
+
+void ServingImages::StartDiff(const WeightStore* base) {
+  // Diff the old live image (what the GPU holds) against the new one, and
+  // hash the new, while the server finishes its step, on a thread of its
+  // own: the actor goes on serving the tree meanwhile (a large rank's
+  // diff takes seconds). The pause then writes only the changed elements
+  // and hashes the GPU side.
+  if (!diff_pool_) {
+    diff_pool_ = std::make_unique<ThreadPool>(
+        options_.pool != nullptr ? options_.pool->size() : 1);
+  }
+  diffing_ = true;
+  const uint64_t gen = ++diff_gen_;
+  diff_thread_ = std::thread(
+      [this, gen, tensors = device_->tensors(), base, target = live_.get()] {
+        if (options_.on_diff_start) options_.on_diff_start();
+        auto d = std::make_shared<Result<DeviceChanges>>(
+            StageDeviceChanges(tensors, base, *target, diff_pool_.get(),
+                               options_.device_patch_budget));
+        // Dropped if the relay stopped meanwhile (its mailbox closed); the
+        // destructor joins this thread.
+        options_.post([this, gen, d] { Diffed(gen, std::move(*d)); });
+      });
+}
+
+void ServingImages::JoinDiff() {
+  if (diff_thread_.joinable()) diff_thread_.join();
+}
+
+void ServingImages::Diffed(uint64_t gen, Result<DeviceChanges> d) {
+  JoinDiff();
+  diffing_ = false;
+  if (gen != diff_gen_ || !held_commit_) return;  // its server was dropped
+  if (d.ok()) {
+    pause_changes_ = *std::move(d);
+  } else {
+    spdlog::warn("{}: diffing the GPU tensors at the flip: {}", options_.node,
+                 d.status().ToString());
+  }
+  if (paused_early_) {
+    paused_early_ = false;
+    FinishPause();
+  }
+}
+
+void ServingImages::FinishPause() {
+  if (!SyncDevice("commit", pause_changes_ ? &*pause_changes_ : nullptr)) {
+    return;
+  }
+  pause_changes_.reset();
+  port_->Send(connection_, *held_commit_);
+  held_commit_.reset();
 }
 
 void ServingImages::Aborted(const RefitId& refit) {
@@ -257,7 +300,8 @@ std::string ServingImages::MoveSummary() const {
 }
 
 void ServingImages::Tick() {
-  if (!held_commit_ || connection_ == 0) return;
+  // A server that answered waits for the relay's diff, not the reverse.
+  if (!held_commit_ || connection_ == 0 || paused_early_) return;
   if (Clock::now() < move_deadline_) return;
   Drop(fmt::format(
       "it did not answer pause within {} ms; its GPU buffers are brought to "
@@ -286,6 +330,8 @@ void ServingImages::Dropped(const std::string& why) {
   device_.reset();
   held_commit_.reset();
   pause_changes_.reset();
+  ++diff_gen_;  // a diff under way is for nobody now
+  paused_early_ = false;
   ForgetPrepare();
   stats_.attached = false;
   stats_.gpu = false;
@@ -358,7 +404,8 @@ bool ServingImages::SyncDevice(const char* when, const DeviceChanges* staged) {
 }
 
 bool ServingImages::CatchUpDue() const {
-  return !caught_up_ && !held_commit_ && Clock::now() >= retry_after_;
+  return !caught_up_ && !held_commit_ && !diffing_ &&
+         Clock::now() >= retry_after_;
 }
 
 std::string ServingImages::why_waiting() const {
@@ -368,6 +415,9 @@ std::string ServingImages::why_waiting() const {
         "GPU buffers are brought to it inside the pause); the relay stages "
         "no refit until then",
         live_state_->version.step);
+  }
+  if (diffing_) {
+    return "the relay is still reading the images for a GPU server's pause";
   }
   if (caught_up_ && standby_lock_.valid()) return "";
   return fmt::format(
@@ -403,7 +453,7 @@ Result<bool> ServingImages::CatchUp(std::unique_ptr<WeightStore>& standby,
                                     bool prepared) {
   // A GPU server's pause holds its patches in the apply share of the
   // memory limit: no refit stages until it is over.
-  if (held_commit_) return false;
+  if (held_commit_ || diffing_) return false;
   if (!LockStandby()) return false;
   if (caught_up_) return true;
   if (prepared || !live_) return false;
@@ -468,6 +518,8 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
       device_.reset();
       held_commit_.reset();
       pause_changes_.reset();
+      ++diff_gen_;
+      paused_early_ = false;
       stats_.gpu = false;
       ForgetPrepare();  // a vote under way sends this server its prepare
       stats_.attached = true;
@@ -520,12 +572,12 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
         Drop("it sent paused for a pause the relay did not send");
         return;
       }
-      if (!SyncDevice("commit", pause_changes_ ? &*pause_changes_ : nullptr)) {
+      // Before the diff is done, the pause waits for it.
+      if (diffing_) {
+        paused_early_ = true;
         return;
       }
-      pause_changes_.reset();
-      port_->Send(connection_, *held_commit_);
-      held_commit_.reset();
+      FinishPause();
       return;
     case PauseMsg::Op::kReady:
       if (prepared_refit_ == m.refit) ready_ = true;

@@ -40,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "dcr/serving.h"
 #include "dcr/store.h"
@@ -74,6 +75,8 @@ class ServingImages {
     // less the patches' staging and scratch: no refit stages from a commit
     // until the standby has caught up, which waits for the pause.
     uint64_t device_patch_budget = 256ull << 20;
+    // Tests: runs on the diff's thread before it diffs (to hold it).
+    std::function<void()> on_diff_start = nullptr;
   };
 
   // Opens the header and the live image if a commit made them (a header
@@ -152,6 +155,14 @@ class ServingImages {
   // Brings device_ to the live image; false (the server told and
   // detached, device_ dropped) if it fails.
   bool SyncDevice(const char* when, const DeviceChanges* staged = nullptr);
+  // Starts diffing `base` (the old live image) against live_ for device_'s
+  // tensors on diff_thread_; Diffed gets the result on the actor thread.
+  void StartDiff(const WeightStore* base);
+  void Diffed(uint64_t gen, Result<DeviceChanges> d);
+  void JoinDiff();
+  // Inside the pause: brings device_ to the live image, then sends the
+  // held commit line.
+  void FinishPause();
   // Tells the server why (an error line), then Drop.
   void RefuseDevice(const std::string& why);
   // Closes the attachment and forgets the server at once.
@@ -177,6 +188,15 @@ class ServingImages {
   // finishes its step (the live image does not change until the next
   // flip); nullopt if that failed (the sync hashes and rewrites then).
   std::optional<DeviceChanges> pause_changes_;
+  // The diff's thread and pool. diffing_: the thread may still read the
+  // images (until Diffed ran), so nothing may write the standby;
+  // diff_gen_ tells a diff for a dropped server from the current one;
+  // paused_early_: the server answered pause before the diff was done.
+  std::thread diff_thread_;
+  std::unique_ptr<ThreadPool> diff_pool_;
+  bool diffing_ = false;
+  uint64_t diff_gen_ = 0;
+  bool paused_early_ = false;
   // The refit a prepare went out for, when, and whether it was answered.
   std::optional<RefitId> prepared_refit_;
   Clock::time_point prepare_deadline_{};
@@ -186,8 +206,8 @@ class ServingImages {
   std::optional<Clock::time_point> pause_started_;
   Clock::time_point flipped_at_{};
   // Until when the relay waits for the server's answer to the last flip
-  // (paused, flipped): --serving-deadline from the end of the flip's own
-  // work (a GPU server's diff).
+  // (paused, flipped): --serving-deadline from the flip. A GPU server that
+  // answered pause while the relay still diffs is not held to it.
   Clock::time_point move_deadline_{};
   std::string move_summary_;  // of the last flip
   // The standby's reader lock, held exclusively; invalid: not ours yet.

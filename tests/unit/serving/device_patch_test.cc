@@ -92,8 +92,8 @@ TEST(StageDeviceChangesTest, FindsTheChangedElementsAndTheTargetsDigests) {
   }
   FakeGpu gpu(kTensors);
   ThreadPool pool(3);
-  auto staged =
-      StageDeviceChanges(gpu, base.get(), *target, &pool, uint64_t{1} << 20);
+  auto staged = StageDeviceChanges(gpu.tensors(), base.get(), *target, &pool,
+                                   uint64_t{1} << 20);
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
   EXPECT_EQ(staged->changed, 4u);
   EXPECT_EQ(staged->patched, 4u);
@@ -120,8 +120,8 @@ TEST(StageDeviceChangesTest, FindsTheChangedElementsAndTheTargetsDigests) {
     EXPECT_EQ(staged->target[t], TensorDigest(target->Tensor(t))) << t;
   }
   // Without a pool: the same.
-  auto serial =
-      StageDeviceChanges(gpu, base.get(), *target, nullptr, uint64_t{1} << 20);
+  auto serial = StageDeviceChanges(gpu.tensors(), base.get(), *target, nullptr,
+                                   uint64_t{1} << 20);
   ASSERT_TRUE(serial.ok());
   EXPECT_EQ(serial->target, staged->target);
   EXPECT_EQ(serial->bytes, staged->bytes);
@@ -134,8 +134,8 @@ TEST(StageDeviceChangesTest, APauseWritesOnlyThePatches) {
   CopyAndChange(*base, *target, 0, {3, 4, 900});
   FakeGpu gpu(kTensors);
   Load(gpu, *base);
-  auto staged =
-      StageDeviceChanges(gpu, base.get(), *target, nullptr, uint64_t{1} << 20);
+  auto staged = StageDeviceChanges(gpu.tensors(), base.get(), *target, nullptr,
+                                   uint64_t{1} << 20);
   ASSERT_TRUE(staged.ok());
   auto sync = SyncDeviceWeights(gpu, *target, nullptr, &*staged);
   ASSERT_TRUE(sync.ok()) << sync.status().ToString();
@@ -156,8 +156,8 @@ TEST(StageDeviceChangesTest, BuffersNotAtTheBaseAreRewrittenAfterTheirPatch) {
   Load(gpu, *base);
   // Changed behind the relay's back, in an element the refit left alone.
   gpu.bytes(0)[40] ^= std::byte{1};
-  auto staged =
-      StageDeviceChanges(gpu, base.get(), *target, nullptr, uint64_t{1} << 20);
+  auto staged = StageDeviceChanges(gpu.tensors(), base.get(), *target, nullptr,
+                                   uint64_t{1} << 20);
   ASSERT_TRUE(staged.ok());
   auto sync = SyncDeviceWeights(gpu, *target, nullptr, &*staged);
   ASSERT_TRUE(sync.ok()) << sync.status().ToString();
@@ -183,7 +183,8 @@ TEST(StageDeviceChangesTest, DenseTensorsAndThoseOverTheBudgetAreRewritten) {
   FakeGpu gpu(kTensors);
   Load(gpu, *base);
   // Room for one of the two sparse tensors' patches.
-  auto staged = StageDeviceChanges(gpu, base.get(), *target, nullptr, 100);
+  auto staged =
+      StageDeviceChanges(gpu.tensors(), base.get(), *target, nullptr, 100);
   ASSERT_TRUE(staged.ok());
   EXPECT_EQ(staged->changed, 3u);
   EXPECT_EQ(staged->patched, 1u);
@@ -196,7 +197,7 @@ TEST(StageDeviceChangesTest, DenseTensorsAndThoseOverTheBudgetAreRewritten) {
   ExpectHolds(gpu, *target);
   // A budget of nothing: every changed tensor rewritten.
   Load(gpu, *base);
-  staged = StageDeviceChanges(gpu, base.get(), *target, nullptr, 0);
+  staged = StageDeviceChanges(gpu.tensors(), base.get(), *target, nullptr, 0);
   ASSERT_TRUE(staged.ok());
   EXPECT_EQ(staged->patched, 0u);
   EXPECT_TRUE(staged->patches.empty());
@@ -211,7 +212,8 @@ TEST(StageDeviceChangesTest, TensorsWithoutABaseTwinAreNotPatched) {
   Randomize(*target, 5);
   FakeGpu gpu(kTensors);
   // No base at all (a first flip): only the digests.
-  auto staged = StageDeviceChanges(gpu, nullptr, *target, nullptr, 1 << 20);
+  auto staged =
+      StageDeviceChanges(gpu.tensors(), nullptr, *target, nullptr, 1 << 20);
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
   EXPECT_TRUE(staged->patches.empty());
   EXPECT_EQ(staged->target[3], TensorDigest(target->Tensor(3)));
@@ -229,7 +231,8 @@ TEST(StageDeviceChangesTest, TensorsWithoutABaseTwinAreNotPatched) {
                 base->Tensor(i).size());
   }
   base->MutableTensor(1)[0] ^= std::byte{1};  // f32 changes: patched
-  staged = StageDeviceChanges(gpu, base.get(), *target, nullptr, 1 << 20);
+  staged =
+      StageDeviceChanges(gpu.tensors(), base.get(), *target, nullptr, 1 << 20);
   ASSERT_TRUE(staged.ok());
   ASSERT_EQ(staged->patches.size(), 1u);
   EXPECT_EQ(staged->patches[0].tensor, 2u);
@@ -238,10 +241,11 @@ TEST(StageDeviceChangesTest, TensorsWithoutABaseTwinAreNotPatched) {
   EXPECT_EQ(staged->patched, 1u);
   // A target that lacks a device tensor is refused, as the sync refuses it.
   FakeGpu stranger({{"kv_cache", DType::kBF16, {4}}});
-  EXPECT_EQ(StageDeviceChanges(stranger, base.get(), *target, nullptr, 0)
-                .status()
-                .code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      StageDeviceChanges(stranger.tensors(), base.get(), *target, nullptr, 0)
+          .status()
+          .code(),
+      StatusCode::kInvalidArgument);
 }
 
 // Fills a large store fast: a 64-bit LCG per 8 bytes.
@@ -273,7 +277,8 @@ TEST(StageDeviceChangesTest, WideElementsArePatchedAtTheirOffsets) {
   FakeGpu gpu(t);
   Load(gpu, *base);
   ThreadPool pool(2);
-  auto staged = StageDeviceChanges(gpu, base.get(), *target, &pool, 1 << 20);
+  auto staged =
+      StageDeviceChanges(gpu.tensors(), base.get(), *target, &pool, 1 << 20);
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
   ASSERT_EQ(staged->patches.size(), 2u);
   const DevicePatch& pa = staged->patches[0];
@@ -313,7 +318,8 @@ TEST(StageDeviceChangesTest, ATensorThatTurnsDenseGivesItsBudgetBack) {
     target->MutableTensor(1)[p * 2 * 3] ^= std::byte{1};
   }
   FakeGpu gpu(t);
-  auto staged = StageDeviceChanges(gpu, base.get(), *target, nullptr, 800);
+  auto staged =
+      StageDeviceChanges(gpu.tensors(), base.get(), *target, nullptr, 800);
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
   EXPECT_EQ(staged->changed, 2u);
   EXPECT_EQ(staged->patched, 1u);
@@ -333,7 +339,8 @@ TEST(StageDeviceChangesTest, ALongTensorIsPatchedInStretches) {
   FakeGpu gpu(t);
   Load(gpu, *base);
   ThreadPool pool(2);
-  auto staged = StageDeviceChanges(gpu, base.get(), *target, &pool, 1 << 20);
+  auto staged =
+      StageDeviceChanges(gpu.tensors(), base.get(), *target, &pool, 1 << 20);
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
   ASSERT_EQ(staged->patches.size(), 2u);
   EXPECT_EQ(staged->patches[0].first, 0u);
@@ -384,7 +391,8 @@ TEST(StageDeviceChangesTest, AnyDiffAndBudgetEndsAtTheTarget) {
     Load(gpu, *base);
     const uint64_t budget = rng() % 2 ? rng() % 20000 : uint64_t{1} << 30;
     ThreadPool pool(1 + rng() % 3);
-    auto staged = StageDeviceChanges(gpu, base.get(), *target, &pool, budget);
+    auto staged =
+        StageDeviceChanges(gpu.tensors(), base.get(), *target, &pool, budget);
     ASSERT_TRUE(staged.ok()) << staged.status().ToString();
     EXPECT_LE(staged->bytes, budget);
     auto sync = SyncDeviceWeights(gpu, *target, &pool, &*staged);

@@ -50,7 +50,7 @@ TEST(SyncDeviceWeightsTest, TakesTheStagedDigestsInsteadOfHashing) {
   std::memset((*host)->MutableTensor(1).data(), 2, 2);
   FakeGpu gpu(m->tensors());
   // No base: the digests only.
-  auto staged = StageDeviceChanges(gpu, nullptr, **host, nullptr, 0);
+  auto staged = StageDeviceChanges(gpu.tensors(), nullptr, **host, nullptr, 0);
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
   ASSERT_EQ(staged->target.size(), 2u);
   EXPECT_EQ(staged->target[1], TensorDigest(Filled(2, 2)));

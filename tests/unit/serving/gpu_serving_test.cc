@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include "unit/serving/gpu_serving_testing.h"
 
 namespace dcr {
@@ -249,6 +251,74 @@ TEST_F(GpuPatchServingTest, ACommitWritesOnlyTheChangedElements) {
   ready = images_->MaybeCatchUp(standby_, false);
   ASSERT_TRUE(ready.ok()) << ready.status().ToString();
   EXPECT_TRUE(*ready);
+}
+
+class GpuPatchDeadlineTest : public GpuPatchServingTest {
+ protected:
+  GpuPatchDeadlineTest() { deadline_ = std::chrono::milliseconds(300); }
+};
+
+// The diff runs beside the relay's loop: a server that answers pause
+// before it is done waits for it, past the deadline (it did its part);
+// one that leaves meanwhile is forgotten, and the standby catches up once
+// the diff stopped reading it.
+TEST_F(GpuPatchDeadlineTest, ThePauseWaitsForTheDiffRunningBesideTheLoop) {
+  std::vector<std::byte> want = Filled(1200, 0x10);
+  want[100] = std::byte{0x22};
+  {
+    auto image = OpenStore(ServingImageSpec(spec_, 1));
+    ASSERT_TRUE(image.ok()) << image.status().ToString();
+    std::memcpy((*image)->MutableTensor(0).data(), want.data(), want.size());
+  }
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  hold_diff_ = [released] { released.wait(); };
+  LineClient c(socket_);
+  c.Send(Hello("/run/w.sock"));
+  ASSERT_TRUE(NextMsg(c).has_value());  // live
+  RefitId refit;
+  refit.bytes.fill(0x44);
+  Flip(refit);
+  auto pause = NextMsg(c);
+  ASSERT_TRUE(pause.has_value());
+  EXPECT_EQ(pause->op, Op::kPause);
+  PauseMsg paused;
+  paused.op = Op::kPaused;
+  paused.refit = refit;
+  c.Send(paused);
+  // The loop runs past the deadline: no commit, and no detach.
+  EXPECT_FALSE(NextMsg(c, 600).has_value());
+  EXPECT_FALSE(c.closed());
+  EXPECT_TRUE(images_->stats().attached);
+  EXPECT_EQ(gpu_->patches, 0);
+  EXPECT_FALSE(images_->CatchUpDue());
+  release.set_value();
+  auto commit = NextMsg(c);
+  ASSERT_TRUE(commit.has_value());
+  EXPECT_EQ(commit->op, Op::kCommit);
+  EXPECT_EQ(gpu_->patches, 1);
+  EXPECT_EQ(gpu_->bytes(0), want);
+}
+
+TEST_F(GpuPatchServingTest, AServerThatLeavesDuringTheDiffIsForgotten) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  hold_diff_ = [released] { released.wait(); };
+  auto c = std::make_unique<LineClient>(socket_);
+  c->Send(Hello("/run/w.sock"));
+  ASSERT_TRUE(NextMsg(*c).has_value());  // live
+  RefitId refit;
+  refit.bytes.fill(0x45);
+  Flip(refit);
+  ASSERT_TRUE(NextMsg(*c).has_value());  // pause
+  c.reset();
+  EXPECT_TRUE(PumpUntil([&] { return !images_->stats().attached; }));
+  // Its pause is over, but the diff still reads the old live image.
+  EXPECT_FALSE(images_->CatchUpDue());
+  EXPECT_THAT(images_->why_waiting(), HasSubstr("still reading the images"));
+  release.set_value();
+  EXPECT_TRUE(PumpUntil([&] { return images_->CatchUpDue(); }));
+  EXPECT_EQ(images_->stats().gpu_patched, 0u);
 }
 
 }  // namespace

@@ -154,6 +154,9 @@ class GpuServingTest : public ::testing::Test {
         LiveHeader::Create(LiveHeaderName(spec_), {0, {1, {0, 0}}, 1}).ok());
     socket_ = (dir_.path() / "relay.sock").string();
     ServingImages::Options o = ImagesOptions();
+    o.on_diff_start = [this] {
+      if (hold_diff_) hold_diff_();
+    };
     o.attach_device =
         [this](const std::string& path,
                const Manifest* live) -> Result<std::unique_ptr<DeviceWeights>> {
@@ -255,6 +258,8 @@ class GpuServingTest : public ::testing::Test {
   Status refuse_ = Status::OK();
   bool drop_writes_ = false;
   FakeGpu* gpu_ = nullptr;  // owned by images_ while attached
+  // Runs on the relay's diff thread before it diffs (a test holds it).
+  std::function<void()> hold_diff_;
 };
 
 }  // namespace dcr::serving_testing
