@@ -139,7 +139,8 @@ struct DeviceSync {
 // device's bits are unknown: a caller must not let the server compute on
 // them.
 //
-// `staged`, if given, is StageDeviceChanges(device, base, host, ...),
+// `staged`, if given, is StageDeviceChanges(device.tensors(), base, host,
+// ...),
 // computed earlier (the relay diffs while the server finishes its step;
 // the host must not have changed since): its patches are written first,
 // and its digests stand for the host's. Patches applied to buffers that

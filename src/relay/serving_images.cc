@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cassert>
 #include <cstring>
 
 namespace dcr {
@@ -123,6 +124,7 @@ Status ServingImages::Reconcile(std::unique_ptr<WeightStore>& standby,
 }
 
 bool ServingImages::LockStandby() {
+  if (diffing_) return false;  // the diff may still read the standby
   if (standby_lock_.valid()) return true;
   auto lock = LockImage(options_.store, standby_index(), /*exclusive=*/true);
   if (!lock.ok()) {
@@ -182,9 +184,9 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   }
   flipped_at_ = Clock::now();
   live_state_ = next;
-  // A diff still reading the images (none should be: the standby cannot
-  // have taken this refit while one ran) ends before they change roles.
-  JoinDiff();
+  // No diff reads the images here: the standby took this refit, which
+  // waited for the last diff (CatchUp, LockStandby).
+  assert(!diffing_);
   std::swap(live_, standby);
   caught_up_ = false;
   retry_after_ = {};
@@ -235,18 +237,25 @@ void ServingImages::StartDiff(const WeightStore* base) {
     diff_pool_ = std::make_unique<ThreadPool>(
         options_.pool != nullptr ? options_.pool->size() : 1);
   }
-  diffing_ = true;
   const uint64_t gen = ++diff_gen_;
   diff_thread_ = std::thread(
       [this, gen, tensors = device_->tensors(), base, target = live_.get()] {
         if (options_.on_diff_start) options_.on_diff_start();
-        auto d = std::make_shared<Result<DeviceChanges>>(
-            StageDeviceChanges(tensors, base, *target, diff_pool_.get(),
-                               options_.device_patch_budget));
+        std::shared_ptr<Result<DeviceChanges>> d;
+        try {
+          d = std::make_shared<Result<DeviceChanges>>(
+              StageDeviceChanges(tensors, base, *target, diff_pool_.get(),
+                                 options_.device_patch_budget));
+        } catch (const std::exception& e) {  // std::bad_alloc: no patches
+          d = std::make_shared<Result<DeviceChanges>>(
+              Status::ResourceExhausted(e.what()));
+        }
         // Dropped if the relay stopped meanwhile (its mailbox closed); the
         // destructor joins this thread.
         options_.post([this, gen, d] { Diffed(gen, std::move(*d)); });
       });
+  diffing_ = true;
+  diff_thread_gen_ = gen;
 }
 
 void ServingImages::JoinDiff() {
@@ -254,6 +263,7 @@ void ServingImages::JoinDiff() {
 }
 
 void ServingImages::Diffed(uint64_t gen, Result<DeviceChanges> d) {
+  if (gen != diff_thread_gen_) return;  // an older thread's, joined since
   JoinDiff();
   diffing_ = false;
   if (gen != diff_gen_ || !held_commit_) return;  // its server was dropped
@@ -265,6 +275,9 @@ void ServingImages::Diffed(uint64_t gen, Result<DeviceChanges> d) {
   }
   if (paused_early_) {
     paused_early_ = false;
+    // The server waited for the relay: its deadline for flipped runs
+    // from the commit line.
+    move_deadline_ = std::max(move_deadline_, Clock::now() + options_.deadline);
     FinishPause();
   }
 }
@@ -288,7 +301,9 @@ void ServingImages::Aborted(const RefitId& refit) {
 }
 
 bool ServingImages::AwaitingMove() const {
-  return pause_started_ && Clock::now() < move_deadline_;
+  // A server that answered pause waits for the relay's diff: so does the
+  // COMMIT_REPLY (Diffed gives it the deadline again from the commit).
+  return pause_started_ && (paused_early_ || Clock::now() < move_deadline_);
 }
 
 std::string ServingImages::MoveSummary() const {
@@ -409,15 +424,16 @@ bool ServingImages::CatchUpDue() const {
 }
 
 std::string ServingImages::why_waiting() const {
+  if (diffing_) {
+    return "the relay is still reading the images for a GPU server's pause "
+           "(the diff of the old live image against the new)";
+  }
   if (held_commit_ && live_state_) {
     return fmt::format(
         "the serving process has not answered its pause for step {} yet (its "
         "GPU buffers are brought to it inside the pause); the relay stages "
         "no refit until then",
         live_state_->version.step);
-  }
-  if (diffing_) {
-    return "the relay is still reading the images for a GPU server's pause";
   }
   if (caught_up_ && standby_lock_.valid()) return "";
   return fmt::format(

@@ -31,7 +31,10 @@
 // stage) until the flip.
 //
 // Thread safety: the actor thread calls everything; the port's events
-// reach it through the `post` function given to Open.
+// reach it through the `post` function given to Open. At a flip with a GPU
+// server attached, a thread of its own diffs the two images (it reads them
+// and the options, nothing else) and posts its result the same way; until
+// then nothing writes the standby, and the destructor joins it.
 #ifndef DCR_RELAY_SERVING_IMAGES_H_
 #define DCR_RELAY_SERVING_IMAGES_H_
 
@@ -134,8 +137,9 @@ class ServingImages {
   // waiting for the standby's lock is tried every 50 ms); max() if none.
   Clock::time_point NextDeadline() const;
   // Whether MaybeCatchUp should be tried: a catch-up pending (and not
-  // failed within the deadline), and no GPU server's pause (whose patches
-  // the apply window holds until then) in progress.
+  // failed within the deadline), no GPU server's pause (whose patches the
+  // apply share holds until then) in progress, and no diff reading the
+  // standby.
   bool CatchUpDue() const;
   ServingStats stats() const { return stats_; }
   void set_pool(ThreadPool* pool) { options_.pool = pool; }
@@ -196,6 +200,7 @@ class ServingImages {
   std::unique_ptr<ThreadPool> diff_pool_;
   bool diffing_ = false;
   uint64_t diff_gen_ = 0;
+  uint64_t diff_thread_gen_ = 0;  // the generation diff_thread_ runs for
   bool paused_early_ = false;
   // The refit a prepare went out for, when, and whether it was answered.
   std::optional<RefitId> prepared_refit_;

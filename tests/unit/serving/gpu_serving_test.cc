@@ -101,8 +101,9 @@ TEST_F(GpuServingDeadlineTest, AServerThatDoesNotPauseIsDetachedAtIt) {
   Pump();
   EXPECT_FALSE(images_->stats().attached);
   EXPECT_FALSE(images_->stats().gpu);
-  // Its pause is over: the standby may catch up and take refits again.
-  EXPECT_TRUE(images_->CatchUpDue());
+  // Its pause is over: the standby may catch up and take refits again
+  // (once the flip's diff, which ran beside, stopped reading it).
+  EXPECT_TRUE(PumpUntil([&] { return images_->CatchUpDue(); }));
 
   // Attaching again brings its buffers to the live image (step 2).
   LineClient again(socket_);
@@ -225,7 +226,10 @@ TEST_F(GpuPatchServingTest, ACommitWritesOnlyTheChangedElements) {
   EXPECT_EQ(pause->op, Op::kPause);
   // The patches wait in the apply share: the standby does not catch up,
   // and so takes no refit (a node answers busy, saying why), until the
-  // pause is over.
+  // pause is over, even once the diff is done.
+  EXPECT_TRUE(PumpUntil([&] {
+    return images_->why_waiting().find("still reading") == std::string::npos;
+  }));
   EXPECT_FALSE(images_->CatchUpDue());
   auto ready = images_->MaybeCatchUp(standby_, false);
   ASSERT_TRUE(ready.ok()) << ready.status().ToString();
@@ -255,7 +259,7 @@ TEST_F(GpuPatchServingTest, ACommitWritesOnlyTheChangedElements) {
 
 class GpuPatchDeadlineTest : public GpuPatchServingTest {
  protected:
-  GpuPatchDeadlineTest() { deadline_ = std::chrono::milliseconds(300); }
+  GpuPatchDeadlineTest() { deadline_ = std::chrono::milliseconds(500); }
 };
 
 // The diff runs beside the relay's loop: a server that answers pause
@@ -272,7 +276,7 @@ TEST_F(GpuPatchDeadlineTest, ThePauseWaitsForTheDiffRunningBesideTheLoop) {
   }
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
-  hold_diff_ = [released] { released.wait(); };
+  hold_diff_ = [released] { released.wait_for(std::chrono::seconds(20)); };
   LineClient c(socket_);
   c.Send(Hello("/run/w.sock"));
   ASSERT_TRUE(NextMsg(c).has_value());  // live
@@ -286,24 +290,35 @@ TEST_F(GpuPatchDeadlineTest, ThePauseWaitsForTheDiffRunningBesideTheLoop) {
   paused.op = Op::kPaused;
   paused.refit = refit;
   c.Send(paused);
-  // The loop runs past the deadline: no commit, and no detach.
-  EXPECT_FALSE(NextMsg(c, 600).has_value());
+  // The loop runs past the deadline: no commit, no detach, and the
+  // COMMIT_REPLY still waits (the server did its part).
+  EXPECT_FALSE(NextMsg(c, 800).has_value());
   EXPECT_FALSE(c.closed());
   EXPECT_TRUE(images_->stats().attached);
+  EXPECT_TRUE(images_->AwaitingMove());
+  EXPECT_THAT(images_->why_waiting(), HasSubstr("still reading the images"));
   EXPECT_EQ(gpu_->patches, 0);
-  EXPECT_FALSE(images_->CatchUpDue());
   release.set_value();
   auto commit = NextMsg(c);
   ASSERT_TRUE(commit.has_value());
   EXPECT_EQ(commit->op, Op::kCommit);
   EXPECT_EQ(gpu_->patches, 1);
   EXPECT_EQ(gpu_->bytes(0), want);
+  // Its deadline to move runs from the commit line.
+  EXPECT_TRUE(images_->AwaitingMove());
+  PauseMsg flipped;
+  flipped.op = Op::kFlipped;
+  flipped.image = 1;
+  flipped.version.step = 2;
+  c.Send(flipped);
+  EXPECT_TRUE(PumpUntil([&] { return !images_->AwaitingMove(); }));
+  EXPECT_THAT(images_->MoveSummary(), HasSubstr("serving process moved in"));
 }
 
 TEST_F(GpuPatchServingTest, AServerThatLeavesDuringTheDiffIsForgotten) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
-  hold_diff_ = [released] { released.wait(); };
+  hold_diff_ = [released] { released.wait_for(std::chrono::seconds(20)); };
   auto c = std::make_unique<LineClient>(socket_);
   c->Send(Hello("/run/w.sock"));
   ASSERT_TRUE(NextMsg(*c).has_value());  // live
@@ -313,12 +328,19 @@ TEST_F(GpuPatchServingTest, AServerThatLeavesDuringTheDiffIsForgotten) {
   ASSERT_TRUE(NextMsg(*c).has_value());  // pause
   c.reset();
   EXPECT_TRUE(PumpUntil([&] { return !images_->stats().attached; }));
-  // Its pause is over, but the diff still reads the old live image.
+  // Its pause is over, but the diff still reads the old live image:
+  // neither the loop's catch-up nor a new refit's may write it.
   EXPECT_FALSE(images_->CatchUpDue());
+  auto ready = images_->MaybeCatchUp(standby_, false);
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_FALSE(*ready);
   EXPECT_THAT(images_->why_waiting(), HasSubstr("still reading the images"));
   release.set_value();
   EXPECT_TRUE(PumpUntil([&] { return images_->CatchUpDue(); }));
-  EXPECT_EQ(images_->stats().gpu_patched, 0u);
+  EXPECT_EQ(images_->stats().gpu_syncs, 1u);  // the attach's; no commit's
+  ready = images_->MaybeCatchUp(standby_, false);
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_TRUE(*ready);
 }
 
 }  // namespace
