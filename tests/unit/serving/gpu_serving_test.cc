@@ -56,10 +56,7 @@ TEST_F(GpuServingTest, ACommitWritesTheBuffersOnlyWhileTheServerIsPaused) {
   EXPECT_FALSE(c.Line(50).has_value());
   EXPECT_TRUE(images_->AwaitingMove());
 
-  PauseMsg paused;
-  paused.op = Op::kPaused;
-  paused.refit = refit;
-  c.Send(paused);
+  c.Send(Paused(refit));
   auto commit = NextMsg(c);
   ASSERT_TRUE(commit.has_value());
   EXPECT_EQ(commit->op, Op::kCommit);
@@ -69,11 +66,7 @@ TEST_F(GpuServingTest, ACommitWritesTheBuffersOnlyWhileTheServerIsPaused) {
   EXPECT_EQ(gpu_->bytes(1), Filled(3, 0x20));
   EXPECT_EQ(images_->stats().gpu_syncs, 2u);
 
-  PauseMsg flipped;
-  flipped.op = Op::kFlipped;
-  flipped.image = 1;
-  flipped.version.step = 2;
-  c.Send(flipped);
+  c.Send(Flipped(1, 2));
   EXPECT_TRUE(PumpUntil([&] { return images_->stats().pauses == 1; }));
   EXPECT_FALSE(images_->AwaitingMove());
   EXPECT_EQ(images_->stats().pauses, 1u);
@@ -209,11 +202,7 @@ TEST_F(GpuPatchServingTest, ACommitWritesOnlyTheChangedElements) {
   std::vector<std::byte> want = Filled(1200, 0x10);
   want[14] = std::byte{0x20};
   want[1199] = std::byte{0x21};
-  {
-    auto image = OpenStore(ServingImageSpec(spec_, 1));
-    ASSERT_TRUE(image.ok()) << image.status().ToString();
-    std::memcpy((*image)->MutableTensor(0).data(), want.data(), want.size());
-  }
+  SetStagedTensor(0, want);
   LineClient c(socket_);
   c.Send(Hello("/run/w.sock"));
   ASSERT_TRUE(NextMsg(c).has_value());  // live
@@ -237,10 +226,7 @@ TEST_F(GpuPatchServingTest, ACommitWritesOnlyTheChangedElements) {
   EXPECT_THAT(images_->why_waiting(),
               HasSubstr("has not answered its pause for step 2"));
   EXPECT_EQ(gpu_->patches, 0);
-  PauseMsg paused;
-  paused.op = Op::kPaused;
-  paused.refit = refit;
-  c.Send(paused);
+  c.Send(Paused(refit));
   auto commit = NextMsg(c);
   ASSERT_TRUE(commit.has_value());
   EXPECT_EQ(commit->op, Op::kCommit);
@@ -269,11 +255,7 @@ class GpuPatchDeadlineTest : public GpuPatchServingTest {
 TEST_F(GpuPatchDeadlineTest, ThePauseWaitsForTheDiffRunningBesideTheLoop) {
   std::vector<std::byte> want = Filled(1200, 0x10);
   want[100] = std::byte{0x22};
-  {
-    auto image = OpenStore(ServingImageSpec(spec_, 1));
-    ASSERT_TRUE(image.ok()) << image.status().ToString();
-    std::memcpy((*image)->MutableTensor(0).data(), want.data(), want.size());
-  }
+  SetStagedTensor(0, want);
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   hold_diff_ = [released] { released.wait_for(std::chrono::seconds(20)); };
@@ -286,10 +268,7 @@ TEST_F(GpuPatchDeadlineTest, ThePauseWaitsForTheDiffRunningBesideTheLoop) {
   auto pause = NextMsg(c);
   ASSERT_TRUE(pause.has_value());
   EXPECT_EQ(pause->op, Op::kPause);
-  PauseMsg paused;
-  paused.op = Op::kPaused;
-  paused.refit = refit;
-  c.Send(paused);
+  c.Send(Paused(refit));
   // The loop runs past the deadline: no commit, no detach, and the
   // COMMIT_REPLY still waits (the server did its part).
   EXPECT_FALSE(NextMsg(c, 800).has_value());
@@ -306,11 +285,7 @@ TEST_F(GpuPatchDeadlineTest, ThePauseWaitsForTheDiffRunningBesideTheLoop) {
   EXPECT_EQ(gpu_->bytes(0), want);
   // Its deadline to move runs from the commit line.
   EXPECT_TRUE(images_->AwaitingMove());
-  PauseMsg flipped;
-  flipped.op = Op::kFlipped;
-  flipped.image = 1;
-  flipped.version.step = 2;
-  c.Send(flipped);
+  c.Send(Flipped(1, 2));
   EXPECT_TRUE(PumpUntil([&] { return !images_->AwaitingMove(); }));
   EXPECT_THAT(images_->MoveSummary(), HasSubstr("serving process moved in"));
 }

@@ -233,6 +233,27 @@ class GpuServingTest : public ::testing::Test {
     h.cuda_ipc = std::move(cuda_ipc);
     return h;
   }
+  PauseMsg Paused(const RefitId& refit) {
+    PauseMsg m;
+    m.op = PauseMsg::Op::kPaused;
+    m.refit = refit;
+    return m;
+  }
+  PauseMsg Flipped(uint32_t image, uint64_t step) {
+    PauseMsg m;
+    m.op = PauseMsg::Op::kFlipped;
+    m.image = image;
+    m.version.step = step;
+    return m;
+  }
+  // Makes tensor `t` of image 1 (step 2, before the flip) hold `bytes`.
+  void SetStagedTensor(size_t t, const std::vector<std::byte>& bytes) {
+    auto image = OpenStore(ServingImageSpec(spec_, 1));
+    ASSERT_TRUE(image.ok()) << image.status().ToString();
+    auto to = (*image)->MutableTensor(t);
+    ASSERT_EQ(to.size(), bytes.size());
+    std::memcpy(to.data(), bytes.data(), bytes.size());
+  }
   // Flips to image 1 (step 2), as a relay's commit does.
   void Flip(const RefitId& refit) {
     auto standby = OpenStore(ServingImageSpec(spec_, 1));
