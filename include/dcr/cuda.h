@@ -34,6 +34,7 @@
 #include "dcr/digest.h"
 #include "dcr/dtype.h"
 #include "dcr/fp8.h"
+#include "dcr/shard_memory.h"
 #include "dcr/status.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
@@ -274,6 +275,29 @@ class Digester {
 Status RequantizeFp8(const Fp8Tensor& t, const void* d_src,
                      const Fp8BlockSet& blocks, uint8_t* d_q,
                      float* d_scale_inv, Stream stream = nullptr);
+
+// ------------------------------------------------------------ producers
+// A trainer rank's shards on a GPU: the ShardMemory (dcr/shard_memory.h)
+// through which a producer (dcr/producer.h Producer::UseMemory) keeps its
+// baseline on that device, as a copy of the rank's shards (as much device
+// memory again), diffs there with Differ and copies back only the changed
+// elements' positions and bits (about 12 bytes per changed BF16 element:
+// a 3% step of a 1 GB shard is some 180 MB to the host). Scratch on the
+// device: `piece_elems` positions and values of up to 8 bytes (192 MiB at
+// the default), used piece by piece. Fingerprints are TensorDigests on the
+// device; the copies to and from the baseline run on the legacy default
+// stream and are synchronized before each call returns, so the caller
+// makes its own work on the shards finish first (torch:
+// torch.cuda.current_stream().synchronize()).
+//
+// Unsupported without CUDA or without a usable GPU (the message says
+// why); IOError if the device cannot hold the scratch.
+struct ShardMemoryOptions {
+  int device = 0;                     // CUDA device index
+  uint64_t piece_elems = 1ull << 24;  // elements diffed at a time
+};
+Result<std::unique_ptr<ShardMemory>> CreateShardMemory(
+    const ShardMemoryOptions& options);
 
 // ------------------------------------------------------------ CUDA IPC
 // A serving process keeps its weights in its own device buffers; a relay

@@ -120,6 +120,19 @@ LinearDigest LinearHashRuns(uint64_t offset, uint64_t stride,
                             uint64_t run_bytes, uint64_t count,
                             const std::byte* data, uint64_t data_stride);
 
+// The contributions of `count` elements of `elem_size` (1, 2, 4 or 8)
+// bytes scattered over a string: element k is the bytes at
+// values + k * elem_size, lying at byte offset + positions[k] * elem_size.
+// Equal to the XOR of LinearHash over the elements; positions must ascend
+// strictly. Where `offset` is a multiple of elem_size (no element straddles
+// a 16-byte block) it costs one product per block holding an element
+// (Horner over the blocks, from the last), not a power of K per element:
+// how a producer whose shards live on a GPU updates its digests by the XOR
+// masks of the changed elements it copied back, without the shards.
+LinearDigest LinearHashElements(uint64_t offset, size_t elem_size,
+                                const uint64_t* positions, size_t count,
+                                const std::byte* values);
+
 // The digest of one tensor's bits, which names them in version records,
 // PLAN and END, history and delta headers (docs/FORMAT.md §1 "Digests"):
 //

@@ -46,6 +46,7 @@
 #include "dcr/codec.h"
 #include "dcr/layout.h"
 #include "dcr/shard_diff.h"
+#include "dcr/shard_memory.h"
 #include "dcr/status.h"
 #include "dcr/transport.h"
 #include "dcr/version.h"
@@ -124,6 +125,13 @@ class Producer {
   // converts no tensor (an F32 master cannot be rebuilt from its BF16
   // canonical bits: such a rank is refused, naming the tensor).
   Status SetBaseline(const ShardBytes& shards);
+  // The rank's shards live in `memory` from now on (a GPU's: dcr/cuda.h
+  // CreateShardMemory; null: host memory): SetBaseline and Refit then take
+  // spans of that memory, the baseline is kept there, and only the changed
+  // elements cross to the host (dcr/shard_memory.h). Only while no
+  // baseline is held (InvalidArgument otherwise).
+  Status UseMemory(std::unique_ptr<ShardMemory> memory);
+  const ShardMemory* memory() const;  // null: host memory
   // One refit of trainer step `step` with `shards` (the rank's tensors
   // after the optimizer step; read, not kept, and not to be changed until
   // it returns). Returns the decision once the coordinator made it; on a

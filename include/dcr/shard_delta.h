@@ -28,6 +28,7 @@
 #include "dcr/digest.h"
 #include "dcr/layout.h"
 #include "dcr/shard_diff.h"
+#include "dcr/shard_memory.h"
 #include "dcr/status.h"
 
 namespace dcr {
@@ -85,16 +86,33 @@ CheckpointDigests DigestsFromParts(
 Result<Manifest> ManifestOf(const Layout& layout);
 
 // A trainer rank's producer across steps (what the Python module's
-// ShardProducer wraps): it keeps its baseline shards, a copy in host
-// memory of the rank's shards at the last committed version, and diffs
-// each step's shards against them.
+// ShardProducer wraps): it keeps its baseline shards, a copy of the rank's
+// shards at the last committed version, and diffs each step's shards
+// against them.
 //
-// Memory: the baseline copy (the rank's shard bytes) plus, during Diff,
-// the changes and their chunks. Thread safety: one thread at a time.
+// Where the shards live: in host memory (the default), or in a
+// ShardMemory (dcr/shard_memory.h: a GPU's, dcr/cuda.h), which then holds
+// the baseline and diffs there; the ShardBytes handed to this producer are
+// spans of that memory, and only the changed elements cross to the host.
+// The parts and digests are the same bytes either way.
+//
+// Memory: the baseline copy (the rank's shard bytes, where the shards
+// live) plus, during Diff, the changes of one canonical tensor (of one
+// shard, with a ShardMemory) and their chunks. Thread safety: one thread
+// at a time.
 class ShardProducer {
  public:
   ShardProducer(Layout layout, uint32_t rank, uint64_t span_elems,
                 EncodeOptions encode = {});
+  ~ShardProducer();
+  ShardProducer(const ShardProducer&) = delete;
+  ShardProducer& operator=(const ShardProducer&) = delete;
+
+  // The shards live in `memory` from now on (null: host memory). Only
+  // while no baseline is held (InvalidArgument otherwise: drop it first).
+  Status UseMemory(std::unique_ptr<ShardMemory> memory);
+  // Null for host memory.
+  const ShardMemory* memory() const { return memory_.get(); }
 
   // What one step produced.
   struct Step {
@@ -108,10 +126,14 @@ class ShardProducer {
   };
 
   // Copies `shards` (every shard the layout gives the rank; others are
-  // ignored) as the baseline. Errors as DiffShards'.
+  // ignored) as the baseline. Errors as DiffShards'. With a ShardMemory,
+  // the copy stays there and each shard is read to the host once, one at
+  // a time, to hash its regions; an error there leaves no baseline (the
+  // shards cannot be hashed before they are copied).
   Status SetBaseline(const ShardBytes& shards);
   // As SetBaseline, taking the buffers instead of copying them (a rank
   // restarted without its baseline gets the tree's from the coordinator).
+  // Host buffers always; with a ShardMemory they are copied there.
   Status AdoptBaseline(
       std::map<std::string, std::vector<std::byte>, std::less<>> shards);
   // Forgets the baseline (its memory too): has_baseline() turns false.
@@ -127,7 +149,8 @@ class ShardProducer {
   // must hold the bits the last Diff was given (its regions hash to that
   // step's target digests): BaseMismatch naming the first tensor otherwise
   // (the trainer stepped again before the commit), InvalidArgument when
-  // nothing was diffed.
+  // nothing was diffed. With a ShardMemory, each shard's fingerprint is
+  // compared with the one taken at the Diff (BaseMismatch names the shard).
   Status Advance(const ShardBytes& target);
 
   const Layout& layout() const { return layout_; }
@@ -142,6 +165,10 @@ class ShardProducer {
 
  private:
   Status CheckRank() const;
+  // Diff and Advance where the shards live in memory_.
+  Status DiffInMemory(const ShardBytes& target, uint64_t span_elems,
+                      const PartSink& sink, Step* step);
+  Status AdvanceInMemory(const ShardBytes& target);
   Layout layout_;
   uint32_t rank_;
   uint64_t span_elems_;
@@ -151,6 +178,9 @@ class ShardProducer {
   std::map<std::string, std::vector<std::byte>, std::less<>> baseline_;
   std::vector<LinearDigest> baseline_digests_;
   std::optional<std::vector<LinearDigest>> last_target_digests_;
+  std::unique_ptr<ShardMemory> memory_;
+  // With memory_: each shard's fingerprint at the last Diff.
+  std::map<std::string, Digest128, std::less<>> last_fingerprints_;
 };
 
 // `dcr diff --layout`: the delta from the checkpoint whose shards are in

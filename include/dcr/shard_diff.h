@@ -42,10 +42,23 @@ struct CanonicalChanges {
   std::vector<std::byte> target;
 };
 
+// The elements of one shard whose bits differ between a base and a
+// target, in the shard's own coordinates (found where the shards live: a
+// GPU's memory, dcr/shard_memory.h).
+struct ShardChanges {
+  std::vector<uint64_t> positions;  // flat element indices, ascending
+  // The base's and the target's bits at each position:
+  // positions.size() * the shard dtype's size bytes each.
+  std::vector<std::byte> base;
+  std::vector<std::byte> target;
+};
+
 struct ShardDiffStats {
-  uint64_t shard_bytes_read = 0;  // of base and target together
-  uint64_t compared = 0;          // shard elements compared (in pieces)
-  uint64_t changed = 0;           // canonical elements whose bits changed
+  // Of base and target together, read by this process (none where the
+  // shards were diffed elsewhere: ProjectShardChanges).
+  uint64_t shard_bytes_read = 0;
+  uint64_t compared = 0;  // shard elements compared (in pieces)
+  uint64_t changed = 0;   // canonical elements whose bits changed
 };
 
 // Diffs rank `rank`'s `base` shards against its `target` shards and
@@ -76,6 +89,24 @@ Status DiffShardsEach(const Layout& layout, uint32_t rank,
                       const std::function<Status(CanonicalChanges&&)>& each,
                       ShardDiffStats* stats = nullptr);
 
+// DiffShardsEach for shards diffed where they live (a GPU's memory:
+// dcr/shard_memory.h), from each shard's changed elements: `fetch(shard,
+// &changes)` gives those of one of the rank's shards, and is called once
+// per shard, when the first canonical tensor reading it comes; they are
+// kept until the last tensor reading it is done (a layout whose shards
+// feed consecutive tensors, as the parsed ones do, holds one shard's
+// changes at a time). `each` gets what DiffShardsEach gives for the same
+// bits. Changed elements no piece of the rank maps (padding) are ignored.
+// The shards' sizes are the caller's to check (CheckShards); changes that
+// do not fit their shard (positions out of order or past its end, values
+// of another size) are Internal. An error from `fetch` or `each` stops it.
+using ShardChangesFetch =
+    std::function<Status(const std::string& shard, ShardChanges* out)>;
+Status ProjectShardChanges(
+    const Layout& layout, uint32_t rank, const ShardChangesFetch& fetch,
+    const std::function<Status(CanonicalChanges&&)>& each,
+    ShardDiffStats* stats = nullptr);
+
 // Per canonical tensor (Layout::tensors order), the linear digest of the
 // canonical bits rank `rank` holds in `shards` (after conversion), each
 // region hashed at its canonical byte offset (LinearHash, dcr/digest.h).
@@ -87,6 +118,15 @@ Status DiffShardsEach(const Layout& layout, uint32_t rank,
 Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
                                                    uint32_t rank,
                                                    const ShardBytes& shards);
+
+// HashShardRegions one shard at a time: XORs the regions of `shard` (one
+// of rank `rank`'s, `bytes` its bits) into `sums` (resized to the layout's
+// tensors), so that a caller holding one shard in memory at a time gets
+// HashShardRegions' parts once every shard was added. NotFound for a shard
+// the rank does not hold; InvalidArgument for the wrong size.
+Status AddShardRegions(const Layout& layout, uint32_t rank,
+                       std::string_view shard, std::span<const std::byte> bytes,
+                       std::vector<LinearDigest>* sums);
 
 // Canonical tensors by name (bytes in the canonical dtype), for BuildShards.
 using CanonicalBytes =

@@ -193,6 +193,47 @@ LinearDigest LinearHashRuns(uint64_t offset, uint64_t stride,
   return out;
 }
 
+LinearDigest LinearHashElements(uint64_t offset, size_t elem_size,
+                                const uint64_t* positions, size_t count,
+                                const std::byte* values) {
+  const size_t w = elem_size;
+  LinearDigest out;
+  if (count == 0) return out;
+  if (offset % w != 0 || 16 % w != 0) {
+    for (size_t k = 0; k < count; ++k) {
+      out ^= LinearHash(offset + positions[k] * w, {values + k * w, w});
+    }
+    return out;
+  }
+  // Block b contributes X_b K^(b+1). From the last block down, acc =
+  // acc * K^(gap to the next block down) ^ X_b; the blocks between add
+  // nothing. The sum is then acc * K^(lowest block + 1).
+  const Kernels& m = Best();
+  const Powers& kp = T().k;
+  auto power = [&](uint64_t n) {
+    return n <= linear_digest::kGroup ? kp.k[n - 1] : Power(n);
+  };
+  unsigned char x[16] = {};
+  auto take = [&] {
+    LinearDigest xb;
+    std::memcpy(&xb.low, x, 8);
+    std::memcpy(&xb.high, x + 8, 8);
+    std::memset(x, 0, sizeof(x));
+    return xb;
+  };
+  uint64_t block = (offset + positions[count - 1] * w) / 16;
+  for (size_t k = count; k-- > 0;) {
+    const uint64_t at = offset + positions[k] * w;
+    if (at / 16 != block) {
+      out = m.multiply(out ^ take(), power(block - at / 16));
+      block = at / 16;
+    }
+    std::memcpy(x + at % 16, values + k * w, w);
+  }
+  out ^= take();
+  return m.multiply(out, power(block + 1));
+}
+
 Digest128 FinishTensorDigest(const LinearDigest& sum, uint64_t length) {
   const LinearDigest d =
       sum ^ Best().multiply(LinearDigest{length, 0}, kTensorDigestLengthKey);

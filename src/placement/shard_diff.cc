@@ -196,6 +196,106 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
   return out;
 }
 
+namespace {
+
+// One canonical tensor's changes as a rank's pieces find them: each
+// changed shard element converted to canonical bits (an element whose
+// canonical bits did not change is dropped), then ordered by canonical
+// position. What DiffShardsEach and ProjectShardChanges share.
+class TensorChanges {
+ public:
+  TensorChanges(const LayoutTensor& tensor, size_t index)
+      : tensor_(tensor),
+        cw_(DTypeSize(tensor.dtype)),
+        identity_(tensor.conversion.identity(tensor.dtype)) {
+    ch_.tensor = index;
+  }
+  // Room for `k` more.
+  void Reserve(size_t k) {
+    if (n_ + k <= ch_.positions.size()) return;
+    const size_t m = std::max(n_ + k, ch_.positions.size() * 3 / 2);
+    ch_.positions.resize(m);
+    ch_.base.resize(m * cw_);
+    ch_.target.resize(m * cw_);
+  }
+  // Canonical element `c` held the shard bits at `ob` and now those at
+  // `ot` (which differ). Reserve first.
+  void Add(uint64_t c, const std::byte* ob, const std::byte* ot) {
+    std::byte cb[8], ct[8];
+    if (!identity_) {
+      ConvertElement(tensor_.conversion, tensor_.dtype, ob, cb);
+      ConvertElement(tensor_.conversion, tensor_.dtype, ot, ct);
+      if (std::memcmp(cb, ct, cw_) == 0) return;
+      ob = cb, ot = ct;
+    }
+    if (n_ > 0 && c < ch_.positions[n_ - 1]) {
+      sorted_ = false;  // runs ascend; pieces may not
+    }
+    ch_.positions[n_] = c;
+    std::memcpy(&ch_.base[n_ * cw_], ob, cw_);
+    std::memcpy(&ch_.target[n_ * cw_], ot, cw_);
+    ++n_;
+  }
+  size_t size() const { return n_; }
+  CanonicalChanges Finish() {
+    ch_.positions.resize(n_);
+    ch_.base.resize(n_ * cw_);
+    ch_.target.resize(n_ * cw_);
+    if (sorted_) return std::move(ch_);
+    // A transposed piece, or several pieces of this rank that interleave
+    // (a row split's columns): order by canonical position.
+    std::vector<size_t> order(n_);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      return ch_.positions[x] < ch_.positions[y];
+    });
+    CanonicalChanges s;
+    s.tensor = ch_.tensor;
+    s.positions.reserve(n_);
+    s.base.resize(ch_.base.size());
+    s.target.resize(ch_.target.size());
+    for (size_t k = 0; k < n_; ++k) {
+      s.positions.push_back(ch_.positions[order[k]]);
+      std::memcpy(&s.base[k * cw_], &ch_.base[order[k] * cw_], cw_);
+      std::memcpy(&s.target[k * cw_], &ch_.target[order[k] * cw_], cw_);
+    }
+    return s;
+  }
+
+ private:
+  const LayoutTensor& tensor_;
+  const size_t cw_;
+  const bool identity_;
+  CanonicalChanges ch_;
+  size_t n_ = 0;
+  bool sorted_ = true;
+};
+
+// For each canonical tensor the rank holds, in order: scan(piece, tensor,
+// &changes) for each of its pieces of the rank, then `each` with the
+// tensor's changes (if any), then done(tensor index).
+template <typename ScanPiece, typename Done>
+Status EachTensorsChanges(const Layout& layout, uint32_t rank, ScanPiece scan,
+                          Done done,
+                          const std::function<Status(CanonicalChanges&&)>& each,
+                          ShardDiffStats* st) {
+  for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
+    const LayoutTensor& tensor = layout.tensors[ti];
+    TensorChanges changes(tensor, ti);
+    for (const AffinePiece& p : tensor.pieces) {
+      if (p.rank != rank) continue;
+      DCR_RETURN_IF_ERROR(scan(p, tensor, &changes));
+    }
+    done(ti);
+    if (changes.size() == 0) continue;
+    st->changed += changes.size();
+    DCR_RETURN_IF_ERROR(each(changes.Finish()));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status DiffShardsEach(const Layout& layout, uint32_t rank,
                       const ShardBytes& base, const ShardBytes& target,
                       const std::function<Status(CanonicalChanges&&)>& each,
@@ -216,94 +316,110 @@ Status DiffShardsEach(const Layout& layout, uint32_t rank,
   }
 
   Scan scan;
-  for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
-    const LayoutTensor& tensor = layout.tensors[ti];
-    const size_t cw = DTypeSize(tensor.dtype);
+  auto scan_piece = [&](const AffinePiece& p, const LayoutTensor& tensor,
+                        TensorChanges* changes) {
     const size_t sw = DTypeSize(tensor.conversion.shard_dtype);
-    const bool identity = tensor.conversion.identity(tensor.dtype);
-    CanonicalChanges ch;
-    ch.tensor = ti;
-    bool sorted = true;
-    std::byte cb[8], ct[8];
-    for (const AffinePiece& p : tensor.pieces) {
-      if (p.rank != rank) continue;
-      // Not a structured binding: lambdas may not capture those in C++20.
-      const std::span<const std::byte> b = data.at(p.shard).first;
-      const std::span<const std::byte> t = data.at(p.shard).second;
-      ForEachRun(
-          p, tensor.shape,
-          [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
-            st.compared += n;
-            const std::byte* bp = b.data() + s * sw;
-            const std::byte* tp = t.data() + s * sw;
-            // The codec's vectorized scan finds the changed elements of a
-            // block of the run; they are then appended in bulk.
-            for (uint64_t off = 0; off < n; off += kScanBlock) {
-              const size_t m =
-                  static_cast<size_t>(std::min(kScanBlock, n - off));
-              const size_t k = FindChanges(sw, bp + off * sw, tp + off * sw, m,
-                                           /*xor_values=*/false, scan.positions,
-                                           scan.planes);
-              if (k == 0) continue;
-              const size_t at = ch.positions.size();
-              ch.positions.resize(at + k);
-              ch.base.resize((at + k) * cw);
-              ch.target.resize((at + k) * cw);
-              size_t kept = 0;
-              for (size_t i = 0; i < k; ++i) {
-                const uint64_t j = off + scan.positions[i];
-                const std::byte* ob = bp + j * sw;
-                const std::byte* ot = tp + j * sw;
-                if (!identity) {
-                  ConvertElement(tensor.conversion, tensor.dtype, ob, cb);
-                  ConvertElement(tensor.conversion, tensor.dtype, ot, ct);
-                  if (std::memcmp(cb, ct, cw) == 0) continue;
-                  ob = cb, ot = ct;
-                }
-                ch.positions[at + kept] = c + j * step;
-                std::memcpy(&ch.base[(at + kept) * cw], ob, cw);
-                std::memcpy(&ch.target[(at + kept) * cw], ot, cw);
-                ++kept;
-              }
-              if (at > 0 && kept > 0 &&
-                  ch.positions[at] < ch.positions[at - 1]) {
-                sorted = false;  // runs ascend; pieces may not
-              }
-              ch.positions.resize(at + kept);
-              ch.base.resize((at + kept) * cw);
-              ch.target.resize((at + kept) * cw);
-            }
-          });
-    }
-    if (ch.positions.empty()) continue;
-    if (!sorted) {
-      // A transposed piece, or several pieces of this rank that interleave
-      // (a row split's columns): order by canonical position.
-      std::vector<size_t> order(ch.positions.size());
-      std::iota(order.begin(), order.end(), size_t{0});
-      std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-        return ch.positions[x] < ch.positions[y];
-      });
-      CanonicalChanges s;
-      s.tensor = ti;
-      s.positions.reserve(order.size());
-      s.base.resize(ch.base.size());
-      s.target.resize(ch.target.size());
-      for (size_t k = 0; k < order.size(); ++k) {
-        s.positions.push_back(ch.positions[order[k]]);
-        std::memcpy(&s.base[k * cw], &ch.base[order[k] * cw], cw);
-        std::memcpy(&s.target[k * cw], &ch.target[order[k] * cw], cw);
-      }
-      ch = std::move(s);
-    }
-    st.changed += ch.positions.size();
-    if (Status s = each(std::move(ch)); !s.ok()) {
-      if (stats) *stats = st;
-      return s;
+    const std::byte* bp0 = data.at(p.shard).first.data();
+    const std::byte* tp0 = data.at(p.shard).second.data();
+    ForEachRun(p, tensor.shape,
+               [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+                 st.compared += n;
+                 const std::byte* bp = bp0 + s * sw;
+                 const std::byte* tp = tp0 + s * sw;
+                 // The codec's vectorized scan finds the changed elements
+                 // of a block of the run.
+                 for (uint64_t off = 0; off < n; off += kScanBlock) {
+                   const size_t m =
+                       static_cast<size_t>(std::min(kScanBlock, n - off));
+                   const size_t k = FindChanges(
+                       sw, bp + off * sw, tp + off * sw, m,
+                       /*xor_values=*/false, scan.positions, scan.planes);
+                   changes->Reserve(k);
+                   for (size_t i = 0; i < k; ++i) {
+                     const uint64_t j = off + scan.positions[i];
+                     changes->Add(c + j * step, bp + j * sw, tp + j * sw);
+                   }
+                 }
+               });
+    return Status::OK();
+  };
+  Status s = EachTensorsChanges(
+      layout, rank, scan_piece, [](size_t) {}, each, &st);
+  if (stats) *stats = st;
+  return s;
+}
+
+Status ProjectShardChanges(
+    const Layout& layout, uint32_t rank, const ShardChangesFetch& fetch,
+    const std::function<Status(CanonicalChanges&&)>& each,
+    ShardDiffStats* stats) {
+  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
+  ShardDiffStats st;
+  const auto shards = layout.ShardsOf(rank);
+  // The last tensor that reads each shard: its changes are freed after.
+  std::map<std::string, size_t, std::less<>> last_use;
+  for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
+    for (const AffinePiece& p : layout.tensors[ti].pieces) {
+      if (p.rank == rank) last_use[p.shard] = ti;
     }
   }
+  std::map<std::string, ShardChanges, std::less<>> held;
+  auto get = [&](const AffinePiece& p,
+                 size_t sw) -> Result<const ShardChanges*> {
+    if (auto it = held.find(p.shard); it != held.end()) return &it->second;
+    ShardChanges c;
+    DCR_RETURN_IF_ERROR(fetch(p.shard, &c));
+    // What the memory returned is checked as input: a position out of
+    // order or past the shard would misplace a change.
+    const uint64_t elems =
+        Bytes(shards.at(p.shard).shape, shards.at(p.shard).dtype) / sw;
+    const size_t k = c.positions.size();
+    if (c.base.size() != k * sw || c.target.size() != k * sw) {
+      return Status::Internal("rank " + std::to_string(rank) + ": shard '" +
+                              p.shard + "': " + std::to_string(k) +
+                              " changed positions with values of another size");
+    }
+    for (size_t i = 0; i < k; ++i) {
+      if (c.positions[i] >= elems ||
+          (i > 0 && c.positions[i] <= c.positions[i - 1])) {
+        return Status::Internal("rank " + std::to_string(rank) + ": shard '" +
+                                p.shard + "': changed position " +
+                                std::to_string(c.positions[i]) +
+                                " is out of order or past the shard's " +
+                                std::to_string(elems) + " elements");
+      }
+    }
+    return &held.emplace(p.shard, std::move(c)).first->second;
+  };
+  auto scan_piece = [&](const AffinePiece& p, const LayoutTensor& tensor,
+                        TensorChanges* changes) -> Status {
+    const size_t sw = DTypeSize(tensor.conversion.shard_dtype);
+    DCR_ASSIGN_OR_RETURN(const ShardChanges* sc, get(p, sw));
+    const std::vector<uint64_t>& pos = sc->positions;
+    auto cursor = pos.begin();
+    ForEachRun(p, tensor.shape,
+               [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
+                 st.compared += n;
+                 // Runs ascend in the shard: the cursor only moves on.
+                 auto lo = std::lower_bound(cursor, pos.end(), s);
+                 auto hi = std::lower_bound(lo, pos.end(), s + n);
+                 cursor = hi;
+                 changes->Reserve(static_cast<size_t>(hi - lo));
+                 for (auto it = lo; it != hi; ++it) {
+                   const size_t i = static_cast<size_t>(it - pos.begin());
+                   changes->Add(c + (*it - s) * step, &sc->base[i * sw],
+                                &sc->target[i * sw]);
+                 }
+               });
+    return Status::OK();
+  };
+  auto done = [&](size_t ti) {
+    std::erase_if(held,
+                  [&](const auto& kv) { return last_use.at(kv.first) == ti; });
+  };
+  Status s = EachTensorsChanges(layout, rank, scan_piece, done, each, &st);
   if (stats) *stats = st;
-  return Status::OK();
+  return s;
 }
 
 Result<std::vector<ShardMismatch>> CompareShards(
@@ -359,27 +475,26 @@ Result<std::vector<ShardMismatch>> CompareShards(
   return out;
 }
 
-Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
-                                                   uint32_t rank,
-                                                   const ShardBytes& shards) {
-  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
-  std::map<std::string, std::span<const std::byte>, std::less<>> data;
-  for (const auto& [name, shard] : layout.ShardsOf(rank)) {
-    std::span<const std::byte> b;
-    DCR_RETURN_IF_ERROR(CheckSize(layout, rank, shard, shards, "given", &b));
-    data.emplace(name, b);
-  }
-  std::vector<LinearDigest> out(layout.tensors.size());
+namespace {
+
+// HashShardRegions' pass over the regions of the rank's pieces that read
+// the shards in `data` (all of them, or one), XORed into `sum`.
+void HashRegionsOf(
+    const Layout& layout, uint32_t rank,
+    const std::map<std::string, std::span<const std::byte>, std::less<>>& data,
+    std::vector<LinearDigest>* sums) {
   std::vector<std::byte> converted;
   for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
     const LayoutTensor& tensor = layout.tensors[ti];
     const size_t cw = DTypeSize(tensor.dtype);
     const size_t sw = DTypeSize(tensor.conversion.shard_dtype);
     const bool identity = tensor.conversion.identity(tensor.dtype);
-    LinearDigest& sum = out[ti];
+    LinearDigest& sum = (*sums)[ti];
     for (const AffinePiece& p : tensor.pieces) {
       if (p.rank != rank) continue;
-      const std::byte* shard = data.at(p.shard).data();
+      auto it = data.find(p.shard);
+      if (it == data.end()) continue;
+      const std::byte* shard = it->second.data();
       if (identity) {
         HashPiece(p, tensor, shard, /*in_shard=*/true, &sum);
         continue;
@@ -405,7 +520,42 @@ Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
                  });
     }
   }
+}
+
+}  // namespace
+
+Result<std::vector<LinearDigest>> HashShardRegions(const Layout& layout,
+                                                   uint32_t rank,
+                                                   const ShardBytes& shards) {
+  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
+  std::map<std::string, std::span<const std::byte>, std::less<>> data;
+  for (const auto& [name, shard] : layout.ShardsOf(rank)) {
+    std::span<const std::byte> b;
+    DCR_RETURN_IF_ERROR(CheckSize(layout, rank, shard, shards, "given", &b));
+    data.emplace(name, b);
+  }
+  std::vector<LinearDigest> out(layout.tensors.size());
+  HashRegionsOf(layout, rank, data, &out);
   return out;
+}
+
+Status AddShardRegions(const Layout& layout, uint32_t rank,
+                       std::string_view shard, std::span<const std::byte> bytes,
+                       std::vector<LinearDigest>* sums) {
+  DCR_RETURN_IF_ERROR(CheckRank(layout, rank));
+  const auto shards = layout.ShardsOf(rank);
+  auto it = shards.find(std::string(shard));
+  if (it == shards.end()) {
+    return Status::NotFound("rank " + std::to_string(rank) + ": layout " +
+                            layout.source + " gives this rank no shard '" +
+                            std::string(shard) + "'");
+  }
+  const ShardBytes one = {{it->first, bytes}};
+  std::span<const std::byte> b;
+  DCR_RETURN_IF_ERROR(CheckSize(layout, rank, it->second, one, "given", &b));
+  sums->resize(layout.tensors.size());
+  HashRegionsOf(layout, rank, one, sums);
+  return Status::OK();
 }
 
 }  // namespace dcr

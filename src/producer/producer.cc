@@ -222,6 +222,12 @@ Status Producer::SetBaseline(const ShardBytes& shards) {
   return shards_->SetBaseline(shards);
 }
 
+Status Producer::UseMemory(std::unique_ptr<ShardMemory> memory) {
+  return shards_->UseMemory(std::move(memory));
+}
+
+const ShardMemory* Producer::memory() const { return shards_->memory(); }
+
 Result<ProducerDecision> Producer::Refit(uint64_t step,
                                          const ShardBytes& shards) {
   const auto t0 = Clock::now();

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -192,6 +193,45 @@ TEST(LinearDigestTest, AnXorMaskUpdatesTheDigest) {
   auto swapped = one;
   std::swap_ranges(swapped.begin(), swapped.begin() + 16, swapped.begin() + 16);
   EXPECT_NE(LinearHash(0, swapped), d);
+}
+
+// Scattered elements hash as the dense string holding them among zeros,
+// at every element size, density and offset (aligned: Horner over the
+// blocks; unaligned: element by element), gaps of any length included.
+TEST(LinearDigestTest, ScatteredElementsHashAsTheirDenseString) {
+  std::mt19937_64 rng(6);
+  for (int iter = 0; iter < 400; ++iter) {
+    const size_t w = size_t{1} << (rng() % 4);
+    const uint64_t n = 1 + rng() % 3000;
+    const double density = std::array{0.0005, 0.03, 0.3, 1.0}[rng() % 4];
+    const uint64_t offset =
+        rng() % 3 == 0 ? rng() % 64 : w * (rng() % 3 == 0 ? rng() : rng() % 64);
+    std::vector<uint64_t> positions;
+    for (uint64_t e = 0; e < n; ++e) {
+      if (std::generate_canonical<double, 53>(rng) < density) {
+        positions.push_back(e);
+      }
+    }
+    auto values = RandomBytes(positions.size() * w, rng);
+    std::vector<std::byte> dense(n * w);
+    for (size_t k = 0; k < positions.size(); ++k) {
+      std::memcpy(&dense[positions[k] * w], &values[k * w], w);
+    }
+    SCOPED_TRACE("w " + std::to_string(w) + " n " + std::to_string(n) +
+                 " offset " + std::to_string(offset) + " count " +
+                 std::to_string(positions.size()));
+    ASSERT_EQ(LinearHashElements(offset, w, positions.data(), positions.size(),
+                                 values.data()),
+              LinearHash(offset, dense));
+  }
+  // Elements 2^40 apart: one product spans the gap.
+  const uint64_t far[] = {3, (1ull << 40) + 5};
+  const std::byte v[] = {std::byte{7}, std::byte{9}, std::byte{1},
+                         std::byte{2}};
+  EXPECT_EQ(
+      LinearHashElements(0, 2, far, 2, v),
+      LinearHash(6, {v, 2}) ^ LinearHash(((1ull << 40) + 5) * 2, {v + 2, 2}));
+  EXPECT_TRUE(LinearHashElements(0, 2, far, 0, v).IsZero());
 }
 
 TEST(TensorDigestTest, IsTheLinearDigestBoundToTheLength) {
