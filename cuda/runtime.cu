@@ -162,6 +162,8 @@ OwnedStream& OwnedStream::operator=(OwnedStream&& o) noexcept {
 }
 
 Status UseDevice(int index) {
+  // No driver or no device: say so (Unsupported), not which call failed.
+  DCR_RETURN_IF_ERROR(RequireDevice());
   return CudaStatus(cudaSetDevice(index),
                     "cudaSetDevice(" + std::to_string(index) + ")");
 }

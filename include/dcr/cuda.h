@@ -125,6 +125,7 @@ class OwnedStream {
 };
 
 // Makes device `index` current for this thread (cudaSetDevice).
+// Unsupported where no device is usable (no driver, an old one, none).
 Status UseDevice(int index);
 // The PCI bus id of device `index` ("0000:19:00.0"), without creating a
 // context on it.

@@ -20,6 +20,7 @@
 
 #include "common/failpoint.h"
 #include "dcr/codec.h"
+#include "dcr/cuda.h"
 #include "dcr/digest.h"
 #include "dcr/layout.h"
 #include "dcr/producer.h"
@@ -52,20 +53,52 @@ std::string DTypeOfTorch(const py::handle& t) {
   return it == kNames.end() ? "" : it->second;
 }
 
-// A name -> tensor dict as rank `rank`'s shard bytes; `held` keeps the
-// buffers alive. A torch tensor of a shard the layout gives the rank must
-// have the layout's shape and dtype (a transposed or retyped tensor of the
-// same size would otherwise be taken); sizes are checked for any buffer.
-ShardBytes ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named,
-                    std::vector<Bytes>* held) {
+// A rank's shards as handed from Python: their bytes in host memory, or
+// spans of one GPU's memory (torch CUDA tensors).
+struct Placed {
+  ShardBytes shards;
+  int device = -1;          // CUDA device index; -1: host memory
+  std::vector<Bytes> held;  // keeps host buffers alive
+};
+
+std::string Where(int device) {
+  return device < 0 ? std::string("the CPU") : "cuda:" + std::to_string(device);
+}
+
+// The CUDA device a torch tensor is on, or -1 for the CPU (and for
+// anything that is not a torch tensor).
+int DeviceOf(const py::handle& v) {
+  if (!py::hasattr(v, "is_cuda") || !py::hasattr(v, "device") ||
+      !v.attr("is_cuda").cast<bool>()) {
+    return -1;
+  }
+  py::object index = v.attr("device").attr("index");
+  if (index.is_none()) {
+    return py::module_::import("torch.cuda")
+        .attr("current_device")()
+        .cast<int>();
+  }
+  return index.cast<int>();
+}
+
+// A name -> tensor dict as rank `rank`'s shards. Only the shards the
+// layout gives the rank are taken (the producer ignores the others). A
+// torch tensor must have the layout's shape and dtype (a transposed or
+// retyped tensor of the same size would otherwise be taken); sizes are
+// checked for any buffer. CUDA tensors are taken as spans of their
+// device's memory, all on one device and contiguous; torch's current
+// stream there is synchronized first, so the optimizer step's kernels
+// have finished.
+Placed ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named) {
   const auto shards = layout.ShardsOf(rank);
-  ShardBytes out;
-  held->reserve(named.size());
+  Placed out;
+  out.held.reserve(named.size());
+  std::string first;  // the first shard's name, for the error
   for (auto [k, v] : named) {
     const std::string name = k.cast<std::string>();
     auto it = shards.find(name);
-    if (it != shards.end() && py::hasattr(v, "dtype") &&
-        py::hasattr(v, "is_cuda")) {
+    if (it == shards.end()) continue;
+    if (py::hasattr(v, "dtype") && py::hasattr(v, "is_cuda")) {
       const auto shape = v.attr("shape").cast<std::vector<uint64_t>>();
       const std::string dtype = DTypeOfTorch(v);
       if (shape != it->second.shape || dtype != DTypeName(it->second.dtype)) {
@@ -79,15 +112,49 @@ ShardBytes ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named,
             "a full refit");
       }
     }
-    held->push_back(BytesOf(v, false, name));
-    out.emplace(name, held->back().span());
+    const int device = DeviceOf(v);
+    if (first.empty()) {
+      first = name;
+      out.device = device;
+    } else if (device != out.device) {
+      throw py::value_error("rank " + std::to_string(rank) + ": shard '" +
+                            name + "' is on " + Where(device) + " and '" +
+                            first + "' on " + Where(out.device) +
+                            "; hand a producer all of its rank's shards "
+                            "from one device");
+    }
+    if (device < 0) {
+      out.held.push_back(BytesOf(v, false, name));
+      out.shards.emplace(name, out.held.back().span());
+      continue;
+    }
+    if (!v.attr("is_contiguous")().cast<bool>()) {
+      throw py::value_error("rank " + std::to_string(rank) + ": shard '" +
+                            name + "' is not contiguous (.contiguous())");
+    }
+    const auto ptr = v.attr("data_ptr")().cast<uintptr_t>();
+    const auto bytes = v.attr("numel")().cast<uint64_t>() *
+                       v.attr("element_size")().cast<uint64_t>();
+    out.shards.emplace(name, std::span<const std::byte>(
+                                 reinterpret_cast<const std::byte*>(ptr),
+                                 static_cast<size_t>(bytes)));
+  }
+  if (out.device >= 0) {
+    py::object torch_cuda = py::module_::import("torch.cuda");
+    // Torch without CUDA (a stand-in tensor): the producer's memory says
+    // there is no GPU.
+    if (torch_cuda.attr("is_available")().cast<bool>()) {
+      torch_cuda.attr("current_stream")(out.device).attr("synchronize")();
+    }
   }
   return out;
 }
 
 // A ShardProducer or Producer is used by one thread at a time; Python
 // threads may share one, so each call takes this lock, with the GIL
-// released while it waits.
+// released while it waits. Its shards live where the first tensors handed
+// to it do (host memory, or a GPU: cuda::CreateShardMemory); shards from
+// elsewhere are refused while it holds a baseline.
 template <typename P>
 struct Locked {
   template <typename... Args>
@@ -96,15 +163,29 @@ struct Locked {
   // not the GIL.
   template <typename Fn>
   auto With(const py::dict& named, Fn fn) {
-    std::vector<Bytes> held;
-    ShardBytes shards =
-        ShardsOf(producer.layout(), producer.rank(), named, &held);
+    Placed placed = ShardsOf(producer.layout(), producer.rank(), named);
     py::gil_scoped_release unlocked;
     std::lock_guard<std::mutex> lock(mu);
-    return fn(producer, shards);
+    if (placed.device != device && !placed.shards.empty()) {
+      if (producer.has_baseline()) {
+        throw py::value_error(
+            "rank " + std::to_string(producer.rank()) +
+            ": the producer's baseline is on " + Where(device) +
+            ", these shards on " + Where(placed.device) +
+            "; hand it shards where its baseline is (or use a new producer)");
+      }
+      std::unique_ptr<ShardMemory> memory;
+      if (placed.device >= 0) {
+        memory = Take(cuda::CreateShardMemory({.device = placed.device}));
+      }
+      Check(producer.UseMemory(std::move(memory)));
+      device = placed.device;
+    }
+    return fn(producer, placed.shards);
   }
   P producer;
   std::mutex mu;
+  int device = -1;  // where the producer's shards live; -1: host memory
 };
 using PyProducer = Locked<ShardProducer>;
 using PyLiveProducer = Locked<Producer>;
@@ -363,8 +444,7 @@ PYBIND11_MODULE(dcr, m) {
         RankShardsSource source = [&](uint32_t rank,
                                       const RankShardsUse& use) -> Status {
           py::gil_scoped_acquire gil;
-          std::vector<Bytes> held;
-          ShardBytes shards[2];
+          Placed shards[2];
           std::vector<py::object> files;
           const std::string dirs[2] = {base_dir, target_dir};
           // (Python errors become a Status here: they must not cross the
@@ -379,7 +459,8 @@ PYBIND11_MODULE(dcr, m) {
                 return Status::InvalidArgument(pt(dirs[k], rank) +
                                                ": not a dict of tensors");
               }
-              shards[k] = ShardsOf(l, rank, files.back(), &held);
+              // map_location: the CPU, so host memory.
+              shards[k] = ShardsOf(l, rank, files.back());
             }
           } catch (const std::exception& e) {
             return Status::InvalidArgument(
@@ -387,7 +468,7 @@ PYBIND11_MODULE(dcr, m) {
                 e.what());
           }
           py::gil_scoped_release released;
-          return use(shards[0], shards[1]);
+          return use(shards[0].shards, shards[1].shards);
         };
         const bool torch_files = std::filesystem::exists(pt(base_dir, 0)) &&
                                  std::filesystem::exists(pt(target_dir, 0));
