@@ -11,13 +11,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "dcr/checkpoint.h"
+#include "dcr/digest.h"
 #include "dcr/layout.h"
 #include "dcr/shard_diff.h"
 
@@ -90,6 +93,12 @@ int main(int argc, char** argv) {
     dcr::ShardBytes b, t;
     std::vector<double> seconds;
     dcr::ShardDiffStats stats;
+    // The host's side of a rank whose shards live on a GPU: each shard's
+    // changed elements (what the GPU's diff copies back, found here once,
+    // untimed), projected and folded into the digests; against the host
+    // producer's diff plus its hash of the target's regions.
+    std::map<std::string, dcr::ShardChanges> changes;
+    std::vector<double> host_step_s, gpu_host_s;
   };
   std::vector<Rank> ranks(layout->ranks());
   for (uint32_t r = 0; r < layout->ranks(); ++r) {
@@ -103,6 +112,17 @@ int main(int argc, char** argv) {
     ranks[r].target = std::move(*t);
     ranks[r].b = Tensors(*ranks[r].base);
     ranks[r].t = Tensors(*ranks[r].target);
+    for (const auto& [shard, info] : layout->ShardsOf(r)) {
+      const size_t w = dcr::DTypeSize(info.dtype);
+      auto sb = ranks[r].b.at(shard), st = ranks[r].t.at(shard);
+      dcr::ShardChanges& c = ranks[r].changes[shard];
+      for (uint64_t e = 0; e < sb.size() / w; ++e) {
+        if (std::memcmp(&sb[e * w], &st[e * w], w) == 0) continue;
+        c.positions.push_back(e);
+        c.base.insert(c.base.end(), &sb[e * w], &sb[e * w] + w);
+        c.target.insert(c.target.end(), &st[e * w], &st[e * w] + w);
+      }
+    }
   }
 
   std::vector<double> gathered_s, ratio;
@@ -125,6 +145,47 @@ int main(int argc, char** argv) {
       ranks[r].seconds.push_back(s);
       sum += s;
       changed_all += ranks[r].stats.changed;
+
+      // The host producer's step: the diff and the target's digests.
+      t0 = Clock::now();
+      auto c2 = dcr::DiffShards(*layout, r, ranks[r].b, ranks[r].t);
+      auto h = dcr::HashShardRegions(*layout, r, ranks[r].t);
+      ranks[r].host_step_s.push_back(
+          std::chrono::duration<double>(Clock::now() - t0).count());
+      if (!c2.ok()) return Fail(c2.status());
+      if (!h.ok()) return Fail(h.status());
+      // A GPU-resident rank's host side: projection and digest update.
+      auto hb = dcr::HashShardRegions(*layout, r, ranks[r].b);
+      if (!hb.ok()) return Fail(hb.status());
+      std::vector<dcr::LinearDigest> digests = *hb;
+      std::vector<std::byte> mask;
+      t0 = Clock::now();
+      dcr::Status ps = dcr::ProjectShardChanges(
+          *layout, r,
+          [&](const std::string& shard, dcr::ShardChanges* landed) {
+            *landed = ranks[r].changes.at(shard);  // as the copy lands
+            return dcr::Status::OK();
+          },
+          [&](dcr::CanonicalChanges&& ch) {
+            const size_t w = dcr::DTypeSize(layout->tensors[ch.tensor].dtype);
+            mask.resize(ch.base.size());
+            for (size_t i = 0; i < mask.size(); ++i) {
+              mask[i] = ch.base[i] ^ ch.target[i];
+            }
+            digests[ch.tensor] ^= dcr::LinearHashElements(
+                0, w, ch.positions.data(), ch.positions.size(), mask.data());
+            return dcr::Status::OK();
+          });
+      ranks[r].gpu_host_s.push_back(
+          std::chrono::duration<double>(Clock::now() - t0).count());
+      if (!ps.ok()) return Fail(ps);
+      if (digests != *h) {
+        std::fprintf(stderr,
+                     "rank %u: the updated digests are not the "
+                     "target's\n",
+                     r);
+        return 1;
+      }
     }
     ratio.push_back(sum / gs);
   }
@@ -163,6 +224,19 @@ int main(int argc, char** argv) {
       "all ranks' time over the gathered diff's (same rounds, one core): "
       "%.2f\n",
       Median(ratio));
+  std::printf(
+      "\nhost CPU per step: the host producer (diff + hash of the "
+      "target) against a rank\nwhose shards live on a GPU (projection "
+      "of the changes + digest update)\n");
+  std::printf("%-10s %12s %12s %8s\n", "producer", "host s", "GPU's host s",
+              "ratio");
+  for (uint32_t r = 0; r < layout->ranks(); ++r) {
+    const double a = Median(ranks[r].host_step_s);
+    const double b = Median(ranks[r].gpu_host_s);
+    std::printf("rank %-5u %12.3f %12.3f %8.2f\n", r, a, b, b / a);
+    j["ranks"][r]["host_step_seconds"] = a;
+    j["ranks"][r]["gpu_resident_host_seconds"] = b;
+  }
   j["ranks_over_gathered"] = Median(ratio);
   j["layout"] = layout_path;
   j["rounds"] = rounds;

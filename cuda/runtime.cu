@@ -168,6 +168,12 @@ Status UseDevice(int index) {
                     "cudaSetDevice(" + std::to_string(index) + ")");
 }
 
+Result<int> CurrentDevice() {
+  int index = 0;
+  DCR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&index), "cudaGetDevice");
+  return index;
+}
+
 Result<std::string> PciBusId(int index) {
   char bus[32] = {};
   DCR_CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus, sizeof(bus), index),

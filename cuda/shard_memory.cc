@@ -13,6 +13,29 @@
 namespace dcr::cuda {
 namespace {
 
+// Makes `device` current for the scope and then makes current again the
+// device that was (the caller's thread is the trainer's: its torch
+// current device must not move). ok() is false where `device` could not
+// be made current.
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    auto was = CurrentDevice();
+    if (was.ok()) previous_ = *was;
+    status_ = UseDevice(device);
+  }
+  ~OnDevice() {
+    if (previous_ >= 0) (void)UseDevice(previous_);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  Status status_;
+};
+
 class DeviceShardMemory final : public ShardMemory {
  public:
   DeviceShardMemory(const ShardMemoryOptions& options,
@@ -26,8 +49,13 @@ class DeviceShardMemory final : public ShardMemory {
         values_(std::move(values)) {}
 
   ~DeviceShardMemory() override {
-    // The buffers are freed with the device current that holds them.
-    if (UseDevice(options_.device).ok()) baseline_.clear();
+    // The buffers are freed with the device that holds them current.
+    OnDevice on(options_.device);
+    baseline_.clear();
+    differ_.reset();
+    digester_.reset();
+    positions_ = DeviceBuffer();
+    values_ = DeviceBuffer();
   }
 
   std::string name() const override {
@@ -35,7 +63,8 @@ class DeviceShardMemory final : public ShardMemory {
   }
 
   Status SetBaseline(const ShardBytes& shards) override {
-    DCR_RETURN_IF_ERROR(UseDevice(options_.device));
+    OnDevice on(options_.device);
+    DCR_RETURN_IF_ERROR(on.status());
     baseline_.clear();  // the old copy's memory first
     for (const auto& [name, span] : shards) {
       DCR_ASSIGN_OR_RETURN(Shard * s, Hold(name, span.size()));
@@ -46,7 +75,8 @@ class DeviceShardMemory final : public ShardMemory {
   }
 
   Status SetBaselineFromHost(const ShardBytes& shards) override {
-    DCR_RETURN_IF_ERROR(UseDevice(options_.device));
+    OnDevice on(options_.device);
+    DCR_RETURN_IF_ERROR(on.status());
     baseline_.clear();
     for (const auto& [name, span] : shards) {
       DCR_ASSIGN_OR_RETURN(Shard * s, Hold(name, span.size()));
@@ -56,7 +86,8 @@ class DeviceShardMemory final : public ShardMemory {
   }
 
   void DropBaseline() override {
-    if (UseDevice(options_.device).ok()) baseline_.clear();
+    OnDevice on(options_.device);
+    baseline_.clear();
   }
 
   uint64_t baseline_bytes() const override {
@@ -74,7 +105,8 @@ class DeviceShardMemory final : public ShardMemory {
           std::to_string(s->bytes) + " bytes; cannot read " +
           std::to_string(out.size()) + " at " + std::to_string(offset));
     }
-    DCR_RETURN_IF_ERROR(UseDevice(options_.device));
+    OnDevice on(options_.device);
+    DCR_RETURN_IF_ERROR(on.status());
     return CopyToHost(out,
                       static_cast<const std::byte*>(s->buffer.data()) + offset);
   }
@@ -94,8 +126,12 @@ class DeviceShardMemory final : public ShardMemory {
                                      " bytes, its baseline " +
                                      std::to_string(s->bytes));
     }
-    DCR_RETURN_IF_ERROR(UseDevice(options_.device));
-    *out = ShardChanges();
+    OnDevice on(options_.device);
+    DCR_RETURN_IF_ERROR(on.status());
+    // Emptied, keeping the buffers (faulted in already).
+    out->positions.clear();
+    out->base.clear();
+    out->target.clear();
     const auto* base = static_cast<const std::byte*>(s->buffer.data());
     const uint64_t n = s->bytes / w;
     auto* d_pos = static_cast<uint32_t*>(positions_.data());
@@ -139,7 +175,8 @@ class DeviceShardMemory final : public ShardMemory {
 
   Result<Digest128> Fingerprint(std::span<const std::byte> shard) override {
     if (shard.empty()) return TensorDigest(shard);
-    DCR_RETURN_IF_ERROR(UseDevice(options_.device));
+    OnDevice on(options_.device);
+    DCR_RETURN_IF_ERROR(on.status());
     return digester_->TensorDigest(shard.data(), shard.size());
   }
 
@@ -153,7 +190,8 @@ class DeviceShardMemory final : public ShardMemory {
                                        std::to_string(s->bytes));
       }
     }
-    DCR_RETURN_IF_ERROR(UseDevice(options_.device));
+    OnDevice on(options_.device);
+    DCR_RETURN_IF_ERROR(on.status());
     for (const auto& [name, span] : target) {
       DCR_RETURN_IF_ERROR(CopyOnDevice(baseline_.at(name).buffer.data(),
                                        span.data(), span.size()));
@@ -215,7 +253,8 @@ Result<std::unique_ptr<ShardMemory>> CreateShardMemory(
   auto refuse = [&](const Status& s) {
     return s.WithContext("cannot keep a producer's shards on " + where);
   };
-  if (Status s = UseDevice(options.device); !s.ok()) return refuse(s);
+  OnDevice on(options.device);
+  if (!on.status().ok()) return refuse(on.status());
   auto differ = Differ::Create(options.piece_elems);
   if (!differ.ok()) return refuse(differ.status());
   auto digester = Digester::Create();

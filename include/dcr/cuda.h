@@ -130,6 +130,8 @@ Status UseDevice(int index);
 // The PCI bus id of device `index` ("0000:19:00.0"), without creating a
 // context on it.
 Result<std::string> PciBusId(int index);
+// The device current for this thread (cudaGetDevice).
+Result<int> CurrentDevice();
 
 // The most elements one FindChanges call takes: positions are 32-bit.
 inline constexpr uint64_t kMaxDiffElems = (1ull << 32) - 1;
@@ -282,11 +284,13 @@ Status RequantizeFp8(const Fp8Tensor& t, const void* d_src,
 // through which a producer (dcr/producer.h Producer::UseMemory) keeps its
 // baseline on that device, as a copy of the rank's shards (as much device
 // memory again), diffs there with Differ and copies back only the changed
-// elements' positions and bits (about 12 bytes per changed BF16 element:
-// a 3% step of a 1 GB shard is some 180 MB to the host). Scratch on the
+// elements' positions and bits (8 bytes per changed BF16 element over
+// PCIe, a 4-byte position and both values: a 3% step of a 1 GB shard is
+// some 130 MB, held on the host as 12 bytes each). Scratch on the
 // device: `piece_elems` positions and values of up to 8 bytes (192 MiB at
 // the default), used piece by piece. Fingerprints are TensorDigests on the
-// device; the copies to and from the baseline run on the legacy default
+// device; each call makes its device current and then the caller's again;
+// the copies to and from the baseline run on the legacy default
 // stream and are synchronized before each call returns, so the caller
 // makes its own work on the shards finish first (torch:
 // torch.cuda.current_stream().synchronize()).

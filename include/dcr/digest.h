@@ -126,7 +126,8 @@ LinearDigest LinearHashRuns(uint64_t offset, uint64_t stride,
 // Equal to the XOR of LinearHash over the elements; positions must ascend
 // strictly. Where `offset` is a multiple of elem_size (no element straddles
 // a 16-byte block) it costs one product per block holding an element
-// (Horner over the blocks, from the last), not a power of K per element:
+// (Horner over the blocks, from the last), and a power of K (up to 16
+// products) per gap of more than 8 blocks, not a power per element:
 // how a producer whose shards live on a GPU updates its digests by the XOR
 // masks of the changed elements it copied back, without the shards.
 LinearDigest LinearHashElements(uint64_t offset, size_t elem_size,

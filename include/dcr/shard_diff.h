@@ -91,11 +91,13 @@ Status DiffShardsEach(const Layout& layout, uint32_t rank,
 
 // DiffShardsEach for shards diffed where they live (a GPU's memory:
 // dcr/shard_memory.h), from each shard's changed elements: `fetch(shard,
-// &changes)` gives those of one of the rank's shards, and is called once
+// &changes)` fills `changes` (empty, perhaps with the capacity of a shard
+// done with) with those of one of the rank's shards, and is called once
 // per shard, when the first canonical tensor reading it comes; they are
-// kept until the last tensor reading it is done (a layout whose shards
-// feed consecutive tensors, as the parsed ones do, holds one shard's
-// changes at a time). `each` gets what DiffShardsEach gives for the same
+// kept until the last tensor reading it is done (tensors come in name
+// order, so a fused shard's changes, QKV's, stay while the tensors
+// sorting between its own are done: two shards' at a time for the parsed
+// Megatron layouts). `each` gets what DiffShardsEach gives for the same
 // bits. Changed elements no piece of the rank maps (padding) are ignored.
 // The shards' sizes are the caller's to check (CheckShards); changes that
 // do not fit their shard (positions out of order or past its end, values

@@ -61,7 +61,7 @@ class ShardMemory {
   // The elements of `target` (a span of this memory holding elements of
   // `elem_size` bytes) whose bits differ from the baseline of shard
   // `shard`, which must be as long: NotFound / InvalidArgument otherwise.
-  // `out` is replaced.
+  // `out` is replaced (its buffers' capacity reused).
   virtual Status FindChanges(std::string_view shard, size_t elem_size,
                              std::span<const std::byte> target,
                              ShardChanges* out) = 0;

@@ -198,6 +198,27 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
 
 namespace {
 
+// One element's bits: a fixed-size copy the compiler inlines (a memcpy of
+// a runtime size is a call, most of the per-change cost).
+inline void CopyElement(std::byte* to, const std::byte* from, size_t w) {
+  switch (w) {
+    case 1:
+      *to = *from;
+      return;
+    case 2:
+      std::memcpy(to, from, 2);
+      return;
+    case 4:
+      std::memcpy(to, from, 4);
+      return;
+    case 8:
+      std::memcpy(to, from, 8);
+      return;
+    default:
+      std::memcpy(to, from, w);
+  }
+}
+
 // One canonical tensor's changes as a rank's pieces find them: each
 // changed shard element converted to canonical bits (an element whose
 // canonical bits did not change is dropped), then ordered by canonical
@@ -232,8 +253,8 @@ class TensorChanges {
       sorted_ = false;  // runs ascend; pieces may not
     }
     ch_.positions[n_] = c;
-    std::memcpy(&ch_.base[n_ * cw_], ob, cw_);
-    std::memcpy(&ch_.target[n_ * cw_], ot, cw_);
+    CopyElement(&ch_.base[n_ * cw_], ob, cw_);
+    CopyElement(&ch_.target[n_ * cw_], ot, cw_);
     ++n_;
   }
   size_t size() const { return n_; }
@@ -270,6 +291,22 @@ class TensorChanges {
   size_t n_ = 0;
   bool sorted_ = true;
 };
+
+// The first of the ascending [first, last) at or above `v`, searched from
+// `first` in steps that double: the next run's changes start near the
+// last run's end, which a binary search over all of them would reach
+// through a cache miss per probe.
+template <typename It>
+It Gallop(It first, It last, uint64_t v) {
+  for (size_t step = 1;; step *= 2) {
+    const size_t left = static_cast<size_t>(last - first);
+    const size_t k = std::min(step, left);
+    if (k == left || *(first + (k - 1)) >= v) {
+      return std::lower_bound(first, first + k, v);
+    }
+    first += k;  // all below v
+  }
+}
 
 // For each canonical tensor the rank holds, in order: scan(piece, tensor,
 // &changes) for each of its pieces of the rank, then `each` with the
@@ -364,10 +401,16 @@ Status ProjectShardChanges(
     }
   }
   std::map<std::string, ShardChanges, std::less<>> held;
+  // The buffers of a shard done with, handed to the next fetch: memory
+  // faulted in once, not per shard.
+  ShardChanges spare;
   auto get = [&](const AffinePiece& p,
                  size_t sw) -> Result<const ShardChanges*> {
     if (auto it = held.find(p.shard); it != held.end()) return &it->second;
-    ShardChanges c;
+    ShardChanges c = std::move(spare);
+    c.positions.clear();
+    c.base.clear();
+    c.target.clear();
     DCR_RETURN_IF_ERROR(fetch(p.shard, &c));
     // What the memory returned is checked as input: a position out of
     // order or past the shard would misplace a change.
@@ -397,12 +440,13 @@ Status ProjectShardChanges(
     DCR_ASSIGN_OR_RETURN(const ShardChanges* sc, get(p, sw));
     const std::vector<uint64_t>& pos = sc->positions;
     auto cursor = pos.begin();
+    changes->Reserve(pos.size());
     ForEachRun(p, tensor.shape,
                [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
                  st.compared += n;
                  // Runs ascend in the shard: the cursor only moves on.
-                 auto lo = std::lower_bound(cursor, pos.end(), s);
-                 auto hi = std::lower_bound(lo, pos.end(), s + n);
+                 auto lo = Gallop(cursor, pos.end(), s);
+                 auto hi = Gallop(lo, pos.end(), s + n);
                  cursor = hi;
                  changes->Reserve(static_cast<size_t>(hi - lo));
                  for (auto it = lo; it != hi; ++it) {
@@ -414,8 +458,16 @@ Status ProjectShardChanges(
     return Status::OK();
   };
   auto done = [&](size_t ti) {
-    std::erase_if(held,
-                  [&](const auto& kv) { return last_use.at(kv.first) == ti; });
+    for (auto it = held.begin(); it != held.end();) {
+      if (last_use.at(it->first) != ti) {
+        ++it;
+        continue;
+      }
+      if (it->second.positions.capacity() > spare.positions.capacity()) {
+        spare = std::move(it->second);
+      }
+      it = held.erase(it);
+    }
   };
   Status s = EachTensorsChanges(layout, rank, scan_piece, done, each, &st);
   if (stats) *stats = st;

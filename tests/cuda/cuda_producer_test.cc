@@ -2,7 +2,8 @@
 // over random tilings and the Megatron-style layouts, its parts and digests
 // are the bytes the host producer sends for the same shards, step after
 // step (each commit advancing both), with pieces small enough that a shard
-// is diffed in several; and it refuses what the host producer refuses.
+// is diffed in several; and it refuses shards the trainer changed after
+// the diff, and leaves the caller's current device as it was.
 // Skipped with the driver's reason where no GPU is usable, but for the
 // checks of the options.
 #include <gmock/gmock.h>
@@ -126,6 +127,28 @@ TEST_F(CudaProducerTest, RefusesShardsTheTrainerChangedBeforeTheCommit) {
   auto again = p.Diff(s1.Device());
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->chunks.empty());
+}
+
+// A trainer's thread keeps its current device whatever the producer's
+// memory is on (the last device, where there are several).
+TEST_F(CudaProducerTest, LeavesTheCallersCurrentDevice) {
+  auto rt = Probe();
+  ASSERT_TRUE(rt.ok());
+  const int other = static_cast<int>(rt->devices.size()) - 1;
+  ASSERT_TRUE(UseDevice(0).ok());
+  auto memory = CreateShardMemory({.device = other});
+  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+  EXPECT_EQ(*CurrentDevice(), 0);
+  auto d = DeviceBuffer::Allocate(64);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(
+      (*memory)
+          ->SetBaseline({{"w", std::span<const std::byte>(
+                                   static_cast<std::byte*>(d->data()), 64)}})
+          .ok());
+  EXPECT_EQ(*CurrentDevice(), 0);
+  memory->reset();
+  EXPECT_EQ(*CurrentDevice(), 0);
 }
 
 // Without a GPU too: checked before any device is touched, and a device

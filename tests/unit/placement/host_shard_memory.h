@@ -73,7 +73,10 @@ class HostShardMemory final : public ShardMemory {
     if (base.size() != target.size()) {
       return Status::InvalidArgument("sizes differ");
     }
-    *out = ShardChanges();
+    // Emptied, keeping the buffers (faulted in already).
+    out->positions.clear();
+    out->base.clear();
+    out->target.clear();
     const size_t w = elem_size;
     for (uint64_t e = 0; e < base.size() / w; ++e) {
       if (std::memcmp(&base[e * w], &target[e * w], w) == 0) continue;
