@@ -440,7 +440,24 @@ Status ProjectShardChanges(
     DCR_ASSIGN_OR_RETURN(const ShardChanges* sc, get(p, sw));
     const std::vector<uint64_t>& pos = sc->positions;
     auto cursor = pos.begin();
-    changes->Reserve(pos.size());
+    // Room for the changes between the piece's first and last shard
+    // elements, once (not grown run by run): exact for a block of the
+    // shard, such as one expert of a fused [experts, ...] shard.
+    if (!p.extent.empty()) {
+      const Shape ss = shard_runs::Strides(p.shard_shape);
+      uint64_t first = 0, last = 0;
+      bool empty = false;
+      for (size_t d = 0; d < ss.size(); ++d) {
+        empty |= p.extent[d] == 0;
+        first += ss[d] * p.from[d];
+        last += ss[d] * (p.from[d] + p.extent[d] - 1);
+      }
+      if (!empty) {
+        auto lo = std::lower_bound(pos.begin(), pos.end(), first);
+        auto hi = std::upper_bound(lo, pos.end(), last);
+        changes->Reserve(static_cast<size_t>(hi - lo));
+      }
+    }
     ForEachRun(p, tensor.shape,
                [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
                  st.compared += n;
