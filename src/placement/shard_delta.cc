@@ -352,6 +352,24 @@ Status ShardProducer::DiffInMemory(const ShardBytes& target,
                            sink ? sink : keep, &step->sizes);
       },
       &stats));
+  // The memory finds a shard's changes in more than one pass (the GPU's
+  // reads the changed positions, then the base bits there). A shard
+  // written meanwhile, by a kernel on a stream the caller did not wait
+  // for, may give positions and values of two moments, and the digest
+  // parts, derived from the masks, would vouch for them: each shard is
+  // fingerprinted again, and the step fails (before DONE, so the refit
+  // aborts) if one moved.
+  for (const auto& [name, before] : fingerprints) {
+    DCR_ASSIGN_OR_RETURN(Digest128 after,
+                         memory_->Fingerprint(target.at(name)));
+    if (after != before) {
+      return Status::BaseMismatch(fmt::format(
+          "rank {}: shard '{}' changed while it was diffed (is a kernel on "
+          "another CUDA stream still writing it? synchronize the device "
+          "before the refit); this step's parts must not commit",
+          rank_, name));
+    }
+  }
   step->changed = stats.changed;
   last_fingerprints_ = std::move(fingerprints);
   return Status::OK();

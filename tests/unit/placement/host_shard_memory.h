@@ -7,6 +7,7 @@
 #define DCR_TESTS_UNIT_PLACEMENT_HOST_SHARD_MEMORY_H_
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -93,6 +94,7 @@ class HostShardMemory final : public ShardMemory {
       out->positions.back() = base.size() / w;
     }
     if (faults_.short_values && !out->base.empty()) out->base.pop_back();
+    if (after_find_) after_find_(shard);
     return Status::OK();
   }
   Result<Digest128> Fingerprint(std::span<const std::byte> shard) override {
@@ -116,11 +118,17 @@ class HostShardMemory final : public ShardMemory {
 
   Calls& calls() { return calls_; }
   Faults& faults() { return faults_; }
+  // Runs after each FindChanges, before it returns: a trainer's kernel
+  // that writes a shard while the producer diffs it.
+  void set_after_find(std::function<void(std::string_view shard)> f) {
+    after_find_ = std::move(f);
+  }
 
  private:
   std::map<std::string, std::vector<std::byte>> baseline_;
   Calls calls_;
   Faults faults_;
+  std::function<void(std::string_view)> after_find_;
 };
 
 }  // namespace dcr::placement_testing

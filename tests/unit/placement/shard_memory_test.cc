@@ -3,7 +3,7 @@
 // each shard's changed elements gives what the host diff gives, and the
 // producer's parts and digests are the bytes the host producer sends, step
 // after step; what the memory returns is checked; each shard is asked for
-// once per step and its changes freed after its last tensor.
+// once per step; a shard written while it is diffed fails the step.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -331,6 +331,43 @@ TEST(ShardMemoryProducerTest, AdvancesOnlyToWhatItDiffed) {
   EXPECT_EQ(set.code(), StatusCode::kIOError) << set.ToString();
   EXPECT_FALSE(p.has_baseline());
   EXPECT_EQ(m->baseline_bytes(), 0u);
+}
+
+// A kernel the trainer did not wait for writes a shard while the producer
+// diffs it: the changes may pair positions and values of two moments, and
+// the digest parts derived from them would agree. The step fails instead,
+// and the producer keeps its baseline and what it last diffed.
+TEST(ShardMemoryProducerTest, AShardWrittenDuringTheDiffFailsTheStep) {
+  auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
+  ASSERT_TRUE(l.ok());
+  std::mt19937_64 rng(71);
+  auto [v0, v1] = RandomVersions(*l, 0.05, rng);
+  const uint32_t rank = 1;
+  const Shards s0 = Build(*l, rank, v0);
+  Shards s1 = Build(*l, rank, v1);
+  ShardProducer p(*l, rank, 32);
+  auto memory = std::make_unique<HostShardMemory>();
+  HostShardMemory* m = memory.get();
+  ASSERT_TRUE(p.UseMemory(std::move(memory)).ok());
+  ASSERT_TRUE(p.SetBaseline(Bytes(s0)).ok());
+  const std::string written = std::prev(s1.end())->first;
+  m->set_after_find([&](std::string_view shard) {
+    if (shard == written) s1.at(written)[0] ^= std::byte{0x40};
+  });
+  auto step = p.Diff(Bytes(s1));
+  ASSERT_FALSE(step.ok());
+  EXPECT_TRUE(step.status().IsBaseMismatch()) << step.status().ToString();
+  EXPECT_THAT(
+      step.status().message(),
+      HasSubstr("rank 1: shard '" + written + "' changed while it was diffed"));
+  EXPECT_TRUE(p.has_baseline());
+  EXPECT_TRUE(p.Advance(Bytes(s1)).IsInvalidArgument());  // nothing diffed
+  // Left alone, the same shards diff and advance.
+  m->set_after_find(nullptr);
+  auto again = p.Diff(Bytes(s1));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_GT(again->changed, 0u);
+  EXPECT_TRUE(p.Advance(Bytes(s1)).ok());
 }
 
 }  // namespace
