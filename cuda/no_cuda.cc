@@ -46,6 +46,7 @@ OwnedStream& OwnedStream::operator=(OwnedStream&& o) noexcept {
 Status UseDevice(int) { return NotBuilt(); }
 Result<std::string> PciBusId(int) { return NotBuilt(); }
 Result<int> CurrentDevice() { return NotBuilt(); }
+Result<int> DeviceOfPointer(const void*) { return NotBuilt(); }
 
 struct Differ::Impl {};
 Differ::Differ(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

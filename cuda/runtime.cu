@@ -174,6 +174,16 @@ Result<int> CurrentDevice() {
   return index;
 }
 
+Result<int> DeviceOfPointer(const void* p) {
+  cudaPointerAttributes a{};
+  DCR_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&a, p),
+                           "cudaPointerGetAttributes");
+  if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) {
+    return a.device;
+  }
+  return -1;
+}
+
 Result<std::string> PciBusId(int index) {
   char bus[32] = {};
   DCR_CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus, sizeof(bus), index),

@@ -15,12 +15,13 @@ namespace {
 
 // Makes `device` current for the scope and then makes current again the
 // device that was (the caller's thread is the trainer's: its torch
-// current device must not move). ok() is false where `device` could not
-// be made current.
+// current device must not move); nothing where it is current already.
+// ok() is false where `device` could not be made current.
 class OnDevice {
  public:
   explicit OnDevice(int device) {
     auto was = CurrentDevice();
+    if (was.ok() && *was == device) return;
     if (was.ok()) previous_ = *was;
     status_ = UseDevice(device);
   }
@@ -65,6 +66,9 @@ class DeviceShardMemory final : public ShardMemory {
   Status SetBaseline(const ShardBytes& shards) override {
     OnDevice on(options_.device);
     DCR_RETURN_IF_ERROR(on.status());
+    for (const auto& [name, span] : shards) {
+      DCR_RETURN_IF_ERROR(CheckHeld("shard '" + name + "'", span));
+    }
     baseline_.clear();  // the old copy's memory first
     for (const auto& [name, span] : shards) {
       DCR_ASSIGN_OR_RETURN(Shard * s, Hold(name, span.size()));
@@ -126,6 +130,8 @@ class DeviceShardMemory final : public ShardMemory {
                                      " bytes, its baseline " +
                                      std::to_string(s->bytes));
     }
+    DCR_RETURN_IF_ERROR(
+        CheckHeld("shard '" + std::string(shard) + "'", target));
     OnDevice on(options_.device);
     DCR_RETURN_IF_ERROR(on.status());
     // Emptied, keeping the buffers (faulted in already).
@@ -175,6 +181,7 @@ class DeviceShardMemory final : public ShardMemory {
 
   Result<Digest128> Fingerprint(std::span<const std::byte> shard) override {
     if (shard.empty()) return TensorDigest(shard);
+    DCR_RETURN_IF_ERROR(CheckHeld("a shard", shard));
     OnDevice on(options_.device);
     DCR_RETURN_IF_ERROR(on.status());
     return digester_->TensorDigest(shard.data(), shard.size());
@@ -189,6 +196,7 @@ class DeviceShardMemory final : public ShardMemory {
                                        " bytes, its baseline " +
                                        std::to_string(s->bytes));
       }
+      DCR_RETURN_IF_ERROR(CheckHeld("shard '" + name + "'", span));
     }
     OnDevice on(options_.device);
     DCR_RETURN_IF_ERROR(on.status());
@@ -200,6 +208,21 @@ class DeviceShardMemory final : public ShardMemory {
   }
 
  private:
+  // Whether `span` lies in this device's memory: host memory, or another
+  // device's, would fault in a kernel, an error that stays with the
+  // context the trainer shares.
+  Status CheckHeld(const std::string& what,
+                   std::span<const std::byte> span) const {
+    if (span.empty()) return Status::OK();
+    DCR_ASSIGN_OR_RETURN(int device, DeviceOfPointer(span.data()));
+    if (device == options_.device) return Status::OK();
+    return Status::InvalidArgument(
+        name() + ": " + what + " is in " +
+        (device < 0 ? std::string("host memory")
+                    : "cuda:" + std::to_string(device) + "'s memory") +
+        "; a producer's shards must all be on " + name());
+  }
+
   struct Shard {
     DeviceBuffer buffer;  // empty for a shard of no bytes
     uint64_t bytes = 0;

@@ -132,6 +132,9 @@ Status UseDevice(int index);
 Result<std::string> PciBusId(int index);
 // The device current for this thread (cudaGetDevice).
 Result<int> CurrentDevice();
+// The device whose memory holds `p` (device or managed memory), or -1 for
+// host memory, pinned or not (cudaPointerGetAttributes).
+Result<int> DeviceOfPointer(const void* p);
 
 // The most elements one FindChanges call takes: positions are 32-bit.
 inline constexpr uint64_t kMaxDiffElems = (1ull << 32) - 1;

@@ -59,8 +59,8 @@ struct Placed {
   ShardBytes shards;
   int device = -1;          // CUDA device index; -1: host memory
   std::vector<Bytes> held;  // keeps host buffers alive
-  // Keeps the CUDA tensors alive (a dict another thread changes while the
-  // GIL is released drops only its references). Destroyed with the GIL.
+  // Views (detach) that hold the CUDA tensors' storage while the GIL is
+  // released (another thread may repoint a tensor); freed with the GIL.
   std::vector<py::object> tensors;
 };
 
@@ -141,7 +141,7 @@ Placed ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named) {
     out.shards.emplace(name, std::span<const std::byte>(
                                  reinterpret_cast<const std::byte*>(ptr),
                                  static_cast<size_t>(bytes)));
-    out.tensors.push_back(py::reinterpret_borrow<py::object>(v));
+    out.tensors.push_back(v.attr("detach")());
   }
   if (out.device >= 0) {
     py::object torch_cuda = py::module_::import("torch.cuda");

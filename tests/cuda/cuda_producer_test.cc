@@ -129,6 +129,34 @@ TEST_F(CudaProducerTest, RefusesShardsTheTrainerChangedBeforeTheCommit) {
   EXPECT_TRUE(again->chunks.empty());
 }
 
+// Shards in host memory (or another device's) are refused before a kernel
+// reads them: a fault there would stay with the context torch shares.
+TEST_F(CudaProducerTest, RefusesShardsOutsideItsDevicesMemory) {
+  auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
+  ASSERT_TRUE(l.ok());
+  std::mt19937_64 rng(79);
+  auto [v0, v1] = RandomVersions(*l, 0.05, rng);
+  const Shards s0 = Place(*l, 0, v0), s1 = Place(*l, 0, v1);
+  auto dev = DeviceOfPointer(s0.device.begin()->second.data());
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  EXPECT_EQ(*dev, 0);
+  EXPECT_EQ(*DeviceOfPointer(s0.host.begin()->second.data()), -1);
+  ShardProducer p(*l, 0, 32);
+  auto memory = CreateShardMemory({});
+  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+  ASSERT_TRUE(p.UseMemory(std::move(*memory)).ok());
+  Status set = p.SetBaseline(s0.Host());
+  EXPECT_TRUE(set.IsInvalidArgument()) << set.ToString();
+  EXPECT_THAT(set.message(), HasSubstr("is in host memory"));
+  ASSERT_TRUE(p.SetBaseline(s0.Device()).ok());
+  auto step = p.Diff(s1.Host());
+  EXPECT_TRUE(step.status().IsInvalidArgument()) << step.status().ToString();
+  EXPECT_THAT(step.status().message(), HasSubstr("is in host memory"));
+  EXPECT_TRUE(p.has_baseline());
+  ASSERT_TRUE(p.Diff(s1.Device()).ok());
+  ASSERT_TRUE(p.Advance(s1.Device()).ok());
+}
+
 // A trainer's thread keeps its current device whatever the producer's
 // memory is on (the last device, where there are several).
 TEST_F(CudaProducerTest, LeavesTheCallersCurrentDevice) {

@@ -62,6 +62,9 @@ class OnGpu:
     def element_size(self):
         return self._t.element_size()
 
+    def detach(self):  # the module holds a view, which holds the storage
+        return OnGpu(self._t.detach(), self._contiguous, self.device.index)
+
 
 def gpu_usable(dcr_cuda):
     try:
