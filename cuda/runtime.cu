@@ -176,8 +176,11 @@ Result<int> CurrentDevice() {
 
 Result<int> DeviceOfPointer(const void* p) {
   cudaPointerAttributes a{};
-  DCR_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&a, p),
-                           "cudaPointerGetAttributes");
+  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not left for the trainer's next launch
+    return CudaStatus(e, "cudaPointerGetAttributes");
+  }
   if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) {
     return a.device;
   }

@@ -214,8 +214,12 @@ class DeviceShardMemory final : public ShardMemory {
   Status CheckHeld(const std::string& what,
                    std::span<const std::byte> span) const {
     if (span.empty()) return Status::OK();
+    // Its first and last bytes (a span past its allocation faults too).
     DCR_ASSIGN_OR_RETURN(int device, DeviceOfPointer(span.data()));
-    if (device == options_.device) return Status::OK();
+    if (device == options_.device) {
+      DCR_ASSIGN_OR_RETURN(device, DeviceOfPointer(&span.back()));
+      if (device == options_.device) return Status::OK();
+    }
     return Status::InvalidArgument(
         name() + ": " + what + " is in " +
         (device < 0 ? std::string("host memory")

@@ -135,13 +135,13 @@ Placed ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named) {
       throw py::value_error("rank " + std::to_string(rank) + ": shard '" +
                             name + "' is not contiguous (.contiguous())");
     }
-    const auto ptr = v.attr("data_ptr")().cast<uintptr_t>();
-    const auto bytes = v.attr("numel")().cast<uint64_t>() *
-                       v.attr("element_size")().cast<uint64_t>();
+    py::object view = out.tensors.emplace_back(v.attr("detach")());
+    const auto ptr = view.attr("data_ptr")().cast<uintptr_t>();
+    const auto bytes = view.attr("numel")().cast<uint64_t>() *
+                       view.attr("element_size")().cast<uint64_t>();
     out.shards.emplace(name, std::span<const std::byte>(
                                  reinterpret_cast<const std::byte*>(ptr),
                                  static_cast<size_t>(bytes)));
-    out.tensors.push_back(v.attr("detach")());
   }
   if (out.device >= 0) {
     py::object torch_cuda = py::module_::import("torch.cuda");
