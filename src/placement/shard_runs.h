@@ -1,7 +1,8 @@
-// What the shard diff (shard_diff.cc) and the shards built from canonical
-// tensors (shard_build.cc) share: the walk of a piece's box as runs, the
-// checks of ranks and canonical tensors, and the hash of a piece's
-// regions. Internal to the placement module.
+// What the shard diff (shard_diff.cc), the projection of a shard memory's
+// changes (shard_project.cc) and the shards built from canonical tensors
+// (shard_build.cc) share: the walk of a piece's box as runs, the checks of
+// ranks and canonical tensors, and the hash of a piece's regions.
+// Internal to the placement module.
 //
 // Thread safety: functions of their arguments.
 #ifndef DCR_PLACEMENT_SHARD_RUNS_H_
