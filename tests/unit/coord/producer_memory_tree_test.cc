@@ -1,0 +1,301 @@
+// Producers whose shards live in a ShardMemory (the GPU's path, issue 20),
+// refitting a running tree end to end: two ranks' Producers with the host
+// stand-in of a GPU memory (HostShardMemory) stream through a ProducerHub
+// on 127.0.0.1 to RunRefit, which feeds five real relays over the fake
+// transport. It checks what only the whole path shows: the parts and digest
+// parts a memory's changes give commit every store and root.baseline at the
+// gathered target's bits; a rank restarted without its baseline gets the
+// tree's into its memory (SetBaselineFromHost) and refits from it; and a
+// shard written during the diff aborts the step in every store.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dcr/producer.h"
+#include "dcr/shard_diff.h"
+#include "unit/coord/relay_tree_fixture.h"
+#include "unit/placement/host_shard_memory.h"
+#include "unit/placement/versions.h"
+
+namespace dcr {
+namespace {
+
+using placement_testing::HostShardMemory;
+using placement_testing::RandomVersions;
+using placement_testing::Tensors;
+using placement_testing::View;
+using Shards = std::map<std::string, std::vector<std::byte>>;
+using ::testing::HasSubstr;
+
+// Two tensor-parallel ranks. Every canonical span of the column split's
+// boundary and of the row split holds both ranks' elements, so the
+// coordinator merges parts of two producers into one chunk.
+constexpr const char* kLayout = R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: layer.0.w
+    shard: qkv
+    split: column
+    shape: [96, 64]
+  - name: layer.1.w
+    shard: proj
+    split: row
+    shape: [64, 96]
+  - name: norm
+    shard: norm
+    split: replicated
+    shape: [64]
+    dtype: F32
+)";
+
+constexpr int kVersions = 4;
+
+ShardBytes Spans(const Shards& s) {
+  ShardBytes out;
+  for (const auto& [name, b] : s) out.emplace(name, b);
+  return out;
+}
+
+class ProducerMemoryTreeTest : public RelayTreeTest {
+ protected:
+  void SetUp() override {
+    RelayTreeTest::SetUp();
+    auto l = ParseLayout(kLayout, "memory.yaml");
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    layout_ = *std::move(l);
+    // The fixture's checkpoints, replaced by this layout's versions: each
+    // step changes about 4% of the elements.
+    infos_.clear();
+    for (const LayoutTensor& t : layout_.tensors) {
+      infos_.push_back({t.name, t.dtype, t.shape});
+    }
+    std::mt19937_64 rng(29);
+    auto [v0, v1] = RandomVersions(layout_, 0.04, rng);
+    canonical_ = {v0, v1};
+    while (canonical_.size() < kVersions) {
+      auto [unused, next] = RandomVersions(layout_, 0.04, rng);
+      (void)unused;
+      // RandomVersions draws a fresh base: step from the last version.
+      Tensors stepped = canonical_.back();
+      for (auto& [name, bytes] : stepped) {
+        const auto& change = next.at(name);
+        for (size_t i = 0; i < bytes.size(); i += 7) bytes[i] ^= change[i];
+      }
+      canonical_.push_back(std::move(stepped));
+    }
+    versions_.clear();
+    for (int v = 0; v < kVersions; ++v) {
+      std::vector<std::vector<std::byte>> data;
+      for (const TensorInfo& t : infos_)
+        data.push_back(canonical_[v].at(t.name));
+      Write(Ckpt(v), data);
+      versions_.push_back(std::move(data));
+      for (uint32_t r = 0; r < 2; ++r) {
+        auto s = BuildShards(layout_, r, View(canonical_[v]));
+        ASSERT_TRUE(s.ok()) << s.status().ToString();
+        shards_[v][r] = *std::move(s);
+      }
+    }
+    SeedAll(0);
+    StartAll();
+    auto hub = ProducerHub::Listen(layout_, "127.0.0.1", 0, TransportOptions());
+    ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+    hub_ = *std::move(hub);
+  }
+  void TearDown() override {
+    producers_.clear();
+    hub_.reset();
+    RelayTreeTest::TearDown();
+  }
+
+  // Rank `rank`'s producer with a fresh host stand-in of a GPU memory
+  // (returned in `*memory`), holding version `base`'s shards there unless
+  // `base` is negative.
+  void MakeProducer(uint32_t rank, int base, HostShardMemory** memory) {
+    ProducerOptions o;
+    o.coordinator = "127.0.0.1:" + std::to_string(hub_->port());
+    o.connect_timeout = 5s;
+    o.timeout = 30s;
+    auto p = std::make_unique<Producer>(layout_, rank, o);
+    auto m = std::make_unique<HostShardMemory>();
+    *memory = m.get();
+    ASSERT_TRUE(p->UseMemory(std::move(m)).ok());
+    if (base >= 0) {
+      ASSERT_TRUE(p->SetBaseline(Spans(shards_[base][rank])).ok());
+    }
+    producers_[rank] = std::move(p);
+  }
+
+  // One refit of trainer step `v`: the root over the fake transport, each
+  // rank's producer handing version `v`'s shards in its own thread.
+  RefitReport Step(int v, std::vector<Result<ProducerDecision>>* decisions) {
+    RefitOptions o = OptionsFor(v);
+    o.producers = hub_.get();
+    o.producer_wait = 20s;
+    o.phase_timeout = 10s;
+    o.threads = 2;
+    o.kept_baseline = kept_;
+    auto root = std::async(std::launch::async, [&] { return RunRefit(o); });
+    std::vector<std::future<Result<ProducerDecision>>> ranks;
+    for (uint32_t r = 0; r < 2; ++r) {
+      ranks.push_back(std::async(std::launch::async, [this, r, v] {
+        return producers_[r]->Refit(v, Spans(shards_[v][r]));
+      }));
+    }
+    decisions->clear();
+    for (auto& f : ranks) decisions->push_back(f.get());
+    auto report = root.get();
+    EXPECT_TRUE(report.ok()) << report.status().ToString();
+    return report.ok() ? *report : RefitReport();
+  }
+
+  // Every relay's store and root.baseline hold version `v`'s bits.
+  void ExpectTreeAt(int v) {
+    const Digest128 want = DigestOf(Ckpt(v));
+    for (const auto& n : kRelays) {
+      WaitIdle(n);
+      EXPECT_EQ(DigestOf(StorePath(n)), want) << n << " at v" << v;
+    }
+    EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), want);
+  }
+
+  // The baseline `memory` holds for rank `rank` is version `v`'s shards.
+  void ExpectMemoryAt(HostShardMemory* memory, uint32_t rank, int v) {
+    for (const auto& [name, bytes] : shards_[v][rank]) {
+      std::vector<std::byte> held(bytes.size());
+      ASSERT_TRUE(memory->ReadBaseline(name, 0, held).ok()) << name;
+      EXPECT_TRUE(held == bytes) << "rank " << rank << " " << name;
+    }
+  }
+
+  Layout layout_;
+  std::vector<Tensors> canonical_;
+  Shards shards_[kVersions][2];
+  std::shared_ptr<ProducerHub> hub_;
+  std::shared_ptr<KeptBaseline> kept_ = std::make_shared<KeptBaseline>();
+  std::map<uint32_t, std::unique_ptr<Producer>> producers_;
+};
+
+TEST_F(ProducerMemoryTreeTest, MemoriesChangesCommitEveryStore) {
+  HostShardMemory* m[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    MakeProducer(r, 0, &m[r]);
+    // Setting the baseline read each shard back once, to hash it.
+    EXPECT_EQ(m[r]->calls().reads, static_cast<int>(shards_[0][r].size()));
+    m[r]->calls().reads = 0;
+  }
+  std::vector<Result<ProducerDecision>> d;
+  for (int v = 1; v <= 2; ++v) {
+    RefitReport report = Step(v, &d);
+    EXPECT_EQ(report.outcome, RefitOutcome::kCommitted) << "v" << v;
+    EXPECT_EQ(report.producers, 2u);
+    for (uint32_t r = 0; r < 2; ++r) {
+      ASSERT_TRUE(d[r].ok()) << d[r].status().ToString();
+      EXPECT_EQ(d[r]->outcome, ProducerOutcome::kCommitted) << d[r]->reason;
+      EXPECT_FALSE(d[r]->baseline_dropped);
+      EXPECT_GT(d[r]->changed_elements, 0u);
+      // The changes came from the memory, one FindChanges per shard and
+      // step, and the commit advanced it in place.
+      for (const auto& [name, bytes] : shards_[v][r]) {
+        EXPECT_EQ(m[r]->calls().find_changes[name], v) << name;
+      }
+      EXPECT_EQ(m[r]->calls().advances, v);
+      EXPECT_EQ(m[r]->calls().reads, 0);  // nothing read back at a step
+      ExpectMemoryAt(m[r], r, v);
+      m[r]->calls().reads = 0;  // (the check's own)
+    }
+    ExpectTreeAt(v);
+  }
+}
+
+// A rank restarted without its shards: the coordinator sends it the tree's
+// (built from root.baseline), which go into its memory, and the step diffs
+// against them.
+TEST_F(ProducerMemoryTreeTest, ARankWithoutABaselineGetsTheTreesIntoItsMemory) {
+  HostShardMemory* m[2];
+  MakeProducer(0, 0, &m[0]);
+  MakeProducer(1, 0, &m[1]);
+  std::vector<Result<ProducerDecision>> d;
+  ASSERT_EQ(Step(1, &d).outcome, RefitOutcome::kCommitted);
+  MakeProducer(1, -1, &m[1]);
+  ASSERT_FALSE(producers_[1]->has_baseline());
+  RefitReport report = Step(2, &d);
+  EXPECT_EQ(report.outcome, RefitOutcome::kCommitted);
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(d[r].ok()) << d[r].status().ToString();
+    EXPECT_EQ(d[r]->outcome, ProducerOutcome::kCommitted) << d[r]->reason;
+  }
+  EXPECT_TRUE(producers_[1]->has_baseline());
+  // Diffed against v1's shards from the tree: only v1 -> v2 changed.
+  uint64_t stepped = 0;
+  for (const auto& [name, shard] : layout_.ShardsOf(1)) {
+    const auto& base = shards_[1][1].at(name);
+    const auto& target = shards_[2][1].at(name);
+    const size_t w = DTypeSize(shard.dtype);
+    for (size_t e = 0; e < target.size() / w; ++e) {
+      stepped += std::memcmp(&target[e * w], &base[e * w], w) != 0;
+    }
+  }
+  EXPECT_EQ(d[1]->changed_elements, stepped);
+  ExpectMemoryAt(m[1], 1, 2);
+  ExpectTreeAt(2);
+}
+
+// A kernel writes a shard of rank 1 while its memory diffs it: the
+// producer fails the step before DONE, the coordinator aborts the refit,
+// every store and root.baseline keep the base, and the next step from the
+// same memories commits.
+TEST_F(ProducerMemoryTreeTest, AShardWrittenDuringTheDiffAbortsTheTree) {
+  HostShardMemory* m[2];
+  for (uint32_t r = 0; r < 2; ++r) MakeProducer(r, 0, &m[r]);
+  std::vector<Result<ProducerDecision>> d;
+  ASSERT_EQ(Step(1, &d).outcome, RefitOutcome::kCommitted);
+  Shards written = shards_[2][1];
+  const std::string shard = written.begin()->first;
+  m[1]->set_after_find([&](std::string_view s) {
+    if (s == shard) written.at(shard)[2] ^= std::byte{0x10};
+  });
+  {
+    RefitOptions o = OptionsFor(2);
+    o.producers = hub_.get();
+    o.producer_wait = 20s;
+    o.phase_timeout = 10s;
+    o.kept_baseline = kept_;
+    auto root = std::async(std::launch::async, [&] { return RunRefit(o); });
+    auto r0 = std::async(std::launch::async, [&] {
+      return producers_[0]->Refit(2, Spans(shards_[2][0]));
+    });
+    auto r1 = producers_[1]->Refit(2, Spans(written));
+    auto d0 = r0.get();
+    auto report = root.get();
+    ASSERT_FALSE(r1.ok());
+    EXPECT_TRUE(r1.status().IsBaseMismatch()) << r1.status().ToString();
+    EXPECT_THAT(std::string(r1.status().message()),
+                HasSubstr("changed while it was diffed"));
+    ASSERT_TRUE(d0.ok()) << d0.status().ToString();
+    EXPECT_EQ(d0->outcome, ProducerOutcome::kAborted);
+    if (report.ok()) {
+      EXPECT_EQ(report->outcome, RefitOutcome::kAborted);
+    } else {
+      EXPECT_FALSE(report.status().ok());
+    }
+  }
+  ExpectTreeAt(1);
+  ExpectMemoryAt(m[0], 0, 1);
+  ExpectMemoryAt(m[1], 1, 1);
+  m[1]->set_after_find(nullptr);
+  EXPECT_EQ(Step(3, &d).outcome, RefitOutcome::kCommitted);
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(d[r].ok()) << d[r].status().ToString();
+    EXPECT_EQ(d[r]->outcome, ProducerOutcome::kCommitted) << d[r]->reason;
+    ExpectMemoryAt(m[r], r, 3);
+  }
+  ExpectTreeAt(3);
+}
+
+}  // namespace
+}  // namespace dcr
