@@ -24,7 +24,8 @@
 // were not at the base).
 //
 // Thread safety: a DeviceWeights is used by one thread at a time (the
-// relay's actor).
+// relay's actor, or the attach's sync thread while the actor leaves it
+// alone: relay/serving_images.h).
 #ifndef DCR_RELAY_DEVICE_WEIGHTS_H_
 #define DCR_RELAY_DEVICE_WEIGHTS_H_
 

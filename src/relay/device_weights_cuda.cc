@@ -16,11 +16,13 @@ constexpr int kFetchTimeoutMs = 500;
 
 class CudaIpcWeights final : public DeviceWeights {
  public:
-  CudaIpcWeights(std::vector<TensorInfo> tensors, std::vector<void*> ptrs,
+  CudaIpcWeights(int device, std::vector<TensorInfo> tensors,
+                 std::vector<void*> ptrs,
                  std::unique_ptr<cuda::IpcImport> import,
                  std::unique_ptr<cuda::Digester> digester,
                  std::unique_ptr<cuda::ChunkApplier> applier)
-      : tensors_(std::move(tensors)),
+      : device_(device),
+        tensors_(std::move(tensors)),
         ptrs_(std::move(ptrs)),
         import_(std::move(import)),
         digester_(std::move(digester)),
@@ -29,6 +31,7 @@ class CudaIpcWeights final : public DeviceWeights {
   const std::vector<TensorInfo>& tensors() const override { return tensors_; }
 
   Result<Digest128> Digest(size_t i) override {
+    DCR_RETURN_IF_ERROR(OnItsDevice());
     return digester_->TensorDigest(ptrs_[i], tensors_[i].NumBytes());
   }
 
@@ -39,6 +42,7 @@ class CudaIpcWeights final : public DeviceWeights {
                       bytes.size(), tensors_[i].name, tensors_[i].NumBytes()));
     }
     if (bytes.empty()) return Status::OK();
+    DCR_RETURN_IF_ERROR(OnItsDevice());
     return cuda::CopyToDevice(ptrs_[i], bytes);
   }
 
@@ -57,17 +61,29 @@ class CudaIpcWeights final : public DeviceWeights {
           positions.size(), first, t.name, n, values.size()));
     }
     if (positions.empty()) return Status::OK();
+    DCR_RETURN_IF_ERROR(OnItsDevice());
     return applier_->ApplyDecoded(ChunkKind::kOverwrite, w,
                                   static_cast<std::byte*>(ptrs_[i]) + first * w,
                                   n - first, positions, values);
   }
 
   Status Flush() override {
+    DCR_RETURN_IF_ERROR(OnItsDevice());
     DCR_RETURN_IF_ERROR(applier_->Flush());
     return cuda::Synchronize(nullptr);
   }
 
  private:
+  // The relay calls from its loop and from the attach's sync thread
+  // (relay/serving_images.h), and a thread's current device is its own:
+  // each call makes the buffers' device (the one the import, the
+  // digester and the staging were made on) current first.
+  Status OnItsDevice() {
+    DCR_ASSIGN_OR_RETURN(int current, cuda::CurrentDevice());
+    return current == device_ ? Status::OK() : cuda::UseDevice(device_);
+  }
+
+  const int device_;
   const std::vector<TensorInfo> tensors_;
   const std::vector<void*> ptrs_;
   std::unique_ptr<cuda::IpcImport> import_;  // keeps ptrs_ mapped
@@ -94,6 +110,8 @@ Result<std::unique_ptr<DeviceWeights>> AttachCudaIpcWeights(
   DCR_RETURN_IF_ERROR(cuda::CheckIpcManifest(manifest, want, whose, source));
   DCR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::IpcImport> import,
                        cuda::IpcImport::Open(manifest));
+  // Open made the exporting process's GPU current on this thread.
+  DCR_ASSIGN_OR_RETURN(int device, cuda::CurrentDevice());
   std::map<std::string, size_t, std::less<>> index;
   for (size_t i = 0; i < manifest.tensors.size(); ++i) {
     index.emplace(manifest.tensors[i].name, i);
@@ -109,9 +127,9 @@ Result<std::unique_ptr<DeviceWeights>> AttachCudaIpcWeights(
   staging.staging_bytes = kPatchStagingBytes;
   DCR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ChunkApplier> applier,
                        cuda::ChunkApplier::Create(staging));
-  return std::unique_ptr<DeviceWeights>(
-      new CudaIpcWeights(std::move(want), std::move(ptrs), std::move(import),
-                         std::move(digester), std::move(applier)));
+  return std::unique_ptr<DeviceWeights>(new CudaIpcWeights(
+      device, std::move(want), std::move(ptrs), std::move(import),
+      std::move(digester), std::move(applier)));
 }
 
 }  // namespace dcr

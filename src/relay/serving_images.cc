@@ -93,7 +93,10 @@ Status ServingImages::Listen() {
   return Status::OK();
 }
 
-ServingImages::~ServingImages() { JoinDiff(); }
+ServingImages::~ServingImages() {
+  JoinDiff();
+  JoinAttach();
+}
 
 StoreSpec ServingImages::standby_spec() const {
   return ServingImageSpec(options_.store, standby_index());
@@ -124,7 +127,7 @@ Status ServingImages::Reconcile(std::unique_ptr<WeightStore>& standby,
 }
 
 bool ServingImages::LockStandby() {
-  if (diffing_) return false;  // the diff may still read the standby
+  if (ReadingStandby()) return false;
   if (standby_lock_.valid()) return true;
   auto lock = LockImage(options_.store, standby_index(), /*exclusive=*/true);
   if (!lock.ok()) {
@@ -144,7 +147,8 @@ void ServingImages::ForgetPrepare() {
 
 ServingImages::Gate ServingImages::ReadyToVote(const RefitId& refit,
                                                uint64_t step) {
-  if (connection_ == 0) return Gate::kReady;
+  // A server whose buffers are still being attached computes nothing yet.
+  if (connection_ == 0 || attaching_) return Gate::kReady;
   if (!prepared_refit_ || *prepared_refit_ != refit) {
     prepared_refit_ = refit;
     ready_ = false;
@@ -204,7 +208,11 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
     m.image = next.image;
     m.version = next.version;
     m.flips = next.flips;
-    if (device_) {
+    if (attaching_) {
+      // Its buffers are being brought to the old live image, and it waits
+      // for its live line: AttachSynced brings them to this one and sends
+      // it, which ends this pause.
+    } else if (device_) {
       // Its GPU buffers change only while it waits between two steps.
       PauseMsg pause;
       pause.op = PauseMsg::Op::kPause;
@@ -221,6 +229,8 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   spdlog::info("{}: image {} is live at step {}{}", options_.node, next.image,
                next.version.step,
                connection_ == 0 ? ""
+               : attaching_     ? "; the GPU buffers being attached are "
+                                  "brought to it next"
                : device_        ? "; pausing the server to update its GPU "
                                   "buffers"
                                 : "; waiting for the server to move");
@@ -229,7 +239,7 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
 
 void ServingImages::Aborted(const RefitId& refit) {
   if (prepared_refit_ == refit) ForgetPrepare();
-  if (connection_ == 0) return;
+  if (connection_ == 0 || attaching_) return;
   PauseMsg m;
   m.op = PauseMsg::Op::kAbort;
   m.refit = refit;
@@ -278,7 +288,7 @@ void ServingImages::Dropped(const std::string& why) {
   connection_ = 0;
   server_image_.reset();
   // Its GPU buffers are unknown from here: the next attach syncs them.
-  device_.reset();
+  ReleaseDevice();
   held_commit_.reset();
   pause_changes_.reset();
   ++diff_gen_;  // a diff under way is for nobody now
@@ -291,7 +301,7 @@ void ServingImages::Dropped(const std::string& why) {
 }
 
 bool ServingImages::CatchUpDue() const {
-  return !caught_up_ && !held_commit_ && !diffing_ &&
+  return !caught_up_ && !held_commit_ && !ReadingStandby() &&
          Clock::now() >= retry_after_;
 }
 
@@ -299,6 +309,12 @@ std::string ServingImages::why_waiting() const {
   if (diffing_) {
     return "the relay is still reading the images for a GPU server's pause "
            "(the diff of the old live image against the new)";
+  }
+  if (ReadingStandby()) {
+    return fmt::format(
+        "the relay is still reading image {} to bring an attaching GPU "
+        "server's buffers to it (the live image until the last flip)",
+        standby_index());
   }
   if (held_commit_ && live_state_) {
     return fmt::format(
@@ -341,7 +357,7 @@ Result<bool> ServingImages::CatchUp(std::unique_ptr<WeightStore>& standby,
                                     bool prepared) {
   // A GPU server's pause holds its patches in the apply share of the
   // memory limit: no refit stages until it is over.
-  if (held_commit_ || diffing_) return false;
+  if (held_commit_ || ReadingStandby()) return false;
   if (!LockStandby()) return false;
   if (caught_up_) return true;
   if (prepared || !live_) return false;
@@ -397,13 +413,24 @@ Status ServingImages::CopyLiveInto(WeightStore& standby) {
   return standby.Commit(target, id);
 }
 
+void ServingImages::SendLive() {
+  if (!live_state_) return;
+  PauseMsg live;
+  live.op = PauseMsg::Op::kLive;
+  live.image = live_state_->image;
+  live.version = live_state_->version;
+  live.flips = live_state_->flips;
+  live.cuda = device_ != nullptr;
+  port_->Send(connection_, live);
+}
+
 void ServingImages::OnEvent(const ServingPort::Event& e) {
   using Kind = ServingPort::Event::Kind;
   switch (e.kind) {
     case Kind::kAttached:
       connection_ = e.connection;
       server_image_.reset();
-      device_.reset();
+      ReleaseDevice();
       held_commit_.reset();
       pause_changes_.reset();
       ++diff_gen_;
@@ -436,24 +463,10 @@ void ServingImages::OnEvent(const ServingPort::Event& e) {
       }
       if (!m.cuda_ipc.empty()) {
         if (!AttachDevice(m)) return;
-        if (pause_started_ && live_state_) {
-          // A flip came between its connect and its hello: the attach
-          // brought its buffers to the live image, which ends that pause.
-          move_summary_ =
-              fmt::format("serving process attached its GPU buffers at step {}",
-                          live_state_->version.step);
-          pause_started_.reset();
-        }
+        // The live line goes out once its buffers hold the live image.
+        if (attaching_) return;
       }
-      if (live_state_) {
-        PauseMsg live;
-        live.op = PauseMsg::Op::kLive;
-        live.image = live_state_->image;
-        live.version = live_state_->version;
-        live.flips = live_state_->flips;
-        live.cuda = device_ != nullptr;
-        port_->Send(connection_, live);
-      }
+      SendLive();
       return;
     case PauseMsg::Op::kPaused:
       if (!device_ || !held_commit_ || m.refit != held_commit_->refit) {

@@ -18,7 +18,10 @@
 // A server that computes on GPU buffers (cuda_ipc in its hello; docs/
 // PROTOCOL.md §"GPU servers") has one image, its own: the relay attaches
 // it (Options::attach_device), brings it to the live image before the
-// server computes (live with "cuda": true), and at each flip sends pause
+// server computes (live with "cuda": true; on a thread of its own, since
+// hashing a large rank's buffers takes seconds: the relay's loop serves
+// the tree meanwhile, and a flip before the sync is done makes it sync
+// again to the new image), and at each flip sends pause
 // instead of commit, brings the buffers to the new live image once the
 // server answers paused (SyncDeviceWeights), then sends commit. A server
 // whose buffers could not be attached or synced gets an error line and is
@@ -31,10 +34,13 @@
 // stage) until the flip.
 //
 // Thread safety: the actor thread calls everything; the port's events
-// reach it through the `post` function given to Open. At a flip with a GPU
-// server attached, a thread of its own diffs the two images (it reads them
-// and the options, nothing else) and posts its result the same way; until
-// then nothing writes the standby, and the destructor joins it.
+// reach it through the `post` function given to Open. Two threads of
+// their own post their results the same way, and the destructor joins
+// them: at a flip with a GPU server attached, one diffs the two images (it
+// reads them and the options, nothing else); at an attach, one brings the
+// server's buffers to the live image (it reads that image and writes the
+// buffers, which the actor leaves alone until it is done). Nothing writes
+// an image either reads until it posted.
 #ifndef DCR_RELAY_SERVING_IMAGES_H_
 #define DCR_RELAY_SERVING_IMAGES_H_
 
@@ -78,8 +84,10 @@ class ServingImages {
     // less the patches' staging and scratch: no refit stages from a commit
     // until the standby has caught up, which waits for the pause.
     uint64_t device_patch_budget = 256ull << 20;
-    // Tests: runs on the diff's thread before it diffs (to hold it).
+    // Tests: runs on the diff's thread before it diffs, and on the attach
+    // sync's before it syncs (to hold them).
     std::function<void()> on_diff_start = nullptr;
+    std::function<void()> on_attach_sync_start = nullptr;
   };
 
   // Opens the header and the live image if a commit made them (a header
@@ -159,6 +167,22 @@ class ServingImages {
   // Brings device_ to the live image; false (the server told and
   // detached, device_ dropped) if it fails.
   bool SyncDevice(const char* when, const DeviceChanges* staged = nullptr);
+  // Counts and logs a sync that brought device_ to the live image.
+  void RecordSync(const char* when, const DeviceSync& sync,
+                  const DeviceChanges* staged);
+  // Brings device_ to the live image on attach_thread_ (the server waits
+  // for its live line meanwhile); AttachSynced gets the result. While a
+  // forgotten server's sync still runs, this one starts when it ends.
+  void StartAttachSync();
+  void AttachSynced(uint64_t gen, uint64_t flips, Result<DeviceSync> sync);
+  void JoinAttach();
+  // Sends the attached server the live image, if there is one.
+  void SendLive();
+  // Forgets device_ (kept until attach_thread_ ends if it writes it).
+  void ReleaseDevice();
+  // A thread may still read the standby image: the flip's diff, or an
+  // attach sync that started before the last flip.
+  bool ReadingStandby() const;
   // Starts diffing `base` (the old live image) against live_ for device_'s
   // tensors on diff_thread_; Diffed gets the result on the actor thread.
   void StartDiff(const WeightStore* base);
@@ -202,6 +226,21 @@ class ServingImages {
   uint64_t diff_gen_ = 0;
   uint64_t diff_thread_gen_ = 0;  // the generation diff_thread_ runs for
   bool paused_early_ = false;
+  // The attach's sync. attaching_: device_ is not at the live image yet
+  // (its sync runs or waits for a forgotten server's to end), so the
+  // server gets no live line, prepare, pause or commit; attach_running_:
+  // attach_thread_ runs, until AttachSynced ran, reading image
+  // attach_image_ and writing attach_device_ (which retired_device_ keeps
+  // if its server was forgotten meanwhile); attach_gen_ tells a sync for a
+  // forgotten server from the current one.
+  std::thread attach_thread_;
+  std::unique_ptr<ThreadPool> attach_pool_;
+  bool attaching_ = false;
+  bool attach_running_ = false;
+  uint64_t attach_gen_ = 0;
+  uint32_t attach_image_ = 0;
+  const DeviceWeights* attach_device_ = nullptr;
+  std::unique_ptr<DeviceWeights> retired_device_;
   // The refit a prepare went out for, when, and whether it was answered.
   std::optional<RefitId> prepared_refit_;
   Clock::time_point prepare_deadline_{};

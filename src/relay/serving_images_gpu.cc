@@ -1,7 +1,7 @@
 // ServingImages' side of a GPU server (docs/PROTOCOL.md §"GPU servers"):
-// attaching its exported buffers, the flip's diff on a thread of its own,
-// and the sync inside the pause. The rest of the class is in
-// serving_images.cc.
+// attaching its exported buffers and bringing them to the live image, the
+// flip's diff (each on a thread of its own), and the sync inside the
+// pause. The rest of the class is in serving_images.cc.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -97,11 +97,110 @@ bool ServingImages::AttachDevice(const PauseMsg& hello) {
   device_ = *std::move(d);
   spdlog::info(
       "{}: attached the serving process's GPU buffers ({} tensors, "
-      "manifest on {})",
-      options_.node, device_->tensors().size(), hello.cuda_ipc);
-  if (live_ && !SyncDevice("attach")) return false;
-  stats_.gpu = true;
+      "manifest on {}){}",
+      options_.node, device_->tensors().size(), hello.cuda_ipc,
+      live_
+          ? fmt::format("; bringing them to step {}", live_state_->version.step)
+          : "");
+  if (live_) {
+    StartAttachSync();
+  } else {
+    stats_.gpu = true;  // the first commit's flip brings them to it
+  }
   return true;
+}
+
+void ServingImages::StartAttachSync() {
+  // Hashing a large rank's buffers (and the live image) takes seconds:
+  // the actor goes on serving the tree meanwhile.
+  attaching_ = true;
+  if (attach_running_) return;  // AttachSynced of the earlier one starts it
+  JoinAttach();
+  if (!attach_pool_) {
+    attach_pool_ = std::make_unique<ThreadPool>(
+        options_.pool != nullptr ? options_.pool->size() : 1);
+  }
+  attach_running_ = true;
+  attach_image_ = live_state_->image;
+  attach_device_ = device_.get();
+  attach_thread_ =
+      std::thread([this, gen = attach_gen_, flips = live_state_->flips,
+                   device = device_.get(), live = live_.get()] {
+        if (options_.on_attach_sync_start) options_.on_attach_sync_start();
+        std::shared_ptr<Result<DeviceSync>> sync;
+        try {
+          sync = std::make_shared<Result<DeviceSync>>(
+              SyncDeviceWeights(*device, *live, attach_pool_.get(), nullptr));
+        } catch (const std::exception& e) {  // std::bad_alloc
+          sync = std::make_shared<Result<DeviceSync>>(
+              Status::ResourceExhausted(e.what()));
+        }
+        // Dropped if the relay stopped meanwhile (its mailbox closed); the
+        // destructor joins this thread.
+        options_.post([this, gen, flips, sync] {
+          AttachSynced(gen, flips, std::move(*sync));
+        });
+      });
+}
+
+void ServingImages::JoinAttach() {
+  if (attach_thread_.joinable()) attach_thread_.join();
+}
+
+void ServingImages::AttachSynced(uint64_t gen, uint64_t flips,
+                                 Result<DeviceSync> sync) {
+  JoinAttach();  // posting was its last act
+  attach_running_ = false;
+  attach_device_ = nullptr;
+  retired_device_.reset();
+  if (gen != attach_gen_) {
+    // Its server was forgotten; a newer one may be waiting for its turn.
+    if (attaching_) StartAttachSync();
+    return;
+  }
+  if (!sync.ok()) {
+    RefuseDevice(fmt::format(
+        "bringing the GPU buffers to step {} failed (attach): {}; the server "
+        "must not compute on them (they are synced again when it attaches)",
+        live_state_->version.step, sync.status().message()));
+    return;
+  }
+  if (live_state_->flips != flips) {
+    // A commit flipped the images meanwhile: the buffers are at the old
+    // live image, which the server never computed on. Again, to the new.
+    spdlog::info(
+        "{}: step {} went live while the GPU buffers were brought "
+        "to the one before; bringing them to it",
+        options_.node, live_state_->version.step);
+    StartAttachSync();
+    return;
+  }
+  RecordSync("attach", *sync, nullptr);
+  attaching_ = false;
+  stats_.gpu = true;
+  if (pause_started_) {
+    // A flip came between its connect and now: the attach brought its
+    // buffers to the live image, which ends that pause.
+    move_summary_ =
+        fmt::format("serving process attached its GPU buffers at step {}",
+                    live_state_->version.step);
+    pause_started_.reset();
+  }
+  SendLive();
+}
+
+void ServingImages::ReleaseDevice() {
+  if (attach_running_ && device_.get() == attach_device_) {
+    retired_device_ = std::move(device_);  // the sync still writes it
+  }
+  device_.reset();
+  attaching_ = false;
+  ++attach_gen_;
+}
+
+bool ServingImages::ReadingStandby() const {
+  return diffing_ ||
+         (attach_running_ && live_state_ && attach_image_ == standby_index());
 }
 
 bool ServingImages::SyncDevice(const char* when, const DeviceChanges* staged) {
@@ -114,11 +213,17 @@ bool ServingImages::SyncDevice(const char* when, const DeviceChanges* staged) {
         live_state_->version.step, when, sync.status().message()));
     return false;
   }
+  RecordSync(when, *sync, staged);
+  return true;
+}
+
+void ServingImages::RecordSync(const char* when, const DeviceSync& sync,
+                               const DeviceChanges* staged) {
   stats_.gpu_syncs += 1;
-  stats_.gpu_patched += sync->patched;
-  stats_.gpu_patched_bytes += sync->patched_bytes;
-  stats_.gpu_rewritten += sync->rewritten;
-  stats_.last_gpu_sync_seconds = sync->seconds;
+  stats_.gpu_patched += sync.patched;
+  stats_.gpu_patched_bytes += sync.patched_bytes;
+  stats_.gpu_rewritten += sync.rewritten;
+  stats_.last_gpu_sync_seconds = sync.seconds;
   const std::string diffed =
       staged == nullptr
           ? ""
@@ -130,11 +235,10 @@ bool ServingImages::SyncDevice(const char* when, const DeviceChanges* staged) {
       "{}: GPU buffers at step {} ({}): {} of {} tensors patched ({} bytes) "
       "and {} rewritten ({} bytes) in {:.1f} ms, {:.1f} ms of it patching "
       "and {:.1f} ms comparing digests{}",
-      options_.node, live_state_->version.step, when, sync->patched,
-      sync->tensors, sync->patched_bytes, sync->rewritten,
-      sync->rewritten_bytes, sync->seconds * 1e3, sync->patch_seconds * 1e3,
-      sync->hash_seconds * 1e3, diffed);
-  return true;
+      options_.node, live_state_->version.step, when, sync.patched,
+      sync.tensors, sync.patched_bytes, sync.rewritten, sync.rewritten_bytes,
+      sync.seconds * 1e3, sync.patch_seconds * 1e3, sync.hash_seconds * 1e3,
+      diffed);
 }
 
 }  // namespace dcr

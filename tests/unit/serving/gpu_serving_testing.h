@@ -157,6 +157,9 @@ class GpuServingTest : public ::testing::Test {
     o.on_diff_start = [this] {
       if (hold_diff_) hold_diff_();
     };
+    o.on_attach_sync_start = [this] {
+      if (hold_attach_) hold_attach_();
+    };
     o.attach_device =
         [this](const std::string& path,
                const Manifest* live) -> Result<std::unique_ptr<DeviceWeights>> {
@@ -279,8 +282,10 @@ class GpuServingTest : public ::testing::Test {
   Status refuse_ = Status::OK();
   bool drop_writes_ = false;
   FakeGpu* gpu_ = nullptr;  // owned by images_ while attached
-  // Runs on the relay's diff thread before it diffs (a test holds it).
+  // Run on the relay's diff thread before it diffs, and on its attach
+  // sync's before it syncs (a test holds them; set before they start).
   std::function<void()> hold_diff_;
+  std::function<void()> hold_attach_;
 };
 
 }  // namespace dcr::serving_testing
