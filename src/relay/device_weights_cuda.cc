@@ -28,6 +28,10 @@ class CudaIpcWeights final : public DeviceWeights {
         digester_(std::move(digester)),
         applier_(std::move(applier)) {}
 
+  // The members free their memory, streams and mappings on the device
+  // current at the time: theirs.
+  ~CudaIpcWeights() override { (void)OnItsDevice(); }
+
   const std::vector<TensorInfo>& tensors() const override { return tensors_; }
 
   Result<Digest128> Digest(size_t i) override {

@@ -188,9 +188,9 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   }
   flipped_at_ = Clock::now();
   live_state_ = next;
-  // No diff reads the images here: the standby took this refit, which
-  // waited for the last diff (CatchUp, LockStandby).
-  assert(!diffing_);
+  // No thread reads the standby here: it took this refit, which waited
+  // for them (CatchUp, LockStandby).
+  assert(!ReadingStandby());
   std::swap(live_, standby);
   caught_up_ = false;
   retry_after_ = {};
@@ -309,6 +309,13 @@ std::string ServingImages::why_waiting() const {
   if (diffing_) {
     return "the relay is still reading the images for a GPU server's pause "
            "(the diff of the old live image against the new)";
+  }
+  if (attach_holds_standby_) {
+    return fmt::format(
+        "an attaching GPU server's buffers are being brought to the live "
+        "image {} (a commit flipped the images during their first sync); the "
+        "relay stages no refit until then",
+        live_state_->image);
   }
   if (ReadingStandby()) {
     return fmt::format(

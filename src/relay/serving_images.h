@@ -180,8 +180,9 @@ class ServingImages {
   void SendLive();
   // Forgets device_ (kept until attach_thread_ ends if it writes it).
   void ReleaseDevice();
-  // A thread may still read the standby image: the flip's diff, or an
-  // attach sync that started before the last flip.
+  // The standby may take no write: a thread may still read it (the flip's
+  // diff, or an attach sync that started before the last flip), or an
+  // attach sync runs again after a flip and must not be sent round again.
   bool ReadingStandby() const;
   // Starts diffing `base` (the old live image) against live_ for device_'s
   // tensors on diff_thread_; Diffed gets the result on the actor thread.
@@ -232,11 +233,15 @@ class ServingImages {
   // attach_thread_ runs, until AttachSynced ran, reading image
   // attach_image_ and writing attach_device_ (which retired_device_ keeps
   // if its server was forgotten meanwhile); attach_gen_ tells a sync for a
-  // forgotten server from the current one.
+  // forgotten server from the current one; attach_holds_standby_: a flip
+  // came during the sync, which runs again, and until it is done no refit
+  // stages (or the next flip would send it round again, and a server
+  // attaching while commits come faster than a sync would never go live).
   std::thread attach_thread_;
   std::unique_ptr<ThreadPool> attach_pool_;
   bool attaching_ = false;
   bool attach_running_ = false;
+  bool attach_holds_standby_ = false;
   uint64_t attach_gen_ = 0;
   uint32_t attach_image_ = 0;
   const DeviceWeights* attach_device_ = nullptr;

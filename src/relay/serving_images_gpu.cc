@@ -120,9 +120,6 @@ void ServingImages::StartAttachSync() {
     attach_pool_ = std::make_unique<ThreadPool>(
         options_.pool != nullptr ? options_.pool->size() : 1);
   }
-  attach_running_ = true;
-  attach_image_ = live_state_->image;
-  attach_device_ = device_.get();
   attach_thread_ =
       std::thread([this, gen = attach_gen_, flips = live_state_->flips,
                    device = device_.get(), live = live_.get()] {
@@ -141,6 +138,11 @@ void ServingImages::StartAttachSync() {
           AttachSynced(gen, flips, std::move(*sync));
         });
       });
+  // (Set once the thread exists: AttachSynced, which clears them, runs on
+  // this thread later.)
+  attach_running_ = true;
+  attach_image_ = live_state_->image;
+  attach_device_ = device_.get();
 }
 
 void ServingImages::JoinAttach() {
@@ -167,7 +169,10 @@ void ServingImages::AttachSynced(uint64_t gen, uint64_t flips,
   }
   if (live_state_->flips != flips) {
     // A commit flipped the images meanwhile: the buffers are at the old
-    // live image, which the server never computed on. Again, to the new.
+    // live image, which the server never computed on. Again, to the new;
+    // until it is done the standby takes no refit (ReadingStandby), so no
+    // further flip can send this sync round again.
+    attach_holds_standby_ = true;
     spdlog::info(
         "{}: step {} went live while the GPU buffers were brought "
         "to the one before; bringing them to it",
@@ -177,6 +182,7 @@ void ServingImages::AttachSynced(uint64_t gen, uint64_t flips,
   }
   RecordSync("attach", *sync, nullptr);
   attaching_ = false;
+  attach_holds_standby_ = false;
   stats_.gpu = true;
   if (pause_started_) {
     // A flip came between its connect and now: the attach brought its
@@ -195,11 +201,12 @@ void ServingImages::ReleaseDevice() {
   }
   device_.reset();
   attaching_ = false;
+  attach_holds_standby_ = false;
   ++attach_gen_;
 }
 
 bool ServingImages::ReadingStandby() const {
-  return diffing_ ||
+  return diffing_ || attach_holds_standby_ ||
          (attach_running_ && live_state_ && attach_image_ == standby_index());
 }
 

@@ -199,37 +199,47 @@ TEST_F(GpuServingTest, TheAttachSyncRunsBesideTheLoop) {
 // A commit flips the images while the attach brings the buffers to the
 // old live image: the server, which never computed on it, gets no pause;
 // the sync runs again to the new image, whose live line ends that pause.
-// Until the first sync stopped reading the old live image, now the
-// standby, no catch-up writes it.
+// From the flip until then no catch-up writes the old live image, now the
+// standby: first because the sync reads it, then so that no further flip
+// sends the sync round again.
 TEST_F(GpuServingTest, AFlipDuringTheAttachSyncsAgainToTheNewImage) {
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::atomic<int> syncs{0};
-  hold_attach_ = [released, &syncs] {
-    syncs += 1;
-    released.wait_for(std::chrono::seconds(20));
+  std::promise<void> first, second;
+  std::shared_future<void> released[2] = {first.get_future().share(),
+                                          second.get_future().share()};
+  auto syncs = std::make_shared<std::atomic<int>>(0);
+  hold_attach_ = [released, syncs] {
+    const int k = (*syncs)++;
+    released[std::min(k, 1)].wait_for(std::chrono::seconds(20));
   };
   LineClient c(socket_);
   c.Send(Hello("/run/w.sock"));
-  ASSERT_TRUE(PumpUntil([&] { return syncs == 1; }));
+  ASSERT_TRUE(PumpUntil([&] { return *syncs == 1; }));
   RefitId refit;
   refit.bytes.fill(0x32);
   Flip(refit);
   EXPECT_FALSE(NextMsg(c, 100).has_value());  // no pause, no commit
   EXPECT_TRUE(images_->AwaitingMove());
-  EXPECT_FALSE(images_->CatchUpDue());
-  auto ready = images_->MaybeCatchUp(standby_, false);
-  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
-  EXPECT_FALSE(*ready);
-  EXPECT_THAT(images_->why_waiting(), HasSubstr("still reading image 0"));
-  release.set_value();
+  auto standby_held = [&] {
+    EXPECT_FALSE(images_->CatchUpDue());
+    auto ready = images_->MaybeCatchUp(standby_, false);
+    ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+    EXPECT_FALSE(*ready);
+    EXPECT_THAT(images_->why_waiting(), HasSubstr("attaching GPU server"));
+  };
+  standby_held();
+  first.set_value();
+  ASSERT_TRUE(PumpUntil([&] { return *syncs == 2; }));
+  Pump(20);
+  standby_held();
+  EXPECT_FALSE(c.Line(20).has_value());
+  second.set_value();
   auto live = NextMsg(c);
   ASSERT_TRUE(live.has_value());
   EXPECT_EQ(live->op, Op::kLive);
   EXPECT_TRUE(live->cuda);
   EXPECT_EQ(live->image, 1u);
   EXPECT_EQ(live->version.step, 2u);
-  EXPECT_EQ(syncs, 2);
+  EXPECT_EQ(*syncs, 2);
   EXPECT_EQ(gpu_->bytes(0), Filled(8, 0x20));
   EXPECT_EQ(gpu_->bytes(1), Filled(3, 0x20));
   EXPECT_EQ(images_->stats().gpu_syncs, 1u);  // the one that went live
@@ -237,39 +247,42 @@ TEST_F(GpuServingTest, AFlipDuringTheAttachSyncsAgainToTheNewImage) {
   EXPECT_EQ(images_->MoveSummary(),
             "serving process attached its GPU buffers at step 2");
   EXPECT_TRUE(PumpUntil([&] { return images_->CatchUpDue(); }));
-  ready = images_->MaybeCatchUp(standby_, false);
+  auto ready = images_->MaybeCatchUp(standby_, false);
   ASSERT_TRUE(ready.ok()) << ready.status().ToString();
   EXPECT_TRUE(*ready);
 }
 
-// A server that leaves while its buffers are synced is forgotten; the
+// A server that leaves while its buffers are synced is forgotten; its
 // buffers stay open until the sync ends. One that attaches meanwhile is
 // synced after it, and only it goes live.
 TEST_F(GpuServingTest, AServerThatLeavesDuringTheAttachSyncIsForgotten) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
-  std::atomic<int> syncs{0};
-  hold_attach_ = [released, &syncs] {
-    syncs += 1;
+  auto syncs = std::make_shared<std::atomic<int>>(0);
+  hold_attach_ = [released, syncs] {
+    *syncs += 1;
     released.wait_for(std::chrono::seconds(20));
   };
   auto first = std::make_unique<LineClient>(socket_);
   first->Send(Hello("/run/first.sock"));
-  ASSERT_TRUE(PumpUntil([&] { return syncs == 1; }));
+  ASSERT_TRUE(PumpUntil([&] { return *syncs == 1; }));
   first.reset();
   EXPECT_TRUE(PumpUntil([&] { return !images_->stats().attached; }));
+  EXPECT_EQ(gpus_closed_, 0);  // the sync still writes them
   LineClient second(socket_);
   second.Send(Hello("/run/second.sock"));
   ASSERT_TRUE(PumpUntil([&] { return attach_paths_.size() == 2; }));
   // Its sync waits for the first one's to end.
   EXPECT_FALSE(NextMsg(second, 100).has_value());
-  EXPECT_EQ(syncs, 1);
+  EXPECT_EQ(*syncs, 1);
+  EXPECT_EQ(gpus_closed_, 0);
   release.set_value();
   auto live = NextMsg(second);
   ASSERT_TRUE(live.has_value());
   EXPECT_EQ(live->op, Op::kLive);
   EXPECT_TRUE(live->cuda);
-  EXPECT_EQ(syncs, 2);
+  EXPECT_EQ(*syncs, 2);
+  EXPECT_EQ(gpus_closed_, 1);  // the first server's, once its sync ended
   EXPECT_EQ(gpu_->bytes(0), Filled(8, 0x10));
   EXPECT_EQ(images_->stats().gpu_syncs, 1u);
   EXPECT_TRUE(images_->stats().gpu);

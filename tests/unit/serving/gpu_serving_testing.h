@@ -42,6 +42,9 @@ class FakeGpu final : public DeviceWeights {
       bytes_.emplace_back(t.NumBytes(), std::byte{0});
     }
   }
+  ~FakeGpu() override {
+    if (on_destroy) on_destroy();
+  }
   const std::vector<TensorInfo>& tensors() const override { return tensors_; }
   Result<Digest128> Digest(size_t i) override {
     if (fail_digest) return Status::IOError("the GPU fell off the bus");
@@ -76,6 +79,7 @@ class FakeGpu final : public DeviceWeights {
   int writes = 0;
   bool drop_writes = false;  // a write that reports success and does nothing
   bool fail_digest = false;
+  std::function<void()> on_destroy;  // the relay closed the buffers
 
  private:
   std::vector<TensorInfo> tensors_;
@@ -170,6 +174,7 @@ class GpuServingTest : public ::testing::Test {
       auto gpu = std::make_unique<FakeGpu>(live->tensors());
       gpu_ = gpu.get();
       gpu_->drop_writes = drop_writes_;
+      gpu_->on_destroy = [this] { gpus_closed_ += 1; };
       return std::unique_ptr<DeviceWeights>(std::move(gpu));
     };
     auto images = ServingImages::Open(std::move(o));
@@ -282,6 +287,7 @@ class GpuServingTest : public ::testing::Test {
   Status refuse_ = Status::OK();
   bool drop_writes_ = false;
   FakeGpu* gpu_ = nullptr;  // owned by images_ while attached
+  std::atomic<int> gpus_closed_{0};
   // Run on the relay's diff thread before it diffs, and on its attach
   // sync's before it syncs (a test holds them; set before they start).
   std::function<void()> hold_diff_;
