@@ -230,6 +230,11 @@ std::string RenderRelayMetrics(const RelayStats& s, const std::string& node,
              "kept at the live image");
     m.Sample("dcr_relay_serving_gpu_attached", uint64_t{sv->gpu ? 1u : 0u},
              {{"node", node}});
+    m.Family("dcr_relay_serving_gpu_attaching", "gauge",
+             "1 while an attaching server's GPU buffers are brought to the "
+             "live image, before its live line");
+    m.Sample("dcr_relay_serving_gpu_attaching",
+             uint64_t{sv->gpu_attaching ? 1u : 0u}, {{"node", node}});
     m.Family("dcr_relay_serving_gpu_syncs_total", "counter",
              "Attaches and commits that brought the GPU buffers to the live "
              "image");

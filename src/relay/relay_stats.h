@@ -59,6 +59,8 @@ struct ServingStats {
   uint64_t prepare_timeouts = 0;  // yes votes turned to no
   // A server computing on GPU buffers it exported (cuda_ipc in its hello):
   bool gpu = false;                // attached, and kept at the live image
+  bool gpu_attaching = false;      // attached, being brought to the live
+                                   // image (no live line yet)
   uint64_t gpu_syncs = 0;          // attaches and commits that synced them
   uint64_t gpu_patched = 0;        // tensors patched at commits
   uint64_t gpu_patched_bytes = 0;  // positions and values of the patches

@@ -149,7 +149,11 @@ class ServingImages {
   // apply share holds until then) in progress, and no diff reading the
   // standby.
   bool CatchUpDue() const;
-  ServingStats stats() const { return stats_; }
+  ServingStats stats() const {
+    ServingStats s = stats_;
+    s.gpu_attaching = attaching_;
+    return s;
+  }
   void set_pool(ThreadPool* pool) { options_.pool = pool; }
   const std::optional<LiveState>& live() const { return live_state_; }
 

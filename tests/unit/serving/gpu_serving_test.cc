@@ -179,6 +179,7 @@ TEST_F(GpuServingTest, TheAttachSyncRunsBesideTheLoop) {
   EXPECT_EQ(images_->ReadyToVote(refit, 2), ServingImages::Gate::kReady);
   EXPECT_FALSE(NextMsg(c, 50).has_value());
   EXPECT_FALSE(images_->stats().gpu);
+  EXPECT_TRUE(images_->stats().gpu_attaching);
   EXPECT_EQ(gpu_->writes, 0);
   release.set_value();
   auto live = NextMsg(c);
@@ -188,6 +189,7 @@ TEST_F(GpuServingTest, TheAttachSyncRunsBesideTheLoop) {
   EXPECT_EQ(live->version.step, 1u);
   EXPECT_EQ(gpu_->bytes(0), Filled(8, 0x10));
   EXPECT_TRUE(images_->stats().gpu);
+  EXPECT_FALSE(images_->stats().gpu_attaching);
   EXPECT_EQ(images_->stats().gpu_syncs, 1u);
   // From now on a vote asks it.
   EXPECT_EQ(images_->ReadyToVote(refit, 2), ServingImages::Gate::kWait);
