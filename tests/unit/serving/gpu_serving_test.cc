@@ -254,6 +254,43 @@ TEST_F(GpuServingTest, AFlipDuringTheAttachSyncsAgainToTheNewImage) {
   EXPECT_TRUE(*ready);
 }
 
+// A server that leaves during the sync a flip sent round again frees the
+// standby at once (the running sync reads the live image, not it), and
+// the sync's result is dropped when it ends.
+TEST_F(GpuServingTest, AServerThatLeavesDuringTheSecondSyncFreesTheStandby) {
+  std::promise<void> first, second;
+  std::shared_future<void> released[2] = {first.get_future().share(),
+                                          second.get_future().share()};
+  auto syncs = std::make_shared<std::atomic<int>>(0);
+  hold_attach_ = [released, syncs] {
+    const int k = (*syncs)++;
+    released[std::min(k, 1)].wait_for(std::chrono::seconds(20));
+  };
+  auto c = std::make_unique<LineClient>(socket_);
+  c->Send(Hello("/run/w.sock"));
+  ASSERT_TRUE(PumpUntil([&] { return *syncs == 1; }));
+  RefitId refit;
+  refit.bytes.fill(0x33);
+  Flip(refit);
+  first.set_value();
+  ASSERT_TRUE(PumpUntil([&] { return *syncs == 2; }));
+  Pump(20);
+  EXPECT_FALSE(images_->CatchUpDue());
+  c.reset();
+  EXPECT_TRUE(PumpUntil([&] { return !images_->stats().attached; }));
+  EXPECT_FALSE(images_->stats().gpu_attaching);
+  EXPECT_TRUE(PumpUntil([&] { return images_->CatchUpDue(); }));
+  auto ready = images_->MaybeCatchUp(standby_, false);
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_TRUE(*ready);
+  EXPECT_EQ(gpus_closed_, 0);  // the sync still writes them
+  second.set_value();
+  EXPECT_TRUE(PumpUntil([&] { return gpus_closed_ == 1; }));
+  Pump(20);
+  EXPECT_EQ(images_->stats().gpu_syncs, 0u);
+  EXPECT_FALSE(images_->stats().gpu);
+}
+
 // A server that leaves while its buffers are synced is forgotten; its
 // buffers stay open until the sync ends. One that attaches meanwhile is
 // synced after it, and only it goes live.
