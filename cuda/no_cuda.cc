@@ -46,7 +46,6 @@ OwnedStream& OwnedStream::operator=(OwnedStream&& o) noexcept {
 Status UseDevice(int) { return NotBuilt(); }
 Result<std::string> PciBusId(int) { return NotBuilt(); }
 Result<int> CurrentDevice() { return NotBuilt(); }
-Result<bool> HasPrimaryContext(int) { return NotBuilt(); }
 Result<int> DeviceOfPointer(const void*) { return NotBuilt(); }
 
 struct Differ::Impl {};

@@ -1,5 +1,4 @@
 // dcr/cuda.h: the runtime side (probe, device buffers, copies).
-#include <cuda.h>  // the driver's types only: nothing links libcuda
 #include <cuda_runtime.h>
 
 #include <string>
@@ -173,50 +172,6 @@ Result<int> CurrentDevice() {
   int index = 0;
   DCR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&index), "cudaGetDevice");
   return index;
-}
-
-Result<bool> HasPrimaryContext(int index) {
-  DCR_RETURN_IF_ERROR(RequireDevice());
-  using DeviceGet = CUresult (*)(CUdevice*, int);
-  using PrimaryCtxGetState = CUresult (*)(CUdevice, unsigned int*, int*);
-  // Looked up once (the driver cannot change under a running process).
-  static const std::pair<DeviceGet, PrimaryCtxGetState> fns = [] {
-    void* get = nullptr;
-    void* state = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion(
-            "cuDeviceGet", &get, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      get = nullptr;
-    }
-    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &state,
-                                         12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      state = nullptr;
-    }
-    (void)cudaGetLastError();
-    return std::pair{reinterpret_cast<DeviceGet>(get),
-                     reinterpret_cast<PrimaryCtxGetState>(state)};
-  }();
-  if (fns.first == nullptr || fns.second == nullptr) {
-    return Status::Unsupported(
-        "the CUDA driver does not give cuDevicePrimaryCtxGetState");
-  }
-  CUdevice dev = 0;
-  if (CUresult r = fns.first(&dev, index); r != CUDA_SUCCESS) {
-    return Status::InvalidArgument("cuDeviceGet(" + std::to_string(index) +
-                                   ") failed (CUresult " + std::to_string(r) +
-                                   ")");
-  }
-  unsigned int flags = 0;
-  int active = 0;
-  if (CUresult r = fns.second(dev, &flags, &active); r != CUDA_SUCCESS) {
-    return Status::IOError("cuDevicePrimaryCtxGetState(" +
-                           std::to_string(index) + ") failed (CUresult " +
-                           std::to_string(r) + ")");
-  }
-  return active != 0;
 }
 
 Result<int> DeviceOfPointer(const void* p) {

@@ -17,12 +17,6 @@ namespace {
 // device that was (the caller's thread is the trainer's: its torch
 // current device must not move); nothing where it is current already.
 // ok() is false where `device` could not be made current.
-//
-// A thread that never chose a device reads as on device 0, and making
-// device 0 current would create a context there (hundreds of MiB of a GPU
-// this rank may not use): where the device that was has no active primary
-// context, the thread is left on `device`, as torch's own device guard
-// does (c10::cuda::MaybeExchangeDevice).
 class OnDevice {
  public:
   explicit OnDevice(int device) {
@@ -32,10 +26,7 @@ class OnDevice {
     status_ = UseDevice(device);
   }
   ~OnDevice() {
-    if (previous_ < 0) return;
-    Result<bool> used = HasPrimaryContext(previous_);
-    // (If the driver cannot say, the device that was is made current.)
-    if (!used.ok() || *used) (void)UseDevice(previous_);
+    if (previous_ >= 0) (void)UseDevice(previous_);
   }
   OnDevice(const OnDevice&) = delete;
   OnDevice& operator=(const OnDevice&) = delete;

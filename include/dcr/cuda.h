@@ -132,13 +132,6 @@ Status UseDevice(int index);
 Result<std::string> PciBusId(int index);
 // The device current for this thread (cudaGetDevice).
 Result<int> CurrentDevice();
-// Whether device `index`'s primary context (the one the runtime API uses)
-// is active in this process, without creating it: making a device current
-// creates its context (hundreds of MiB of that GPU's memory), which a
-// thread restoring a device it never used must not do. The driver's
-// cuDevicePrimaryCtxGetState, found through the runtime
-// (cudaGetDriverEntryPointByVersion), so nothing links the driver.
-Result<bool> HasPrimaryContext(int index);
 // The device whose memory holds `p` (device or managed memory), or -1 for
 // host memory, pinned or not (cudaPointerGetAttributes).
 Result<int> DeviceOfPointer(const void* p);

@@ -179,21 +179,6 @@ TEST_F(CudaProducerTest, LeavesTheCallersCurrentDevice) {
   EXPECT_EQ(*CurrentDevice(), 0);
 }
 
-// What the device guard asks before it makes a device current again: a
-// device the runtime made current has its primary context; one that does
-// not exist is an error. (The guard's other branch, a thread left on the
-// shards' device where device 0 has no context, needs a process whose
-// device 0 was never used: not checked here.)
-TEST_F(CudaProducerTest, HasPrimaryContextSeesTheRuntimesContext) {
-  ASSERT_TRUE(UseDevice(0).ok());
-  auto d = DeviceBuffer::Allocate(64);  // the context in use, whatever
-  ASSERT_TRUE(d.ok());                  // cudaSetDevice made of it
-  auto active = HasPrimaryContext(0);
-  ASSERT_TRUE(active.ok()) << active.status().ToString();
-  EXPECT_TRUE(*active);
-  EXPECT_FALSE(HasPrimaryContext(1 << 20).ok());
-}
-
 // Without a GPU too: checked before any device is touched, and a device
 // that cannot be used is named.
 TEST(CudaShardMemoryTest, BadOptionsAreRefused) {
