@@ -16,7 +16,10 @@ namespace {
 // Makes `device` current for the scope and then makes current again the
 // device that was (the caller's thread is the trainer's: its torch
 // current device must not move); nothing where it is current already.
-// ok() is false where `device` could not be made current.
+// ok() is false where `device` could not be made current. Restoring a
+// device the thread never used creates a context there; the Python module
+// calls inside torch's own guard (torch.cuda.device), which records such a
+// device instead, so that this one finds the device current.
 class OnDevice {
  public:
   explicit OnDevice(int device) {

@@ -40,6 +40,7 @@ using python::Bytes;
 using python::BytesOf;
 using python::Check;
 using python::Take;
+using python::TorchDeviceGuard;
 
 // The safetensors spelling of a torch dtype ("" if dcr has none).
 std::string DTypeOfTorch(const py::handle& t) {
@@ -84,14 +85,12 @@ int DeviceOf(const py::handle& v) {
   return index.cast<int>();
 }
 
-// A name -> tensor dict as rank `rank`'s shards. Only the shards the
-// layout gives the rank are taken (the producer ignores the others). A
-// torch tensor must have the layout's shape and dtype (a transposed or
-// retyped tensor of the same size would otherwise be taken); sizes are
-// checked for any buffer. CUDA tensors are taken as spans of their
-// device's memory, all on one device and contiguous; torch's current
-// stream there is synchronized first, so the optimizer step's kernels
-// have finished.
+// A name -> tensor dict as rank `rank`'s shards (the others the layout
+// does not give it are ignored). A torch tensor must have the layout's
+// shape and dtype; sizes are checked for any buffer. CUDA tensors are
+// taken as spans of their device's memory, all on one device and
+// contiguous; torch's current stream there is synchronized first, so the
+// optimizer step's kernels have finished.
 Placed ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named) {
   const auto shards = layout.ShardsOf(rank);
   Placed out;
@@ -155,19 +154,20 @@ Placed ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named) {
 }
 
 // A ShardProducer or Producer is used by one thread at a time; Python
-// threads may share one, so each call takes this lock, with the GIL
-// released while it waits. Its shards live where the first tensors handed
-// to it do (host memory, or a GPU: cuda::CreateShardMemory); shards from
-// elsewhere are refused while it holds a baseline.
+// threads may share one, so each call takes this lock, GIL released. Its
+// shards live where the first tensors handed to it do (host or a GPU:
+// cuda::CreateShardMemory); others are refused while it holds a baseline.
 template <typename P>
 struct Locked {
   template <typename... Args>
   explicit Locked(Args&&... args) : producer(std::forward<Args>(args)...) {}
   // Calls fn(producer, shards) for `named`'s shards, holding the lock and
-  // not the GIL.
+  // not the GIL, their device current through torch's guard (so the
+  // memory's own leaves it be).
   template <typename Fn>
   auto With(const py::dict& named, Fn fn) {
     Placed placed = ShardsOf(producer.layout(), producer.rank(), named);
+    TorchDeviceGuard on_device(placed.device);
     py::gil_scoped_release unlocked;
     std::lock_guard<std::mutex> lock(mu);
     if (placed.device != device && !placed.shards.empty()) {

@@ -51,4 +51,22 @@ Bytes BytesOf(const py::handle& obj, bool writable, const std::string& name) {
   return Bytes{std::move(info)};
 }
 
+TorchDeviceGuard::TorchDeviceGuard(int index) {
+  if (index < 0) return;
+  py::object cuda = py::module_::import("torch.cuda");
+  if (!cuda.attr("is_available")().cast<bool>()) return;
+  py::object guard = cuda.attr("device")(index);
+  guard.attr("__enter__")();
+  guard_ = std::move(guard);
+}
+
+TorchDeviceGuard::~TorchDeviceGuard() {
+  if (!guard_) return;
+  try {
+    guard_.attr("__exit__")(py::none(), py::none(), py::none());
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable(__func__);  // a destructor does not throw
+  }
+}
+
 }  // namespace dcr::python

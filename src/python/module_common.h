@@ -41,6 +41,24 @@ struct Bytes {
 // when contiguous), or anything with the buffer protocol.
 Bytes BytesOf(const py::handle& obj, bool writable, const std::string& name);
 
+// Makes CUDA device `index` current for its scope through torch's own
+// guard (torch.cuda.device), so that torch's record of the thread's device
+// stays true: at the end torch makes the device that was current again,
+// and where that device has no context yet (a thread that never chose
+// one reads as on device 0) it records it without creating one. Nothing
+// for a negative index or a torch without CUDA. Made and destroyed with
+// the GIL held.
+class TorchDeviceGuard {
+ public:
+  explicit TorchDeviceGuard(int index);
+  ~TorchDeviceGuard();
+  TorchDeviceGuard(const TorchDeviceGuard&) = delete;
+  TorchDeviceGuard& operator=(const TorchDeviceGuard&) = delete;
+
+ private:
+  py::object guard_;
+};
+
 // dcr.Receiver (receiver_binding.cc).
 void AddReceiver(py::module_& m);
 

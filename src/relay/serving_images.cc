@@ -173,6 +173,10 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   if (!v || standby->InProgress()) {
     return Status::Internal("flip: the standby holds no finished commit");
   }
+  // No thread reads the standby here: it took this refit, which waited
+  // for them (CatchUp, LockStandby). (An attach sync may read the live
+  // image.)
+  assert(!ReadingStandby());
   LiveState next;
   next.image = standby_index();
   next.version = *v;
@@ -188,9 +192,6 @@ Status ServingImages::Flip(std::unique_ptr<WeightStore>& standby,
   }
   flipped_at_ = Clock::now();
   live_state_ = next;
-  // No thread reads the standby here: it took this refit, which waited
-  // for them (CatchUp, LockStandby).
-  assert(!ReadingStandby());
   std::swap(live_, standby);
   caught_up_ = false;
   retry_after_ = {};

@@ -77,13 +77,14 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
     auto [v0, v1] = RandomVersions(layout_, 0.04, rng);
     canonical_ = {v0, v1};
     while (canonical_.size() < kVersions) {
-      auto [unused, next] = RandomVersions(layout_, 0.04, rng);
-      (void)unused;
-      // RandomVersions draws a fresh base: step from the last version.
+      // RandomVersions draws a fresh base: its change, base ^ target,
+      // applied to the last version.
+      auto [base, next] = RandomVersions(layout_, 0.04, rng);
       Tensors stepped = canonical_.back();
       for (auto& [name, bytes] : stepped) {
-        const auto& change = next.at(name);
-        for (size_t i = 0; i < bytes.size(); i += 7) bytes[i] ^= change[i];
+        const auto& from = base.at(name);
+        const auto& to = next.at(name);
+        for (size_t i = 0; i < bytes.size(); ++i) bytes[i] ^= from[i] ^ to[i];
       }
       canonical_.push_back(std::move(stepped));
     }
@@ -133,6 +134,7 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
   // One refit of trainer step `v`: the root over the fake transport, each
   // rank's producer handing version `v`'s shards in its own thread.
   RefitReport Step(int v, std::vector<Result<ProducerDecision>>* decisions) {
+    Producer* p[2] = {producers_.at(0).get(), producers_.at(1).get()};
     RefitOptions o = OptionsFor(v);
     o.producers = hub_.get();
     o.producer_wait = 20s;
@@ -142,8 +144,8 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
     auto root = std::async(std::launch::async, [&] { return RunRefit(o); });
     std::vector<std::future<Result<ProducerDecision>>> ranks;
     for (uint32_t r = 0; r < 2; ++r) {
-      ranks.push_back(std::async(std::launch::async, [this, r, v] {
-        return producers_[r]->Refit(v, Spans(shards_[v][r]));
+      ranks.push_back(std::async(std::launch::async, [this, p, r, v] {
+        return p[r]->Refit(v, Spans(shards_[v][r]));
       }));
     }
     decisions->clear();
@@ -183,7 +185,7 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
 TEST_F(ProducerMemoryTreeTest, MemoriesChangesCommitEveryStore) {
   HostShardMemory* m[2];
   for (uint32_t r = 0; r < 2; ++r) {
-    MakeProducer(r, 0, &m[r]);
+    ASSERT_NO_FATAL_FAILURE(MakeProducer(r, 0, &m[r]));
     // Setting the baseline read each shard back once, to hash it.
     EXPECT_EQ(m[r]->calls().reads, static_cast<int>(shards_[0][r].size()));
     m[r]->calls().reads = 0;
@@ -204,6 +206,8 @@ TEST_F(ProducerMemoryTreeTest, MemoriesChangesCommitEveryStore) {
         EXPECT_EQ(m[r]->calls().find_changes[name], v) << name;
       }
       EXPECT_EQ(m[r]->calls().advances, v);
+      EXPECT_EQ(m[r]->calls().set_baselines, 1);  // the caller's, once
+      EXPECT_EQ(m[r]->calls().baselines_from_host, 0);
       EXPECT_EQ(m[r]->calls().reads, 0);  // nothing read back at a step
       ExpectMemoryAt(m[r], r, v);
       m[r]->calls().reads = 0;  // (the check's own)
@@ -217,11 +221,11 @@ TEST_F(ProducerMemoryTreeTest, MemoriesChangesCommitEveryStore) {
 // against them.
 TEST_F(ProducerMemoryTreeTest, ARankWithoutABaselineGetsTheTreesIntoItsMemory) {
   HostShardMemory* m[2];
-  MakeProducer(0, 0, &m[0]);
-  MakeProducer(1, 0, &m[1]);
+  ASSERT_NO_FATAL_FAILURE(MakeProducer(0, 0, &m[0]));
+  ASSERT_NO_FATAL_FAILURE(MakeProducer(1, 0, &m[1]));
   std::vector<Result<ProducerDecision>> d;
   ASSERT_EQ(Step(1, &d).outcome, RefitOutcome::kCommitted);
-  MakeProducer(1, -1, &m[1]);
+  ASSERT_NO_FATAL_FAILURE(MakeProducer(1, -1, &m[1]));
   ASSERT_FALSE(producers_[1]->has_baseline());
   RefitReport report = Step(2, &d);
   EXPECT_EQ(report.outcome, RefitOutcome::kCommitted);
@@ -230,6 +234,9 @@ TEST_F(ProducerMemoryTreeTest, ARankWithoutABaselineGetsTheTreesIntoItsMemory) {
     EXPECT_EQ(d[r]->outcome, ProducerOutcome::kCommitted) << d[r]->reason;
   }
   EXPECT_TRUE(producers_[1]->has_baseline());
+  // The tree's shards went into the memory once, as host bytes.
+  EXPECT_EQ(m[1]->calls().baselines_from_host, 1);
+  EXPECT_EQ(m[1]->calls().set_baselines, 0);
   // Diffed against v1's shards from the tree: only v1 -> v2 changed.
   uint64_t stepped = 0;
   for (const auto& [name, shard] : layout_.ShardsOf(1)) {
@@ -251,7 +258,8 @@ TEST_F(ProducerMemoryTreeTest, ARankWithoutABaselineGetsTheTreesIntoItsMemory) {
 // same memories commits.
 TEST_F(ProducerMemoryTreeTest, AShardWrittenDuringTheDiffAbortsTheTree) {
   HostShardMemory* m[2];
-  for (uint32_t r = 0; r < 2; ++r) MakeProducer(r, 0, &m[r]);
+  for (uint32_t r = 0; r < 2; ++r)
+    ASSERT_NO_FATAL_FAILURE(MakeProducer(r, 0, &m[r]));
   std::vector<Result<ProducerDecision>> d;
   ASSERT_EQ(Step(1, &d).outcome, RefitOutcome::kCommitted);
   Shards written = shards_[2][1];
@@ -266,10 +274,10 @@ TEST_F(ProducerMemoryTreeTest, AShardWrittenDuringTheDiffAbortsTheTree) {
     o.phase_timeout = 10s;
     o.kept_baseline = kept_;
     auto root = std::async(std::launch::async, [&] { return RunRefit(o); });
-    auto r0 = std::async(std::launch::async, [&] {
-      return producers_[0]->Refit(2, Spans(shards_[2][0]));
-    });
-    auto r1 = producers_[1]->Refit(2, Spans(written));
+    Producer* p0 = producers_.at(0).get();
+    auto r0 = std::async(std::launch::async,
+                         [&] { return p0->Refit(2, Spans(shards_[2][0])); });
+    auto r1 = producers_.at(1)->Refit(2, Spans(written));
     auto d0 = r0.get();
     auto report = root.get();
     ASSERT_FALSE(r1.ok());
@@ -278,11 +286,8 @@ TEST_F(ProducerMemoryTreeTest, AShardWrittenDuringTheDiffAbortsTheTree) {
                 HasSubstr("changed while it was diffed"));
     ASSERT_TRUE(d0.ok()) << d0.status().ToString();
     EXPECT_EQ(d0->outcome, ProducerOutcome::kAborted);
-    if (report.ok()) {
-      EXPECT_EQ(report->outcome, RefitOutcome::kAborted);
-    } else {
-      EXPECT_FALSE(report.status().ok());
-    }
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->outcome, RefitOutcome::kAborted);
   }
   ExpectTreeAt(1);
   ExpectMemoryAt(m[0], 0, 1);

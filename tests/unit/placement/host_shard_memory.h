@@ -23,6 +23,8 @@ class HostShardMemory final : public ShardMemory {
   // What the memory was asked, for the tests to check.
   struct Calls {
     std::map<std::string, int> find_changes;  // by shard
+    int set_baselines = 0;                    // SetBaseline
+    int baselines_from_host = 0;              // SetBaselineFromHost
     int fingerprints = 0;
     int reads = 0;
     int advances = 0;
@@ -39,12 +41,12 @@ class HostShardMemory final : public ShardMemory {
   std::string name() const override { return "host-test"; }
 
   Status SetBaseline(const ShardBytes& shards) override {
-    return SetBaselineFromHost(shards);
+    ++calls_.set_baselines;
+    return Copy(shards);
   }
   Status SetBaselineFromHost(const ShardBytes& shards) override {
-    baseline_.clear();
-    for (const auto& [n, b] : shards) baseline_[n].assign(b.begin(), b.end());
-    return Status::OK();
+    ++calls_.baselines_from_host;
+    return Copy(shards);
   }
   void DropBaseline() override { baseline_.clear(); }
   uint64_t baseline_bytes() const override {
@@ -125,6 +127,12 @@ class HostShardMemory final : public ShardMemory {
   }
 
  private:
+  Status Copy(const ShardBytes& shards) {
+    baseline_.clear();
+    for (const auto& [n, b] : shards) baseline_[n].assign(b.begin(), b.end());
+    return Status::OK();
+  }
+
   std::map<std::string, std::vector<std::byte>> baseline_;
   Calls calls_;
   Faults faults_;
