@@ -18,6 +18,21 @@ using serving_testing::LineClient;
 using ::testing::HasSubstr;
 using Op = PauseMsg::Op;
 
+// Holds the attach's first sync until `first` is set and every later one
+// until `second` is; the count of syncs started.
+std::shared_ptr<std::atomic<int>> HoldAttachSyncs(std::function<void()>* hold,
+                                                  std::promise<void>& first,
+                                                  std::promise<void>& second) {
+  std::shared_future<void> released[2] = {first.get_future().share(),
+                                          second.get_future().share()};
+  auto syncs = std::make_shared<std::atomic<int>>(0);
+  *hold = [released, syncs] {
+    const int k = (*syncs)++;
+    released[std::min(k, 1)].wait_for(std::chrono::seconds(20));
+  };
+  return syncs;
+}
+
 TEST_F(GpuServingTest, AttachBringsTheBuffersToTheLiveImageBeforeLive) {
   LineClient c(socket_);
   ASSERT_TRUE(c.connected());
@@ -206,13 +221,7 @@ TEST_F(GpuServingTest, TheAttachSyncRunsBesideTheLoop) {
 // sends the sync round again.
 TEST_F(GpuServingTest, AFlipDuringTheAttachSyncsAgainToTheNewImage) {
   std::promise<void> first, second;
-  std::shared_future<void> released[2] = {first.get_future().share(),
-                                          second.get_future().share()};
-  auto syncs = std::make_shared<std::atomic<int>>(0);
-  hold_attach_ = [released, syncs] {
-    const int k = (*syncs)++;
-    released[std::min(k, 1)].wait_for(std::chrono::seconds(20));
-  };
+  auto syncs = HoldAttachSyncs(&hold_attach_, first, second);
   LineClient c(socket_);
   c.Send(Hello("/run/w.sock"));
   ASSERT_TRUE(PumpUntil([&] { return *syncs == 1; }));
@@ -259,13 +268,7 @@ TEST_F(GpuServingTest, AFlipDuringTheAttachSyncsAgainToTheNewImage) {
 // the sync's result is dropped when it ends.
 TEST_F(GpuServingTest, AServerThatLeavesDuringTheSecondSyncFreesTheStandby) {
   std::promise<void> first, second;
-  std::shared_future<void> released[2] = {first.get_future().share(),
-                                          second.get_future().share()};
-  auto syncs = std::make_shared<std::atomic<int>>(0);
-  hold_attach_ = [released, syncs] {
-    const int k = (*syncs)++;
-    released[std::min(k, 1)].wait_for(std::chrono::seconds(20));
-  };
+  auto syncs = HoldAttachSyncs(&hold_attach_, first, second);
   auto c = std::make_unique<LineClient>(socket_);
   c->Send(Hello("/run/w.sock"));
   ASSERT_TRUE(PumpUntil([&] { return *syncs == 1; }));
