@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -119,6 +120,14 @@ class Checkpoint {
   // filesystem; see MappedFile::Write).
   Status WriteTensorData(size_t index, uint64_t offset,
                          std::span<const std::byte> bytes);
+  // Changes tensor `index` in place where it lies in bytes [offset, offset
+  // + size), window [from, to) of that range (kReadWrite; the range must
+  // lie inside the tensor), by pread and pwrite where that is cheaper: see
+  // MappedFile::Modify, whose rules for `fn` and for concurrent writes
+  // hold here.
+  Status ModifyTensorData(
+      size_t index, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
+      const std::function<Status(std::span<std::byte>)>& fn);
 
   // Digests of every tensor; parallel over tensors when `pool` is given.
   CheckpointDigests ComputeDigests(ThreadPool* pool = nullptr) const;

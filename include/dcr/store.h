@@ -70,6 +70,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -198,9 +199,11 @@ struct StoreSpec {
   // kBackground: how long the write-back waits after a commit before it
   // starts. Commits within the wait are written back together, and pages
   // not yet written back stay writable: a refit that comes sooner neither
-  // competes with the write-back nor faults on every page it changes (a
-  // write-protect fault per 4 KiB page once a page was written back: 0.35
-  // s of CPU per GB changed). The data is as durable as the page cache
+  // competes with the write-back nor faults on every page it changes
+  // through the mapping (a write-protect fault per 4 KiB page once a page
+  // was written back: 0.35 s of CPU per GB changed; a chunk's apply that
+  // changes most of its pages takes pread and pwrite instead on a disk
+  // filesystem, ModifyTensor). The data is as durable as the page cache
   // keeps it meanwhile (see "Durability"). WaitDataSync() and closing the
   // store do not wait it out, nor does the write-back after one that a
   // refit overlapped (it could not drop the mark). 0: at once.
@@ -240,6 +243,25 @@ class WeightStore {
   // for thread safety.
   virtual Status WriteTensor(size_t i, uint64_t offset,
                              std::span<const std::byte> bytes);
+  // Changes tensor `i` in place where it lies in bytes [offset, offset +
+  // size) (the range must lie inside the tensor): `fn` gets a span of
+  // `size` bytes standing for the range, of which the window [from, to)
+  // (from <= to <= size) holds the tensor's current bits, and the bits it
+  // leaves in the window become the tensor's; it reads and changes
+  // nothing outside the window. For a change that touches most pages of
+  // the window (a chunk's apply), by the backend's cheaper path: a file
+  // store on a disk filesystem reads the window into a buffer of the
+  // calling thread's and writes it back with write(2) once `fn` returned
+  // OK (MappedFile::Modify: changing mapped pages the kernel wrote back
+  // faults on each); other stores hand `fn` the tensor's memory itself.
+  // So `fn` should fail only before it changed the span: after an error
+  // the window holds its old bits or what `fn` left there. While a call
+  // runs, nothing else may change its window's bytes (an overlapping
+  // ModifyTensor, a write through MutableTensor() or WriteTensor): its
+  // write-back would undo them.
+  virtual Status ModifyTensor(
+      size_t i, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
+      const std::function<Status(std::span<std::byte>)>& fn);
 
   // Digests of the current bits, parallel over tensors when `pool` is
   // given; equal to Checkpoint::ComputeDigests() of a checkpoint with the

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 namespace dcr {
 
@@ -130,6 +131,52 @@ Status MappedFile::Write(uint64_t offset, std::span<const std::byte> bytes) {
     done += static_cast<size_t>(n);
   }
   return Status::OK();
+}
+
+Status MappedFile::Modify(
+    uint64_t offset, size_t size, size_t from, size_t to,
+    const std::function<Status(std::span<std::byte>)>& fn) {
+  if (mode_ != Mode::kReadWrite) {
+    return Status::InvalidArgument("'" + path_ + "' is open read-only");
+  }
+  if (offset > size_ || size > size_ - offset) {
+    return Status::InvalidArgument(
+        "change of " + std::to_string(size) + " bytes at offset " +
+        std::to_string(offset) + " is past the end of '" + path_ + "'");
+  }
+  if (from > to || to > size) {
+    return Status::InvalidArgument(
+        "window [" + std::to_string(from) + ", " + std::to_string(to) +
+        ") is not inside a change of " + std::to_string(size) + " bytes");
+  }
+  if (write_through_map_ || size > kModifyBufferBytes) {
+    return fn({data_ + offset, size});
+  }
+  // Kept by the thread: a refit's applies run on a pool's workers, and a
+  // fresh allocation of a span's size would fault on its pages as the
+  // mapping does.
+  thread_local std::vector<std::byte> buffer;
+  if (buffer.size() < size) buffer.resize(size);
+  const std::span<std::byte> bytes(buffer.data(), size);
+  for (size_t done = from; done < to;) {
+    ssize_t n = ::pread(fd_.get(), bytes.data() + done, to - done,
+                        static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(
+          "cannot read " + std::to_string(to - done) + " bytes at offset " +
+              std::to_string(offset + done) + " of '" + path_ + "'",
+          errno);
+    }
+    if (n == 0) {
+      return Status::IOError("'" + path_ + "' ended at byte " +
+                             std::to_string(offset + done) +
+                             ", inside its mapping");
+    }
+    done += static_cast<size_t>(n);
+  }
+  DCR_RETURN_IF_ERROR(fn(bytes));
+  return Write(offset + from, bytes.subspan(from, to - from));
 }
 
 MappedFile::~MappedFile() {

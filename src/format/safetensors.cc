@@ -561,6 +561,23 @@ Status Checkpoint::WriteTensorData(size_t index, uint64_t offset,
   return files_[loc.file]->map->Write(loc.offset + offset, bytes);
 }
 
+Status Checkpoint::ModifyTensorData(
+    size_t index, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
+    const std::function<Status(std::span<std::byte>)>& fn) {
+  if (mode_ != Mode::kReadWrite) {
+    return Status::InvalidArgument("checkpoint '" + path_ +
+                                   "' is open read-only");
+  }
+  const Location& loc = locations_.at(index);
+  if (offset > loc.size || size > loc.size - offset) {
+    return Status::InvalidArgument(
+        "change of " + std::to_string(size) + " bytes at offset " +
+        std::to_string(offset) + " is past the end of tensor '" +
+        manifest_[index].name + "' (" + std::to_string(loc.size) + " bytes)");
+  }
+  return files_[loc.file]->map->Modify(loc.offset + offset, size, from, to, fn);
+}
+
 CheckpointDigests Checkpoint::ComputeDigests(ThreadPool* pool) const {
   CheckpointDigests d;
   d.tensors.resize(manifest_.size());

@@ -5,9 +5,10 @@
 //
 // A relay holds frames in five places. Each gets a bound from the cap:
 //
-//   reserve        code, threads, codec contexts and decode scratch per
-//                  apply thread, allocator slack: kReserveBase plus
-//                  kReservePerThread per apply thread;
+//   reserve        code, threads, codec contexts, decode scratch and the
+//                  span buffer (MappedFile::Modify's) per apply thread,
+//                  allocator slack: kReserveBase plus kReservePerThread
+//                  per apply thread;
 //   forward        frames queued to children: the relay stops reading from
 //                  its parent when a child's queue passes this, whatever
 //                  window the plan names (the smaller wins);
@@ -62,7 +63,9 @@ struct MemoryBudget {
 };
 
 inline constexpr uint64_t kReserveBase = 32ull << 20;
-inline constexpr uint64_t kReservePerThread = 8ull << 20;
+// 8 MiB of decode scratch and up to kModifyBufferBytes (common/file.h) of
+// span buffer.
+inline constexpr uint64_t kReservePerThread = 12ull << 20;
 // Chunk frames are at most a span's dense overwrite (4 MiB for 1 Mi FP32
 // elements) plus its tables; PLAN frames carry the manifest (about 120
 // bytes per tensor: 8 MiB holds about 70,000 tensors; above a cap of

@@ -242,48 +242,51 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   DecodedChunk c;
   if (!in_context) DCR_RETURN_IF_ERROR(decoder->Decode(chunk, &c));
   bool is_xor = h.kind == ChunkKind::kXor;
+  Footprint fp = FootprintOf(h, c);
+  fp.by_copy = fp.by_copy && map_ == nullptr;
   {
     MutexLock lock(&mu_);
     for (;;) {
-      const Admission a = Admit(h.id, is_xor);
+      const Admission a = Admit(h.id, is_xor, fp);
       if (a == Admission::kDuplicate) return ApplyOutcome::kDuplicate;
       if (a == Admission::kApply) break;
       applied_.Wait(&mu_);
     }
-    spans_[h.id].in_flight = true;
+    SpanState& st = spans_[h.id];
+    st.in_flight = true;
+    st.footprint = fp;
   }
   Applied a;
   Status s;
   {
     TensorHash& th = hashes_[h.id.tensor];
     ReaderMutexLock writing(&th.mu);
+    // The span holds the base here: nothing was applied to it (an XOR
+    // chunk is taken only by a span nothing was applied to) and no other
+    // apply runs on it. Bits that are not the base fail the chunk's
+    // checksum of its decoded changes, and nothing is written.
+    const uint64_t offset =
+        uint64_t{h.id.span} * plan_.span_elems * h.elem_size;
+    auto write = [&](std::span<std::byte> span) -> Status {
+      if (in_context)
+        DCR_RETURN_IF_ERROR(decoder->Decode(chunk, &c, nullptr, span));
+      if (keep_undo_) {
+        // Write-ahead: the values this apply replaces are in the journal
+        // before the first byte of the span changes.
+        DCR_ASSIGN_OR_RETURN(a.record, journal_->AppendApply(c, offset, span));
+      }
+      th.writes.fetch_add(1, std::memory_order_relaxed);
+      return ApplyChunk(c, span);
+    };
     if (map_ != nullptr) {
       s = ApplyServing(c, &a);
       if (s.ok()) th.writes.fetch_add(1, std::memory_order_relaxed);
+    } else if (fp.by_copy) {
+      s = store_->ModifyTensor(h.id.tensor, offset,
+                               uint64_t{h.span_elems} * h.elem_size, fp.from,
+                               fp.to, write);
     } else {
-      std::span<std::byte> span = SpanOf(h);
-      // The span holds the base here: nothing was applied to it (an XOR
-      // chunk is taken only by a span nothing was applied to) and no other
-      // apply runs on it. Bits that are not the base fail the chunk's
-      // checksum of its decoded changes, and nothing is written.
-      if (in_context) s = decoder->Decode(chunk, &c, nullptr, span);
-      if (s.ok() && keep_undo_) {
-        // Write-ahead: the values this apply replaces are in the journal
-        // before the first byte of the span changes.
-        auto record = journal_->AppendApply(
-            c,
-            uint64_t{c.header.id.span} * plan_.span_elems * c.header.elem_size,
-            span);
-        if (record.ok()) {
-          a.record = *record;
-        } else {
-          s = record.status();
-        }
-      }
-      if (s.ok()) {
-        th.writes.fetch_add(1, std::memory_order_relaxed);
-        s = ApplyChunk(c, span);
-      }
+      s = write(SpanOf(h));
     }
   }
   {
@@ -298,8 +301,39 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   return ApplyOutcome::kApplied;
 }
 
-RefitSession::Admission RefitSession::Admit(const ChunkId& id,
-                                            bool is_xor) const {
+RefitSession::Footprint RefitSession::FootprintOf(const ChunkHeader& h,
+                                                  const DecodedChunk& c) {
+  constexpr uint64_t kPage = 4096;
+  const uint64_t bytes = uint64_t{h.span_elems} * h.elem_size;
+  Footprint f{false, 0, bytes};
+  if (h.encoding == ChunkEncoding::kDense) {
+    f.by_copy = true;
+  } else if (h.encoding == ChunkEncoding::kContext) {
+    // Not decoded yet (it decodes against the whole span): as many changes
+    // as pages touch 63% of them when spread at random.
+    f.by_copy = h.changed >= (bytes + kPage - 1) / kPage;
+  } else if (!c.positions.empty()) {
+    // The pages from the first change to the last (a part of a producers'
+    // refit may hold one rank's rows of the span), and how many of them
+    // hold a change.
+    const uint64_t first = uint64_t{c.positions.front()} * h.elem_size / kPage;
+    const uint64_t last = uint64_t{c.positions.back()} * h.elem_size / kPage;
+    f.from = first * kPage;
+    f.to = std::min(bytes, (last + 1) * kPage);
+    uint64_t touched = 0;
+    uint64_t page = ~uint64_t{0};
+    for (uint32_t p : c.positions) {
+      const uint64_t q = uint64_t{p} * h.elem_size / kPage;
+      touched += q != page;
+      page = q;
+    }
+    f.by_copy = 2 * touched >= last - first + 1;
+  }
+  return f;
+}
+
+RefitSession::Admission RefitSession::Admit(const ChunkId& id, bool is_xor,
+                                            const Footprint& fp) const {
   // An XOR chunk applies only where nothing it overlaps was applied or is
   // being applied: after an earlier XOR it would revert the elements,
   // after an overwrite (a retry that overtook it) it would corrupt them;
@@ -325,6 +359,17 @@ RefitSession::Admission RefitSession::Admit(const ChunkId& id,
       auto it = spans_.find(other);
       if (it != spans_.end() && visit(it->first, it->second)) {
         return Admission::kDuplicate;
+      }
+    }
+    // Parts hold disjoint elements, but one that rewrites its window from
+    // a copy (by_copy) must run alone over it, or the write-back of its
+    // copy would undo the other's elements there.
+    for (auto it = spans_.lower_bound(ChunkId{id.tensor, id.span, 0});
+         it != spans_.end() && SameSpan(it->first, id); ++it) {
+      const SpanState& other = it->second;
+      if (other.in_flight && (fp.by_copy || other.footprint.by_copy) &&
+          fp.from < other.footprint.to && other.footprint.from < fp.to) {
+        return Admission::kWait;
       }
     }
     return Admission::kApply;

@@ -59,6 +59,11 @@ class FileStore final : public WeightStore {
                      std::span<const std::byte> bytes) override {
     return checkpoint_->WriteTensorData(i, offset, bytes);
   }
+  Status ModifyTensor(
+      size_t i, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
+      const std::function<Status(std::span<std::byte>)>& fn) override {
+    return checkpoint_->ModifyTensorData(i, offset, size, from, to, fn);
+  }
 
  protected:
   Status SyncData(size_t slice_bytes) override {

@@ -253,6 +253,24 @@ bool WeightStore::RecordIsOurs(const VersionRecord& ours) const {
   return false;
 }
 
+Status WeightStore::ModifyTensor(
+    size_t i, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
+    const std::function<Status(std::span<std::byte>)>& fn) {
+  std::span<std::byte> t = MutableTensor(i);
+  if (offset > t.size() || size > t.size() - offset) {
+    return Status::InvalidArgument(
+        "change of " + std::to_string(size) + " bytes at offset " +
+        std::to_string(offset) + " is past the end of tensor '" +
+        manifest()[i].name + "' (" + std::to_string(t.size()) + " bytes)");
+  }
+  if (from > to || to > size) {
+    return Status::InvalidArgument(
+        "window [" + std::to_string(from) + ", " + std::to_string(to) +
+        ") is not inside a change of " + std::to_string(size) + " bytes");
+  }
+  return fn(t.subspan(offset, size));
+}
+
 Status WeightStore::WriteTensor(size_t i, uint64_t offset,
                                 std::span<const std::byte> bytes) {
   std::span<std::byte> t = MutableTensor(i);

@@ -3,11 +3,15 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace dcr {
 namespace {
@@ -112,6 +116,189 @@ TEST_F(FileTest, SyncInSlicesKeepsEveryWrite) {
   auto ro = MappedFile::Open(path, MappedFile::Mode::kReadOnly);
   ASSERT_TRUE(ro.ok());
   EXPECT_TRUE((*ro)->Sync(4096).ok());
+}
+
+bool OnDiskFilesystem(const std::string& path) {
+  struct statfs fs;
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  return fs.f_type == EXT4_SUPER_MAGIC || fs.f_type == XFS_SUPER_MAGIC ||
+         fs.f_type == BTRFS_SUPER_MAGIC;
+}
+
+// Modify on the test's directory (a disk filesystem on the project's
+// machines: by pread and pwrite) and on /dev/shm (tmpfs: through the
+// mapping). Either way fn sees the current bits, what it leaves is the
+// file's, through the mapping and through read(2).
+TEST_F(FileTest, ModifyChangesTheRangeInPlace) {
+  std::vector<std::string> paths = {Path("modified")};
+  if (std::filesystem::is_directory("/dev/shm")) {
+    paths.push_back("/dev/shm/dcr-file-test-" + std::to_string(::getpid()));
+  }
+  for (const std::string& path : paths) {
+    SCOPED_TRACE(path);
+    constexpr size_t kSize = (size_t{3} << 20) + 77;
+    std::string want(kSize, '\0');
+    for (size_t i = 0; i < kSize; ++i) want[i] = static_cast<char>(i * 7);
+    ASSERT_TRUE(WriteFileAtomic(path, std::as_bytes(std::span(want))).ok());
+    auto map = MappedFile::Open(path, MappedFile::Mode::kReadWrite);
+    ASSERT_TRUE(map.ok()) << map.status().ToString();
+    const std::byte* mapping = (*map)->data().data();
+    const bool copied = OnDiskFilesystem(path);
+    // Ranges at the start, across page boundaries, and at the very end.
+    for (auto [at, size] : {std::pair<size_t, size_t>{0, 4096},
+                            {4000, (size_t{2} << 20) + 5},
+                            {kSize - 9000, 9000}}) {
+      Status s =
+          (*map)->Modify(at, size, 0, size, [&](std::span<std::byte> bytes) {
+            EXPECT_EQ(bytes.size(), size);
+            EXPECT_EQ(bytes.data() != mapping + at, copied);
+            EXPECT_EQ(std::memcmp(bytes.data(), want.data() + at, size), 0);
+            for (size_t i = 0; i < size; i += 3) {
+              bytes[i] ^= std::byte{0x5a};
+              want[at + i] ^= 0x5a;
+            }
+            return Status::OK();
+          });
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(std::memcmp(mapping, want.data(), kSize), 0);
+    }
+    map->reset();
+    auto read = ReadFileToString(path);
+    ASSERT_TRUE(read.ok());
+    EXPECT_TRUE(*read == want);
+    if (path.starts_with("/dev/shm/")) std::filesystem::remove(path);
+  }
+}
+
+TEST_F(FileTest, ModifyThatFailsWritesNothingBack) {
+  const std::string path = Path("failed");
+  if (!OnDiskFilesystem(dir_.string())) {
+    GTEST_SKIP() << path << " is not on ext4, XFS or btrfs: Modify changes "
+                 << "it through the mapping, whatever fn left stays";
+  }
+  std::string want(100000, 'a');
+  ASSERT_TRUE(WriteFileAtomic(path, std::as_bytes(std::span(want))).ok());
+  auto map = MappedFile::Open(path, MappedFile::Mode::kReadWrite);
+  ASSERT_TRUE(map.ok());
+  Status s =
+      (*map)->Modify(5000, 50000, 0, 50000, [](std::span<std::byte> bytes) {
+        std::fill(bytes.begin(), bytes.end(), std::byte{'b'});
+        return Status::IOError("journal full");
+      });
+  EXPECT_EQ(s.ToString(), Status::IOError("journal full").ToString());
+  EXPECT_EQ(std::memcmp((*map)->data().data(), want.data(), want.size()), 0);
+}
+
+TEST_F(FileTest, ModifyOverTheBufferGoesThroughTheMapping) {
+  const std::string path = Path("large");
+  std::string zeros(kModifyBufferBytes + 8192, '\0');
+  ASSERT_TRUE(WriteFileAtomic(path, std::as_bytes(std::span(zeros))).ok());
+  auto map = MappedFile::Open(path, MappedFile::Mode::kReadWrite);
+  ASSERT_TRUE(map.ok());
+  std::byte* mapping = (*map)->mutable_data().data();
+  Status s =
+      (*map)->Modify(100, kModifyBufferBytes + 1, 0, kModifyBufferBytes + 1,
+                     [&](std::span<std::byte> bytes) {
+                       EXPECT_EQ(bytes.data(), mapping + 100);
+                       bytes.back() = std::byte{1};
+                       return Status::OK();
+                     });
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*map)->data()[100 + kModifyBufferBytes], std::byte{1});
+}
+
+// A window: fn's span stands for the whole range, only the window holds
+// the file's bits, and on a disk filesystem only the window is written
+// back (a part of a span whose changes lie in a few of its pages).
+TEST_F(FileTest, ModifyReadsAndWritesBackOnlyTheWindow) {
+  const std::string path = Path("window");
+  std::string want(64 << 10, '\0');
+  for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<char>(i);
+  ASSERT_TRUE(WriteFileAtomic(path, std::as_bytes(std::span(want))).ok());
+  auto map = MappedFile::Open(path, MappedFile::Mode::kReadWrite);
+  ASSERT_TRUE(map.ok());
+  const bool copied = OnDiskFilesystem(path);
+  constexpr size_t kAt = 1000, kSize = 40000, kFrom = 8192, kTo = 20000;
+  Status s =
+      (*map)->Modify(kAt, kSize, kFrom, kTo, [&](std::span<std::byte> bytes) {
+        EXPECT_EQ(bytes.size(), kSize);
+        EXPECT_EQ(std::memcmp(bytes.data() + kFrom, want.data() + kAt + kFrom,
+                              kTo - kFrom),
+                  0);
+        for (size_t i = kFrom; i < kTo; ++i) bytes[i] ^= std::byte{0xff};
+        if (copied) {
+          // Outside the window: not the file's, and not written back.
+          bytes[kFrom - 1] = bytes[kTo] = std::byte{0xee};
+        }
+        return Status::OK();
+      });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = kAt + kFrom; i < kAt + kTo; ++i) want[i] ^= '\xff';
+  EXPECT_EQ(std::memcmp((*map)->data().data(), want.data(), want.size()), 0);
+}
+
+TEST_F(FileTest, ModifyRefusesARangePastTheEndAndAReadOnlyFile) {
+  const std::string path = Path("small");
+  std::string data(1000, 'x');
+  ASSERT_TRUE(WriteFileAtomic(path, std::as_bytes(std::span(data))).ok());
+  bool called = false;
+  auto fn = [&](std::span<std::byte>) {
+    called = true;
+    return Status::OK();
+  };
+  auto rw = MappedFile::Open(path, MappedFile::Mode::kReadWrite);
+  ASSERT_TRUE(rw.ok());
+  Status s = (*rw)->Modify(900, 101, 0, 101, fn);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("past the end of '" + path + "'"));
+  EXPECT_EQ((*rw)->Modify(1001, 0, 0, 0, fn).code(),
+            StatusCode::kInvalidArgument);
+  // A window outside the range, or backwards.
+  EXPECT_EQ((*rw)->Modify(0, 100, 0, 101, fn).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*rw)->Modify(0, 100, 60, 50, fn).code(),
+            StatusCode::kInvalidArgument);
+  auto ro = MappedFile::Open(path, MappedFile::Mode::kReadOnly);
+  ASSERT_TRUE(ro.ok());
+  EXPECT_EQ((*ro)->Modify(0, 10, 0, 10, fn).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE(called);
+}
+
+// Threads each changing their own ranges: each keeps its own buffer.
+TEST_F(FileTest, ConcurrentModifiesOfDisjointPagesAllLand) {
+  const std::string path = Path("threads");
+  constexpr size_t kRange = 64 << 10;
+  constexpr int kThreads = 4, kRounds = 16;
+  std::string want(kRange * kThreads * kRounds, '\0');
+  ASSERT_TRUE(WriteFileAtomic(path, std::as_bytes(std::span(want))).ok());
+  auto map = MappedFile::Open(path, MappedFile::Mode::kReadWrite);
+  ASSERT_TRUE(map.ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        const size_t at = (size_t(r) * kThreads + t) * kRange;
+        EXPECT_TRUE((*map)
+                        ->Modify(at, kRange, 0, kRange,
+                                 [&](std::span<std::byte> bytes) {
+                                   for (auto& b : bytes) {
+                                     b = std::byte(t * 16 + r + 1);
+                                   }
+                                   return Status::OK();
+                                 })
+                        .ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    for (int r = 0; r < kRounds; ++r) {
+      const size_t at = (size_t(r) * kThreads + t) * kRange;
+      std::fill_n(want.begin() + at, kRange, char(t * 16 + r + 1));
+    }
+  }
+  EXPECT_EQ(std::memcmp((*map)->data().data(), want.data(), want.size()), 0);
 }
 
 }  // namespace

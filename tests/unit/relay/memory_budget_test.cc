@@ -68,10 +68,10 @@ TEST(MemoryBudgetTest, TooSmallALimitNamesTheSmallestThatWorks) {
   EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(b.status().message().find("too small"), std::string::npos)
       << b.status().ToString();
-  EXPECT_NE(b.status().message().find("at least 219.00 MiB"), std::string::npos)
+  EXPECT_NE(b.status().message().find("at least 227.00 MiB"), std::string::npos)
       << b.status().ToString();
-  EXPECT_TRUE(PlanMemoryBudget(219 * kMiB, 2, kDefaultMaxFramePayload).ok());
-  EXPECT_FALSE(PlanMemoryBudget(218 * kMiB, 2, kDefaultMaxFramePayload).ok());
+  EXPECT_TRUE(PlanMemoryBudget(227 * kMiB, 2, kDefaultMaxFramePayload).ok());
+  EXPECT_FALSE(PlanMemoryBudget(226 * kMiB, 2, kDefaultMaxFramePayload).ok());
   EXPECT_FALSE(PlanMemoryBudget(0, 2, kDefaultMaxFramePayload).ok());
 }
 

@@ -5,7 +5,14 @@
 // Abort restores the base whatever mix of parts and overwrites applied.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "session/refit_session.h"
 #include "unit/session/refit_session_fixture.h"
@@ -174,6 +181,89 @@ TEST_F(PartsSessionTest, ConcurrentPartsOfOneSpanAllApply) {
   EXPECT_EQ(dropped.load(), 0);
   EXPECT_EQ(s->Vote(End(xor_parts_), nullptr).code, NodeCode::kOk);
   EXPECT_TRUE(StoreHolds(target_));
+}
+
+// A store whose ModifyTensor rewrites the range from a copy, slowly, and
+// counts the calls in flight per range: what a file store on a disk
+// filesystem does (MappedFile::Modify), with the window widened.
+class SlowCopyStore final : public WeightStore {
+ public:
+  explicit SlowCopyStore(WeightStore* inner)
+      : WeightStore("slow-copy:", "", inner->record()), inner_(inner) {}
+  const Manifest& manifest() const override { return inner_->manifest(); }
+  std::span<const std::byte> Tensor(size_t i) const override {
+    return inner_->Tensor(i);
+  }
+  std::span<std::byte> MutableTensor(size_t i) override {
+    return inner_->MutableTensor(i);
+  }
+  Status ModifyTensor(
+      size_t i, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
+      const std::function<Status(std::span<std::byte>)>& fn) override {
+    const std::pair<size_t, uint64_t> range{i, offset};
+    {
+      std::lock_guard lock(mu_);
+      ++calls_;
+      max_in_flight_ = std::max(max_in_flight_, ++in_flight_[range]);
+    }
+    std::span<std::byte> t = MutableTensor(i).subspan(offset, size);
+    std::vector<std::byte> copy(size);
+    std::copy(t.begin() + from, t.begin() + to, copy.begin() + from);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    Status s = fn(copy);
+    if (s.ok()) {
+      std::copy(copy.begin() + from, copy.begin() + to, t.begin() + from);
+    }
+    std::lock_guard lock(mu_);
+    --in_flight_[range];
+    return s;
+  }
+  int calls() {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+  int max_in_flight() {
+    std::lock_guard lock(mu_);
+    return max_in_flight_;
+  }
+
+ protected:
+  Status SyncData(size_t) override { return Status::OK(); }
+
+ private:
+  WeightStore* inner_;
+  std::mutex mu_;
+  std::map<std::pair<size_t, uint64_t>, int> in_flight_;
+  int max_in_flight_ = 0;
+  int calls_ = 0;
+};
+
+// Parts that change most of their span's pages are applied by rewriting
+// the span from a copy; two of one span at once would each write back the
+// other's elements as they were. They are applied one after the other.
+TEST_F(PartsSessionTest, PartsThatRewriteTheirSpanApplyOneAtATime) {
+  SlowCopyStore slow(store_.get());
+  NodeResult refusal;
+  auto s = RefitSession::Begin(&slow, "n0", refit_, plan_, &refusal, {});
+  ASSERT_TRUE(s) << refusal.detail;
+  std::vector<std::thread> threads;
+  for (uint16_t part = 1; part <= 3; ++part) {
+    threads.emplace_back([&, part] {
+      auto dec = std::move(*ChunkDecoder::Create());
+      for (const auto& c : xor_parts_) {
+        if (PeekChunkHeader(c)->id.part != part) continue;
+        auto r = s->Apply(c, dec.get());
+        ASSERT_TRUE(r.ok());
+        EXPECT_EQ(*r, Outcome::kApplied);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Every part here changes its span's only page (1024 elements).
+  EXPECT_EQ(slow.calls(), static_cast<int>(xor_parts_.size()));
+  EXPECT_EQ(slow.max_in_flight(), 1);
+  EXPECT_TRUE(StoreHolds(target_));
+  EXPECT_EQ(s->Vote(End(xor_parts_), nullptr).code, NodeCode::kOk);
 }
 
 }  // namespace

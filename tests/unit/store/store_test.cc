@@ -382,10 +382,11 @@ TEST_F(StoreTest, ConcurrentDisjointWrites) {
   }
 }
 
-// WriteTensor leaves the bits a copy through MutableTensor would, on every
-// backend and both of a file store's paths (pwrite where the temporary
-// directory is on a local disk filesystem, the mapping on tmpfs), and
-// refuses a range past the tensor's end without writing anything.
+// WriteTensor and ModifyTensor leave the bits a change through
+// MutableTensor would, on every backend and both of a file store's paths
+// (pread and pwrite where the temporary directory is on a local disk
+// filesystem, the mapping on tmpfs), and refuse a range past the tensor's
+// end without writing anything.
 TEST_F(StoreTest, WriteTensorWritesTheBitsOnEveryBackend) {
   Fixture f;
   Fixture g(2);  // the bits to write
@@ -413,6 +414,11 @@ TEST_F(StoreTest, WriteTensorWritesTheBitsOnEveryBackend) {
   }
   ShmName shm(Path("w-shm.dcr-version"));
   specs.emplace_back("shm", shm.spec());
+  auto flip_all = [](std::span<std::byte> bytes) {
+    ADD_FAILURE() << "called for a range past the end";
+    for (std::byte& b : bytes) b ^= std::byte{0xff};
+    return Status::OK();
+  };
   for (auto& [what, spec] : specs) {
     SCOPED_TRACE(what);
     auto store = spec.kind == StoreSpec::Kind::kShm
@@ -436,6 +442,27 @@ TEST_F(StoreTest, WriteTensorWritesTheBitsOnEveryBackend) {
       ASSERT_EQ(s.Tensor(i).size(), src.size());
       EXPECT_TRUE(std::equal(src.begin(), src.end(), s.Tensor(i).begin()))
           << s.manifest()[i].name;
+      // ModifyTensor: fn sees the bits and what it leaves is the tensor's
+      // (flipped in the second half, then flipped back).
+      auto flip = [&](std::span<std::byte> bytes) {
+        for (std::byte& b : bytes) b ^= std::byte{0xff};
+        return Status::OK();
+      };
+      const size_t rest = src.size() - half;
+      ASSERT_TRUE(s.ModifyTensor(i, half, rest, 0, rest,
+                                 [&](std::span<std::byte> bytes) {
+                                   EXPECT_TRUE(std::equal(bytes.begin(),
+                                                          bytes.end(),
+                                                          src.begin() + half));
+                                   return flip(bytes);
+                                 })
+                      .ok());
+      for (size_t k = 0; k < src.size(); ++k) {
+        const std::byte want = k < half ? src[k] : src[k] ^ std::byte{0xff};
+        ASSERT_EQ(s.Tensor(i)[k], want) << s.manifest()[i].name << " " << k;
+      }
+      ASSERT_TRUE(s.ModifyTensor(i, half, rest, 0, rest, flip).ok());
+      EXPECT_TRUE(std::equal(src.begin(), src.end(), s.Tensor(i).begin()));
     }
     // Past the end: refused, nothing written.
     const int64_t embed = s.manifest().Find("model.embed");
@@ -449,6 +476,10 @@ TEST_F(StoreTest, WriteTensorWritesTheBitsOnEveryBackend) {
     EXPECT_THAT(past.ToString(), HasSubstr("model.embed"));
     EXPECT_TRUE(
         s.WriteTensor(embed, before.size() + 1, {}).IsInvalidArgument());
+    Status past_modify =
+        s.ModifyTensor(embed, 1, before.size(), 0, before.size(), flip_all);
+    EXPECT_TRUE(past_modify.IsInvalidArgument()) << past_modify.ToString();
+    EXPECT_THAT(past_modify.ToString(), HasSubstr("model.embed"));
     EXPECT_TRUE(
         std::equal(before.begin(), before.end(), s.Tensor(embed).begin()));
     if (spec.kind == StoreSpec::Kind::kFile) {
@@ -473,6 +504,16 @@ TEST_F(StoreTest, WriteTensorWritesTheBitsOnEveryBackend) {
   ASSERT_TRUE((*mem)->WriteTensor(embed, 0, g.data[1]).ok());
   EXPECT_TRUE(std::equal(g.data[1].begin(), g.data[1].end(),
                          (*mem)->Tensor(embed).begin()));
+  ASSERT_TRUE((*mem)
+                  ->ModifyTensor(embed, 2, 3, 0, 3,
+                                 [&](std::span<std::byte> bytes) {
+                                   EXPECT_EQ(bytes.data(),
+                                             (*mem)->Tensor(embed).data() + 2);
+                                   bytes[0] = ~g.data[1][2];
+                                   return Status::OK();
+                                 })
+                  .ok());
+  EXPECT_EQ((*mem)->Tensor(embed)[2], ~g.data[1][2]);
   EXPECT_TRUE((*mem)->WriteTensor(embed, 1, g.data[1]).IsInvalidArgument());
 }
 
