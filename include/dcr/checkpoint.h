@@ -8,7 +8,8 @@
 // change the files in place (Flush() makes them durable).
 //
 // Thread safety: const methods may be called concurrently. Writes to
-// distinct byte ranges of MutableTensorData() may proceed concurrently;
+// distinct byte ranges of MutableTensorData() may proceed concurrently
+// (ModifyTensorData writes its whole window: see MappedFile::Modify);
 // Flush() requires that no write is in progress.
 #ifndef DCR_CHECKPOINT_H_
 #define DCR_CHECKPOINT_H_
@@ -128,6 +129,9 @@ class Checkpoint {
   Status ModifyTensorData(
       size_t index, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
       const std::function<Status(std::span<std::byte>)>& fn);
+  // Whether ModifyTensorData of `size` bytes of tensor `index` goes by a
+  // copy (MappedFile::ModifiesByCopy).
+  bool ModifiesByCopy(size_t index, uint64_t size) const;
 
   // Digests of every tensor; parallel over tensors when `pool` is given.
   CheckpointDigests ComputeDigests(ThreadPool* pool = nullptr) const;

@@ -60,7 +60,8 @@
 // Thread safety: manifest(), describe(), Tensor(), Digests(), committed(),
 // InProgress() and record() may be called concurrently with anything.
 // MutableTensor() may be called concurrently, and writes to disjoint byte
-// ranges may proceed concurrently. Commit() and EndRefit() require that no
+// ranges may proceed concurrently (ModifyTensor writes its whole window:
+// see there). Commit() and EndRefit() require that no
 // write to the data is in progress (they sync it); Commit(), BeginRefit(),
 // EndRefit() and the background write-back's record update are serialized
 // against each other internally. WaitDataSync() may be called from any
@@ -249,19 +250,24 @@ class WeightStore {
   // (from <= to <= size) holds the tensor's current bits, and the bits it
   // leaves in the window become the tensor's; it reads and changes
   // nothing outside the window. For a change that touches most pages of
-  // the window (a chunk's apply), by the backend's cheaper path: a file
-  // store on a disk filesystem reads the window into a buffer of the
-  // calling thread's and writes it back with write(2) once `fn` returned
-  // OK (MappedFile::Modify: changing mapped pages the kernel wrote back
-  // faults on each); other stores hand `fn` the tensor's memory itself.
-  // So `fn` should fail only before it changed the span: after an error
-  // the window holds its old bits or what `fn` left there. While a call
-  // runs, nothing else may change its window's bytes (an overlapping
-  // ModifyTensor, a write through MutableTensor() or WriteTensor): its
-  // write-back would undo them.
+  // the window (a chunk's apply), by the backend's cheaper path: where
+  // ModifiesByCopy (a file store on a disk filesystem), the window is read
+  // into a buffer of the calling thread's and written back with write(2)
+  // once `fn` returned OK (MappedFile::Modify: changing mapped pages the
+  // kernel wrote back faults on each); elsewhere `fn` gets the tensor's
+  // memory itself. So `fn` should fail only before it changed the span,
+  // and must not call ModifyTensor itself. After an error the window holds
+  // its old bits, what `fn` left there, or (a write-back that failed part
+  // way) a mix of its old bits and `fn`'s. While a call runs, nothing else
+  // may change its window's bytes (an overlapping ModifyTensor, a write
+  // through MutableTensor() or WriteTensor): its write-back would undo
+  // them.
   virtual Status ModifyTensor(
       size_t i, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
       const std::function<Status(std::span<std::byte>)>& fn);
+  // Whether ModifyTensor(i, ..., size, ...) changes the window from a copy
+  // (false: through the tensor's memory).
+  virtual bool ModifiesByCopy(size_t i, uint64_t size) const;
 
   // Digests of the current bits, parallel over tensors when `pool` is
   // given; equal to Checkpoint::ComputeDigests() of a checkpoint with the

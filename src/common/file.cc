@@ -149,9 +149,7 @@ Status MappedFile::Modify(
         "window [" + std::to_string(from) + ", " + std::to_string(to) +
         ") is not inside a change of " + std::to_string(size) + " bytes");
   }
-  if (write_through_map_ || size > kModifyBufferBytes) {
-    return fn({data_ + offset, size});
-  }
+  if (!ModifiesByCopy(size)) return fn({data_ + offset, size});
   // Kept by the thread: a refit's applies run on a pool's workers, and a
   // fresh allocation of a span's size would fault on its pages as the
   // mapping does.

@@ -101,24 +101,31 @@ class MappedFile {
   // window [from, to) (from <= to <= size) holds the file's current bits,
   // and the bits it leaves in the window become the file's. `fn` reads and
   // changes nothing outside the window (its bytes there are unspecified
-  // and are not written back). Meant for a change that touches most pages
-  // of the window (a chunk's apply). On a local disk filesystem, when
-  // `size` is at most kModifyBufferBytes, the window is read into a buffer
-  // the calling thread keeps (pread) and written back (pwrite) once `fn`
-  // returned OK: changing pages through the shared mapping faults on each
-  // one the kernel wrote back since it was last dirtied (a 1 GiB file
-  // changed in 2.7% of its 2-byte elements on this project's VMs: 5-7 s
-  // through a mapping the write-back had cleaned, 0.09 s through one
-  // already dirty, 0.13 s by pread and pwrite). Elsewhere (see Write) `fn`
-  // gets the mapping itself. So `fn` should fail only before it changed
-  // the span: after an error the window holds its old bits (by pwrite) or
-  // what `fn` left (the mapping).
+  // and are not written back), and does not call Modify (the buffer below
+  // is the thread's). Meant for a change that touches most pages of the
+  // window (a chunk's apply). Where ModifiesByCopy(size), the window is
+  // read into a buffer the calling thread keeps (pread) and written back
+  // (pwrite) once `fn` returned OK: changing pages through the shared
+  // mapping faults on each one the kernel wrote back since it was last
+  // dirtied (a 1 GiB file changed in 2.7% of its 2-byte elements on this
+  // project's VMs: 5-7 s through a mapping the write-back had cleaned,
+  // 0.09 s through one already dirty, 0.13 s by pread and pwrite).
+  // Elsewhere `fn` gets the mapping itself. So `fn` should fail only
+  // before it changed the span. After an error the window holds its old
+  // bits, what `fn` left (the mapping), or, when the pwrite failed part
+  // way, a mix of its old bits and `fn`'s.
   //
   // While a call runs, nothing else may change its window's bytes (a
   // concurrent Modify whose window overlaps, a write through
   // mutable_data() or Write): its write-back would undo them.
   Status Modify(uint64_t offset, size_t size, size_t from, size_t to,
                 const std::function<Status(std::span<std::byte>)>& fn);
+  // Whether Modify of `size` bytes goes by pread and pwrite: a local disk
+  // filesystem (ext4, XFS, btrfs; see Write) and at most
+  // kModifyBufferBytes.
+  bool ModifiesByCopy(size_t size) const {
+    return !write_through_map_ && size <= kModifyBufferBytes;
+  }
   // msync(MS_SYNC) of the whole mapping (kReadWrite only). With
   // `slice_bytes` > 0 on a local disk filesystem, the dirty pages are first
   // written back slice by slice, each waited for (sync_file_range), so that

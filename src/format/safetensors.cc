@@ -578,6 +578,11 @@ Status Checkpoint::ModifyTensorData(
   return files_[loc.file]->map->Modify(loc.offset + offset, size, from, to, fn);
 }
 
+bool Checkpoint::ModifiesByCopy(size_t index, uint64_t size) const {
+  return mode_ == Mode::kReadWrite &&
+         files_[locations_.at(index).file]->map->ModifiesByCopy(size);
+}
+
 CheckpointDigests Checkpoint::ComputeDigests(ThreadPool* pool) const {
   CheckpointDigests d;
   d.tensors.resize(manifest_.size());

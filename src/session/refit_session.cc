@@ -243,7 +243,9 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
   if (!in_context) DCR_RETURN_IF_ERROR(decoder->Decode(chunk, &c));
   bool is_xor = h.kind == ChunkKind::kXor;
   Footprint fp = FootprintOf(h, c);
-  fp.by_copy = fp.by_copy && map_ == nullptr;
+  fp.by_copy =
+      fp.by_copy && map_ == nullptr &&
+      store_->ModifiesByCopy(h.id.tensor, uint64_t{h.span_elems} * h.elem_size);
   {
     MutexLock lock(&mu_);
     for (;;) {
@@ -294,7 +296,12 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
     SpanState& st = spans_[h.id];
     st.in_flight = false;
     applied_.SignalAll();
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      // A write-back that failed part way (ModifyTensor's pwrite) may have
+      // changed some elements after the record went to the journal.
+      if (a.record.size != 0) st.unsure.push_back(a);
+      return s;
+    }
     st.stack.push_back(a);
   }
   if (hash_ahead_) HashBehind(c.header.id.tensor);
@@ -344,7 +351,9 @@ RefitSession::Admission RefitSession::Admit(const ChunkId& id, bool is_xor,
   if (is_xor && rejoined_) return Admission::kDuplicate;
   bool wait = false;
   auto visit = [&](const ChunkId& other, const SpanState& st) {
-    if (is_xor) return st.in_flight || !st.stack.empty();
+    if (is_xor) {
+      return st.in_flight || !st.stack.empty() || !st.unsure.empty();
+    }
     if (!st.in_flight) return false;
     // An overwrite is idempotent: it is dropped only while a chunk that
     // covers it (its own id, or its span's part 0) is being applied (that
@@ -540,9 +549,11 @@ Status RefitSession::Abort(ChunkDecoder* /*decoder*/) {
     // once, so their records are in the order they wrote.
     std::vector<Journal::Ref> refs;
     for (const auto& [id, st] : spans_) {
-      for (const Applied& a : st.stack) {
-        // (A serving rank keeps no record of a tensor it does not hold.)
-        if (a.record.size != 0) refs.push_back(a.record);
+      for (const auto* applied : {&st.stack, &st.unsure}) {
+        for (const Applied& a : *applied) {
+          // (A serving rank keeps no record of a tensor it does not hold.)
+          if (a.record.size != 0) refs.push_back(a.record);
+        }
       }
     }
     std::sort(refs.begin(), refs.end(),

@@ -128,12 +128,27 @@ class RefitSession {
   // chunk was applied or is being applied; an overwrite chunk is applied
   // again (idempotent), dropped only while a chunk that covers it (its own
   // id, or its span's part 0) is being applied, and waits for parts being
-  // applied when it is the whole span. Two parts of a span whose changes
-  // share pages are applied one after the other when either changes most
-  // of its pages (it rewrites them from a copy: FootprintOf). `decoder`
-  // belongs to the calling thread.
+  // applied when it is the whole span. Two parts of a span whose
+  // footprints overlap are applied one after the other when either
+  // rewrites its footprint from a copy (FootprintOf). `decoder` belongs to
+  // the calling thread.
   Result<ApplyOutcome> Apply(std::span<const std::byte> chunk,
                              ChunkDecoder* decoder) DCR_EXCLUDES(mu_);
+
+  // Where an apply writes in its span: bytes [from, to), from the first
+  // 4 KiB page it changes to the last (the whole span for a dense or a
+  // context-coded chunk). by_copy: it changes at least half of those
+  // pages (a context-coded chunk: at least as many elements as the span
+  // has pages), so Apply changes them by WeightStore::ModifyTensor where
+  // the store copies (a file store's pread and pwrite, which do not fault
+  // on pages the write-back cleaned) rather than through the mapping.
+  // Public for tests.
+  struct Footprint {
+    bool by_copy = false;
+    uint64_t from = 0, to = 0;
+  };
+  // Chunk `h`'s, decoded into `c` unless context-coded.
+  static Footprint FootprintOf(const ChunkHeader& h, const DecodedChunk& c);
 
   // After END: yes (kOk, version = target) iff the store's digest is the
   // target digest and "voted yes" is durable in the journal (else
@@ -266,28 +281,22 @@ class RefitSession {
   // Apply's write for a serving store: the old values to the journal,
   // then the chunk through the map.
   Status ApplyServing(const DecodedChunk& c, Applied* a);
-  // Per chunk id (a span, or one part of it).
-  // Where an apply writes in its span: bytes [from, to), from the first
-  // page it changes to the last; by_copy: it changes at least half of
-  // those pages, so Apply changes them by WeightStore::ModifyTensor (a
-  // file store's pread and pwrite, which do not fault on pages the
-  // write-back cleaned) rather than through the mapping.
-  struct Footprint {
-    bool by_copy = false;
-    uint64_t from = 0, to = 0;
-  };
-  // Chunk `h`'s, decoded into `c` unless context-coded.
-  static Footprint FootprintOf(const ChunkHeader& h, const DecodedChunk& c);
+  // Per chunk id (a span, or one part of it). `unsure`: applies that
+  // failed after their journal record was appended (a write-back that
+  // failed part way may have changed some of the elements): Abort
+  // restores them too, and no XOR applies over them.
   struct SpanState {
     bool in_flight = false;
     Footprint footprint;         // of the apply in flight
     std::vector<Applied> stack;  // in order of application
+    std::vector<Applied> unsure;
   };
   // What a chunk `id` with footprint `fp` arriving now does (Apply's
   // rule): applies, is a duplicate, or waits: a whole-span overwrite while
   // parts of its span are being applied, and a part while another part
   // of its span whose footprint overlaps is being applied, when either
-  // rewrites its footprint from a copy.
+  // rewrites its footprint from a copy (its write-back would undo the
+  // other's changes there).
   enum class Admission { kApply, kDuplicate, kWait };
   Admission Admit(const ChunkId& id, bool is_xor, const Footprint& fp) const
       DCR_REQUIRES(mu_);

@@ -64,6 +64,9 @@ class FileStore final : public WeightStore {
       const std::function<Status(std::span<std::byte>)>& fn) override {
     return checkpoint_->ModifyTensorData(i, offset, size, from, to, fn);
   }
+  bool ModifiesByCopy(size_t i, uint64_t size) const override {
+    return checkpoint_->ModifiesByCopy(i, size);
+  }
 
  protected:
   Status SyncData(size_t slice_bytes) override {

@@ -271,6 +271,10 @@ Status WeightStore::ModifyTensor(
   return fn(t.subspan(offset, size));
 }
 
+bool WeightStore::ModifiesByCopy(size_t /*i*/, uint64_t /*size*/) const {
+  return false;
+}
+
 Status WeightStore::WriteTensor(size_t i, uint64_t offset,
                                 std::span<const std::byte> bytes) {
   std::span<std::byte> t = MutableTensor(i);

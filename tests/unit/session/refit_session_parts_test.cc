@@ -3,6 +3,7 @@
 // order and concurrently, a repeated part is a duplicate, a part never
 // applies over its span's whole-span overwrite, END counts parts, and
 // Abort restores the base whatever mix of parts and overwrites applied.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,6 +25,7 @@ namespace {
 using testing_relay::Bytes;
 using testing_relay::RefitSessionTest;
 using Outcome = RefitSession::ApplyOutcome;
+using ::testing::HasSubstr;
 
 class PartsSessionTest : public RefitSessionTest {
  protected:
@@ -204,6 +207,7 @@ class SlowCopyStore final : public WeightStore {
     {
       std::lock_guard lock(mu_);
       ++calls_;
+      windows_.emplace_back(i, offset, from, to);
       max_in_flight_ = std::max(max_in_flight_, ++in_flight_[range]);
     }
     std::span<std::byte> t = MutableTensor(i).subspan(offset, size);
@@ -211,16 +215,28 @@ class SlowCopyStore final : public WeightStore {
     std::copy(t.begin() + from, t.begin() + to, copy.begin() + from);
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     Status s = fn(copy);
-    if (s.ok()) {
+    if (s.ok() && fail_write_back_at_ == calls_) {
+      // A write-back that fails half way: the first half of the window
+      // takes fn's bits, the rest keeps the old ones.
+      const uint64_t half = from + (to - from) / 2;
+      std::copy(copy.begin() + from, copy.begin() + half, t.begin() + from);
+      s = Status::IOError("write-back failed half way");
+    } else if (s.ok()) {
       std::copy(copy.begin() + from, copy.begin() + to, t.begin() + from);
     }
     std::lock_guard lock(mu_);
     --in_flight_[range];
     return s;
   }
+  bool ModifiesByCopy(size_t, uint64_t) const override { return true; }
   int calls() {
     std::lock_guard lock(mu_);
     return calls_;
+  }
+  // The windows ModifyTensor was given, by tensor and span offset.
+  std::vector<std::tuple<size_t, uint64_t, uint64_t, uint64_t>> windows() {
+    std::lock_guard lock(mu_);
+    return windows_;
   }
   int max_in_flight() {
     std::lock_guard lock(mu_);
@@ -234,8 +250,13 @@ class SlowCopyStore final : public WeightStore {
   WeightStore* inner_;
   std::mutex mu_;
   std::map<std::pair<size_t, uint64_t>, int> in_flight_;
+  std::vector<std::tuple<size_t, uint64_t, uint64_t, uint64_t>> windows_;
   int max_in_flight_ = 0;
   int calls_ = 0;
+
+ public:
+  // The call (counting from 1) whose write-back fails half way; 0: none.
+  int fail_write_back_at_ = 0;
 };
 
 // Parts that change most of their span's pages are applied by rewriting
@@ -264,6 +285,155 @@ TEST_F(PartsSessionTest, PartsThatRewriteTheirSpanApplyOneAtATime) {
   EXPECT_EQ(slow.max_in_flight(), 1);
   EXPECT_TRUE(StoreHolds(target_));
   EXPECT_EQ(s->Vote(End(xor_parts_), nullptr).code, NodeCode::kOk);
+}
+
+// A part of a span that holds one rank's rows: its footprint is its own
+// pages, so parts of one span whose pages do not overlap apply at once,
+// each from a copy of its window; Abort restores the base.
+class BlockPartsSessionTest : public PartsSessionTest {
+ protected:
+  void SetUp() override {
+    // 8-byte elements: a span of 1024 is two pages, each part one of them.
+    infos_ = {{"w", DType::kF64, {3000}}};
+    PartsSessionTest::SetUp();
+    auto enc = std::move(*ChunkEncoder::Create(EncodeOptions()));
+    const uint64_t n = infos_[0].NumElements();
+    for (uint32_t s = 0; s < SpanCount(n, kSpan); ++s) {
+      const uint64_t first = s * kSpan;
+      const uint32_t len = static_cast<uint32_t>(std::min(kSpan, n - first));
+      for (uint16_t p = 0; p * 512u < len; ++p) {
+        std::vector<uint32_t> positions;
+        Bytes values;
+        for (uint32_t e = p * 512u; e < std::min(len, (p + 1) * 512u); ++e) {
+          const std::byte* b = base_[0].data() + (first + e) * 8;
+          const std::byte* g = target_[0].data() + (first + e) * 8;
+          if (std::memcmp(b, g, 8) == 0) continue;
+          positions.push_back(e);
+          for (size_t k = 0; k < 8; ++k) values.push_back(b[k] ^ g[k]);
+        }
+        if (positions.empty()) continue;
+        Bytes c;
+        ASSERT_TRUE(enc->EncodeChanges(ChunkKind::kXor,
+                                       ChunkId{0, s, uint16_t(p + 1)}, 8, len,
+                                       positions, values, &c)
+                        .ok());
+        block_parts_.push_back(std::move(c));
+      }
+    }
+    ASSERT_GE(block_parts_.size(), 5u);
+  }
+  std::vector<Bytes> block_parts_;
+};
+
+TEST_F(BlockPartsSessionTest, PartsOfDisjointPagesApplyAtOnceFromTheirWindows) {
+  SlowCopyStore slow(store_.get());
+  NodeResult refusal;
+  auto s = RefitSession::Begin(&slow, "n0", refit_, plan_, &refusal, {});
+  ASSERT_TRUE(s) << refusal.detail;
+  std::vector<std::thread> threads;
+  for (uint16_t part = 1; part <= 2; ++part) {
+    threads.emplace_back([&, part] {
+      auto dec = std::move(*ChunkDecoder::Create());
+      for (const auto& c : block_parts_) {
+        if (PeekChunkHeader(c)->id.part != part) continue;
+        ASSERT_EQ(*s->Apply(c, dec.get()), Outcome::kApplied);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(slow.calls(), static_cast<int>(block_parts_.size()));
+  // Each part's window is its own page of the span (the last span, 952
+  // elements, ends inside its second page).
+  for (const auto& [tensor, offset, from, to] : slow.windows()) {
+    const uint64_t span_bytes =
+        std::min<uint64_t>(8 * kSpan, 8 * 3000 - offset);
+    EXPECT_TRUE((from == 0 && to == 4096) ||
+                (from == 4096 && to == std::min<uint64_t>(8192, span_bytes)))
+        << offset << ": [" << from << ", " << to << ")";
+  }
+  // Disjoint windows of one span are not made to wait for each other.
+  EXPECT_EQ(slow.max_in_flight(), 2);
+  EXPECT_TRUE(StoreHolds(target_));
+  EXPECT_EQ(s->Vote(End(block_parts_), nullptr).code, NodeCode::kOk);
+  ASSERT_TRUE(s->Abort(decoder_.get()).ok());
+  EXPECT_TRUE(StoreHolds(base_));
+}
+
+// A write-back that fails half way leaves part of the chunk's changes in
+// the store: Abort still restores the base, and the chunk, resent as XOR,
+// is not applied over them.
+TEST_F(BlockPartsSessionTest, AWriteBackThatFailsHalfWayIsUndoneByAbort) {
+  SlowCopyStore slow(store_.get());
+  slow.fail_write_back_at_ = 2;
+  NodeResult refusal;
+  auto s = RefitSession::Begin(&slow, "n0", refit_, plan_, &refusal, {});
+  ASSERT_TRUE(s) << refusal.detail;
+  ASSERT_EQ(*s->Apply(block_parts_[0], decoder_.get()), Outcome::kApplied);
+  auto failed = s->Apply(block_parts_[1], decoder_.get());
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().ToString(), HasSubstr("half way"));
+  EXPECT_FALSE(StoreHolds(base_));
+  EXPECT_EQ(*s->Apply(block_parts_[1], decoder_.get()), Outcome::kDuplicate);
+  EXPECT_EQ(s->chunks_applied(), 1u);
+  ASSERT_TRUE(s->Abort(decoder_.get()).ok());
+  EXPECT_TRUE(StoreHolds(base_));
+}
+
+// FootprintOf: the pages from a chunk's first change to its last, and
+// whether it changes at least half of them.
+TEST(FootprintTest, ThePagesFromTheFirstChangeToTheLast) {
+  auto footprint = [](ChunkEncoding encoding, uint8_t w, uint32_t span,
+                      std::vector<uint32_t> positions, uint32_t changed = 0) {
+    DecodedChunk c;
+    c.header.encoding = encoding;
+    c.header.elem_size = w;
+    c.header.span_elems = span;
+    c.header.changed =
+        changed != 0 ? changed : static_cast<uint32_t>(positions.size());
+    c.positions = std::move(positions);
+    return RefitSession::FootprintOf(c.header, c);
+  };
+  using F = RefitSession::Footprint;
+  auto eq = [](const F& a, const F& b) {
+    return a.by_copy == b.by_copy && a.from == b.from && a.to == b.to;
+  };
+  constexpr uint32_t kMi = 1u << 20;  // a BF16 span of 2 MiB: 512 pages
+  // Dense and context-coded chunks: the whole span.
+  EXPECT_TRUE(
+      eq(footprint(ChunkEncoding::kDense, 2, kMi, {}), F{true, 0, 2 * kMi}));
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kContext, 2, kMi, {}, 512),
+                 F{true, 0, 2 * kMi}));
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kContext, 2, kMi, {}, 511),
+                 F{false, 0, 2 * kMi}));
+  // A change every 1000 elements: every page of the span.
+  std::vector<uint32_t> spread;
+  for (uint32_t p = 3; p < kMi; p += 1000) spread.push_back(p);
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kSparse, 2, kMi, spread),
+                 F{true, 0, 2 * kMi}));
+  // One rank's rows: pages 10 to 19.
+  std::vector<uint32_t> rows;
+  for (uint32_t p = 10 * 2048 + 7; p < 20 * 2048; p += 100) rows.push_back(p);
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kSparse, 2, kMi, rows),
+                 F{true, 10 * 4096, 20 * 4096}));
+  // One change: its page.
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kSparse, 2, kMi, {5000}),
+                 F{true, 2 * 4096, 3 * 4096}));
+  // Two changes 100 pages apart: through the mapping.
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kSparse, 2, kMi, {0, 100 * 2048}),
+                 F{false, 0, 101 * 4096}));
+  // The threshold: half the pages of the footprint, or more.
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kSparse, 2, kMi, {0, 3 * 2048}),
+                 F{true, 0, 4 * 4096}));
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kSparse, 2, kMi, {0, 4 * 2048}),
+                 F{false, 0, 5 * 4096}));
+  // 8-byte elements: 512 to a page.
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kSparse, 8, 4096, {0, 511, 512}),
+                 F{true, 0, 8192}));
+  // 1-byte elements, a span ending inside its last page.
+  EXPECT_TRUE(eq(footprint(ChunkEncoding::kSparse, 1, 10000, {9000, 9999}),
+                 F{true, 8192, 10000}));
+  // No change: nothing by copy.
+  EXPECT_FALSE(footprint(ChunkEncoding::kSparse, 2, kMi, {}).by_copy);
 }
 
 }  // namespace
