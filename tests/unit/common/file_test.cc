@@ -145,9 +145,11 @@ TEST_F(FileTest, ModifyChangesTheRangeInPlace) {
     const std::byte* mapping = (*map)->data().data();
     const bool copied = OnDiskFilesystem(path);
     // Ranges at the start, across page boundaries, and at the very end.
-    for (auto [at, size] : {std::pair<size_t, size_t>{0, 4096},
-                            {4000, (size_t{2} << 20) + 5},
-                            {kSize - 9000, 9000}}) {
+    for (const std::pair<size_t, size_t>& range :
+         {std::pair<size_t, size_t>{0, 4096},
+          {4000, (size_t{2} << 20) + 5},
+          {kSize - 9000, 9000}}) {
+      const size_t at = range.first, size = range.second;
       Status s =
           (*map)->Modify(at, size, 0, size, [&](std::span<std::byte> bytes) {
             EXPECT_EQ(bytes.size(), size);
