@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -34,6 +35,33 @@ class PartsSessionTest : public RefitSessionTest {
     MakePartChunks(ChunkKind::kXor, 3, &xor_parts_);
     MakePartChunks(ChunkKind::kOverwrite, 3, &overwrite_parts_);
     ASSERT_GT(xor_parts_.size(), 2 * xor_chunks_.size());
+  }
+  // Applies `chunks` from one thread per part 1..parts, each in the
+  // chunks' order (a producer's stream): how many were not applied.
+  static int ApplyByPart(RefitSession* s, const std::vector<Bytes>& chunks,
+                         uint16_t parts) {
+    std::vector<std::thread> threads;
+    std::atomic<int> dropped{0};
+    for (uint16_t part = 1; part <= parts; ++part) {
+      threads.emplace_back([&, part] {
+        auto dec = std::move(*ChunkDecoder::Create());
+        for (const auto& c : chunks) {
+          if (PeekChunkHeader(c)->id.part != part) continue;
+          auto r = s->Apply(c, dec.get());
+          ASSERT_TRUE(r.ok());
+          if (*r != Outcome::kApplied) ++dropped;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return dropped.load();
+  }
+  // A session of this refit on `store` (a wrapper of store_).
+  std::unique_ptr<RefitSession> BeginOn(WeightStore* store) {
+    NodeResult refusal;
+    auto s = RefitSession::Begin(store, "n0", refit_, plan_, &refusal, {});
+    EXPECT_TRUE(s) << refusal.detail;
+    return s;
   }
   std::vector<Bytes> xor_parts_, overwrite_parts_;
 };
@@ -167,21 +195,7 @@ TEST_F(PartsSessionTest, ConcurrentPartsOfOneSpanAllApply) {
   // Three threads, each the parts of one producer, in the same span order:
   // parts of a span do not conflict, so none is dropped while another
   // part of its span is being applied.
-  std::vector<std::thread> threads;
-  std::atomic<int> dropped{0};
-  for (uint16_t part = 1; part <= 3; ++part) {
-    threads.emplace_back([&, part] {
-      auto dec = std::move(*ChunkDecoder::Create());
-      for (const auto& c : xor_parts_) {
-        if (PeekChunkHeader(c)->id.part != part) continue;
-        auto r = s->Apply(c, dec.get());
-        ASSERT_TRUE(r.ok());
-        if (*r != Outcome::kApplied) ++dropped;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(dropped.load(), 0);
+  EXPECT_EQ(ApplyByPart(s.get(), xor_parts_, 3), 0);
   EXPECT_EQ(s->Vote(End(xor_parts_), nullptr).code, NodeCode::kOk);
   EXPECT_TRUE(StoreHolds(target_));
 }
@@ -264,22 +278,9 @@ class SlowCopyStore final : public WeightStore {
 // other's elements as they were. They are applied one after the other.
 TEST_F(PartsSessionTest, PartsThatRewriteTheirSpanApplyOneAtATime) {
   SlowCopyStore slow(store_.get());
-  NodeResult refusal;
-  auto s = RefitSession::Begin(&slow, "n0", refit_, plan_, &refusal, {});
-  ASSERT_TRUE(s) << refusal.detail;
-  std::vector<std::thread> threads;
-  for (uint16_t part = 1; part <= 3; ++part) {
-    threads.emplace_back([&, part] {
-      auto dec = std::move(*ChunkDecoder::Create());
-      for (const auto& c : xor_parts_) {
-        if (PeekChunkHeader(c)->id.part != part) continue;
-        auto r = s->Apply(c, dec.get());
-        ASSERT_TRUE(r.ok());
-        EXPECT_EQ(*r, Outcome::kApplied);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  auto s = BeginOn(&slow);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(ApplyByPart(s.get(), xor_parts_, 3), 0);
   // Every part here changes its span's only page (1024 elements).
   EXPECT_EQ(slow.calls(), static_cast<int>(xor_parts_.size()));
   EXPECT_EQ(slow.max_in_flight(), 1);
@@ -327,20 +328,9 @@ class BlockPartsSessionTest : public PartsSessionTest {
 
 TEST_F(BlockPartsSessionTest, PartsOfDisjointPagesApplyAtOnceFromTheirWindows) {
   SlowCopyStore slow(store_.get());
-  NodeResult refusal;
-  auto s = RefitSession::Begin(&slow, "n0", refit_, plan_, &refusal, {});
-  ASSERT_TRUE(s) << refusal.detail;
-  std::vector<std::thread> threads;
-  for (uint16_t part = 1; part <= 2; ++part) {
-    threads.emplace_back([&, part] {
-      auto dec = std::move(*ChunkDecoder::Create());
-      for (const auto& c : block_parts_) {
-        if (PeekChunkHeader(c)->id.part != part) continue;
-        ASSERT_EQ(*s->Apply(c, dec.get()), Outcome::kApplied);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  auto s = BeginOn(&slow);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(ApplyByPart(s.get(), block_parts_, 2), 0);
   EXPECT_EQ(slow.calls(), static_cast<int>(block_parts_.size()));
   // Each part's window is its own page of the span (the last span, 952
   // elements, ends inside its second page).
@@ -365,9 +355,8 @@ TEST_F(BlockPartsSessionTest, PartsOfDisjointPagesApplyAtOnceFromTheirWindows) {
 TEST_F(BlockPartsSessionTest, AWriteBackThatFailsHalfWayIsUndoneByAbort) {
   SlowCopyStore slow(store_.get());
   slow.fail_write_back_at_ = 2;
-  NodeResult refusal;
-  auto s = RefitSession::Begin(&slow, "n0", refit_, plan_, &refusal, {});
-  ASSERT_TRUE(s) << refusal.detail;
+  auto s = BeginOn(&slow);
+  ASSERT_TRUE(s);
   ASSERT_EQ(*s->Apply(block_parts_[0], decoder_.get()), Outcome::kApplied);
   auto failed = s->Apply(block_parts_[1], decoder_.get());
   ASSERT_FALSE(failed.ok());
