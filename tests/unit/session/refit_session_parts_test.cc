@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -218,18 +219,26 @@ class SlowCopyStore final : public WeightStore {
       size_t i, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
       const std::function<Status(std::span<std::byte>)>& fn) override {
     const std::pair<size_t, uint64_t> range{i, offset};
+    int call = 0;
     {
-      std::lock_guard lock(mu_);
-      ++calls_;
+      std::unique_lock lock(mu_);
+      call = ++calls_;
       windows_.emplace_back(i, offset, from, to);
       max_in_flight_ = std::max(max_in_flight_, ++in_flight_[range]);
+      company_.notify_all();
+      if (call == 1 && wait_for_company_) {
+        // The first call stays until a second one is in its range (or
+        // 5 s pass): whether two may run at once does not hang on timing.
+        company_.wait_for(lock, std::chrono::seconds(5),
+                          [&] { return in_flight_[range] >= 2; });
+      }
     }
     std::span<std::byte> t = MutableTensor(i).subspan(offset, size);
     std::vector<std::byte> copy(size);
     std::copy(t.begin() + from, t.begin() + to, copy.begin() + from);
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     Status s = fn(copy);
-    if (s.ok() && fail_write_back_at_ == calls_) {
+    if (s.ok() && fail_write_back_at_ == call) {
       // A write-back that fails half way: the first half of the window
       // takes fn's bits, the rest keeps the old ones.
       const uint64_t half = from + (to - from) / 2;
@@ -263,6 +272,7 @@ class SlowCopyStore final : public WeightStore {
  private:
   WeightStore* inner_;
   std::mutex mu_;
+  std::condition_variable company_;
   std::map<std::pair<size_t, uint64_t>, int> in_flight_;
   std::vector<std::tuple<size_t, uint64_t, uint64_t, uint64_t>> windows_;
   int max_in_flight_ = 0;
@@ -271,6 +281,8 @@ class SlowCopyStore final : public WeightStore {
  public:
   // The call (counting from 1) whose write-back fails half way; 0: none.
   int fail_write_back_at_ = 0;
+  // The first call waits for a second in the same range (see above).
+  bool wait_for_company_ = false;
 };
 
 // Parts that change most of their span's pages are applied by rewriting
@@ -328,6 +340,7 @@ class BlockPartsSessionTest : public PartsSessionTest {
 
 TEST_F(BlockPartsSessionTest, PartsOfDisjointPagesApplyAtOnceFromTheirWindows) {
   SlowCopyStore slow(store_.get());
+  slow.wait_for_company_ = true;
   auto s = BeginOn(&slow);
   ASSERT_TRUE(s);
   EXPECT_EQ(ApplyByPart(s.get(), block_parts_, 2), 0);
