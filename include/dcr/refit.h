@@ -286,10 +286,15 @@ struct RefitReport {
                               // baseline committed, in parallel)
   double total_seconds = 0;
   // Time root.baseline took the target's bits while the refit streamed
-  // (writes and history syncs on the producer thread, hidden behind the
-  // transfer; part of stream_seconds only where the transfer did not hide
-  // it). 0 when the baseline was updated after the decision instead.
+  // and voted (writes and history syncs on the producer thread, hidden
+  // behind the transfer, then the last batch's beside the vote; part of
+  // stream_seconds only where the transfer did not hide it). 0 when the
+  // baseline was updated after the decision instead.
   double baseline_in_stream_seconds = 0;
+  // Of baseline_in_stream_seconds: how long the decision waited for the
+  // last batch's writes after the votes were in (part of commit_seconds);
+  // 0 when the vote hid them.
+  double baseline_waited_seconds = 0;
   // Time the encoder's workers spent hashing the target for its digests
   // (which END carries), summed over workers: part of stream_seconds, and
   // no longer a pass before PLAN. 0 when the target was hashed before PLAN

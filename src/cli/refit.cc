@@ -116,8 +116,10 @@ void PrintReport(const RefitReport& r) {
         r.hashed_in_stream_seconds);
   }
   if (r.baseline_in_stream_seconds > 0) {
-    std::printf("  root.baseline updated during the stream: %.3f s\n",
-                r.baseline_in_stream_seconds);
+    std::printf(
+        "  root.baseline updated during the stream and the vote: %.3f s "
+        "(%.3f s not hidden: the decision waited for it)\n",
+        r.baseline_in_stream_seconds, r.baseline_waited_seconds);
   }
   for (const CatchUpReport& c : r.catch_up) {
     std::string how =

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cassert>
 #include <map>
 #include <set>
 
@@ -50,11 +51,34 @@ BaselineInStream::BaselineInStream(Options options) : o_(std::move(options)) {
   if (o_.record) synced_at_ = o_.record->bytes();
 }
 
+BaselineInStream::~BaselineInStream() { (void)Join(); }
+
+void BaselineInStream::SettleLastInBackground(size_t threads) {
+  assert(!last_.joinable());
+  last_ = std::thread([this, threads] {
+    ThreadPool pool(std::max<size_t>(1, threads));
+    last_status_ = AfterBatchOn(/*last=*/true, &pool);
+  });
+}
+
+Status BaselineInStream::Join() {
+  if (last_.joinable()) {
+    const auto t0 = Clock::now();
+    last_.join();
+    waited_seconds_ += Seconds(t0, Clock::now());
+  }
+  return last_status_;
+}
+
 void BaselineInStream::Changed(const ChunkId& id) {
   if (active_) pending_.push_back(id);
 }
 
 Status BaselineInStream::AfterBatch(bool last) {
+  return AfterBatchOn(last, o_.pool);
+}
+
+Status BaselineInStream::AfterBatchOn(bool last, ThreadPool* pool) {
   if (!active_) return Status::OK();
   if (!o_.record->active()) {
     // The record failed: what is written stays covered by the part of it
@@ -70,13 +94,13 @@ Status BaselineInStream::AfterBatch(bool last) {
     return Status::OK();
   }
   const auto t0 = Clock::now();
-  Status s = Settle();
+  Status s = Settle(pool);
   seconds_ += Seconds(t0, Clock::now());
   if (s.ok() && last && active_) done_ = true;
   return s;
 }
 
-Status BaselineInStream::Settle() {
+Status BaselineInStream::Settle(ThreadPool* pool) {
   if (pending_.empty()) return Status::OK();
   if (!o_.record->Sync()) {
     active_ = false;
@@ -100,7 +124,7 @@ Status BaselineInStream::Settle() {
   const Manifest& m = o_.target->manifest();
   std::vector<Status> errors(pending_.size());
   std::vector<uint64_t> bytes(pending_.size(), 0);
-  o_.pool->ParallelFor(pending_.size(), [&](size_t i, size_t) {
+  pool->ParallelFor(pending_.size(), [&](size_t i, size_t) {
     const ChunkId& id = pending_[i];
     auto r = RangeOf(m, id, o_.span_elems);
     if (!r.ok()) {

@@ -16,9 +16,17 @@
 // BeginRefit) before the first write: a plain refit is refused until
 // --resume settles it.
 //
+// The last settle (the spans of the stream's last history bytes, up to
+// sync_bytes of history: at a 1% change rate that can be most of the
+// model) runs beside the vote instead (SettleLastInBackground): END goes
+// out when the encoder is done, and the decision waits for the writes
+// (Join). The write-ahead is the same, so an abort or a crash meanwhile
+// ends as one during the stream does.
+//
 // Thread safety: BaselineInStream runs on the producer thread (Changed,
-// AfterBatch) and uses the pool from there; the rest after the producer
-// stopped.
+// AfterBatch) and uses the pool from there; SettleLastInBackground, after
+// the producer stopped, hands it to a thread of its own until Join; the
+// rest after that.
 #ifndef DCR_COORD_BASELINE_STREAM_H_
 #define DCR_COORD_BASELINE_STREAM_H_
 
@@ -27,6 +35,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coord/history.h"
@@ -56,6 +65,9 @@ class BaselineInStream {
     uint64_t sync_bytes = uint64_t{64} << 20;
   };
   explicit BaselineInStream(Options options);
+  ~BaselineInStream();  // joins SettleLastInBackground's thread
+  BaselineInStream(const BaselineInStream&) = delete;
+  BaselineInStream& operator=(const BaselineInStream&) = delete;
 
   // Span `id` changed: its chunk (first pass, not empty) was appended to
   // the record.
@@ -68,10 +80,22 @@ class BaselineInStream {
   // stays covered by the part of the file already synced.
   Status AfterBatch(bool last);
 
+  // The stream's last AfterBatch(true), on a thread of its own with a pool
+  // of `threads` of its own (Options::pool may serve the vote's repair
+  // rounds meanwhile). No other call until Join.
+  void SettleLastInBackground(size_t threads);
+  // Waits for SettleLastInBackground's settle; its status, as
+  // AfterBatch's (OK where none ran). waited_seconds() is how long this
+  // call blocked: the part of the writes the vote did not hide.
+  Status Join();
+  double waited_seconds() const { return waited_seconds_; }
+
   // Still writing spans as they stream.
   bool active() const { return active_; }
-  // Some span was written: an abort must restore the base.
-  bool touched() const { return written_spans_ > 0; }
+  // The baseline was flagged for the refit and a span may have been
+  // written (also where a batch's writes failed part way): an abort must
+  // restore the base.
+  bool touched() const { return begun_; }
   // Every span the refit changed holds the target's bits (active through
   // the last batch): no baseline pass after the decision.
   bool complete() const { return active_ && done_; }
@@ -81,7 +105,8 @@ class BaselineInStream {
   double seconds() const { return seconds_; }
 
  private:
-  Status Settle();
+  Status AfterBatchOn(bool last, ThreadPool* pool);
+  Status Settle(ThreadPool* pool);
 
   Options o_;
   bool active_ = true;
@@ -92,6 +117,9 @@ class BaselineInStream {
   uint64_t written_spans_ = 0;
   uint64_t written_bytes_ = 0;
   double seconds_ = 0;
+  std::thread last_;  // SettleLastInBackground
+  Status last_status_;
+  double waited_seconds_ = 0;
 };
 
 // Takes every span named in the undo log `log` (a delta file of the refit

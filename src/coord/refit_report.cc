@@ -136,6 +136,7 @@ std::string RefitReport::ToJson() const {
         {"commit", commit_seconds},
         {"total", total_seconds},
         {"baseline_in_stream", baseline_in_stream_seconds},
+        {"baseline_waited", baseline_waited_seconds},
         {"hashed_in_stream", hashed_in_stream_seconds},
         {"applied", applied_seconds}}},
       {"nodes", nodes_json}};
@@ -265,7 +266,8 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
   StateJson sf(*seconds, file, "seconds.");
   DCR_RETURN_IF_ERROR(
       sf.OnlyFields({"prepare", "plan", "stream", "vote", "commit", "total",
-                     "baseline_in_stream", "hashed_in_stream", "applied"}));
+                     "baseline_in_stream", "baseline_waited",
+                     "hashed_in_stream", "applied"}));
   DCR_ASSIGN_OR_RETURN(r.prepare_seconds, sf.Number("prepare"));
   DCR_ASSIGN_OR_RETURN(r.plan_seconds, sf.Number("plan"));
   DCR_ASSIGN_OR_RETURN(r.stream_seconds, sf.Number("stream"));
@@ -275,6 +277,10 @@ Result<RefitReport> RefitReportFromJson(const nlohmann::json& j,
   if (sf.Has("baseline_in_stream")) {  // since the baseline streams (issue 22)
     DCR_ASSIGN_OR_RETURN(r.baseline_in_stream_seconds,
                          sf.Number("baseline_in_stream"));
+  }
+  if (sf.Has("baseline_waited")) {  // since its last writes overlap the vote
+    DCR_ASSIGN_OR_RETURN(r.baseline_waited_seconds,
+                         sf.Number("baseline_waited"));
   }
   if (sf.Has("hashed_in_stream")) {  // since END names the target (issue 22)
     DCR_ASSIGN_OR_RETURN(r.hashed_in_stream_seconds,

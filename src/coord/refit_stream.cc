@@ -110,10 +110,17 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
     return o;
   };
   if (!repair && in_stream_) {
-    job.after_batch = [&](bool last) { return in_stream_->AfterBatch(last); };
+    // The last batch's writes go beside the vote (below).
+    job.after_batch = [&](bool last) {
+      return last ? Status::OK() : in_stream_->AfterBatch(false);
+    };
   }
   RootTree::Streamed streamed;
   Status produced = SendJob(std::move(job), &streamed);
+  if (!repair && in_stream_ && produced.ok()) {
+    // END need not wait for them; the decision does (JoinBaselineInStream).
+    in_stream_->SettleLastInBackground(setup_.pool->size());
+  }
   if (repair) {
     report_.repair_chunks += streamed.chunks;
     report_.repair_bytes += streamed.payload_bytes;
@@ -137,16 +144,6 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
     spdlog::info("target step {} is {} (hashed during the stream: {:.3f} s)",
                  report_.target.step, report_.target.digest.ShortHex(),
                  report_.hashed_in_stream_seconds);
-  }
-  if (in_stream_) {
-    report_.baseline_in_stream_seconds = in_stream_->seconds();
-    spdlog::debug(
-        "root.baseline: {:.1f} MB written during the stream in {:.3f} s{}",
-        static_cast<double>(in_stream_->written_bytes()) / 1e6,
-        in_stream_->seconds(),
-        in_stream_->complete()
-            ? ""
-            : " (not every span: the rest after the decision)");
   }
   report_.changed_elements = sent_.changed_elements();
   root_->ReportProgress();

@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 #include <random>
 
 #include "common/file.h"
@@ -105,8 +108,11 @@ class BaselineStreamTest : public ::testing::Test {
 
   // Streams every span as a refit does: encode, record, Changed, and
   // AfterBatch every `batch` spans (`after` sees each batch's state).
+  // `last_in_background`: the last batch is left to
+  // SettleLastInBackground, as RefitRun does.
   void Stream(HistoryRecording* record, BaselineInStream* in_stream,
-              size_t batch, const std::function<void(size_t)>& after = {}) {
+              size_t batch, const std::function<void(size_t)>& after = {},
+              bool last_in_background = false) {
     auto ids = Spans();
     for (size_t i = 0; i < ids.size(); ++i) {
       Bytes out;
@@ -119,6 +125,7 @@ class BaselineStreamTest : public ::testing::Test {
         in_stream->Changed(ids[i]);
       }
       const bool last = i + 1 == ids.size();
+      if (last && last_in_background) return;
       if ((i + 1) % batch == 0 || last) {
         ASSERT_TRUE(in_stream->AfterBatch(last).ok());
         if (after) after(i + 1);
@@ -184,6 +191,104 @@ TEST_F(BaselineStreamTest, ASmallSyncSizeWritesAsTheStreamGoes) {
   EXPECT_TRUE(early) << "the first batch's span waited for the end";
   EXPECT_TRUE(in_stream.complete());
   EXPECT_TRUE(BaselineIs(*target_));
+}
+
+// A baseline whose writes wait until the test opens them (or 2 s pass, so
+// that a settle run on the caller's thread ends, late, and the test fails
+// instead of hanging).
+class GatedStore final : public WeightStore {
+ public:
+  explicit GatedStore(WeightStore* inner)
+      : WeightStore("gated:", "", inner->record()), inner_(inner) {}
+  const Manifest& manifest() const override { return inner_->manifest(); }
+  std::span<const std::byte> Tensor(size_t i) const override {
+    return inner_->Tensor(i);
+  }
+  std::span<std::byte> MutableTensor(size_t i) override {
+    return inner_->MutableTensor(i);
+  }
+  Status WriteTensor(size_t i, uint64_t offset,
+                     std::span<const std::byte> bytes) override {
+    {
+      std::unique_lock lock(mu_);
+      open_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return open_; });
+      open_ = true;  // a timed-out wait lets the rest through
+    }
+    Status s = fail_ ? Status::IOError("disk full")
+                     : inner_->WriteTensor(i, offset, bytes);
+    std::lock_guard lock(mu_);
+    ++finished_;
+    return s;
+  }
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    open_cv_.notify_all();
+  }
+  int finished() {
+    std::lock_guard lock(mu_);
+    return finished_;
+  }
+  bool fail_ = false;  // set before the writes start
+
+ protected:
+  Status SyncData(size_t) override { return Status::OK(); }
+
+ private:
+  WeightStore* inner_;
+  std::mutex mu_;
+  std::condition_variable open_cv_;
+  bool open_ = false;
+  int finished_ = 0;
+};
+
+TEST_F(BaselineStreamTest, TheLastBatchIsWrittenBesideTheCaller) {
+  DeltaHistory history(dir_.Path("history"), 4);
+  HistoryRecording record(history, RefitId());
+  GatedStore gated(baseline_.get());
+  auto o = Opts(&record, uint64_t{1} << 30);
+  o.baseline = &gated;
+  BaselineInStream in_stream(o);
+  Stream(&record, &in_stream, 2, {}, /*last_in_background=*/true);
+  EXPECT_FALSE(in_stream.touched());
+  in_stream.SettleLastInBackground(2);
+  // Back before a single write finished: END would not wait for them.
+  EXPECT_EQ(gated.finished(), 0);
+  gated.Open();
+  ASSERT_TRUE(in_stream.Join().ok());
+  EXPECT_EQ(gated.finished(), 4);
+  EXPECT_TRUE(in_stream.complete());
+  EXPECT_TRUE(BaselineIs(*target_));
+  EXPECT_GE(in_stream.seconds(), 0.0);
+  // Joined: a second Join returns at once, with the same status.
+  EXPECT_TRUE(in_stream.Join().ok());
+  // The undo log covers what the thread wrote.
+  auto r =
+      RestoreBase(record.undo_path(), *target_, baseline_.get(), kSpan, &pool_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(BaselineIs(*base_));
+}
+
+TEST_F(BaselineStreamTest, AFailedLastBatchIsJoinsError) {
+  DeltaHistory history(dir_.Path("history"), 4);
+  HistoryRecording record(history, RefitId());
+  GatedStore gated(baseline_.get());
+  gated.fail_ = true;
+  gated.Open();
+  auto o = Opts(&record, uint64_t{1} << 30);
+  o.baseline = &gated;
+  BaselineInStream in_stream(o);
+  Stream(&record, &in_stream, 2, {}, /*last_in_background=*/true);
+  in_stream.SettleLastInBackground(1);
+  Status s = in_stream.Join();
+  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+  EXPECT_NE(s.ToString().find("writing root.baseline during the stream"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_FALSE(in_stream.complete());
+  // Flagged, and some writes may have landed: an abort restores the base.
+  EXPECT_TRUE(in_stream.touched());
+  EXPECT_TRUE(gated.InProgress().has_value());
 }
 
 TEST_F(BaselineStreamTest, NoRecordNoOverlap) {

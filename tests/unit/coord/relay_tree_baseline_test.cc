@@ -2,6 +2,7 @@
 // a target file changed under a running refit, and --resume after the
 // coordinator stopped, with or without a decision.
 #include "coord/history.h"
+#include "coord/refit_report.h"
 #include "coord/state_dir.h"
 #include "relay_tree_fixture.h"
 
@@ -251,6 +252,36 @@ TEST_F(RelayTreeTest, TheTargetIsHashedDuringTheStreamAndNamedAtEnd) {
   RefitReport two = Refit(2);
   ASSERT_EQ(two.outcome, RefitOutcome::kCommitted) << two.ToJson();
   EXPECT_EQ(two.base, r.target);
+}
+
+// root.baseline's last writes (here all of them: this model's history is
+// far below a sync's 64 MB) run beside the vote: END does not wait for
+// them, the decision does.
+TEST_F(RelayTreeTest, TheBaselinesLastWritesOverlapTheVote) {
+  SeedAll(0);
+  StartAll();
+  ASSERT_TRUE(ArmFailpoints("coord.baseline_write=delay(1500)@1").ok());
+  RefitReport r = Refit(1);
+  DisarmFailpoints();
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  EXPECT_GE(r.baseline_in_stream_seconds, 1.5);
+  EXPECT_LT(r.stream_seconds, 1.5) << "END waited for the baseline's writes";
+  // The votes of this small tree came well before the writes ended.
+  EXPECT_GT(r.baseline_waited_seconds, 0.5);
+  EXPECT_LE(r.baseline_waited_seconds, r.baseline_in_stream_seconds);
+  EXPECT_GE(r.commit_seconds, r.baseline_waited_seconds);
+  const Digest128 v1 = DigestOf(Ckpt(1));
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v1);
+  ExpectBaselineCommittedAt(dir_.Path("base.safetensors.dcr-version"),
+                            r.target);
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+  }
+  // last-refit.json keeps it.
+  auto back = RefitReportFromJson(nlohmann::json::parse(r.ToJson()), "f");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->baseline_waited_seconds, r.baseline_waited_seconds);
 }
 
 // A target with the baseline's bits is found out by the stream's hash: the
