@@ -13,6 +13,7 @@
 #include <random>
 
 #include "common/file.h"
+#include "testing/forwarding_store.h"
 #include "testing/temp_dir.h"
 
 namespace dcr {
@@ -196,17 +197,9 @@ TEST_F(BaselineStreamTest, ASmallSyncSizeWritesAsTheStreamGoes) {
 // A baseline whose writes wait until the test opens them (or 2 s pass, so
 // that a settle run on the caller's thread ends, late, and the test fails
 // instead of hanging).
-class GatedStore final : public WeightStore {
+class GatedStore final : public testing::ForwardingStore {
  public:
-  explicit GatedStore(WeightStore* inner)
-      : WeightStore("gated:", "", inner->record()), inner_(inner) {}
-  const Manifest& manifest() const override { return inner_->manifest(); }
-  std::span<const std::byte> Tensor(size_t i) const override {
-    return inner_->Tensor(i);
-  }
-  std::span<std::byte> MutableTensor(size_t i) override {
-    return inner_->MutableTensor(i);
-  }
+  explicit GatedStore(WeightStore* inner) : ForwardingStore("gated:", inner) {}
   Status WriteTensor(size_t i, uint64_t offset,
                      std::span<const std::byte> bytes) override {
     {
@@ -215,7 +208,7 @@ class GatedStore final : public WeightStore {
       open_ = true;  // a timed-out wait lets the rest through
     }
     Status s = fail_ ? Status::IOError("disk full")
-                     : inner_->WriteTensor(i, offset, bytes);
+                     : inner()->WriteTensor(i, offset, bytes);
     std::lock_guard lock(mu_);
     ++finished_;
     return s;
@@ -231,11 +224,7 @@ class GatedStore final : public WeightStore {
   }
   bool fail_ = false;  // set before the writes start
 
- protected:
-  Status SyncData(size_t) override { return Status::OK(); }
-
  private:
-  WeightStore* inner_;
   std::mutex mu_;
   std::condition_variable open_cv_;
   bool open_ = false;

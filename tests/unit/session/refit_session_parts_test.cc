@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "session/refit_session.h"
+#include "testing/forwarding_store.h"
 #include "unit/session/refit_session_fixture.h"
 
 namespace dcr {
@@ -204,17 +205,10 @@ TEST_F(PartsSessionTest, ConcurrentPartsOfOneSpanAllApply) {
 // A store whose ModifyTensor rewrites the range from a copy, slowly, and
 // counts the calls in flight per range: what a file store on a disk
 // filesystem does (MappedFile::Modify), with the window widened.
-class SlowCopyStore final : public WeightStore {
+class SlowCopyStore final : public testing::ForwardingStore {
  public:
   explicit SlowCopyStore(WeightStore* inner)
-      : WeightStore("slow-copy:", "", inner->record()), inner_(inner) {}
-  const Manifest& manifest() const override { return inner_->manifest(); }
-  std::span<const std::byte> Tensor(size_t i) const override {
-    return inner_->Tensor(i);
-  }
-  std::span<std::byte> MutableTensor(size_t i) override {
-    return inner_->MutableTensor(i);
-  }
+      : ForwardingStore("slow-copy:", inner) {}
   Status ModifyTensor(
       size_t i, uint64_t offset, uint64_t size, uint64_t from, uint64_t to,
       const std::function<Status(std::span<std::byte>)>& fn) override {
@@ -266,11 +260,7 @@ class SlowCopyStore final : public WeightStore {
     return max_in_flight_;
   }
 
- protected:
-  Status SyncData(size_t) override { return Status::OK(); }
-
  private:
-  WeightStore* inner_;
   std::mutex mu_;
   std::condition_variable company_;
   std::map<std::pair<size_t, uint64_t>, int> in_flight_;
