@@ -53,20 +53,22 @@ BaselineInStream::BaselineInStream(Options options) : o_(std::move(options)) {
 
 BaselineInStream::~BaselineInStream() { (void)Join(); }
 
-void BaselineInStream::SettleLastInBackground(size_t threads) {
+void BaselineInStream::SettleLastInBackground(size_t threads,
+                                              std::function<void()> done) {
   assert(!last_.joinable());
-  last_ = std::thread([this, threads] {
-    ThreadPool pool(std::max<size_t>(1, threads));
-    last_status_ = AfterBatchOn(/*last=*/true, &pool);
+  last_done_ = false;
+  last_ = std::thread([this, threads, done = std::move(done)] {
+    {
+      ThreadPool pool(std::max<size_t>(1, threads));
+      last_status_ = AfterBatchOn(/*last=*/true, &pool);
+    }
+    last_done_ = true;
+    if (done) done();
   });
 }
 
 Status BaselineInStream::Join() {
-  if (last_.joinable()) {
-    const auto t0 = Clock::now();
-    last_.join();
-    waited_seconds_ += Seconds(t0, Clock::now());
-  }
+  if (last_.joinable()) last_.join();
   return last_status_;
 }
 

@@ -32,8 +32,10 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,13 +84,15 @@ class BaselineInStream {
 
   // The stream's last AfterBatch(true), on a thread of its own with a pool
   // of `threads` of its own (Options::pool may serve the vote's repair
-  // rounds meanwhile). No other call until Join.
-  void SettleLastInBackground(size_t threads);
+  // rounds meanwhile); `done` is called on that thread when it ends
+  // (finished() is true by then). No other call until Join but finished().
+  void SettleLastInBackground(size_t threads, std::function<void()> done);
+  // SettleLastInBackground's settle has ended (or none was started): Join
+  // returns at once.
+  bool finished() const { return !last_.joinable() || last_done_.load(); }
   // Waits for SettleLastInBackground's settle; its status, as
-  // AfterBatch's (OK where none ran). waited_seconds() is how long this
-  // call blocked: the part of the writes the vote did not hide.
+  // AfterBatch's (OK where none ran).
   Status Join();
-  double waited_seconds() const { return waited_seconds_; }
 
   // Still writing spans as they stream.
   bool active() const { return active_; }
@@ -118,8 +122,8 @@ class BaselineInStream {
   uint64_t written_bytes_ = 0;
   double seconds_ = 0;
   std::thread last_;  // SettleLastInBackground
+  std::atomic<bool> last_done_{false};
   Status last_status_;
-  double waited_seconds_ = 0;
 };
 
 // Takes every span named in the undo log `log` (a delta file of the refit

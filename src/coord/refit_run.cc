@@ -200,15 +200,18 @@ Result<RefitReport> RefitRun::RunPhases() {
   auto t_decide = Clock::now();
   if (in_stream_) {
     // root.baseline's last writes ran beside the vote; the baseline holds
-    // the target's bits before any decision says so.
+    // the target's bits before any decision says so. The tree's links
+    // stay served meanwhile (heartbeats: the relays would drop a silent
+    // root).
+    root_->RunUntil([&] { return in_stream_->finished(); });
     Status b = in_stream_->Join();
     report_.baseline_in_stream_seconds = in_stream_->seconds();
-    report_.baseline_waited_seconds = in_stream_->waited_seconds();
+    report_.baseline_waited_seconds = Seconds(t_decide, Clock::now());
     spdlog::debug(
         "root.baseline: {:.1f} MB written during the stream and the vote in "
         "{:.3f} s ({:.3f} s waited for){}",
         static_cast<double>(in_stream_->written_bytes()) / 1e6,
-        in_stream_->seconds(), in_stream_->waited_seconds(),
+        in_stream_->seconds(), report_.baseline_waited_seconds,
         in_stream_->complete()
             ? ""
             : " (not every span: the rest after the decision)");

@@ -9,6 +9,8 @@
 // the baseline's end in refit_baseline.cc.
 //
 // Thread safety: a RefitRun is used once (Run or Resume) by one thread.
+// Its helpers' threads (the encoder pipeline, root.baseline's last writes
+// beside the vote) end before the phase that reads what they wrote.
 #ifndef DCR_COORD_REFIT_RUN_H_
 #define DCR_COORD_REFIT_RUN_H_
 

@@ -26,7 +26,9 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   eo.hash = setup_.signer != nullptr;
   eo.context = setup_.plan.context_coded;
   // A mixed tree sends the base-independent copy too.
-  eo.base_independent = record_.active() || setup_.mixed();
+  // (Not for a repair round, whose overwrites need no copy: the record may
+  // be in use by root.baseline's last writes, beside the vote.)
+  eo.base_independent = (!repair && record_.active()) || setup_.mixed();
   eo.hash_base_independent = eo.hash && setup_.mixed();
   eo.scanned = repair ? nullptr : sent_.scanned();
   SpanEncoder::Kind kind = repair            ? SpanEncoder::Kind::kFull
@@ -118,8 +120,9 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   RootTree::Streamed streamed;
   Status produced = SendJob(std::move(job), &streamed);
   if (!repair && in_stream_ && produced.ok()) {
-    // END need not wait for them; the decision does (JoinBaselineInStream).
-    in_stream_->SettleLastInBackground(setup_.pool->size());
+    // END need not wait for them; the decision does (RunPhases).
+    in_stream_->SettleLastInBackground(setup_.pool->size(),
+                                       [this] { root_->Wake(); });
   }
   if (repair) {
     report_.repair_chunks += streamed.chunks;

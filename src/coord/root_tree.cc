@@ -123,14 +123,18 @@ void RootTree::RunTimers() {
 void RootTree::WaitPhase() {
   // Waits for events (replies, link failures), the phase's timers and the
   // progress reports.
-  while (!fanout_->Complete()) {
+  RunUntil([this] { return fanout_->Complete(); });
+  NoteApplied();
+  ReportProgress();  // the phase's answers, all in
+}
+
+void RootTree::RunUntil(const std::function<bool()>& done) {
+  while (!done()) {
     mailbox_.RunUntil(std::min(NextTimer(), NextProgress()));
     RunTimers();
     NoteApplied();
     MaybeReportProgress();
   }
-  NoteApplied();
-  ReportProgress();  // the phase's answers, all in
 }
 
 std::optional<uint64_t> RootTree::StreamDelivered() const {

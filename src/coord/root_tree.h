@@ -84,6 +84,10 @@ class RootTree {
   // Runs link events until every child's subtree answered the expected
   // reply, or the deadline.
   void WaitPhase();
+  // Runs link events, timers (heartbeats, adoptions) and progress reports
+  // until `done()` holds: the coordinator waiting on something else keeps
+  // the tree alive. Whatever makes `done()` true must call Wake().
+  void RunUntil(const std::function<bool()>& done);
 
   // While StreamFrom and WaitPhase run, about every kProgressInterval:
   // `fill` gets the tree's figures (payload and chunks of the current

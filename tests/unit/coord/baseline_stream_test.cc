@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -240,11 +241,17 @@ TEST_F(BaselineStreamTest, TheLastBatchIsWrittenBesideTheCaller) {
   BaselineInStream in_stream(o);
   Stream(&record, &in_stream, 2, {}, /*last_in_background=*/true);
   EXPECT_FALSE(in_stream.touched());
-  in_stream.SettleLastInBackground(2);
+  std::atomic<int> woken{0};
+  in_stream.SettleLastInBackground(2, [&] {
+    EXPECT_TRUE(in_stream.finished());
+    ++woken;
+  });
   // Back before a single write finished: END would not wait for them.
   EXPECT_EQ(gated.finished(), 0);
+  EXPECT_FALSE(in_stream.finished());
   gated.Open();
   ASSERT_TRUE(in_stream.Join().ok());
+  EXPECT_EQ(woken.load(), 1);
   EXPECT_EQ(gated.finished(), 4);
   EXPECT_TRUE(in_stream.complete());
   EXPECT_TRUE(BaselineIs(*target_));
@@ -268,7 +275,7 @@ TEST_F(BaselineStreamTest, AFailedLastBatchIsJoinsError) {
   o.baseline = &gated;
   BaselineInStream in_stream(o);
   Stream(&record, &in_stream, 2, {}, /*last_in_background=*/true);
-  in_stream.SettleLastInBackground(1);
+  in_stream.SettleLastInBackground(1, {});
   Status s = in_stream.Join();
   EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
   EXPECT_NE(s.ToString().find("writing root.baseline during the stream"),
