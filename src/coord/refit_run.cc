@@ -203,6 +203,7 @@ Result<RefitReport> RefitRun::RunPhases() {
     // the target's bits before any decision says so. The tree's links
     // stay served meanwhile (heartbeats: the relays would drop a silent
     // root).
+    root_->Hold();
     root_->RunUntil([&] { return in_stream_->finished(); });
     Status b = in_stream_->Join();
     report_.baseline_in_stream_seconds = in_stream_->seconds();

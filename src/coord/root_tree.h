@@ -88,6 +88,10 @@ class RootTree {
   // until `done()` holds: the coordinator waiting on something else keeps
   // the tree alive. Whatever makes `done()` true must call Wake().
   void RunUntil(const std::function<bool()>& done);
+  // Between phases (the votes are in, the decision waits): no phase
+  // deadline applies until the next Expect, so a node re-parented
+  // meanwhile is not failed against the vote's deadline.
+  void Hold() { fanout_->Stream(); }
 
   // While StreamFrom and WaitPhase run, about every kProgressInterval:
   // `fill` gets the tree's figures (payload and chunks of the current

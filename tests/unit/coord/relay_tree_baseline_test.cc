@@ -257,14 +257,14 @@ TEST_F(RelayTreeTest, TheTargetIsHashedDuringTheStreamAndNamedAtEnd) {
 // root.baseline's last writes (here all of them: this model's history is
 // far below a sync's 64 MB) run beside the vote: END does not wait for
 // them, the decision does, and the root keeps the tree's links alive
-// meanwhile (heartbeats every 0.1 s: a relay whose parent is silent for
-// 0.4 s drops it).
+// meanwhile (heartbeats every 0.3 s: a relay whose parent is silent for
+// 1.2 s drops it).
 TEST_F(RelayTreeTest, TheBaselinesLastWritesOverlapTheVote) {
   SeedAll(0);
   StartAll();
   ASSERT_TRUE(ArmFailpoints("coord.baseline_write=delay(3000)@1").ok());
   RefitReport r = Refit(1, RefitMode::kDelta, 0,
-                        [](RefitOptions& o) { o.heartbeat = 100ms; });
+                        [](RefitOptions& o) { o.heartbeat = 300ms; });
   DisarmFailpoints();
   ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
   EXPECT_EQ(r.adoptions, 0u) << r.ToJson();
@@ -272,9 +272,9 @@ TEST_F(RelayTreeTest, TheBaselinesLastWritesOverlapTheVote) {
   EXPECT_LT(r.stream_seconds, 3.0) << "END waited for the baseline's writes";
   // The votes of this small tree came well before the writes ended.
   EXPECT_GT(r.baseline_waited_seconds, 1.0);
-  // (Measured on two threads: the wake-up after the writes may add a
-  // little.)
-  EXPECT_LE(r.baseline_waited_seconds, r.baseline_in_stream_seconds + 0.05);
+  // (Measured on two threads: the writer's start and the wake-up after
+  // the writes add a little.)
+  EXPECT_LE(r.baseline_waited_seconds, r.baseline_in_stream_seconds + 0.5);
   EXPECT_GE(r.commit_seconds, r.baseline_waited_seconds);
   const Digest128 v1 = DigestOf(Ckpt(1));
   EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v1);
