@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/strict_json.h"
 #include "dcr/checkpoint.h"
 #include "dcr/status.h"
 
@@ -48,6 +49,13 @@ struct SafetensorsHeader {
 Result<SafetensorsHeader> ParseSafetensorsHeader(
     std::span<const std::byte> bytes, uint64_t file_size,
     std::string_view file_name);
+
+// Strict JSON (common/strict_json.h) as headers and indexes take it,
+// nested at most a few levels; keys at `tensor_depth` are tensor names and
+// are reported as such.
+Result<nlohmann::json> ParseSafetensorsJson(std::string_view text,
+                                            const std::string& what,
+                                            int tensor_depth);
 
 // The header JSON (unpadded) of a safetensors file holding `tensors` in
 // this order, packed from offset 0, with `metadata` ("__metadata__" when
