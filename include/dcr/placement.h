@@ -88,6 +88,11 @@ class PieceMap {
                  std::vector<uint64_t>* out) const;
 
   uint64_t elements() const { return elements_; }
+  // For a piece of at least one element: the first and the last canonical
+  // position its elements land on (flat, row-major); every one of them
+  // lies in [first(), last()].
+  uint64_t first() const { return origin_; }
+  uint64_t last() const;
 
  private:
   size_t dims_ = 0;

@@ -227,6 +227,9 @@ Status ProducerFeed::Begin(WeightStore* baseline, const RefitId& refit,
   o.hash_ahead = false;
   session_ =
       RefitSession::Begin(baseline, "root.baseline", refit, plan, &refusal, o);
+  groups_ = std::make_unique<PartGroups>(hub_->layout(), plan.span_elems,
+                                         plan.chunk_window_bytes);
+  ready_.clear();
   if (!session_) {
     return Status::InvalidArgument(
         fmt::format("root.baseline cannot take the producers' refit: {} ({})",
@@ -244,9 +247,12 @@ ChunkJob ProducerFeed::Job(std::chrono::milliseconds idle, bool sign,
   ChunkJob job;
   job.prepare = [this, workers]() -> Status {
     decoders_.clear();
+    encoders_.clear();
     for (size_t w = 0; w < workers; ++w) {
       DCR_ASSIGN_OR_RETURN(auto d, ChunkDecoder::Create());
       decoders_.push_back(std::move(d));
+      DCR_ASSIGN_OR_RETURN(auto e, ChunkEncoder::Create(EncodeOptions()));
+      encoders_.push_back(std::move(e));
     }
     return Status::OK();
   };
@@ -261,27 +267,43 @@ ChunkJob ProducerFeed::Job(std::chrono::milliseconds idle, bool sign,
 Result<size_t> ProducerFeed::Fetch(size_t max, std::chrono::milliseconds idle) {
   batch_begin_ = fetched_;
   batch_.clear();
-  DCR_RETURN_IF_ERROR(hub_->Fetch(max, idle, &scratch_));
-  for (ProducerChunk& c : scratch_) {
-    Item item{std::move(c), ChunkId()};
-    auto h = PeekChunkHeader(item.chunk.chunk);
-    if (!h.ok()) {
-      return Status::Aborted(fmt::format(
-          "producer rank {}: {}", item.chunk.rank, h.status().ToString()));
+  // Until some item is released, or every producer is done and all that
+  // was held went out.
+  std::vector<uint32_t> ended;
+  while (ready_.empty()) {
+    DCR_RETURN_IF_ERROR(hub_->Fetch(max, idle, &scratch_, &ended));
+    const bool done = scratch_.empty() && ended.empty();
+    for (ProducerChunk& c : scratch_) {
+      const uint32_t rank = c.rank;
+      auto h = PeekChunkHeader(c.chunk);
+      if (!h.ok()) {
+        return Status::Aborted(
+            fmt::format("producer rank {}: {}", rank, h.status().ToString()));
+      }
+      if (h->id.part != PartOf(rank) || h->kind != ChunkKind::kXor ||
+          h->encoding != ChunkEncoding::kSparse) {
+        return Status::Aborted(fmt::format(
+            "producer rank {} sent chunk ({}), {} {}: a producer's chunks are "
+            "sparse XOR parts {}",
+            rank, ChunkIdText(h->id),
+            h->kind == ChunkKind::kXor ? "XOR" : "overwrite",
+            h->encoding == ChunkEncoding::kSparse ? "sparse" : "not sparse",
+            PartOf(rank)));
+      }
+      if (Status s = groups_->Add(std::move(c), h->id); !s.ok()) {
+        return Status::Aborted(s.message());
+      }
     }
-    item.id = h->id;
-    if (h->id.part != PartOf(item.chunk.rank) || h->kind != ChunkKind::kXor ||
-        h->encoding != ChunkEncoding::kSparse) {
-      return Status::Aborted(fmt::format(
-          "producer rank {} sent chunk ({}), {} {}: a producer's chunks are "
-          "sparse XOR parts {}",
-          item.chunk.rank, ChunkIdText(h->id),
-          h->kind == ChunkKind::kXor ? "XOR" : "overwrite",
-          h->encoding == ChunkEncoding::kSparse ? "sparse" : "not sparse",
-          PartOf(item.chunk.rank)));
+    for (uint32_t rank : ended) groups_->Ended(rank);
+    if (done) {
+      groups_->Flush(&ready_);
+      break;
     }
-    batch_.push_back(std::move(item));
+    groups_->Take(&ready_);
   }
+  const size_t n = std::min(max, ready_.size());
+  std::move(ready_.begin(), ready_.begin() + n, std::back_inserter(batch_));
+  ready_.erase(ready_.begin(), ready_.begin() + n);
   fetched_ += batch_.size();
   return batch_.size();
 }
@@ -293,19 +315,36 @@ const ChunkId& ProducerFeed::id(size_t i) const {
 Status ProducerFeed::Apply(size_t i, size_t worker, bool sign,
                            EncodedChunk* out) {
   const Item& item = batch_[i - batch_begin_];
-  auto applied = session_->Apply(item.chunk.chunk, decoders_[worker].get());
+  std::string ranks;
+  for (const ProducerChunk& c : item.parts) {
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(c.rank);
+  }
+  const std::string who = fmt::format("producer rank{} {}",
+                                      item.parts.size() > 1 ? "s" : "", ranks);
+  if (item.parts.size() == 1) {
+    const std::span<const std::byte> chunk = item.parts[0].chunk;
+    out->bytes.assign(chunk.begin(), chunk.end());
+    auto h = PeekChunkHeader(out->bytes);
+    out->sizes.changed = h.ok() ? h->changed : 0;
+    out->sizes.header = out->bytes.size();  // not split into sections here
+  } else {
+    std::vector<std::span<const std::byte>> parts;
+    for (const ProducerChunk& c : item.parts) parts.push_back(c.chunk);
+    Status s = ComposeParts(item.id, parts, decoders_[worker].get(),
+                            encoders_[worker].get(), &out->bytes, &out->sizes);
+    if (!s.ok()) {
+      return Status::Aborted(fmt::format("{}: {}", who, s.ToString()));
+    }
+  }
+  auto applied = session_->Apply(out->bytes, decoders_[worker].get());
   if (!applied.ok()) {
-    return Status::Aborted(fmt::format("producer rank {}: {}", item.chunk.rank,
-                                       applied.status().ToString()));
+    return Status::Aborted(
+        fmt::format("{}: {}", who, applied.status().ToString()));
   }
   if (*applied == RefitSession::ApplyOutcome::kDuplicate) {
-    return Status::Aborted(fmt::format("producer rank {} sent chunk ({}) twice",
-                                       item.chunk.rank, ChunkIdText(item.id)));
+    return Status::Aborted(
+        fmt::format("{} sent chunk ({}) twice", who, ChunkIdText(item.id)));
   }
-  out->bytes.assign(item.chunk.chunk.begin(), item.chunk.chunk.end());
-  auto h = PeekChunkHeader(out->bytes);
-  out->sizes.changed = h.ok() ? h->changed : 0;
-  out->sizes.header = out->bytes.size();  // not split into sections here
   if (sign) out->sha256 = Sha256(out->bytes);
   return Status::OK();
 }

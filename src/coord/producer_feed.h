@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "coord/chunk_producer.h"
+#include "coord/part_groups.h"
 #include "coord/producer_hub.h"
 #include "dcr/checkpoint.h"
 #include "dcr/codec.h"
@@ -80,11 +81,16 @@ class ProducerFeed {
   // PRODUCER_GO to every producer.
   void Go(const ProducerGoMsg& go, uint64_t window);
 
-  // The stream's job: fetches the producers' chunks in batches, applies
-  // each to root.baseline on the pool (Apply) and hands the chunk on
-  // unchanged (`out->bytes`, hashed when `sign`). A part of another rank,
-  // a chunk that is not an XOR part, or one sent twice fails the stream.
-  // `idle`: a producer silent for this long fails it too.
+  // The stream's job: fetches the producers' chunks in batches, groups the
+  // parts of a span that several ranks change (PartGroups: held until no
+  // rank holding elements of the span can send another, at most the
+  // plan's chunk window of them), applies each item to root.baseline on
+  // the pool (Apply) and hands it on (`out->bytes`, hashed when `sign`):
+  // a rank's part unchanged, a group as one whole-span XOR chunk
+  // (ComposeParts). A part of another rank, a chunk that is not an XOR
+  // part, one sent twice or out of its rank's ascending order, or one of
+  // a span the rank holds no element of fails the stream. `idle`: a
+  // producer silent for this long fails it too.
   ChunkJob Job(std::chrono::milliseconds idle, bool sign, size_t workers);
   const ChunkId& id(size_t i) const;
 
@@ -98,6 +104,14 @@ class ProducerFeed {
   Status StillThere() const { return hub_->Failure(); }
   // Elements the producers changed (their PRODUCER_DONEs).
   uint64_t changed_elements() const { return changed_; }
+  // Of the last stream: spans sent as one chunk composed of two or more
+  // ranks' parts, and those parts.
+  uint64_t grouped_spans() const {
+    return groups_ ? groups_->grouped_spans() : 0;
+  }
+  uint64_t grouped_parts() const {
+    return groups_ ? groups_->grouped_parts() : 0;
+  }
 
   // root.baseline records the target (after the decision, once the COMMIT
   // reached someone) or restores its base.
@@ -111,10 +125,9 @@ class ProducerFeed {
               const Version& target, const std::string& reason);
 
  private:
-  struct Item {
-    ProducerChunk chunk;
-    ChunkId id;
-  };
+  // One chunk of the stream: a rank's part, or the parts of a span that
+  // go as one chunk (id: the span's part 0).
+  using Item = PartGroups::Group;
   Result<size_t> Fetch(size_t max, std::chrono::milliseconds idle);
   // A rank to be sent root.baseline's bits of its shards.
   struct Pending {
@@ -138,7 +151,10 @@ class ProducerFeed {
   uint64_t step_ = 0;
   uint64_t changed_ = 0;
   std::unique_ptr<RefitSession> session_;
+  std::unique_ptr<PartGroups> groups_;  // Begin on
+  std::vector<Item> ready_;  // released by groups_, not yet in a batch
   std::vector<std::unique_ptr<ChunkDecoder>> decoders_;
+  std::vector<std::unique_ptr<ChunkEncoder>> encoders_;
   // The batch being encoded: items [batch_begin_, batch_begin_ + size).
   std::vector<Item> batch_;
   size_t batch_begin_ = 0;

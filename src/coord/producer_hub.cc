@@ -396,6 +396,7 @@ Result<std::vector<ProducerHub::Impl::Joined>> ProducerHub::Impl::Gather(
     ++gathers_;
     refit_.clear();
     queue_.clear();
+    ended_.clear();
     queued_bytes_ = 0;
     failure_.clear();
     for (;;) {
@@ -477,9 +478,25 @@ void ProducerHub::Impl::ResumeIfRoom() {
   }
 }
 
+void ProducerHub::Impl::ReportEnded(std::vector<uint32_t>* ended) {
+  if (ended == nullptr) return;
+  for (const auto& [r, id] : refit_) {
+    const uint32_t rank = r;  // (a lambda cannot capture a binding in clang)
+    if (peers_.at(id).state != State::kDone || ended_.contains(rank)) continue;
+    const bool queued =
+        std::any_of(queue_.begin(), queue_.end(),
+                    [&](const ProducerChunk& c) { return c.rank == rank; });
+    if (queued) continue;
+    ended_.insert(rank);
+    ended->push_back(rank);
+  }
+}
+
 Status ProducerHub::Impl::Fetch(size_t max, std::chrono::milliseconds idle,
-                                std::vector<ProducerChunk>* out) {
+                                std::vector<ProducerChunk>* out,
+                                std::vector<uint32_t>* ended) {
   out->clear();
+  if (ended != nullptr) ended->clear();
   MutexLock lock(&mu_);
   for (;;) {
     if (!failure_.empty()) return Status::Aborted(failure_);
@@ -490,8 +507,10 @@ Status ProducerHub::Impl::Fetch(size_t max, std::chrono::milliseconds idle,
         queue_.pop_front();
       }
       ResumeIfRoom();
+      ReportEnded(ended);
       return Status::OK();
     }
+    ReportEnded(ended);
     // Nothing queued: every link is being read.
     ResumeIfRoom();
     Clock::time_point wake = Clock::time_point::max();
@@ -558,6 +577,7 @@ void ProducerHub::Impl::Decide(const ProducerDecisionMsg& decision) {
   }
   refit_.clear();
   queue_.clear();
+  ended_.clear();
   queued_bytes_ = 0;
 }
 

@@ -86,9 +86,12 @@ class ProducerHub::Impl {
   // for at least one while some producer has not sent PRODUCER_DONE. Empty
   // with OK: every producer is done. Aborted when a producer left, sent
   // something out of turn, or stayed silent for `idle` (the message names
-  // its rank and peer).
+  // its rank and peer). `ended`, if given, gets the ranks that sent
+  // PRODUCER_DONE and whose every chunk this or an earlier Fetch returned,
+  // each once per refit.
   Status Fetch(size_t max, std::chrono::milliseconds idle,
-               std::vector<ProducerChunk>* out) DCR_EXCLUDES(mu_);
+               std::vector<ProducerChunk>* out,
+               std::vector<uint32_t>* ended = nullptr) DCR_EXCLUDES(mu_);
   // Makes a Fetch that waits (now or later in this refit) return Aborted
   // with `why`. Any thread.
   void Cancel(const std::string& why) DCR_EXCLUDES(mu_);
@@ -130,6 +133,9 @@ class ProducerHub::Impl {
   void Refuse(Link& link, const std::string& why);
   // Whether the gathered producers' links may be read again.
   void ResumeIfRoom() DCR_REQUIRES(mu_);
+  // Appends to `ended` the ranks done with nothing left in queue_ that
+  // were not reported yet.
+  void ReportEnded(std::vector<uint32_t>* ended) DCR_REQUIRES(mu_);
   // The refit failed: `why`, unless it failed already.
   void Fail(const std::string& why) DCR_REQUIRES(mu_);
   std::vector<uint32_t> MissingRanks() const DCR_REQUIRES(mu_);
@@ -149,6 +155,7 @@ class ProducerHub::Impl {
   std::map<uint32_t, uint64_t> refit_ DCR_GUARDED_BY(mu_);
   uint64_t window_ DCR_GUARDED_BY(mu_) = 0;
   std::deque<ProducerChunk> queue_ DCR_GUARDED_BY(mu_);
+  std::set<uint32_t> ended_ DCR_GUARDED_BY(mu_);  // reported by Fetch
   uint64_t queued_bytes_ DCR_GUARDED_BY(mu_) = 0;
   std::string failure_ DCR_GUARDED_BY(mu_);
   bool stopped_ DCR_GUARDED_BY(mu_) = false;

@@ -232,10 +232,11 @@ Status RefitRun::StreamProducers() {
   report_.changed_elements = producers_->changed_elements();
   spdlog::info(
       "target step {} is {} (from {} producers' digest parts): {} chunks, "
-      "{:.1f} MB",
+      "{:.1f} MB; {} spans sent as one chunk of {} parts",
       report_.target.step, report_.target.digest.ShortHex(),
       producers_->ranks(), report_.chunks,
-      static_cast<double>(report_.payload_bytes) / 1e6);
+      static_cast<double>(report_.payload_bytes) / 1e6,
+      producers_->grouped_spans(), producers_->grouped_parts());
   root_->ReportProgress();
   return Status::OK();
 }

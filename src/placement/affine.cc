@@ -221,6 +221,14 @@ PieceMap::PieceMap(const AffinePiece& p, const Shape& canonical_shape)
   for (size_t d = 0; d < dims_; ++d) ascending_ &= axis_[d] == d;
 }
 
+uint64_t PieceMap::last() const {
+  // Every step is at least 1 and every stride positive: the box's last
+  // element lands last.
+  uint64_t c = origin_;
+  for (size_t k = 0; k < dims_; ++k) c += delta_[k] * (extent_[k] - 1);
+  return c;
+}
+
 bool PieceMap::Holds(uint64_t s) const {
   if (dims_ == 0) return s == 0;  // a scalar
   if (s / shard_stride_[0] >= shard_shape_[0]) return false;

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/failpoint.h"
 #include "protocol/refit_manifest.h"
@@ -184,10 +185,16 @@ Status RelayRefit::Vote() {
       vote.detail = std::string(manifest.message());
       vote.chunks_applied = tracker_->applied();
     } else {
+      const auto t0 = std::chrono::steady_clock::now();
       vote = session_->Vote(*end_, env_->hash_pool);
       const RefitSession::HashCounts hc = session_->hash_counts();
-      spdlog::debug("{}: vote hashed {} tensors; {} were hashed ahead",
-                    env_->node, hc.at_vote, hc.ahead);
+      // The time includes making a yes vote durable (a journal sync).
+      spdlog::debug(
+          "{}: vote in {:.3f} s: hashed {} tensors; {} were hashed ahead",
+          env_->node,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count(),
+          hc.at_vote, hc.ahead);
       // The bits decide: a chunk that failed (checksum, bounds) left its
       // span as it was, which the digests show, and a repair round
       // overwrites it.

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <future>
 #include <memory>
 #include <string>
@@ -165,6 +166,21 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
     EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), want);
   }
 
+  // Canonical spans (of the fixture's 4096 elements) that step v changes.
+  uint64_t ChangedSpans(int v) const {
+    uint64_t n = 0;
+    for (const LayoutTensor& t : layout_.tensors) {
+      const auto& a = canonical_[v - 1].at(t.name);
+      const auto& b = canonical_[v].at(t.name);
+      const size_t span = 4096 * DTypeSize(t.dtype);
+      for (size_t at = 0; at < a.size(); at += span) {
+        const size_t end = std::min(a.size(), at + span);
+        n += !std::equal(a.begin() + at, a.begin() + end, b.begin() + at);
+      }
+    }
+    return n;
+  }
+
   // The baseline `memory` holds for rank `rank` is version `v`'s shards.
   void ExpectMemoryAt(HostShardMemory* memory, uint32_t rank, int v) {
     for (const auto& [name, bytes] : shards_[v][rank]) {
@@ -195,6 +211,14 @@ TEST_F(ProducerMemoryTreeTest, MemoriesChangesCommitEveryStore) {
     RefitReport report = Step(v, &d);
     EXPECT_EQ(report.outcome, RefitOutcome::kCommitted) << "v" << v;
     EXPECT_EQ(report.producers, 2u);
+    // The parts of a span both ranks change went down as one chunk: the
+    // tree got one per changed span, as from a canonical checkpoint.
+    EXPECT_EQ(report.chunks, ChangedSpans(v)) << "v" << v;
+    uint64_t parts = 0;
+    for (uint32_t r = 0; r < 2; ++r) {
+      parts += d[r].ok() ? d[r]->chunks : 0;
+    }
+    EXPECT_GT(parts, report.chunks) << "v" << v;
     for (uint32_t r = 0; r < 2; ++r) {
       ASSERT_TRUE(d[r].ok()) << d[r].status().ToString();
       EXPECT_EQ(d[r]->outcome, ProducerOutcome::kCommitted) << d[r]->reason;

@@ -1,7 +1,8 @@
 // Affine pieces (dcr/placement.h): tilings built at random (grid splits,
 // shards larger than their box, transposes, interleaves) must pass the
 // tiling check and map both ways as bijections; projected changes of all
-// ranks must be exactly the canonical changed set; overlaps, gaps and
+// ranks must be exactly the canonical changed set, and each piece's
+// first() and last() bound its images; overlaps, gaps and
 // malformed pieces are refused with the tensor and ranks named.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -45,19 +46,27 @@ TEST(AffineTest, RandomTilingsAreBijections) {
       }
       EXPECT_EQ(found, 1) << "canonical element " << c;
     }
-    // Every shard element of a box lands inside the tensor, and back.
+    // Every shard element of a box lands inside the tensor, and back; the
+    // images' least and greatest positions are first() and last().
     for (size_t i = 0; i < pieces.size(); ++i) {
       uint64_t held = 0;
+      uint64_t lo = ~uint64_t{0}, hi = 0;
       for (uint64_t s = 0; s < Volume(pieces[i].shard_shape); ++s) {
         if (!maps[i].Holds(s)) continue;
         ++held;
         const uint64_t c = maps[i].ToCanonical(s);
+        lo = std::min(lo, c);
+        hi = std::max(hi, c);
         ASSERT_LT(c, Volume(shape));
         uint64_t back;
         ASSERT_TRUE(maps[i].ToShard(c, &back));
         EXPECT_EQ(back, s);
       }
       EXPECT_EQ(held, maps[i].elements());
+      if (held != 0) {
+        EXPECT_EQ(maps[i].first(), lo) << "piece " << i;
+        EXPECT_EQ(maps[i].last(), hi) << "piece " << i;
+      }
     }
   }
 }

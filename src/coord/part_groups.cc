@@ -1,0 +1,180 @@
+#include "coord/part_groups.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <queue>
+#include <tuple>
+
+#include "dcr/placement.h"
+#include "dcr/shard_delta.h"
+
+namespace dcr {
+
+PartGroups::PartGroups(const Layout& layout, uint64_t span_elems,
+                       uint64_t cap_bytes)
+    : reach_(layout.tensors.size()), cap_bytes_(cap_bytes) {
+  for (size_t t = 0; t < layout.tensors.size(); ++t) {
+    const LayoutTensor& lt = layout.tensors[t];
+    for (const AffinePiece& p : lt.pieces) {
+      const PieceMap m(p, lt.shape);
+      if (m.elements() == 0) continue;
+      reach_[t].push_back(
+          Reach{p.rank, m.first() / span_elems, m.last() / span_elems});
+    }
+  }
+}
+
+Status PartGroups::Add(ProducerChunk chunk, const ChunkId& id) {
+  const uint32_t rank = chunk.rank;
+  const SpanKey key{id.tensor, id.span};
+  auto last = last_.find(rank);
+  if (last != last_.end() && !(last->second < key)) {
+    return Status::InvalidArgument(fmt::format(
+        "producer rank {} sent chunk ({}) after a chunk of tensor {} span {}: "
+        "each producer's chunks ascend",
+        rank, ChunkIdText(id), last->second.first, last->second.second));
+  }
+  bool holds = false;
+  if (id.tensor < reach_.size()) {
+    for (const Reach& r : reach_[id.tensor]) {
+      holds |= r.rank == rank && r.first <= id.span && id.span <= r.last;
+    }
+  }
+  if (!holds) {
+    return Status::InvalidArgument(fmt::format(
+        "producer rank {} sent chunk ({}), a span where the layout gives it "
+        "no element",
+        rank, ChunkIdText(id)));
+  }
+  last_[rank] = key;
+  if (alone_.contains(key)) {
+    loose_.push_back(Group{id, {}});
+    loose_.back().parts.push_back(std::move(chunk));
+    return Status::OK();
+  }
+  held_bytes_ += chunk.chunk.size();
+  held_[key].push_back(std::move(chunk));
+  return Status::OK();
+}
+
+void PartGroups::Ended(uint32_t rank) { ended_.insert(rank); }
+
+bool PartGroups::Complete(const SpanKey& key,
+                          const std::vector<ProducerChunk>& parts) const {
+  for (const Reach& r : reach_[key.first]) {
+    if (key.second < r.first || key.second > r.last) continue;
+    if (ended_.contains(r.rank)) continue;
+    auto last = last_.find(r.rank);
+    if (last != last_.end() && key < last->second) continue;
+    const bool sent =
+        std::any_of(parts.begin(), parts.end(),
+                    [&](const ProducerChunk& c) { return c.rank == r.rank; });
+    if (!sent) return false;
+  }
+  return true;
+}
+
+void PartGroups::Release(std::vector<ProducerChunk> parts, const SpanKey& key,
+                         std::vector<Group>* out) {
+  for (const ProducerChunk& c : parts) held_bytes_ -= c.chunk.size();
+  if (parts.size() == 1) {
+    const uint16_t part = PartOf(parts[0].rank);
+    out->push_back(Group{ChunkId{key.first, key.second, part}, {}});
+    out->back().parts = std::move(parts);
+    return;
+  }
+  std::sort(parts.begin(), parts.end(),
+            [](const ProducerChunk& a, const ProducerChunk& b) {
+              return a.rank < b.rank;
+            });
+  ++grouped_spans_;
+  grouped_parts_ += parts.size();
+  out->push_back(Group{ChunkId{key.first, key.second, 0}, std::move(parts)});
+}
+
+void PartGroups::Take(std::vector<Group>* out) {
+  for (Group& g : loose_) out->push_back(std::move(g));
+  loose_.clear();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (!Complete(it->first, it->second)) {
+      ++it;
+      continue;
+    }
+    Release(std::move(it->second), it->first, out);
+    it = held_.erase(it);
+  }
+  while (held_bytes_ > cap_bytes_ && !held_.empty()) {
+    auto it = held_.begin();
+    alone_.insert(it->first);
+    for (ProducerChunk& c : it->second) {
+      std::vector<ProducerChunk> one;
+      one.push_back(std::move(c));
+      Release(std::move(one), it->first, out);
+    }
+    held_.erase(it);
+  }
+}
+
+void PartGroups::Flush(std::vector<Group>* out) {
+  for (Group& g : loose_) out->push_back(std::move(g));
+  loose_.clear();
+  for (auto& [key, parts] : held_) Release(std::move(parts), key, out);
+  held_.clear();
+}
+
+Status ComposeParts(const ChunkId& id,
+                    std::span<const std::span<const std::byte>> parts,
+                    ChunkDecoder* decoder, ChunkEncoder* encoder,
+                    std::vector<std::byte>* out, ChunkSizes* sizes) {
+  if (parts.empty()) return Status::InvalidArgument("no part to compose");
+  std::vector<DecodedChunk> d(parts.size());
+  size_t total = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    DCR_RETURN_IF_ERROR(decoder->Decode(parts[k], &d[k]));
+    const ChunkHeader& h = d[k].header;
+    if (h.id.tensor != id.tensor || h.id.span != id.span ||
+        h.kind != ChunkKind::kXor || h.encoding != ChunkEncoding::kSparse ||
+        h.elem_size != d[0].header.elem_size ||
+        h.span_elems != d[0].header.span_elems) {
+      return Status::Corruption(fmt::format(
+          "chunk ({}) cannot join the parts of tensor {} span {}: each must "
+          "be a sparse XOR part of that span, of one element size and length",
+          ChunkIdText(h.id), id.tensor, id.span));
+    }
+    total += d[k].positions.size();
+  }
+  const size_t w = d[0].header.elem_size;
+  std::vector<uint32_t> positions;
+  std::vector<std::byte> values;
+  positions.reserve(total);
+  values.resize(total * w);
+  // Merge the parts' ascending positions: (position, part, index).
+  using Head = std::tuple<uint32_t, size_t, size_t>;
+  std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
+  for (size_t k = 0; k < d.size(); ++k) {
+    if (!d[k].positions.empty()) heads.emplace(d[k].positions[0], k, 0);
+  }
+  while (!heads.empty()) {
+    auto [pos, k, i] = heads.top();
+    heads.pop();
+    if (!positions.empty() && positions.back() == pos) {
+      return Status::Corruption(fmt::format(
+          "two producers' parts of tensor {} span {} change element {}",
+          id.tensor, id.span, pos));
+    }
+    std::memcpy(values.data() + positions.size() * w,
+                d[k].values.data() + i * w, w);
+    positions.push_back(pos);
+    if (i + 1 < d[k].positions.size()) {
+      heads.emplace(d[k].positions[i + 1], k, i + 1);
+    }
+  }
+  return encoder->EncodeChanges(ChunkKind::kXor, ChunkId{id.tensor, id.span, 0},
+                                w, d[0].header.span_elems, positions, values,
+                                out, sizes);
+}
+
+}  // namespace dcr

@@ -1,0 +1,105 @@
+// The parts of one span that several producers change, gathered so that
+// the tree gets them as one chunk (docs/design/producer-stream.md
+// §"Parts that share a span").
+//
+// In a producers' refit every rank streams its own changes as parts of
+// canonical spans, each rank in ascending (tensor, span) order. Where
+// ranks' elements interleave within a span (the columns of a row-parallel
+// split, a fused QKV, a padded vocabulary), each part rewrites the span
+// at every store: R parts cost R reads and writes of it, at root.baseline
+// and at every relay, and R journal records. PartGroups holds the parts
+// of a span until no rank holding elements of it can send another (its
+// stream moved past the span, or it ended), then releases them together;
+// ProducerFeed codes a group of two or more as one whole-span chunk
+// (ComposeParts).
+//
+// A span is released when every rank whose pieces (Layout) reach into it
+// has sent its part of it, sent a chunk of a later span, or ended. A rank
+// that holds no element of the span (by its pieces' bounds) is not waited
+// for. What is held is bounded: past `cap_bytes`, the held spans are
+// released from the lowest id up, each part on its own, and later parts
+// of those spans pass through on their own too (a whole-span chunk must
+// not follow parts of its span: they conflict at the receivers).
+//
+// Thread safety: none (the feed's fetch thread).
+#ifndef DCR_COORD_PART_GROUPS_H_
+#define DCR_COORD_PART_GROUPS_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "coord/producer_hub.h"
+#include "dcr/codec.h"
+#include "dcr/layout.h"
+#include "dcr/status.h"
+
+namespace dcr {
+
+class PartGroups {
+ public:
+  // One item of the stream: a rank's part as it came (`id` is its own), or
+  // the parts of one span from two or more ranks in rank order (`id` is the
+  // span's part 0).
+  struct Group {
+    ChunkId id;
+    std::vector<ProducerChunk> parts;
+  };
+
+  PartGroups(const Layout& layout, uint64_t span_elems, uint64_t cap_bytes);
+
+  // Rank `chunk.rank`'s part `id` (id.part is the rank's, checked by the
+  // caller). InvalidArgument when the rank's chunks do not ascend, or the
+  // span holds no element of the rank's pieces.
+  Status Add(ProducerChunk chunk, const ChunkId& id);
+  // Rank `rank` sent its last chunk.
+  void Ended(uint32_t rank);
+  // Appends the parts that pass through alone, the groups that are
+  // complete, and past the cap the lowest held spans' parts one by one.
+  void Take(std::vector<Group>* out);
+  // Appends everything held (every rank ended).
+  void Flush(std::vector<Group>* out);
+
+  uint64_t held_bytes() const { return held_bytes_; }
+  // Spans released as one group of two or more parts, and those parts.
+  uint64_t grouped_spans() const { return grouped_spans_; }
+  uint64_t grouped_parts() const { return grouped_parts_; }
+
+ private:
+  using SpanKey = std::pair<uint32_t, uint32_t>;  // (tensor, span)
+  // A rank's piece of a tensor reaches spans [first, last].
+  struct Reach {
+    uint32_t rank = 0;
+    uint64_t first = 0, last = 0;
+  };
+  bool Complete(const SpanKey& key,
+                const std::vector<ProducerChunk>& parts) const;
+  void Release(std::vector<ProducerChunk> parts, const SpanKey& key,
+               std::vector<Group>* out);
+
+  std::vector<std::vector<Reach>> reach_;  // per tensor
+  uint64_t cap_bytes_;
+  std::map<SpanKey, std::vector<ProducerChunk>> held_;
+  uint64_t held_bytes_ = 0;
+  std::set<SpanKey> alone_;           // spans whose parts go out one by one
+  std::vector<Group> loose_;          // their parts since the last Take
+  std::map<uint32_t, SpanKey> last_;  // each rank's last span sent
+  std::set<uint32_t> ended_;
+  uint64_t grouped_spans_ = 0, grouped_parts_ = 0;
+};
+
+// The whole-span XOR chunk (part 0) carrying every change of `parts`,
+// sparse XOR parts of span `id` (decoded with `decoder`, coded with
+// `encoder`), appended to `out`. Corruption when a part does not decode,
+// the parts disagree on the span's shape, or two parts change one element.
+Status ComposeParts(const ChunkId& id,
+                    std::span<const std::span<const std::byte>> parts,
+                    ChunkDecoder* decoder, ChunkEncoder* encoder,
+                    std::vector<std::byte>* out, ChunkSizes* sizes);
+
+}  // namespace dcr
+
+#endif  // DCR_COORD_PART_GROUPS_H_
