@@ -144,12 +144,15 @@ links:
             if os.path.exists(ready):
                 os.remove(ready)
             relays.append(subprocess.Popen(
-                [relay, "--topology", topo, "--node", n, "--ready-file", ready],
+                [relay, "--topology", topo, "--node", n, "--ready-file", ready] + (["-v"] if os.environ.get("DCR_BENCH_VERBOSE") else []),
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, n + ".log"), "a")))
             for _ in range(200):
                 if os.path.exists(ready) and os.path.getsize(ready) > 0:
                     break
                 time.sleep(0.05)
+
+    def relays_cpu():
+        return sum(proc_cpu(p.pid) for p in relays)
 
     def stop_relays():
         for p in relays:
@@ -175,7 +178,9 @@ links:
         reset()
         start_relays()
         canonical_refit(v1)
+        before = relays_cpu()
         r = canonical_refit(v2)
+        r["relays_cpu_seconds"] = relays_cpu() - before
         stop_relays()
         verify()
         return r
@@ -184,7 +189,8 @@ links:
         reset()
         start_relays()
         coord = subprocess.Popen(
-            [dcr, "refit", "--topology", topo, "--producers", "8", "--layout", layout,
+            [dcr] + (["-v"] if os.environ.get("DCR_BENCH_VERBOSE") else [])
+            + ["refit", "--topology", topo, "--producers", "8", "--layout", layout,
              "--listen", f"127.0.0.1:{coord_port}", "--refits", "2",
              "--progress", "never", "-o", "json"],
             stdout=subprocess.PIPE, stderr=open(os.path.join(d, "coord.log"), "w"),
@@ -207,6 +213,7 @@ links:
         # had used when it reported the first.
         first = coord.stdout.readline()
         cpu_first = proc_cpu(coord.pid)
+        relays_first = relays_cpu()
         perf = None
         if a.perf:
             # The coordinator's profile over the measured refit.
@@ -224,18 +231,19 @@ links:
         # line) and each producer's second step.
         rep = json.loads(out.splitlines()[-1])
         wall = max(o["refit_seconds"] for o in outs)
+        relays_used = relays_cpu() - relays_first
         stop_relays()
         if coord.returncode != 0 or any(o["outcome"] != "committed" for o in outs):
             sys.exit(f"producers' refit failed: {rep.get('reason')}, {outs}")
         verify()
         return {"wall_seconds": wall, "report": rep, "producers": outs,
-                "root_cpu_seconds": root_cpu}
+                "root_cpu_seconds": root_cpu, "relays_cpu_seconds": relays_used}
 
     runs = {"canonical": [], "producers": []}
     if a.only:
         # One kind of refit once (profiling): no table, no JSON.
         r = canonical() if a.only == "canonical" else producers()
-        print(json.dumps(r["report"]["seconds"]))
+        print(json.dumps({"seconds": r["report"]["seconds"], "root_cpu": r["root_cpu_seconds"], "relays_cpu": r["relays_cpu_seconds"]}))
         return
     for _ in range(a.rounds):
         runs["canonical"].append(canonical())
@@ -276,8 +284,11 @@ links:
     p_cpu = median([r["root_cpu_seconds"] for r in runs["producers"]])
     prod_cpu = median([sum(o["refit_cpu_seconds"] for o in r["producers"])
                        for r in runs["producers"]])
+    c_rel = median([r["relays_cpu_seconds"] for r in runs["canonical"]])
+    p_rel = median([r["relays_cpu_seconds"] for r in runs["producers"]])
     print(f"CPU seconds: the root {c_cpu:.2f} (canonical) vs {p_cpu:.2f} "
-          f"(producers); the 8 producers' refits together {prod_cpu:.2f}")
+          f"(producers); the 8 producers' refits together {prod_cpu:.2f}; "
+          f"the two relays {c_rel:.2f} vs {p_rel:.2f}")
     print(f"{'rank':>4}{'shard MB':>10}{'mapped MB':>11}{'library MB':>12}"
           f"{'peak RSS MB':>13}{'diff s':>8}{'refit s':>9}")
     for o in last:
@@ -299,6 +310,8 @@ links:
                    "canonical_root_cpu_seconds": c_cpu,
                    "producers_root_cpu_seconds": p_cpu,
                    "producers_cpu_seconds": prod_cpu,
+                   "canonical_relays_cpu_seconds": c_rel,
+                   "producers_relays_cpu_seconds": p_rel,
                    "runs": runs, "scaling": scaling}, f, indent=1)
     print(f"wrote {a.out}")
 

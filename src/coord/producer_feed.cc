@@ -315,12 +315,14 @@ const ChunkId& ProducerFeed::id(size_t i) const {
 Status ProducerFeed::Apply(size_t i, size_t worker, bool sign,
                            EncodedChunk* out) {
   const Item& item = batch_[i - batch_begin_];
-  std::string ranks;
-  for (const ProducerChunk& c : item.parts) {
-    ranks += (ranks.empty() ? "" : ", ") + std::to_string(c.rank);
-  }
-  const std::string who = fmt::format("producer rank{} {}",
-                                      item.parts.size() > 1 ? "s" : "", ranks);
+  auto who = [&item] {  // for messages
+    std::string ranks;
+    for (const ProducerChunk& c : item.parts) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(c.rank);
+    }
+    return fmt::format("producer rank{} {}", item.parts.size() > 1 ? "s" : "",
+                       ranks);
+  };
   if (item.parts.size() == 1) {
     const std::span<const std::byte> chunk = item.parts[0].chunk;
     out->bytes.assign(chunk.begin(), chunk.end());
@@ -333,17 +335,17 @@ Status ProducerFeed::Apply(size_t i, size_t worker, bool sign,
     Status s = ComposeParts(item.id, parts, decoders_[worker].get(),
                             encoders_[worker].get(), &out->bytes, &out->sizes);
     if (!s.ok()) {
-      return Status::Aborted(fmt::format("{}: {}", who, s.ToString()));
+      return Status::Aborted(fmt::format("{}: {}", who(), s.ToString()));
     }
   }
   auto applied = session_->Apply(out->bytes, decoders_[worker].get());
   if (!applied.ok()) {
     return Status::Aborted(
-        fmt::format("{}: {}", who, applied.status().ToString()));
+        fmt::format("{}: {}", who(), applied.status().ToString()));
   }
   if (*applied == RefitSession::ApplyOutcome::kDuplicate) {
     return Status::Aborted(
-        fmt::format("{} sent chunk ({}) twice", who, ChunkIdText(item.id)));
+        fmt::format("{} sent chunk ({}) twice", who(), ChunkIdText(item.id)));
   }
   if (sign) out->sha256 = Sha256(out->bytes);
   return Status::OK();
