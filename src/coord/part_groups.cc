@@ -45,8 +45,8 @@ Status PartGroups::Add(ProducerChunk chunk, const ChunkId& id) {
   }
   if (!holds) {
     return Status::InvalidArgument(fmt::format(
-        "producer rank {} sent chunk ({}), a span where the layout gives it "
-        "no element",
+        "producer rank {} sent chunk ({}), a span its pieces in the layout "
+        "do not reach",
         rank, ChunkIdText(id)));
   }
   last_[rank] = key;

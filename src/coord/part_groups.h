@@ -53,7 +53,7 @@ class PartGroups {
 
   // Rank `chunk.rank`'s part `id` (id.part is the rank's, checked by the
   // caller). InvalidArgument when the rank's chunks do not ascend, or the
-  // span holds no element of the rank's pieces.
+  // span lies outside the bounds of the rank's pieces of the tensor.
   Status Add(ProducerChunk chunk, const ChunkId& id);
   // Rank `rank` sent its last chunk.
   void Ended(uint32_t rank);

@@ -89,7 +89,7 @@ class ProducerFeed {
   // a rank's part unchanged, a group as one whole-span XOR chunk
   // (ComposeParts). A part of another rank, a chunk that is not an XOR
   // part, one sent twice or out of its rank's ascending order, or one of
-  // a span the rank holds no element of fails the stream. `idle`: a
+  // a span outside the rank's pieces fails the stream. `idle`: a
   // producer silent for this long fails it too.
   ChunkJob Job(std::chrono::milliseconds idle, bool sign, size_t workers);
   const ChunkId& id(size_t i) const;

@@ -511,6 +511,9 @@ Status ProducerHub::Impl::Fetch(size_t max, std::chrono::milliseconds idle,
       return Status::OK();
     }
     ReportEnded(ended);
+    // A rank that ended is news by itself: what waited on it may go while
+    // the others stream.
+    if (ended != nullptr && !ended->empty()) return Status::OK();
     // Nothing queued: every link is being read.
     ResumeIfRoom();
     Clock::time_point wake = Clock::time_point::max();

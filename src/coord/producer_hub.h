@@ -88,7 +88,9 @@ class ProducerHub::Impl {
   // something out of turn, or stayed silent for `idle` (the message names
   // its rank and peer). `ended`, if given, gets the ranks that sent
   // PRODUCER_DONE and whose every chunk this or an earlier Fetch returned,
-  // each once per refit.
+  // each once per refit; with `ended`, a Fetch also returns (no chunk) as
+  // soon as a rank ends, and "every producer is done" is an empty `out`
+  // and an empty `ended`.
   Status Fetch(size_t max, std::chrono::milliseconds idle,
                std::vector<ProducerChunk>* out,
                std::vector<uint32_t>* ended = nullptr) DCR_EXCLUDES(mu_);

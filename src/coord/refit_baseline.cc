@@ -25,8 +25,9 @@ Status RefitRun::AdvanceBaselineAndHistory(
   Status b;
   std::thread baseline([&] {
     if (!whole_tree || !setup_.target) return;
-    // A producers' refit applied every part to root.baseline as it
-    // streamed: its session commits below.
+    // A producers' refit applied every chunk it sent (parts, and spans
+    // composed of parts) to root.baseline as it streamed: its session
+    // commits below.
     if (producers_) return;
     // Written while streaming: nothing left but the record.
     if (in_stream_ && in_stream_->complete() && !copy_all_) return;

@@ -160,7 +160,7 @@ TEST(PartGroupsTest, AChunkWhereTheRankHoldsNothingIsRefused) {
     const uint32_t rank = id.part - 1;
     Status s = g.Add(Chunk(rank), id);
     EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
-    EXPECT_THAT(s.ToString(), HasSubstr("gives it no element"));
+    EXPECT_THAT(s.ToString(), HasSubstr("do not reach"));
   }
 }
 

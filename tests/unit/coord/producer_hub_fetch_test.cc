@@ -146,6 +146,52 @@ TEST(ProducerHubTest, FetchFailsWhenAProducerLeavesBeforeItIsDone) {
   EXPECT_EQ(*d, m);
 }
 
+// A rank that ended is reported once its chunks were all fetched, at once
+// while another still streams (the spans that waited on it may go), and
+// once only.
+TEST(ProducerHubTest, FetchReportsARankThatEndedWhileAnotherStreams) {
+  auto hub = Listen();
+  ASSERT_TRUE(hub);
+  Client c0(hub->port()), c1(hub->port());
+  ASSERT_TRUE(c0.connected() && c1.connected());
+  ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
+  hub->impl().Go(SampleGo(), 1 << 20);
+  ASSERT_TRUE(c0.Go().ok());
+  ASSERT_TRUE(c1.Go().ok());
+  c1.SendChunk(1, 0);
+  c0.SendChunk(0, 0);
+  c0.SendChunk(0, 1);
+  c0.SendDone(hub->layout(), 2);
+  std::vector<ProducerChunk> out;
+  std::vector<uint32_t> ended;
+  std::map<uint32_t, int> got;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (ended.empty()) {
+    // Rank 1 stays silent meanwhile: an idle limit of kLong would fail the
+    // test only if the hub waited for it.
+    ASSERT_TRUE(hub->impl().Fetch(1, kLong, &out, &ended).ok());
+    for (const ProducerChunk& c : out) ++got[c.rank];
+    if (!ended.empty()) {
+      // Reported with its last chunk or after it, never before.
+      EXPECT_EQ(ended, std::vector<uint32_t>{0});
+      EXPECT_EQ(got[0], 2);
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kLong / 2);
+  c1.SendChunk(1, 1);
+  c1.SendDone(hub->layout(), 2);
+  std::vector<uint32_t> later;
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(hub->impl().Fetch(4, kLong, &out, &ended).ok());
+    for (const ProducerChunk& c : out) ++got[c.rank];
+    later.insert(later.end(), ended.begin(), ended.end());
+    if (out.empty() && ended.empty()) break;  // every producer is done
+  }
+  EXPECT_EQ(later, std::vector<uint32_t>{1});
+  EXPECT_EQ(got[0], 2);
+  EXPECT_EQ(got[1], 2);
+}
+
 TEST(ProducerHubTest, FetchFailsWhenAProducerStaysSilent) {
   auto hub = Listen();
   ASSERT_TRUE(hub);
