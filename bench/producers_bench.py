@@ -23,6 +23,7 @@ throughput per core with 1, 2, 4 and 8 producers diffing at once
 
 Usage: bench/producers_bench.py [--build build] [--dir D] [--rounds N]
        bench/producers_bench.py --only producers [--perf FILE]  (profiling)
+       DCR_BENCH_VERBOSE=1 bench/producers_bench.py ...  (debug logs in --dir)
 Writes bench/results/producers.json.
 """
 import argparse
@@ -35,6 +36,11 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# DCR_BENCH_VERBOSE=1: the relays and the coordinator log debug detail
+# (into DIR/a.log, b.log, coord.log).
+VERBOSE = ["-v"] if os.environ.get("DCR_BENCH_VERBOSE") else []
 
 
 def free_port():
@@ -144,7 +150,7 @@ links:
             if os.path.exists(ready):
                 os.remove(ready)
             relays.append(subprocess.Popen(
-                [relay, "--topology", topo, "--node", n, "--ready-file", ready] + (["-v"] if os.environ.get("DCR_BENCH_VERBOSE") else []),
+                [relay, "--topology", topo, "--node", n, "--ready-file", ready] + VERBOSE,
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, n + ".log"), "a")))
             for _ in range(200):
                 if os.path.exists(ready) and os.path.getsize(ready) > 0:
@@ -189,7 +195,7 @@ links:
         reset()
         start_relays()
         coord = subprocess.Popen(
-            [dcr] + (["-v"] if os.environ.get("DCR_BENCH_VERBOSE") else [])
+            [dcr] + VERBOSE
             + ["refit", "--topology", topo, "--producers", "8", "--layout", layout,
              "--listen", f"127.0.0.1:{coord_port}", "--refits", "2",
              "--progress", "never", "-o", "json"],

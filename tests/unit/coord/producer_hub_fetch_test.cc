@@ -49,6 +49,13 @@ Status FetchAll(ProducerHub& hub, size_t max, milliseconds idle,
   return Status::Aborted("Fetch never ended");
 }
 
+// GO to both gathered producers, which read it.
+Status GoBoth(ProducerHub& hub, Client& c0, Client& c1) {
+  hub.impl().Go(SampleGo(), 1 << 20);
+  for (Client* c : {&c0, &c1}) DCR_RETURN_IF_ERROR(c->Go().status());
+  return Status::OK();
+}
+
 std::vector<uint8_t> Iota(uint8_t n) {
   std::vector<uint8_t> v;
   for (uint8_t i = 0; i < n; ++i) v.push_back(i);
@@ -120,9 +127,7 @@ TEST(ProducerHubTest, FetchFailsWhenAProducerLeavesBeforeItIsDone) {
   Client c0(hub->port()), c1(hub->port());
   ASSERT_TRUE(c0.connected() && c1.connected());
   ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
-  hub->impl().Go(SampleGo(), 1 << 20);
-  ASSERT_TRUE(c0.Go().ok());
-  ASSERT_TRUE(c1.Go().ok());
+  ASSERT_TRUE(GoBoth(*hub, c0, c1).ok());
   c0.SendChunk(0, 0);
   c0.SendDone(hub->layout(), 1);
   c1.SendChunk(1, 0);
@@ -155,9 +160,7 @@ TEST(ProducerHubTest, FetchReportsARankThatEndedWhileAnotherStreams) {
   Client c0(hub->port()), c1(hub->port());
   ASSERT_TRUE(c0.connected() && c1.connected());
   ASSERT_TRUE(GatherBoth(*hub, c0, c1).ok());
-  hub->impl().Go(SampleGo(), 1 << 20);
-  ASSERT_TRUE(c0.Go().ok());
-  ASSERT_TRUE(c1.Go().ok());
+  ASSERT_TRUE(GoBoth(*hub, c0, c1).ok());
   c1.SendChunk(1, 0);
   c0.SendChunk(0, 0);
   c0.SendChunk(0, 1);
