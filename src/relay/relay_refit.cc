@@ -188,6 +188,11 @@ Status RelayRefit::Vote() {
       const auto t0 = std::chrono::steady_clock::now();
       vote = session_->Vote(*end_, env_->hash_pool);
       const RefitSession::HashCounts hc = session_->hash_counts();
+      if (env_->counters != nullptr) {
+        env_->counters->tensors_hashed_ahead += hc.ahead - counted_.ahead;
+        env_->counters->tensors_hashed_at_vote += hc.at_vote - counted_.at_vote;
+      }
+      counted_ = hc;
       // The time includes making a yes vote durable (a journal sync).
       spdlog::debug(
           "{}: vote in {:.3f} s: hashed {} tensors; {} were hashed ahead",

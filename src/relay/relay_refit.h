@@ -49,6 +49,7 @@
 #include "dcr/transport.h"
 #include "protocol/messages.h"
 #include "relay/apply_workers.h"
+#include "relay/relay_stats.h"
 #include "session/refit_session.h"
 #include "wire/signature.h"
 
@@ -79,6 +80,9 @@ class RelayRefit {
     // With it, a vote checks END's signed manifest against the chunks
     // applied (docs/PROTOCOL.md §"Signed refits"); null: not checked.
     const Ed25519PublicKey* signing_key = nullptr;
+    // The relay's totals: votes add the tensors they hashed (null: not
+    // counted).
+    RelayCounters* counters = nullptr;
   };
 
   // `own`: this node's PLAN result (a refusal, if any); `session` null:
@@ -157,6 +161,7 @@ class RelayRefit {
   PlanMsg plan_;
   NodeResult own_;                         // PLAN result (refusal if any)
   std::unique_ptr<RefitSession> session_;  // null: forward-only, or done
+  RefitSession::HashCounts counted_;       // added to Env::counters
   std::shared_ptr<ApplyTracker> tracker_;  // shared with in-flight jobs
   const bool applies_;                     // a session at PLAN
   RefitPhase phase_ = RefitPhase::kPlanning;

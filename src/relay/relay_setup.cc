@@ -121,8 +121,12 @@ Status Relay::Impl::Init() {
     // the store, before it touches this one's socket.
     DCR_RETURN_IF_ERROR(images_->Listen());
   }
-  env_ = RelayRefit::Env{options_.name, workers_.get(), hash_pool_.get(),
-                         decoder_.get(), options_.signing_public_key.get()};
+  env_ = RelayRefit::Env{options_.name,
+                         workers_.get(),
+                         hash_pool_.get(),
+                         decoder_.get(),
+                         options_.signing_public_key.get(),
+                         &counters_};
   inbound_ = std::make_unique<InboundLinks>(
       InboundLinks::Options{
           options_.name, options_.peer_addresses, options_.max_inbound_links,

@@ -41,6 +41,8 @@ RelayStats RelayCounters::Snapshot(const WeightStore* store,
   s.repairs_by_root = repairs_by_root;
   s.links_refused = links_refused;
   s.inbound_pauses = inbound_pauses;
+  s.tensors_hashed_ahead = tensors_hashed_ahead;
+  s.tensors_hashed_at_vote = tensors_hashed_at_vote;
   for (size_t i = 0; i < kCutReasons; ++i) s.peers_cut[i] = peers_cut[i];
   s.adoptions = adoptions_closed;
   s.resent_chunks = resent_chunks_closed;
@@ -160,6 +162,13 @@ std::string RenderRelayMetrics(const RelayStats& s, const std::string& node,
            {{"node", node}, {"result", "committed"}});
   m.Sample("dcr_relay_refits_total", s.refits_aborted,
            {{"node", node}, {"result", "aborted"}});
+  m.Family("dcr_relay_vote_tensors_hashed_total", "counter",
+           "Tensors hashed for votes: ahead of END as the stream moved past "
+           "them, or at the vote (a store's whole hash is the vote's tail)");
+  m.Sample("dcr_relay_vote_tensors_hashed_total", s.tensors_hashed_ahead,
+           {{"node", node}, {"when", "ahead"}});
+  m.Sample("dcr_relay_vote_tensors_hashed_total", s.tensors_hashed_at_vote,
+           {{"node", node}, {"when", "vote"}});
   m.Family("dcr_relay_repairs_total", "counter",
            "Stores a crash left with an unfinished refit's mix, made a "
            "version again: by the relay at start from its journal "

@@ -116,6 +116,10 @@ struct RelayStats {
   // link was paused because its frames waited (inbound_quota_bytes).
   uint64_t links_refused = 0;
   uint64_t inbound_pauses = 0;
+  // Tensors hashed for votes: ahead of END, as the stream moved past them
+  // (RefitSession "Hashing ahead"), and at the votes themselves.
+  uint64_t tensors_hashed_ahead = 0;
+  uint64_t tensors_hashed_at_vote = 0;
   // Inbound links cut off, by CutReason.
   std::array<uint64_t, kCutReasons> peers_cut{};
   // A relay with a serving process (RelayOptions::serving_socket).
@@ -137,6 +141,8 @@ struct RelayCounters {
   std::atomic<uint64_t> repairs_by_root{0};
   std::atomic<uint64_t> links_refused{0};   // transport thread
   std::atomic<uint64_t> inbound_pauses{0};  // transport thread
+  std::atomic<uint64_t> tensors_hashed_ahead{0};
+  std::atomic<uint64_t> tensors_hashed_at_vote{0};
   // By CutReason; transport and actor threads.
   std::array<std::atomic<uint64_t>, kCutReasons> peers_cut{};
   // Of refits that ended (the current one's are its Fanout's).

@@ -30,6 +30,17 @@ TEST_F(RelayTreeTest, ConsecutiveDeltaRefitsCommitEverywhere) {
     }
     EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), want);
   }
+  // Every vote has every tensor's digest: hashed ahead as the stream moved
+  // past it (and again at the vote if written since), or at the vote. The
+  // last tensor has no later one to pass it.
+  for (const auto& n : kRelays) {
+    auto s = relays_[n]->Stats();
+    EXPECT_GE(s.tensors_hashed_ahead + s.tensors_hashed_at_vote,
+              2 * infos_.size())
+        << n;
+    EXPECT_GE(s.tensors_hashed_at_vote, 2u) << n;
+    EXPECT_GT(s.tensors_hashed_ahead, 0u) << n;
+  }
   // A relay forwards each chunk once per child: a0 has children, a2 none.
   EXPECT_GT(relays_["a0"]->Stats().chunks_forwarded, 0u);
   EXPECT_EQ(relays_["a2"]->Stats().chunks_forwarded, 0u);
