@@ -252,6 +252,54 @@ TEST_F(ComposeTest, TheComposedChunkAppliesAsTheParts) {
   EXPECT_TRUE(by_parts == by_one);
 }
 
+// Any number of parts, in runs of any length (one element: a strided
+// split; none: a rank that changed nothing there): the composed chunk holds
+// exactly the union of the positions, each with its own part's mask.
+TEST_F(ComposeTest, RandomInterleavingsComposeToTheUnion) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    const uint32_t ranks = 1 + rng() % 8;
+    const uint32_t run = 1 + rng() % 64;
+    const uint32_t density = 1 + rng() % 40;
+    std::vector<std::vector<uint32_t>> pos(ranks);
+    std::map<uint32_t, uint32_t> owner;
+    for (uint32_t p = 0; p < 4096; ++p) {
+      if (rng() % density != 0) continue;
+      const uint32_t r = (p / run) % ranks;
+      pos[r].push_back(p);
+      owner[p] = r;
+    }
+    std::vector<std::vector<std::byte>> parts;
+    std::map<uint32_t, std::pair<std::byte, std::byte>> mask;
+    for (uint32_t r = 0; r < ranks; ++r) {
+      if (pos[r].empty()) continue;
+      parts.push_back(PartOfRank(r, pos[r]));
+      DecodedChunk c;
+      ASSERT_TRUE(decoder_->Decode(parts.back(), &c).ok());
+      for (size_t i = 0; i < c.positions.size(); ++i) {
+        mask[c.positions[i]] = {c.values[2 * i], c.values[2 * i + 1]};
+      }
+    }
+    if (parts.empty()) continue;
+    std::vector<std::span<const std::byte>> views(parts.begin(), parts.end());
+    std::vector<std::byte> composed;
+    ASSERT_TRUE(ComposeParts(ChunkId{3, 5, 0}, views, decoder_.get(),
+                             encoder_.get(), &composed, nullptr)
+                    .ok())
+        << round;
+    DecodedChunk c;
+    ASSERT_TRUE(decoder_->Decode(composed, &c).ok());
+    ASSERT_EQ(c.positions.size(), owner.size()) << round;
+    size_t i = 0;
+    for (const auto& [p, r] : owner) {
+      ASSERT_EQ(c.positions[i], p) << round;
+      EXPECT_EQ(c.values[2 * i], mask[p].first) << round << " at " << p;
+      EXPECT_EQ(c.values[2 * i + 1], mask[p].second) << round << " at " << p;
+      ++i;
+    }
+  }
+}
+
 TEST_F(ComposeTest, PartsThatShareAnElementOrDisagreeAreRefused) {
   const auto a = PartOfRank(0, {1, 5, 9});
   const auto b = PartOfRank(1, {2, 5});
@@ -261,6 +309,12 @@ TEST_F(ComposeTest, PartsThatShareAnElementOrDisagreeAreRefused) {
                           encoder_.get(), &out, nullptr);
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   EXPECT_THAT(s.ToString(), HasSubstr("change element 5"));
+  // Shared where one part's run ends, and at the very last element.
+  const auto e = PartOfRank(2, {3, 4, 9});
+  views = {a, e};
+  s = ComposeParts(ChunkId{3, 5, 0}, views, decoder_.get(), encoder_.get(),
+                   &out, nullptr);
+  EXPECT_THAT(s.ToString(), HasSubstr("change element 9"));
   // Another span length, and another span.
   const auto c = PartOfRank(1, {2}, /*span_elems=*/2048);
   views = {a, c};
