@@ -150,6 +150,10 @@ struct RefitOptions {
   // of context coding (their root child's subtree gets base-independent
   // chunks), without a serving layout.
   std::set<std::string> TEST_plain_nodes;
+  // Tests only: the most bytes of producers' parts the coordinator holds
+  // to compose (0: the plan's chunk window, at least 1 MiB), so that a small
+  // model reaches the bound past which parts go down the tree one by one.
+  uint64_t TEST_held_parts_bytes = 0;
   size_t threads = 0;  // encoder threads; 0: hardware count
   // Every link's kind; empty: each link the kind the topology gives it
   // (`transport` on defaults, a cluster, a node or a link). Tests set

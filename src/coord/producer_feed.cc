@@ -219,7 +219,8 @@ Status ProducerFeed::CheckBaseline(const WeightStore& baseline,
 }
 
 Status ProducerFeed::Begin(WeightStore* baseline, const RefitId& refit,
-                           const PlanMsg& plan, ThreadPool* pool) {
+                           const PlanMsg& plan, uint64_t held_bytes,
+                           ThreadPool* pool) {
   NodeResult refusal;
   RefitSession::Options o;
   o.pool = pool;
@@ -227,8 +228,8 @@ Status ProducerFeed::Begin(WeightStore* baseline, const RefitId& refit,
   o.hash_ahead = false;
   session_ =
       RefitSession::Begin(baseline, "root.baseline", refit, plan, &refusal, o);
-  groups_ = std::make_unique<PartGroups>(hub_->layout(), plan.span_elems,
-                                         plan.chunk_window_bytes);
+  groups_ =
+      std::make_unique<PartGroups>(hub_->layout(), plan.span_elems, held_bytes);
   ready_.clear();
   if (!session_) {
     return Status::InvalidArgument(

@@ -75,9 +75,10 @@ class ProducerFeed {
   uint32_t ranks() const { return static_cast<uint32_t>(joined_.size()); }
 
   // Opens root.baseline's session for `plan` (its base must be the
-  // baseline's committed version), journal beside its record.
+  // baseline's committed version), journal beside its record. At most
+  // `held_bytes` of parts are held to compose (PartGroups).
   Status Begin(WeightStore* baseline, const RefitId& refit, const PlanMsg& plan,
-               ThreadPool* pool);
+               uint64_t held_bytes, ThreadPool* pool);
   // PRODUCER_GO to every producer.
   void Go(const ProducerGoMsg& go, uint64_t window);
 

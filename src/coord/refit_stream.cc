@@ -196,8 +196,11 @@ void RefitRun::FillProgress(RefitOptions::Progress* p) {
 
 Status RefitRun::StreamProducers() {
   ThreadPool* pool = setup_.pool.get();
-  DCR_RETURN_IF_ERROR(producers_->Begin(setup_.baseline.get(), report_.refit,
-                                        setup_.plan, pool));
+  DCR_RETURN_IF_ERROR(producers_->Begin(
+      setup_.baseline.get(), report_.refit, setup_.plan,
+      options_.TEST_held_parts_bytes != 0 ? options_.TEST_held_parts_bytes
+                                          : setup_.plan.chunk_window_bytes,
+      pool));
   const uint64_t window = setup_.plan.chunk_window_bytes;
   ProducerGoMsg go;
   go.refit = report_.refit;

@@ -14,6 +14,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dcr/producer.h"
@@ -142,6 +143,7 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
     o.phase_timeout = 10s;
     o.threads = 2;
     o.kept_baseline = kept_;
+    o.TEST_held_parts_bytes = held_parts_bytes_;
     auto root = std::async(std::launch::async, [&] { return RunRefit(o); });
     std::vector<std::future<Result<ProducerDecision>>> ranks;
     for (uint32_t r = 0; r < 2; ++r) {
@@ -196,6 +198,7 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
   std::shared_ptr<ProducerHub> hub_;
   std::shared_ptr<KeptBaseline> kept_ = std::make_shared<KeptBaseline>();
   std::map<uint32_t, std::unique_ptr<Producer>> producers_;
+  uint64_t held_parts_bytes_ = 0;  // RefitOptions::TEST_held_parts_bytes
 };
 
 TEST_F(ProducerMemoryTreeTest, MemoriesChangesCommitEveryStore) {
@@ -236,6 +239,38 @@ TEST_F(ProducerMemoryTreeTest, MemoriesChangesCommitEveryStore) {
       ExpectMemoryAt(m[r], r, v);
       m[r]->calls().reads = 0;  // (the check's own)
     }
+    ExpectTreeAt(v);
+  }
+}
+
+// Past the coordinator's bound on held parts (one byte here: every part is
+// over it), the parts of a span both ranks change go down the tree one by
+// one, each applied on its own at every store, and later parts of such a
+// span follow alone rather than as a whole-span chunk after them: every
+// store still ends at the target's bits, step after step.
+TEST_F(ProducerMemoryTreeTest, PartsPastTheHeldBoundApplyOneByOneEverywhere) {
+  held_parts_bytes_ = 1;
+  HostShardMemory* m[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_NO_FATAL_FAILURE(MakeProducer(r, 0, &m[r]));
+  }
+  // Rank 1 diffs slowly: rank 0's parts of the spans they share wait at
+  // the coordinator, over the bound, rather than arriving with rank 1's.
+  m[1]->set_after_find(
+      [](std::string_view) { std::this_thread::sleep_for(50ms); });
+  std::vector<Result<ProducerDecision>> d;
+  for (int v = 1; v <= 3; ++v) {
+    RefitReport report = Step(v, &d);
+    EXPECT_EQ(report.outcome, RefitOutcome::kCommitted) << "v" << v;
+    uint64_t parts = 0;
+    for (uint32_t r = 0; r < 2; ++r) {
+      ASSERT_TRUE(d[r].ok()) << d[r].status().ToString();
+      EXPECT_EQ(d[r]->outcome, ProducerOutcome::kCommitted) << d[r]->reason;
+      parts += d[r]->chunks;
+    }
+    // Nothing was composed: the tree got every rank's part.
+    EXPECT_EQ(report.chunks, parts) << "v" << v;
+    EXPECT_GT(report.chunks, ChangedSpans(v)) << "v" << v;
     ExpectTreeAt(v);
   }
 }
