@@ -46,6 +46,14 @@ Status PartGroups::Add(ProducerChunk chunk, const ChunkId& id) {
         "do not reach",
         rank, ChunkIdText(id)));
   }
+  // The held spans this chunk may complete: its own, and those the rank
+  // moved past since its last chunk (its chunks ascend, so each held span
+  // is looked at once per rank at most).
+  auto past =
+      last != last_.end() ? held_.upper_bound(last->second) : held_.begin();
+  for (; past != held_.end() && past->first < key; ++past) {
+    recheck_.insert(past->first);
+  }
   last_[rank] = key;
   if (alone_.contains(key)) {
     loose_.push_back(Group{id, {}});
@@ -54,10 +62,14 @@ Status PartGroups::Add(ProducerChunk chunk, const ChunkId& id) {
   }
   held_bytes_ += chunk.chunk.size();
   held_[key].push_back(std::move(chunk));
+  recheck_.insert(key);
   return Status::OK();
 }
 
-void PartGroups::Ended(uint32_t rank) { ended_.insert(rank); }
+void PartGroups::Ended(uint32_t rank) {
+  ended_.insert(rank);
+  for (const auto& [key, parts] : held_) recheck_.insert(key);
+}
 
 bool PartGroups::Complete(const SpanKey& key,
                           const std::vector<ProducerChunk>& parts) const {
@@ -95,14 +107,15 @@ void PartGroups::Release(std::vector<ProducerChunk> parts, const SpanKey& key,
 void PartGroups::Take(std::vector<Group>* out) {
   for (Group& g : loose_) out->push_back(std::move(g));
   loose_.clear();
-  for (auto it = held_.begin(); it != held_.end();) {
-    if (!Complete(it->first, it->second)) {
-      ++it;
-      continue;
-    }
+  // Only spans whose completeness may have changed since the last Take,
+  // in id order.
+  for (const SpanKey& key : recheck_) {
+    auto it = held_.find(key);
+    if (it == held_.end() || !Complete(it->first, it->second)) continue;
     Release(std::move(it->second), it->first, out);
-    it = held_.erase(it);
+    held_.erase(it);
   }
+  recheck_.clear();
   while (held_bytes_ > cap_bytes_ && !held_.empty()) {
     auto it = held_.begin();
     alone_.insert(it->first);
@@ -120,6 +133,7 @@ void PartGroups::Flush(std::vector<Group>* out) {
   loose_.clear();
   for (auto& [key, parts] : held_) Release(std::move(parts), key, out);
   held_.clear();
+  recheck_.clear();
 }
 
 Status ComposeParts(const ChunkId& id,

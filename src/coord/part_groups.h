@@ -83,6 +83,10 @@ class PartGroups {
   std::vector<std::vector<Reach>> reach_;  // per tensor
   uint64_t cap_bytes_;
   std::map<SpanKey, std::vector<ProducerChunk>> held_;
+  // Held spans that may have become complete since the last Take (a part
+  // came, a rank holding elements of them moved past them or ended): Take
+  // looks at these, not at every held span.
+  std::set<SpanKey> recheck_;
   uint64_t held_bytes_ = 0;
   std::set<SpanKey> alone_;           // spans whose parts go out one by one
   std::vector<Group> loose_;          // their parts since the last Take

@@ -164,6 +164,120 @@ TEST(PartGroupsTest, AChunkWhereTheRankHoldsNothingIsRefused) {
   }
 }
 
+// Random streams of three ranks against the rule itself: after every Take,
+// no span still held is complete (nothing waits longer than it must; Take
+// looks only at the spans an Add or Ended may have completed), each span
+// released was complete, with every part it had, and every part comes out
+// exactly once.
+TEST(PartGroupsTest, RandomStreamsReleaseEachSpanOnceAsSoonAsItIsComplete) {
+  auto parsed = ParseLayout(R"(version: 1
+parallel: {tp: 3}
+tensors:
+  - name: a
+    shard: a
+    split: column
+    shape: [48, 8]
+  - name: b
+    shard: b
+    split: row
+    shape: [8, 48]
+  - name: c
+    shard: c
+    split: replicated
+    shape: [100]
+  - name: d
+    shard: d
+    split: row
+    shape: [6, 96]
+)",
+                            "random.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const Layout& layout = *parsed;
+  using Key = std::pair<uint32_t, uint32_t>;
+  struct Reach {
+    uint32_t rank;
+    uint64_t first, last;
+  };
+  std::map<uint32_t, std::vector<Reach>> reach;
+  std::vector<std::vector<Key>> can(3);  // spans each rank may send
+  for (uint32_t t = 0; t < layout.tensors.size(); ++t) {
+    for (const AffinePiece& p : layout.tensors[t].pieces) {
+      const PieceMap m(p, layout.tensors[t].shape);
+      reach[t].push_back({p.rank, m.first() / kSpan, m.last() / kSpan});
+      for (uint64_t s = m.first() / kSpan; s <= m.last() / kSpan; ++s) {
+        can[p.rank].push_back({t, static_cast<uint32_t>(s)});
+      }
+    }
+  }
+  std::mt19937 rng(17);
+  for (int round = 0; round < 300; ++round) {
+    PartGroups g(layout, kSpan, 1 << 30);
+    std::vector<std::vector<Key>> stream(3);
+    for (uint32_t r = 0; r < 3; ++r) {
+      for (const Key& k : can[r]) {
+        if (rng() % 3 != 0) stream[r].push_back(k);
+      }
+      std::sort(stream[r].begin(), stream[r].end());
+      stream[r].erase(std::unique(stream[r].begin(), stream[r].end()),
+                      stream[r].end());
+    }
+    std::map<Key, std::set<uint32_t>> received;
+    std::set<Key> released;
+    std::map<uint32_t, Key> last;
+    std::set<uint32_t> ended;
+    size_t next[3] = {0, 0, 0}, parts_in = 0, parts_out = 0;
+    auto complete = [&](const Key& k) {
+      for (const Reach& r : reach[k.first]) {
+        if (k.second < r.first || k.second > r.last) continue;
+        if (ended.contains(r.rank) || received[k].contains(r.rank)) continue;
+        if (last.contains(r.rank) && k < last[r.rank]) continue;
+        return false;
+      }
+      return true;
+    };
+    auto take = [&] {
+      std::vector<PartGroups::Group> out;
+      g.Take(&out);
+      for (const PartGroups::Group& grp : out) {
+        const Key k{grp.id.tensor, grp.id.span};
+        ASSERT_TRUE(released.insert(k).second) << "released twice";
+        ASSERT_TRUE(complete(k)) << k.first << "/" << k.second;
+        std::set<uint32_t> ranks;
+        for (const ProducerChunk& c : grp.parts) ranks.insert(c.rank);
+        EXPECT_EQ(ranks, received[k]);
+        parts_out += grp.parts.size();
+      }
+      for (const auto& [k, ranks] : received) {
+        if (!released.contains(k)) {
+          ASSERT_FALSE(complete(k))
+              << "round " << round << ": " << k.first << "/" << k.second
+              << " is complete and still held";
+        }
+      }
+    };
+    while (ended.size() < 3) {
+      const uint32_t r = rng() % 3;
+      if (ended.contains(r)) continue;
+      if (next[r] == stream[r].size()) {
+        g.Ended(r);
+        ended.insert(r);
+      } else {
+        const Key k = stream[r][next[r]++];
+        ASSERT_TRUE(g.Add(Chunk(r), Part(k.first, k.second, r)).ok());
+        received[k].insert(r);
+        last[r] = k;
+        ++parts_in;
+      }
+      if (rng() % 3 == 0) {
+        ASSERT_NO_FATAL_FAILURE(take());
+      }
+    }
+    ASSERT_NO_FATAL_FAILURE(take());
+    EXPECT_EQ(parts_out, parts_in) << "round " << round;
+    EXPECT_EQ(released.size(), received.size()) << "round " << round;
+  }
+}
+
 TEST(PartGroupsTest, PastTheCapHeldSpansGoPartByPartAndStaySo) {
   const Layout layout = TestLayout();
   PartGroups g(layout, kSpan, /*cap_bytes=*/15);
