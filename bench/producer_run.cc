@@ -4,16 +4,20 @@
 // through `dcr refit --producers` or, with --diff-only, only diffs them.
 //
 //   producer_run --layout L --rank R --base DIR --target DIR [--target ...]
-//                (--coordinator HOST:PORT --step S | --diff-only)
+//                (--coordinator HOST:PORT --step S [--settle] | --diff-only)
 //
 // Several --target directories are refitted in turn as steps S, S+1, ...
 // by one producer, as a trainer's rank would: only the first refit pays
-// the baseline's copy and hash. Prints one JSON line: the last step's
+// the baseline's copy and hash. --settle: before each step after the first,
+// sync(2) (the time a training step takes, in which the last refit's
+// write-back finishes; the bench's stores share one disk). Prints one JSON
+// line: the last step's
 // decision (or the diff's figures; --diff-only takes the first target),
 // every step's in "steps", the bytes of shard files it mapped, what the
 // library holds (its baseline copy and the step's chunks), its peak RSS
 // and its CPU time.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -55,7 +59,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> target_dirs;
   uint32_t rank = 0;
   uint64_t step = 1;
-  bool diff_only = false;
+  bool diff_only = false, settle = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : ""; };
@@ -66,12 +70,14 @@ int main(int argc, char** argv) {
     if (a == "--coordinator") coordinator = next();
     if (a == "--step") step = std::stoull(next());
     if (a == "--diff-only") diff_only = true;
+    if (a == "--settle") settle = true;
   }
   if (layout_path.empty() || base_dir.empty() || target_dirs.empty() ||
       (coordinator.empty() && !diff_only)) {
     std::fprintf(stderr,
                  "usage: producer_run --layout L --rank R --base DIR --target "
-                 "DIR (--coordinator HOST:PORT --step S | --diff-only)\n");
+                 "DIR (--coordinator HOST:PORT --step S [--settle] | "
+                 "--diff-only)\n");
     return 2;
   }
   auto layout = dcr::LoadLayout(layout_path);
@@ -118,6 +124,7 @@ int main(int argc, char** argv) {
     }
     out["steps"] = nlohmann::json::array();
     for (size_t k = 0; k < target_dirs.size(); ++k) {
+      if (settle && k > 0) ::sync();
       // Each step's shards are mapped while it runs (a trainer's tensors).
       auto target = dcr::RankShards::Open(*layout, rank, target_dirs[k]);
       if (!target.ok()) return Fail(target.status());

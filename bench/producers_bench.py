@@ -13,7 +13,18 @@ Each run starts from copies of v0 and refits two trainer steps, v0 -> v1
 -> v2, with the same relays, coordinator and producers throughout, as a
 training run would; the second refit is the one measured (the first pays
 what a run pays once: the producers' baseline copies and hashes, the
-stores' first mappings). Each run is checked with `dcr verify` against v2.
+stores' first mappings). The first refit's write-back is done before the
+measured one starts (sync(2); the producers' `--settle`), as it would be
+by the end of a training step: otherwise the measured refit starts while
+the kernel still flushes the first one's pages to the one disk the root
+and both relays share. Each refit dirties nearly every page of the three
+stores (2.9 GB at 2.7% change), past the kernel's background threshold
+here (10% of memory), so part of that flush lands inside each measured
+refit: in a canonical refit mostly in its commit (root.baseline's
+durability, the report's `baseline_waited`), in a producers' refit mostly
+in its vote (the relays' journal syncs queue behind it; `-v` relay logs
+give each vote's hash and sync time). Each run is checked with `dcr
+verify` against v2.
 Reported: the refit's time (the producers' includes their construction;
 the canonical one leaves out the gather and export a trainer would need
 first), per producer the bytes of shard files it mapped, what the library
@@ -184,6 +195,9 @@ links:
         reset()
         start_relays()
         canonical_refit(v1)
+        # The first refit's write-back finishes before the measured one, as
+        # it does during a training step (the producers' --settle).
+        os.sync()
         before = relays_cpu()
         r = canonical_refit(v2)
         r["relays_cpu_seconds"] = relays_cpu() - before
@@ -214,7 +228,7 @@ links:
             [prun, "--layout", layout, "--rank", str(r), "--base", ck + "/v0.shards",
              "--target", ck + "/v1.shards", "--target", ck + "/v2.shards",
              "--coordinator", f"127.0.0.1:{coord_port}",
-             "--step", "1"], stdout=subprocess.PIPE, text=True) for r in range(8)]
+             "--step", "1", "--settle"], stdout=subprocess.PIPE, text=True) for r in range(8)]
         # The coordinator's CPU for the second refit: its total less what it
         # had used when it reported the first.
         first = coord.stdout.readline()

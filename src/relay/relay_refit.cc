@@ -193,13 +193,13 @@ Status RelayRefit::Vote() {
         env_->counters->tensors_hashed_at_vote += hc.at_vote - counted_.at_vote;
       }
       counted_ = hc;
-      // The time includes making a yes vote durable (a journal sync).
       spdlog::debug(
-          "{}: vote in {:.3f} s: hashed {} tensors; {} were hashed ahead",
+          "{}: vote in {:.3f} s: hashed {} tensors in {:.3f} s ({} were "
+          "hashed ahead); a yes made durable in {:.3f} s",
           env_->node,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
               .count(),
-          hc.at_vote, hc.ahead);
+          hc.at_vote, hc.vote_hash_seconds, hc.ahead, hc.vote_sync_seconds);
       // The bits decide: a chunk that failed (checksum, bounds) left its
       // span as it was, which the digests show, and a repair round
       // overwrites it.

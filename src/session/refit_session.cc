@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 
 #include "session/serving_store.h"
 
@@ -411,7 +412,7 @@ void RefitSession::HashBehind(uint32_t tensor) {
 
 RefitSession::HashCounts RefitSession::hash_counts() const {
   return HashCounts{hashed_ahead_.load(std::memory_order_relaxed),
-                    hashed_at_vote_};
+                    hashed_at_vote_, vote_hash_seconds_, vote_sync_seconds_};
 }
 
 uint64_t RefitSession::chunks_applied() const {
@@ -445,6 +446,8 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
   // they cost an uncontended lock each and let the analysis check that
   // `hashed_writes` and `digest` are never touched without them.
   const bool use_ahead = hash_ahead_ && votes_++ == 0;
+  const auto hash_start = std::chrono::steady_clock::now();
+  vote_sync_seconds_ = 0;
   std::vector<uint32_t> stale;
   for (size_t i = 0; i < m.size(); ++i) {
     TensorHash& th = hashes_[i];
@@ -466,6 +469,9 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
     for (size_t k = 0; k < stale.size(); ++k) body(k, 0);
   }
   hashed_at_vote_ += stale.size();
+  vote_hash_seconds_ = std::chrono::duration<double>(
+                           std::chrono::steady_clock::now() - hash_start)
+                           .count();
   std::vector<Digest128> tensor_digests(m.size());
   for (size_t i = 0; i < m.size(); ++i) {
     ReaderMutexLock reading(&hashes_[i].mu);
@@ -478,8 +484,12 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
   if (r.version.digest == plan_.target.digest) {
     // Durable before the vote leaves this relay: after a crash, the
     // journal says this relay may be in the commit set (RecoverAfterCrash).
+    const auto sync_start = std::chrono::steady_clock::now();
     Status s =
         journal_ ? journal_->AppendVotedYes(r.version.digest) : Status::OK();
+    vote_sync_seconds_ = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - sync_start)
+                             .count();
     if (!s.ok()) {
       r.code = NodeCode::kStoreError;
       r.detail = "cannot record the yes vote: " + s.ToString();

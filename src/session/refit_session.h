@@ -162,6 +162,10 @@ class RefitSession {
   struct HashCounts {
     uint64_t ahead = 0;
     uint64_t at_vote = 0;
+    // The last vote's time hashing, and making a yes vote durable (the
+    // journal's sync).
+    double vote_hash_seconds = 0;
+    double vote_sync_seconds = 0;
   };
   HashCounts hash_counts() const;
 
@@ -330,8 +334,10 @@ class RefitSession {
   // Tensors below it were offered for hashing ahead.
   std::atomic<uint32_t> hash_frontier_{0};
   std::atomic<uint64_t> hashed_ahead_{0};
-  uint64_t hashed_at_vote_ = 0;  // Vote only
-  uint64_t votes_ = 0;           // Vote only
+  uint64_t hashed_at_vote_ = 0;   // Vote only
+  double vote_hash_seconds_ = 0;  // Vote only
+  double vote_sync_seconds_ = 0;  // Vote only
+  uint64_t votes_ = 0;            // Vote only
 };
 
 }  // namespace dcr
