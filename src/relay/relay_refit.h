@@ -162,6 +162,8 @@ class RelayRefit {
   NodeResult own_;                         // PLAN result (refusal if any)
   std::unique_ptr<RefitSession> session_;  // null: forward-only, or done
   RefitSession::HashCounts counted_;       // added to Env::counters
+  // Adds the session's hashes since counted_ to Env::counters.
+  void CountHashes();
   std::shared_ptr<ApplyTracker> tracker_;  // shared with in-flight jobs
   const bool applies_;                     // a session at PLAN
   RefitPhase phase_ = RefitPhase::kPlanning;

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "session/refit_session.h"
 
 namespace dcr {
@@ -132,6 +134,8 @@ Status RefitSession::RestoreServing(const JournalApply& a,
 NodeResult RefitSession::VoteServing(NodeResult r, bool complete,
                                      uint64_t applied, const EndMsg& end) {
   ++votes_;
+  const auto hash_start = std::chrono::steady_clock::now();
+  vote_sync_seconds_ = 0;
   // The codes and scales of the FP8 blocks the refit touched, from their
   // shadows, before anything reads them.
   {
@@ -150,9 +154,16 @@ NodeResult RefitSession::VoteServing(NodeResult r, bool complete,
   }
   hashed_at_vote_ += regions->size();
   const Digest128 bits = map_->BitsDigest(*regions);
+  vote_hash_seconds_ = std::chrono::duration<double>(
+                           std::chrono::steady_clock::now() - hash_start)
+                           .count();
   r.version = Version{plan_.target.step, bits};
   if (serving_target_ && bits == serving_target_->bits) {
+    const auto sync_start = std::chrono::steady_clock::now();
     Status s = journal_ ? journal_->AppendVotedYes(bits) : Status::OK();
+    vote_sync_seconds_ = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - sync_start)
+                             .count();
     if (!s.ok()) {
       r.code = NodeCode::kStoreError;
       r.detail = "cannot record the yes vote: " + s.ToString();

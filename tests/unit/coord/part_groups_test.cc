@@ -367,8 +367,9 @@ TEST_F(ComposeTest, TheComposedChunkAppliesAsTheParts) {
 }
 
 // Any number of parts, in runs of any length (one element: a strided
-// split; none: a rank that changed nothing there): the composed chunk holds
-// exactly the union of the positions, each with its own part's mask.
+// split), ranks without a part (they changed nothing there): the composed
+// chunk holds exactly the union of the positions, each with its own part's
+// mask.
 TEST_F(ComposeTest, RandomInterleavingsComposeToTheUnion) {
   std::mt19937 rng(11);
   for (int round = 0; round < 200; ++round) {
@@ -428,6 +429,7 @@ TEST_F(ComposeTest, PartsThatShareAnElementOrDisagreeAreRefused) {
   views = {a, e};
   s = ComposeParts(ChunkId{3, 5, 0}, views, decoder_.get(), encoder_.get(),
                    &out, nullptr);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   EXPECT_THAT(s.ToString(), HasSubstr("change element 9"));
   // Another span length, and another span.
   const auto c = PartOfRank(1, {2}, /*span_elems=*/2048);

@@ -247,7 +247,10 @@ TEST_F(ProducerMemoryTreeTest, MemoriesChangesCommitEveryStore) {
 // over it), the parts of a span both ranks change go down the tree one by
 // one, each applied on its own at every store, and later parts of such a
 // span follow alone rather than as a whole-span chunk after them: every
-// store still ends at the target's bits, step after step.
+// store still ends at the target's bits, step after step. (A span's parts
+// still go as one chunk when both arrive in one fetch of the coordinator:
+// rank 1 is slowed so that, in practice, rank 0's parts come first and
+// wait; the test asks that in at least one of the three steps.)
 TEST_F(ProducerMemoryTreeTest, PartsPastTheHeldBoundApplyOneByOneEverywhere) {
   held_parts_bytes_ = 1;
   HostShardMemory* m[2];
@@ -259,6 +262,7 @@ TEST_F(ProducerMemoryTreeTest, PartsPastTheHeldBoundApplyOneByOneEverywhere) {
   m[1]->set_after_find(
       [](std::string_view) { std::this_thread::sleep_for(50ms); });
   std::vector<Result<ProducerDecision>> d;
+  int apart = 0;  // steps where parts of a shared span went one by one
   for (int v = 1; v <= 3; ++v) {
     RefitReport report = Step(v, &d);
     EXPECT_EQ(report.outcome, RefitOutcome::kCommitted) << "v" << v;
@@ -268,11 +272,12 @@ TEST_F(ProducerMemoryTreeTest, PartsPastTheHeldBoundApplyOneByOneEverywhere) {
       EXPECT_EQ(d[r]->outcome, ProducerOutcome::kCommitted) << d[r]->reason;
       parts += d[r]->chunks;
     }
-    // Nothing was composed: the tree got every rank's part.
-    EXPECT_EQ(report.chunks, parts) << "v" << v;
-    EXPECT_GT(report.chunks, ChangedSpans(v)) << "v" << v;
+    EXPECT_GE(report.chunks, ChangedSpans(v)) << "v" << v;
+    EXPECT_LE(report.chunks, parts) << "v" << v;
+    apart += report.chunks > ChangedSpans(v) ? 1 : 0;
     ExpectTreeAt(v);
   }
+  EXPECT_GT(apart, 0) << "no step reached the bound";
 }
 
 // A rank restarted without its shards: the coordinator sends it the tree's
