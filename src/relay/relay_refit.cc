@@ -47,14 +47,18 @@ RelayRefit::RelayRefit(const Env* env, const RefitId& id, uint64_t epoch,
       tracker_(std::make_shared<ApplyTracker>()),
       applies_(session_ != nullptr) {}
 
-void RelayRefit::CountHashes() {
-  if (!session_) return;
-  const RefitSession::HashCounts hc = session_->hash_counts();
-  if (env_->counters != nullptr) {
-    env_->counters->tensors_hashed_ahead += hc.ahead - counted_.ahead;
-    env_->counters->tensors_hashed_at_vote += hc.at_vote - counted_.at_vote;
-  }
+RefitSession::HashCounts RelayRefit::CountHashes() {
+  if (!session_) return {};
+  RefitSession::HashCounts hc = session_->hash_counts();
+  const RefitSession::HashCounts counted = counted_;
   counted_ = hc;
+  hc.ahead -= counted.ahead;
+  hc.at_vote -= counted.at_vote;
+  if (env_->counters != nullptr) {
+    env_->counters->tensors_hashed_ahead += hc.ahead;
+    env_->counters->tensors_hashed_at_vote += hc.at_vote;
+  }
+  return hc;
 }
 
 RelayRefit::~RelayRefit() {
@@ -197,17 +201,14 @@ Status RelayRefit::Vote() {
     } else {
       const auto t0 = std::chrono::steady_clock::now();
       vote = session_->Vote(*end_, env_->hash_pool);
-      const RefitSession::HashCounts hc = session_->hash_counts();
-      const RefitSession::HashCounts counted = counted_;
-      CountHashes();
+      const RefitSession::HashCounts hc = CountHashes();
       spdlog::debug(
           "{}: vote in {:.3f} s: hashed {} tensors in {:.3f} s ({} hashed "
           "ahead since the last vote); a yes made durable in {:.3f} s",
           env_->node,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
               .count(),
-          hc.at_vote - counted.at_vote, hc.vote_hash_seconds,
-          hc.ahead - counted.ahead, hc.vote_sync_seconds);
+          hc.at_vote, hc.vote_hash_seconds, hc.ahead, hc.vote_sync_seconds);
       // The bits decide: a chunk that failed (checksum, bounds) left its
       // span as it was, which the digests show, and a repair round
       // overwrites it.

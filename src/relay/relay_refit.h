@@ -162,8 +162,9 @@ class RelayRefit {
   NodeResult own_;                         // PLAN result (refusal if any)
   std::unique_ptr<RefitSession> session_;  // null: forward-only, or done
   RefitSession::HashCounts counted_;       // added to Env::counters
-  // Adds the session's hashes since counted_ to Env::counters.
-  void CountHashes();
+  // Adds the session's hashes since counted_ to Env::counters; returns
+  // them (with the last vote's times).
+  RefitSession::HashCounts CountHashes();
   std::shared_ptr<ApplyTracker> tracker_;  // shared with in-flight jobs
   const bool applies_;                     // a session at PLAN
   RefitPhase phase_ = RefitPhase::kPlanning;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 
+#include "common/elapsed.h"
 #include "session/serving_store.h"
 
 namespace dcr {
@@ -469,9 +470,7 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
     for (size_t k = 0; k < stale.size(); ++k) body(k, 0);
   }
   hashed_at_vote_ += stale.size();
-  vote_hash_seconds_ = std::chrono::duration<double>(
-                           std::chrono::steady_clock::now() - hash_start)
-                           .count();
+  vote_hash_seconds_ = Seconds(hash_start, std::chrono::steady_clock::now());
   std::vector<Digest128> tensor_digests(m.size());
   for (size_t i = 0; i < m.size(); ++i) {
     ReaderMutexLock reading(&hashes_[i].mu);
@@ -487,9 +486,7 @@ NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
     const auto sync_start = std::chrono::steady_clock::now();
     Status s =
         journal_ ? journal_->AppendVotedYes(r.version.digest) : Status::OK();
-    vote_sync_seconds_ = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - sync_start)
-                             .count();
+    vote_sync_seconds_ = Seconds(sync_start, std::chrono::steady_clock::now());
     if (!s.ok()) {
       r.code = NodeCode::kStoreError;
       r.detail = "cannot record the yes vote: " + s.ToString();

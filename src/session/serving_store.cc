@@ -7,6 +7,7 @@
 
 #include <chrono>
 
+#include "common/elapsed.h"
 #include "session/refit_session.h"
 
 namespace dcr {
@@ -154,16 +155,12 @@ NodeResult RefitSession::VoteServing(NodeResult r, bool complete,
   }
   hashed_at_vote_ += regions->size();
   const Digest128 bits = map_->BitsDigest(*regions);
-  vote_hash_seconds_ = std::chrono::duration<double>(
-                           std::chrono::steady_clock::now() - hash_start)
-                           .count();
+  vote_hash_seconds_ = Seconds(hash_start, std::chrono::steady_clock::now());
   r.version = Version{plan_.target.step, bits};
   if (serving_target_ && bits == serving_target_->bits) {
     const auto sync_start = std::chrono::steady_clock::now();
     Status s = journal_ ? journal_->AppendVotedYes(bits) : Status::OK();
-    vote_sync_seconds_ = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - sync_start)
-                             .count();
+    vote_sync_seconds_ = Seconds(sync_start, std::chrono::steady_clock::now());
     if (!s.ok()) {
       r.code = NodeCode::kStoreError;
       r.detail = "cannot record the yes vote: " + s.ToString();
