@@ -64,7 +64,8 @@ PY
 # associative array PID (relay name -> pid) and set DCR, and their stores in
 # $T/NAME.safetensors.
 
-# cleanup: SIGTERM every relay, SIGKILL what is left after 5 s, remove $T.
+# cleanup: SIGTERM every relay, SIGKILL what is left after 5 s, remove $T
+# (kept, to read the logs of a run, when DCR_KEEP_TMP is set).
 cleanup() {
   local n p
   for n in "${!PID[@]}"; do kill -TERM "${PID[$n]}" 2>/dev/null || true; done
@@ -76,7 +77,7 @@ cleanup() {
   done
   for p in "${PID[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$T"
+  [[ -n ${DCR_KEEP_TMP:-} ]] || rm -rf "$T"
 }
 
 # start_relay is each script's (its arguments differ); these wait on it.

@@ -305,19 +305,23 @@ if [[ $BACKEND == s3rver ]]; then
   verify_all "$V/v1.safetensors" "${RELAYS[@]}"
   [[ $(grep -c injected "$T/proxy.err") -ge 3 ]] || fail "the proxy injected $(grep -c injected "$T/proxy.err") SlowDowns"
 
-  # j. Uploads slowed to 150 ms each (coord.upload=delay(150)) so that the
-  # stream is still running when s3rver dies; up again 1 s later.
+  # j. Uploads slowed to 400 ms each (coord.upload=delay(400)): the 8
+  # uploaders store the 16 chunks in two waves and the END in a third, so
+  # s3rver, killed once the first chunk is stored (not the probe before
+  # PLAN, which the root's retries would absorb), is down before the END
+  # is stored, and f0 (one attempt per read: it polls again itself) logs
+  # its reads that fail while it is down; up again 1 s later.
   stop_relay f0
   start_relay f0
   wait_ready f0
   touch "$T/j.mark"
   F0_LINES=$(wc -l <"$T/f0.log")
-  DCR_FAILPOINTS='coord.upload=delay(150)' "$DCR" refit --topology "$TOPO" \
+  DCR_FAILPOINTS='coord.upload=delay(400)' "$DCR" refit --topology "$TOPO" \
     --progress never -o json --timeout 30s --target "$V/v2.safetensors" \
     >"$T/restart.json" 2>"$T/restart.err" &
   REFIT_PID=$!
-  for _ in $(seq 100); do
-    [[ -n $(find "$T/s3/dcr-test/dcr/refits" -name '*._S3rver_object' -newer "$T/j.mark" 2>/dev/null | head -1) ]] && break
+  for _ in $(seq 200); do
+    [[ -n $(find "$T/s3/dcr-test/dcr/refits" -path '*/f/*._S3rver_object' -newer "$T/j.mark" 2>/dev/null | head -1) ]] && break
     sleep 0.05
   done
   kill -KILL "${PID[s3rver]}"; wait "${PID[s3rver]}" 2>/dev/null || true
