@@ -202,23 +202,41 @@ Result<RefitReport> RefitRun::RunPhases() {
     // root.baseline's last writes ran beside the vote; the baseline holds
     // the target's bits before any decision says so. The tree's links
     // stay served meanwhile (heartbeats: the relays would drop a silent
-    // root).
+    // root), for at most a phase: writes stalled longer (a disk that
+    // hangs) abort the refit rather than hold every voted relay, and the
+    // abort restores the baseline once they end (Conclude).
     root_->Hold();
-    root_->RunUntil([&] { return in_stream_->finished(); });
-    Status b = in_stream_->Join();
-    report_.baseline_in_stream_seconds = in_stream_->seconds();
+    const Clock::time_point deadline = t_decide + options_.phase_timeout;
+    root_->RunUntil(
+        [&] { return in_stream_->finished() || Clock::now() >= deadline; });
     report_.baseline_waited_seconds = Seconds(t_decide, Clock::now());
-    spdlog::debug(
-        "root.baseline: {:.1f} MB written during the stream and the vote in "
-        "{:.3f} s ({:.3f} s waited for){}",
-        static_cast<double>(in_stream_->written_bytes()) / 1e6,
-        in_stream_->seconds(), report_.baseline_waited_seconds,
-        in_stream_->complete()
-            ? ""
-            : " (not every span: the rest after the decision)");
-    if (!b.ok() && commit) {
-      commit = false;
-      report_.reason = b.ToString() + "; aborted";
+    if (!in_stream_->finished()) {
+      if (commit) {
+        commit = false;
+        report_.reason = fmt::format(
+            "root.baseline's last writes ({}) did not end within {} s of "
+            "the votes (--timeout; a stalled disk?); aborted",
+            setup_.baseline->describe(),
+            std::chrono::duration<double>(options_.phase_timeout).count());
+      }
+      spdlog::warn(
+          "root.baseline's last writes still run {:.1f} s after the votes",
+          report_.baseline_waited_seconds);
+    } else {
+      Status b = in_stream_->Join();
+      report_.baseline_in_stream_seconds = in_stream_->seconds();
+      spdlog::debug(
+          "root.baseline: {:.1f} MB written during the stream and the vote "
+          "in {:.3f} s ({:.3f} s waited for){}",
+          static_cast<double>(in_stream_->written_bytes()) / 1e6,
+          in_stream_->seconds(), report_.baseline_waited_seconds,
+          in_stream_->complete()
+              ? ""
+              : " (not every span: the rest after the decision)");
+      if (!b.ok() && commit) {
+        commit = false;
+        report_.reason = b.ToString() + "; aborted";
+      }
     }
   }
   if (commit && producers_) {
@@ -389,10 +407,24 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
         keep_current_ = true;
       }
     }
-    // The baseline back to the base before its undo log moves.
-    // The undo is exact while the target's bits are the ones the baseline
-    // took; where its files changed (the abort's likely cause), the result
-    // is checked whole.
+    // The baseline back to the base before its undo log moves, once its
+    // last writes ended (the relays were told first: they do not wait on
+    // this disk). The undo is exact while the target's bits are the ones
+    // the baseline took; where its files changed (the abort's likely
+    // cause), the result is checked whole.
+    if (in_stream_ && !in_stream_->finished()) {
+      spdlog::warn(
+          "waiting for root.baseline's last writes to end before restoring "
+          "it to step {} (interrupted, it stays flagged unfinished: dcr "
+          "refit --resume restores it)",
+          report_.base.step);
+      const auto t_wait = Clock::now();
+      Status b = in_stream_->Join();
+      spdlog::info("root.baseline's last writes ended {:.1f} s later{}",
+                   Seconds(t_wait, Clock::now()),
+                   b.ok() ? "" : ": " + b.ToString());
+      report_.baseline_in_stream_seconds = in_stream_->seconds();
+    }
     const bool restored =
         !in_stream_ || !in_stream_->touched() ||
         RestoreBaseline(record_.undo_path(),

@@ -290,6 +290,54 @@ TEST_F(RelayTreeTest, TheBaselinesLastWritesOverlapTheVote) {
   EXPECT_EQ(back->baseline_waited_seconds, r.baseline_waited_seconds);
 }
 
+// root.baseline's last writes stalled (a disk that hangs) past a phase's
+// timeout after the votes: the refit aborts rather than hold the voted
+// relays, which restore the base while the writes still run; the root
+// restores root.baseline once they end, and the next refit commits.
+TEST_F(RelayTreeTest,
+       BaselineWritesStalledPastTheTimeoutAbortWithoutHoldingTheRelays) {
+  SeedAll(0);
+  StartAll();
+  ASSERT_TRUE(ArmFailpoints("coord.baseline_write=delay(6000)@1").ok());
+  auto refit = std::async(std::launch::async, [this] {
+    return Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
+      o.heartbeat = 300ms;
+      o.phase_timeout = 2s;
+    });
+  });
+  // Every relay aborted and went idle while the root still waits for the
+  // writes (about 4 s more).
+  const bool released = WaitUntil([&] {
+    for (const auto& n : kRelays) {
+      RelayStats st = relays_[n]->Stats();
+      if (st.refits_aborted != 1 || st.state != "idle") return false;
+    }
+    return true;
+  });
+  const bool still_writing =
+      refit.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  RefitReport r = refit.get();
+  DisarmFailpoints();
+  ASSERT_TRUE(released) << r.ToJson();
+  EXPECT_TRUE(still_writing) << "the relays waited for root.baseline";
+  EXPECT_EQ(r.outcome, RefitOutcome::kAborted) << r.ToJson();
+  EXPECT_THAT(r.reason,
+              ::testing::HasSubstr("root.baseline's last writes (file:"));
+  EXPECT_THAT(r.reason, ::testing::HasSubstr("did not end within 2 s"));
+  EXPECT_LT(r.baseline_waited_seconds, 4.0) << r.ToJson();
+  EXPECT_GE(r.baseline_in_stream_seconds, 6.0) << r.ToJson();
+  const Digest128 v0 = DigestOf(Ckpt(0));
+  for (const auto& n : kRelays) EXPECT_EQ(DigestOf(StorePath(n)), v0) << n;
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v0);
+  // Restored: no refit in progress (and no commit: it never had one).
+  auto rec = ReadVersionRecord(dir_.Path("base.safetensors.dcr-version"));
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_TRUE(!*rec || !(*rec)->in_progress);
+  RefitReport next = Refit(1);
+  ASSERT_EQ(next.outcome, RefitOutcome::kCommitted) << next.ToJson();
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), DigestOf(Ckpt(1)));
+}
+
 // A target with the baseline's bits is found out by the stream's hash: the
 // refit aborts with the reason, having sent no chunk, and changes nothing.
 TEST_F(RelayTreeTest, ATargetWithTheBaselinesBitsAbortsNothingToRefit) {
