@@ -33,6 +33,7 @@ throughput per core with 1, 2, 4 and 8 producers diffing at once
 (`producer_run --diff-only`).
 
 Usage: bench/producers_bench.py [--build build] [--dir D] [--rounds N]
+                                [--store-dir S]  (stores, state: e.g. a tmpfs)
        bench/producers_bench.py --only producers [--perf FILE]  (profiling)
        DCR_BENCH_VERBOSE=1 bench/producers_bench.py ...  (debug logs in --dir)
 Writes bench/results/producers.json.
@@ -93,6 +94,10 @@ def main():
     ap.add_argument("--only", choices=("canonical", "producers"))
     ap.add_argument("--perf", help="with --only producers: `perf record -g` the "
                     "coordinator over the second refit into this file")
+    ap.add_argument("--store-dir",
+                    help="where root.baseline, the relays' stores and the root's "
+                    "state go (default: --dir); e.g. a tmpfs, to take the one "
+                    "disk they share on this VM out of both refits")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/producers.json"))
     a = ap.parse_args()
     dcr = os.path.join(a.build, "src/cli/dcr")
@@ -101,6 +106,8 @@ def main():
     prun = os.path.join(a.build, "bench/producer_run")
     d = a.dir
     os.makedirs(d, exist_ok=True)
+    sd = a.store_dir or d  # the stores and state
+    os.makedirs(sd, exist_ok=True)
     layout = os.path.join(d, "l8.yaml")
     with open(os.path.join(ROOT, "layouts/traingen-tp2-pp2.yaml")) as f:
         text = f.read()
@@ -125,13 +132,13 @@ def main():
     with open(topo, "w") as f:
         f.write(f"""version: 1
 defaults: {{transport: tcp, fanout: 2}}
-root: {{name: trainer, host: 127.0.0.1, port: {ports[0]}, cluster: train, state_dir: "{d}/state", baseline: "{d}/root.safetensors"}}
+root: {{name: trainer, host: 127.0.0.1, port: {ports[0]}, cluster: train, state_dir: "{sd}/state", baseline: "{sd}/root.safetensors"}}
 clusters:
   - name: train
   - name: rollout
     nodes:
-      - {{name: a, host: 127.0.0.1, port: {ports[1]}, store: {{kind: file, path: "{d}/a.safetensors"}}}}
-      - {{name: b, host: 127.0.0.1, port: {ports[2]}, store: {{kind: file, path: "{d}/b.safetensors"}}}}
+      - {{name: a, host: 127.0.0.1, port: {ports[1]}, store: {{kind: file, path: "{sd}/a.safetensors"}}}}
+      - {{name: b, host: 127.0.0.1, port: {ports[2]}, store: {{kind: file, path: "{sd}/b.safetensors"}}}}
 links:
   - {{from: train, to: rollout, bandwidth: 10Gbps, latency: 1ms}}
 """)
@@ -140,17 +147,17 @@ links:
         # Every store back to v0, records and state gone: the same start.
         for n in ("root", "a", "b"):
             for suffix in (".dcr-version", ".dcr-journal", ".dcr-epoch"):
-                p = os.path.join(d, n + ".safetensors" + suffix)
+                p = os.path.join(sd, n + ".safetensors" + suffix)
                 if os.path.exists(p):
                     os.remove(p)
-            shutil.copyfile(v0, os.path.join(d, n + ".safetensors"))
-        shutil.rmtree(os.path.join(d, "state"), ignore_errors=True)
+            shutil.copyfile(v0, os.path.join(sd, n + ".safetensors"))
+        shutil.rmtree(os.path.join(sd, "state"), ignore_errors=True)
         # The copies' write-back must not run during the refit it prepares.
         os.sync()
 
     def verify():
         for n in ("root", "a", "b"):
-            subprocess.run([dcr, "verify", os.path.join(d, n + ".safetensors"), v2],
+            subprocess.run([dcr, "verify", os.path.join(sd, n + ".safetensors"), v2],
                            check=True, stdout=subprocess.DEVNULL)
 
     relays = []
@@ -293,7 +300,7 @@ links:
     p_wall = median([r["wall_seconds"] for r in runs["producers"]])
     last = runs["producers"][-1]["producers"]
     print(f"model {model_bytes / 1e9:.2f} GB, 8 ranks ({layout}), "
-          f"{a.rounds} rounds, medians")
+          f"{a.rounds} rounds, medians; stores and state in {sd}")
     print(f"{'refit':<12}{'report s':>10}{'wall s':>10}{'payload MB':>12}{'chunks':>8}")
     for name, tot, wall in (("canonical", c_tot, c_wall), ("producers", p_tot, p_wall)):
         rep = runs[name][-1]["report"]
@@ -324,7 +331,7 @@ links:
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"model_bytes": model_bytes, "layout": "tp4 x pp2 (8 ranks)",
-                   "rounds": a.rounds, "cores": os.cpu_count(),
+                   "rounds": a.rounds, "cores": os.cpu_count(), "store_dir": sd,
                    "canonical_total_seconds": c_tot, "producers_total_seconds": p_tot,
                    "canonical_wall_seconds": c_wall, "producers_wall_seconds": p_wall,
                    "canonical_root_cpu_seconds": c_cpu,
