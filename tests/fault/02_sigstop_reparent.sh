@@ -16,7 +16,9 @@ for n in "${RELAYS[@]}"; do
   # a0 may have voted when it stops: once awake it waits --prepared-wait
   # for a decision that will not come to it, then restores its base.
   if [[ $n == a0 ]]; then
-    fault_start a0 "relay.forward=delay(500)@$N" --prepared-wait 2s
+    # 3 s: a poll late under load still stops it inside the delay, which
+    # is under the 4 heartbeats after which the root would drop it anyway.
+    fault_start a0 "relay.forward=delay(3000)@$N" --prepared-wait 2s
   else
     fault_start "$n"
   fi

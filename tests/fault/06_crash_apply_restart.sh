@@ -19,7 +19,9 @@ for n in "${RELAYS[@]}"; do
   if [[ $n == b1 ]]; then fault_start b1 "relay.apply_chunk=exit@$N"; else fault_start "$n"; fi
 done
 fault_snapshot
-REFIT_TIMEOUT=20s fault_refit_bg "$V/v1.safetensors"
+# Heartbeats every 2 s: b0's tries span about 6 s, time for the restart
+# (exit seen, process start, restore, ready) on a loaded machine.
+REFIT_TIMEOUT=20s fault_refit_bg "$V/v1.safetensors" --heartbeat 2s
 fault_wait_exit b1 86
 FAULT_T0=$(date +%s.%N)
 FAULTS[crash_apply]=1

@@ -132,7 +132,9 @@ wait "${XPID[squat]}" || true
 unset "XPID[squat]"
 cat "$T/squat.json" >&2
 [[ -n $in_after ]] || fail "dcr status could not reach b1 for 10 s while 80 silent links held its slots"
-((in_after <= 5000)) || fail "dcr status reached b1 only after $in_after ms"
+# (Eviction starts after 2 s of silence; each try costs a dcr and a Python
+# run: 8 s leaves room on a loaded machine.)
+((in_after <= 8000)) || fail "dcr status reached b1 only after $in_after ms"
 m=$(metrics b1)
 for why in bad_frame truncated unknown_node links_full hello_timeout evicted; do
   n=$(cut "$m" "$why")

@@ -15,18 +15,24 @@ fault_model
 D=$(pick 60 100)
 fault_topology 5
 fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
-for n in "${RELAYS[@]}"; do
-  if [[ $n == b2 ]]; then fault_start b2 "relay.apply_chunk=delay($D)"; else fault_start "$n"; fi
-done
-fault_snapshot
 CRAWL_MS=$((CHUNKS * D))
 if ((SEED % 2 == 0)); then
   REFIT_TIMEOUT=$((CRAWL_MS * 3 + 5000))ms
   want=committed excl=""
 else
-  REFIT_TIMEOUT=$((CRAWL_MS / 3))ms
+  # A 3 s deadline for every phase (the other relays' plan, stream and
+  # vote on a loaded machine), the crawl at least 3 times as long.
+  REFIT_TIMEOUT=3000ms
+  if ((CRAWL_MS < 9000)); then
+    D=$((9000 / CHUNKS + 1))
+    CRAWL_MS=$((CHUNKS * D))
+  fi
   want=committed-partial excl=b2
 fi
+for n in "${RELAYS[@]}"; do
+  if [[ $n == b2 ]]; then fault_start b2 "relay.apply_chunk=delay($D)"; else fault_start "$n"; fi
+done
+fault_snapshot
 FAULTS[throttle]=1
 fault_refit "$V/v1.safetensors"
 fault_check "$V/v1.safetensors" --expect-outcome "$want" --excluded "$excl"

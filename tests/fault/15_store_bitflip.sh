@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Row 15: a store bit flipped after apply, before the vote. The leaf b1
-# stalls for 2 s when its Nth chunk arrives (relay.apply_chunk=delay@N;
+# stalls for 3 s when its Nth chunk arrives (relay.apply_chunk=delay@N;
 # chunks 1..N-1 are applied by then); the test flips one bit of b1's store
 # file (a mapped file store: the relay sees it) at an offset picked by
 # SEED. b1's digest check must catch it: it votes digest mismatch naming
@@ -16,7 +16,7 @@ if ((SEED % 2 == 0)); then MC=all; else MC=5; fi
 fault_topology "$MC"
 fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
 for n in "${RELAYS[@]}"; do
-  if [[ $n == b1 ]]; then fault_start b1 "relay.apply_chunk=delay(2000)@$N"; else fault_start "$n"; fi
+  if [[ $n == b1 ]]; then fault_start b1 "relay.apply_chunk=delay(3000)@$N"; else fault_start "$n"; fi
 done
 # A data byte of the safetensors file (past its 8-byte length and header),
 # and the base with that bit flipped: what b1 must hold afterwards.

@@ -75,7 +75,9 @@ json "d['root']['running'] is None"
 
 # --- b. a COMMIT fenced off never moves the baseline --------------------------
 fault_snapshot
-REFIT_TIMEOUT=3s COORD_FAILPOINTS="coord.before_commit=delay(2000)" fault_refit_bg "$V/v2.safetensors"
+# The stall must outlast the copies and a whole resume (its --timeout 3s)
+# on a loaded machine: 10 s (the commit's own 3 s start after it).
+REFIT_TIMEOUT=3s COORD_FAILPOINTS="coord.before_commit=delay(10000)" fault_refit_bg "$V/v2.safetensors"
 wait_refit_log "failpoint coord.before_commit (hit 1): delay"
 t0=$(date +%s%N)
 cp -a "$T/root" "$T/copy-root"

@@ -15,17 +15,20 @@ fault_model
 fault_topology 4
 fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
 for n in "${RELAYS[@]}"; do
-  if [[ $n == b2 ]]; then fault_start b2 "relay.commit=delay(3000)@1"; else fault_start "$n"; fi
+  if [[ $n == b2 ]]; then fault_start b2 "relay.commit=delay(7000)@1"; else fault_start "$n"; fi
 done
 fault_snapshot
-REFIT_TIMEOUT=1500ms fault_refit "$V/v1.safetensors"
+# A 3 s deadline for every phase (the healthy relays' plan, stream and
+# vote on a loaded machine); b2's COMMIT_REPLY comes 4 s after it (a
+# relay that owes a decision reply is not judged silent meanwhile).
+REFIT_TIMEOUT=3s fault_refit "$V/v1.safetensors"
 FAULTS[late_commit_reply]=1
 [[ $RC -eq 3 ]] || { cat "$T/refit.err" "$T/report.json" >&2; fail "dcr refit exited $RC, want 3"; }
 cp "$T/report.json" "$T/out"
 node_json b2 "not n['committed'] and n['phase'] == 'commit' and n['detail'].startswith('commit unconfirmed')"
 json "'b2' not in d['reason'].split('commit unconfirmed')[0]" \
   "'commit unconfirmed' in d['reason'] and 'b2' in d['reason']"
-fault_wait_log b2 "committed step 1" 10
+fault_wait_log b2 "committed step 1" 15
 expect 0 "$DCR" status --topology "$TOPO" -o json --timeout 2s
 node_json b2 "n['committed']['step'] == 1 and not n['stale'] and n['last_refit_result'].startswith('committed (reply lost')"
 fault_wait_idle

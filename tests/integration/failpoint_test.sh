@@ -270,10 +270,12 @@ PY
 }
 stop_relay a1
 RELAY_ARGS=(--prepared-wait 2s --metrics-port 0)
-start_relay a1 "store.data_sync=delay(4000)"
+# 10 s: the checks below (two Python runs) fall inside it on a loaded
+# machine.
+start_relay a1 "store.data_sync=delay(10000)"
 refit 0 --full  # v1 again, so that a1's write-back starts from a commit
 expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v0.safetensors" \
-  --timeout 10s --progress never -o json
+  --timeout 20s --progress never -o json
 json 'd["outcome"] == "committed"'
 a1_record 'r["format"] == 4 and r["unsynced"]["boot_id"] == boot and r["committed"] is not None'
 [[ $(a1_metric dcr_relay_store_unsynced) == 1 ]] || fail "a1 does not report its pending write-back"

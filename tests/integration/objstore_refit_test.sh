@@ -305,7 +305,7 @@ if [[ $BACKEND == s3rver ]]; then
   verify_all "$V/v1.safetensors" "${RELAYS[@]}"
   [[ $(grep -c injected "$T/proxy.err") -ge 3 ]] || fail "the proxy injected $(grep -c injected "$T/proxy.err") SlowDowns"
 
-  # j. Uploads slowed to 400 ms each (coord.upload=delay(400)): the 8
+  # j. Uploads slowed to 700 ms each (coord.upload=delay(700)): the 8
   # uploaders store the 16 chunks in two waves and the END in a third, so
   # s3rver, killed once the first chunk is stored (not the probe before
   # PLAN, which the root's retries would absorb), is down before the END
@@ -316,7 +316,7 @@ if [[ $BACKEND == s3rver ]]; then
   wait_ready f0
   touch "$T/j.mark"
   F0_LINES=$(wc -l <"$T/f0.log")
-  DCR_FAILPOINTS='coord.upload=delay(400)' "$DCR" refit --topology "$TOPO" \
+  DCR_FAILPOINTS='coord.upload=delay(700)' "$DCR" refit --topology "$TOPO" \
     --progress never -o json --timeout 30s --target "$V/v2.safetensors" \
     >"$T/restart.json" 2>"$T/restart.err" &
   REFIT_PID=$!

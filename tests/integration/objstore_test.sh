@@ -139,8 +139,10 @@ printf '# test\n[other]\naws_access_key_id = NOPE\naws_secret_access_key = x\n[c
 grep -q "no profile '\[nope\]'" "$T/err" || fail "a missing profile is not named"
 
 # Killed mid-request and restarted: the request retries until it answers.
+# (40 attempts: with full jitter about 15 s of retries, past the 1 s and
+# Node's start on a loaded machine.)
 kill -KILL "${PID[s3rver]}"; wait "${PID[s3rver]}" 2>/dev/null || true
-"$TOOL" "${ARGS[@]}" --max-attempts 15 --retry-base-ms 200 --retry-cap-ms 800 \
+"$TOOL" "${ARGS[@]}" --max-attempts 40 --retry-base-ms 200 --retry-cap-ms 800 \
   get refits/r1/catchup "$T/got" >"$T/out" 2>"$T/err" &
 GETTER=$!
 sleep 1

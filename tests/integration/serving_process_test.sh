@@ -179,11 +179,10 @@ state "d['step'] == 4"
 verify_live 3
 
 # --- e. A server killed mid-pause -----------------------------------------
-touch "$CTL/slow"
-sleep 0.5  # inside a 1.5 s step
+# `hold`: the server answers the refit's pause request, then stops polling
+# until the file goes: paused, however long the checks below take.
+touch "$CTL/hold"
 refit_json 0 "$TOPO" --target "$V/v4.safetensors"
-# At once: the refit ended 1 s into the server's 1.5 s step, and the checks
-# below (two Python runs) took longer than the rest on a loaded host.
 kill -KILL "${PID[srv]}"
 json 'd["outcome"] == "committed"'
 node_json s0 "'serving process had not moved within 1000 ms' in n['detail']"
@@ -191,22 +190,21 @@ wait "${PID[srv]}" 2>/dev/null || true
 unset "PID[srv]"
 wait_log s0 "detached: .*during its pause"
 wait_log s0 "caught up with step 5"
-rm "$CTL/slow"
+rm "$CTL/hold"
 start_server
 state 'd["step"] == 5 and d["attached"]'
 verify_live 4
 
 # --- f. A relay killed while its server is paused -------------------------
-touch "$CTL/slow"
-sleep 0.5
+touch "$CTL/hold"
 refit_json 0 "$TOPO" --target "$V/v5.safetensors"
 json 'd["outcome"] == "committed"'
 kill -KILL "${PID[s0]}"
 wait "${PID[s0]}" 2>/dev/null || true
 unset "PID[s0]"
-# The server moves by the header, with no relay to tell it.
+# Released, the server moves by the header, with no relay to tell it.
+rm "$CTL/hold"
 state 'd["step"] == 6 and not d["attached"]'
-rm "$CTL/slow"
 start_relay s0
 wait_ready s0
 state 'd["attached"]'

@@ -7,8 +7,10 @@ fingerprint of the weights the step computed on.
 Usage: serving_server.py DCR_PYTHON_DIR STORE SOCKET CONTROL_DIR
 
 CONTROL_DIR steers it while it runs: a file `hang` makes it stop calling
-poll() (a server that never answers); `slow` makes each step take 1.5 s (or the seconds it holds);
-`stop` ends it. It writes `state.json` after every poll and appends
+poll() (a server that never answers); `hold` makes it stop calling poll()
+once it has answered a pause request made after `hold` appeared (a server
+paused for as long as the file is there); `slow` makes each step take 1.5
+s (or the seconds it holds); `stop` ends it. It writes `state.json` after every poll and appends
 "before after image fingerprint" lines to `steps.log`.
 """
 import hashlib
@@ -44,11 +46,20 @@ def write_state(r, polls):
 r = dcr.Receiver(store, socket=socket, wait=30.0)
 tensors = r.tensors()
 polls = 0
+held_from = None  # r.prepares when `hold` appeared
 with open(os.path.join(ctl, "steps.log"), "a") as log:
     while not os.path.exists(os.path.join(ctl, "stop")):
         if os.path.exists(os.path.join(ctl, "hang")):
             time.sleep(0.05)
             continue
+        if os.path.exists(os.path.join(ctl, "hold")):
+            if held_from is None:
+                held_from = r.prepares
+            elif r.prepares > held_from:
+                time.sleep(0.05)
+                continue
+        else:
+            held_from = None
         if r.poll():
             tensors = r.tensors()
         polls += 1

@@ -273,6 +273,6 @@ done
 expect 1 srun -N1 -w n2 "$DCR" refit --topology "$TOPO" --target "$V/v1.safetensors" \
   --progress never --timeout 5s
 # (A job that just ended may still be listed while it completes: CG.)
-for _ in $(seq 50); do [[ -z $(squeue -h -o %i) ]] && break; sleep 0.1; done
+for _ in $(seq 300); do [[ -z $(squeue -h -o %i) ]] && break; sleep 0.1; done
 [[ -z $(squeue -h -o %i) ]] || { squeue >&2; fail "jobs left in the queue"; }
 echo "slurm_test: passed"
