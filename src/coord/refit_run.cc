@@ -207,8 +207,7 @@ Result<RefitReport> RefitRun::RunPhases() {
     // abort restores the baseline once they end (Conclude).
     root_->Hold();
     const Clock::time_point deadline = t_decide + options_.phase_timeout;
-    root_->RunUntil(
-        [&] { return in_stream_->finished() || Clock::now() >= deadline; });
+    root_->RunUntil([&] { return in_stream_->finished(); }, deadline);
     report_.baseline_waited_seconds = Seconds(t_decide, Clock::now());
     if (!in_stream_->finished()) {
       if (commit) {
@@ -412,17 +411,24 @@ Result<RefitReport> RefitRun::Conclude(bool commit,
     // this disk). The undo is exact while the target's bits are the ones
     // the baseline took; where its files changed (the abort's likely
     // cause), the result is checked whole.
-    if (in_stream_ && !in_stream_->finished()) {
-      spdlog::warn(
-          "waiting for root.baseline's last writes to end before restoring "
-          "it to step {} (interrupted, it stays flagged unfinished: dcr "
-          "refit --resume restores it)",
-          report_.base.step);
+    if (in_stream_) {
+      const bool running = !in_stream_->finished();
+      if (running) {
+        spdlog::warn(
+            "waiting for root.baseline's last writes to end before "
+            "restoring it to step {} (interrupted, it stays flagged "
+            "unfinished: dcr refit --resume restores it)",
+            report_.base.step);
+      }
       const auto t_wait = Clock::now();
-      Status b = in_stream_->Join();
-      spdlog::info("root.baseline's last writes ended {:.1f} s later{}",
-                   Seconds(t_wait, Clock::now()),
-                   b.ok() ? "" : ": " + b.ToString());
+      Status b = in_stream_->Join();  // at once where they ended
+      if (running) {
+        spdlog::info("root.baseline's last writes ended {:.1f} s later{}",
+                     Seconds(t_wait, Clock::now()),
+                     b.ok() ? "" : ": " + b.ToString());
+      } else if (!b.ok()) {
+        spdlog::warn("root.baseline's last writes failed: {}", b.ToString());
+      }
       report_.baseline_in_stream_seconds = in_stream_->seconds();
     }
     const bool restored =

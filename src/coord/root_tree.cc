@@ -128,9 +128,10 @@ void RootTree::WaitPhase() {
   ReportProgress();  // the phase's answers, all in
 }
 
-void RootTree::RunUntil(const std::function<bool()>& done) {
-  while (!done()) {
-    mailbox_.RunUntil(std::min(NextTimer(), NextProgress()));
+void RootTree::RunUntil(const std::function<bool()>& done,
+                        Clock::time_point deadline) {
+  while (!done() && Clock::now() < deadline) {
+    mailbox_.RunUntil(std::min({NextTimer(), NextProgress(), deadline}));
     RunTimers();
     NoteApplied();
     MaybeReportProgress();

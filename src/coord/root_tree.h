@@ -85,9 +85,11 @@ class RootTree {
   // reply, or the deadline.
   void WaitPhase();
   // Runs link events, timers (heartbeats, adoptions) and progress reports
-  // until `done()` holds: the coordinator waiting on something else keeps
-  // the tree alive. Whatever makes `done()` true must call Wake().
-  void RunUntil(const std::function<bool()>& done);
+  // until `done()` holds or `deadline` passes: the coordinator waiting on
+  // something else keeps the tree alive. Whatever makes `done()` true must
+  // call Wake().
+  void RunUntil(const std::function<bool()>& done,
+                Clock::time_point deadline = Clock::time_point::max());
   // Between phases (the votes are in, the decision waits): no phase
   // deadline applies until the next Expect, so a node re-parented
   // meanwhile is not failed against the vote's deadline.

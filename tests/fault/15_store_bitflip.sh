@@ -41,7 +41,9 @@ PY
 cp "$V/v0.safetensors" "$T/v0-flipped.safetensors"
 flip "$T/v0-flipped.safetensors"
 fault_snapshot
-fault_refit_bg "$V/v1.safetensors"
+# Heartbeats every 2 s: b1's 3 s stall blocks its own, under the 8 s after
+# which b0 would drop it as silent.
+fault_refit_bg "$V/v1.safetensors" --heartbeat 2s
 fault_wait_log b1 "failpoint relay.apply_chunk (hit $N): delay"
 flip "$T/b1.safetensors"
 FAULTS[store_bitflip]=1

@@ -76,8 +76,11 @@ json "d['root']['running'] is None"
 # --- b. a COMMIT fenced off never moves the baseline --------------------------
 fault_snapshot
 # The stall must outlast the copies and a whole resume (its --timeout 3s)
-# on a loaded machine: 10 s (the commit's own 3 s start after it).
-REFIT_TIMEOUT=3s COORD_FAILPOINTS="coord.before_commit=delay(10000)" fault_refit_bg "$V/v2.safetensors"
+# on a loaded machine: 10 s (the commit's own 3 s start after it). It
+# stops the root's heartbeats: at 3 s the relays drop a silent parent only
+# after 12 s (an orphan would take the copy's resume as its new parent).
+REFIT_TIMEOUT=3s COORD_FAILPOINTS="coord.before_commit=delay(10000)" \
+  fault_refit_bg "$V/v2.safetensors" --heartbeat 3s
 wait_refit_log "failpoint coord.before_commit (hit 1): delay"
 t0=$(date +%s%N)
 cp -a "$T/root" "$T/copy-root"

@@ -7,10 +7,10 @@ fingerprint of the weights the step computed on.
 Usage: serving_server.py DCR_PYTHON_DIR STORE SOCKET CONTROL_DIR
 
 CONTROL_DIR steers it while it runs: a file `hang` makes it stop calling
-poll() (a server that never answers); `hold` makes it stop calling poll()
-once it has answered a pause request made after `hold` appeared (a server
-paused for as long as the file is there); `slow` makes each step take 1.5
-s (or the seconds it holds); `stop` ends it. It writes `state.json` after every poll and appends
+poll() (a server that never answers); `hold` makes it stop calling
+poll() once it has answered a pause request after it saw the file (a
+server paused for as long as the file is there); `slow` makes each step
+take 1.5 s (or the seconds it holds); `stop` ends it. It writes `state.json` after every poll and appends
 "before after image fingerprint" lines to `steps.log`.
 """
 import hashlib
