@@ -5,9 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 
-#include "common/elapsed.h"
 #include "session/serving_store.h"
 
 namespace dcr {
@@ -392,129 +390,11 @@ RefitSession::Admission RefitSession::Admit(const ChunkId& id, bool is_xor,
   return wait ? Admission::kWait : Admission::kApply;
 }
 
-void RefitSession::HashBehind(uint32_t tensor) {
-  uint32_t from = hash_frontier_.load(std::memory_order_relaxed);
-  do {
-    if (from >= tensor) return;  // offered already, by this call or another
-  } while (!hash_frontier_.compare_exchange_weak(from, tensor));
-  // This call owns [from, tensor). A tensor an Apply is writing now is
-  // skipped: it is not complete, and the vote hashes it.
-  for (uint32_t i = from; i < tensor; ++i) {
-    TensorHash& th = hashes_[i];
-    WriterMutexLock hashing(&th.mu, std::defer_lock);
-    if (!hashing.TryLock()) continue;
-    const uint64_t writes = th.writes.load(std::memory_order_relaxed);
-    if (th.hashed_writes == writes) continue;
-    th.digest = TensorDigest(store_->Tensor(i));
-    th.hashed_writes = writes;
-    hashed_ahead_.fetch_add(1, std::memory_order_relaxed);
-  }
-}
-
-RefitSession::HashCounts RefitSession::hash_counts() const {
-  return HashCounts{hashed_ahead_.load(std::memory_order_relaxed),
-                    hashed_at_vote_, vote_hash_seconds_, vote_sync_seconds_};
-}
-
 uint64_t RefitSession::chunks_applied() const {
   MutexLock lock(&mu_);
   uint64_t n = 0;
   for (const auto& [id, st] : spans_) n += st.stack.empty() ? 0 : 1;
   return n;
-}
-
-NodeResult RefitSession::Vote(const EndMsg& end, ThreadPool* pool) {
-  NodeResult r;
-  r.node = node_;
-  std::vector<ChunkId> ids;
-  {
-    MutexLock lock(&mu_);
-    for (const auto& [id, st] : spans_) {
-      if (!st.stack.empty()) ids.push_back(id);
-    }
-  }
-  r.chunks_applied = ids.size();
-  const uint64_t applied = ids.size();
-  bool complete = ids.size() == end.chunk_count &&
-                  ChunkIdsDigest(std::move(ids)) == end.chunk_ids_digest;
-  if (map_ != nullptr) return VoteServing(std::move(r), complete, applied, end);
-  // The first vote takes the digests hashed ahead of tensors no Apply
-  // touched since; every later vote (a repair round) hashes every tensor,
-  // so that bits changed outside the refit (a flipped bit) cannot slip
-  // through twice.
-  const Manifest& m = store_->manifest();
-  // No Apply runs during a vote, so the tensors' locks taken below are free:
-  // they cost an uncontended lock each and let the analysis check that
-  // `hashed_writes` and `digest` are never touched without them.
-  const bool use_ahead = hash_ahead_ && votes_++ == 0;
-  const auto hash_start = std::chrono::steady_clock::now();
-  vote_sync_seconds_ = 0;
-  std::vector<uint32_t> stale;
-  for (size_t i = 0; i < m.size(); ++i) {
-    TensorHash& th = hashes_[i];
-    ReaderMutexLock reading(&th.mu);
-    if (!use_ahead ||
-        th.hashed_writes != th.writes.load(std::memory_order_relaxed)) {
-      stale.push_back(static_cast<uint32_t>(i));
-    }
-  }
-  auto body = [this, &stale](size_t k, size_t /*worker*/) {
-    TensorHash& th = hashes_[stale[k]];
-    WriterMutexLock hashing(&th.mu);
-    th.digest = TensorDigest(store_->Tensor(stale[k]));
-    th.hashed_writes = th.writes.load(std::memory_order_relaxed);
-  };
-  if (pool != nullptr) {
-    pool->ParallelFor(stale.size(), body);
-  } else {
-    for (size_t k = 0; k < stale.size(); ++k) body(k, 0);
-  }
-  hashed_at_vote_ += stale.size();
-  vote_hash_seconds_ = Seconds(hash_start, std::chrono::steady_clock::now());
-  std::vector<Digest128> tensor_digests(m.size());
-  for (size_t i = 0; i < m.size(); ++i) {
-    ReaderMutexLock reading(&hashes_[i].mu);
-    tensor_digests[i] = hashes_[i].digest;
-  }
-  r.version =
-      Version{plan_.target.step, VersionDigest(m.digest(), tensor_digests)};
-  // The bits decide (DESIGN.md §4, invariant 1): a store at the target
-  // votes yes even if some chunk failed on the way (a repair overwrote it).
-  if (r.version.digest == plan_.target.digest) {
-    // Durable before the vote leaves this relay: after a crash, the
-    // journal says this relay may be in the commit set (RecoverAfterCrash).
-    const auto sync_start = std::chrono::steady_clock::now();
-    Status s =
-        journal_ ? journal_->AppendVotedYes(r.version.digest) : Status::OK();
-    vote_sync_seconds_ = Seconds(sync_start, std::chrono::steady_clock::now());
-    if (!s.ok()) {
-      r.code = NodeCode::kStoreError;
-      r.detail = "cannot record the yes vote: " + s.ToString();
-      return r;
-    }
-    r.code = NodeCode::kOk;
-    return r;
-  }
-  if (!complete) {
-    r.code = NodeCode::kIncomplete;
-    r.detail = fmt::format("applied {} distinct chunks, the root sent {}",
-                           ids.size(), end.chunk_count);
-  } else {
-    r.code = NodeCode::kDigestMismatch;
-    r.detail = fmt::format("store digest {} is not the target's {}",
-                           r.version.digest.ShortHex(),
-                           plan_.target.digest.ShortHex());
-  }
-  if (plan_.target_tensor_digests.size() == m.size()) {
-    for (size_t i = 0; i < m.size(); ++i) {
-      if (tensor_digests[i] != plan_.target_tensor_digests[i]) {
-        r.repair.push_back(static_cast<uint32_t>(i));
-      }
-    }
-    r.detail +=
-        fmt::format("; {} of {} tensors differ", r.repair.size(), m.size());
-  }
-  return r;
 }
 
 Status RefitSession::Commit(std::unique_ptr<Journal>* spent) {
