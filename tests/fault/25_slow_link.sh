@@ -2,9 +2,10 @@
 # Row 25: a slow WAN link is not a slow node (issue 15, "Slow is not
 # dead"). A --full --no-compress refit where the root paces each of its
 # links to R Mbit/s (--link-rate: a WAN slower than the 1 Gbit/s the
-# topology declares), heartbeats every 200 ms so that the slow-child hold
-# (8 intervals) passes well within the stream, 512 KiB chunks, a 2 MiB
-# window. No fault: every relay reads what the root sends as fast as it
+# topology declares), heartbeats every 500 ms so that the slow-child hold
+# (8 intervals, 4 s) passes well within the stream (and a process that
+# stalls for a second on a loaded machine is not silent: 4 intervals),
+# 512 KiB chunks, a 2 MiB window. No fault: every relay reads what the root sends as fast as it
 # arrives and applies it at once.
 # Before the fix the root dropped both heads as "too slow" after 1.6 s and
 # adopted their children across the same paced links (more WAN crossings):
@@ -18,8 +19,8 @@ ROW=25
 source "$(dirname "$0")/lib.sh"
 SPAN=262144 # 512 KiB BF16 chunks
 RATE=$(pick 20 29)
-# About 7 M BF16 parameters (14 MB): some 4-6 s per paced link.
-"$TRAINGEN" --out "$T/ck" --hidden 256 --layers 4 --vocab 8192 --steps 1 \
+# About 13 M BF16 parameters (27 MB): some 7.5-11 s per paced link.
+"$TRAINGEN" --out "$T/ck" --hidden 256 --layers 8 --vocab 16384 --steps 1 \
   --warmup 1 >/dev/null 2>"$T/traingen.log" || { cat "$T/traingen.log" >&2; fail "traingen"; }
 V=$T/ck
 fault_topology all "window_bytes: 2MiB"
@@ -30,7 +31,7 @@ REFIT_TIMEOUT=60s
 FAULTS[slow_link]=1
 t0=$(date +%s.%N)
 fault_refit "$V/v1.safetensors" --full --no-compress --link-rate "${RATE}Mbps" \
-  --heartbeat 200ms
+  --heartbeat 500ms
 fault_check "$V/v1.safetensors" --expect-outcome committed --excluded ""
 [[ $RC -eq 0 ]] || fail "dcr refit exited $RC"
 json 'd["adoptions"] == 0'
