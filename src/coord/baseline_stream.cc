@@ -138,6 +138,7 @@ Status BaselineInStream::Settle(ThreadPool* pool) {
         id.tensor, r->offset,
         o_.target->TensorData(id.tensor).subspan(r->offset, r->bytes));
     bytes[i] = r->bytes;
+    writes_ended_.fetch_add(1, std::memory_order_relaxed);
   });
   for (size_t i = 0; i < pending_.size(); ++i) {
     if (!errors[i].ok()) {

@@ -104,6 +104,12 @@ class BaselineInStream {
   // the last batch): no baseline pass after the decision.
   bool complete() const { return active_ && done_; }
   uint64_t written_bytes() const { return written_bytes_; }
+  // Span writes ended so far, on any thread (callable while
+  // SettleLastInBackground runs): a wait that sees it move is waiting on
+  // a disk that writes, not on one that hangs.
+  uint64_t writes_ended() const {
+    return writes_ended_.load(std::memory_order_relaxed);
+  }
   // Wall time of the writes and syncs (on the producer thread, overlapped
   // with the transfer).
   double seconds() const { return seconds_; }
@@ -123,6 +129,7 @@ class BaselineInStream {
   double seconds_ = 0;
   std::thread last_;  // SettleLastInBackground
   std::atomic<bool> last_done_{false};
+  std::atomic<uint64_t> writes_ended_{0};
   Status last_status_;
 };
 

@@ -202,25 +202,36 @@ Result<RefitReport> RefitRun::RunPhases() {
     // root.baseline's last writes ran beside the vote; the baseline holds
     // the target's bits before any decision says so. The tree's links
     // stay served meanwhile (heartbeats: the relays would drop a silent
-    // root), for at most a phase: writes stalled longer (a disk that
-    // hangs) abort the refit rather than hold every voted relay, and the
-    // abort restores the baseline once they end (Conclude).
+    // root), as long as the writes move: writes that make no progress
+    // for a phase (a disk that hangs) abort the refit rather than hold
+    // every voted relay, and the abort restores the baseline once they
+    // end (Conclude). A slow disk that writes is waited for.
     root_->Hold();
-    const Clock::time_point deadline = t_decide + options_.phase_timeout;
-    root_->RunUntil([&] { return in_stream_->finished(); }, deadline);
+    uint64_t ended = in_stream_->writes_ended();
+    Clock::time_point deadline = t_decide + options_.phase_timeout;
+    for (;;) {
+      root_->RunUntil([&] { return in_stream_->finished(); }, deadline);
+      if (in_stream_->finished()) break;
+      const uint64_t now_ended = in_stream_->writes_ended();
+      if (now_ended == ended) break;  // stalled for a whole phase
+      ended = now_ended;
+      deadline = Clock::now() + options_.phase_timeout;
+    }
     report_.baseline_waited_seconds = Seconds(t_decide, Clock::now());
     if (!in_stream_->finished()) {
+      const double phase =
+          std::chrono::duration<double>(options_.phase_timeout).count();
       if (commit) {
         commit = false;
         report_.reason = fmt::format(
-            "root.baseline's last writes ({}) did not end within {} s of "
-            "the votes (--timeout; a stalled disk?); aborted",
-            setup_.baseline->describe(),
-            std::chrono::duration<double>(options_.phase_timeout).count());
+            "root.baseline's last writes ({}) made no progress for {} s "
+            "(--timeout; a stalled disk?); aborted",
+            setup_.baseline->describe(), phase);
       }
       spdlog::warn(
-          "root.baseline's last writes still run {:.1f} s after the votes",
-          report_.baseline_waited_seconds);
+          "root.baseline's last writes still run {:.1f} s after the votes, "
+          "none ended in the last {} s",
+          report_.baseline_waited_seconds, phase);
     } else {
       Status b = in_stream_->Join();
       report_.baseline_in_stream_seconds = in_stream_->seconds();

@@ -299,7 +299,9 @@ TEST_F(RelayTreeTest,
        BaselineWritesStalledPastTheTimeoutAbortWithoutHoldingTheRelays) {
   SeedAll(0);
   StartAll();
-  ASSERT_TRUE(ArmFailpoints("coord.baseline_write=delay(8000)@1").ok());
+  // One span's write hangs; the others end at once (the settle's pool), so
+  // the writes stop ending within a phase of the votes, at most two.
+  ASSERT_TRUE(ArmFailpoints("coord.baseline_write=delay(12000)@1").ok());
   auto refit = std::async(std::launch::async, [this] {
     return Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
       o.heartbeat = 0ms;
@@ -307,7 +309,7 @@ TEST_F(RelayTreeTest,
     });
   });
   // Every relay aborted and went idle while the root still waits for the
-  // writes (about 5 s more).
+  // writes (at least 3 s more).
   const bool released = WaitUntil([&] {
     for (const auto& n : kRelays) {
       RelayStats st = relays_[n]->Stats();
@@ -324,9 +326,9 @@ TEST_F(RelayTreeTest,
   EXPECT_EQ(r.outcome, RefitOutcome::kAborted) << r.ToJson();
   EXPECT_THAT(r.reason,
               ::testing::HasSubstr("root.baseline's last writes (file:"));
-  EXPECT_THAT(r.reason, ::testing::HasSubstr("did not end within 3 s"));
-  EXPECT_LT(r.baseline_waited_seconds, 6.0) << r.ToJson();
-  EXPECT_GE(r.baseline_in_stream_seconds, 8.0) << r.ToJson();
+  EXPECT_THAT(r.reason, ::testing::HasSubstr("made no progress for 3 s"));
+  EXPECT_LT(r.baseline_waited_seconds, 9.0) << r.ToJson();
+  EXPECT_GE(r.baseline_in_stream_seconds, 12.0) << r.ToJson();
   const Digest128 v0 = DigestOf(Ckpt(0));
   for (const auto& n : kRelays) EXPECT_EQ(DigestOf(StorePath(n)), v0) << n;
   EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v0);
@@ -337,6 +339,31 @@ TEST_F(RelayTreeTest,
   RefitReport next = Refit(1);
   ASSERT_EQ(next.outcome, RefitOutcome::kCommitted) << next.ToJson();
   EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), DigestOf(Ckpt(1)));
+}
+
+// A slow disk that writes is not a stalled one: root.baseline's last
+// writes take longer than a phase after the votes (18 spans at 0.7 s each
+// on the settle's 2 threads: about 6 s against 2 s), but one ends at least
+// every phase, so the decision waits for them and the refit commits.
+TEST_F(RelayTreeTest, SlowBaselineWritesThatProgressAreWaitedFor) {
+  SeedAll(0);
+  StartAll();
+  ASSERT_TRUE(ArmFailpoints("coord.baseline_write=delay(700)").ok());
+  RefitReport r = Refit(1, RefitMode::kDelta, 0, [](RefitOptions& o) {
+    o.heartbeat = 300ms;
+    o.phase_timeout = 2s;
+  });
+  DisarmFailpoints();
+  ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+  EXPECT_GT(r.baseline_waited_seconds, 2.0) << r.ToJson();
+  const Digest128 v1 = DigestOf(Ckpt(1));
+  EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v1);
+  ExpectBaselineCommittedAt(dir_.Path("base.safetensors.dcr-version"),
+                            r.target);
+  for (const auto& n : kRelays) {
+    WaitIdle(n);
+    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
+  }
 }
 
 // A target with the baseline's bits is found out by the stream's hash: the
