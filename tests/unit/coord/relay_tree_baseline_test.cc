@@ -280,10 +280,7 @@ TEST_F(RelayTreeTest, TheBaselinesLastWritesOverlapTheVote) {
   EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v1);
   ExpectBaselineCommittedAt(dir_.Path("base.safetensors.dcr-version"),
                             r.target);
-  for (const auto& n : kRelays) {
-    WaitIdle(n);
-    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
-  }
+  ExpectRelaysHold(v1);
   // last-refit.json keeps it.
   auto back = RefitReportFromJson(nlohmann::json::parse(r.ToJson()), "f");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
@@ -360,10 +357,7 @@ TEST_F(RelayTreeTest, SlowBaselineWritesThatProgressAreWaitedFor) {
   EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), v1);
   ExpectBaselineCommittedAt(dir_.Path("base.safetensors.dcr-version"),
                             r.target);
-  for (const auto& n : kRelays) {
-    WaitIdle(n);
-    EXPECT_EQ(DigestOf(StorePath(n)), v1) << n;
-  }
+  ExpectRelaysHold(v1);
 }
 
 // A target with the baseline's bits is found out by the stream's hash: the

@@ -231,6 +231,13 @@ clusters:
                    [&](RefitOptions& o) { o.target = path; });
     });
   }
+  // Every relay idle, its store holding `digest`.
+  void ExpectRelaysHold(const Digest128& digest) {
+    for (const auto& n : kRelays) {
+      WaitIdle(n);
+      EXPECT_EQ(DigestOf(StorePath(n)), digest) << n;
+    }
+  }
   // Waits until `node`'s relay is idle (a refit it was part of ended).
   void WaitIdle(const std::string& node) {
     for (int i = 0; i < 500; ++i) {
