@@ -1,10 +1,12 @@
 // RefitRun's root.baseline and delta history at the end of a refit: the
-// commit phase's record (or the pass after the decision where the baseline
-// did not take the target while streaming), and the restore of the base on
-// abort (docs/FORMAT.md §5). The phase driver is refit_run.cc.
+// wait for its last writes before the decision, the commit phase's record (or
+// the pass after the decision where the baseline did not take the target while
+// streaming), and the restore of the base on abort (docs/FORMAT.md §5). The
+// phase driver is refit_run.cc.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
@@ -95,6 +97,80 @@ Status RefitRun::AdvanceBaselineAndHistory(
       Seconds(t_decide, t_sent), Seconds(t_sent, t_replies),
       Seconds(t_sent, t_recorded), Seconds(t_sent, Clock::now()));
   return b;
+}
+
+void RefitRun::AwaitBaselineWrites(Clock::time_point t_decide, bool* commit) {
+  // root.baseline's last writes ran beside the vote; the baseline holds
+  // the target's bits before any decision says so. The tree's links
+  // stay served meanwhile (heartbeats: the relays would drop a silent
+  // root), as long as the writes move: writes that make no progress
+  // for a phase (a disk that hangs) abort the refit rather than hold
+  // every voted relay, and the abort restores the baseline once they
+  // end (Conclude). A slow disk that writes is waited for.
+  root_->Hold();
+  uint64_t ended = in_stream_->writes_ended();
+  Clock::time_point deadline = t_decide + options_.phase_timeout;
+  for (;;) {
+    root_->RunUntil([&] { return in_stream_->finished(); }, deadline);
+    if (in_stream_->finished()) break;
+    const uint64_t now_ended = in_stream_->writes_ended();
+    if (now_ended == ended) break;  // stalled for a whole phase
+    ended = now_ended;
+    deadline = Clock::now() + options_.phase_timeout;
+  }
+  report_.baseline_waited_seconds = Seconds(t_decide, Clock::now());
+  if (!in_stream_->finished()) {
+    const double phase =
+        std::chrono::duration<double>(options_.phase_timeout).count();
+    if (*commit) {
+      *commit = false;
+      report_.reason = fmt::format(
+          "root.baseline's last writes ({}) made no progress for {} s "
+          "(--timeout; a stalled disk?); aborted",
+          setup_.baseline->describe(), phase);
+    }
+    spdlog::warn(
+        "root.baseline's last writes still run {:.1f} s after the votes, "
+        "none ended in the last {} s",
+        report_.baseline_waited_seconds, phase);
+  } else {
+    Status b = in_stream_->Join();
+    report_.baseline_in_stream_seconds = in_stream_->seconds();
+    spdlog::debug(
+        "root.baseline: {:.1f} MB written during the stream and the vote "
+        "in {:.3f} s ({:.3f} s waited for){}",
+        static_cast<double>(in_stream_->written_bytes()) / 1e6,
+        in_stream_->seconds(), report_.baseline_waited_seconds,
+        in_stream_->complete()
+            ? ""
+            : " (not every span: the rest after the decision)");
+    if (!b.ok() && *commit) {
+      *commit = false;
+      report_.reason = b.ToString() + "; aborted";
+    }
+  }
+}
+
+void RefitRun::JoinBaselineWrites() {
+  if (!in_stream_) return;
+  const bool running = !in_stream_->finished();
+  if (running) {
+    spdlog::warn(
+        "waiting for root.baseline's last writes to end before "
+        "restoring it to step {} (interrupted, it stays flagged "
+        "unfinished: dcr refit --resume restores it)",
+        report_.base.step);
+  }
+  const auto t_wait = Clock::now();
+  Status b = in_stream_->Join();  // at once where they ended
+  if (running) {
+    spdlog::info("root.baseline's last writes ended {:.1f} s later{}",
+                 Seconds(t_wait, Clock::now()),
+                 b.ok() ? "" : ": " + b.ToString());
+  } else if (!b.ok()) {
+    spdlog::warn("root.baseline's last writes failed: {}", b.ToString());
+  }
+  report_.baseline_in_stream_seconds = in_stream_->seconds();
 }
 
 bool RefitRun::RestoreBaseline(const std::string& log, bool verify) {

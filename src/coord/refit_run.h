@@ -104,6 +104,13 @@ class RefitRun {
   Status AdvanceBaselineAndHistory(bool commit_sent,
                                    const std::set<std::string>& commit_set,
                                    Clock::time_point t_decide);
+  // Before the decision: waits for root.baseline's last writes (beside
+  // the vote) as long as they make progress; writes that failed, or made
+  // none for a phase, turn *commit false with the reason.
+  void AwaitBaselineWrites(Clock::time_point t_decide, bool* commit);
+  // Abort: waits for those writes to end (they may still run after a
+  // stall), before the baseline is restored.
+  void JoinBaselineWrites();
   // The history record's header for this refit's delta.
   DeltaHeader RecordHeader() const;
   // Abort: root.baseline back to the base from the undo log (the history's
