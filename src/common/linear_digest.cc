@@ -46,6 +46,10 @@ std::vector<std::pair<const char*, const Kernels*>> AllKernels() {
   const bool clmul = kClmul != nullptr && __builtin_cpu_supports("pclmul") &&
                      __builtin_cpu_supports("sse4.1");
   if (clmul) out.emplace_back("pclmul", kClmul);
+  if (clmul && kVpclmul256 != nullptr && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("vpclmulqdq")) {
+    out.emplace_back("vpclmulqdq/avx2", kVpclmul256);
+  }
   if (clmul && kAvx512 != nullptr && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("vpclmulqdq")) {
     out.emplace_back("vpclmulqdq", kAvx512);

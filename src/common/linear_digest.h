@@ -32,6 +32,9 @@ LinearDigest MultiplyGeneric(const LinearDigest& a, const LinearDigest& b);
 extern const Kernels kGeneric;
 // PCLMULQDQ (x86-64); null where not compiled.
 extern const Kernels* const kClmul;
+// VPCLMULQDQ on 256-bit registers with AVX2 (x86-64); null where not
+// compiled.
+extern const Kernels* const kVpclmul256;
 // VPCLMULQDQ with AVX-512BW (x86-64); null where not compiled.
 extern const Kernels* const kAvx512;
 // K^n, and K^-n (K's inverse to the n), in at most 16 products each.

@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "dcr/digest.h"
@@ -95,8 +97,11 @@ TEST(LinearDigestTest, KernelsMatchTheDefinition) {
   for (size_t j = 1; j < linear_digest::kGroup; ++j) {
     k.k[j] = MultiplyGeneric(k.k[j - 1], kLinearDigestKey);
   }
-  for (uint64_t blocks :
-       {1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 64, 65, 100}) {
+  // Up to 100 blocks: whole groups of 8 and 32 and what follows them;
+  // past 256 groups of 32, the wide kernels move a body into place by
+  // Power rather than a table.
+  for (uint64_t blocks : {1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 64, 65,
+                          100, 32 * 256 + 5, 32 * 257 + 1, 32 * 258}) {
     auto bytes = RandomBytes(16 * blocks, rng);
     for (const auto* kernel : AllKernels()) {
       EXPECT_EQ(kernel->body(bytes.data(), blocks, k), Reference(bytes))
@@ -107,6 +112,29 @@ TEST(LinearDigestTest, KernelsMatchTheDefinition) {
     auto bytes = RandomBytes(n, rng);
     EXPECT_EQ(LinearHash(0, bytes), Reference(bytes)) << n << " bytes";
   }
+}
+
+// A kernel this CPU could run is compiled in and listed, so the tests above
+// check it (a build without its flags would leave it out silently).
+TEST(LinearDigestTest, EveryKernelThisCpuRunsIsListed) {
+  std::vector<std::string> names;
+  for (const auto& [name, k] : linear_digest::AllKernels()) {
+    names.emplace_back(name);
+  }
+  EXPECT_EQ(names.front(), "generic");
+#if defined(__x86_64__) && defined(__GNUC__)
+  auto listed = [&](const char* name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  const bool clmul =
+      __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+  const bool vpclmul = clmul && __builtin_cpu_supports("vpclmulqdq");
+  EXPECT_EQ(listed("pclmul"), clmul);
+  EXPECT_EQ(listed("vpclmulqdq/avx2"),
+            vpclmul && __builtin_cpu_supports("avx2"));
+  EXPECT_EQ(listed("vpclmulqdq"),
+            vpclmul && __builtin_cpu_supports("avx512bw"));
+#endif
 }
 
 TEST(LinearDigestTest, AnyPartitionAddsUpToTheWhole) {
