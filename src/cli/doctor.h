@@ -68,6 +68,12 @@ struct DoctorReport {
   int cuda_runtime_version = 0;
   std::vector<cuda::DeviceInfo> gpus;  // empty: none usable
 
+  // The CPU kernels picked at run time for this CPU: the digest's
+  // ("vpclmulqdq", "vpclmulqdq/avx2", "pclmul", "generic") and the context
+  // coder's scan ("avx512vbmi2", "avx512", "avx2", "generic").
+  std::string digest_kernel;
+  std::string context_scan;
+
   // With a topology.
   std::string topology;
   std::string node;  // empty: the root's view

@@ -26,7 +26,8 @@ grep -q -- "--doctor" "$T/out" || fail "dcr-relay --help lacks --doctor"
 # The table.
 expect 0 "$DCR" doctor
 for row in "^TRANSPORT +BUILT +USABLE +VERSION +DETAIL" "^tcp +yes +yes " "^ucx +(yes|no) +(yes|no) " \
-           "^TLS +built: OpenSSL" "^CUDA +(built|not built)"; do
+           "^TLS +built: OpenSSL" "^CUDA +(built|not built)" \
+           "^CPU +digest kernel [a-z0-9/]+.*, context scan [a-z0-9]+$"; do
   grep -qE "$row" "$T/out" || { cat "$T/out" >&2; fail "dcr doctor lacks a line like '$row'"; }
 done
 grep -q "topology" "$T/out" && fail "dcr doctor without --topology reports a topology"
@@ -34,7 +35,9 @@ grep -q "topology" "$T/out" && fail "dcr doctor without --topology reports a top
 # The JSON: the same facts.
 expect 0 "$DCR" doctor -o json
 cp "$T/out" "$T/dcr.json"
-json 'list(d) == ["build", "transports", "tls", "cuda", "topology", "ready"]' \
+json 'list(d) == ["build", "transports", "tls", "cuda", "cpu", "topology", "ready"]' \
+  'd["cpu"]["digest_kernel"] in ("generic", "pclmul", "vpclmulqdq/avx2", "vpclmulqdq")' \
+  'd["cpu"]["context_scan"] in ("generic", "avx2", "avx512", "avx512vbmi2")' \
   '[t["kind"] for t in d["transports"]] == ["tcp", "ucx"]' \
   'all(set(t) == {"kind", "built", "usable", "version", "detail"} for t in d["transports"])' \
   'd["transports"][0]["built"] and d["transports"][0]["usable"]' \
