@@ -18,13 +18,17 @@ namespace dcr {
 namespace {
 
 constexpr std::string_view kActionList =
-    "exit, hang, drop, delay(MS), corrupt, cut(BYTES), forge";
-// A delay is a pause, not a hang: longer ones are refused.
+    "exit, hang, drop, delay(MS), wait(PATH), corrupt, cut(BYTES), forge";
+// A delay is a pause, not a hang: longer ones are refused. A wait gives up
+// after as long.
 constexpr uint64_t kMaxDelayMs = 3600 * 1000;
+// How often a wait looks for its file.
+constexpr auto kWaitPoll = std::chrono::milliseconds(10);
 
 struct Rule {
   FailAction action = FailAction::kNone;
   uint64_t arg = 0;
+  std::string path;    // kWait: the file it waits for
   uint64_t nth = 0;    // 0: every hit
   uint64_t fired = 0;  // times this rule fired
 };
@@ -95,11 +99,12 @@ std::optional<uint64_t> ParseNumber(std::string_view s) {
   return v;
 }
 
-std::string ActionsOf(uint8_t mask) {
+std::string ActionsOf(uint16_t mask) {
   std::string out;
-  for (FailAction a : {FailAction::kExit, FailAction::kHang, FailAction::kDrop,
-                       FailAction::kDelay, FailAction::kCorrupt,
-                       FailAction::kCut, FailAction::kForge}) {
+  for (FailAction a :
+       {FailAction::kExit, FailAction::kHang, FailAction::kDrop,
+        FailAction::kDelay, FailAction::kWait, FailAction::kCorrupt,
+        FailAction::kCut, FailAction::kForge}) {
     if (!(mask & FailActionBit(a))) continue;
     if (!out.empty()) out += ", ";
     out += FailActionName(a);
@@ -168,7 +173,7 @@ Status ParseRule(std::string_view part, Rules* rules) {
       {"exit", FailAction::kExit},       {"hang", FailAction::kHang},
       {"drop", FailAction::kDrop},       {"delay", FailAction::kDelay},
       {"corrupt", FailAction::kCorrupt}, {"cut", FailAction::kCut},
-      {"forge", FailAction::kForge}};
+      {"forge", FailAction::kForge},     {"wait", FailAction::kWait}};
   for (const auto& [n, a] : kNames) {
     if (n == action) rule.action = a;
   }
@@ -204,6 +209,16 @@ Status ParseRule(std::string_view part, Rules* rules) {
       rule.arg = *v;
       break;
     }
+    case FailAction::kWait:
+      // '@' and ';' were split off above, so a path holding them never
+      // gets here whole: it fails the absolute-path check or names
+      // another file, and is documented as not allowed.
+      if (!arg || arg->empty() || arg->front() != '/') {
+        return bad("wait needs the absolute path of a file",
+                   ", e.g. wait(/tmp/go): it blocks until the file exists");
+      }
+      rule.path = std::string(*arg);
+      break;
     case FailAction::kCorrupt:
       rule.arg = FailpointHit::kCorruptMiddle;
       if (arg) {
@@ -270,6 +285,8 @@ std::string_view FailActionName(FailAction action) {
       return "cut";
     case FailAction::kForge:
       return "forge";
+    case FailAction::kWait:
+      return "wait";
   }
   return "?";
 }
@@ -309,9 +326,25 @@ FailpointHit Hit(FailpointId id) {
       "failpoint {} (hit {}): {}{}", name, n, FailActionName(rule.action),
       rule.action == FailAction::kDelay || rule.action == FailAction::kCut
           ? fmt::format("({})", rule.arg)
-          : std::string());
+      : rule.action == FailAction::kWait ? fmt::format("({})", rule.path)
+                                         : std::string());
   if (rule.action == FailAction::kDelay) {
     std::this_thread::sleep_for(std::chrono::milliseconds(rule.arg));
+    return {};
+  }
+  if (rule.action == FailAction::kWait) {
+    const auto give_up = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(kMaxDelayMs);
+    while (::access(rule.path.c_str(), F_OK) != 0) {
+      if (std::chrono::steady_clock::now() >= give_up) {
+        spdlog::error(
+            "failpoint {} (hit {}): {} did not appear within an "
+            "hour; carrying on",
+            name, n, rule.path);
+        break;
+      }
+      std::this_thread::sleep_for(kWaitPoll);
+    }
     return {};
   }
   return FailpointHit{rule.action, rule.arg};

@@ -14,8 +14,8 @@
 //   SPEC   := RULE (';' RULE)*     empty rules and spaces around a rule are
 //                                  ignored
 //   RULE   := POINT '=' ACTION ['@' N]
-//   ACTION := 'exit' | 'hang' | 'drop' | 'delay(' MS ')' | 'corrupt'
-//           | 'corrupt(' OFFSET ')' | 'cut(' BYTES ')' | 'forge'
+//   ACTION := 'exit' | 'hang' | 'drop' | 'delay(' MS ')' | 'wait(' PATH ')'
+//           | 'corrupt' | 'corrupt(' OFFSET ')' | 'cut(' BYTES ')' | 'forge'
 //
 // e.g. DCR_FAILPOINTS="relay.apply_chunk=exit@5;relay.forward=drop@3".
 // POINT must be a known point (kFailpoints) that takes ACTION. `@N` fires
@@ -31,6 +31,11 @@
 //               process is killed. A relay whose actor thread hangs does not
 //               finish SIGTERM either (its Stop joins that thread): kill -9.
 //   delay(MS)   sleeps MS milliseconds and continues as if nothing fired.
+//   wait(PATH)  blocks the hitting thread until the file PATH exists (polled
+//               every 10 ms; an absolute path without ';', '@' or ')'),
+//               then continues as if nothing fired: a window that lasts
+//               exactly until the test has done its part. After an hour
+//               without the file it logs an error and continues.
 //   drop        the caller skips what it was about to do.
 //   corrupt     the caller flips one byte (XOR 0xff) of what it was about to
 //               send or apply, at OFFSET (default: the middle; an offset past
@@ -40,8 +45,8 @@
 //   forge       the caller sends a well-formed forgery instead of what it
 //               was about to send: valid checksums and frame tag, altered
 //               content (what a node holding the frame key could make).
-// exit, hang and delay are carried out inside Failpoint(); the caller sees
-// only drop, corrupt, cut and forge (FailpointHit).
+// exit, hang, delay and wait are carried out inside Failpoint(); the caller
+// sees only drop, corrupt, cut and forge (FailpointHit).
 //
 // Thread safety: Failpoint() may be called from any thread. Hits of one point
 // are counted exactly: with `@N` exactly one hit fires, whichever thread
@@ -74,31 +79,32 @@ enum class FailAction : uint8_t {
   kCorrupt,
   kCut,
   kForge,
+  kWait,
 };
 
 // "exit", "hang", ...; "none" for kNone.
 std::string_view FailActionName(FailAction action);
 
-constexpr uint8_t FailActionBit(FailAction a) {
-  return static_cast<uint8_t>(1u << static_cast<unsigned>(a));
+constexpr uint16_t FailActionBit(FailAction a) {
+  return static_cast<uint16_t>(1u << static_cast<unsigned>(a));
 }
 
 // A known failpoint: its name, the actions that mean something there (a spec
 // giving it another one is refused), and where it is.
 struct FailpointInfo {
   std::string_view name;
-  uint8_t actions;  // FailActionBit()s
+  uint16_t actions;  // FailActionBit()s
   std::string_view where;
 };
 
 namespace failpoint_internal {
-inline constexpr uint8_t kControl = FailActionBit(FailAction::kExit) |
-                                    FailActionBit(FailAction::kHang) |
-                                    FailActionBit(FailAction::kDelay);
-inline constexpr uint8_t kDrop = FailActionBit(FailAction::kDrop);
-inline constexpr uint8_t kCorrupt = FailActionBit(FailAction::kCorrupt);
-inline constexpr uint8_t kCut = FailActionBit(FailAction::kCut);
-inline constexpr uint8_t kForge = FailActionBit(FailAction::kForge);
+inline constexpr uint16_t kControl =
+    FailActionBit(FailAction::kExit) | FailActionBit(FailAction::kHang) |
+    FailActionBit(FailAction::kDelay) | FailActionBit(FailAction::kWait);
+inline constexpr uint16_t kDrop = FailActionBit(FailAction::kDrop);
+inline constexpr uint16_t kCorrupt = FailActionBit(FailAction::kCorrupt);
+inline constexpr uint16_t kCut = FailActionBit(FailAction::kCut);
+inline constexpr uint16_t kForge = FailActionBit(FailAction::kForge);
 }  // namespace failpoint_internal
 
 // The registry of failpoints. Appending one: add it here, hook it with
@@ -197,7 +203,7 @@ namespace failpoint_internal {
 // than a function-local static so that the disarmed path is one relaxed
 // load with no initialisation guard.
 inline constinit std::atomic<bool> armed{false};
-// The armed path: counts the hit, carries out exit/hang/delay.
+// The armed path: counts the hit, carries out exit/hang/delay/wait.
 FailpointHit Hit(FailpointId id);
 }  // namespace failpoint_internal
 
@@ -218,8 +224,8 @@ inline FailpointHit Failpoint(FailpointId id) {
 // InvalidArgument whose one-line message quotes the variable and names the
 // rule and what is wrong with it:
 //   DCR_FAILPOINTS="relay.vote=explode": unknown action 'explode' in
-//   'relay.vote=explode' (actions: exit, hang, drop, delay(MS), corrupt,
-//   cut(BYTES), forge)
+//   'relay.vote=explode' (actions: exit, hang, drop, delay(MS), wait(PATH),
+//   corrupt, cut(BYTES), forge)
 Status InitFailpointsFromEnv();
 
 // Replaces every armed rule with those of `spec` and resets the hit counts

@@ -149,7 +149,7 @@ cp "$V/v0.safetensors" "$T/base.safetensors"
 DCR_FAILPOINTS="relay.vote=explode" expect 2 "$RELAY" --topology "$TOPO" --node a0
 expect_err "dcr-relay: error: DCR_FAILPOINTS=\"relay.vote=explode\": unknown action 'explode' in 'relay.vote=explode'"
 DCR_FAILPOINTS="relay.vote=exit;coord.before_commit=drop" expect 2 "$DCR" status --topology "$TOPO"
-expect_err "dcr: error: DCR_FAILPOINTS=\"relay.vote=exit;coord.before_commit=drop\": coord.before_commit does not take drop in 'coord.before_commit=drop' (it takes exit, hang, delay)"
+expect_err "dcr: error: DCR_FAILPOINTS=\"relay.vote=exit;coord.before_commit=drop\": coord.before_commit does not take drop in 'coord.before_commit=drop' (it takes exit, hang, delay, wait)"
 DCR_FAILPOINTS="relay.vot=exit" expect 2 "$DCR" --help
 expect_err "unknown failpoint 'relay.vot'"
 

@@ -305,42 +305,44 @@ if [[ $BACKEND == s3rver ]]; then
   verify_all "$V/v1.safetensors" "${RELAYS[@]}"
   [[ $(grep -c injected "$T/proxy.err") -ge 3 ]] || fail "the proxy injected $(grep -c injected "$T/proxy.err") SlowDowns"
 
-  # j. Uploads slowed to 700 ms each (coord.upload=delay(700)): the 8
-  # uploaders store the 16 chunks in two waves and the END in a third, so
-  # s3rver, killed once the first chunk is stored (not the probe before
-  # PLAN, which the root's retries would absorb), is down before the END
-  # is stored, and f0 (one attempt per read: it polls again itself) logs
-  # its reads that fail while it is down; up again 1 s later.
+  # j. s3rver killed mid-refit and started again. Every upload (chunks and
+  # END) is held (coord.upload=wait(FILE)) until the test has killed the
+  # server, seen f0's reads fail while it is down (f0 reads with one
+  # attempt and polls again itself, so each failed read is logged) and
+  # started it again; the refit then stores everything on the restarted
+  # server. The first held upload comes after PLAN, so the root's probe
+  # of the store is done by then.
   stop_relay f0
   start_relay f0
   wait_ready f0
-  touch "$T/j.mark"
   F0_LINES=$(wc -l <"$T/f0.log")
-  DCR_FAILPOINTS='coord.upload=delay(700)' "$DCR" refit --topology "$TOPO" \
+  rm -f "$T/j.go"
+  DCR_FAILPOINTS="coord.upload=wait($T/j.go)" "$DCR" refit --topology "$TOPO" \
     --progress never -o json --timeout 30s --target "$V/v2.safetensors" \
     >"$T/restart.json" 2>"$T/restart.err" &
   REFIT_PID=$!
-  for _ in $(seq 200); do
-    [[ -n $(find "$T/s3/dcr-test/dcr/refits" -path '*/f/*._S3rver_object' -newer "$T/j.mark" 2>/dev/null | head -1) ]] && break
+  held=0
+  for _ in $(seq 600); do
+    grep -q "failpoint coord.upload (hit 1): wait" "$T/restart.err" && { held=1; break; }
     sleep 0.05
   done
+  [[ $held -eq 1 ]] || { touch "$T/j.go"; cat "$T/restart.err" >&2; fail "no upload reached the held failpoint"; }
   kill -KILL "${PID[s3rver]}"; wait "${PID[s3rver]}" 2>/dev/null || true
-  sleep 1
-  start_s3rver_at "$SRC" "$T/s3" "$S3PORT"
-  set +e; wait "$REFIT_PID"; rc=$?; set -e
-  [[ $rc -eq 0 ]] || { cat "$T/restart.err" >&2; fail "the refit across an s3rver restart exited $rc"; }
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["outcome"] == "committed", d["outcome"]' "$T/restart.json"
-  # (Polled: f0 may write its log lines after the refit has returned.)
   saw_down=0
-  for _ in $(seq 100); do
+  for _ in $(seq 300); do
     if tail -n +"$((F0_LINES + 1))" "$T/f0.log" | grep -q "objstore: refits/.*: I/O error"; then
       saw_down=1
       break
     fi
     sleep 0.1
   done
+  start_s3rver_at "$SRC" "$T/s3" "$S3PORT"
+  touch "$T/j.go"
   [[ $saw_down -eq 1 ]] ||
     { tail -n +"$((F0_LINES + 1))" "$T/f0.log" >&2; fail "f0 never saw the store down"; }
+  set +e; wait "$REFIT_PID"; rc=$?; set -e
+  [[ $rc -eq 0 ]] || { cat "$T/restart.err" >&2; fail "the refit across an s3rver restart exited $rc"; }
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["outcome"] == "committed", d["outcome"]' "$T/restart.json"
   verify_all "$V/v2.safetensors" "${RELAYS[@]}"
   CUR=$V/v2.safetensors OTHER_V=$V/v3.safetensors
 else

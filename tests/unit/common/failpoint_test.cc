@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -56,7 +57,8 @@ TEST_F(FailpointTest, GoodSpecsArm) {
         " relay.forward = drop@3 ; relay.apply_chunk=corrupt(7);",
         "relay.apply_chunk=corrupt;relay.apply_chunk=delay(0)@1",
         "coord.before_commit=delay(3600000)", "relay.plan=drop",
-        "relay.commit=drop;relay.abort=exit@18446744073709551615"}) {
+        "relay.commit=drop;relay.abort=exit@18446744073709551615",
+        "store.data_sync=wait(/tmp/dcr go-ahead)@2"}) {
     SCOPED_TRACE(spec);
     ASSERT_TRUE(ArmFailpoints(spec).ok()) << ArmFailpoints(spec).ToString();
     EXPECT_TRUE(failpoint_internal::armed.load());
@@ -75,7 +77,7 @@ TEST_F(FailpointTest, BadSpecsAreRefusedWithOneLineMessages) {
       "coord.before_commit, coord.after_commit, coord.baseline_write, "
       "store.data_sync, coord.upload, producer.send_chunk, relay.loop";
   const std::string actions =
-      "exit, hang, drop, delay(MS), corrupt, cut(BYTES), forge";
+      "exit, hang, drop, delay(MS), wait(PATH), corrupt, cut(BYTES), forge";
   const std::pair<std::string, std::string> cases[] = {
       {"relay.vote",
        "'relay.vote' is not POINT=ACTION[@N] (e.g. relay.vote=exit@2)"},
@@ -89,13 +91,13 @@ TEST_F(FailpointTest, BadSpecsAreRefusedWithOneLineMessages) {
       {"relay.vote=", "no action in 'relay.vote=' (actions: " + actions + ")"},
       {"relay.vote=corrupt",
        "relay.vote does not take corrupt in 'relay.vote=corrupt' (it takes "
-       "exit, hang, drop, delay)"},
+       "exit, hang, drop, delay, wait)"},
       {"coord.before_commit=drop",
        "coord.before_commit does not take drop in "
-       "'coord.before_commit=drop' (it takes exit, hang, delay)"},
+       "'coord.before_commit=drop' (it takes exit, hang, delay, wait)"},
       {"relay.apply_chunk=cut(5)",
        "relay.apply_chunk does not take cut in 'relay.apply_chunk=cut(5)' "
-       "(it takes exit, hang, drop, delay, corrupt)"},
+       "(it takes exit, hang, drop, delay, wait, corrupt)"},
       {"relay.forward=cut",
        "cut needs a number of bytes in 'relay.forward=cut', e.g. cut(4096)"},
       {"relay.vote=delay@2",
@@ -125,6 +127,14 @@ TEST_F(FailpointTest, BadSpecsAreRefusedWithOneLineMessages) {
        "'relay.vote=exit@99999999999999999999' (a whole number from 1: @1 is "
        "the first hit)"},
       {"relay.vote=delay(5", "unclosed '(' in 'relay.vote=delay(5'"},
+      {"relay.vote=wait",
+       "wait needs the absolute path of a file in 'relay.vote=wait', e.g. "
+       "wait(/tmp/go): it blocks until the file exists"},
+      {"relay.vote=wait(go)",
+       "wait needs the absolute path of a file in 'relay.vote=wait(go)', "
+       "e.g. wait(/tmp/go): it blocks until the file exists"},
+      {"relay.forward=wait(/tmp/go)x",
+       "unexpected 'x' after ')' in 'relay.forward=wait(/tmp/go)x'"},
       {"relay.vote=delay(5)x",
        "unexpected 'x' after ')' in 'relay.vote=delay(5)x'"},
   };
@@ -162,7 +172,7 @@ TEST_F(FailpointTest, InitFromEnvironment) {
   EXPECT_EQ(s.message(),
             "DCR_FAILPOINTS=\"relay.vote=exit;relay.vote=explode\": unknown "
             "action 'explode' in 'relay.vote=explode' (actions: exit, hang, "
-            "drop, delay(MS), corrupt, cut(BYTES), forge)");
+            "drop, delay(MS), wait(PATH), corrupt, cut(BYTES), forge)");
   EXPECT_FALSE(failpoint_internal::armed.load());
 
   ::setenv("DCR_FAILPOINTS", "relay.forward=drop@2", 1);
@@ -267,6 +277,35 @@ TEST_F(FailpointTest, DelaySleepsThenCarriesOn) {
   auto t2 = std::chrono::steady_clock::now();
   EXPECT_LT(t1 - t0, std::chrono::milliseconds(60));
   EXPECT_GE(t2 - t1, std::chrono::milliseconds(60));
+}
+
+TEST_F(FailpointTest, WaitBlocksUntilItsFileExistsThenCarriesOn) {
+  char dir[] = "/tmp/dcr-failpoint-wait.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string go = std::string(dir) + "/go";
+  ASSERT_TRUE(ArmFailpoints("coord.before_commit=wait(" + go + ")@2").ok());
+  EXPECT_EQ(Failpoint(kBeforeCommit).action, FailAction::kNone);  // hit 1
+  std::atomic<bool> through{false};
+  std::thread hitter([&] {
+    EXPECT_EQ(Failpoint(kBeforeCommit).action, FailAction::kNone);
+    through = true;
+  });
+  // Held for as long as the file is missing, however long that is...
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(through);
+  // ... and let through once it exists.
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* f = std::fopen(go.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  hitter.join();
+  EXPECT_TRUE(through);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  // The rule fired at hit 2 only: hit 3 passes with the file gone.
+  std::remove(go.c_str());
+  EXPECT_EQ(Failpoint(kBeforeCommit).action, FailAction::kNone);
+  EXPECT_EQ(TEST_FailpointHits(kBeforeCommit), 3u);
+  ::rmdir(dir);
 }
 
 TEST_F(FailpointTest, DisarmStopsEverything) {
