@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Row 15: a store bit flipped after apply, before the vote. The leaf b1
-# stalls for 3 s when its Nth chunk arrives (relay.apply_chunk=delay@N;
-# chunks 1..N-1 are applied by then); the test flips one bit of b1's store
+# is held when its Nth chunk arrives (relay.apply_chunk=wait@N; chunks
+# 1..N-1 are applied by then) until the test has flipped one bit of b1's store
 # file (a mapped file store: the relay sees it) at an offset picked by
-# SEED. b1's digest check must catch it: it votes digest mismatch naming
+# SEED; then it goes on. b1's digest check must catch it: it votes digest mismatch naming
 # the tensor, the root's repair round overwrites that tensor, and b1
 # commits the target's bits (0) whatever min_commit.
 # Usage: 15_store_bitflip.sh [DCR DCR_RELAY TRAINGEN]
@@ -16,15 +16,23 @@ if ((SEED % 2 == 0)); then MC=all; else MC=5; fi
 fault_topology "$MC"
 fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
 for n in "${RELAYS[@]}"; do
-  if [[ $n == b1 ]]; then fault_start b1 "relay.apply_chunk=delay(3000)@$N"; else fault_start "$n"; fi
+  if [[ $n == b1 ]]; then fault_start b1 "relay.apply_chunk=wait($T/b1.go)@$N"; else fault_start "$n"; fi
 done
-# A data byte of the safetensors file (past its 8-byte length and header),
-# and the base with that bit flipped: what b1 must hold afterwards.
+# A data byte of the safetensors file in the tensor last in manifest (name)
+# order, and the base with that bit flipped: what b1 must hold afterwards.
+# The first vote takes the digests a relay hashed ahead of the stream, of
+# the tensors below the one an Apply reached (src/session/refit_session.h,
+# "Hashing ahead"), and a change by something else after that is seen by
+# the next vote only; the last tensor is never hashed ahead, so this first
+# vote hashes it after the flip, wherever chunk N falls.
 OFF=$(python3 -S - "$T/b1.safetensors" "$SEED" <<'PY'
-import random, struct, sys
+import json, random, struct, sys
 data = open(sys.argv[1], "rb").read()
-start = 8 + struct.unpack("<Q", data[:8])[0]
-print(random.Random(int(sys.argv[2])).randrange(start, len(data)))
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+last = max(k for k in header if k != "__metadata__")
+begin, end = header[last]["data_offsets"]
+print(8 + n + random.Random(int(sys.argv[2])).randrange(begin, end))
 PY
 )
 BIT=$(pick 0 8 2)
@@ -41,11 +49,10 @@ PY
 cp "$V/v0.safetensors" "$T/v0-flipped.safetensors"
 flip "$T/v0-flipped.safetensors"
 fault_snapshot
-# Heartbeats every 2 s: b1's 3 s stall blocks its own, under the 8 s after
-# which b0 would drop it as silent.
-fault_refit_bg "$V/v1.safetensors" --heartbeat 2s
-fault_wait_log b1 "failpoint relay.apply_chunk (hit $N): delay"
+fault_refit_bg "$V/v1.safetensors"
+fault_wait_log b1 "failpoint relay.apply_chunk (hit $N): wait"
 flip "$T/b1.safetensors"
+touch "$T/b1.go"
 FAULTS[store_bitflip]=1
 fault_refit_wait
 # b1 votes no naming the tensor with the flipped bit; the repair round

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Row 21: a relay commits but its COMMIT_REPLY comes too late (issue 15,
-# finding 9): b2 sits on COMMIT past the phase deadline
-# (relay.commit=delay@1), then commits. The report must not call it
+# finding 9): b2 sits on COMMIT (relay.commit=wait@1) until the refit has
+# given up on its reply at the phase deadline, then commits. The report must not call it
 # "excluded, now stale": it voted yes and was sent COMMIT, so it is
 # "commit unconfirmed" (exit 3, committed-partial); once it has committed,
 # `dcr status` shows it at the target, not stale, its last refit result
@@ -15,13 +15,15 @@ fault_model
 fault_topology 4
 fault_seed "$V/v0.safetensors" "${RELAYS[@]}" base
 for n in "${RELAYS[@]}"; do
-  if [[ $n == b2 ]]; then fault_start b2 "relay.commit=delay(7000)@1"; else fault_start "$n"; fi
+  if [[ $n == b2 ]]; then fault_start b2 "relay.commit=wait($T/b2.go)@1"; else fault_start "$n"; fi
 done
 fault_snapshot
 # A 3 s deadline for every phase (the healthy relays' plan, stream and
-# vote on a loaded machine); b2's COMMIT_REPLY comes 4 s after it (a
-# relay that owes a decision reply is not judged silent meanwhile).
+# vote on a loaded machine); b2's COMMIT_REPLY comes after the refit has
+# returned (a relay that owes a decision reply is not judged silent
+# meanwhile).
 REFIT_TIMEOUT=3s fault_refit "$V/v1.safetensors"
+touch "$T/b2.go"
 FAULTS[late_commit_reply]=1
 [[ $RC -eq 3 ]] || { cat "$T/refit.err" "$T/report.json" >&2; fail "dcr refit exited $RC, want 3"; }
 cp "$T/report.json" "$T/out"

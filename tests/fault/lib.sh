@@ -185,6 +185,17 @@ fault_wait_log() {
   fail "'$2' not in $1's log within ${3:-10} s"
 }
 
+# fault_wait_stopped NAME: the relay is stopped (SIGSTOP delivered: state T
+# in /proc), within 5 s.
+fault_wait_stopped() {
+  local i
+  for i in $(seq 500); do
+    [[ $(awk '{print $3}' "/proc/${PID[$1]}/stat" 2>/dev/null) == T ]] && return 0
+    sleep 0.01
+  done
+  fail "$1 not stopped within 5 s of SIGSTOP"
+}
+
 # fault_kill9 NAME: SIGKILL, gone within 5 s; FAULT_T0 = now.
 fault_kill9() {
   local p=${PID[$1]}
