@@ -7,7 +7,7 @@
 #      stay as they were; the others commit v1 (committed-partial).
 #  (b) space freed: the next refit v1 -> v2 catches the leaf up from the
 #      history by itself: committed everywhere.
-#  (c) full while the leaf sits on COMMIT (relay.commit=delay): writing the
+#  (c) full while the leaf sits on COMMIT (relay.commit=wait): writing the
 #      commit's record fails; the leaf answers store error saying the disk
 #      is full and naming the record, is excluded, keeps running, and its
 #      record is the whole previous one (refit v2 -> v3 unfinished: it
@@ -99,12 +99,13 @@ synced
 # (c) Full while the leaf sits on COMMIT: the commit's record write fails.
 kill -TERM "${PID[$VIC]}"
 fault_wait_exit "$VIC" 0
-fault_start "$VIC" "relay.commit=delay(2000)@1" --write-back-delay 0
+fault_start "$VIC" "relay.commit=wait($T/c.go)@1" --write-back-delay 0
 fault_snapshot
 fault_refit_bg "$V/v3.safetensors"
-fault_wait_log "$VIC" "failpoint relay.commit (hit 1): delay"
+fault_wait_log "$VIC" "failpoint relay.commit (hit 1): wait"
 cp "$REC" "$T/record-c"  # BeginRefit's: refit v2 -> v3 in progress
 fill
+touch "$T/c.go"  # the disk is full: let the leaf commit
 FAULT_T0=$(date +%s.%N)
 fault_refit_wait
 CRASHED+=("$VIC")  # its record says the refit is unfinished, as it must

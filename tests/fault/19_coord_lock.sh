@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Row 19: no split brain on `dcr refit --resume` (issue 15, finding 1).
 #   a. A coordinator stalls after its commit decision
-#      (coord.before_commit=delay). Meanwhile `dcr refit --resume` and a new
+#      (coord.before_commit=wait). Meanwhile `dcr refit --resume` and a new
 #      `dcr refit` on the same state_dir are refused at once (exit 2),
 #      naming the running coordinator's pid; `dcr status` shows it running
 #      and takes no lock. The stalled run then commits: exit 0, every store
@@ -45,12 +45,11 @@ print((r['committed'] or {'step': 0})['step'], 'unfinished' if r.get('in_progres
 
 # --- a. the lock -----------------------------------------------------------
 fault_snapshot
-# The stall must outlast the refusals and statuses below on a loaded CI
-# machine (4 s did not, next to the memory-flood row): 12 s, the rest of
-# which fault_refit_wait sits out.
-REFIT_TIMEOUT=30s COORD_FAILPOINTS="coord.before_commit=delay(12000)" \
+# The coordinator is held after its decision (coord.before_commit=wait)
+# until the refusals and statuses below are checked.
+REFIT_TIMEOUT=30s COORD_FAILPOINTS="coord.before_commit=wait($T/a.go)" \
   fault_refit_bg "$V/v1.safetensors"
-wait_refit_log "failpoint coord.before_commit (hit 1): delay"
+wait_refit_log "failpoint coord.before_commit (hit 1): wait"
 COORD=$(pgrep -P "$REFIT_PID" -x dcr || true)
 [[ -n $COORD ]] || fail "no running coordinator"
 FAULTS[concurrent_coordinator]=1
@@ -66,7 +65,8 @@ expect 0 "$DCR" status --topology "$TOPO" --timeout 2s
 grep -qF "a refit is running (pid $COORD" "$T/out" || { cat "$T/out" >&2; fail "dcr status does not show the running refit"; }
 refused_ms=$((($(date +%s%N) - t0) / 1000000))
 echo "row 19: refusals and status took ${refused_ms} ms" >&2
-kill -0 "$COORD" 2>/dev/null || fail "the coordinator ended before the refusals were checked (${refused_ms} ms): lengthen its delay"
+kill -0 "$COORD" 2>/dev/null || fail "the held coordinator ended before the refusals were checked (${refused_ms} ms)"
+touch "$T/a.go"
 fault_refit_wait
 [[ $RC -eq 0 ]] || { cat "$T/refit.err" >&2; fail "the stalled refit exited $RC, want 0"; }
 fault_check "$V/v1.safetensors" --expect-outcome committed --excluded ""
@@ -75,13 +75,13 @@ json "d['root']['running'] is None"
 
 # --- b. a COMMIT fenced off never moves the baseline --------------------------
 fault_snapshot
-# The stall must outlast the copies and a whole resume (its --timeout 3s)
-# on a loaded machine: 10 s (the commit's own 3 s start after it). It
-# stops the root's heartbeats: at 3 s the relays drop a silent parent only
-# after 12 s (an orphan would take the copy's resume as its new parent).
-REFIT_TIMEOUT=3s COORD_FAILPOINTS="coord.before_commit=delay(10000)" \
+# The coordinator is held after its decision until the copies and a whole
+# resume (its --timeout 3s) are done. The hold stops the root's
+# heartbeats: at 3 s the relays drop a silent parent only after 12 s (an
+# orphan would take the copy's resume as its new parent).
+REFIT_TIMEOUT=3s COORD_FAILPOINTS="coord.before_commit=wait($T/b.go)" \
   fault_refit_bg "$V/v2.safetensors" --heartbeat 3s
-wait_refit_log "failpoint coord.before_commit (hit 1): delay"
+wait_refit_log "failpoint coord.before_commit (hit 1): wait"
 t0=$(date +%s%N)
 cp -a "$T/root" "$T/copy-root"
 cp "$T/base.safetensors" "$T/copy-base.safetensors"
@@ -95,7 +95,8 @@ set +e
 copy_rc=$?
 set -e
 echo "row 19: the resume on the copy took $((($(date +%s%N) - t0) / 1000000)) ms" >&2
-kill -0 "$REFIT_PID" 2>/dev/null || fail "the stalled refit ended before the copy's resume did: lengthen its delay"
+kill -0 "$REFIT_PID" 2>/dev/null || fail "the held refit ended before the copy's resume did"
+touch "$T/b.go"
 [[ $copy_rc -eq 1 ]] || { cat "$T/copy.err" "$T/copy.json" >&2; fail "the resume on the copy exited $copy_rc, want 1 (unfinished: every relay refused it)"; }
 fault_refit_wait
 [[ $RC -eq 1 ]] || { cat "$T/refit.err" "$T/report.json" >&2; fail "the fenced-off refit exited $RC, want 1"; }

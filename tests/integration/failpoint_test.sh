@@ -270,9 +270,9 @@ PY
 }
 stop_relay a1
 RELAY_ARGS=(--prepared-wait 2s --metrics-port 0)
-# 10 s: the checks below (two Python runs) fall inside it on a loaded
-# machine.
-start_relay a1 "store.data_sync=delay(10000)"
+# The write-back held (hang) until a1 is killed: the checks below see its
+# mark however long they take.
+start_relay a1 "store.data_sync=hang"
 refit 0 --full  # v1 again, so that a1's write-back starts from a commit
 expect 0 "$DCR" refit --topology "$TOPO" --target "$V/v0.safetensors" \
   --timeout 20s --progress never -o json
