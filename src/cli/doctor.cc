@@ -191,9 +191,12 @@ std::string CudaText(const DoctorReport& r) {
 
 std::string CpuText(const DoctorReport& r) {
   std::string s = "digest kernel " + r.digest_kernel;
-  if (r.digest_kernel == "pclmul" || r.digest_kernel == "generic") {
-    s += " (no VPCLMULQDQ on this CPU: votes and store hashes run at about a "
-         "third of the speed they have on Zen 3, Ice Lake and later)";
+  if (r.digest_kernel == "pclmul") {
+    s += " (no VPCLMULQDQ kernel for this CPU: votes and store hashes run at "
+         "about a third of their speed on Zen 3, Ice Lake and later)";
+  } else if (r.digest_kernel == "generic") {
+    s += " (bitwise: no PCLMULQDQ kernel for this CPU; votes and store hashes "
+         "are many times slower)";
   }
   return s + ", context scan " + r.context_scan;
 }

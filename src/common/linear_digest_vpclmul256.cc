@@ -67,9 +67,11 @@ __m256i Lanes(const LinearDigest& d0, const LinearDigest& d1) {
 
 // The kernel's constants, computed once: `k` always holds the format's K.
 struct Constants {
-  LinearDigest pw[kBlocks];                // K^1 .. K^32
-  LinearDigest back;                       // K^-32
-  LinearDigest placed[kTabledGroups + 1];  // K^(32 j)
+  // Aggregate-initialised ({}): no call of LinearDigest's implicit
+  // constructor, an inline function of a header.
+  LinearDigest pw[kBlocks]{};                // K^1 .. K^32
+  LinearDigest back{};                       // K^-32
+  LinearDigest placed[kTabledGroups + 1]{};  // K^(32 j)
   Constants(const Powers& k, const Kernels& m) {
     for (size_t j = 0; j < kGroup; ++j) pw[j] = k.k[j];
     for (size_t j = kGroup; j < kBlocks; ++j) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Row 2: SIGSTOP the head a0 when its Nth CHUNK arrives (relay.forward=wait
-# holds a0 there until it is stopped). The root hears no heartbeat from a0 for 4 intervals,
-# fails to adopt it again, adopts a1 and a2 (the repair round resends what
+# holds a0 there until it is stopped). The root hears no heartbeat from a0
+# for 4 intervals, fails to adopt it again, adopts a1 and a2 (the repair round resends what
 # they missed) and commits on every node but a0 (min_commit 5, exit 3);
 # a0, woken by SIGCONT, finds its parent gone and is back at v0.
 # Usage: 02_sigstop_reparent.sh [DCR DCR_RELAY TRAINGEN]

@@ -47,6 +47,7 @@ print((r['committed'] or {'step': 0})['step'], 'unfinished' if r.get('in_progres
 fault_snapshot
 # The coordinator is held after its decision (coord.before_commit=wait)
 # until the refusals and statuses below are checked.
+release_on_exit "$T/a.go"
 REFIT_TIMEOUT=30s COORD_FAILPOINTS="coord.before_commit=wait($T/a.go)" \
   fault_refit_bg "$V/v1.safetensors"
 wait_refit_log "failpoint coord.before_commit (hit 1): wait"
@@ -79,6 +80,7 @@ fault_snapshot
 # resume (its --timeout 3s) are done. The hold stops the root's
 # heartbeats: at 3 s the relays drop a silent parent only after 12 s (an
 # orphan would take the copy's resume as its new parent).
+release_on_exit "$T/b.go"
 REFIT_TIMEOUT=3s COORD_FAILPOINTS="coord.before_commit=wait($T/b.go)" \
   fault_refit_bg "$V/v2.safetensors" --heartbeat 3s
 wait_refit_log "failpoint coord.before_commit (hit 1): wait"

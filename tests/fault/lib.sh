@@ -38,6 +38,7 @@ _fault_exit() {
     DCR_FAULT_KEEP=1
   fi
   for n in "${!XPID[@]}"; do kill -KILL "${XPID[$n]}" 2>/dev/null || true; done
+  release_all  # a held background refit (release_on_exit)
   if [[ ${DCR_FAULT_KEEP:-0} == 1 ]]; then
     local p
     for p in "${PID[@]}"; do kill -KILL "$p" 2>/dev/null || true; done

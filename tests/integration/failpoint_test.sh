@@ -245,9 +245,9 @@ json 'd["outcome"] == "committed"' 'all(n["committed"] for n in d["nodes"])'
 verify_all "$V/v1.safetensors" "${RELAYS[@]}" base
 
 # --- f. The store's background write-back (--data-sync background) ---------
-# a1's write-back is held 4 s (store.data_sync=delay): once the refit back
+# a1's write-back is held (store.data_sync=hang): once the refit back
 # to v0 commits, a1's record names v0 marked "unsynced" with this boot's id,
-# and its metrics say so. A kill -9 in that window loses nothing (the page
+# and its metrics say so. A kill -9 then loses nothing (the page
 # cache holds the bits): the restart writes them back and drops the mark.
 # A mark from another boot is what a host crash leaves: the restart hashes
 # the store; bits that hold the version keep it, a store that lost a write

@@ -64,10 +64,23 @@ PY
 # associative array PID (relay name -> pid) and set DCR, and their stores in
 # $T/NAME.safetensors.
 
-# cleanup: SIGTERM every relay, SIGKILL what is left after 5 s, remove $T
-# (kept, to read the logs of a run, when DCR_KEEP_TMP is set).
+# A process held by a wait(FILE) failpoint that is not in PID (a
+# background `dcr refit`) would keep cleanup's `wait` for the failpoint's
+# hour if the test failed before letting it go: `release_on_exit FILE`
+# names the file, and cleanup creates it first.
+RELEASE=()
+release_on_exit() { RELEASE+=("$1"); }
+release_all() {
+  local f
+  for f in "${RELEASE[@]}"; do touch "$f" 2>/dev/null || true; done
+}
+
+# cleanup: let go of held processes (release_on_exit), SIGTERM every relay,
+# SIGKILL what is left after 5 s, remove $T (kept, to read the logs of a
+# run, when DCR_KEEP_TMP is set).
 cleanup() {
   local n p
+  release_all
   for n in "${!PID[@]}"; do kill -TERM "${PID[$n]}" 2>/dev/null || true; done
   for _ in $(seq 50); do  # at most 5 s, then SIGKILL what is left
     local alive=0

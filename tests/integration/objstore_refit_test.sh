@@ -27,8 +27,9 @@
 #      to 0 it removes the last committed refit's objects
 #   i. (s3rver) throttling: a proxy answers every 4th request 503
 #      SlowDown; the root's uploads and the head's reads retry; commit
-#   j. (s3rver) the server killed mid-refit and restarted 1 s later on its
-#      directory: uploads retry, the head reads on; commit
+#   j. (s3rver) the server killed mid-refit (uploads held meanwhile) and
+#      started again on its directory once the head's reads and the root's
+#      uploads have failed: uploads retry, the head reads on; commit
 #   k. (moto, which checks signatures) wrong credentials: a root whose key
 #      is refused stops before PLAN (exit 2, naming the store); a head
 #      whose key is refused does not start (exit 2); a head whose key is
@@ -307,16 +308,17 @@ if [[ $BACKEND == s3rver ]]; then
 
   # j. s3rver killed mid-refit and started again. Every upload (chunks and
   # END) is held (coord.upload=wait(FILE)) until the test has killed the
-  # server, seen f0's reads fail while it is down (f0 reads with one
-  # attempt and polls again itself, so each failed read is logged) and
-  # started it again; the refit then stores everything on the restarted
-  # server. The first held upload comes after PLAN, so the root's probe
-  # of the store is done by then.
+  # server and seen f0's reads fail while it is down (f0 reads with one
+  # attempt and polls again itself, so each failed read is logged); then
+  # the uploads go on against the dead server and retry, and once the
+  # root has logged a retry the server is started again. The first held
+  # upload comes after PLAN, so the root's probe of the store is done.
   stop_relay f0
   start_relay f0
   wait_ready f0
   F0_LINES=$(wc -l <"$T/f0.log")
   rm -f "$T/j.go"
+  release_on_exit "$T/j.go"
   DCR_FAILPOINTS="coord.upload=wait($T/j.go)" "$DCR" refit --topology "$TOPO" \
     --progress never -o json --timeout 30s --target "$V/v2.safetensors" \
     >"$T/restart.json" 2>"$T/restart.err" &
@@ -326,8 +328,9 @@ if [[ $BACKEND == s3rver ]]; then
     grep -q "failpoint coord.upload (hit 1): wait" "$T/restart.err" && { held=1; break; }
     sleep 0.05
   done
-  [[ $held -eq 1 ]] || { touch "$T/j.go"; cat "$T/restart.err" >&2; fail "no upload reached the held failpoint"; }
-  kill -KILL "${PID[s3rver]}"; wait "${PID[s3rver]}" 2>/dev/null || true
+  [[ $held -eq 1 ]] || { cat "$T/restart.err" >&2; fail "no upload reached the held failpoint"; }
+  kill -KILL "${PID[s3rver]}" 2>/dev/null || true
+  wait "${PID[s3rver]}" 2>/dev/null || true
   saw_down=0
   for _ in $(seq 300); do
     if tail -n +"$((F0_LINES + 1))" "$T/f0.log" | grep -q "objstore: refits/.*: I/O error"; then
@@ -336,8 +339,14 @@ if [[ $BACKEND == s3rver ]]; then
     fi
     sleep 0.1
   done
-  start_s3rver_at "$SRC" "$T/s3" "$S3PORT"
   touch "$T/j.go"
+  retried=0
+  for _ in $(seq 300); do
+    grep -q "objstore: refits/.* not uploaded (" "$T/restart.err" && { retried=1; break; }
+    sleep 0.05
+  done
+  start_s3rver_at "$SRC" "$T/s3" "$S3PORT"
+  [[ $retried -eq 1 ]] || { cat "$T/restart.err" >&2; fail "the root did not retry an upload while s3rver was down"; }
   [[ $saw_down -eq 1 ]] ||
     { tail -n +"$((F0_LINES + 1))" "$T/f0.log" >&2; fail "f0 never saw the store down"; }
   set +e; wait "$REFIT_PID"; rc=$?; set -e

@@ -98,7 +98,7 @@ TEST(LinearDigestTest, KernelsMatchTheDefinition) {
     k.k[j] = MultiplyGeneric(k.k[j - 1], kLinearDigestKey);
   }
   // Up to 100 blocks: whole groups of 8 and 32 and what follows them;
-  // past 256 groups of 32, the wide kernels move a body into place by
+  // past 256 groups of 32, the 256-bit kernel moves a body into place by
   // Power rather than a table.
   for (uint64_t blocks : {1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 64, 65,
                           100, 32 * 256 + 5, 32 * 257 + 1, 32 * 258}) {
