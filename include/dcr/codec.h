@@ -179,6 +179,21 @@ class ChunkEncoder {
                        std::vector<std::byte>* out,
                        ChunkSizes* sizes = nullptr);
 
+  // As EncodeChanges for a whole span (part 0: InvalidArgument otherwise),
+  // coded in the context of `base` (the span's base bits, span_elems *
+  // elem_size bytes) as EncodeDiffInContext would code the same changes:
+  // the same bytes, without a pass that finds them (a producers' refit,
+  // whose root has the changes as positions and the base in
+  // root.baseline). Falls back to EncodeChanges where EncodeDiffInContext
+  // would not code in context (and, unlike it, never to a dense chunk).
+  // `base_independent` as there.
+  Status EncodeChangesInContext(
+      ChunkKind kind, ChunkId id, size_t elem_size, ExponentField field,
+      std::span<const std::byte> base, std::span<const uint32_t> positions,
+      std::span<const std::byte> values, std::vector<std::byte>* out,
+      ChunkSizes* sizes = nullptr,
+      std::vector<std::byte>* base_independent = nullptr);
+
  private:
   struct Impl;
   explicit ChunkEncoder(std::unique_ptr<Impl> impl);

@@ -291,6 +291,44 @@ Status ChunkEncoder::EncodeChanges(ChunkKind kind, ChunkId id, size_t elem_size,
                  positions, k, out, sizes);
 }
 
+Status ChunkEncoder::EncodeChangesInContext(
+    ChunkKind kind, ChunkId id, size_t elem_size, ExponentField field,
+    std::span<const std::byte> base, std::span<const uint32_t> positions,
+    std::span<const std::byte> values, std::vector<std::byte>* out,
+    ChunkSizes* sizes, std::vector<std::byte>* base_independent) {
+  DCR_RETURN_IF_ERROR(WholeSpanOnly(id));
+  DCR_RETURN_IF_ERROR(CheckSpanArgs(id, elem_size, base.size()));
+  const auto n = static_cast<uint32_t>(base.size() / elem_size);
+  Impl& m = *impl_;
+  // EncodeChanges checks the positions and values, and fills the planes
+  // the context encoder reads: the base-independent chunk first, kept only
+  // where the context-coded one is not (or `base_independent` wants it).
+  std::vector<std::byte>& plain =
+      base_independent != nullptr ? *base_independent : m.alt;
+  const size_t plain_start = plain.size();
+  if (base_independent == nullptr) plain.clear();
+  ChunkSizes plain_sizes;
+  DCR_RETURN_IF_ERROR(EncodeChanges(kind, id, elem_size, n, positions, values,
+                                    &plain, &plain_sizes));
+  const bool sparse =
+      static_cast<double>(positions.size()) < m.options.dense_threshold * n;
+  if (sparse && m.options.compress && !field.empty()) {
+    uint8_t* ptrs[8];
+    for (size_t j = 0; j < elem_size; ++j) ptrs[j] = m.planes[j].data();
+    ContextEncoder::Changes ch{kind, id,        elem_size, field,
+                               base, positions, ptrs};
+    DCR_ASSIGN_OR_RETURN(bool coded,
+                         m.context.Encode(ch, m.options.context_gain,
+                                          m.plane_coder.get(), out, sizes));
+    if (coded) return Status::OK();
+  }
+  out->insert(out->end(), plain.begin() + static_cast<ptrdiff_t>(plain_start),
+              plain.end());
+  if (sizes != nullptr) *sizes += plain_sizes;
+  if (base_independent != nullptr) plain.resize(plain_start);
+  return Status::OK();
+}
+
 // ---------------------------------------------------------------- decoder
 
 Result<ChunkHeader> PeekChunkHeader(std::span<const std::byte> bytes) {

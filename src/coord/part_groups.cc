@@ -87,11 +87,11 @@ bool PartGroups::Complete(const SpanKey& key,
 }
 
 void PartGroups::Release(std::vector<ProducerChunk> parts, const SpanKey& key,
-                         std::vector<Group>* out) {
+                         bool whole, std::vector<Group>* out) {
   for (const ProducerChunk& c : parts) held_bytes_ -= c.chunk.size();
   if (parts.size() == 1) {
     const uint16_t part = PartOf(parts[0].rank);
-    out->push_back(Group{ChunkId{key.first, key.second, part}, {}});
+    out->push_back(Group{ChunkId{key.first, key.second, part}, {}, whole});
     out->back().parts = std::move(parts);
     return;
   }
@@ -101,7 +101,8 @@ void PartGroups::Release(std::vector<ProducerChunk> parts, const SpanKey& key,
             });
   ++grouped_spans_;
   grouped_parts_ += parts.size();
-  out->push_back(Group{ChunkId{key.first, key.second, 0}, std::move(parts)});
+  out->push_back(
+      Group{ChunkId{key.first, key.second, 0}, std::move(parts), true});
 }
 
 void PartGroups::Take(std::vector<Group>* out) {
@@ -112,7 +113,7 @@ void PartGroups::Take(std::vector<Group>* out) {
   for (const SpanKey& key : recheck_) {
     auto it = held_.find(key);
     if (it == held_.end() || !Complete(it->first, it->second)) continue;
-    Release(std::move(it->second), it->first, out);
+    Release(std::move(it->second), it->first, /*whole=*/true, out);
     held_.erase(it);
   }
   recheck_.clear();
@@ -122,7 +123,7 @@ void PartGroups::Take(std::vector<Group>* out) {
     for (ProducerChunk& c : it->second) {
       std::vector<ProducerChunk> one;
       one.push_back(std::move(c));
-      Release(std::move(one), it->first, out);
+      Release(std::move(one), it->first, /*whole=*/false, out);
     }
     held_.erase(it);
   }
@@ -131,15 +132,17 @@ void PartGroups::Take(std::vector<Group>* out) {
 void PartGroups::Flush(std::vector<Group>* out) {
   for (Group& g : loose_) out->push_back(std::move(g));
   loose_.clear();
-  for (auto& [key, parts] : held_) Release(std::move(parts), key, out);
+  // Every rank ended: each held span has all its parts.
+  for (auto& [key, parts] : held_) {
+    Release(std::move(parts), key, /*whole=*/true, out);
+  }
   held_.clear();
   recheck_.clear();
 }
 
-Status ComposeParts(const ChunkId& id,
-                    std::span<const std::span<const std::byte>> parts,
-                    ChunkDecoder* decoder, ChunkEncoder* encoder,
-                    std::vector<std::byte>* out, ChunkSizes* sizes) {
+Status MergeParts(const ChunkId& id,
+                  std::span<const std::span<const std::byte>> parts,
+                  ChunkDecoder* decoder, DecodedChunk* merged) {
   if (parts.empty()) return Status::InvalidArgument("no part to compose");
   std::vector<DecodedChunk> d(parts.size());
   size_t total = 0;
@@ -157,9 +160,15 @@ Status ComposeParts(const ChunkId& id,
     }
     total += d[k].positions.size();
   }
+  if (d.size() == 1) {
+    *merged = std::move(d[0]);
+    return Status::OK();
+  }
   const size_t w = d[0].header.elem_size;
-  std::vector<uint32_t> positions;
-  std::vector<std::byte> values;
+  merged->header = d[0].header;
+  std::vector<uint32_t>& positions = merged->positions;
+  std::vector<std::byte>& values = merged->values;
+  positions.clear();
   positions.reserve(total);
   values.resize(total * w);
   // Merge the parts' ascending positions a run at a time: the part whose
@@ -199,9 +208,19 @@ Status ComposeParts(const ChunkId& id,
                      from.begin() + static_cast<ptrdiff_t>(end));
     next[k] = end;
   }
-  return encoder->EncodeChanges(ChunkKind::kXor, ChunkId{id.tensor, id.span, 0},
-                                w, d[0].header.span_elems, positions, values,
-                                out, sizes);
+  merged->header.changed = static_cast<uint32_t>(positions.size());
+  return Status::OK();
+}
+
+Status ComposeParts(const ChunkId& id,
+                    std::span<const std::span<const std::byte>> parts,
+                    ChunkDecoder* decoder, ChunkEncoder* encoder,
+                    std::vector<std::byte>* out, ChunkSizes* sizes) {
+  DecodedChunk merged;
+  DCR_RETURN_IF_ERROR(MergeParts(id, parts, decoder, &merged));
+  return encoder->EncodeChanges(
+      ChunkKind::kXor, ChunkId{id.tensor, id.span, 0}, merged.header.elem_size,
+      merged.header.span_elems, merged.positions, merged.values, out, sizes);
 }
 
 }  // namespace dcr

@@ -47,6 +47,11 @@ class PartGroups {
   struct Group {
     ChunkId id;
     std::vector<ProducerChunk> parts;
+    // `parts` are every change of the span: it was released complete (a
+    // group, or a part no other rank could join), not past the cap. Such a
+    // span can go as one whole-span chunk (part 0), coded in the context of
+    // its base.
+    bool whole = false;
   };
 
   PartGroups(const Layout& layout, uint64_t span_elems, uint64_t cap_bytes);
@@ -77,7 +82,7 @@ class PartGroups {
   };
   bool Complete(const SpanKey& key,
                 const std::vector<ProducerChunk>& parts) const;
-  void Release(std::vector<ProducerChunk> parts, const SpanKey& key,
+  void Release(std::vector<ProducerChunk> parts, const SpanKey& key, bool whole,
                std::vector<Group>* out);
 
   std::vector<std::vector<Reach>> reach_;  // per tensor
@@ -95,10 +100,17 @@ class PartGroups {
   uint64_t grouped_spans_ = 0, grouped_parts_ = 0;
 };
 
-// The whole-span XOR chunk (part 0) carrying every change of `parts`,
-// sparse XOR parts of span `id` (decoded with `decoder`, coded with
-// `encoder`), appended to `out`. Corruption when a part does not decode,
-// the parts disagree on the span's shape, or two parts change one element.
+// Every change of `parts`, sparse XOR parts of span `id` (decoded with
+// `decoder`), merged into `out` (header: the first part's; positions
+// ascending, values their XOR masks). Corruption when a part does not
+// decode, the parts disagree on the span's shape, or two parts change one
+// element.
+Status MergeParts(const ChunkId& id,
+                  std::span<const std::span<const std::byte>> parts,
+                  ChunkDecoder* decoder, DecodedChunk* out);
+
+// The whole-span XOR chunk (part 0) carrying every change of `parts`
+// (MergeParts, coded with `encoder`), appended to `out`.
 Status ComposeParts(const ChunkId& id,
                     std::span<const std::span<const std::byte>> parts,
                     ChunkDecoder* decoder, ChunkEncoder* encoder,

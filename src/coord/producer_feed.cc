@@ -231,6 +231,9 @@ Status ProducerFeed::Begin(WeightStore* baseline, const RefitId& refit,
   groups_ =
       std::make_unique<PartGroups>(hub_->layout(), plan.span_elems, held_bytes);
   ready_.clear();
+  baseline_ = baseline;
+  context_ = plan.context_coded;
+  span_elems_ = plan.span_elems;
   if (!session_) {
     return Status::InvalidArgument(
         fmt::format("root.baseline cannot take the producers' refit: {} ({})",
@@ -244,11 +247,12 @@ void ProducerFeed::Go(const ProducerGoMsg& go, uint64_t window) {
 }
 
 ChunkJob ProducerFeed::Job(std::chrono::milliseconds idle, bool sign,
-                           size_t workers) {
+                           bool sign_plain, size_t workers) {
   ChunkJob job;
   job.prepare = [this, workers]() -> Status {
     decoders_.clear();
     encoders_.clear();
+    merged_.assign(workers, DecodedChunk());
     for (size_t w = 0; w < workers; ++w) {
       DCR_ASSIGN_OR_RETURN(auto d, ChunkDecoder::Create());
       decoders_.push_back(std::move(d));
@@ -259,8 +263,9 @@ ChunkJob ProducerFeed::Job(std::chrono::milliseconds idle, bool sign,
   };
   job.fetch = [this, idle](size_t max) { return Fetch(max, idle); };
   job.interrupt = [this] { hub_->Cancel("the tree left the refit"); };
-  job.encode = [this, sign](size_t i, size_t worker, EncodedChunk* out) {
-    return Apply(i, worker, sign, out);
+  job.encode = [this, sign, sign_plain](size_t i, size_t worker,
+                                        EncodedChunk* out) {
+    return Apply(i, worker, sign, sign_plain, out);
   };
   return job;
 }
@@ -303,6 +308,10 @@ Result<size_t> ProducerFeed::Fetch(size_t max, std::chrono::milliseconds idle) {
     groups_->Take(&ready_);
   }
   const size_t n = std::min(max, ready_.size());
+  // With context, a span that goes whole is one whole-span chunk.
+  for (size_t k = 0; context_ && k < n; ++k) {
+    if (ready_[k].whole) ready_[k].id.part = 0;
+  }
   std::move(ready_.begin(), ready_.begin() + n, std::back_inserter(batch_));
   ready_.erase(ready_.begin(), ready_.begin() + n);
   fetched_ += batch_.size();
@@ -313,7 +322,38 @@ const ChunkId& ProducerFeed::id(size_t i) const {
   return batch_[i - batch_begin_].id;
 }
 
-Status ProducerFeed::Apply(size_t i, size_t worker, bool sign,
+Status ProducerFeed::EncodeInContext(const Item& item, size_t worker,
+                                     EncodedChunk* out) {
+  std::vector<std::span<const std::byte>> parts;
+  for (const ProducerChunk& c : item.parts) parts.push_back(c.chunk);
+  DecodedChunk& merged = merged_[worker];
+  DCR_RETURN_IF_ERROR(
+      MergeParts(item.id, parts, decoders_[worker].get(), &merged));
+  // The base bits are read before they are taken as such: the chunk must
+  // be of this span of root.baseline (the session checks it again).
+  const ChunkHeader& h = merged.header;
+  const Manifest& m = baseline_->manifest();
+  const uint64_t elems =
+      h.id.tensor < m.size() ? m[h.id.tensor].NumElements() : 0;
+  const uint64_t first = uint64_t{h.id.span} * span_elems_;
+  if (first >= elems || h.span_elems != std::min(span_elems_, elems - first) ||
+      h.elem_size != DTypeSize(m[h.id.tensor].dtype)) {
+    return Status::Corruption(fmt::format(
+        "chunk ({}) does not fit root.baseline's tensor", ChunkIdText(h.id)));
+  }
+  const TensorInfo& t = m[h.id.tensor];
+  const size_t w = h.elem_size;
+  // Nothing was applied to the span yet (it goes whole, once), and no
+  // other item holds it: these are its base bits.
+  const std::span<const std::byte> base =
+      baseline_->Tensor(h.id.tensor).subspan(first * w, h.span_elems * w);
+  return encoders_[worker]->EncodeChangesInContext(
+      ChunkKind::kXor, item.id, w, ExponentFieldOf(t.dtype), base,
+      merged.positions, merged.values, &out->bytes, &out->sizes,
+      &out->base_independent);
+}
+
+Status ProducerFeed::Apply(size_t i, size_t worker, bool sign, bool sign_plain,
                            EncodedChunk* out) {
   const Item& item = batch_[i - batch_begin_];
   auto who = [&item] {  // for messages
@@ -324,7 +364,12 @@ Status ProducerFeed::Apply(size_t i, size_t worker, bool sign,
     return fmt::format("producer rank{} {}", item.parts.size() > 1 ? "s" : "",
                        ranks);
   };
-  if (item.parts.size() == 1) {
+  if (item.id.part == 0 && context_) {
+    // (Fetch gave a span that goes whole part 0.)
+    if (Status s = EncodeInContext(item, worker, out); !s.ok()) {
+      return Status::Aborted(fmt::format("{}: {}", who(), s.ToString()));
+    }
+  } else if (item.parts.size() == 1) {
     const std::span<const std::byte> chunk = item.parts[0].chunk;
     out->bytes.assign(chunk.begin(), chunk.end());
     auto h = PeekChunkHeader(out->bytes);
@@ -339,7 +384,11 @@ Status ProducerFeed::Apply(size_t i, size_t worker, bool sign,
       return Status::Aborted(fmt::format("{}: {}", who(), s.ToString()));
     }
   }
-  auto applied = session_->Apply(out->bytes, decoders_[worker].get());
+  // root.baseline takes the base-independent copy of a context-coded
+  // chunk: the same changes, decoded without a pass over the span.
+  auto applied = session_->Apply(
+      out->base_independent.empty() ? out->bytes : out->base_independent,
+      decoders_[worker].get());
   if (!applied.ok()) {
     return Status::Aborted(
         fmt::format("{}: {}", who(), applied.status().ToString()));
@@ -349,6 +398,9 @@ Status ProducerFeed::Apply(size_t i, size_t worker, bool sign,
         fmt::format("{} sent chunk ({}) twice", who(), ChunkIdText(item.id)));
   }
   if (sign) out->sha256 = Sha256(out->bytes);
+  if (sign_plain && !out->base_independent.empty()) {
+    out->base_independent_sha256 = Sha256(out->base_independent);
+  }
   return Status::OK();
 }
 

@@ -88,11 +88,19 @@ class ProducerFeed {
   // plan's chunk window of them), applies each item to root.baseline on
   // the pool (Apply) and hands it on (`out->bytes`, hashed when `sign`):
   // a rank's part unchanged, a group as one whole-span XOR chunk
-  // (ComposeParts). A part of another rank, a chunk that is not an XOR
-  // part, one sent twice or out of its rank's ascending order, or one of
-  // a span outside the rank's pieces fails the stream. `idle`: a
-  // producer silent for this long fails it too.
-  ChunkJob Job(std::chrono::milliseconds idle, bool sign, size_t workers);
+  // (ComposeParts). In a plan with the context flag, every span that goes
+  // whole (all its parts together) is one whole-span chunk coded in the
+  // context of root.baseline's bits of the span, read before the item
+  // applies there (ChunkEncoder::EncodeChangesInContext: the bytes a
+  // canonical root would send), with its base-independent copy in
+  // `out->base_independent` (what root.baseline applies and the history
+  // keeps; hashed too when `sign_plain`: a mixed tree sends it). A part
+  // of another rank, a chunk that is not an XOR part, one sent twice or
+  // out of its rank's ascending order, or one of a span outside the
+  // rank's pieces fails the stream. `idle`: a producer silent for this
+  // long fails it too.
+  ChunkJob Job(std::chrono::milliseconds idle, bool sign, bool sign_plain,
+               size_t workers);
   const ChunkId& id(size_t i) const;
 
   // After the stream: the target's digests, from the producers' parts
@@ -145,17 +153,25 @@ class ProducerFeed {
   // and sends them, one shard in memory at a time.
   Status Serve(const Pending& p, const CanonicalBytes& canonical,
                std::chrono::milliseconds stall);
-  Status Apply(size_t i, size_t worker, bool sign, EncodedChunk* out);
+  Status Apply(size_t i, size_t worker, bool sign, bool sign_plain,
+               EncodedChunk* out);
+  // Item `item`, a whole span, coded in the context of root.baseline's
+  // bits of it, into `out`.
+  Status EncodeInContext(const Item& item, size_t worker, EncodedChunk* out);
 
   ProducerHub::Impl* hub_;
   std::vector<ProducerHub::Impl::Joined> joined_;
   uint64_t step_ = 0;
   uint64_t changed_ = 0;
   std::unique_ptr<RefitSession> session_;
+  WeightStore* baseline_ = nullptr;  // Begin on
+  bool context_ = false;             // the plan's context flag
+  uint64_t span_elems_ = 0;
   std::unique_ptr<PartGroups> groups_;  // Begin on
   std::vector<Item> ready_;  // released by groups_, not yet in a batch
   std::vector<std::unique_ptr<ChunkDecoder>> decoders_;
   std::vector<std::unique_ptr<ChunkEncoder>> encoders_;
+  std::vector<DecodedChunk> merged_;  // per worker
   // The batch being encoded: items [batch_begin_, batch_begin_ + size).
   std::vector<Item> batch_;
   size_t batch_begin_ = 0;

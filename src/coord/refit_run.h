@@ -77,6 +77,13 @@ class RefitRun {
   // Runs `job` on the encoder pipeline and sends what it queues down the
   // tree (RootTree::StreamFrom, with progress); the pipeline's failure.
   Status SendJob(ChunkJob job, RootTree::Streamed* streamed);
+  // Frames encoded chunk `id` for the tree, numbered in the order queued
+  // (the producer thread's emit): in a mixed tree a context-coded chunk
+  // and its base-independent copy at one sequence number. Counts it as
+  // sent, and (not for a `repair` round) appends its base-independent
+  // bytes to the history record.
+  Result<Outgoing> Emit(const ChunkId& id, const EncodedChunk& chunk,
+                        bool repair);
   // RootTree's progress with the refit's phase and scan added, to
   // RefitOptions::on_progress.
   void FillProgress(RefitOptions::Progress* p);

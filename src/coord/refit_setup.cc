@@ -129,9 +129,9 @@ Status OpenBaseline(const RefitOptions& options, bool strict,
 // would not gain joins setup->plain_nodes.
 bool UseContextCoding(const RefitOptions& options, RefitSetup* setup) {
   using CC = RefitOptions::ContextCoding;
-  // A producer's part cannot be coded in its span's context (another part
-  // may change it first): docs/design/producer-stream.md.
-  if (options.producers) return false;
+  // A producers' refit too: its root codes each whole span in the context
+  // of root.baseline's bits (docs/design/producer-stream.md §"Context
+  // coding").
   if (options.context_coding != CC::kAuto) {
     return options.context_coding == CC::kOn;
   }

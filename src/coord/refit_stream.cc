@@ -69,45 +69,7 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
     return encoder.Encode(i, worker, out);
   };
   job.emit = [&](size_t i, const EncodedChunk& chunk) -> Result<Outgoing> {
-    // Numbered in the order queued: the coordinator thread sends nothing
-    // else while the producer runs. A mixed tree's subtrees without
-    // context get a context-coded chunk's base-independent copy, at the
-    // same sequence number.
-    const bool two =
-        !repair && setup_.mixed() && !chunk.base_independent.empty();
-    Outgoing o;
-    if (two) {
-      DCR_ASSIGN_OR_RETURN(
-          auto frames, root_->sender().NextPair(FrameType::kChunk, chunk.bytes,
-                                                chunk.base_independent));
-      std::tie(o.frame, o.plain) = std::move(frames);
-    } else {
-      DCR_ASSIGN_OR_RETURN(
-          o.frame, root_->sender().Next(FrameType::kChunk, chunk.bytes));
-    }
-    o.payload = chunk.bytes.size();
-    o.plain_payload = two ? chunk.base_independent.size() : 0;
-    sent_.Add(encoder.id(i), chunk.sha256, chunk.sizes, repair,
-              two && setup_.signer ? &chunk.base_independent_sha256 : nullptr);
-    // The history keeps base-independent chunks: it is decoded later,
-    // against no base.
-    if (!repair) {
-      auto h = PeekChunkHeader(chunk.bytes);
-      const bool context = h.ok() && h->encoding == ChunkEncoding::kContext;
-      if (context) ++report_.context_chunks;
-      if (!chunk.base_independent.empty()) {
-        record_.Append(chunk.base_independent);
-      } else if (!context) {
-        record_.Append(chunk.bytes);
-      } else if (record_.active()) {
-        // Never reached (the encoder keeps a base-independent copy while
-        // the history records); a history must not hold a context chunk.
-        spdlog::error(
-            "not recording the history of this refit: chunk "
-            "without a base-independent copy");
-        record_.Discard();
-      }
-    }
+    DCR_ASSIGN_OR_RETURN(Outgoing o, Emit(encoder.id(i), chunk, repair));
     if (!repair && in_stream_) in_stream_->Changed(encoder.id(i));
     return o;
   };
@@ -151,6 +113,48 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   report_.changed_elements = sent_.changed_elements();
   root_->ReportProgress();
   return produced;
+}
+
+Result<Outgoing> RefitRun::Emit(const ChunkId& id, const EncodedChunk& chunk,
+                                bool repair) {
+  // Numbered in the order queued: the coordinator thread sends nothing
+  // else while the producer runs. A mixed tree's subtrees without context
+  // get a context-coded chunk's base-independent copy, at the same
+  // sequence number.
+  const bool two = !repair && setup_.mixed() && !chunk.base_independent.empty();
+  Outgoing o;
+  if (two) {
+    DCR_ASSIGN_OR_RETURN(
+        auto frames, root_->sender().NextPair(FrameType::kChunk, chunk.bytes,
+                                              chunk.base_independent));
+    std::tie(o.frame, o.plain) = std::move(frames);
+  } else {
+    DCR_ASSIGN_OR_RETURN(o.frame,
+                         root_->sender().Next(FrameType::kChunk, chunk.bytes));
+  }
+  o.payload = chunk.bytes.size();
+  o.plain_payload = two ? chunk.base_independent.size() : 0;
+  sent_.Add(id, chunk.sha256, chunk.sizes, repair,
+            two && setup_.signer ? &chunk.base_independent_sha256 : nullptr);
+  if (repair) return o;
+  // The history keeps base-independent chunks: it is decoded later,
+  // against no base.
+  auto h = PeekChunkHeader(chunk.bytes);
+  const bool context = h.ok() && h->encoding == ChunkEncoding::kContext;
+  if (context) ++report_.context_chunks;
+  if (!chunk.base_independent.empty()) {
+    record_.Append(chunk.base_independent);
+  } else if (!context) {
+    record_.Append(chunk.bytes);
+  } else if (record_.active()) {
+    // Never reached (the encoders keep a base-independent copy while the
+    // history records); a history must not hold a context chunk.
+    spdlog::error(
+        "not recording the history of this refit: chunk "
+        "without a base-independent copy");
+    record_.Discard();
+  }
+  return o;
 }
 
 Status RefitRun::SendJob(ChunkJob job, RootTree::Streamed* streamed) {
@@ -208,24 +212,19 @@ Status RefitRun::StreamProducers() {
   go.base = report_.base;
   go.target_step = report_.target.step;
   producers_->Go(go, window);
-  ChunkJob job = producers_->Job(options_.phase_timeout,
-                                 setup_.signer != nullptr, pool->size());
+  ChunkJob job =
+      producers_->Job(options_.phase_timeout, setup_.signer != nullptr,
+                      setup_.signer != nullptr && setup_.mixed(), pool->size());
   job.emit = [&](size_t i, const EncodedChunk& chunk) -> Result<Outgoing> {
-    DCR_ASSIGN_OR_RETURN(FrameBuffer frame,
-                         root_->sender().Next(FrameType::kChunk, chunk.bytes));
-    sent_.Add(producers_->id(i), chunk.sha256, chunk.sizes, /*repair=*/false);
-    // Sparse XOR parts are base-independent: the history keeps them as
-    // they are.
-    record_.Append(chunk.bytes);
-    Outgoing o;
-    o.frame = std::move(frame);
-    o.payload = chunk.bytes.size();
-    return o;
+    return Emit(producers_->id(i), chunk, /*repair=*/false);
   };
   RootTree::Streamed streamed;
   Status produced = SendJob(std::move(job), &streamed);
   report_.chunks = streamed.chunks;
   report_.payload_bytes = streamed.payload_bytes;
+  if (setup_.mixed()) {
+    report_.plain_payload_bytes = streamed.plain_payload_bytes;
+  }
   if (!produced.ok()) return produced;
   CheckpointDigests d = producers_->Finish();
   report_.target.digest = d.version;
@@ -235,10 +234,11 @@ Status RefitRun::StreamProducers() {
   report_.changed_elements = producers_->changed_elements();
   spdlog::info(
       "target step {} is {} (from {} producers' digest parts): {} chunks, "
-      "{:.1f} MB; {} spans sent as one chunk of {} parts",
+      "{:.1f} MB ({} context-coded); {} spans sent as one chunk of {} "
+      "parts",
       report_.target.step, report_.target.digest.ShortHex(),
       producers_->ranks(), report_.chunks,
-      static_cast<double>(report_.payload_bytes) / 1e6,
+      static_cast<double>(report_.payload_bytes) / 1e6, report_.context_chunks,
       producers_->grouped_spans(), producers_->grouped_parts());
   root_->ReportProgress();
   return Status::OK();

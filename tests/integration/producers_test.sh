@@ -136,7 +136,8 @@ expect 0 "$DCR" refit --help
 grep -q -- "--producers" "$T/out" || fail "--help lacks --producers"
 
 # --- b. Two steps commit -------------------------------------------------
-start_coord --refits 2
+# (Coded in the context of root.baseline's bits: --context on.)
+start_coord --refits 2 --context on
 $DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 0 --steps 1,2 \
   --verify "$VERIFY" >"$T/driver.out" ||
   { cat "$T/driver.out" "$T/coord.err" >&2; fail "steps 1 and 2"; }
@@ -150,6 +151,7 @@ assert [r["outcome"] for r in rs] == ["committed"] * 2, rs
 assert [r["trainer_step"] for r in rs] == [1, 2] and all(r["producers"] == 4 for r in rs)
 assert all(n["committed"] for r in rs for n in r["nodes"])
 assert all(r["chunks"] > 0 and r["changed_elements"] > 0 for r in rs)
+assert all(r["context_chunks"] > 0 for r in rs), [r["context_chunks"] for r in rs]
 PY
 verify_step 2
 

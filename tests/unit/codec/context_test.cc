@@ -3,6 +3,7 @@
 // refusal of a chunk decoded against bits it was not coded against.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -100,6 +101,58 @@ TEST_P(ContextTest, RoundTripIsBitExactAndSmaller) {
   }
 }
 
+// The same changes given as positions and values code to the same bytes
+// as EncodeDiffInContext's (a producers' root codes its spans this way).
+TEST_P(ContextTest, ChangesInContextAreTheDiffsBytes) {
+  const DType dtype = GetParam();
+  const size_t w = DTypeSize(dtype);
+  const size_t n = (1 << 16) + 37;
+  const ExponentField field = ExponentFieldOf(dtype);
+  for (uint32_t seed : {7u, 8u}) {
+    Pair p = AdamLike(dtype, n, seed);
+    for (ChunkKind kind : {ChunkKind::kXor, ChunkKind::kOverwrite}) {
+      Bytes want, want_independent;
+      ChunkSizes want_sizes;
+      ASSERT_TRUE(*enc_->EncodeDiffInContext(kind, ChunkId{1, 2}, w, field,
+                                             p.base, p.target, &want,
+                                             &want_sizes, &want_independent));
+      DecodedChunk c;
+      ASSERT_TRUE(dec_->Decode(want_independent, &c).ok());
+      // Appends, as the other encoders do.
+      Bytes got{std::byte{0xAB}}, independent{std::byte{0xCD}};
+      ChunkSizes sizes;
+      ASSERT_TRUE(enc_->EncodeChangesInContext(kind, ChunkId{1, 2}, w, field,
+                                               p.base, c.positions, c.values,
+                                               &got, &sizes, &independent)
+                      .ok());
+      ASSERT_EQ(got.size(), want.size() + 1);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + 1))
+          << DTypeName(dtype);
+      EXPECT_EQ(Bytes(independent.begin() + 1, independent.end()),
+                want_independent);
+      EXPECT_EQ(sizes.total(), want_sizes.total());
+      EXPECT_EQ(sizes.changed, c.positions.size());
+    }
+  }
+  // Where context cannot help (no exponent field): the plain sparse chunk,
+  // and nothing in `base_independent`.
+  Pair p = AdamLike(dtype, n, 9);
+  Bytes plain, independent;
+  ASSERT_TRUE(*enc_->EncodeDiffInContext(ChunkKind::kXor, ChunkId{1, 2}, w,
+                                         ExponentField(), p.base, p.target,
+                                         &plain));
+  DecodedChunk c;
+  ASSERT_TRUE(dec_->Decode(plain, &c).ok());
+  Bytes got;
+  ASSERT_TRUE(enc_->EncodeChangesInContext(ChunkKind::kXor, ChunkId{1, 2}, w,
+                                           ExponentField(), p.base, c.positions,
+                                           c.values, &got, nullptr,
+                                           &independent)
+                  .ok());
+  EXPECT_EQ(got, plain);
+  EXPECT_TRUE(independent.empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, ContextTest,
                          ::testing::Values(DType::kBF16, DType::kF16,
                                            DType::kF32, DType::kF8E4M3,
@@ -112,6 +165,35 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, ContextTest,
                          });
 
 class ContextChunkTest : public ContextTest {};
+
+TEST_F(ContextChunkTest, ChangesInContextRefuseWhatDoesNotFit) {
+  Pair p = AdamLike(DType::kBF16, 1 << 12, 3);
+  const ExponentField f = ExponentFieldOf(DType::kBF16);
+  std::vector<uint32_t> pos{3, 9, 40};
+  Bytes values(pos.size() * 2, std::byte{1});
+  Bytes out;
+  // A part carries its own positions: never coded in its span's context.
+  Status s = enc_->EncodeChangesInContext(ChunkKind::kXor, ChunkId{0, 0, 2}, 2,
+                                          f, p.base, pos, values, &out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  // Positions past the base span, out of order, or values of another
+  // length: refused, nothing appended.
+  for (auto bad : {std::vector<uint32_t>{3, 9, 1 << 12},
+                   std::vector<uint32_t>{9, 3, 40}}) {
+    s = enc_->EncodeChangesInContext(ChunkKind::kXor, ChunkId{0, 0}, 2, f,
+                                     p.base, bad, values, &out);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  }
+  s = enc_->EncodeChangesInContext(ChunkKind::kXor, ChunkId{0, 0}, 2, f, p.base,
+                                   pos, std::span(values).first(4), &out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  // A ragged base.
+  s = enc_->EncodeChangesInContext(ChunkKind::kXor, ChunkId{0, 0}, 2, f,
+                                   std::span(p.base).first(7), pos, values,
+                                   &out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_TRUE(out.empty());
+}
 
 TEST_F(ContextChunkTest, NeedsTheExactBase) {
   Pair p = AdamLike(DType::kBF16, 1 << 15, 3);

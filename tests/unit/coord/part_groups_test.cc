@@ -92,6 +92,7 @@ TEST(PartGroupsTest, ASharedSpanWaitsForEveryRankThatHoldsIt) {
   ASSERT_TRUE(g.Add(Chunk(1), Part(1, 0, 1)).ok());
   g.Take(&out);
   EXPECT_EQ(Ids(out), (Released{{ChunkId{1, 0, 0}, {0, 1}}}));
+  EXPECT_TRUE(out[0].whole);
   EXPECT_EQ(g.held_bytes(), 0u);
   EXPECT_EQ(g.grouped_spans(), 1u);
   EXPECT_EQ(g.grouped_parts(), 2u);
@@ -108,6 +109,8 @@ TEST(PartGroupsTest, ARankThatMovedPastASpanIsNotWaitedFor) {
   // Span 0 goes as rank 0's part alone (its own id); span 1 waits for
   // rank 0.
   EXPECT_EQ(Ids(out), (Released{{Part(1, 0, 0), {0}}}));
+  // It holds every change of the span: it may go as the whole span.
+  EXPECT_TRUE(out[0].whole);
   out.clear();
   g.Ended(0);
   g.Take(&out);
@@ -137,6 +140,7 @@ TEST(PartGroupsTest, FlushReleasesEverythingHeld) {
   EXPECT_TRUE(out.empty());
   g.Flush(&out);
   EXPECT_EQ(Ids(out), (Released{{Part(1, 0, 0), {0}}, {Part(1, 1, 0), {0}}}));
+  EXPECT_TRUE(out[0].whole && out[1].whole);  // every rank ended
   EXPECT_EQ(g.held_bytes(), 0u);
 }
 
@@ -288,8 +292,10 @@ TEST(PartGroupsTest, PastTheCapHeldSpansGoPartByPartAndStaySo) {
   EXPECT_TRUE(out.empty());  // 10 bytes held
   ASSERT_TRUE(g.Add(Chunk(0, 10), Part(1, 1, 0)).ok());
   g.Take(&out);
-  // 20 bytes held: the lowest span goes, its part alone.
+  // 20 bytes held: the lowest span goes, its part alone: not the whole
+  // span's changes.
   EXPECT_EQ(Ids(out), (Released{{Part(1, 0, 0), {0}}}));
+  EXPECT_FALSE(out[0].whole);
   EXPECT_EQ(g.held_bytes(), 10u);
   out.clear();
   // Rank 1's part of that span follows alone: a whole-span chunk must not
@@ -299,6 +305,8 @@ TEST(PartGroupsTest, PastTheCapHeldSpansGoPartByPartAndStaySo) {
   g.Take(&out);
   EXPECT_EQ(Ids(out),
             (Released{{Part(1, 0, 1), {1}}, {ChunkId{1, 1, 0}, {0, 1}}}));
+  EXPECT_FALSE(out[0].whole);
+  EXPECT_TRUE(out[1].whole);
 }
 
 // Parts coded as producers code them, for ComposeParts.

@@ -11,8 +11,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <future>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +32,7 @@ using placement_testing::HostShardMemory;
 using placement_testing::RandomVersions;
 using placement_testing::Tensors;
 using placement_testing::View;
+using placement_testing::Volume;
 using Shards = std::map<std::string, std::vector<std::byte>>;
 using ::testing::HasSubstr;
 
@@ -54,7 +57,73 @@ tensors:
     dtype: F32
 )";
 
+// The same, larger: spans of 32768 elements (ProducerContextTreeTest), 4
+// per matrix, are large enough for context coding to gain on.
+constexpr const char* kLargerLayout = R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: layer.0.w
+    shard: qkv
+    split: column
+    shape: [512, 256]
+  - name: layer.1.w
+    shard: proj
+    split: row
+    shape: [256, 512]
+  - name: norm
+    shard: norm
+    split: replicated
+    shape: [256]
+    dtype: F32
+)";
+
 constexpr int kVersions = 4;
+
+// `count` versions whose changes follow each element's exponent, as an
+// optimizer step's do (small exponents change often, large ones rarely):
+// what context coding gains on. Changes flip low mantissa bits, so an
+// element keeps its exponent across versions.
+std::vector<Tensors> AdamVersions(const Layout& layout, int count,
+                                  std::mt19937_64& rng) {
+  std::vector<Tensors> v(1);
+  std::uniform_real_distribution<double> uniform(0, 1);
+  for (const LayoutTensor& t : layout.tensors) {
+    const size_t w = DTypeSize(t.dtype);
+    const ExponentField f = ExponentFieldOf(t.dtype);
+    auto& b = v[0][t.name];
+    b.resize(Volume(t.shape) * w);
+    for (size_t i = 0; i < Volume(t.shape); ++i) {
+      // 2^(bits-2) + 1 exponents around the middle of the field.
+      const uint64_t e = (1u << (f.bits - 1)) - (1u << (f.bits - 3)) +
+                         rng() % ((1u << (f.bits - 2)) + 1);
+      uint64_t x = (e << f.shift) | (rng() & ((uint64_t{1} << f.shift) - 1));
+      if (rng() & 1) x |= uint64_t{1} << (8 * w - 1);
+      std::memcpy(b.data() + i * w, &x, w);
+    }
+  }
+  while (static_cast<int>(v.size()) < count) {
+    Tensors next = v.back();
+    for (const LayoutTensor& t : layout.tensors) {
+      const size_t w = DTypeSize(t.dtype);
+      const ExponentField f = ExponentFieldOf(t.dtype);
+      auto& b = next.at(t.name);
+      for (size_t i = 0; i < Volume(t.shape); ++i) {
+        uint64_t x = 0;
+        std::memcpy(&x, b.data() + i * w, w);
+        const uint64_t e = (x >> f.shift) & ((uint64_t{1} << f.bits) - 1);
+        // p(change) halves with every step up in exponent.
+        const uint64_t k = std::min<uint64_t>(
+            e - ((1u << (f.bits - 1)) - (1u << (f.bits - 3))), 12);
+        if (uniform(rng) < 0.3 / static_cast<double>(uint64_t{1} << k)) {
+          x ^= 1 + rng() % 3;
+          std::memcpy(b.data() + i * w, &x, w);
+        }
+      }
+    }
+    v.push_back(std::move(next));
+  }
+  return v;
+}
 
 ShardBytes Spans(const Shards& s) {
   ShardBytes out;
@@ -66,7 +135,7 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
  protected:
   void SetUp() override {
     RelayTreeTest::SetUp();
-    auto l = ParseLayout(kLayout, "memory.yaml");
+    auto l = ParseLayout(adam_like_ ? kLargerLayout : kLayout, "memory.yaml");
     ASSERT_TRUE(l.ok()) << l.status().ToString();
     layout_ = *std::move(l);
     // The fixture's checkpoints, replaced by this layout's versions: each
@@ -78,6 +147,7 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
     std::mt19937_64 rng(29);
     auto [v0, v1] = RandomVersions(layout_, 0.04, rng);
     canonical_ = {v0, v1};
+    if (adam_like_) canonical_ = AdamVersions(layout_, kVersions, rng);
     while (canonical_.size() < kVersions) {
       // RandomVersions draws a fresh base: its change, base ^ target,
       // applied to the last version.
@@ -144,6 +214,8 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
     o.threads = 2;
     o.kept_baseline = kept_;
     o.TEST_held_parts_bytes = held_parts_bytes_;
+    o.context_coding = context_;
+    o.TEST_plain_nodes = plain_nodes_;
     auto root = std::async(std::launch::async, [&] { return RunRefit(o); });
     std::vector<std::future<Result<ProducerDecision>>> ranks;
     for (uint32_t r = 0; r < 2; ++r) {
@@ -168,13 +240,13 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
     EXPECT_EQ(DigestOf(dir_.Path("base.safetensors")), want);
   }
 
-  // Canonical spans (of the fixture's 4096 elements) that step v changes.
+  // Canonical spans (of span_elems_ elements) that step v changes.
   uint64_t ChangedSpans(int v) const {
     uint64_t n = 0;
     for (const LayoutTensor& t : layout_.tensors) {
       const auto& a = canonical_[v - 1].at(t.name);
       const auto& b = canonical_[v].at(t.name);
-      const size_t span = 4096 * DTypeSize(t.dtype);
+      const size_t span = span_elems_ * DTypeSize(t.dtype);
       for (size_t at = 0; at < a.size(); at += span) {
         const size_t end = std::min(a.size(), at + span);
         n += !std::equal(a.begin() + at, a.begin() + end, b.begin() + at);
@@ -199,6 +271,11 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
   std::shared_ptr<KeptBaseline> kept_ = std::make_shared<KeptBaseline>();
   std::map<uint32_t, std::unique_ptr<Producer>> producers_;
   uint64_t held_parts_bytes_ = 0;  // RefitOptions::TEST_held_parts_bytes
+  // Set by a derived fixture's constructor (before SetUp).
+  // Larger versions whose changes follow the exponent.
+  bool adam_like_ = false;
+  RefitOptions::ContextCoding context_ = RefitOptions::ContextCoding::kAuto;
+  std::set<std::string> plain_nodes_;  // RefitOptions::TEST_plain_nodes
 };
 
 TEST_F(ProducerMemoryTreeTest, MemoriesChangesCommitEveryStore) {
@@ -364,6 +441,103 @@ TEST_F(ProducerMemoryTreeTest, AShardWrittenDuringTheDiffAbortsTheTree) {
     ExpectMemoryAt(m[r], r, 3);
   }
   ExpectTreeAt(3);
+}
+
+// In a plan with the context flag (--context on), each span whose parts all
+// came goes down as one whole-span chunk coded in the context of
+// root.baseline's bits: the bytes a canonical root would send for the same
+// step, whose payload is about 0.77x the parts' on an optimizer's steps.
+class ProducerContextTreeTest : public ProducerMemoryTreeTest {
+ protected:
+  ProducerContextTreeTest() {
+    adam_like_ = true;
+    context_ = RefitOptions::ContextCoding::kOn;
+    span_elems_ = 32768;
+  }
+
+  // What a canonical root's encoder sends for step `v`: each changed
+  // span's chunk, EncodeDiffInContext.
+  uint64_t CanonicalPayload(int v) const {
+    auto enc = ChunkEncoder::Create(EncodeOptions());
+    uint64_t bytes = 0;
+    for (size_t ti = 0; ti < layout_.tensors.size(); ++ti) {
+      const LayoutTensor& t = layout_.tensors[ti];
+      const auto& a = canonical_[v - 1].at(t.name);
+      const auto& b = canonical_[v].at(t.name);
+      const size_t w = DTypeSize(t.dtype);
+      const size_t span = span_elems_ * w;
+      for (size_t at = 0; at < a.size(); at += span) {
+        const size_t n = std::min(span, a.size() - at);
+        std::vector<std::byte> out;
+        auto r = (*enc)->EncodeDiffInContext(
+            ChunkKind::kXor,
+            ChunkId{static_cast<uint32_t>(ti),
+                    static_cast<uint32_t>(at / span)},
+            w, ExponentFieldOf(t.dtype), std::span(a).subspan(at, n),
+            std::span(b).subspan(at, n), &out);
+        EXPECT_TRUE(r.ok()) << r.status().ToString();
+        bytes += out.size();
+      }
+    }
+    return bytes;
+  }
+};
+
+TEST_F(ProducerContextTreeTest, WholeSpansGoAsTheCanonicalRootCodesThem) {
+  HostShardMemory* m[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_NO_FATAL_FAILURE(MakeProducer(r, 0, &m[r]));
+  }
+  std::vector<Result<ProducerDecision>> d;
+  RefitReport one = Step(1, &d);
+  ASSERT_EQ(one.outcome, RefitOutcome::kCommitted) << one.ToJson();
+  EXPECT_EQ(one.chunks, ChangedSpans(1));
+  EXPECT_GT(one.context_chunks, one.chunks / 2) << one.ToJson();
+  EXPECT_EQ(one.payload_bytes, CanonicalPayload(1));
+  uint64_t parts_bytes = 0;
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(d[r].ok()) << d[r].status().ToString();
+    EXPECT_EQ(d[r]->outcome, ProducerOutcome::kCommitted) << d[r]->reason;
+    parts_bytes += d[r]->payload_bytes;
+  }
+  EXPECT_LT(one.payload_bytes, parts_bytes);
+  ExpectTreeAt(1);
+  // b1 missed step 1 (its store is back at v0): the next refit catches it
+  // up from the history, which holds the base-independent copies.
+  relays_["b1"]->Stop();
+  relays_.erase("b1");
+  Seed("b1", 0);
+  StartRelay("b1");
+  RefitReport two = Step(2, &d);
+  ASSERT_EQ(two.outcome, RefitOutcome::kCommitted) << two.ToJson();
+  EXPECT_GT(two.context_chunks, 0u) << two.ToJson();
+  EXPECT_EQ(two.payload_bytes, CanonicalPayload(2));
+  ASSERT_EQ(two.catch_up.size(), 1u) << two.ToJson();
+  EXPECT_EQ(two.catch_up[0].method, "history");
+  EXPECT_EQ(two.catch_up[0].nodes, std::vector<std::string>{"b1"});
+  ExpectTreeAt(2);
+}
+
+// A subtree that takes no context (a serving cluster's: here b0's and b1's,
+// by TEST_plain_nodes) gets each context-coded chunk's base-independent
+// copy at the same sequence number; every store ends at the target.
+TEST_F(ProducerContextTreeTest, AMixedTreeSendsEachSubtreeItsEncoding) {
+  plain_nodes_ = {"b0", "b1"};
+  HostShardMemory* m[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_NO_FATAL_FAILURE(MakeProducer(r, 0, &m[r]));
+  }
+  std::vector<Result<ProducerDecision>> d;
+  for (int v = 1; v <= 2; ++v) {
+    RefitReport r = Step(v, &d);
+    ASSERT_EQ(r.outcome, RefitOutcome::kCommitted) << r.ToJson();
+    EXPECT_GT(r.context_chunks, 0u) << r.ToJson();
+    EXPECT_EQ(r.payload_bytes, CanonicalPayload(v));
+    EXPECT_GT(r.plain_payload_bytes, r.payload_bytes) << r.ToJson();
+    EXPECT_THAT(r.context_nodes,
+                ::testing::UnorderedElementsAre("a0", "a1", "a2"));
+    ExpectTreeAt(v);
+  }
 }
 
 }  // namespace

@@ -95,7 +95,7 @@ class RelayTreeTest : public ::testing::Test {
   Topology MakeTopology(uint32_t min_commit = 0) {
     std::string yaml = fmt::format(
         R"(version: 1
-defaults: {{span_elems: 4096, fanout: 2, window_bytes: 1MiB, min_commit: {}}}
+defaults: {{span_elems: {}, fanout: 2, window_bytes: 1MiB, min_commit: {}}}
 root: {{name: root, host: root, port: 1, cluster: train,
        state_dir: "{}", baseline: "{}"}}
 clusters:
@@ -104,6 +104,7 @@ clusters:
     bandwidth: 10Gbps
     nodes:
 )",
+        span_elems_,
         min_commit == 0 ? std::string("all") : std::to_string(min_commit),
         dir_.Path("state"), dir_.Path("base.safetensors"));
     for (const char* n : {"a0", "a1", "a2"}) {
@@ -262,6 +263,7 @@ clusters:
   std::chrono::milliseconds prepared_wait_{600000};
   std::string undo_dir_;  // RelayOptions::undo_dir of relays started next
   std::optional<uint64_t> resend_buffer_bytes_;  // relays' (unset: default)
+  uint64_t span_elems_ = 4096;  // the topology's defaults.span_elems
 };
 
 }  // namespace dcr
