@@ -185,8 +185,9 @@ class ChunkEncoder {
   // the same bytes, without a pass that finds them (a producers' refit,
   // whose root has the changes as positions and the base in
   // root.baseline). Falls back to EncodeChanges where EncodeDiffInContext
-  // would not code in context (and, unlike it, never to a dense chunk).
-  // `base_independent` as there.
+  // would not code in context (and, unlike it, never to a dense chunk: a
+  // span with dense_threshold of its elements changed or more may differ).
+  // `base_independent` as there. On an error nothing is appended.
   Status EncodeChangesInContext(
       ChunkKind kind, ChunkId id, size_t elem_size, ExponentField field,
       std::span<const std::byte> base, std::span<const uint32_t> positions,

@@ -305,8 +305,8 @@ Status ChunkEncoder::EncodeChangesInContext(
   // where the context-coded one is not (or `base_independent` wants it).
   std::vector<std::byte>& plain =
       base_independent != nullptr ? *base_independent : m.alt;
-  const size_t plain_start = plain.size();
   if (base_independent == nullptr) plain.clear();
+  const size_t plain_start = plain.size();
   ChunkSizes plain_sizes;
   DCR_RETURN_IF_ERROR(EncodeChanges(kind, id, elem_size, n, positions, values,
                                     &plain, &plain_sizes));
@@ -317,10 +317,13 @@ Status ChunkEncoder::EncodeChangesInContext(
     for (size_t j = 0; j < elem_size; ++j) ptrs[j] = m.planes[j].data();
     ContextEncoder::Changes ch{kind, id,        elem_size, field,
                                base, positions, ptrs};
-    DCR_ASSIGN_OR_RETURN(bool coded,
-                         m.context.Encode(ch, m.options.context_gain,
-                                          m.plane_coder.get(), out, sizes));
-    if (coded) return Status::OK();
+    Result<bool> coded = m.context.Encode(ch, m.options.context_gain,
+                                          m.plane_coder.get(), out, sizes);
+    if (!coded.ok()) {
+      plain.resize(plain_start);  // nothing appended on an error
+      return coded.status();
+    }
+    if (*coded) return Status::OK();
   }
   out->insert(out->end(), plain.begin() + static_cast<ptrdiff_t>(plain_start),
               plain.end());

@@ -11,7 +11,8 @@
 // of a span until no rank holding elements of it can send another (its
 // stream moved past the span, or it ended), then releases them together;
 // ProducerFeed codes a group of two or more as one whole-span chunk
-// (ComposeParts).
+// (ComposeParts), and with context coding every span released whole
+// (Group::whole), one part or more.
 //
 // A span is released when every rank whose pieces (Layout) reach into it
 // has sent its part of it, sent a chunk of a later span, or ended. A rank

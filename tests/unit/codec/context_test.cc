@@ -151,6 +151,26 @@ TEST_P(ContextTest, ChangesInContextAreTheDiffsBytes) {
                   .ok());
   EXPECT_EQ(got, plain);
   EXPECT_TRUE(independent.empty());
+  // Without `base_independent`, call after call on one encoder (its
+  // scratch reused): each falls back to the same plain chunk, and a dense
+  // diff in between leaves nothing behind in it.
+  Pair d = AdamLike(dtype, 4096, 10);
+  for (size_t i = 0; i < d.target.size(); i += 3) d.target[i] ^= std::byte{1};
+  Bytes dense;
+  ASSERT_TRUE(*enc_->EncodeDiff(ChunkKind::kXor, ChunkId{1, 2}, w, d.base,
+                                d.target, &dense));
+  for (int k = 0; k < 3; ++k) {
+    got.clear();
+    ASSERT_TRUE(enc_->EncodeChangesInContext(ChunkKind::kXor, ChunkId{1, 2}, w,
+                                             ExponentField(), p.base,
+                                             c.positions, c.values, &got)
+                    .ok());
+    EXPECT_EQ(got, plain) << k;
+    if (k == 0) {
+      ASSERT_TRUE(*enc_->EncodeDiff(ChunkKind::kXor, ChunkId{1, 2}, w, d.base,
+                                    d.target, &dense));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ContextTest,
