@@ -83,6 +83,9 @@ $DCR verify $T/root.safetensors $T/ck/v{k}.safetensors >/dev/null"
 # start_coord ARGS...: a coordinator in the background, its output in
 # $T/coord.out and $T/coord.err; stop_coord WANT: its exit code is WANT.
 start_coord() {
+  # Emptied here, not by the background job's redirection, which may come
+  # after the wait below has read the last coordinator's "waiting for".
+  : >"$T/coord.err"
   "$DCR" refit --topology "$TOPO" --producers 4 --layout "$T/tiny.yaml" \
     --listen "$COORD" --progress never -o json --timeout "${COORD_TIMEOUT:-10s}" "$@" \
     >"$T/coord.out" 2>"$T/coord.err" &
