@@ -60,19 +60,13 @@ std::string Secs(double s) {
 }
 
 nlohmann::json EstimateJson(const RefitEstimate& e) {
-  return {{"payload_bytes", e.payload_bytes},
-          {"transfer_s", e.transfer_s},
-          {"encode_s", e.encode_s},
-          {"apply_s", e.apply_s},
-          {"stream_s", e.stream_s},
-          {"prepare_s", e.prepare_s},
-          {"target_hash_s", e.target_hash_s},
-          {"verify_s", e.verify_s},
-          {"baseline_s", e.baseline_s},
-          {"commit_s", e.commit_s},
-          {"producers_s", e.producers_s},
-          {"control_s", e.control_s},
-          {"total_s", e.total_s},
+  return {{"payload_bytes", e.payload_bytes}, {"transfer_s", e.transfer_s},
+          {"encode_s", e.encode_s},           {"apply_s", e.apply_s},
+          {"stream_s", e.stream_s},           {"prepare_s", e.prepare_s},
+          {"target_hash_s", e.target_hash_s}, {"verify_s", e.verify_s},
+          {"baseline_s", e.baseline_s},       {"commit_s", e.commit_s},
+          {"producers_s", e.producers_s},     {"recode_s", e.recode_s},
+          {"control_s", e.control_s},         {"total_s", e.total_s},
           {"bottleneck", e.bottleneck}};
 }
 
@@ -170,11 +164,10 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
     base.producer_cores = a.producer_cores;
     return base;
   };
-  // A producers' refit codes its parts without context (their spans are
-  // shared between ranks): base-independent parameters.
-  auto p =
-      params(a.no_context || a.producers > 0 ? CostParameters::BaseIndependent()
-                                             : CostParameters());
+  // (A producers' refit too: its ranks send base-independent parts, and
+  // the root codes the changed spans again in context.)
+  auto p = params(a.no_context ? CostParameters::BaseIndependent()
+                               : CostParameters());
   if (!p.ok()) return ReportError(p.status());
   uint64_t default_bps = 0;
   if (!a.bandwidth.empty()) {
@@ -187,9 +180,9 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
   // A serving rank holds parts of spans, nothing to decode a context-coded
   // chunk against: as `dcr refit` does, a root child whose subtree holds
   // one takes base-independent chunks, and the others context-coded ones.
-  // (--no-context and a producers' refit: every subtree base-independent.)
+  // (--no-context: every subtree base-independent.)
   std::vector<std::string> context_heads, plain_heads;
-  const bool context = !a.no_context && a.producers == 0;
+  const bool context = !a.no_context;
   std::vector<bool> takes;
   for (int child : tree->nodes[0].children) {
     const std::vector<int> sub = tree->Subtree(child);
@@ -251,11 +244,16 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
               HumanBytes(static_cast<uint64_t>(bytes)).c_str(), *rate * 100,
               p->source.c_str());
   if (p->producers > 0) {
+    const std::string recode =
+        e->delta.recode_s > 0
+            ? fmt::format(" and codes the changed spans in context ({})",
+                          Secs(e->delta.recode_s))
+            : std::string();
     std::printf(
         "delta from %u producers x %u cores (they diff and hash their "
-        "shards: %s); the root applies the parts to root.baseline (%s)\n",
+        "shards: %s); the root applies the parts to root.baseline (%s)%s\n",
         p->producers, p->producer_cores, Secs(e->delta.producers_s).c_str(),
-        Secs(e->delta.baseline_s).c_str());
+        Secs(e->delta.baseline_s).c_str(), recode.c_str());
   }
   if (context && !plain_heads.empty()) {
     const std::string rest =
@@ -324,7 +322,8 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
   cmd->add_option("--producers", a->producers,
                   "Predict a producers' refit (dcr refit --producers): this "
                   "many trainer ranks diff and hash their own shards; the "
-                  "root only applies the parts to root.baseline")
+                  "root applies the parts to root.baseline and (unless "
+                  "--no-context) codes the changed spans in context")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--producer-cores", a->producer_cores,
                   "With --producers: cores each rank's host gives dcr "

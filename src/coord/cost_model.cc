@@ -131,9 +131,9 @@ double ApplySeconds(double model_bytes, double apply_rate,
 // (a delta refit), root.baseline's writes), or a producers' refit's.
 // `baseline_in_stream`: the root writes root.baseline as it encodes (a
 // delta refit), not after the decision (a full one).
-RefitEstimate RootStage(double model_bytes, double encode_rate,
-                        double apply_rate, const CostParameters& p,
-                        bool baseline_in_stream) {
+RefitEstimate RootStage(double model_bytes, double change_rate,
+                        double encode_rate, double apply_rate,
+                        const CostParameters& p, bool baseline_in_stream) {
   RefitEstimate e;
   e.baseline_s = model_bytes / (p.baseline_rate * p.root_cores);
   const double root_hash_rate =
@@ -143,12 +143,26 @@ RefitEstimate RootStage(double model_bytes, double encode_rate,
                (baseline_in_stream ? e.baseline_s : 0);
   if (p.producers > 0 && baseline_in_stream) {
     // The ranks diff and hash their shards; the root applies the merged
-    // parts to root.baseline beside them (coord/producer_feed.h).
+    // parts to root.baseline beside them (coord/producer_feed.h), and codes
+    // the changed spans again in context where the chunks are.
     const double cores = static_cast<double>(p.producers) * p.producer_cores;
     e.target_hash_s = model_bytes / (root_hash_rate * cores);
-    e.baseline_s = model_bytes / (apply_rate * p.root_cores);
-    e.producers_s = model_bytes / (encode_rate * cores) + e.target_hash_s;
-    e.encode_s = std::max(e.producers_s, e.baseline_s);
+    // root.baseline takes base-independent chunks either way (the
+    // context-coded ones' copies): the built-in base-independent apply
+    // rate where these parameters are the context-coded ones.
+    const double plain_apply =
+        p.context_coded
+            ? Interpolate(CostParameters::BaseIndependent().apply_rate,
+                          change_rate)
+            : apply_rate;
+    e.baseline_s = model_bytes / (plain_apply * p.root_cores);
+    e.recode_s =
+        p.context_coded ? model_bytes / (encode_rate * p.root_cores) : 0;
+    e.producers_s =
+        model_bytes /
+            (Interpolate(p.producer_encode_rate, change_rate) * cores) +
+        e.target_hash_s;
+    e.encode_s = std::max(e.producers_s, e.baseline_s + e.recode_s);
   }
   return e;
 }
@@ -180,8 +194,8 @@ void Finish(const PlanEstimate& shape, const CostParameters& p,
 RefitEstimate Estimate(double payload, double encode_rate, double apply_rate,
                        uint64_t bottleneck_bps, const PlanEstimate& shape,
                        const CostParameters& p, bool baseline_in_stream) {
-  RefitEstimate e = RootStage(shape.model_bytes, encode_rate, apply_rate, p,
-                              baseline_in_stream);
+  RefitEstimate e = RootStage(shape.model_bytes, shape.change_rate, encode_rate,
+                              apply_rate, p, baseline_in_stream);
   e.payload_bytes = payload;
   e.transfer_s = TransferSeconds(payload, bottleneck_bps, p);
   e.apply_s = ApplySeconds(shape.model_bytes, apply_rate, p);
@@ -250,10 +264,10 @@ RefitEstimate EstimateTakes(const SubtreeModel& m,
                             double change_rate, const CostParameters& context,
                             const CostParameters& independent,
                             bool history_records) {
-  RefitEstimate e =
-      RootStage(model_bytes, Interpolate(context.encode_rate, change_rate),
-                Interpolate(context.apply_rate, change_rate), context,
-                /*baseline_in_stream=*/true);
+  RefitEstimate e = RootStage(
+      model_bytes, change_rate, Interpolate(context.encode_rate, change_rate),
+      Interpolate(context.apply_rate, change_rate), context,
+      /*baseline_in_stream=*/true);
   bool any_independent = false;
   for (size_t i = 0; i < takes.size(); ++i) {
     const size_t v = takes[i] ? 1 : 0;
@@ -262,7 +276,8 @@ RefitEstimate EstimateTakes(const SubtreeModel& m,
     e.transfer_s = std::max(e.transfer_s, m.transfer[i][v]);
     e.apply_s = std::max(e.apply_s, m.apply[v]);
   }
-  if (any_independent && !history_records) {
+  // (A producers' root writes the copy in every recode: within recode_s.)
+  if (any_independent && !history_records && context.producers == 0) {
     e.encode_s +=
         model_bytes / (Interpolate(independent.encode_rate, change_rate) *
                        independent.root_cores);
@@ -364,6 +379,7 @@ CostParameters CostParameters::BaseIndependent() {
   p.payload_ratio = {{0.01, 0.00690}, {0.03, 0.01803}, {0.05, 0.02834}};
   p.encode_rate = {{0.01, 6.09e9}, {0.03, 3.37e9}, {0.05, 2.27e9}};
   p.apply_rate = {{0.01, 12.94e9}, {0.03, 6.14e9}, {0.05, 4.20e9}};
+  p.context_coded = false;
   p.source = "built-in, base-independent chunks";
   return p;
 }
@@ -382,15 +398,23 @@ Result<CostParameters> CostParameters::FromJson(const std::string& text,
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument(source + ": not a JSON object");
   }
-  static constexpr std::string_view kKnown[] = {
-      "payload_ratio",    "encode_rate",
-      "apply_rate",       "full_ratio",
-      "full_encode_rate", "full_apply_rate",
-      "hash_rate",        "root_hash_rate",
-      "baseline_rate",    "efficiency",
-      "hop_overhead_s",   "fixed_overhead_s",
-      "commit_sync_rate", "root_cores",
-      "relay_cores",      "note"};
+  static constexpr std::string_view kKnown[] = {"payload_ratio",
+                                                "encode_rate",
+                                                "apply_rate",
+                                                "full_ratio",
+                                                "full_encode_rate",
+                                                "full_apply_rate",
+                                                "hash_rate",
+                                                "root_hash_rate",
+                                                "baseline_rate",
+                                                "efficiency",
+                                                "hop_overhead_s",
+                                                "fixed_overhead_s",
+                                                "commit_sync_rate",
+                                                "root_cores",
+                                                "relay_cores",
+                                                "producer_encode_rate",
+                                                "note"};
   for (const auto& [key, value] : j.items()) {
     if (std::find(std::begin(kKnown), std::end(kKnown), key) ==
         std::end(kKnown)) {
@@ -404,7 +428,8 @@ Result<CostParameters> CostParameters::FromJson(const std::string& text,
   };
   for (auto [key, out] : {std::pair{"payload_ratio", &p.payload_ratio},
                           {"encode_rate", &p.encode_rate},
-                          {"apply_rate", &p.apply_rate}}) {
+                          {"apply_rate", &p.apply_rate},
+                          {"producer_encode_rate", &p.producer_encode_rate}}) {
     if (Status s = ReadPoints(j, key, out); !s.ok()) return err(s);
   }
   for (auto [key, out] : {std::pair{"full_ratio", &p.full_ratio},

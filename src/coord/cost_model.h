@@ -34,14 +34,19 @@
 //                    path + fixed overhead
 //   total          = prepare + control + stream + verify + commit
 // A producers' refit (producers > 0; dcr/producer.h) has no root pass over
-// the model: the ranks diff and hash their own shards, and the root only
-// applies the merged parts to root.baseline:
-//   encode         = max(model_bytes / (encode rate * producer cores)
-//                        + model_bytes / (root hash rate * producer cores),
-//                        baseline)
-//   baseline       = model_bytes / (apply rate(change rate) * root cores)
-// with producer cores = producers * cores each (their chunks are
-// base-independent: use BaseIndependent() parameters).
+// the model: the ranks diff and hash their own shards, and the root
+// applies the merged parts to root.baseline and, where the chunks are
+// context-coded, codes each changed span again in context:
+//   encode         = max(model_bytes / (producer encode rate * producer
+//                        cores) + model_bytes / (root hash rate * producer
+//                        cores), baseline + recode)
+//   baseline       = model_bytes / (base-independent apply rate(change
+//                    rate) * root cores) (it applies the plain copies)
+//   recode         = context-coded: model_bytes / (encode rate(change
+//                    rate) * root cores) (a canonical root's encode, diff
+//                    included: an upper bound); else 0
+// with producer cores = producers * cores each (their parts are
+// base-independent whatever the tree takes: producer_encode_rate).
 // A full refit has the same terms with the full payload, no diff (encode is
 // a zstd pass, full_encode rate) and a dense apply (copy rate).
 // Context coding per root child subtree (ChooseContextPerSubtree): the root
@@ -60,7 +65,8 @@
 //                    base-independent copy as well when some child takes
 //                    it) + model_bytes / (base-independent encode rate *
 //                    root cores) for that copy unless the history records
-//                    it anyway
+//                    it anyway (or a producers' root recodes: it writes
+//                    the copy first every time)
 //   stream         = max(encode, max_c transfer_c, max_c apply_c)
 //                    + pipeline fill (one window paces every child)
 //   verify, commit, control as above; the plan is taken when its total is
@@ -118,6 +124,13 @@ struct CostParameters {
   // the cores each gives dcr (0 producers: the root reads a checkpoint).
   uint32_t producers = 0;
   uint32_t producer_cores = 4;
+  // (change rate, bytes/s per core) for a rank's diff + encode of its
+  // base-independent parts.
+  std::vector<std::pair<double, double>> producer_encode_rate = {
+      {0.01, 6.09e9}, {0.03, 3.37e9}, {0.05, 2.27e9}};
+  // Whether these parameters are for context-coded chunks (the defaults)
+  // or base-independent ones (BaseIndependent()).
+  bool context_coded = true;
   std::string source = "built-in";  // where the numbers come from
 
   // Reads a calibration JSON ({"payload_ratio": [[rate, ratio], ...],
@@ -151,8 +164,11 @@ struct RefitEstimate {
   // The root's baseline pass: within encode_s for a delta refit (written
   // while streaming), within commit_s for a full one.
   double baseline_s = 0;
-  // A producers' refit: the ranks' diff, encode and hash (within encode_s).
+  // A producers' refit: the ranks' diff, encode and hash (within encode_s),
+  // and the root's coding of the changed spans in context (with
+  // baseline_s, the root's stage).
   double producers_s = 0;
+  double recode_s = 0;
   double commit_s = 0;
   double control_s = 0;
   double total_s = 0;

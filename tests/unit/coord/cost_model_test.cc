@@ -188,6 +188,66 @@ TEST(CostModelTest, ProducersTakeTheRootsPassOverTheModel) {
   EXPECT_EQ(c->delta.producers_s, 0);
 }
 
+TEST(CostModelTest, ProducersRefitsCarryTheContextCodedPayload) {
+  // Context-coded parameters: the ranks' parts are base-independent (their
+  // rate is producer_encode_rate), and the root codes the changed spans
+  // again in context beside its apply; the tree gets the canonical refit's
+  // context-coded payload.
+  CostParameters canonical;
+  canonical.root_cores = 32;
+  CostParameters producers = canonical;
+  producers.producers = 64;
+  producers.producer_cores = 4;
+  const Tree tree = TwoRegion(3'050'000'000);
+  auto c = EstimateRefit(tree, 2e12, 0.03, canonical);
+  auto p = EstimateRefit(tree, 2e12, 0.03, producers);
+  ASSERT_TRUE(c.ok() && p.ok());
+  EXPECT_EQ(p->delta.payload_bytes, c->delta.payload_bytes);
+  const double cores = 64.0 * 4;
+  EXPECT_NEAR(p->delta.producers_s,
+              2e12 / (producers.producer_encode_rate[1].second * cores) +
+                  2e12 / (producers.hash_rate * cores),
+              1e-6);
+  EXPECT_NEAR(p->delta.recode_s, 2e12 / (producers.encode_rate[1].second * 32),
+              1e-6);
+  // root.baseline applies the base-independent copies.
+  EXPECT_NEAR(
+      p->delta.baseline_s,
+      2e12 / (CostParameters::BaseIndependent().apply_rate[1].second * 32),
+      1e-6);
+  EXPECT_NEAR(
+      p->delta.encode_s,
+      std::max(p->delta.producers_s, p->delta.baseline_s + p->delta.recode_s),
+      1e-9);
+  // Without the root's diff, hash of the target and baseline pass.
+  EXPECT_LT(p->delta.encode_s, c->delta.encode_s);
+  // Base-independent parameters: no recode.
+  CostParameters plain = CostParameters::BaseIndependent();
+  plain.producers = 64;
+  auto q = EstimateRefit(tree, 2e12, 0.03, plain);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->delta.recode_s, 0);
+  EXPECT_GT(q->delta.payload_bytes, p->delta.payload_bytes);
+  // A mixed tree without a history: a canonical root pays a plain encode
+  // for the base-independent subtrees; a producers' root wrote the copy in
+  // its recode already.
+  const Tree mixed_tree = TwoRegion(100'000'000'000, 20'000'000, 3'050'000'000);
+  const CostParameters independent = CostParameters::BaseIndependent();
+  for (bool takes_a : {false, true}) {
+    auto m = EstimateSubtreeCoding(mixed_tree, {takes_a, !takes_a}, 2e12, 0.03,
+                                   producers, independent,
+                                   /*history_records=*/false);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_NEAR(m->encode_s,
+                std::max(m->producers_s, m->baseline_s + m->recode_s), 1e-9);
+  }
+  // A calibration sets the ranks' rate.
+  auto cal = CostParameters::FromJson(
+      R"({"producer_encode_rate": [[0.01, 1e9], [0.05, 1e9]]})", "cal.json");
+  ASSERT_TRUE(cal.ok()) << cal.status().ToString();
+  EXPECT_EQ(cal->producer_encode_rate.size(), 2u);
+}
+
 TEST(CostModelTest, ContextCodingWhereTheLinkIsSlowerThanTheCores) {
   const double tb2 = 2e12;
   // A link ten times the paper's, 32 root cores: the relays' decode bounds
