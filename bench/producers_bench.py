@@ -39,8 +39,10 @@ Usage: bench/producers_bench.py [--build build] [--dir D] [--rounds N]
 Writes bench/results/producers.json.
 """
 import argparse
+import atexit
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -84,6 +86,28 @@ def median(v):
     return v[len(v) // 2]
 
 
+def shape_lo(rate, port):
+    """Traffic to `port` on lo through an HTB class of `rate`, the rest
+    through one of 40 Gbit/s (this VM's kernel has htb and tbf, not prio);
+    undone at exit."""
+    def tc(*args, check=True):
+        subprocess.run(["tc"] + list(args), check=check,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shown = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True,
+                           text=True, check=True).stdout
+    if shown.split()[:2] != ["qdisc", "noqueue"]:
+        sys.exit(f"--wan: lo already has a root qdisc ({shown.strip()}); remove it first")
+    atexit.register(tc, "qdisc", "del", "dev", "lo", "root", check=False)
+    tc("qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "20")
+    # Bursts above lo's 64 KiB segments.
+    tc("class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb",
+       "rate", rate, "ceil", rate, "burst", "256k", "cburst", "256k")
+    tc("class", "add", "dev", "lo", "parent", "1:", "classid", "1:20", "htb",
+       "rate", "40gbit", "ceil", "40gbit")
+    tc("filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1",
+       "u32", "match", "ip", "dport", str(port), "0xffff", "flowid", "1:10")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -98,6 +122,16 @@ def main():
                     help="where root.baseline, the relays' stores and the root's "
                     "state go (default: --dir); e.g. a tmpfs, to take the one "
                     "disk they share on this VM out of both refits")
+    ap.add_argument("--context", choices=("off", "on", "auto"), default="off",
+                    help="dcr refit --context for both refits (default off: "
+                    "loopback links gain nothing from it; on: the payload a WAN "
+                    "would carry, the root coding every changed span in context)")
+    ap.add_argument("--wan", metavar="RATE",
+                    help="shape the root's link into the rollout cluster (loopback "
+                    "traffic to the head relay's port) to RATE with tc htb, e.g. "
+                    "20mbit, and declare it in the topology: a refit bound by its WAN "
+                    "rather than by these two cores (root; changes lo's qdisc while "
+                    "it runs)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/producers.json"))
     a = ap.parse_args()
     dcr = os.path.join(a.build, "src/cli/dcr")
@@ -129,6 +163,13 @@ def main():
     ports = [free_port() for _ in range(3)]
     coord_port = free_port()
     topo = os.path.join(d, "tree.yaml")
+    link_rate = "10Gbps"
+    if a.wan:
+        # tc's "20mbit" is the topology's "20Mbps" (bits per second).
+        m = re.fullmatch(r"(\d+)(kbit|mbit|gbit)", a.wan.lower())
+        if not m:
+            sys.exit(f"--wan {a.wan}: give a rate as tc writes it, e.g. 20mbit")
+        link_rate = m.group(1) + {"kbit": "Kbps", "mbit": "Mbps", "gbit": "Gbps"}[m.group(2)]
     with open(topo, "w") as f:
         f.write(f"""version: 1
 defaults: {{transport: tcp, fanout: 2}}
@@ -140,8 +181,10 @@ clusters:
       - {{name: a, host: 127.0.0.1, port: {ports[1]}, store: {{kind: file, path: "{sd}/a.safetensors"}}}}
       - {{name: b, host: 127.0.0.1, port: {ports[2]}, store: {{kind: file, path: "{sd}/b.safetensors"}}}}
 links:
-  - {{from: train, to: rollout, bandwidth: 10Gbps, latency: 1ms}}
+  - {{from: train, to: rollout, bandwidth: {link_rate}, latency: 1ms}}
 """)
+    if a.wan:
+        shape_lo(a.wan, ports[1])
 
     def reset():
         # Every store back to v0, records and state gone: the same start.
@@ -188,7 +231,7 @@ links:
     def canonical_refit(target):
         t = time.monotonic()
         p = subprocess.Popen([dcr, "refit", "--topology", topo, "--target", target,
-                              "--progress", "never", "-o", "json", "--context", "off"],
+                              "--progress", "never", "-o", "json", "--context", a.context],
                              stdout=subprocess.PIPE,
                              stderr=open(os.path.join(d, "coord.log"), "a"), text=True)
         out, cpu = finish(p)
@@ -219,7 +262,7 @@ links:
             [dcr] + VERBOSE
             + ["refit", "--topology", topo, "--producers", "8", "--layout", layout,
              "--listen", f"127.0.0.1:{coord_port}", "--refits", "2",
-             "--progress", "never", "-o", "json"],
+             "--progress", "never", "-o", "json", "--context", a.context],
             stdout=subprocess.PIPE, stderr=open(os.path.join(d, "coord.log"), "w"),
             text=True)
         # The ranks connect once the coordinator listens (it says so).
@@ -301,11 +344,13 @@ links:
     last = runs["producers"][-1]["producers"]
     print(f"model {model_bytes / 1e9:.2f} GB, 8 ranks ({layout}), "
           f"{a.rounds} rounds, medians; stores and state in {sd}")
-    print(f"{'refit':<12}{'report s':>10}{'wall s':>10}{'payload MB':>12}{'chunks':>8}")
+    print(f"--context {a.context}" + (f", the root's link shaped to {a.wan}" if a.wan else ""))
+    print(f"{'refit':<12}{'report s':>10}{'wall s':>10}{'payload MB':>12}{'chunks':>8}"
+          f"{'in context':>11}")
     for name, tot, wall in (("canonical", c_tot, c_wall), ("producers", p_tot, p_wall)):
         rep = runs[name][-1]["report"]
         print(f"{name:<12}{tot:>10.3f}{wall:>10.3f}{rep['payload_bytes'] / 1e6:>12.2f}"
-              f"{rep['chunks']:>8}")
+              f"{rep['chunks']:>8}{rep.get('context_chunks', 0):>11}")
     print(f"producers / canonical (wall): {p_wall / c_wall:.2f}")
     c_cpu = median([r["root_cpu_seconds"] for r in runs["canonical"]])
     p_cpu = median([r["root_cpu_seconds"] for r in runs["producers"]])
@@ -332,6 +377,7 @@ links:
     with open(a.out, "w") as f:
         json.dump({"model_bytes": model_bytes, "layout": "tp4 x pp2 (8 ranks)",
                    "rounds": a.rounds, "cores": os.cpu_count(), "store_dir": sd,
+                   "context": a.context, "wan": a.wan,
                    "canonical_total_seconds": c_tot, "producers_total_seconds": p_tot,
                    "canonical_wall_seconds": c_wall, "producers_wall_seconds": p_wall,
                    "canonical_root_cpu_seconds": c_cpu,
