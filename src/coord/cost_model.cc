@@ -314,13 +314,16 @@ bool SubtreeContextChoice::any() const {
 Result<SubtreeContextChoice> ChooseContextPerSubtree(
     const Tree& tree, const std::vector<bool>& plain, double model_bytes,
     double change_rate, uint32_t root_cores, uint32_t relay_cores,
-    bool history_records) {
+    bool history_records, uint32_t producers, uint32_t producer_cores) {
   CostParameters context;
   CostParameters independent = CostParameters::BaseIndependent();
   context.root_cores = independent.root_cores =
       std::max<uint32_t>(root_cores, 1);
   context.relay_cores = independent.relay_cores =
       std::max<uint32_t>(relay_cores, 1);
+  context.producers = independent.producers = producers;
+  context.producer_cores = independent.producer_cores =
+      std::max<uint32_t>(producer_cores, 1);
   DCR_ASSIGN_OR_RETURN(SubtreeModel m,
                        ModelSubtrees(tree, plain, model_bytes, change_rate,
                                      context, independent, /*default_bps=*/0));

@@ -240,10 +240,13 @@ struct SubtreeContextChoice {
   // True iff some child takes context-coded chunks.
   bool any() const;
 };
+// `producers` > 0: a producers' refit's (CostParameters::producers, with
+// `producer_cores` each): its root stage is the apply of the parts plus,
+// with context, their recoding, not a canonical root's encode.
 Result<SubtreeContextChoice> ChooseContextPerSubtree(
     const Tree& tree, const std::vector<bool>& plain, double model_bytes,
     double change_rate, uint32_t root_cores, uint32_t relay_cores,
-    bool history_records);
+    bool history_records, uint32_t producers = 0, uint32_t producer_cores = 4);
 
 // A delta refit through `tree` in which root child i (`tree.nodes[0]
 // .children` order) takes context-coded chunks iff takes[i], the others

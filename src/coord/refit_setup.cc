@@ -155,9 +155,12 @@ bool UseContextCoding(const RefitOptions& options, RefitSetup* setup) {
   // records a whole-tree delta refit).
   const bool records =
       options.only_nodes.empty() && options.topology.root.keep_deltas > 0;
+  // A producers' refit: its ranks' cores are not known here; the model's
+  // default per rank stands for them.
   auto choice = ChooseContextPerSubtree(
       tree, plain, bytes, rate, static_cast<uint32_t>(setup->pool->size()),
-      ApplyThreads(options.topology.defaults), records);
+      ApplyThreads(options.topology.defaults), records,
+      options.producers ? options.producers->layout().ranks() : 0);
   if (!choice.ok()) {
     spdlog::info("context coding: off (no estimate: {})",
                  choice.status().ToString());

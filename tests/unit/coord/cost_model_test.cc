@@ -241,6 +241,14 @@ TEST(CostModelTest, ProducersRefitsCarryTheContextCodedPayload) {
     EXPECT_NEAR(m->encode_s,
                 std::max(m->producers_s, m->baseline_s + m->recode_s), 1e-9);
   }
+  // dcr refit --context auto decides a producers' refit with its own
+  // model: the predictions are these refits'.
+  auto choice = ChooseContextPerSubtree(tree, {false, false}, 2e12, 0.03, 32,
+                                        producers.relay_cores, true, 64, 4);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  EXPECT_TRUE(choice->any());
+  EXPECT_DOUBLE_EQ(choice->with_s, p->delta.total_s);
+  EXPECT_DOUBLE_EQ(choice->without_s, q->delta.total_s);
   // A calibration sets the ranks' rate.
   auto cal = CostParameters::FromJson(
       R"({"producer_encode_rate": [[0.01, 1e9], [0.05, 1e9]]})", "cal.json");
