@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/bytes.h"
@@ -17,6 +18,15 @@ namespace dcr {
 
 inline constexpr uint32_t kChunkMagic = 0x43524344;  // "DCRC"
 inline constexpr size_t kChecksumBytes = 8;
+
+inline bool ValidElemSize(size_t w) {
+  return w == 1 || w == 2 || w == 4 || w == 8;
+}
+
+// "chunk (tensor 3, span 5)": how messages name a chunk.
+inline std::string ChunkName(const ChunkId& id) {
+  return "chunk (" + ChunkIdText(id) + ")";
+}
 
 // The fields of a chunk's prefix.
 struct ChunkPrefix {

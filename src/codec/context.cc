@@ -39,11 +39,6 @@ constexpr double kRangeDecodeCost = 0.001;
 // Classes the range search considers; more are merged pairwise first.
 constexpr size_t kMaxClasses = 64;
 
-std::string ChunkName(const ChunkId& id) {
-  return "chunk (tensor " + std::to_string(id.tensor) + ", span " +
-         std::to_string(id.span) + ")";
-}
-
 double BinaryEntropyBits(double n, double k) {
   if (n <= 0 || k <= 0 || k >= n) return 0.0;
   double p = k / n;
