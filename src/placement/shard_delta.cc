@@ -33,6 +33,22 @@ struct RankDelta {
   uint64_t dense_chunks = 0;
 };
 
+// Moves a tensor's digest part from the base to the target by `changes`
+// (the digest is linear: the target's part is the base's XOR the hash of
+// the changed elements' XOR masks at their positions), so that a diff
+// needs no pass over the target to hash it. `mask`: scratch.
+void MoveDigest(const Layout& layout, const CanonicalChanges& changes,
+                std::vector<std::byte>* mask,
+                std::vector<LinearDigest>* digests) {
+  const size_t w = DTypeSize(layout.tensors[changes.tensor].dtype);
+  mask->resize(changes.base.size());
+  for (size_t i = 0; i < mask->size(); ++i) {
+    (*mask)[i] = changes.base[i] ^ changes.target[i];
+  }
+  (*digests)[changes.tensor] ^= LinearHashElements(
+      0, w, changes.positions.data(), changes.positions.size(), mask->data());
+}
+
 }  // namespace
 
 std::string ShardFilePath(const std::string& dir, uint32_t rank) {
@@ -288,18 +304,22 @@ Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
   }
   ShardBytes base;
   for (const auto& [name, b] : baseline_) base.emplace(name, b);
-  // Hashed first: it checks every shard's presence and size before any
-  // part goes out.
-  DCR_ASSIGN_OR_RETURN(step.target_digests,
-                       HashShardRegions(layout_, rank_, target));
+  // Every shard's presence and size checked before any part goes out.
+  DCR_RETURN_IF_ERROR(CheckShards(layout_, rank_, target));
   const PartSink keep = [&](const ChunkId& id, std::span<const std::byte> c) {
     step.chunks.emplace_back(id, std::vector<std::byte>(c.begin(), c.end()));
     return Status::OK();
   };
+  // The target's digest parts follow from the baseline's and the changes:
+  // the bits the parts carry, whatever the shards hold by the time the
+  // diff ends.
+  step.target_digests = baseline_digests_;
+  std::vector<std::byte> mask;
   ShardDiffStats stats;
   DCR_RETURN_IF_ERROR(DiffShardsEach(
       layout_, rank_, base, target,
       [&](CanonicalChanges&& changes) {
+        MoveDigest(layout_, changes, &mask, &step.target_digests);
         return EncodeParts(layout_, rank_, std::span(&changes, 1),
                            ChunkKind::kXor, span_elems, encoder_.get(),
                            sink ? sink : keep, &step.sizes);
@@ -339,14 +359,7 @@ Status ShardProducer::DiffInMemory(const ShardBytes& target,
                                     target.at(shard), out);
       },
       [&](CanonicalChanges&& changes) {
-        const size_t w = DTypeSize(layout_.tensors[changes.tensor].dtype);
-        mask.resize(changes.base.size());
-        for (size_t i = 0; i < mask.size(); ++i) {
-          mask[i] = changes.base[i] ^ changes.target[i];
-        }
-        step->target_digests[changes.tensor] ^=
-            LinearHashElements(0, w, changes.positions.data(),
-                               changes.positions.size(), mask.data());
+        MoveDigest(layout_, changes, &mask, &step->target_digests);
         return EncodeParts(layout_, rank_, std::span(&changes, 1),
                            ChunkKind::kXor, span_elems, encoder_.get(),
                            sink ? sink : keep, &step->sizes);

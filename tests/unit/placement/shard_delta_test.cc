@@ -213,6 +213,61 @@ TEST(ShardProducerTest, DiffsAgainstItsBaselineAndAdvancesOnlyToWhatItDiffed) {
   EXPECT_EQ(again->target_digests, step->target_digests);
 }
 
+// A diff's target digests follow from the baseline's and the changes (no
+// pass over the target): they are what hashing the target gives, for
+// shards held as they are and for converted ones (an F32 master whose
+// small changes leave some BF16 bits as they were).
+TEST(ShardProducerTest, TargetDigestsAreTheTargetsHash) {
+  auto gpt = ParseLayout(Gpt(2, 2), "gpt.yaml");
+  ASSERT_TRUE(gpt.ok());
+  std::mt19937_64 rng(41);
+  for (uint32_t rank = 0; rank < gpt->ranks(); ++rank) {
+    auto [base, target] = RandomVersions(*gpt, 0.05, rng);
+    auto bs = BuildShards(*gpt, rank, View(base));
+    auto ts = BuildShards(*gpt, rank, View(target));
+    ASSERT_TRUE(bs.ok() && ts.ok());
+    ShardProducer p(*gpt, rank, 32);
+    ASSERT_TRUE(p.SetBaseline(ViewShards(*bs)).ok());
+    auto step = p.Diff(ViewShards(*ts));
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    auto want = HashShardRegions(*gpt, rank, ViewShards(*ts));
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(step->target_digests, *want) << "rank " << rank;
+  }
+  auto conv = ParseLayout(R"(version: 1
+parallel: {tp: 2}
+tensors:
+  - name: norm
+    shard: norm
+    split: column
+    shape: [256]
+    shard_dtype: F32
+    add: 1
+)",
+                          "n.yaml");
+  ASSERT_TRUE(conv.ok()) << conv.status().ToString();
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<float> base(128), target(128);
+  for (float& v : base) v = value(rng);
+  size_t kept = 0;
+  for (size_t i = 0; i < base.size(); ++i) {
+    // Every element moves; a move of 1e-6 leaves most BF16 bits alone.
+    target[i] = base[i] + (i % 3 == 0 ? 0.25f : 1e-6f);
+    kept += i % 3 != 0;
+  }
+  ASSERT_GT(kept, 0u);
+  ShardProducer p(*conv, 1, 32);
+  ASSERT_TRUE(p.SetBaseline({{"norm", std::as_bytes(std::span(base))}}).ok());
+  const ShardBytes ts = {{"norm", std::as_bytes(std::span(target))}};
+  auto step = p.Diff(ts);
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_GT(step->changed, 0u);
+  EXPECT_LT(step->changed, base.size());
+  auto want = HashShardRegions(*conv, 1, ts);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(step->target_digests, *want);
+}
+
 class ShardDeltaFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
