@@ -6,7 +6,7 @@
 //
 //   offset size field
 //        0    4 magic "DCRF"
-//        4    1 version (kFrameVersion = 3)
+//        4    1 version (kFrameVersion = 4)
 //        5    1 type (FrameType)
 //        6    2 flags (kFrameFlag...)
 //        8    4 payload length L, at most the receiver's max_payload
@@ -57,8 +57,10 @@ inline constexpr std::array<std::byte, 4> kFrameMagic = {
 // 2: versions are named by linear tensor digests (dcr/digest.h); a build
 // of version 1 computes XXH3 digests, so the two refuse each other's frames
 // instead of failing the vote. 3: chunk ids have parts (dcr/codec.h
-// ChunkId): END's id digest and the signed manifest carry them.
-inline constexpr uint8_t kFrameVersion = 3;
+// ChunkId): END's id digest and the signed manifest carry them. 4: the
+// STREAM_MARK frame, which a relay of version 3 would take for a damaged
+// frame and close its link on.
+inline constexpr uint8_t kFrameVersion = 4;
 inline constexpr size_t kAuthTagSize = 32;
 inline constexpr uint32_t kDefaultMaxFramePayload = 256u << 20;  // 256 MiB
 
@@ -94,8 +96,12 @@ enum class FrameType : uint8_t {
   kProducerDone = 18,
   kProducerDecision = 19,
   kProducerBaseline = 20,
+  // Root to the tree, between CHUNKs: no chunk of a tensor below the one it
+  // names follows (protocol/messages.h StreamMarkMsg). A hint for the
+  // relays' hashing ahead, never a condition of correctness.
+  kStreamMark = 21,
 };
-inline constexpr uint8_t kMaxFrameType = 20;
+inline constexpr uint8_t kMaxFrameType = 21;
 
 // Returns true iff `type` names a FrameType this version knows.
 bool IsKnownFrameType(uint8_t type);

@@ -68,6 +68,18 @@ void ChunkProducer::Stop(Status why) {
   if (wake_) wake_();
 }
 
+Status ChunkProducer::QueueMark() {
+  if (!job_.mark || !job_.fetch) return Status::OK();
+  Result<std::optional<Outgoing>> m = job_.mark();
+  if (!m.ok()) return m.status();
+  if (!*m) return Status::OK();
+  if (!queue_.Push(**std::move(m))) {
+    return Status::Aborted("the stream was cancelled");
+  }
+  if (wake_) wake_();
+  return Status::OK();
+}
+
 void ChunkProducer::Run() {
   if (job_.prepare) {
     if (Status s = job_.prepare(); !s.ok()) return Stop(std::move(s));
@@ -80,6 +92,7 @@ void ChunkProducer::Run() {
   // (on the testbed's 2 cores, 8 spans diffed, encoded, hashed and written
   // to root.baseline: about 0.02 s before the first byte left the root).
   size_t want = std::min(batch, std::max<size_t>(1, pool_->size()));
+  if (Status s = QueueMark(); !s.ok()) return Stop(std::move(s));
   for (size_t begin = 0;; want = batch) {
     size_t n = 0;
     if (job_.fetch) {
@@ -108,6 +121,7 @@ void ChunkProducer::Run() {
       }
       if (wake_) wake_();
     }
+    if (Status s = QueueMark(); !s.ok()) return Stop(std::move(s));
     if (job_.after_batch && !job_.fetch) {
       if (Status s = job_.after_batch(begin + n == job_.items); !s.ok()) {
         return Stop(std::move(s));

@@ -43,6 +43,9 @@ struct Outgoing {
   // context-coded, and its payload bytes; else null (`frame` is for all).
   FrameBuffer plain = nullptr;
   uint64_t plain_payload = 0;
+  // `frame` is a STREAM_MARK, not a CHUNK: a hint to every child that
+  // takes chunks, counted in no chunk figure (Fanout::Hint).
+  bool mark = false;
   // Bytes queued: both frames.
   uint64_t bytes() const { return frame->size() + (plain ? plain->size() : 0); }
 };
@@ -112,6 +115,11 @@ struct ChunkJob {
   // producer thread (`last`: the final batch; never with `fetch`); it may
   // use the pool. An error stops the producer like an encode failure.
   std::function<Status(bool last)> after_batch;
+  // Optional, with `fetch`: before the first batch and after each batch's
+  // items were queued, on the producer thread, a frame to queue there (a
+  // STREAM_MARK), or nullopt. An error stops the producer like an encode
+  // failure.
+  std::function<Result<std::optional<Outgoing>>()> mark;
 };
 
 class ChunkProducer {
@@ -141,6 +149,8 @@ class ChunkProducer {
 
  private:
   void Run();
+  // Queues the job's mark, if it gives one.
+  Status QueueMark();
   void Stop(Status why);  // the one exit of Run
 
   ThreadPool* pool_;

@@ -20,6 +20,7 @@ PartGroups::PartGroups(const Layout& layout, uint64_t span_elems,
       if (m.elements() == 0) continue;
       reach_[t].push_back(
           Reach{p.rank, m.first() / span_elems, m.last() / span_elems});
+      first_tensor_.emplace(p.rank, static_cast<uint32_t>(t));
     }
   }
 }
@@ -64,6 +65,18 @@ Status PartGroups::Add(ProducerChunk chunk, const ChunkId& id) {
   held_[key].push_back(std::move(chunk));
   recheck_.insert(key);
   return Status::OK();
+}
+
+uint32_t PartGroups::LowestOpen() const {
+  uint32_t lowest = static_cast<uint32_t>(reach_.size());
+  for (const auto& [rank, first] : first_tensor_) {
+    if (ended_.contains(rank)) continue;
+    auto last = last_.find(rank);
+    lowest = std::min(lowest, last != last_.end() ? last->second.first : first);
+  }
+  if (!held_.empty()) lowest = std::min(lowest, held_.begin()->first.first);
+  for (const Group& g : loose_) lowest = std::min(lowest, g.id.tensor);
+  return lowest;
 }
 
 void PartGroups::Ended(uint32_t rank) {

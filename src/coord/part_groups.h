@@ -69,6 +69,14 @@ class PartGroups {
   // Appends everything held (every rank ended).
   void Flush(std::vector<Group>* out);
 
+  // The lowest tensor of which an item may still come out (the layout's
+  // tensor count when none may): a part held or not yet taken, or a part a
+  // rank that has not ended may still send (of its last chunk's tensor or
+  // a later one; before its first chunk, of the first tensor its pieces
+  // reach). Every item of a tensor below it was taken. What a producers'
+  // STREAM_MARK names.
+  uint32_t LowestOpen() const;
+
   uint64_t held_bytes() const { return held_bytes_; }
   // Spans released as one group of two or more parts, and those parts.
   uint64_t grouped_spans() const { return grouped_spans_; }
@@ -86,7 +94,8 @@ class PartGroups {
   void Release(std::vector<ProducerChunk> parts, const SpanKey& key, bool whole,
                std::vector<Group>* out);
 
-  std::vector<std::vector<Reach>> reach_;  // per tensor
+  std::vector<std::vector<Reach>> reach_;      // per tensor
+  std::map<uint32_t, uint32_t> first_tensor_;  // per rank with pieces
   uint64_t cap_bytes_;
   std::map<SpanKey, std::vector<ProducerChunk>> held_;
   // Held spans that may have become complete since the last Take (a part

@@ -318,6 +318,12 @@ Result<size_t> ProducerFeed::Fetch(size_t max, std::chrono::milliseconds idle) {
   return batch_.size();
 }
 
+uint32_t ProducerFeed::CompleteBelow() const {
+  uint32_t below = groups_->LowestOpen();
+  for (const Item& item : ready_) below = std::min(below, item.id.tensor);
+  return below;
+}
+
 const ChunkId& ProducerFeed::id(size_t i) const {
   return batch_[i - batch_begin_].id;
 }

@@ -102,6 +102,11 @@ class ProducerFeed {
   ChunkJob Job(std::chrono::milliseconds idle, bool sign, bool sign_plain,
                size_t workers);
   const ChunkId& id(size_t i) const;
+  // On the job's thread, between batches: no item of a tensor below this
+  // one is still to be fetched (PartGroups::LowestOpen, and what was
+  // released but not yet fetched): what a STREAM_MARK after the items
+  // fetched so far names.
+  uint32_t CompleteBelow() const;
 
   // After the stream: the target's digests, from the producers' parts
   // (what root.baseline records on a commit). root.baseline's bits are not

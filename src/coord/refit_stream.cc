@@ -218,6 +218,22 @@ Status RefitRun::StreamProducers() {
   job.emit = [&](size_t i, const EncodedChunk& chunk) -> Result<Outgoing> {
     return Emit(producers_->id(i), chunk, /*repair=*/false);
   };
+  // The ranks' streams interleave tensors (pipeline stages stream at once):
+  // marks tell the relays which tensors no chunk will write again, so that
+  // they hash those ahead of the vote, and no others. The first goes before
+  // any chunk: it tells them the stream is marked.
+  job.mark = [&, sent = std::optional<uint32_t>()]() mutable
+      -> Result<std::optional<Outgoing>> {
+    const uint32_t below = producers_->CompleteBelow();
+    if (sent && below <= *sent) return std::optional<Outgoing>();
+    sent = below;
+    Outgoing o;
+    DCR_ASSIGN_OR_RETURN(
+        o.frame, root_->sender().Next(FrameType::kStreamMark,
+                                      EncodeStreamMark(StreamMarkMsg{below})));
+    o.mark = true;
+    return std::optional<Outgoing>(std::move(o));
+  };
   RootTree::Streamed streamed;
   Status produced = SendJob(std::move(job), &streamed);
   report_.chunks = streamed.chunks;

@@ -204,6 +204,11 @@ RootTree::Streamed RootTree::StreamFrom(ChunkProducer* producer,
     while (fanout_->MaxQueuedBytes() <= window) {
       auto o = producer->Pop();
       if (!o) return true;
+      if (o->mark) {
+        stream_bytes_ += o->frame->size();
+        fanout_->Hint(o->frame);
+        continue;
+      }
       stream_bytes_ += o->frame->size();
       out.payload_bytes += o->payload;
       out.plain_payload_bytes += o->plain ? o->plain_payload : o->payload;

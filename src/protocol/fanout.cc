@@ -384,6 +384,19 @@ size_t Fanout::Forward(const FrameBuffer& frame, bool chunk, bool keep,
   return n;
 }
 
+size_t Fanout::Hint(const FrameBuffer& frame) {
+  size_t n = 0;
+  for (Child& c : children_) {
+    if (c.failed || !c.link || !c.takes_chunks || (c.adoption && !c.accepted) ||
+        (options_.objects != nullptr && c.sub.nodes[0].pulls_objects)) {
+      continue;
+    }
+    c.link->Send(frame);
+    ++n;
+  }
+  return n;
+}
+
 void Fanout::Resend(Child& c, const FramePosition& after,
                     std::vector<FramePosition> sent) {
   const std::string& name = c.sub.nodes[0].name;

@@ -119,6 +119,12 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // planned without PlanMsg::context_coded; null: `frame` is for everyone.
   size_t Forward(const FrameBuffer& frame, bool chunk = false, bool keep = true,
                  const FrameBuffer& plain = nullptr);
+  // Sends a STREAM_MARK (or another hint about the stream) to every live
+  // child that takes chunks over its link, in order with the CHUNKs: not
+  // kept (a child adopted later, or one that pulls from the object store,
+  // goes without: it hashes at its vote what it did not hash ahead), not
+  // a control frame. Returns how many children it went to.
+  size_t Hint(const FrameBuffer& frame);
 
   // The largest send queue among live children (backpressure), and the
   // object sink's queue when children pull from it. When a

@@ -542,6 +542,22 @@ Result<ProgressMsg> DecodeProgress(std::span<const std::byte> b) {
   return m;
 }
 
+std::vector<std::byte> EncodeStreamMark(const StreamMarkMsg& m) {
+  std::vector<std::byte> out;
+  ByteWriter w(&out);
+  w.Put<uint8_t>(kMessageVersion);
+  w.Put<uint32_t>(m.tensor);
+  return out;
+}
+
+Result<StreamMarkMsg> DecodeStreamMark(std::span<const std::byte> b) {
+  Reader r(b, "STREAM_MARK");
+  StreamMarkMsg m;
+  m.tensor = r.Get<uint32_t>("tensor");
+  DCR_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
 Digest128 ChunkIdsDigest(std::vector<ChunkId> ids) {
   std::sort(ids.begin(), ids.end());
   Hasher128 h;

@@ -279,6 +279,21 @@ struct ProgressMsg {
   friend bool operator==(const ProgressMsg&, const ProgressMsg&) = default;
 };
 
+// STREAM_MARK (root to the tree, between CHUNK frames): every CHUNK of a
+// tensor below `tensor` (a manifest index) went before this frame; none
+// follows in this stream. A producers' coordinator sends it as the
+// ranks' merged streams move past tensors (their order is not the
+// manifest's): a relay hashes a tensor ahead of the vote only below the
+// last mark, where no chunk will write it again. Version 1: u32 tensor.
+// Marks never decrease within a stream; a stream without them (a
+// canonical root's, in manifest order) leaves the rule to the chunks'
+// ids. A hint only: a relay that hashed too early hashes again at the
+// vote.
+struct StreamMarkMsg {
+  uint32_t tensor = 0;
+  friend bool operator==(const StreamMarkMsg&, const StreamMarkMsg&) = default;
+};
+
 std::vector<std::byte> EncodeHello(const HelloMsg& m);
 std::vector<std::byte> EncodePlan(const PlanMsg& m);
 std::vector<std::byte> EncodeResults(const ResultsMsg& m);
@@ -286,6 +301,7 @@ std::vector<std::byte> EncodeEnd(const EndMsg& m);
 std::vector<std::byte> EncodeCommit(const CommitMsg& m);
 std::vector<std::byte> EncodeAbort(const AbortMsg& m);
 std::vector<std::byte> EncodeProgress(const ProgressMsg& m);
+std::vector<std::byte> EncodeStreamMark(const StreamMarkMsg& m);
 
 // Each returns Corruption naming the message and the field on any
 // malformed, truncated, oversized or trailing input, or an unknown message
@@ -298,6 +314,7 @@ Result<EndMsg> DecodeEnd(std::span<const std::byte> b);
 Result<CommitMsg> DecodeCommit(std::span<const std::byte> b);
 Result<AbortMsg> DecodeAbort(std::span<const std::byte> b);
 Result<ProgressMsg> DecodeProgress(std::span<const std::byte> b);
+Result<StreamMarkMsg> DecodeStreamMark(std::span<const std::byte> b);
 
 // The END digest of a set of chunk ids (any order; sorted here).
 Digest128 ChunkIdsDigest(std::vector<ChunkId> ids);

@@ -89,6 +89,7 @@ void ApplyWorkers::Loop() {
     Result<RefitSession::ApplyOutcome> outcome =
         decoder.ok() ? job.session->Apply(job.chunk, decoder->get())
                      : Result<RefitSession::ApplyOutcome>(decoder.status());
+    job.session->Unqueued(job.chunk);
     // Hashed here, on the worker, not on the actor thread.
     std::optional<AppliedChunk> hashed;
     if (job.hash && outcome.ok() &&

@@ -318,6 +318,18 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
   switch (frame.type()) {
     case FrameType::kChunk:
       return OnChunk(frame, buffer);
+    case FrameType::kStreamMark: {
+      auto mark = DecodeStreamMark(frame.payload);
+      if (!mark.ok()) {
+        spdlog::warn("{}: bad STREAM_MARK: {}", options_.name,
+                     mark.status().ToString());
+        return;
+      }
+      // Behind the chunks already forwarded, so in order below too.
+      r.StreamPassed(mark->tensor);
+      c.fanout->Hint(buffer);
+      return;
+    }
     case FrameType::kEnd: {
       auto end = DecodeEnd(frame.payload);
       Status s = end.ok() ? r.End(*end) : end.status();

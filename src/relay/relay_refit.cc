@@ -105,8 +105,10 @@ void RelayRefit::Apply(const FrameBuffer& buffer,
   const bool hash = env_->signing_key != nullptr;
   if (fp.corrupt()) {
     FrameBuffer copy = CorruptedCopy(payload, fp);
+    session_->Queued(*copy);
     env_->workers->Submit({copy, *copy, session_.get(), tracker_, hash});
   } else if (!fp.drop()) {
+    session_->Queued(payload);
     env_->workers->Submit({buffer, payload, session_.get(), tracker_, hash});
   }
 }

@@ -124,6 +124,11 @@ class RelayRefit {
   // workers, after the relay.apply_chunk failpoint; nothing without a
   // session. Call after Chunk() succeeded.
   void Apply(const FrameBuffer& buffer, std::span<const std::byte> payload);
+  // A STREAM_MARK from the parent: the session hashes ahead below it
+  // (RefitSession::StreamPassed); nothing without a session.
+  void StreamPassed(uint32_t tensor) {
+    if (session_) session_->StreamPassed(tensor);
+  }
 
   const RefitId& id() const { return id_; }
   uint64_t epoch() const { return epoch_; }

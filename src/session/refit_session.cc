@@ -304,7 +304,10 @@ Result<RefitSession::ApplyOutcome> RefitSession::Apply(
     }
     st.stack.push_back(a);
   }
-  if (hash_ahead_) HashBehind(c.header.id.tensor);
+  if (hash_ahead_) {
+    HashBehind(
+        std::min(c.header.id.tensor, marked_.load(std::memory_order_relaxed)));
+  }
   return ApplyOutcome::kApplied;
 }
 

@@ -29,6 +29,12 @@
 // made by something other than this session between the two is seen by the
 // next vote, not this one.
 //
+// A producers' stream is not in manifest order: the ranks' streams
+// interleave (pipeline stages send at once), and a chunk of tensor t says
+// nothing of the tensors below t. Its root marks it instead (STREAM_MARK,
+// protocol/messages.h): once a session saw a mark (StreamPassed), an Apply
+// hashes only below the last mark, where no chunk will write again.
+//
 // Serving stores (Options::serving; docs/PLACEMENT.md §"Serving relays"):
 // the store holds one serving rank's shards (dcr/receiver_map.h), not the
 // canonical tensors. Chunks still name canonical spans: they apply through
@@ -168,6 +174,19 @@ class RefitSession {
     double vote_sync_seconds = 0;
   };
   HashCounts hash_counts() const;
+  // The relay queued `chunk` for an Apply on another thread (Queued), and
+  // that Apply returned (Unqueued): hashing ahead stops at a tensor with
+  // a chunk queued, which would write it after the hash, and goes on from
+  // there once it is not (Unqueued, in a marked stream, hashes up to the
+  // mark). Any thread; a chunk whose header does not parse counts
+  // nowhere.
+  void Queued(std::span<const std::byte> chunk);
+  void Unqueued(std::span<const std::byte> chunk);
+  // A STREAM_MARK: no chunk of a tensor below `tensor` follows. From the
+  // first mark on, Apply hashes ahead only below the last mark, not below
+  // its chunk's tensor (see "Hashing ahead"). Any thread; marks that go
+  // back are ignored.
+  void StreamPassed(uint32_t tensor);
 
   // Persists the target version (data, then the version record), then
   // removes the journal, or with `spent` hands it over for the caller to
@@ -263,8 +282,12 @@ class RefitSession {
   NodeResult VoteServing(NodeResult r, bool complete, uint64_t applied,
                          const EndMsg& end);
   std::span<std::byte> SpanOf(const ChunkHeader& h);
-  // Hashes the tensors below `tensor` not yet offered for hashing ahead.
+  // Hashes the tensors from the hash frontier up to `tensor`, stopping at
+  // the first with a chunk queued or being applied (a later call goes on
+  // from there).
   void HashBehind(uint32_t tensor);
+  // The tensor `chunk` names, if its header parses and it is one of ours.
+  std::optional<uint32_t> TensorOfChunk(std::span<const std::byte> chunk) const;
 
   // A tensor's digest, taken while no Apply wrote to it. Applies hold `mu`
   // shared and count themselves in `writes` before writing; hashing holds
@@ -272,6 +295,7 @@ class RefitSession {
   struct TensorHash {
     SharedMutex mu;
     std::atomic<uint64_t> writes{0};
+    std::atomic<uint32_t> queued{0};  // chunks queued for it, not applied
     // `writes` at `digest`; ~0: none.
     uint64_t hashed_writes DCR_GUARDED_BY(mu) = ~uint64_t{0};
     Digest128 digest DCR_GUARDED_BY(mu);
@@ -331,8 +355,15 @@ class RefitSession {
 
   bool hash_ahead_ = true;
   std::unique_ptr<TensorHash[]> hashes_;  // one per tensor of the manifest
-  // Tensors below it were offered for hashing ahead.
-  std::atomic<uint32_t> hash_frontier_{0};
+  // Held by the one thread hashing ahead (HashBehind's TryLock).
+  Mutex hash_mu_;
+  // Tensors below it were hashed ahead, or had been since their last
+  // write.
+  uint32_t hash_frontier_ DCR_GUARDED_BY(hash_mu_) = 0;
+  // The last STREAM_MARK's tensor; kNoMark before the first: the chunks'
+  // ids bound the hashing ahead.
+  static constexpr uint32_t kNoMark = ~uint32_t{0};
+  std::atomic<uint32_t> marked_{kNoMark};
   std::atomic<uint64_t> hashed_ahead_{0};
   uint64_t hashed_at_vote_ = 0;   // Vote only
   double vote_hash_seconds_ = 0;  // Vote only

@@ -14,22 +14,56 @@
 namespace dcr {
 
 void RefitSession::HashBehind(uint32_t tensor) {
-  uint32_t from = hash_frontier_.load(std::memory_order_relaxed);
-  do {
-    if (from >= tensor) return;  // offered already, by this call or another
-  } while (!hash_frontier_.compare_exchange_weak(from, tensor));
-  // This call owns [from, tensor). A tensor an Apply is writing now is
-  // skipped: it is not complete, and the vote hashes it.
-  for (uint32_t i = from; i < tensor; ++i) {
+  // One thread hashes at a time; an Apply that finds it busy goes on (a
+  // later one, or the vote, hashes what it would have).
+  if (!hash_mu_.TryLock()) return;
+  uint32_t i = hash_frontier_;
+  for (; i < tensor; ++i) {
     TensorHash& th = hashes_[i];
+    // A chunk of it is queued or being applied: it is not complete yet.
+    // The frontier waits here, and a later Apply tries again.
+    if (th.queued.load(std::memory_order_acquire) != 0) break;
     WriterMutexLock hashing(&th.mu, std::defer_lock);
-    if (!hashing.TryLock()) continue;
+    if (!hashing.TryLock()) break;
     const uint64_t writes = th.writes.load(std::memory_order_relaxed);
     if (th.hashed_writes == writes) continue;
     th.digest = TensorDigest(store_->Tensor(i));
     th.hashed_writes = writes;
     hashed_ahead_.fetch_add(1, std::memory_order_relaxed);
   }
+  hash_frontier_ = std::max(hash_frontier_, i);
+  hash_mu_.Unlock();
+}
+
+std::optional<uint32_t> RefitSession::TensorOfChunk(
+    std::span<const std::byte> chunk) const {
+  auto h = PeekChunkHeader(chunk);
+  if (!h.ok() || h->id.tensor >= store_->manifest().size()) return std::nullopt;
+  return h->id.tensor;
+}
+
+void RefitSession::Queued(std::span<const std::byte> chunk) {
+  if (auto t = TensorOfChunk(chunk)) {
+    hashes_[*t].queued.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void RefitSession::Unqueued(std::span<const std::byte> chunk) {
+  if (auto t = TensorOfChunk(chunk)) {
+    hashes_[*t].queued.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  // Its Apply's hashing stopped at its own tensor if that was below the
+  // mark: go on, now that it is out of the queue. (Without marks, more
+  // chunks of the tensor may follow: the next Apply hashes.)
+  const uint32_t mark = marked_.load(std::memory_order_relaxed);
+  if (hash_ahead_ && mark != kNoMark) HashBehind(mark);
+}
+
+void RefitSession::StreamPassed(uint32_t tensor) {
+  uint32_t was = marked_.load(std::memory_order_relaxed);
+  do {
+    if (was != kNoMark && was >= tensor) return;
+  } while (!marked_.compare_exchange_weak(was, tensor));
 }
 
 RefitSession::HashCounts RefitSession::hash_counts() const {

@@ -59,6 +59,8 @@ std::string FrameTypeName(FrameType type) {
       return "PRODUCER_DECISION";
     case FrameType::kProducerBaseline:
       return "PRODUCER_BASELINE";
+    case FrameType::kStreamMark:
+      return "STREAM_MARK";
   }
   return "UNKNOWN(" + std::to_string(static_cast<unsigned>(type)) + ")";
 }

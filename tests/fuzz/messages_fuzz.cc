@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::span<const std::byte> b(reinterpret_cast<const std::byte*>(data) + 1,
                                size - 1);
-  switch (data[0] % 12) {
+  switch (data[0] % 13) {
     case 0:
       RoundTrip(b, dcr::DecodeHello, dcr::EncodeHello);
       break;
@@ -89,6 +89,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 11:
       RoundTrip(b, dcr::DecodeProgress, dcr::EncodeProgress);
+      break;
+    case 12:
+      RoundTrip(b, dcr::DecodeStreamMark, dcr::EncodeStreamMark);
       break;
   }
   return 0;

@@ -129,6 +129,38 @@ TEST(PartGroupsTest, ASpanOneRankHoldsGoesWithoutWaiting) {
   EXPECT_EQ(Ids(out), (Released{{Part(0, 1, 1), {1}}, {Part(2, 0, 0), {0}}}));
 }
 
+// The lowest tensor an item may still come of (what a STREAM_MARK names):
+// a rank that sent nothing yet may still send its first tensor's parts, a
+// rank that sent a chunk may send more of that chunk's tensor, a held span
+// is not out, and an ended rank sends nothing.
+TEST(PartGroupsTest, LowestOpenIsTheLowestTensorAnItemMayStillComeOf) {
+  const Layout layout = TestLayout();
+  PartGroups g(layout, kSpan, 1 << 20);
+  std::vector<PartGroups::Group> out;
+  EXPECT_EQ(g.LowestOpen(), 0u);
+  // Rank 1 moved on to tensor 1, rank 0 has sent nothing (it holds
+  // tensor 0).
+  ASSERT_TRUE(g.Add(Chunk(1), Part(1, 0, 1)).ok());
+  g.Take(&out);
+  EXPECT_EQ(g.LowestOpen(), 0u);
+  // Rank 0 is at tensor 1 too; span (1, 0) is held for it still.
+  ASSERT_TRUE(g.Add(Chunk(0), Part(1, 1, 0)).ok());
+  g.Take(&out);
+  EXPECT_EQ(g.LowestOpen(), 1u);
+  // Rank 0 moves to tensor 2; rank 1 is still at tensor 1.
+  ASSERT_TRUE(g.Add(Chunk(0), Part(2, 0, 0)).ok());
+  g.Take(&out);
+  EXPECT_EQ(g.LowestOpen(), 1u);
+  // Rank 1 ends: both held spans of tensor 1 go out; rank 0 may still
+  // send more of tensor 2.
+  g.Ended(1);
+  g.Take(&out);
+  EXPECT_EQ(g.LowestOpen(), 2u);
+  g.Ended(0);
+  g.Take(&out);
+  EXPECT_EQ(g.LowestOpen(), 3u);  // the layout's tensor count: none left
+}
+
 TEST(PartGroupsTest, FlushReleasesEverythingHeld) {
   const Layout layout = TestLayout();
   PartGroups g(layout, kSpan, 1 << 20);
@@ -230,6 +262,9 @@ tensors:
     std::map<uint32_t, Key> last;
     std::set<uint32_t> ended;
     size_t next[3] = {0, 0, 0}, parts_in = 0, parts_out = 0;
+    // What a STREAM_MARK would name after each take: never goes back, and
+    // no later item is of a tensor below it.
+    uint32_t mark = 0;
     auto complete = [&](const Key& k) {
       for (const Reach& r : reach[k.first]) {
         if (k.second < r.first || k.second > r.last) continue;
@@ -244,6 +279,8 @@ tensors:
       g.Take(&out);
       for (const PartGroups::Group& grp : out) {
         const Key k{grp.id.tensor, grp.id.span};
+        ASSERT_GE(k.first, mark) << "round " << round << ": an item below "
+                                 << "the last mark";
         ASSERT_TRUE(released.insert(k).second) << "released twice";
         ASSERT_TRUE(complete(k)) << k.first << "/" << k.second;
         std::set<uint32_t> ranks;
@@ -258,6 +295,9 @@ tensors:
               << " is complete and still held";
         }
       }
+      const uint32_t now = g.LowestOpen();
+      ASSERT_GE(now, mark) << "round " << round << ": the mark went back";
+      mark = now;
     };
     while (ended.size() < 3) {
       const uint32_t r = rng() % 3;
@@ -277,6 +317,7 @@ tensors:
       }
     }
     ASSERT_NO_FATAL_FAILURE(take());
+    EXPECT_EQ(mark, layout.tensors.size()) << "round " << round;
     EXPECT_EQ(parts_out, parts_in) << "round " << round;
     EXPECT_EQ(released.size(), received.size()) << "round " << round;
   }

@@ -77,6 +77,18 @@ tensors:
     dtype: F32
 )";
 
+// Two pipeline stages of four layers (ProducerPipelineTreeTest): rank 0
+// holds tensors 0-3, rank 1 tensors 4-7, and both stream at once.
+constexpr const char* kPipelineLayout = R"(version: 1
+parallel: {pp: 2}
+layers: 8
+tensors:
+  - name: layers.{layer}.w
+    shard: layers.{layer}.w
+    split: replicated
+    shape: [64, 96]
+)";
+
 constexpr int kVersions = 4;
 
 // `count` versions whose changes follow each element's exponent, as an
@@ -135,7 +147,10 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
  protected:
   void SetUp() override {
     RelayTreeTest::SetUp();
-    auto l = ParseLayout(adam_like_ ? kLargerLayout : kLayout, "memory.yaml");
+    auto l = ParseLayout(layout_text_ != nullptr ? layout_text_
+                         : adam_like_            ? kLargerLayout
+                                                 : kLayout,
+                         "memory.yaml");
     ASSERT_TRUE(l.ok()) << l.status().ToString();
     layout_ = *std::move(l);
     // The fixture's checkpoints, replaced by this layout's versions: each
@@ -274,6 +289,7 @@ class ProducerMemoryTreeTest : public RelayTreeTest {
   // Set by a derived fixture's constructor (before SetUp).
   // Larger versions whose changes follow the exponent.
   bool adam_like_ = false;
+  const char* layout_text_ = nullptr;  // another layout of two ranks
   RefitOptions::ContextCoding context_ = RefitOptions::ContextCoding::kAuto;
   std::set<std::string> plain_nodes_;  // RefitOptions::TEST_plain_nodes
 };
@@ -537,6 +553,49 @@ TEST_F(ProducerContextTreeTest, AMixedTreeSendsEachSubtreeItsEncoding) {
     EXPECT_THAT(r.context_nodes,
                 ::testing::UnorderedElementsAre("a0", "a1", "a2"));
     ExpectTreeAt(v);
+  }
+}
+
+// Two pipeline stages stream side by side, so the merged stream is not in
+// manifest order: a chunk of stage 1 says nothing of stage 0's tensors.
+// The coordinator's STREAM_MARKs tell the relays (every level of the tree)
+// which tensors no chunk will write again, and each relay hashes each
+// tensor about once for its vote: ahead where the marks allowed, the rest
+// at the vote, never ahead and then again (bar an apply racing the hash).
+class ProducerPipelineTreeTest : public ProducerMemoryTreeTest {
+ protected:
+  ProducerPipelineTreeTest() {
+    layout_text_ = kPipelineLayout;
+    span_elems_ = 1024;
+  }
+};
+
+TEST_F(ProducerPipelineTreeTest, MarksLetEveryRelayHashEachTensorOnce) {
+  HostShardMemory* m[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_NO_FATAL_FAILURE(MakeProducer(r, 0, &m[r]));
+  }
+  std::map<std::string, std::pair<uint64_t, uint64_t>> before;
+  for (const auto& n : kRelays) {
+    auto s = relays_[n]->Stats();
+    before[n] = {s.tensors_hashed_ahead, s.tensors_hashed_at_vote};
+  }
+  std::vector<Result<ProducerDecision>> d;
+  for (int v = 1; v <= 2; ++v) {
+    RefitReport report = Step(v, &d);
+    ASSERT_EQ(report.outcome, RefitOutcome::kCommitted) << report.ToJson();
+    ExpectTreeAt(v);
+  }
+  const uint64_t tensors = layout_.tensors.size();
+  for (const auto& n : kRelays) {
+    auto s = relays_[n]->Stats();
+    const uint64_t ahead = s.tensors_hashed_ahead - before[n].first;
+    const uint64_t at_vote = s.tensors_hashed_at_vote - before[n].second;
+    // Two refits: every tensor at least once each; hashed ahead, so the
+    // marks reached this relay; twice at most for two tensors.
+    EXPECT_GE(ahead + at_vote, 2 * tensors) << n;
+    EXPECT_LE(ahead + at_vote, 2 * tensors + 2) << n;
+    EXPECT_GT(ahead, 0u) << n;
   }
 }
 

@@ -54,6 +54,16 @@ TEST(MessagesTest, RoundTripEveryMessage) {
   EXPECT_EQ(*DecodeCommit(EncodeCommit(c)), c);
   AbortMsg a{"a1 voted no"};
   EXPECT_EQ(*DecodeAbort(EncodeAbort(a)), a);
+  StreamMarkMsg m{70000};
+  const auto mark = EncodeStreamMark(m);
+  EXPECT_EQ(mark.size(), 5u);  // version, u32 tensor
+  EXPECT_EQ(*DecodeStreamMark(mark), m);
+  EXPECT_TRUE(DecodeStreamMark(std::span(mark).first(4))
+                  .status()
+                  .IsCorruption());  // truncated
+  auto longer = mark;
+  longer.push_back(std::byte{0});
+  EXPECT_TRUE(DecodeStreamMark(longer).status().IsCorruption());  // trailing
 }
 
 TEST(MessagesTest, StoreConditionIsVersion3) {

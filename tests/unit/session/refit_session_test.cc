@@ -334,6 +334,42 @@ TEST_F(HashAheadTest, AChunkThatLandsAfterItsTensorWasHashedIsHashedAgain) {
   EXPECT_TRUE(StoreHolds(target_));
 }
 
+// A producers' stream: the later pipeline stage's tensors (t2, t3) come
+// first. By the chunks' ids alone t0 and t1 would be hashed before their
+// chunks came, and again at the vote; with the root's marks no tensor is
+// hashed twice.
+TEST_F(HashAheadTest, MarksKeepAnInterleavedStreamFromHashingTwice) {
+  std::vector<const Bytes*> late, early;  // t2 and t3; t0 and t1
+  for (const auto& c : xor_chunks_)
+    (TensorOf(c) >= 2 ? late : early).push_back(&c);
+  ASSERT_FALSE(late.empty());
+  ASSERT_FALSE(early.empty());
+  {
+    auto s = Begin();  // no marks
+    ASSERT_TRUE(s);
+    for (const Bytes* c : late) ASSERT_TRUE(s->Apply(*c, decoder_.get()).ok());
+    for (const Bytes* c : early) ASSERT_TRUE(s->Apply(*c, decoder_.get()).ok());
+    ASSERT_EQ(s->Vote(End(xor_chunks_), nullptr).code, NodeCode::kOk);
+    EXPECT_GT(s->hash_counts().ahead + s->hash_counts().at_vote, 4u);
+    ASSERT_TRUE(s->Abort(decoder_.get()).ok());
+  }
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  s->StreamPassed(0);  // before any chunk: the stream is marked
+  for (const Bytes* c : late) ASSERT_TRUE(s->Apply(*c, decoder_.get()).ok());
+  EXPECT_EQ(s->hash_counts().ahead, 0u);
+  s->StreamPassed(1);  // t0 is done
+  s->StreamPassed(0);  // going back: ignored
+  for (const Bytes* c : early) ASSERT_TRUE(s->Apply(*c, decoder_.get()).ok());
+  // The applies after the mark hashed t0, and nothing above it.
+  EXPECT_EQ(s->hash_counts().ahead, 1u);
+  s->StreamPassed(4);
+  NodeResult v = s->Vote(End(xor_chunks_), nullptr);
+  EXPECT_EQ(v.code, NodeCode::kOk) << v.detail;
+  EXPECT_EQ(s->hash_counts().at_vote, 3u);  // t1, t2, t3: each once
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
 TEST_F(HashAheadTest, LaterVotesHashEveryTensor) {
   auto t = Checkpoint::Open(dir_.Path("target.safetensors"),
                             Checkpoint::Mode::kReadOnly);

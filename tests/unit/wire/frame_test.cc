@@ -31,7 +31,7 @@ TEST(FrameTest, HeaderLayoutIsLittleEndianAtDocumentedOffsets) {
   const std::vector<std::byte>& b = **buf;
   ASSERT_EQ(b.size(), kFrameHeaderSize + 100);
   EXPECT_EQ(0, std::memcmp(b.data(), "DCRF", 4));
-  EXPECT_EQ(LoadLE<uint8_t>(&b[4]), 3);
+  EXPECT_EQ(LoadLE<uint8_t>(&b[4]), 4);
   EXPECT_EQ(LoadLE<uint8_t>(&b[5]), 4);  // CHUNK
   EXPECT_EQ(LoadLE<uint16_t>(&b[6]), 0x0300);
   EXPECT_EQ(LoadLE<uint32_t>(&b[8]), 100u);
@@ -123,7 +123,8 @@ TEST(FrameTest, TypeNamesAreStable) {
                          "PRODUCER_GO",
                          "PRODUCER_DONE",
                          "PRODUCER_DECISION",
-                         "PRODUCER_BASELINE"};
+                         "PRODUCER_BASELINE",
+                         "STREAM_MARK"};
   for (int t = 1; t <= kMaxFrameType; ++t) {
     EXPECT_TRUE(IsKnownFrameType(uint8_t(t)));
     EXPECT_EQ(FrameTypeName(static_cast<FrameType>(t)), names[t - 1]);
@@ -164,9 +165,10 @@ TEST(FrameTest, HeaderFieldChecksNameTheField) {
       {WithFieldValue<uint32_t>(*buf, 0, 0x46524358), "magic"},
       {WithFieldValue<uint8_t>(*buf, 4, 1), "version 1"},
       {WithFieldValue<uint8_t>(*buf, 4, 2), "version 2"},
+      {WithFieldValue<uint8_t>(*buf, 4, 3), "version 3"},
       {WithFieldValue<uint8_t>(*buf, 4, 0), "version 0"},
       {WithFieldValue<uint8_t>(*buf, 5, 0), "type 0"},
-      {WithFieldValue<uint8_t>(*buf, 5, 21), "type 21"},
+      {WithFieldValue<uint8_t>(*buf, 5, 22), "type 22"},
       {WithFieldValue<uint8_t>(*buf, 5, 255), "type 255"},
       {WithFieldValue<uint16_t>(*buf, 6, 0x0002), "wire flags"},
       {WithFieldValue<uint16_t>(*buf, 6, 0x0080), "wire flags"},
