@@ -102,7 +102,11 @@ void ChunkProducer::Run() {
     } else if (begin < job_.items) {
       n = std::min(want, job_.items - begin);
     }
-    if (n == 0) break;
+    if (n == 0) {
+      // The stream's last mark: everything is out.
+      if (Status s = QueueMark(); !s.ok()) return Stop(std::move(s));
+      break;
+    }
     pool_->ParallelFor(n, [&](size_t i, size_t worker) {
       out[i].Clear();
       errors[i] = job_.encode(begin + i, worker, &out[i]);

@@ -4,6 +4,7 @@
 // (A serving store's vote is in serving_store.cc.)
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -17,6 +18,8 @@ void RefitSession::HashBehind(uint32_t tensor) {
   // One thread hashes at a time; an Apply that finds it busy goes on (a
   // later one, or the vote, hashes what it would have).
   if (!hash_mu_.TryLock()) return;
+  // A mark may name any tensor (the frame says what it says).
+  tensor = std::min<uint64_t>(tensor, store_->manifest().size());
   uint32_t i = hash_frontier_;
   for (; i < tensor; ++i) {
     TensorHash& th = hashes_[i];
@@ -37,6 +40,9 @@ void RefitSession::HashBehind(uint32_t tensor) {
 
 std::optional<uint32_t> RefitSession::TensorOfChunk(
     std::span<const std::byte> chunk) const {
+  // Only hashing ahead reads the counts (a serving store's session, whose
+  // tensors are not the manifest's, never hashes ahead).
+  if (!hash_ahead_) return std::nullopt;
   auto h = PeekChunkHeader(chunk);
   if (!h.ok() || h->id.tensor >= store_->manifest().size()) return std::nullopt;
   return h->id.tensor;
@@ -60,6 +66,9 @@ void RefitSession::Unqueued(std::span<const std::byte> chunk) {
 }
 
 void RefitSession::StreamPassed(uint32_t tensor) {
+  // Past the manifest means every tensor (and never reads as kNoMark).
+  tensor = static_cast<uint32_t>(
+      std::min<uint64_t>(tensor, store_->manifest().size()));
   uint32_t was = marked_.load(std::memory_order_relaxed);
   do {
     if (was != kNoMark && was >= tensor) return;

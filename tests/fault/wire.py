@@ -59,12 +59,13 @@ def xxh3(b):
 
 
 HDR = 56
+FRAME_VERSION = 4  # include/dcr/wire.h kFrameVersion
 CHUNK, END, HELLO, PLAN = 4, 5, 1, 2
 
 
 def frame(ftype, payload, epoch=0, seq=0, refit=b"\0" * 16, flags=0):
-    h = struct.pack("<4sBBHII QQ16s", b"DCRF", 3, ftype, flags, len(payload), 0,
-                    epoch, seq, refit)
+    h = struct.pack("<4sBBHII QQ16s", b"DCRF", FRAME_VERSION, ftype, flags,
+                    len(payload), 0, epoch, seq, refit)
     assert len(h) == 48
     return h + struct.pack("<Q", xxh3(h + payload)) + payload
 

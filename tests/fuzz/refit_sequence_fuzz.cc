@@ -250,6 +250,14 @@ class Harness {
       case FrameType::kHello:
         (void)DecodeHello(f.payload);
         return;
+      case FrameType::kStreamMark:
+        // Any tensor, beyond the manifest too: a hint, never a reason for
+        // the vote to take a stale digest (OnEnd checks the vote).
+        if (auto m = DecodeStreamMark(f.payload);
+            m.ok() && session_ && f.header.refit_id == id_) {
+          session_->StreamPassed(m->tensor);
+        }
+        return;
       default:
         (void)DecodeResults(f.payload);
         return;
@@ -321,7 +329,10 @@ class Harness {
   }
 
   void OnChunk(std::span<const std::byte> chunk) {
+    // As a relay's apply workers do: counted queued until it applied.
+    session_->Queued(chunk);
     auto r = session_->Apply(chunk, F().decoder.get());
+    session_->Unqueued(chunk);
     if (!r.ok()) {
       Trace("chunk refused:", r.status().ToString());
       CHECK(Holds(*store_, model_));  // refused: nothing written

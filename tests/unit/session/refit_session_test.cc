@@ -370,6 +370,28 @@ TEST_F(HashAheadTest, MarksKeepAnInterleavedStreamFromHashingTwice) {
   EXPECT_TRUE(StoreHolds(target_));
 }
 
+// A mark past the manifest (a damaged or hostile frame that kept its
+// checksum, or a root that marks too early) means every tensor: hashing
+// stops at the manifest's end (ASan would see the overrun), ~0 does not
+// read as "no mark", and the tensors written after they were hashed are
+// hashed again at the vote, which takes the target.
+TEST_F(HashAheadTest, AMarkPastTheManifestIsAHintTooEarly) {
+  auto s = Begin();
+  ASSERT_TRUE(s);
+  s->StreamPassed(~uint32_t{0});
+  for (const auto& c : xor_chunks_) {
+    s->Queued(c);
+    ASSERT_TRUE(s->Apply(c, decoder_.get()).ok());
+    s->Unqueued(c);  // hashes up to the mark: the whole manifest
+  }
+  EXPECT_GE(s->hash_counts().ahead, 4u);
+  NodeResult v = s->Vote(End(xor_chunks_), nullptr);
+  EXPECT_EQ(v.code, NodeCode::kOk) << v.detail;
+  EXPECT_EQ(v.version, target_v_);
+  EXPECT_LE(s->hash_counts().at_vote, 4u);
+  EXPECT_TRUE(StoreHolds(target_));
+}
+
 TEST_F(HashAheadTest, LaterVotesHashEveryTensor) {
   auto t = Checkpoint::Open(dir_.Path("target.safetensors"),
                             Checkpoint::Mode::kReadOnly);
