@@ -250,7 +250,7 @@ int RunPlan(const PlanArgs& a, const GlobalOptions& g) {
                           Secs(e->delta.recode_s))
             : std::string();
     std::printf(
-        "delta from %u producers x %u cores (they diff their "
+        "delta from %u producers x %u cores (they diff and hash their "
         "shards: %s); the root applies the parts to root.baseline (%s)%s\n",
         p->producers, p->producer_cores, Secs(e->delta.producers_s).c_str(),
         Secs(e->delta.baseline_s).c_str(), recode.c_str());
@@ -321,7 +321,7 @@ void AddPlanCommand(CLI::App* app, GlobalOptions* g, int* exit_code) {
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--producers", a->producers,
                   "Predict a producers' refit (dcr refit --producers): this "
-                  "many trainer ranks diff their own shards; the "
+                  "many trainer ranks diff and hash their own shards; the "
                   "root applies the parts to root.baseline and (unless "
                   "--no-context) codes the changed spans in context")
       ->check(CLI::Range(1, 1 << 20));

@@ -142,12 +142,11 @@ RefitEstimate RootStage(double model_bytes, double change_rate,
   e.encode_s = model_bytes / (encode_rate * p.root_cores) + e.target_hash_s +
                (baseline_in_stream ? e.baseline_s : 0);
   if (p.producers > 0 && baseline_in_stream) {
-    // The ranks diff their shards (the target's digest parts follow from
-    // the baseline's and the changes: no hash pass); the root applies the
-    // merged parts to root.baseline beside them (coord/producer_feed.h),
-    // and codes the changed spans again in context where the chunks are.
+    // The ranks diff and hash their shards; the root applies the merged
+    // parts to root.baseline beside them (coord/producer_feed.h), and codes
+    // the changed spans again in context where the chunks are.
     const double cores = static_cast<double>(p.producers) * p.producer_cores;
-    e.target_hash_s = 0;
+    e.target_hash_s = model_bytes / (root_hash_rate * cores);
     // root.baseline takes base-independent chunks either way (the
     // context-coded ones' copies): the built-in base-independent apply
     // rate where these parameters are the context-coded ones.
@@ -159,8 +158,10 @@ RefitEstimate RootStage(double model_bytes, double change_rate,
     e.baseline_s = model_bytes / (plain_apply * p.root_cores);
     e.recode_s =
         p.context_coded ? model_bytes / (encode_rate * p.root_cores) : 0;
-    e.producers_s = model_bytes /
-                    (Interpolate(p.producer_encode_rate, change_rate) * cores);
+    e.producers_s =
+        model_bytes /
+            (Interpolate(p.producer_encode_rate, change_rate) * cores) +
+        e.target_hash_s;
     e.encode_s = std::max(e.producers_s, e.baseline_s + e.recode_s);
   }
   return e;

@@ -34,11 +34,11 @@
 //                    path + fixed overhead
 //   total          = prepare + control + stream + verify + commit
 // A producers' refit (producers > 0; dcr/producer.h) has no root pass over
-// the model: the ranks diff their own shards (their target digests follow
-// from the changes, no hash pass), and the root applies the merged parts
-// to root.baseline and, where the chunks are context-coded, codes each
-// changed span again in context:
+// the model: the ranks diff and hash their own shards, and the root
+// applies the merged parts to root.baseline and, where the chunks are
+// context-coded, codes each changed span again in context:
 //   encode         = max(model_bytes / (producer encode rate * producer
+//                        cores) + model_bytes / (root hash rate * producer
 //                        cores), baseline + recode)
 //   baseline       = model_bytes / (base-independent apply rate(change
 //                    rate) * root cores) (it applies the plain copies)

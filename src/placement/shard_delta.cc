@@ -304,22 +304,21 @@ Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
   }
   ShardBytes base;
   for (const auto& [name, b] : baseline_) base.emplace(name, b);
-  // Every shard's presence and size checked before any part goes out.
-  DCR_RETURN_IF_ERROR(CheckShards(layout_, rank_, target));
+  // Hashed first: it checks every shard's presence and size before any
+  // part goes out. (One pass over the target at memory speed costs less
+  // than moving the baseline's digests by the changes, as the ShardMemory
+  // path does, from about 1.5% of the elements changed on: the changed
+  // elements' products form one serial chain.)
+  DCR_ASSIGN_OR_RETURN(step.target_digests,
+                       HashShardRegions(layout_, rank_, target));
   const PartSink keep = [&](const ChunkId& id, std::span<const std::byte> c) {
     step.chunks.emplace_back(id, std::vector<std::byte>(c.begin(), c.end()));
     return Status::OK();
   };
-  // The target's digest parts follow from the baseline's and the changes:
-  // the bits the parts carry, whatever the shards hold by the time the
-  // diff ends.
-  step.target_digests = baseline_digests_;
-  std::vector<std::byte> mask;
   ShardDiffStats stats;
   DCR_RETURN_IF_ERROR(DiffShardsEach(
       layout_, rank_, base, target,
       [&](CanonicalChanges&& changes) {
-        MoveDigest(layout_, changes, &mask, &step.target_digests);
         return EncodeParts(layout_, rank_, std::span(&changes, 1),
                            ChunkKind::kXor, span_elems, encoder_.get(),
                            sink ? sink : keep, &step.sizes);

@@ -172,11 +172,11 @@ TEST(CostModelTest, ProducersTakeTheRootsPassOverTheModel) {
   const double encode = producers.encode_rate[1].second;
   const double apply = producers.apply_rate[1].second;
   const double cores = 64.0 * 4;
-  // The ranks diff and encode their shards over their cores (their target
-  // digests follow from the changes: no hash pass); the root only applies
-  // the parts to root.baseline.
-  EXPECT_NEAR(p->delta.producers_s, 2e12 / (encode * cores), 1e-6);
-  EXPECT_EQ(p->delta.target_hash_s, 0);
+  // The ranks diff, encode and hash their shards over their cores; the
+  // root only applies the parts to root.baseline.
+  EXPECT_NEAR(p->delta.producers_s,
+              2e12 / (encode * cores) + 2e12 / (producers.hash_rate * cores),
+              1e-6);
   EXPECT_NEAR(p->delta.baseline_s, 2e12 / (apply * 8), 1e-6);
   EXPECT_NEAR(p->delta.encode_s,
               std::max(p->delta.producers_s, p->delta.baseline_s), 1e-9);
@@ -205,7 +205,9 @@ TEST(CostModelTest, ProducersRefitsCarryTheContextCodedPayload) {
   EXPECT_EQ(p->delta.payload_bytes, c->delta.payload_bytes);
   const double cores = 64.0 * 4;
   EXPECT_NEAR(p->delta.producers_s,
-              2e12 / (producers.producer_encode_rate[1].second * cores), 1e-6);
+              2e12 / (producers.producer_encode_rate[1].second * cores) +
+                  2e12 / (producers.hash_rate * cores),
+              1e-6);
   EXPECT_NEAR(p->delta.recode_s, 2e12 / (producers.encode_rate[1].second * 32),
               1e-6);
   // root.baseline applies the base-independent copies.

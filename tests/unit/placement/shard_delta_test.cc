@@ -16,6 +16,7 @@
 
 #include "dcr/thread_pool.h"
 #include "testing/temp_dir.h"
+#include "unit/placement/host_shard_memory.h"
 #include "unit/placement/random_tiling.h"
 #include "unit/placement/versions.h"
 
@@ -213,10 +214,11 @@ TEST(ShardProducerTest, DiffsAgainstItsBaselineAndAdvancesOnlyToWhatItDiffed) {
   EXPECT_EQ(again->target_digests, step->target_digests);
 }
 
-// A diff's target digests follow from the baseline's and the changes (no
-// pass over the target): they are what hashing the target gives, for
-// shards held as they are and for converted ones (an F32 master whose
-// small changes leave some BF16 bits as they were).
+// A diff's target digests are what hashing the target gives, whether the
+// shards are in host memory (hashed in a pass) or in a ShardMemory (the
+// baseline's moved by the changes' masks, no pass), for shards held as
+// they are and for converted ones (an F32 master whose small changes
+// leave some BF16 bits as they were).
 TEST(ShardProducerTest, TargetDigestsAreTheTargetsHash) {
   auto gpt = ParseLayout(Gpt(2, 2), "gpt.yaml");
   ASSERT_TRUE(gpt.ok());
@@ -226,13 +228,21 @@ TEST(ShardProducerTest, TargetDigestsAreTheTargetsHash) {
     auto bs = BuildShards(*gpt, rank, View(base));
     auto ts = BuildShards(*gpt, rank, View(target));
     ASSERT_TRUE(bs.ok() && ts.ok());
-    ShardProducer p(*gpt, rank, 32);
-    ASSERT_TRUE(p.SetBaseline(ViewShards(*bs)).ok());
-    auto step = p.Diff(ViewShards(*ts));
-    ASSERT_TRUE(step.ok()) << step.status().ToString();
     auto want = HashShardRegions(*gpt, rank, ViewShards(*ts));
     ASSERT_TRUE(want.ok());
-    EXPECT_EQ(step->target_digests, *want) << "rank " << rank;
+    for (bool memory : {false, true}) {
+      ShardProducer p(*gpt, rank, 32);
+      if (memory) {
+        ASSERT_TRUE(
+            p.UseMemory(std::make_unique<placement_testing::HostShardMemory>())
+                .ok());
+      }
+      ASSERT_TRUE(p.SetBaseline(ViewShards(*bs)).ok());
+      auto step = p.Diff(ViewShards(*ts));
+      ASSERT_TRUE(step.ok()) << step.status().ToString();
+      EXPECT_EQ(step->target_digests, *want)
+          << "rank " << rank << (memory ? " in a ShardMemory" : "");
+    }
   }
   auto conv = ParseLayout(R"(version: 1
 parallel: {tp: 2}
@@ -256,16 +266,24 @@ tensors:
     kept += i % 3 != 0;
   }
   ASSERT_GT(kept, 0u);
-  ShardProducer p(*conv, 1, 32);
-  ASSERT_TRUE(p.SetBaseline({{"norm", std::as_bytes(std::span(base))}}).ok());
   const ShardBytes ts = {{"norm", std::as_bytes(std::span(target))}};
-  auto step = p.Diff(ts);
-  ASSERT_TRUE(step.ok()) << step.status().ToString();
-  EXPECT_GT(step->changed, 0u);
-  EXPECT_LT(step->changed, base.size());
   auto want = HashShardRegions(*conv, 1, ts);
   ASSERT_TRUE(want.ok());
-  EXPECT_EQ(step->target_digests, *want);
+  for (bool memory : {false, true}) {
+    ShardProducer p(*conv, 1, 32);
+    if (memory) {
+      ASSERT_TRUE(
+          p.UseMemory(std::make_unique<placement_testing::HostShardMemory>())
+              .ok());
+    }
+    ASSERT_TRUE(p.SetBaseline({{"norm", std::as_bytes(std::span(base))}}).ok());
+    auto step = p.Diff(ts);
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    EXPECT_GT(step->changed, 0u);
+    EXPECT_LT(step->changed, base.size());
+    EXPECT_EQ(step->target_digests, *want)
+        << (memory ? "in a ShardMemory" : "in host memory");
+  }
 }
 
 class ShardDeltaFileTest : public ::testing::Test {
