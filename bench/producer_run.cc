@@ -142,18 +142,20 @@ int main(int argc, char** argv) {
           {"refit_cpu_seconds", CpuSeconds() - cpu0},
           {"chunks", d->chunks},
           {"payload_bytes", d->payload_bytes},
-          {"changed", d->changed_elements}};
+          {"changed", d->changed_elements},
+          {"log_bytes", d->log_bytes}};
       out["steps"].push_back(s);
       for (const auto& [key, value] : s.items()) out[key] = value;
       if (!dcr::Advanced(d->outcome)) break;
     }
     out["shard_bytes"] = shard_bytes;
     // What the library holds at its peak: the baseline copy (the shard's
-    // size) and the step's encoded chunks.
+    // size), the step's encoded chunks and its change log.
     out["baseline_bytes"] = shard_bytes;
   }
   out["library_bytes"] = out["baseline_bytes"].get<uint64_t>() +
-                         out["payload_bytes"].get<uint64_t>();
+                         out["payload_bytes"].get<uint64_t>() +
+                         out.value("log_bytes", uint64_t{0});
   out["mapped_file_bytes"] = mapped;
   out["peak_rss_bytes"] = PeakRssBytes();
   out["seconds"] = elapsed(t0);

@@ -76,13 +76,18 @@ struct ProducerDecision {
   Version target;      // the tree's version after a commit
   std::string reason;  // why it aborted or was refused
   // The tree moved, but this rank's shards were not what it diffed any more
-  // when the decision came (the trainer stepped again): its baseline was
-  // dropped (`reason` says why) and the next refit fetches the tree's.
+  // when the decision came (the trainer stepped again), and the step kept
+  // no change log to advance by (ProducerOptions::step_log_bytes): its
+  // baseline was dropped (`reason` says why) and the next refit fetches
+  // the tree's.
   bool baseline_dropped = false;
   // This rank's share.
   uint64_t chunks = 0;
   uint64_t payload_bytes = 0;
   uint64_t changed_elements = 0;
+  // Its step's change log at its largest, during the diff
+  // (ProducerOptions::step_log_bytes; ShardProducer::Step::log_bytes).
+  uint64_t log_bytes = 0;
   // Diff and encode of its shards, and sending its parts (which overlaps).
   double diff_seconds = 0;
   double total_seconds = 0;  // connect to decision
@@ -105,6 +110,12 @@ struct ProducerOptions {
   TransportOptions transport;
   // Passed to the chunk encoder (threads, compression).
   EncodeOptions encode;
+  // Shards in host memory: the bound on a step's change log
+  // (ShardProducer::set_step_log_bytes, dcr/shard_delta.h), by which the
+  // baseline takes the diffed bits before the decision, so that a commit
+  // costs no pass over the shards. Default: a quarter of the rank's shard
+  // bytes; 0: none (the shards are checked and copied after a commit).
+  uint64_t step_log_bytes = ~uint64_t{0};
 };
 
 class ShardProducer;
@@ -135,7 +146,9 @@ class Producer {
   // One refit of trainer step `step` with `shards` (the rank's tensors
   // after the optimizer step; read, not kept, and not to be changed until
   // it returns). Returns the decision once the coordinator made it; on a
-  // commit the shards' bits become the baseline (if they changed
+  // commit the bits it diffed become the baseline (with the step's change
+  // log, already done when the decision comes, whatever the shards hold
+  // then; without it, checked and copied from `shards`: if they changed
   // meanwhile, ProducerDecision::baseline_dropped). Errors (not a decision)
   // when the coordinator cannot be reached or the link fails before the
   // decision (the baseline stays: the tree aborts a refit whose producer left),

@@ -96,12 +96,24 @@ Result<Manifest> ManifestOf(const Layout& layout);
 // spans of that memory, and only the changed elements cross to the host.
 // The parts and digests are the same bytes either way.
 //
+// The step's change log (host memory): a Diff keeps the shard elements it
+// found changed (ShardChangeLog, at most the step log's bytes: by default
+// a quarter of the rank's shard bytes; 8 bytes per changed BF16 element in
+// buffers that grow by half, so up to about 4% of them changed) and, once
+// the diff is whole, moves
+// the baseline to the bits it diffed, keeping their base bits: Advance
+// then costs nothing (no pass over the shards after the decision) and
+// Rewind puts the base back. A step whose changes do not fit keeps no log:
+// its Advance copies the shards over the baseline after checking them.
+//
 // Memory: the baseline copy (the rank's shard bytes, where the shards
 // live) plus, during Diff, the changes of one canonical tensor (of one
-// shard, with a ShardMemory) and their chunks. Thread safety: one thread
-// at a time.
+// shard, with a ShardMemory) and their chunks, and the step log until
+// Advance or Rewind. Thread safety: one thread at a time.
 class ShardProducer {
  public:
+  // set_step_log_bytes: a quarter of the baseline's bytes.
+  static constexpr uint64_t kAutoStepLog = ~uint64_t{0};
   ShardProducer(Layout layout, uint32_t rank, uint64_t span_elems,
                 EncodeOptions encode = {});
   ~ShardProducer();
@@ -123,7 +135,19 @@ class ShardProducer {
     std::vector<LinearDigest> base_digests, target_digests;
     uint64_t changed = 0;  // canonical elements whose bits changed
     ChunkSizes sizes;
+    // The step log at its largest, during the diff (at most its bound,
+    // counted by what its buffers allocate; 0 with a ShardMemory or a
+    // bound of 0), and whether the baseline took the diffed bits by it
+    // (false: the changes went past the bound, and the log was freed at
+    // the diff's end). From the diff's end to the decision a logged step
+    // holds the indices and base bits only.
+    uint64_t log_bytes = 0;
+    bool logged = false;
   };
+
+  // The step log's bound (kAutoStepLog: a quarter of the baseline's bytes;
+  // 0: none, every Advance checks and copies). From the next Diff on.
+  void set_step_log_bytes(uint64_t bytes) { step_log_bytes_ = bytes; }
 
   // Copies `shards` (every shard the layout gives the rank; others are
   // ignored) as the baseline. Errors as DiffShards'. With a ShardMemory,
@@ -143,15 +167,25 @@ class ShardProducer {
   // (0: the constructor's) is the refit's span length. With `sink`, each
   // part goes there as soon as it is encoded (Step::chunks stays empty):
   // one canonical tensor's changes are held at a time, not the step's.
+  // A step not advanced yet is rewound first (its diff is against the
+  // base). With the step log (host memory), the baseline holds the diffed
+  // bits once it returns OK, until Advance or Rewind; an error leaves it
+  // at the base.
   Result<Step> Diff(const ShardBytes& target, uint64_t span_elems = 0,
                     const PartSink& sink = nullptr);
-  // The refit of `target` committed: it becomes the baseline. `target`
-  // must hold the bits the last Diff was given (its regions hash to that
-  // step's target digests): BaseMismatch naming the first tensor otherwise
-  // (the trainer stepped again before the commit), InvalidArgument when
-  // nothing was diffed. With a ShardMemory, each shard's fingerprint is
-  // compared with the one taken at the Diff (BaseMismatch names the shard).
+  // The refit of the last Diff committed: the bits it diffed become the
+  // baseline. With the step log that is done already, and `target` is not
+  // read: the baseline holds what the tree got, whatever the shards hold
+  // now. Without it, `target` must hold the bits the last Diff was given
+  // (its regions hash to that step's target digests): BaseMismatch naming
+  // the first tensor otherwise (the trainer stepped again before the
+  // commit); with a ShardMemory, each shard's fingerprint is compared with
+  // the one taken at the Diff (BaseMismatch names the shard).
+  // InvalidArgument when nothing was diffed.
   Status Advance(const ShardBytes& target);
+  // The refit of the last Diff did not commit: with the step log, the base
+  // bits go back into the baseline. Nothing otherwise (or twice).
+  void Rewind();
 
   const Layout& layout() const { return layout_; }
   uint32_t rank() const { return rank_; }
@@ -178,6 +212,10 @@ class ShardProducer {
   std::map<std::string, std::vector<std::byte>, std::less<>> baseline_;
   std::vector<LinearDigest> baseline_digests_;
   std::optional<std::vector<LinearDigest>> last_target_digests_;
+  // The last Diff's log; `moved_`: the baseline holds its target bits.
+  uint64_t step_log_bytes_ = kAutoStepLog;
+  ShardChangeLog step_log_;
+  bool moved_ = false;
   std::unique_ptr<ShardMemory> memory_;
   // With memory_: each shard's fingerprint at the last Diff.
   std::map<std::string, Digest128, std::less<>> last_fingerprints_;

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <span>
@@ -80,14 +81,77 @@ Result<std::vector<CanonicalChanges>> DiffShards(
 // its size: the errors DiffShards gives, without reading the bits.
 Status CheckShards(const Layout& layout, uint32_t rank,
                    const ShardBytes& shards);
+// The shard elements a diff found changed, in the shards' own
+// coordinates, kept so that a copy of the base shards can be moved to the
+// target and back without another pass over them (a producer's step,
+// dcr/shard_delta.h ShardProducer): per shard, each changed element's
+// index and its base and target bits. It holds at most `limit` bytes (8
+// per changed BF16 element, counted by what its buffers allocate; while
+// one grows, its old copy is held too); an element past that, or at an
+// index past 2^32, turns it overflowed(), and it keeps nothing more (what
+// it kept stays until Clear). An element a diff visits twice (a shard that two
+// canonical tensors read, a tied embedding) is kept twice: moving it is
+// idempotent.
+class ShardChangeLog {
+ public:
+  explicit ShardChangeLog(uint64_t limit = 0) : limit_(limit) {}
+  struct Shard {
+    size_t elem_size = 0;
+    std::vector<uint32_t> index;
+    std::vector<std::byte> base, target;  // index.size() * elem_size each
+  };
+  // The entry of shard `name` (elements of `elem_size` bytes).
+  Shard* For(const std::string& name, size_t elem_size);
+  void Add(Shard* shard, uint64_t index, const std::byte* base,
+           const std::byte* target) {
+    if (overflowed_ || index > UINT32_MAX ||
+        (shard->index.size() == shard->index.capacity() && !Grow(shard))) {
+      overflowed_ = true;
+      return;
+    }
+    const size_t w = shard->elem_size;
+    shard->index.push_back(static_cast<uint32_t>(index));
+    const size_t at = shard->base.size();
+    shard->base.resize(at + w);  // within the capacity Grow reserved
+    shard->target.resize(at + w);
+    std::memcpy(shard->base.data() + at, base, w);
+    std::memcpy(shard->target.data() + at, target, w);
+  }
+  bool overflowed() const { return overflowed_; }
+  // What it holds (its buffers' capacity), and the most it held.
+  uint64_t bytes() const { return bytes_; }
+  uint64_t peak_bytes() const { return peak_; }
+  // Writes each kept element's target bits (Forward) or base bits (Back)
+  // into the shard of its name in `shards`. InvalidArgument, writing
+  // nothing, for a shard missing there or too short.
+  using Buffers = std::map<std::string, std::vector<std::byte>, std::less<>>;
+  Status Forward(Buffers* shards) const { return Write(shards, true); }
+  Status Back(Buffers* shards) const { return Write(shards, false); }
+  // Frees the target bits (Back still works); bytes() counts what is left.
+  void DropTargets();
+  void Clear();
+
+ private:
+  Status Write(Buffers* shards, bool forward) const;
+  // Reserves room for more elements of `shard` within the limit (counted
+  // by capacity: what is allocated, not what is used); false when none.
+  bool Grow(Shard* shard);
+  uint64_t limit_;
+  uint64_t bytes_ = 0, peak_ = 0;
+  bool overflowed_ = false;
+  std::map<std::string, Shard, std::less<>> shards_;
+};
+
 // The same, one canonical tensor at a time: `each` gets a tensor's changes
 // (tensors ascending, those without a change skipped) as soon as they are
 // found, so only one tensor's changes are held at once. An error from
-// `each` stops the diff and is returned.
+// `each` stops the diff and is returned. With `log`, every changed shard
+// element goes there too (whether or not its canonical bits changed).
 Status DiffShardsEach(const Layout& layout, uint32_t rank,
                       const ShardBytes& base, const ShardBytes& target,
                       const std::function<Status(CanonicalChanges&&)>& each,
-                      ShardDiffStats* stats = nullptr);
+                      ShardDiffStats* stats = nullptr,
+                      ShardChangeLog* log = nullptr);
 
 // DiffShardsEach for shards diffed where they live (a GPU's memory:
 // dcr/shard_memory.h), from each shard's changed elements: `fetch(shard,

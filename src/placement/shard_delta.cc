@@ -246,6 +246,8 @@ Status ShardProducer::SetBaseline(const ShardBytes& shards) {
   has_baseline_ = true;
   baseline_digests_ = std::move(digests);
   last_target_digests_.reset();
+  step_log_.Clear();
+  moved_ = false;
   return Status::OK();
 }
 
@@ -274,6 +276,8 @@ Status ShardProducer::AdoptBaseline(
   has_baseline_ = true;
   baseline_digests_ = std::move(digests);
   last_target_digests_.reset();
+  step_log_.Clear();
+  moved_ = false;
   return Status::OK();
 }
 
@@ -284,6 +288,18 @@ void ShardProducer::DropBaseline() {
   baseline_digests_.clear();
   last_target_digests_.reset();
   last_fingerprints_.clear();
+  step_log_.Clear();
+  moved_ = false;
+}
+
+void ShardProducer::Rewind() {
+  if (moved_) {
+    // (It wrote these very elements: they are there.)
+    (void)step_log_.Back(&baseline_);
+  }
+  step_log_.Clear();
+  moved_ = false;
+  last_target_digests_.reset();
 }
 
 Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
@@ -294,6 +310,8 @@ Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
     return Status::InvalidArgument(fmt::format(
         "rank {}: no baseline yet; set the committed shards first", rank_));
   }
+  // A step not advanced: its diff is against the base.
+  if (moved_) Rewind();
   Step step;
   step.base_digests = baseline_digests_;
   if (span_elems == 0) span_elems = span_elems_;
@@ -316,14 +334,28 @@ Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
     return Status::OK();
   };
   ShardDiffStats stats;
-  DCR_RETURN_IF_ERROR(DiffShardsEach(
+  const uint64_t log_limit =
+      step_log_bytes_ == kAutoStepLog ? baseline_bytes() / 4 : step_log_bytes_;
+  step_log_ = ShardChangeLog(log_limit);
+  Status diffed = DiffShardsEach(
       layout_, rank_, base, target,
       [&](CanonicalChanges&& changes) {
         return EncodeParts(layout_, rank_, std::span(&changes, 1),
                            ChunkKind::kXor, span_elems, encoder_.get(),
                            sink ? sink : keep, &step.sizes);
       },
-      &stats));
+      &stats, log_limit > 0 ? &step_log_ : nullptr);
+  step.log_bytes = step_log_.peak_bytes();
+  if (diffed.ok() && log_limit > 0 && !step_log_.overflowed()) {
+    // The baseline takes the bits the diff read (the parts carry them);
+    // their base bits stay for Rewind.
+    diffed = step_log_.Forward(&baseline_);
+    step_log_.DropTargets();
+    moved_ = diffed.ok();
+    step.logged = moved_;
+  }
+  if (!moved_) step_log_.Clear();
+  DCR_RETURN_IF_ERROR(diffed);
   step.changed = stats.changed;
   last_target_digests_ = step.target_digests;
   return step;
@@ -394,6 +426,14 @@ Status ShardProducer::Advance(const ShardBytes& target) {
         fmt::format("rank {}: nothing was diffed to advance to", rank_));
   }
   if (memory_) return AdvanceInMemory(target);
+  if (moved_) {
+    // The baseline holds the diffed bits already: what the tree got.
+    baseline_digests_ = std::move(*last_target_digests_);
+    last_target_digests_.reset();
+    step_log_.Clear();
+    moved_ = false;
+    return Status::OK();
+  }
   DCR_ASSIGN_OR_RETURN(auto digests, HashShardRegions(layout_, rank_, target));
   for (size_t i = 0; i < digests.size(); ++i) {
     if (digests[i] != (*last_target_digests_)[i]) {

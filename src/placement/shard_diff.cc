@@ -207,10 +207,95 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
   return out;
 }
 
+ShardChangeLog::Shard* ShardChangeLog::For(const std::string& name,
+                                           size_t elem_size) {
+  Shard& s = shards_[name];
+  s.elem_size = elem_size;
+  return &s;
+}
+
+bool ShardChangeLog::Grow(Shard* shard) {
+  const uint64_t per = 4 + 2 * uint64_t{shard->elem_size};
+  const uint64_t have = shard->index.capacity();
+  const uint64_t room = bytes_ < limit_ ? (limit_ - bytes_) / per : 0;
+  const uint64_t more =
+      std::min<uint64_t>(std::max<uint64_t>(have / 2, 16), room);
+  if (more == 0) return false;
+  const size_t w = shard->elem_size;
+  auto held = [&] {
+    return uint64_t{shard->index.capacity()} * 4 + shard->base.capacity() +
+           shard->target.capacity();
+  };
+  const uint64_t before = held();
+  shard->index.reserve(have + more);
+  shard->base.reserve((have + more) * w);
+  shard->target.reserve((have + more) * w);
+  bytes_ += held() - before;
+  peak_ = std::max(peak_, bytes_);
+  return true;
+}
+
+void ShardChangeLog::DropTargets() {
+  for (auto& [name, s] : shards_) {
+    bytes_ -= s.target.capacity();
+    std::vector<std::byte>().swap(s.target);
+  }
+}
+
+void ShardChangeLog::Clear() {
+  shards_.clear();
+  bytes_ = peak_ = 0;
+  overflowed_ = false;
+}
+
+Status ShardChangeLog::Write(Buffers* shards, bool forward) const {
+  for (const auto& [name, s] : shards_) {
+    auto it = shards->find(name);
+    uint64_t need = 0;  // indices ascend per piece, not across pieces
+    for (uint32_t i : s.index) {
+      need = std::max(need, (uint64_t{i} + 1) * s.elem_size);
+    }
+    if (it == shards->end() || it->second.size() < need) {
+      return Status::InvalidArgument("shard change log: shard '" + name +
+                                     "' is missing or too short");
+    }
+    if (forward && s.target.size() != s.index.size() * s.elem_size) {
+      return Status::InvalidArgument(
+          "shard change log: the target bits were dropped");
+    }
+  }
+  for (const auto& [name, s] : shards_) {
+    std::byte* out = shards->find(name)->second.data();
+    const std::byte* from = forward ? s.target.data() : s.base.data();
+    const size_t w = s.elem_size;
+    auto move = [&]<size_t W>() {
+      for (size_t k = 0; k < s.index.size(); ++k) {
+        std::memcpy(out + uint64_t{s.index[k]} * W, from + k * W, W);
+      }
+    };
+    switch (w) {
+      case 1:
+        move.operator()<1>();
+        break;
+      case 2:
+        move.operator()<2>();
+        break;
+      case 4:
+        move.operator()<4>();
+        break;
+      default:
+        for (size_t k = 0; k < s.index.size(); ++k) {
+          std::memcpy(out + uint64_t{s.index[k]} * w, from + k * w, w);
+        }
+    }
+  }
+  return Status::OK();
+}
+
 Status DiffShardsEach(const Layout& layout, uint32_t rank,
                       const ShardBytes& base, const ShardBytes& target,
                       const std::function<Status(CanonicalChanges&&)>& each,
-                      ShardDiffStats* stats) {
+                      ShardDiffStats* stats, ShardChangeLog* log) {
   DCR_ASSIGN_OR_RETURN(ShardBytes b, CheckedShards(layout, rank, base, "base"));
   DCR_ASSIGN_OR_RETURN(ShardBytes t,
                        CheckedShards(layout, rank, target, "target"));
@@ -225,6 +310,8 @@ Status DiffShardsEach(const Layout& layout, uint32_t rank,
     const size_t sw = DTypeSize(tensor.conversion.shard_dtype);
     const std::byte* bp0 = b.at(p.shard).data();
     const std::byte* tp0 = t.at(p.shard).data();
+    ShardChangeLog::Shard* logged =
+        log != nullptr ? log->For(p.shard, sw) : nullptr;
     ForEachRun(p, tensor.shape,
                [&](uint64_t s, uint64_t c, uint64_t n, uint64_t step) {
                  st.compared += n;
@@ -242,6 +329,9 @@ Status DiffShardsEach(const Layout& layout, uint32_t rank,
                    for (size_t i = 0; i < k; ++i) {
                      const uint64_t j = off + scan.positions[i];
                      changes->Add(c + j * step, bp + j * sw, tp + j * sw);
+                     if (logged != nullptr) {
+                       log->Add(logged, s + j, bp + j * sw, tp + j * sw);
+                     }
                    }
                  }
                });

@@ -211,7 +211,9 @@ Producer::Producer(Layout layout, uint32_t rank, ProducerOptions options)
       options_(std::move(options)),
       shards_(std::make_unique<ShardProducer>(std::move(layout), rank,
                                               /*span_elems=*/0,
-                                              options_.encode)) {}
+                                              options_.encode)) {
+  shards_->set_step_log_bytes(options_.step_log_bytes);
+}
 
 Producer::~Producer() = default;
 
@@ -367,8 +369,18 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
     transport->Stop();
     return diffed.status();
   }
+  // From here the baseline may hold the diffed bits (the step log): any
+  // way out but an advance puts the base back.
+  struct RewindUnlessAdvanced {
+    ShardProducer* shards;
+    bool advanced = false;
+    ~RewindUnlessAdvanced() {
+      if (!advanced) shards->Rewind();
+    }
+  } rewind{shards_.get()};
   decision.diff_seconds = Seconds(t_diff, Clock::now());
   decision.changed_elements = diffed->changed;
+  decision.log_bytes = diffed->log_bytes;
   ProducerDoneMsg done;
   done.chunks = decision.chunks;
   done.changed = diffed->changed;
@@ -393,13 +405,16 @@ Result<ProducerDecision> Producer::Refit(uint64_t step,
   told.chunks = decision.chunks;
   told.payload_bytes = decision.payload_bytes;
   told.changed_elements = decision.changed_elements;
+  told.log_bytes = decision.log_bytes;
   told.diff_seconds = decision.diff_seconds;
   if (Advanced(told.outcome)) {
     // The tree moved to these bits: they are the next refit's base.
+    rewind.advanced = true;
     if (Status s = shards_->Advance(shards); !s.ok()) {
-      // The trainer changed them before the decision came: the decision
-      // stands (the tree moved), and the rank's baseline, neither the old
-      // version nor the new, is dropped: the next refit fetches the tree's.
+      // (No step log.) The trainer changed them before the decision came:
+      // the decision stands (the tree moved), and the rank's baseline,
+      // neither the old version nor the new, is dropped: the next refit
+      // fetches the tree's.
       shards_->DropBaseline();
       told.baseline_dropped = true;
       told.reason = told.reason.empty() ? s.ToString()

@@ -206,6 +206,7 @@ py::dict DecisionDict(const ProducerDecision& d) {
   out["chunks"] = d.chunks;
   out["payload_bytes"] = d.payload_bytes;
   out["changed"] = d.changed_elements;
+  out["log_bytes"] = d.log_bytes;
   out["diff_seconds"] = d.diff_seconds;
   out["total_seconds"] = d.total_seconds;
   return out;
@@ -236,6 +237,8 @@ py::dict StepDict(const ShardProducer::Step& step) {
   out["target_digests"] = target;
   out["changed"] = step.changed;
   out["payload_bytes"] = step.sizes.total();
+  out["logged"] = step.logged;
+  out["log_bytes"] = step.log_bytes;
   return out;
 }
 
@@ -300,10 +303,26 @@ PYBIND11_MODULE(dcr, m) {
       m, "ShardProducer",
       "A trainer rank's producer: keeps its baseline shards and diffs each "
       "step's shards against them")
-      .def(py::init([](const Layout& l, uint32_t rank, uint64_t span_elems) {
-             return std::make_unique<PyProducer>(l, rank, span_elems);
+      .def(py::init([](const Layout& l, uint32_t rank, uint64_t span_elems,
+                       int64_t step_log_bytes) {
+             if (step_log_bytes < -1) {
+               throw py::value_error(
+                   "step_log_bytes: -1 (the default bound), 0 (none) or a "
+                   "number of bytes");
+             }
+             auto p = std::make_unique<PyProducer>(l, rank, span_elems);
+             if (step_log_bytes >= 0) {
+               p->producer.set_step_log_bytes(
+                   static_cast<uint64_t>(step_log_bytes));
+             }
+             return p;
            }),
-           "layout"_a, "rank"_a, "span_elems"_a = kDefaultSpanElems)
+           "layout"_a, "rank"_a, "span_elems"_a = kDefaultSpanElems,
+           "step_log_bytes"_a = -1,
+           "step_log_bytes: the bound on a step's change log, by which a diff "
+           "moves the baseline to the diffed bits at once (advance then reads "
+           "nothing); -1: a quarter of the shards' bytes; 0: none (advance "
+           "checks and copies the shards)")
       .def_property_readonly(
           "rank", [](const PyProducer& p) { return p.producer.rank(); })
       .def_property_readonly("baseline_bytes",
@@ -332,7 +351,8 @@ PYBIND11_MODULE(dcr, m) {
           "shards"_a,
           "diff this step's shards against the baseline: {'chunks': [(tensor, "
           "span, part, bytes)], 'base_digests', 'target_digests', 'changed', "
-          "'payload_bytes'}")
+          "'payload_bytes', 'logged' (the baseline holds the diffed bits "
+          "until advance or rewind), 'log_bytes'}")
       .def(
           "advance",
           [](PyProducer& p, const py::dict& named) {
@@ -341,60 +361,79 @@ PYBIND11_MODULE(dcr, m) {
             }));
           },
           "shards"_a,
-          "the refit committed: these shards (the ones last diffed) become "
-          "the baseline");
+          "the refit committed: the bits last diffed become the baseline "
+          "(with the step's change log, done at the diff and `shards` not "
+          "read; without it, `shards` must still hold them)")
+      .def(
+          "rewind",
+          [](PyProducer& p) {
+            py::gil_scoped_release unlocked;
+            std::lock_guard<std::mutex> lock(p.mu);
+            p.producer.Rewind();
+          },
+          "the refit of the last diff did not commit: the baseline goes back "
+          "to the base");
 
   py::class_<PyLiveProducer>(
       m, "Producer",
       "A trainer rank's producer for dcr refit --producers: after each "
       "optimizer step, refit(step, shards) streams the rank's changes to the "
       "coordinator and returns its decision")
-      .def(py::init([](const Layout& l, uint32_t rank,
-                       const std::string& coordinator, double timeout_s,
-                       double connect_timeout_s, double heartbeat_s,
-                       const std::string& auth_key_file,
-                       const std::string& tls_ca_file,
-                       const std::string& tls_cert_file,
-                       const std::string& tls_key_file) {
-             if (rank >= l.ranks()) {
-               throw py::value_error("rank " + std::to_string(rank) +
-                                     " is not below the layout's " +
-                                     std::to_string(l.ranks()) + " ranks");
-             }
-             auto ms = [](double s) {
-               return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-             };
-             ProducerOptions o;
-             o.coordinator = coordinator;
-             o.timeout = ms(timeout_s);
-             o.connect_timeout = ms(connect_timeout_s);
-             o.heartbeat = ms(heartbeat_s);
-             // The coordinator's links are keyed and encrypted as its
-             // topology's defaults say: the same files here.
-             if (!auth_key_file.empty()) {
-               auto key = LoadFrameKey(auth_key_file);
-               if (!key.ok()) {
-                 throw py::value_error("auth_key_file: " +
-                                       key.status().ToString());
-               }
-               o.transport.frames.authenticator = *std::move(key);
-             }
-             o.transport.tls =
-                 TlsOptions{tls_ca_file, tls_cert_file, tls_key_file};
-             if (o.transport.tls.enabled() &&
-                 (tls_ca_file.empty() || tls_cert_file.empty() ||
-                  tls_key_file.empty())) {
-               throw py::value_error(
-                   "TLS needs tls_ca_file, tls_cert_file and tls_key_file "
-                   "together (the topology's defaults.tls_* of the "
-                   "coordinator's tree)");
-             }
-             return std::make_unique<PyLiveProducer>(l, rank, std::move(o));
-           }),
-           "layout"_a, "rank"_a, "coordinator"_a, "timeout_s"_a = 600.0,
-           "connect_timeout_s"_a = 10.0, "heartbeat_s"_a = 1.0,
-           "auth_key_file"_a = "", "tls_ca_file"_a = "", "tls_cert_file"_a = "",
-           "tls_key_file"_a = "")
+      .def(
+          py::init([](const Layout& l, uint32_t rank,
+                      const std::string& coordinator, double timeout_s,
+                      double connect_timeout_s, double heartbeat_s,
+                      const std::string& auth_key_file,
+                      const std::string& tls_ca_file,
+                      const std::string& tls_cert_file,
+                      const std::string& tls_key_file, int64_t step_log_bytes) {
+            if (rank >= l.ranks()) {
+              throw py::value_error("rank " + std::to_string(rank) +
+                                    " is not below the layout's " +
+                                    std::to_string(l.ranks()) + " ranks");
+            }
+            auto ms = [](double s) {
+              return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+            };
+            ProducerOptions o;
+            o.coordinator = coordinator;
+            o.timeout = ms(timeout_s);
+            o.connect_timeout = ms(connect_timeout_s);
+            o.heartbeat = ms(heartbeat_s);
+            if (step_log_bytes < -1) {
+              throw py::value_error(
+                  "step_log_bytes: -1 (the default bound), 0 (none) or a "
+                  "number of bytes");
+            }
+            if (step_log_bytes >= 0) {
+              o.step_log_bytes = static_cast<uint64_t>(step_log_bytes);
+            }
+            // The coordinator's links are keyed and encrypted as its
+            // topology's defaults say: the same files here.
+            if (!auth_key_file.empty()) {
+              auto key = LoadFrameKey(auth_key_file);
+              if (!key.ok()) {
+                throw py::value_error("auth_key_file: " +
+                                      key.status().ToString());
+              }
+              o.transport.frames.authenticator = *std::move(key);
+            }
+            o.transport.tls =
+                TlsOptions{tls_ca_file, tls_cert_file, tls_key_file};
+            if (o.transport.tls.enabled() &&
+                (tls_ca_file.empty() || tls_cert_file.empty() ||
+                 tls_key_file.empty())) {
+              throw py::value_error(
+                  "TLS needs tls_ca_file, tls_cert_file and tls_key_file "
+                  "together (the topology's defaults.tls_* of the "
+                  "coordinator's tree)");
+            }
+            return std::make_unique<PyLiveProducer>(l, rank, std::move(o));
+          }),
+          "layout"_a, "rank"_a, "coordinator"_a, "timeout_s"_a = 600.0,
+          "connect_timeout_s"_a = 10.0, "heartbeat_s"_a = 1.0,
+          "auth_key_file"_a = "", "tls_ca_file"_a = "", "tls_cert_file"_a = "",
+          "tls_key_file"_a = "", "step_log_bytes"_a = -1)
       .def_property_readonly(
           "rank", [](const PyLiveProducer& p) { return p.producer.rank(); })
       .def(
@@ -419,10 +458,12 @@ PYBIND11_MODULE(dcr, m) {
           "one refit of this step's shards; blocks until the coordinator "
           "decided: {'outcome', 'committed', 'refit', 'target_step', "
           "'target_digest', 'reason', 'baseline_dropped', 'chunks', "
-          "'payload_bytes', 'changed', 'diff_seconds', 'total_seconds'}. On a "
-          "commit the shards become the baseline; if they changed before "
-          "the decision came, baseline_dropped is set and the next refit "
-          "fetches the tree's");
+          "'payload_bytes', 'changed', 'log_bytes', 'diff_seconds', "
+          "'total_seconds'}. On a commit the bits it diffed become the "
+          "baseline (with the step's change log, whatever the shards hold "
+          "by then); without a log, if they changed before the decision "
+          "came, baseline_dropped is set and the next refit fetches the "
+          "tree's");
 
   m.def(
       "write_delta",

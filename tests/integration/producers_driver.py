@@ -60,6 +60,9 @@ def main():
                    help="at the first step, this rank's trainer changes a "
                    "shard byte --mutate-after seconds into its refit")
     p.add_argument("--mutate-after", type=float, default=1.0)
+    p.add_argument("--step-log-bytes", type=int, default=-1,
+                   help="dcr.Producer's step_log_bytes (-1: its default; 0: "
+                   "no change log, a commit checks and copies the shards)")
     p.add_argument("--auth-key-file", default="",
                    help="the topology's defaults.auth_key_file")
     args = p.parse_args()
@@ -73,7 +76,8 @@ def main():
     producers = {}
     for r in ranks:
         pr = dcr.Producer(layout, r, args.coordinator, timeout_s=args.timeout,
-                          auth_key_file=args.auth_key_file)
+                          auth_key_file=args.auth_key_file,
+                          step_log_bytes=args.step_log_bytes)
         if str(r) not in args.no_baseline.split(","):
             pr.set_baseline(read_shards(
                 os.path.join(args.ckpt, f"v{args.base}.shards",

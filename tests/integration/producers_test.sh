@@ -18,8 +18,10 @@
 #      the ranks that missed the decision are resynced by the next refit;
 #   h. HEARTBEATs both ways: a rank silent past the coordinator's --timeout
 #      while it diffs, ranks waiting past their own timeout for a decision;
-#      a rank whose shards change before the decision drops its baseline
-#      and fetches the tree's at the next refit.
+#      a rank whose shards change before the decision: without a step
+#      log it drops its baseline and fetches the tree's at the next
+#      refit; with one its baseline holds the bits it sent and the next
+#      refit diffs against them.
 # Usage: producers_test.sh DCR DCR_RELAY TRAINGEN PYTHON_MODULE_DIR LAYOUTS
 set -euo pipefail
 DCR=$1
@@ -44,7 +46,7 @@ sed -e 's/32000/300/g; s/1024/64/g; s/2752/192/g; s/layers: 8/layers: 4/' \
   -e 's/heads: 16/heads: 4/; s/kv_heads: 4/kv_heads: 2/; s/head_dim: 64/head_dim: 16/' \
   "$LAYOUTS/traingen-tp2-pp2.yaml" >"$T/tiny.yaml"
 "$TRAINGEN" --hidden 64 --layers 4 --heads 4 --kv-heads 2 --vocab 300 \
-  --steps 8 --out "$T/ck" --layout "$T/tiny.yaml" >/dev/null 2>"$T/traingen.log" ||
+  --steps 10 --out "$T/ck" --layout "$T/tiny.yaml" >/dev/null 2>"$T/traingen.log" ||
   { cat "$T/traingen.log" >&2; fail "traingen"; }
 for n in root a b; do cp "$T/ck/v0.safetensors" "$T/$n.safetensors"; done
 
@@ -288,12 +290,12 @@ verify_step 6
 # Ranks that wait longer than their own timeout (2.5 s) for a decision the
 # coordinator takes 5 s to send hear its HEARTBEATs (every second)
 # meanwhile. Rank 1's trainer changes its shards 2.5 s into its refit
-# (its diff took well under that; the decision is 5 s away): the commit
-# stands, its baseline (neither version) is dropped, and the next refit
-# fetches it.
+# (its diff took well under that; the decision is 5 s away). Without a
+# step log (--step-log-bytes 0) the commit stands, its baseline (neither
+# version) is dropped, and the next refit fetches it.
 DCR_FAILPOINTS="coord.before_commit=delay(5000)" start_coord --refits 2
 $DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 6 --steps 7,8 --timeout 2.5 \
-  --mutate-rank 1 --mutate-after 2.5 \
+  --mutate-rank 1 --mutate-after 2.5 --step-log-bytes 0 \
   --verify "$VERIFY" >"$T/driver.out" ||
   { cat "$T/driver.out" "$T/coord.err" >&2; fail "a decision after 3 s"; }
 stop_coord 0
@@ -303,6 +305,23 @@ decisions 8 'r["outcome"] == "committed" and not r["baseline_dropped"]'
 grep -q "producer rank 1 had no baseline: sent its" "$T/coord.err" ||
   fail "rank 1's dropped baseline was not fetched at step 8"
 verify_step 8
+# With a step log the same trainer loses nothing: at the diff its
+# baseline took the bits it sent, so the commit keeps them whatever its
+# shards hold by then, and the next refit diffs against them. (This tiny
+# model's shards change more than the default bound, a quarter of their
+# bytes, holds: 1 MiB here.)
+DCR_FAILPOINTS="coord.before_commit=delay(3000)" start_coord --refits 2
+$DRIVER "$T/tiny.yaml" "$COORD" "$T/ck" --base 8 --steps 9,10 \
+  --mutate-rank 1 --mutate-after 1.5 --step-log-bytes 1048576 \
+  --verify "$VERIFY" >"$T/driver.out" ||
+  { cat "$T/driver.out" "$T/coord.err" >&2; fail "a logged step"; }
+stop_coord 0
+decisions 9 'r["outcome"] == "committed" and not r["baseline_dropped"]'
+decisions 10 'r["outcome"] == "committed" and not r["baseline_dropped"]'
+if grep -q "producer rank 1 had no baseline" "$T/coord.err"; then
+  fail "rank 1's baseline was dropped although its step kept a log"
+fi
+verify_step 10
 
 # --- f. SIGTERM while waiting for the next step --------------------------
 start_coord

@@ -185,6 +185,7 @@ TEST(ShardProducerTest, DiffsAgainstItsBaselineAndAdvancesOnlyToWhatItDiffed) {
   auto os = BuildShards(*l, rank, View(other));
   ASSERT_TRUE(bs.ok() && ts.ok() && os.ok());
   ShardProducer p(*l, rank, 32);
+  p.set_step_log_bytes(0);  // no change log: Advance checks and copies
   auto early = p.Diff(ViewShards(*ts));
   EXPECT_TRUE(early.status().IsInvalidArgument());
   EXPECT_THAT(early.status().message(), HasSubstr("no baseline yet"));
@@ -212,6 +213,90 @@ TEST(ShardProducerTest, DiffsAgainstItsBaselineAndAdvancesOnlyToWhatItDiffed) {
   EXPECT_TRUE(again->chunks.empty());
   EXPECT_EQ(again->base_digests, step->target_digests);
   EXPECT_EQ(again->target_digests, step->target_digests);
+}
+
+// With the step's change log (the default) a diff moves the baseline to the
+// bits it diffed at once: an advance reads nothing and takes those bits
+// even if the trainer stepped again meanwhile; a rewind (the refit did not
+// commit), or a second diff without an advance, puts the base back. Past
+// the log's bound the step goes without one, as before.
+TEST(ShardProducerTest, TheStepLogAdvancesWithoutAPassAndRewinds) {
+  auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
+  ASSERT_TRUE(l.ok());
+  std::mt19937_64 rng(43);
+  auto [base, target] = RandomVersions(*l, 0.03, rng);
+  auto [unused, other] = RandomVersions(*l, 0.03, rng);
+  const uint32_t rank = 0;
+  auto bs = BuildShards(*l, rank, View(base));
+  auto ts = BuildShards(*l, rank, View(target));
+  auto os = BuildShards(*l, rank, View(other));
+  ASSERT_TRUE(bs.ok() && ts.ok() && os.ok());
+  auto chunks_of = [](const ShardProducer::Step& s) { return s.chunks; };
+  ShardProducer p(*l, rank, 32);
+  // (These shards are a few hundred bytes: the default bound, a quarter of
+  // them, would not hold the log's first buffers.)
+  const uint64_t bound = 4096;
+  p.set_step_log_bytes(bound);
+  ASSERT_TRUE(p.SetBaseline(ViewShards(*bs)).ok());
+  auto first = p.Diff(ViewShards(*ts));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_TRUE(first->logged) << first->log_bytes << " bytes";
+  EXPECT_GT(first->log_bytes, 0u);
+  EXPECT_LE(first->log_bytes, bound);
+  // Not advanced: the next diff is against the base again, the same parts.
+  auto second = p.Diff(ViewShards(*ts));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(chunks_of(*second), chunks_of(*first));
+  // Rewound: the same again.
+  p.Rewind();
+  p.Rewind();  // twice is once
+  auto third = p.Diff(ViewShards(*ts));
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(chunks_of(*third), chunks_of(*first));
+  EXPECT_EQ(third->base_digests, first->base_digests);
+  // The trainer stepped again before the commit: the advance takes the
+  // bits the diff read, not these.
+  ASSERT_TRUE(p.Advance(ViewShards(*os)).ok());
+  EXPECT_EQ(p.baseline_digests(), first->target_digests);
+  auto after = p.Diff(ViewShards(*ts));
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->chunks.empty());
+  EXPECT_EQ(after->changed, 0u);
+  EXPECT_EQ(after->base_digests, first->target_digests);
+  p.Rewind();
+  // A diff that fails part way (its sink refuses the second part) leaves
+  // the baseline at the base: the next diff gives the same parts.
+  int sent = 0;
+  auto fails = p.Diff(
+      ViewShards(*os), 0, [&](const ChunkId&, std::span<const std::byte>) {
+        return ++sent < 2 ? Status::OK() : Status::Aborted("link down");
+      });
+  ASSERT_FALSE(fails.ok());
+  auto same = p.Diff(ViewShards(*ts));
+  ASSERT_TRUE(same.ok());
+  EXPECT_TRUE(same->chunks.empty());  // the baseline is still ts's bits
+  p.Rewind();
+  // A bound of 0: never a log, even for a step without changes.
+  p.set_step_log_bytes(0);
+  auto none = p.Diff(ViewShards(*ts));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->logged);
+  EXPECT_EQ(none->log_bytes, 0u);
+  EXPECT_TRUE(p.Advance(ViewShards(*os)).IsBaseMismatch());
+  p.Rewind();
+  // Past the bound (a few bytes): no log, and the advance checks.
+  p.set_step_log_bytes(64);
+  auto big = p.Diff(ViewShards(*os));
+  ASSERT_TRUE(big.ok());
+  EXPECT_FALSE(big->logged);
+  EXPECT_LE(big->log_bytes, 64u);
+  Status s = p.Advance(ViewShards(*ts));
+  EXPECT_TRUE(s.IsBaseMismatch()) << s.ToString();
+  ASSERT_TRUE(p.Advance(ViewShards(*os)).ok());
+  auto settled = p.Diff(ViewShards(*os));
+  ASSERT_TRUE(settled.ok());
+  EXPECT_TRUE(settled->chunks.empty());
+  EXPECT_EQ(settled->base_digests, big->target_digests);
 }
 
 // A diff's target digests are what hashing the target gives, whether the
