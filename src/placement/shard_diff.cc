@@ -264,7 +264,10 @@ Status ShardChangeLog::Write(Buffers* shards, bool forward) const {
           "shard change log: the target bits were dropped");
     }
   }
-  for (const auto& [name, s] : shards_) {
+  for (const auto& [name, entry] : shards_) {
+    // (A named reference: clang does not let the lambda capture a
+    // structured binding.)
+    const Shard& s = entry;
     std::byte* out = shards->find(name)->second.data();
     const std::byte* from = forward ? s.target.data() : s.base.data();
     const size_t w = s.elem_size;
