@@ -75,6 +75,9 @@ void ForEachRun(const AffinePiece& p, const Shape& canonical_shape, Fn fn) {
 
 // InvalidArgument unless `rank` is one of the layout's.
 Status CheckRank(const Layout& layout, uint32_t rank);
+// CheckRank, and a chunk part id for every rank of the layout (producers'
+// deltas: dcr/shard_delta.h).
+Status CheckPartsRank(const Layout& layout, uint32_t rank);
 // NotFound when `it` (found in `canonical`) is its end, InvalidArgument when
 // the tensor there is not the layout's size.
 Status CheckCanonical(const LayoutTensor& tensor,
