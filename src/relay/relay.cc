@@ -318,18 +318,8 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
   switch (frame.type()) {
     case FrameType::kChunk:
       return OnChunk(frame, buffer);
-    case FrameType::kStreamMark: {
-      auto mark = DecodeStreamMark(frame.payload);
-      if (!mark.ok()) {
-        spdlog::warn("{}: bad STREAM_MARK: {}", options_.name,
-                     mark.status().ToString());
-        return;
-      }
-      // Behind the chunks already forwarded, so in order below too.
-      r.StreamPassed(mark->tensor);
-      c.fanout->Hint(buffer);
-      return;
-    }
+    case FrameType::kStreamMark:
+      return OnStreamMark(frame, buffer);
     case FrameType::kEnd: {
       auto end = DecodeEnd(frame.payload);
       Status s = end.ok() ? r.End(*end) : end.status();
@@ -373,39 +363,6 @@ void Relay::Impl::OnRefitFrame(const Frame& frame, const FrameBuffer& buffer) {
       spdlog::debug("{}: ignoring {}", options_.name,
                     FrameTypeName(frame.type()));
   }
-}
-
-void Relay::Impl::OnChunk(const Frame& frame, const FrameBuffer& buffer) {
-  Current& c = *current_;
-  counters_.chunks_received += 1;
-  Result<bool> repair = c.refit->Chunk();
-  if (!repair.ok()) {
-    counters_.chunks_dropped += 1;
-    return;
-  }
-  if (*repair) c.fanout->Stream();
-  if (!c.first_chunk) {
-    // How soon data flows after PLAN (bench/refit_e2e reads it: the
-    // object store path's construction overlap).
-    c.first_chunk = true;
-    spdlog::info(
-        "{}: first chunk of refit {} {} s after its PLAN ({})", options_.name,
-        c.refit->id().ToHex(),
-        fmt::format(
-            "{:.3f}",
-            std::chrono::duration<double>(Clock::now() - c.started).count()),
-        c.puller ? "from the object store" : "from the link");
-  }
-  c.parent->ReceivedChunk(
-      FramePosition{frame.header.epoch, frame.header.sequence});
-  c.progress.Received(buffer->size());
-  SampleProgress();
-  // Cut-through: the children get the chunk before it is applied here.
-  counters_.chunks_forwarded +=
-      ForwardChunk(*c.fanout, buffer, DCR_FAILPOINT("relay.forward"),
-                   options_.transport_options.frames);
-  c.refit->Apply(buffer, frame.payload);
-  MaybePause();
 }
 
 void Relay::Impl::OnClosed(uint64_t link_id, const Status& why) {

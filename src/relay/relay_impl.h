@@ -105,6 +105,7 @@ class Relay::Impl {
   bool AnswerEnded(Link& link, const Frame& frame);
   void OnRefitFrame(const Frame& frame, const FrameBuffer& buffer);
   void OnChunk(const Frame& frame, const FrameBuffer& buffer);
+  void OnStreamMark(const Frame& frame, const FrameBuffer& buffer);
   // relay_objects.cc: the object store path of a pulling head.
   // Starts reading refit `id`'s frame objects (current_->puller), paused
   // until its PLAN phase is over.
