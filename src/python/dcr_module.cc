@@ -1,7 +1,9 @@
 // The `dcr` Python module (pybind11): what a trainer rank calls after each
 // optimizer step to diff its own shards and get its chunk parts and digest
 // parts (dcr/shard_delta.h), plus the helpers a test needs to check them
-// (apply parts to canonical tensors, tensor digests). docs/PYTHON.md.
+// (apply parts to canonical tensors, tensor digests). docs/PYTHON.md. The
+// producers' classes are in producer_binding.cc, dcr.Receiver in
+// receiver_binding.cc.
 //
 // Tensors cross without a copy: a torch tensor (CPU, contiguous or made
 // so) is viewed as bytes (`t.reshape(-1).view(torch.uint8).numpy()`),
@@ -11,238 +13,32 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/failpoint.h"
 #include "dcr/codec.h"
-#include "dcr/cuda.h"
 #include "dcr/digest.h"
 #include "dcr/layout.h"
-#include "dcr/producer.h"
 #include "dcr/shard_delta.h"
 #include "dcr/shard_diff.h"
 #include "dcr/thread_pool.h"
 #include "python/fp8_functions.h"
 #include "python/module_common.h"
-#include "wire/hmac_authenticator.h"
+#include "python/rank_shards.h"
 
 namespace py = pybind11;
 
 namespace dcr {
-namespace {
-
 using python::Bytes;
 using python::BytesOf;
 using python::Check;
+using python::DigestPartFromHex;
+using python::Placed;
+using python::ShardsOf;
 using python::Take;
-using python::TorchDeviceGuard;
-
-// The safetensors spelling of a torch dtype ("" if dcr has none).
-std::string DTypeOfTorch(const py::handle& t) {
-  static const std::map<std::string, std::string> kNames = {
-      {"torch.bfloat16", "BF16"}, {"torch.float16", "F16"},
-      {"torch.float32", "F32"},   {"torch.float64", "F64"},
-      {"torch.int8", "I8"},       {"torch.uint8", "U8"},
-      {"torch.int16", "I16"},     {"torch.int32", "I32"},
-      {"torch.int64", "I64"},     {"torch.bool", "BOOL"}};
-  auto it = kNames.find(py::str(t.attr("dtype")).cast<std::string>());
-  return it == kNames.end() ? "" : it->second;
-}
-
-// A rank's shards as handed from Python: their bytes in host memory, or
-// spans of one GPU's memory (torch CUDA tensors).
-struct Placed {
-  ShardBytes shards;
-  int device = -1;          // CUDA device index; -1: host memory
-  std::vector<Bytes> held;  // keeps host buffers alive
-  // Views (detach) that hold the CUDA tensors' storage while the GIL is
-  // released (another thread may repoint a tensor); freed with the GIL.
-  std::vector<py::object> tensors;
-};
-
-std::string Where(int device) {
-  return device < 0 ? std::string("the CPU") : "cuda:" + std::to_string(device);
-}
-
-// The CUDA device a torch tensor is on, or -1 for the CPU (and for
-// anything that is not a torch tensor).
-int DeviceOf(const py::handle& v) {
-  if (!py::hasattr(v, "is_cuda") || !py::hasattr(v, "device") ||
-      !v.attr("is_cuda").cast<bool>()) {
-    return -1;
-  }
-  py::object index = v.attr("device").attr("index");
-  if (index.is_none()) {
-    return py::module_::import("torch.cuda")
-        .attr("current_device")()
-        .cast<int>();
-  }
-  return index.cast<int>();
-}
-
-// A name -> tensor dict as rank `rank`'s shards (the others the layout
-// does not give it are ignored). A torch tensor must have the layout's
-// shape and dtype; sizes are checked for any buffer. CUDA tensors are
-// taken as spans of their device's memory, all on one device and
-// contiguous; torch's current stream there is synchronized first, so the
-// optimizer step's kernels have finished.
-Placed ShardsOf(const Layout& layout, uint32_t rank, const py::dict& named) {
-  const auto shards = layout.ShardsOf(rank);
-  Placed out;
-  out.held.reserve(named.size());
-  std::string first;  // the first shard's name, for the error
-  for (auto [k, v] : named) {
-    const std::string name = k.cast<std::string>();
-    auto it = shards.find(name);
-    if (it == shards.end()) continue;
-    if (py::hasattr(v, "dtype") && py::hasattr(v, "is_cuda")) {
-      const auto shape = v.attr("shape").cast<std::vector<uint64_t>>();
-      const std::string dtype = DTypeOfTorch(v);
-      if (shape != it->second.shape || dtype != DTypeName(it->second.dtype)) {
-        throw py::value_error(
-            "rank " + std::to_string(rank) + ": shard '" + name + "' is " +
-            (dtype.empty() ? "of another dtype" : dtype) + " " +
-            ShapeText(shape) + ", but layout " + layout.source + " gives it " +
-            std::string(DTypeName(it->second.dtype)) + " " +
-            ShapeText(it->second.shape) +
-            "; a step that changes a tensor's shape needs a new layout and "
-            "a full refit");
-      }
-    }
-    const int device = DeviceOf(v);
-    if (first.empty()) {
-      first = name;
-      out.device = device;
-    } else if (device != out.device) {
-      throw py::value_error("rank " + std::to_string(rank) + ": shard '" +
-                            name + "' is on " + Where(device) + " and '" +
-                            first + "' on " + Where(out.device) +
-                            "; hand a producer all of its rank's shards "
-                            "from one device");
-    }
-    if (device < 0) {
-      out.held.push_back(BytesOf(v, false, name));
-      out.shards.emplace(name, out.held.back().span());
-      continue;
-    }
-    if (!v.attr("is_contiguous")().cast<bool>()) {
-      throw py::value_error("rank " + std::to_string(rank) + ": shard '" +
-                            name + "' is not contiguous (.contiguous())");
-    }
-    py::object view = out.tensors.emplace_back(v.attr("detach")());
-    const auto ptr = view.attr("data_ptr")().cast<uintptr_t>();
-    const auto bytes = view.attr("numel")().cast<uint64_t>() *
-                       view.attr("element_size")().cast<uint64_t>();
-    out.shards.emplace(name, std::span<const std::byte>(
-                                 reinterpret_cast<const std::byte*>(ptr),
-                                 static_cast<size_t>(bytes)));
-  }
-  if (out.device >= 0) {
-    py::object torch_cuda = py::module_::import("torch.cuda");
-    // Torch without CUDA (a stand-in tensor): the producer's memory says
-    // there is no GPU.
-    if (torch_cuda.attr("is_available")().cast<bool>()) {
-      torch_cuda.attr("current_stream")(out.device).attr("synchronize")();
-    }
-  }
-  return out;
-}
-
-// A ShardProducer or Producer is used by one thread at a time; Python
-// threads may share one, so each call takes this lock, GIL released. Its
-// shards live where the first tensors handed to it do (host or a GPU:
-// cuda::CreateShardMemory); others are refused while it holds a baseline.
-template <typename P>
-struct Locked {
-  template <typename... Args>
-  explicit Locked(Args&&... args) : producer(std::forward<Args>(args)...) {}
-  // Calls fn(producer, shards) for `named`'s shards, holding the lock and
-  // not the GIL, their device current through torch's guard (so the
-  // memory's own leaves it be).
-  template <typename Fn>
-  auto With(const py::dict& named, Fn fn) {
-    Placed placed = ShardsOf(producer.layout(), producer.rank(), named);
-    TorchDeviceGuard on_device(placed.device);
-    py::gil_scoped_release unlocked;
-    std::lock_guard<std::mutex> lock(mu);
-    if (placed.device != device && !placed.shards.empty()) {
-      if (producer.has_baseline()) {
-        throw py::value_error(
-            "rank " + std::to_string(producer.rank()) +
-            ": the producer's baseline is on " + Where(device) +
-            ", these shards on " + Where(placed.device) +
-            "; hand it shards where its baseline is (or use a new producer)");
-      }
-      std::unique_ptr<ShardMemory> memory;
-      if (placed.device >= 0) {
-        memory = Take(cuda::CreateShardMemory({.device = placed.device}));
-      }
-      Check(producer.UseMemory(std::move(memory)));
-      device = placed.device;
-    }
-    return fn(producer, placed.shards);
-  }
-  P producer;
-  std::mutex mu;
-  int device = -1;  // where the producer's shards live; -1: host memory
-};
-using PyProducer = Locked<ShardProducer>;
-using PyLiveProducer = Locked<Producer>;
-
-py::dict DecisionDict(const ProducerDecision& d) {
-  py::dict out;
-  out["outcome"] = std::string(ProducerOutcomeName(d.outcome));
-  out["committed"] = Advanced(d.outcome);
-  out["refit"] = d.refit.ToHex();
-  out["target_step"] = d.target.step;
-  out["target_digest"] = d.target.digest.ToHex();
-  out["reason"] = d.reason;
-  out["baseline_dropped"] = d.baseline_dropped;
-  out["chunks"] = d.chunks;
-  out["payload_bytes"] = d.payload_bytes;
-  out["changed"] = d.changed_elements;
-  out["log_bytes"] = d.log_bytes;
-  out["diff_seconds"] = d.diff_seconds;
-  out["total_seconds"] = d.total_seconds;
-  return out;
-}
-
-std::string Hex(const LinearDigest& d) {
-  return Digest128{d.high, d.low}.ToHex();
-}
-
-LinearDigest FromHex(const std::string& s) {
-  Digest128 d = Take(Digest128::FromHex(s));
-  return LinearDigest{d.low, d.high};
-}
-
-py::dict StepDict(const ShardProducer::Step& step) {
-  py::list chunks;
-  for (const auto& [id, bytes] : step.chunks) {
-    chunks.append(py::make_tuple(
-        id.tensor, id.span, id.part,
-        py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
-  }
-  py::list base, target;
-  for (const auto& d : step.base_digests) base.append(Hex(d));
-  for (const auto& d : step.target_digests) target.append(Hex(d));
-  py::dict out;
-  out["chunks"] = chunks;
-  out["base_digests"] = base;
-  out["target_digests"] = target;
-  out["changed"] = step.changed;
-  out["payload_bytes"] = step.sizes.total();
-  out["logged"] = step.logged;
-  out["log_bytes"] = step.log_bytes;
-  return out;
-}
-
-}  // namespace
 }  // namespace dcr
 
 PYBIND11_MODULE(dcr, m) {
@@ -298,172 +94,6 @@ PYBIND11_MODULE(dcr, m) {
           },
           "rank"_a,
           "the shards a rank hands its producer: name -> (shape, dtype)");
-
-  py::class_<PyProducer>(
-      m, "ShardProducer",
-      "A trainer rank's producer: keeps its baseline shards and diffs each "
-      "step's shards against them")
-      .def(py::init([](const Layout& l, uint32_t rank, uint64_t span_elems,
-                       int64_t step_log_bytes) {
-             if (step_log_bytes < -1) {
-               throw py::value_error(
-                   "step_log_bytes: -1 (the default bound), 0 (none) or a "
-                   "number of bytes");
-             }
-             auto p = std::make_unique<PyProducer>(l, rank, span_elems);
-             if (step_log_bytes >= 0) {
-               p->producer.set_step_log_bytes(
-                   static_cast<uint64_t>(step_log_bytes));
-             }
-             return p;
-           }),
-           "layout"_a, "rank"_a, "span_elems"_a = kDefaultSpanElems,
-           "step_log_bytes"_a = -1,
-           "step_log_bytes: the bound on a step's change log, by which a diff "
-           "moves the baseline to the diffed bits at once (advance then reads "
-           "nothing); -1: a quarter of the shards' bytes; 0: none (advance "
-           "checks and copies the shards)")
-      .def_property_readonly(
-          "rank", [](const PyProducer& p) { return p.producer.rank(); })
-      .def_property_readonly("baseline_bytes",
-                             [](PyProducer& p) {
-                               py::gil_scoped_release unlocked;
-                               std::lock_guard<std::mutex> lock(p.mu);
-                               return p.producer.baseline_bytes();
-                             })
-      .def(
-          "set_baseline",
-          [](PyProducer& p, const py::dict& named) {
-            Check(p.With(named, [](ShardProducer& sp, const ShardBytes& b) {
-              return sp.SetBaseline(b);
-            }));
-          },
-          "shards"_a,
-          "copy the rank's shards (name -> tensor) as the committed baseline")
-      .def(
-          "diff",
-          [](PyProducer& p, const py::dict& named) {
-            return StepDict(
-                Take(p.With(named, [](ShardProducer& sp, const ShardBytes& b) {
-                  return sp.Diff(b);
-                })));
-          },
-          "shards"_a,
-          "diff this step's shards against the baseline: {'chunks': [(tensor, "
-          "span, part, bytes)], 'base_digests', 'target_digests', 'changed', "
-          "'payload_bytes', 'logged' (the baseline holds the diffed bits "
-          "until advance or rewind), 'log_bytes'}")
-      .def(
-          "advance",
-          [](PyProducer& p, const py::dict& named) {
-            Check(p.With(named, [](ShardProducer& sp, const ShardBytes& b) {
-              return sp.Advance(b);
-            }));
-          },
-          "shards"_a,
-          "the refit committed: the bits last diffed become the baseline "
-          "(with the step's change log, done at the diff and `shards` not "
-          "read; without it, `shards` must still hold them)")
-      .def(
-          "rewind",
-          [](PyProducer& p) {
-            py::gil_scoped_release unlocked;
-            std::lock_guard<std::mutex> lock(p.mu);
-            p.producer.Rewind();
-          },
-          "the refit of the last diff did not commit: the baseline goes back "
-          "to the base");
-
-  py::class_<PyLiveProducer>(
-      m, "Producer",
-      "A trainer rank's producer for dcr refit --producers: after each "
-      "optimizer step, refit(step, shards) streams the rank's changes to the "
-      "coordinator and returns its decision")
-      .def(
-          py::init([](const Layout& l, uint32_t rank,
-                      const std::string& coordinator, double timeout_s,
-                      double connect_timeout_s, double heartbeat_s,
-                      const std::string& auth_key_file,
-                      const std::string& tls_ca_file,
-                      const std::string& tls_cert_file,
-                      const std::string& tls_key_file, int64_t step_log_bytes) {
-            if (rank >= l.ranks()) {
-              throw py::value_error("rank " + std::to_string(rank) +
-                                    " is not below the layout's " +
-                                    std::to_string(l.ranks()) + " ranks");
-            }
-            auto ms = [](double s) {
-              return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-            };
-            ProducerOptions o;
-            o.coordinator = coordinator;
-            o.timeout = ms(timeout_s);
-            o.connect_timeout = ms(connect_timeout_s);
-            o.heartbeat = ms(heartbeat_s);
-            if (step_log_bytes < -1) {
-              throw py::value_error(
-                  "step_log_bytes: -1 (the default bound), 0 (none) or a "
-                  "number of bytes");
-            }
-            if (step_log_bytes >= 0) {
-              o.step_log_bytes = static_cast<uint64_t>(step_log_bytes);
-            }
-            // The coordinator's links are keyed and encrypted as its
-            // topology's defaults say: the same files here.
-            if (!auth_key_file.empty()) {
-              auto key = LoadFrameKey(auth_key_file);
-              if (!key.ok()) {
-                throw py::value_error("auth_key_file: " +
-                                      key.status().ToString());
-              }
-              o.transport.frames.authenticator = *std::move(key);
-            }
-            o.transport.tls =
-                TlsOptions{tls_ca_file, tls_cert_file, tls_key_file};
-            if (o.transport.tls.enabled() &&
-                (tls_ca_file.empty() || tls_cert_file.empty() ||
-                 tls_key_file.empty())) {
-              throw py::value_error(
-                  "TLS needs tls_ca_file, tls_cert_file and tls_key_file "
-                  "together (the topology's defaults.tls_* of the "
-                  "coordinator's tree)");
-            }
-            return std::make_unique<PyLiveProducer>(l, rank, std::move(o));
-          }),
-          "layout"_a, "rank"_a, "coordinator"_a, "timeout_s"_a = 600.0,
-          "connect_timeout_s"_a = 10.0, "heartbeat_s"_a = 1.0,
-          "auth_key_file"_a = "", "tls_ca_file"_a = "", "tls_cert_file"_a = "",
-          "tls_key_file"_a = "", "step_log_bytes"_a = -1)
-      .def_property_readonly(
-          "rank", [](const PyLiveProducer& p) { return p.producer.rank(); })
-      .def(
-          "set_baseline",
-          [](PyLiveProducer& p, const py::dict& named) {
-            Check(p.With(named, [](Producer& pr, const ShardBytes& b) {
-              return pr.SetBaseline(b);
-            }));
-          },
-          "shards"_a,
-          "copy the rank's shards (name -> tensor) at the version the tree "
-          "holds now")
-      .def(
-          "refit",
-          [](PyLiveProducer& p, uint64_t step, const py::dict& named) {
-            return DecisionDict(
-                Take(p.With(named, [step](Producer& pr, const ShardBytes& b) {
-                  return pr.Refit(step, b);
-                })));
-          },
-          "step"_a, "shards"_a,
-          "one refit of this step's shards; blocks until the coordinator "
-          "decided: {'outcome', 'committed', 'refit', 'target_step', "
-          "'target_digest', 'reason', 'baseline_dropped', 'chunks', "
-          "'payload_bytes', 'changed', 'log_bytes', 'diff_seconds', "
-          "'total_seconds'}. On a commit the bits it diffed become the "
-          "baseline (with the step's change log, whatever the shards hold "
-          "by then); without a log, if they changed before the decision "
-          "came, baseline_dropped is set and the next refit fetches the "
-          "tree's");
 
   m.def(
       "write_delta",
@@ -597,6 +227,7 @@ PYBIND11_MODULE(dcr, m) {
       "apply chunk parts (as diff returns them) to canonical tensors in "
       "place");
 
+  python::AddProducers(m);
   python::AddFp8Functions(m);
   python::AddReceiver(m);
 
@@ -624,7 +255,7 @@ PYBIND11_MODULE(dcr, m) {
                 "layout's tensors");
           }
           std::vector<LinearDigest> d;
-          for (const auto& h : r) d.push_back(FromHex(h));
+          for (const auto& h : r) d.push_back(DigestPartFromHex(h));
           ranks.push_back(std::move(d));
         }
         CheckpointDigests d = DigestsFromParts(l, ranks);

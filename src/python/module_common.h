@@ -61,6 +61,8 @@ class TorchDeviceGuard {
 
 // dcr.Receiver (receiver_binding.cc).
 void AddReceiver(py::module_& m);
+// dcr.ShardProducer and dcr.Producer (producer_binding.cc).
+void AddProducers(py::module_& m);
 
 }  // namespace dcr::python
 
