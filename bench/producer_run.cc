@@ -5,14 +5,18 @@
 //
 //   producer_run --layout L --rank R --base DIR --target DIR [--target ...]
 //                (--coordinator HOST:PORT --step S [--settle] | --diff-only)
+//                [--step-log-bytes N]
 //
 // Several --target directories are refitted in turn as steps S, S+1, ...
 // by one producer, as a trainer's rank would: only the first refit pays
 // the baseline's copy and hash. --settle: before each step after the first,
 // sync(2) (the time a training step takes, in which the last refit's
-// write-back finishes; the bench's stores share one disk). Prints one JSON
+// write-back finishes; the bench's stores share one disk).
+// --step-log-bytes: the bound on a step's change log (0: none; default:
+// the library's, a quarter of the shard bytes). Prints one JSON
 // line: the last step's
-// decision (or the diff's figures; --diff-only takes the first target),
+// decision (or, with --diff-only, the last target's diff's figures, each
+// step advanced before the next),
 // every step's in "steps", the bytes of shard files it mapped, what the
 // library holds (its baseline copy and the step's chunks), its peak RSS
 // and its CPU time.
@@ -60,6 +64,7 @@ int main(int argc, char** argv) {
   uint32_t rank = 0;
   uint64_t step = 1;
   bool diff_only = false, settle = false;
+  int64_t step_log_bytes = -1;  // -1: the library's default bound
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : ""; };
@@ -71,13 +76,14 @@ int main(int argc, char** argv) {
     if (a == "--step") step = std::stoull(next());
     if (a == "--diff-only") diff_only = true;
     if (a == "--settle") settle = true;
+    if (a == "--step-log-bytes") step_log_bytes = std::stoll(next());
   }
   if (layout_path.empty() || base_dir.empty() || target_dirs.empty() ||
       (coordinator.empty() && !diff_only)) {
     std::fprintf(stderr,
                  "usage: producer_run --layout L --rank R --base DIR --target "
                  "DIR (--coordinator HOST:PORT --step S [--settle] | "
-                 "--diff-only)\n");
+                 "--diff-only) [--step-log-bytes N]\n");
     return 2;
   }
   auto layout = dcr::LoadLayout(layout_path);
@@ -90,19 +96,35 @@ int main(int argc, char** argv) {
   };
   if (diff_only) {
     dcr::ShardProducer p(*layout, rank, dcr::kDefaultSpanElems);
+    if (step_log_bytes >= 0) {
+      p.set_step_log_bytes(static_cast<uint64_t>(step_log_bytes));
+    }
     {
       auto base = dcr::RankShards::Open(*layout, rank, base_dir);
       if (!base.ok()) return Fail(base.status());
-      mapped += base->file_bytes();
+      mapped = base->file_bytes();
       if (dcr::Status s = p.SetBaseline(base->bytes()); !s.ok()) return Fail(s);
     }
+    const uint64_t base_bytes = mapped;
+    // Each target in turn, each step advanced before the next (a
+    // trainer's steps); the figures are the last diff's.
+    dcr::Result<dcr::ShardProducer::Step> step_out =
+        dcr::Status::InvalidArgument("no target");
     auto target = dcr::RankShards::Open(*layout, rank, target_dirs[0]);
-    if (!target.ok()) return Fail(target.status());
-    mapped += target->file_bytes();
-    const double cpu0 = CpuSeconds();
-    const auto t = Clock::now();
-    auto step_out = p.Diff(target->bytes());
-    if (!step_out.ok()) return Fail(step_out.status());
+    double cpu0 = 0;
+    Clock::time_point t;
+    for (size_t k = 0; k < target_dirs.size(); ++k) {
+      if (k > 0) {
+        if (dcr::Status s = p.Advance(target->bytes()); !s.ok()) return Fail(s);
+        target = dcr::RankShards::Open(*layout, rank, target_dirs[k]);
+      }
+      if (!target.ok()) return Fail(target.status());
+      mapped = std::max(mapped, base_bytes + target->file_bytes());
+      cpu0 = CpuSeconds();
+      t = Clock::now();
+      step_out = p.Diff(target->bytes());
+      if (!step_out.ok()) return Fail(step_out.status());
+    }
     out["diff_seconds"] = elapsed(t);
     out["diff_cpu_seconds"] = CpuSeconds() - cpu0;
     out["shard_bytes"] = target->file_bytes();
@@ -110,9 +132,14 @@ int main(int argc, char** argv) {
     out["payload_bytes"] = step_out->sizes.total();
     out["changed"] = step_out->changed;
     out["baseline_bytes"] = p.baseline_bytes();
+    out["logged"] = step_out->logged;
+    out["log_bytes"] = step_out->log_bytes;
   } else {
     dcr::ProducerOptions o;
     o.coordinator = coordinator;
+    if (step_log_bytes >= 0) {
+      o.step_log_bytes = static_cast<uint64_t>(step_log_bytes);
+    }
     dcr::Producer p(*layout, rank, o);
     uint64_t shard_bytes = 0, base_bytes = 0;
     {

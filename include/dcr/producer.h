@@ -85,7 +85,7 @@ struct ProducerDecision {
   uint64_t chunks = 0;
   uint64_t payload_bytes = 0;
   uint64_t changed_elements = 0;
-  // Its step's change log at its largest, during the diff
+  // What its step's change log allocates
   // (ProducerOptions::step_log_bytes; ShardProducer::Step::log_bytes).
   uint64_t log_bytes = 0;
   // Diff and encode of its shards, and sending its parts (which overlaps).

@@ -98,9 +98,9 @@ Result<Manifest> ManifestOf(const Layout& layout);
 //
 // The step's change log (host memory): a Diff keeps the shard elements it
 // found changed (ShardChangeLog, at most the step log's bytes: by default
-// a quarter of the rank's shard bytes; 8 bytes per changed BF16 element in
-// buffers that grow by half, so up to about 4% of them changed) and, once
-// the diff is whole, moves
+// a quarter of the rank's shard bytes; 8 bytes per changed BF16 element,
+// so up to about 6% of them changed, less the unused end of each shard's
+// last block) and, once the diff is whole, moves
 // the baseline to the bits it diffed, keeping their base bits: Advance
 // then costs nothing (no pass over the shards after the decision) and
 // Rewind puts the base back. A step whose changes do not fit keeps no log:
@@ -108,8 +108,9 @@ Result<Manifest> ManifestOf(const Layout& layout);
 //
 // Memory: the baseline copy (the rank's shard bytes, where the shards
 // live) plus, during Diff, the changes of one canonical tensor (of one
-// shard, with a ShardMemory) and their chunks, and the step log until
-// Advance or Rewind. Thread safety: one thread at a time.
+// shard, with a ShardMemory) and their chunks, and the step log's blocks,
+// kept from step to step while the changes fit (the log of a step past
+// the bound is freed). Thread safety: one thread at a time.
 class ShardProducer {
  public:
   // set_step_log_bytes: a quarter of the baseline's bytes.
@@ -135,12 +136,11 @@ class ShardProducer {
     std::vector<LinearDigest> base_digests, target_digests;
     uint64_t changed = 0;  // canonical elements whose bits changed
     ChunkSizes sizes;
-    // The step log at its largest, during the diff (at most its bound,
-    // counted by what its buffers allocate; 0 with a ShardMemory or a
-    // bound of 0), and whether the baseline took the diffed bits by it
-    // (false: the changes went past the bound, and the log was freed at
-    // the diff's end). From the diff's end to the decision a logged step
-    // holds the indices and base bits only.
+    // What the step log's blocks allocate after the diff (at most its
+    // bound; kept for the next step; 0 with a ShardMemory or a bound of
+    // 0), and whether the baseline took the diffed bits by it (false: the
+    // changes went past the bound, and the log was freed at the diff's
+    // end).
     uint64_t log_bytes = 0;
     bool logged = false;
   };

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -85,59 +86,111 @@ Status CheckShards(const Layout& layout, uint32_t rank,
 // coordinates, kept so that a copy of the base shards can be moved to the
 // target and back without another pass over them (a producer's step,
 // dcr/shard_delta.h ShardProducer): per shard, each changed element's
-// index and its base and target bits. It holds at most `limit` bytes (8
-// per changed BF16 element, counted by what its buffers allocate; while
-// one grows, its old copy is held too); an element past that, or at an
-// index past 2^32, turns it overflowed(), and it keeps nothing more (what
-// it kept stays until Clear). An element a diff visits twice (a shard that two
-// canonical tensors read, a tied embedding) is kept twice: moving it is
-// idempotent.
+// index and its base and target bits (8 bytes per BF16 element).
+//
+// It keeps them in blocks, never moved once written (the first of a shard
+// small, then doubling up to kBlockElems), and keeps its blocks when
+// cleared, for the next step's diff: a log grown afresh each step cost a
+// producer more than its scan for changes (zeroed memory, copies as it
+// grew, and a page fault per 4 KiB). What it allocates stays within
+// `limit` bytes; an element past that, or at an index past 2^32, turns it
+// overflowed(), and it keeps nothing more (what it kept stays until
+// Clear). An element a diff visits twice (a shard that two canonical
+// tensors read, a tied embedding) is kept twice: moving it is idempotent.
 class ShardChangeLog {
  public:
+  static constexpr size_t kBlockElems = size_t{1} << 16;
   explicit ShardChangeLog(uint64_t limit = 0) : limit_(limit) {}
+  ShardChangeLog(ShardChangeLog&&) = default;
+  ShardChangeLog& operator=(ShardChangeLog&&) = default;
+
+  struct Block {
+    size_t capacity = 0;  // elements
+    std::unique_ptr<uint32_t[]> index;
+    std::unique_ptr<std::byte[]> base, target;  // capacity * elem_size
+  };
   struct Shard {
     size_t elem_size = 0;
-    std::vector<uint32_t> index;
-    std::vector<std::byte> base, target;  // index.size() * elem_size each
+    uint64_t count = 0;  // elements kept
+    // They fill blocks[0..at], the last up to `used`; `room` more fit in
+    // the blocks held.
+    std::vector<Block> blocks;
+    size_t at = 0, used = 0;
+    uint64_t room = 0;
   };
   // The entry of shard `name` (elements of `elem_size` bytes).
   Shard* For(const std::string& name, size_t elem_size);
+  // Room for `k` more elements of `shard`; false, turning it overflowed(),
+  // where the limit leaves none. Call before Add, once per batch of
+  // elements (a scan's block): Add itself does not check the room.
+  bool Reserve(Shard* shard, size_t k) {
+    if (overflowed_) return false;
+    if (k <= shard->room) return true;
+    if (Grow(shard, k)) return true;
+    overflowed_ = true;
+    return false;
+  }
+  // Keeps element `index`'s base and target bits (elem_size bytes each),
+  // within the room Reserve made; nothing once overflowed().
   void Add(Shard* shard, uint64_t index, const std::byte* base,
            const std::byte* target) {
-    if (overflowed_ || index > UINT32_MAX ||
-        (shard->index.size() == shard->index.capacity() && !Grow(shard))) {
+    if (overflowed_ || index > UINT32_MAX) {
       overflowed_ = true;
       return;
     }
+    if (shard->used == shard->blocks[shard->at].capacity) {
+      ++shard->at;  // Reserve made it
+      shard->used = 0;
+    }
+    Block& b = shard->blocks[shard->at];
+    const size_t n = shard->used++;
+    ++shard->count;
+    --shard->room;
+    b.index[n] = static_cast<uint32_t>(index);
     const size_t w = shard->elem_size;
-    shard->index.push_back(static_cast<uint32_t>(index));
-    const size_t at = shard->base.size();
-    shard->base.resize(at + w);  // within the capacity Grow reserved
-    shard->target.resize(at + w);
-    std::memcpy(shard->base.data() + at, base, w);
-    std::memcpy(shard->target.data() + at, target, w);
+    // Fixed sizes the compiler inlines (a memcpy of a runtime size is a
+    // call: most of the cost per element).
+    switch (w) {
+      case 2:
+        std::memcpy(&b.base[n * 2], base, 2);
+        std::memcpy(&b.target[n * 2], target, 2);
+        break;
+      case 4:
+        std::memcpy(&b.base[n * 4], base, 4);
+        std::memcpy(&b.target[n * 4], target, 4);
+        break;
+      case 1:
+        b.base[n] = *base;
+        b.target[n] = *target;
+        break;
+      default:
+        std::memcpy(&b.base[n * w], base, w);
+        std::memcpy(&b.target[n * w], target, w);
+    }
   }
   bool overflowed() const { return overflowed_; }
-  // What it holds (its buffers' capacity), and the most it held.
+  // What its blocks allocate (kept from step to step until Free).
   uint64_t bytes() const { return bytes_; }
-  uint64_t peak_bytes() const { return peak_; }
   // Writes each kept element's target bits (Forward) or base bits (Back)
   // into the shard of its name in `shards`. InvalidArgument, writing
   // nothing, for a shard missing there or too short.
   using Buffers = std::map<std::string, std::vector<std::byte>, std::less<>>;
   Status Forward(Buffers* shards) const { return Write(shards, true); }
   Status Back(Buffers* shards) const { return Write(shards, false); }
-  // Frees the target bits (Back still works); bytes() counts what is left.
-  void DropTargets();
+  // Keeps nothing (no longer overflowed), its blocks for the next diff;
+  // with a new `limit`, blocks past it are freed.
   void Clear();
+  void Clear(uint64_t limit);
+  // Keeps nothing and frees every block.
+  void Free();
 
  private:
   Status Write(Buffers* shards, bool forward) const;
-  // Reserves room for more elements of `shard` within the limit (counted
-  // by capacity: what is allocated, not what is used); false when none.
-  bool Grow(Shard* shard);
+  // Makes room for at least `k` more elements of `shard` (blocks it kept,
+  // or new ones within the limit); false when the limit leaves too little.
+  bool Grow(Shard* shard, size_t k);
   uint64_t limit_;
-  uint64_t bytes_ = 0, peak_ = 0;
+  uint64_t bytes_ = 0;
   bool overflowed_ = false;
   std::map<std::string, Shard, std::less<>> shards_;
 };

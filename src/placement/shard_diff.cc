@@ -210,87 +210,118 @@ Result<std::vector<CanonicalChanges>> DiffShards(const Layout& layout,
 ShardChangeLog::Shard* ShardChangeLog::For(const std::string& name,
                                            size_t elem_size) {
   Shard& s = shards_[name];
-  s.elem_size = elem_size;
+  if (s.elem_size != elem_size) {
+    // Blocks sized for other elements (a layout whose dtype changed):
+    // kept ones are freed.
+    for (const Block& b : s.blocks) {
+      bytes_ -= b.capacity * (4 + 2 * uint64_t{s.elem_size});
+    }
+    s = Shard();
+    s.elem_size = elem_size;
+  }
   return &s;
 }
 
-bool ShardChangeLog::Grow(Shard* shard) {
+bool ShardChangeLog::Grow(Shard* shard, size_t k) {
   const uint64_t per = 4 + 2 * uint64_t{shard->elem_size};
-  const uint64_t have = shard->index.capacity();
-  const uint64_t room = bytes_ < limit_ ? (limit_ - bytes_) / per : 0;
-  const uint64_t more =
-      std::min<uint64_t>(std::max<uint64_t>(have / 2, 16), room);
-  if (more == 0) return false;
   const size_t w = shard->elem_size;
-  auto held = [&] {
-    return uint64_t{shard->index.capacity()} * 4 + shard->base.capacity() +
-           shard->target.capacity();
-  };
-  const uint64_t before = held();
-  shard->index.reserve(have + more);
-  shard->base.reserve((have + more) * w);
-  shard->target.reserve((have + more) * w);
-  bytes_ += held() - before;
-  peak_ = std::max(peak_, bytes_);
+  while (shard->room < k) {
+    // The first block small (a shard of few changes stays small), each
+    // next one twice the last, up to kBlockElems.
+    const size_t last =
+        shard->blocks.empty() ? 0 : shard->blocks.back().capacity;
+    const size_t cap = std::clamp<size_t>(2 * last, 16, kBlockElems);
+    if (bytes_ + cap * per > limit_) return false;
+    Block b;
+    b.capacity = cap;
+    b.index = std::make_unique_for_overwrite<uint32_t[]>(cap);
+    b.base = std::make_unique_for_overwrite<std::byte[]>(cap * w);
+    b.target = std::make_unique_for_overwrite<std::byte[]>(cap * w);
+    shard->blocks.push_back(std::move(b));
+    shard->room += cap;
+    bytes_ += cap * per;
+  }
   return true;
 }
 
-void ShardChangeLog::DropTargets() {
+void ShardChangeLog::Clear() {
   for (auto& [name, s] : shards_) {
-    bytes_ -= s.target.capacity();
-    std::vector<std::byte>().swap(s.target);
+    s.count = 0;
+    s.at = s.used = 0;
+    s.room = 0;
+    for (const Block& b : s.blocks) s.room += b.capacity;
   }
+  overflowed_ = false;
 }
 
-void ShardChangeLog::Clear() {
+void ShardChangeLog::Clear(uint64_t limit) {
+  limit_ = limit;
+  if (bytes_ > limit_) Free();
+  Clear();
+}
+
+void ShardChangeLog::Free() {
   shards_.clear();
-  bytes_ = peak_ = 0;
+  bytes_ = 0;
   overflowed_ = false;
 }
 
 Status ShardChangeLog::Write(Buffers* shards, bool forward) const {
-  for (const auto& [name, s] : shards_) {
+  // Each kept element's block and place in it, in the order kept.
+  auto each = [](const Shard& s, auto fn) {
+    uint64_t left = s.count;
+    for (const Block& b : s.blocks) {
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(left, b.capacity));
+      fn(b, n);
+      left -= n;
+      if (left == 0) break;
+    }
+  };
+  for (const auto& [name, entry] : shards_) {
+    const Shard& s = entry;
+    if (s.count == 0) continue;
     auto it = shards->find(name);
     uint64_t need = 0;  // indices ascend per piece, not across pieces
-    for (uint32_t i : s.index) {
-      need = std::max(need, (uint64_t{i} + 1) * s.elem_size);
-    }
-    if (it == shards->end() || it->second.size() < need) {
+    each(s, [&](const Block& b, size_t n) {
+      for (size_t k = 0; k < n; ++k)
+        need = std::max<uint64_t>(need, b.index[k]);
+    });
+    if (it == shards->end() || it->second.size() < (need + 1) * s.elem_size) {
       return Status::InvalidArgument("shard change log: shard '" + name +
                                      "' is missing or too short");
-    }
-    if (forward && s.target.size() != s.index.size() * s.elem_size) {
-      return Status::InvalidArgument(
-          "shard change log: the target bits were dropped");
     }
   }
   for (const auto& [name, entry] : shards_) {
     // (A named reference: clang does not let the lambda capture a
     // structured binding.)
     const Shard& s = entry;
+    if (s.count == 0) continue;
     std::byte* out = shards->find(name)->second.data();
-    const std::byte* from = forward ? s.target.data() : s.base.data();
     const size_t w = s.elem_size;
-    auto move = [&]<size_t W>() {
-      for (size_t k = 0; k < s.index.size(); ++k) {
-        std::memcpy(out + uint64_t{s.index[k]} * W, from + k * W, W);
-      }
-    };
-    switch (w) {
-      case 1:
-        move.operator()<1>();
-        break;
-      case 2:
-        move.operator()<2>();
-        break;
-      case 4:
-        move.operator()<4>();
-        break;
-      default:
-        for (size_t k = 0; k < s.index.size(); ++k) {
-          std::memcpy(out + uint64_t{s.index[k]} * w, from + k * w, w);
+    each(s, [&](const Block& b, size_t n) {
+      const std::byte* from = forward ? b.target.get() : b.base.get();
+      auto move = [&]<size_t W>() {
+        for (size_t k = 0; k < n; ++k) {
+          std::memcpy(out + uint64_t{b.index[k]} * W, from + k * W, W);
         }
-    }
+      };
+      switch (w) {
+        case 1:
+          move.operator()<1>();
+          break;
+        case 2:
+          move.operator()<2>();
+          break;
+        case 4:
+          move.operator()<4>();
+          break;
+        default:
+          for (size_t k = 0; k < n; ++k) {
+            std::memcpy(out + uint64_t{b.index[k]} * w, from + k * w, w);
+          }
+      }
+    });
   }
   return Status::OK();
 }
@@ -329,6 +360,9 @@ Status DiffShardsEach(const Layout& layout, uint32_t rank,
                        sw, bp + off * sw, tp + off * sw, m,
                        /*xor_values=*/false, scan.positions, scan.planes);
                    changes->Reserve(k);
+                   if (logged != nullptr && !log->Reserve(logged, k)) {
+                     logged = nullptr;  // overflowed: it keeps no more
+                   }
                    for (size_t i = 0; i < k; ++i) {
                      const uint64_t j = off + scan.positions[i];
                      changes->Add(c + j * step, bp + j * sw, tp + j * sw);

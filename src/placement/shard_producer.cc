@@ -119,7 +119,7 @@ Status ShardProducer::SetBaseline(const ShardBytes& shards) {
   has_baseline_ = true;
   baseline_digests_ = std::move(digests);
   last_target_digests_.reset();
-  step_log_.Clear();
+  step_log_.Free();
   moved_ = false;
   return Status::OK();
 }
@@ -149,7 +149,7 @@ Status ShardProducer::AdoptBaseline(
   has_baseline_ = true;
   baseline_digests_ = std::move(digests);
   last_target_digests_.reset();
-  step_log_.Clear();
+  step_log_.Free();
   moved_ = false;
   return Status::OK();
 }
@@ -161,7 +161,7 @@ void ShardProducer::DropBaseline() {
   baseline_digests_.clear();
   last_target_digests_.reset();
   last_fingerprints_.clear();
-  step_log_.Clear();
+  step_log_.Free();
   moved_ = false;
 }
 
@@ -209,7 +209,7 @@ Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
   ShardDiffStats stats;
   const uint64_t log_limit =
       step_log_bytes_ == kAutoStepLog ? baseline_bytes() / 4 : step_log_bytes_;
-  step_log_ = ShardChangeLog(log_limit);
+  step_log_.Clear(log_limit);  // its blocks kept from the last step
   Status diffed = DiffShardsEach(
       layout_, rank_, base, target,
       [&](CanonicalChanges&& changes) {
@@ -218,16 +218,22 @@ Result<ShardProducer::Step> ShardProducer::Diff(const ShardBytes& target,
                            sink ? sink : keep, &step.sizes);
       },
       &stats, log_limit > 0 ? &step_log_ : nullptr);
-  step.log_bytes = step_log_.peak_bytes();
+  step.log_bytes = step_log_.bytes();
   if (diffed.ok() && log_limit > 0 && !step_log_.overflowed()) {
     // The baseline takes the bits the diff read (the parts carry them);
     // their base bits stay for Rewind.
     diffed = step_log_.Forward(&baseline_);
-    step_log_.DropTargets();
     moved_ = diffed.ok();
     step.logged = moved_;
   }
-  if (!moved_) step_log_.Clear();
+  if (!moved_) {
+    // Past its bound the log is of no use, and would hold the bound.
+    if (step_log_.overflowed()) {
+      step_log_.Free();
+    } else {
+      step_log_.Clear();
+    }
+  }
   DCR_RETURN_IF_ERROR(diffed);
   step.changed = stats.changed;
   last_target_digests_ = step.target_digests;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "dcr/shard_diff.h"
@@ -46,16 +47,29 @@ inline void CopyElement(std::byte* to, const std::byte* from, size_t w) {
 // position. What DiffShardsEach and ProjectShardChanges share.
 class TensorChanges {
  public:
-  TensorChanges(const LayoutTensor& tensor, size_t index)
+  // `spare`: another tensor's changes, done with, whose buffers it reuses
+  // (not their contents). A diff's tensors reuse one set: growing a fresh
+  // one for each tensor cost more than the scan (page faults and copies).
+  TensorChanges(const LayoutTensor& tensor, size_t index,
+                CanonicalChanges spare = {})
       : tensor_(tensor),
         cw_(DTypeSize(tensor.dtype)),
-        identity_(tensor.conversion.identity(tensor.dtype)) {
+        identity_(tensor.conversion.identity(tensor.dtype)),
+        ch_(std::move(spare)) {
     ch_.tensor = index;
+    ch_.positions.clear();
+    ch_.base.clear();
+    ch_.target.clear();
   }
   // Room for `k` more.
   void Reserve(size_t k) {
     if (n_ + k <= ch_.positions.size()) return;
-    const size_t m = std::max(n_ + k, ch_.positions.size() * 3 / 2);
+    size_t m = std::max(n_ + k, ch_.positions.size() * 3 / 2);
+    // Within the buffers' room where the need fits there: no copy.
+    const size_t room =
+        std::min(ch_.positions.capacity(),
+                 std::min(ch_.base.capacity(), ch_.target.capacity()) / cw_);
+    if (m > room && n_ + k <= room) m = room;
     ch_.positions.resize(m);
     ch_.base.resize(m * cw_);
     ch_.target.resize(m * cw_);
@@ -79,6 +93,8 @@ class TensorChanges {
     ++n_;
   }
   size_t size() const { return n_; }
+  // Its buffers, for the next tensor's (what it holds is dropped).
+  CanonicalChanges Release() { return std::move(ch_); }
   CanonicalChanges Finish() {
     ch_.positions.resize(n_);
     ch_.base.resize(n_ * cw_);
@@ -121,17 +137,24 @@ Status EachTensorsChanges(const Layout& layout, uint32_t rank, ScanPiece scan,
                           Done done,
                           const std::function<Status(CanonicalChanges&&)>& each,
                           ShardDiffStats* st) {
+  CanonicalChanges spare;  // the last tensor's buffers
   for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
     const LayoutTensor& tensor = layout.tensors[ti];
-    TensorChanges changes(tensor, ti);
+    TensorChanges changes(tensor, ti, std::move(spare));
     for (const AffinePiece& p : tensor.pieces) {
       if (p.rank != rank) continue;
       DCR_RETURN_IF_ERROR(scan(p, tensor, &changes));
     }
     done(ti);
-    if (changes.size() == 0) continue;
+    if (changes.size() == 0) {
+      spare = changes.Release();
+      continue;
+    }
     st->changed += changes.size();
-    DCR_RETURN_IF_ERROR(each(changes.Finish()));
+    CanonicalChanges found = changes.Finish();
+    DCR_RETURN_IF_ERROR(each(std::move(found)));
+    // Reused unless `each` took them (a moved-from vector is empty).
+    spare = std::move(found);
   }
   return Status::OK();
 }

@@ -67,6 +67,28 @@ void ExpectRanksCoverTheChangedSet(const Layout& l, const Tensors& base,
     ASSERT_TRUE(changes.ok()) << changes.status().ToString();
     uint64_t own = 0;
     for (const auto& [n, v] : *bs) own += v.size();
+    // The change log the same diff keeps moves a copy of the base shards
+    // to the target's bits and back, within its bound.
+    {
+      const uint64_t limit = 8 * own + 4096;
+      ShardChangeLog log(limit);
+      ASSERT_TRUE(DiffShardsEach(
+                      l, r, b, t,
+                      [](CanonicalChanges&&) { return Status::OK(); }, nullptr,
+                      &log)
+                      .ok());
+      EXPECT_FALSE(log.overflowed()) << "rank " << r;
+      EXPECT_LE(log.bytes(), limit);
+      ShardChangeLog::Buffers moved(bs->begin(), bs->end());
+      ASSERT_TRUE(log.Forward(&moved).ok());
+      for (const auto& [n, v] : *ts) {
+        EXPECT_TRUE(moved.at(n) == v) << "rank " << r << " shard " << n;
+      }
+      ASSERT_TRUE(log.Back(&moved).ok());
+      for (const auto& [n, v] : *bs) {
+        EXPECT_TRUE(moved.at(n) == v) << "rank " << r << " shard " << n;
+      }
+    }
     EXPECT_EQ(st.shard_bytes_read, 2 * own) << "rank " << r;
     for (const CanonicalChanges& c : *changes) {
       const size_t w = DTypeSize(l.tensors[c.tensor].dtype);
@@ -134,6 +156,82 @@ TEST(ShardDiffTest, MegatronLayoutsCoverTheChangedSetOnce) {
       }
     }
   }
+}
+
+// A log past its bound keeps nothing more and says so; what it held never
+// passed the bound, and Clear makes it whole again.
+TEST(ShardDiffTest, AChangeLogPastItsBoundOverflows) {
+  std::mt19937_64 rng(23);
+  auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  auto [base, target] = RandomVersions(*l, 0.3, rng);
+  auto bs = BuildShards(*l, 0, View(base));
+  auto ts = BuildShards(*l, 0, View(target));
+  ASSERT_TRUE(bs.ok() && ts.ok());
+  ShardBytes b, t;
+  for (const auto& [n, v] : *bs) b.emplace(n, v);
+  for (const auto& [n, v] : *ts) t.emplace(n, v);
+  auto none = [](CanonicalChanges&&) { return Status::OK(); };
+  uint64_t full = 0;  // what a log without a bound holds at its largest
+  {
+    ShardChangeLog log(~uint64_t{0});
+    ASSERT_TRUE(DiffShardsEach(*l, 0, b, t, none, nullptr, &log).ok());
+    ASSERT_FALSE(log.overflowed());
+    full = log.bytes();
+  }
+  for (uint64_t limit : {uint64_t{0}, uint64_t{64}, full / 4}) {
+    SCOPED_TRACE("limit " + std::to_string(limit));
+    ShardChangeLog log(limit);
+    ASSERT_TRUE(DiffShardsEach(*l, 0, b, t, none, nullptr, &log).ok());
+    EXPECT_TRUE(log.overflowed());
+    EXPECT_LE(log.bytes(), limit);
+    log.Clear();
+    EXPECT_FALSE(log.overflowed());
+    EXPECT_LE(log.bytes(), limit);
+    log.Free();
+    EXPECT_EQ(log.bytes(), 0u);
+  }
+}
+
+// Cleared, a log keeps its blocks for the next diff and allocates no more
+// for as many changes; what it keeps then is the new diff's alone. A new
+// bound below what it holds frees them.
+TEST(ShardDiffTest, AClearedChangeLogKeepsItsBlocks) {
+  std::mt19937_64 rng(31);
+  auto l = ParseLayout(Gpt(2, 2), "gpt.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  auto none = [](CanonicalChanges&&) { return Status::OK(); };
+  ShardChangeLog log(~uint64_t{0});
+  uint64_t held = 0;
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    auto [base, target] = RandomVersions(*l, 0.1, rng);
+    auto bs = BuildShards(*l, 1, View(base));
+    auto ts = BuildShards(*l, 1, View(target));
+    ASSERT_TRUE(bs.ok() && ts.ok());
+    ShardBytes b, t;
+    for (const auto& [n, v] : *bs) b.emplace(n, v);
+    for (const auto& [n, v] : *ts) t.emplace(n, v);
+    log.Clear();
+    ASSERT_TRUE(DiffShardsEach(*l, 1, b, t, none, nullptr, &log).ok());
+    ASSERT_FALSE(log.overflowed());
+    if (step > 0) {
+      // About as many changes: few new blocks, if any (the first of a
+      // shard that had none, or one more where it had more).
+      EXPECT_LE(log.bytes(), held + held / 2);
+    }
+    held = log.bytes();
+    ShardChangeLog::Buffers moved(bs->begin(), bs->end());
+    ASSERT_TRUE(log.Forward(&moved).ok());
+    for (const auto& [n, v] : *ts) EXPECT_TRUE(moved.at(n) == v) << n;
+    ASSERT_TRUE(log.Back(&moved).ok());
+    for (const auto& [n, v] : *bs) EXPECT_TRUE(moved.at(n) == v) << n;
+  }
+  ASSERT_GT(held, 0u);
+  log.Clear(held);
+  EXPECT_EQ(log.bytes(), held);
+  log.Clear(held - 1);
+  EXPECT_EQ(log.bytes(), 0u);
 }
 
 uint16_t Bf16(float v) {
