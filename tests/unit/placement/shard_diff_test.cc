@@ -158,6 +158,25 @@ TEST(ShardDiffTest, MegatronLayoutsCoverTheChangedSetOnce) {
   }
 }
 
+// Rank `rank`'s shards of two versions, and views of them.
+struct BuiltShards {
+  ShardChangeLog::Buffers base, target;
+  ShardBytes base_view, target_view;
+};
+BuiltShards Build(const Layout& l, uint32_t rank, const Tensors& base,
+                  const Tensors& target) {
+  BuiltShards out;
+  auto bs = BuildShards(l, rank, View(base));
+  auto ts = BuildShards(l, rank, View(target));
+  EXPECT_TRUE(bs.ok() && ts.ok());
+  if (!bs.ok() || !ts.ok()) return out;
+  out.base = ShardChangeLog::Buffers(bs->begin(), bs->end());
+  out.target = ShardChangeLog::Buffers(ts->begin(), ts->end());
+  for (const auto& [n, v] : out.base) out.base_view.emplace(n, v);
+  for (const auto& [n, v] : out.target) out.target_view.emplace(n, v);
+  return out;
+}
+
 // A log past its bound keeps nothing more and says so; what it held never
 // passed the bound, and Clear makes it whole again.
 TEST(ShardDiffTest, AChangeLogPastItsBoundOverflows) {
@@ -165,12 +184,9 @@ TEST(ShardDiffTest, AChangeLogPastItsBoundOverflows) {
   auto l = ParseLayout(Gpt(2, 1), "gpt.yaml");
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   auto [base, target] = RandomVersions(*l, 0.3, rng);
-  auto bs = BuildShards(*l, 0, View(base));
-  auto ts = BuildShards(*l, 0, View(target));
-  ASSERT_TRUE(bs.ok() && ts.ok());
-  ShardBytes b, t;
-  for (const auto& [n, v] : *bs) b.emplace(n, v);
-  for (const auto& [n, v] : *ts) t.emplace(n, v);
+  const BuiltShards built = Build(*l, 0, base, target);
+  const ShardBytes& b = built.base_view;
+  const ShardBytes& t = built.target_view;
   auto none = [](CanonicalChanges&&) { return Status::OK(); };
   uint64_t full = 0;  // what a log without a bound holds at its largest
   {
@@ -206,12 +222,9 @@ TEST(ShardDiffTest, AClearedChangeLogKeepsItsBlocks) {
   for (int step = 0; step < 3; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     auto [base, target] = RandomVersions(*l, 0.1, rng);
-    auto bs = BuildShards(*l, 1, View(base));
-    auto ts = BuildShards(*l, 1, View(target));
-    ASSERT_TRUE(bs.ok() && ts.ok());
-    ShardBytes b, t;
-    for (const auto& [n, v] : *bs) b.emplace(n, v);
-    for (const auto& [n, v] : *ts) t.emplace(n, v);
+    const BuiltShards built = Build(*l, 1, base, target);
+    const ShardBytes& b = built.base_view;
+    const ShardBytes& t = built.target_view;
     log.Clear();
     ASSERT_TRUE(DiffShardsEach(*l, 1, b, t, none, nullptr, &log).ok());
     ASSERT_FALSE(log.overflowed());
@@ -221,11 +234,11 @@ TEST(ShardDiffTest, AClearedChangeLogKeepsItsBlocks) {
       EXPECT_LE(log.bytes(), held + held / 2);
     }
     held = log.bytes();
-    ShardChangeLog::Buffers moved(bs->begin(), bs->end());
+    ShardChangeLog::Buffers moved = built.base;
     ASSERT_TRUE(log.Forward(&moved).ok());
-    for (const auto& [n, v] : *ts) EXPECT_TRUE(moved.at(n) == v) << n;
+    EXPECT_TRUE(moved == built.target);
     ASSERT_TRUE(log.Back(&moved).ok());
-    for (const auto& [n, v] : *bs) EXPECT_TRUE(moved.at(n) == v) << n;
+    EXPECT_TRUE(moved == built.base);
   }
   ASSERT_GT(held, 0u);
   log.Clear(held);
