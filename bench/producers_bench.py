@@ -313,7 +313,14 @@ links:
     if a.only:
         # One kind of refit once (profiling): no table, no JSON.
         r = canonical() if a.only == "canonical" else producers()
-        print(json.dumps({"seconds": r["report"]["seconds"], "root_cpu": r["root_cpu_seconds"], "relays_cpu": r["relays_cpu_seconds"]}))
+        out = {"seconds": r["report"]["seconds"], "root_cpu": r["root_cpu_seconds"],
+               "relays_cpu": r["relays_cpu_seconds"]}
+        if "producers" in r:
+            # Each rank's CPU for the measured step: in all, and on the
+            # thread that diffs (the rest: the link's threads).
+            out["ranks_cpu"] = [[o["refit_cpu_seconds"], o.get("refit_thread_cpu_seconds")]
+                                for o in r["producers"]]
+        print(json.dumps(out))
         return
     for _ in range(a.rounds):
         runs["canonical"].append(canonical())
