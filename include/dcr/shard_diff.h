@@ -186,9 +186,12 @@ class ShardChangeLog {
 
  private:
   Status Write(Buffers* shards, bool forward) const;
-  // Makes room for at least `k` more elements of `shard` (blocks it kept,
-  // or new ones within the limit); false when the limit leaves too little.
+  // Makes room for at least `k` more elements of `shard`: new blocks
+  // within the limit, the last cut to what is left of it, after freeing
+  // the blocks other shards kept and this diff has not filled (Reclaim);
+  // false when the limit leaves too little.
   bool Grow(Shard* shard, size_t k);
+  void Reclaim(const Shard* keep);
   uint64_t limit_;
   uint64_t bytes_ = 0;
   bool overflowed_ = false;

@@ -225,13 +225,25 @@ ShardChangeLog::Shard* ShardChangeLog::For(const std::string& name,
 bool ShardChangeLog::Grow(Shard* shard, size_t k) {
   const uint64_t per = 4 + 2 * uint64_t{shard->elem_size};
   const size_t w = shard->elem_size;
+  bool reclaimed = false;
   while (shard->room < k) {
     // The first block small (a shard of few changes stays small), each
     // next one twice the last, up to kBlockElems.
     const size_t last =
         shard->blocks.empty() ? 0 : shard->blocks.back().capacity;
-    const size_t cap = std::clamp<size_t>(2 * last, 16, kBlockElems);
-    if (bytes_ + cap * per > limit_) return false;
+    size_t cap = std::clamp<size_t>(2 * last, 16, kBlockElems);
+    if (bytes_ + cap * per > limit_ && !reclaimed) {
+      // Blocks other shards kept from an earlier step and this diff has
+      // not filled: the bound is this step's, whichever shards change.
+      Reclaim(shard);
+      reclaimed = true;
+    }
+    if (bytes_ + cap * per > limit_) {
+      // What is left of the bound, if it holds what this batch needs.
+      const uint64_t left = limit_ > bytes_ ? (limit_ - bytes_) / per : 0;
+      if (left < k - shard->room) return false;
+      cap = static_cast<size_t>(left);
+    }
     Block b;
     b.capacity = cap;
     b.index = std::make_unique_for_overwrite<uint32_t[]>(cap);
@@ -242,6 +254,22 @@ bool ShardChangeLog::Grow(Shard* shard, size_t k) {
     bytes_ += cap * per;
   }
   return true;
+}
+
+void ShardChangeLog::Reclaim(const Shard* keep) {
+  for (auto& [name, s] : shards_) {
+    if (&s == keep) continue;
+    const uint64_t per = 4 + 2 * uint64_t{s.elem_size};
+    // Blocks past the one it fills now (all of them before its first
+    // element).
+    const size_t used_blocks = s.count == 0 ? 0 : s.at + 1;
+    while (s.blocks.size() > used_blocks) {
+      const size_t cap = s.blocks.back().capacity;
+      bytes_ -= cap * per;
+      s.room -= cap;
+      s.blocks.pop_back();
+    }
+  }
 }
 
 void ShardChangeLog::Clear() {

@@ -247,6 +247,46 @@ TEST(ShardDiffTest, AClearedChangeLogKeepsItsBlocks) {
   EXPECT_EQ(log.bytes(), 0u);
 }
 
+// The bound is each step's, whichever shards change: blocks one shard
+// kept from a step before go to another that needs them now, and the last
+// block is cut to what is left of the bound.
+TEST(ShardDiffTest, AChangeLogsBoundIsEachSteps) {
+  constexpr uint64_t kPer = 8;  // 4 bytes of index, 2 + 2 of bits
+  constexpr size_t kElems = 100000;
+  ShardChangeLog log(kElems * kPer);
+  const std::byte bits[2] = {std::byte{1}, std::byte{2}};
+  auto fill = [&](const std::string& shard, size_t n) {
+    ShardChangeLog::Shard* s = log.For(shard, 2);
+    for (size_t i = 0; i < n; i += 1000) {
+      const size_t k = std::min<size_t>(1000, n - i);
+      if (!log.Reserve(s, k)) return false;
+      for (size_t j = 0; j < k; ++j) log.Add(s, i + j, bits, bits + 1);
+    }
+    return true;
+  };
+  // Step 1: all of the bound in shard a (its last block cut to fit).
+  ASSERT_TRUE(fill("a", kElems));
+  EXPECT_FALSE(log.overflowed());
+  EXPECT_EQ(log.bytes(), kElems * kPer);
+  // Step 2: as many in shard b, none in a.
+  log.Clear();
+  ASSERT_TRUE(fill("b", kElems));
+  EXPECT_FALSE(log.overflowed());
+  EXPECT_LE(log.bytes(), kElems * kPer);
+  ShardChangeLog::Buffers shards = {{"a", std::vector<std::byte>(2 * kElems)},
+                                    {"b", std::vector<std::byte>(2 * kElems)}};
+  ASSERT_TRUE(log.Forward(&shards).ok());
+  EXPECT_EQ(shards.at("a"), std::vector<std::byte>(2 * kElems));
+  for (size_t i = 0; i < kElems; ++i) {
+    ASSERT_EQ(shards.at("b")[2 * i], std::byte{2}) << i;
+  }
+  // One more than the bound overflows.
+  log.Clear();
+  EXPECT_FALSE(fill("a", kElems + 1));
+  EXPECT_TRUE(log.overflowed());
+  EXPECT_LE(log.bytes(), kElems * kPer);
+}
+
 uint16_t Bf16(float v) {
   uint32_t b = std::bit_cast<uint32_t>(v);
   return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
