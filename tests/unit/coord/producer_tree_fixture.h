@@ -35,13 +35,6 @@ using placement_testing::View;
 using placement_testing::Volume;
 using Shards = std::map<std::string, std::vector<std::byte>>;
 
-using placement_testing::HostShardMemory;
-using placement_testing::RandomVersions;
-using placement_testing::Tensors;
-using placement_testing::View;
-using placement_testing::Volume;
-using Shards = std::map<std::string, std::vector<std::byte>>;
-
 // Two tensor-parallel ranks. Every canonical span of the column split's
 // boundary and of the row split holds both ranks' elements, so the
 // coordinator merges parts of two producers into one chunk.
