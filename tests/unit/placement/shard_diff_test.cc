@@ -254,13 +254,17 @@ TEST(ShardDiffTest, AChangeLogsBoundIsEachSteps) {
   constexpr uint64_t kPer = 8;  // 4 bytes of index, 2 + 2 of bits
   constexpr size_t kElems = 100000;
   ShardChangeLog log(kElems * kPer);
-  const std::byte bits[2] = {std::byte{1}, std::byte{2}};
+  // An element's base and target bits (BF16: 2 bytes each).
+  const std::byte base_bits[2] = {std::byte{1}, std::byte{0}};
+  const std::byte target_bits[2] = {std::byte{2}, std::byte{0}};
   auto fill = [&](const std::string& shard, size_t n) {
     ShardChangeLog::Shard* s = log.For(shard, 2);
     for (size_t i = 0; i < n; i += 1000) {
       const size_t k = std::min<size_t>(1000, n - i);
       if (!log.Reserve(s, k)) return false;
-      for (size_t j = 0; j < k; ++j) log.Add(s, i + j, bits, bits + 1);
+      for (size_t j = 0; j < k; ++j) {
+        log.Add(s, i + j, base_bits, target_bits);
+      }
     }
     return true;
   };
