@@ -93,7 +93,9 @@ Status CheckShards(const Layout& layout, uint32_t rank,
 // cleared, for the next step's diff: a log grown afresh each step cost a
 // producer more than its scan for changes (zeroed memory, copies as it
 // grew, and a page fault per 4 KiB). What it allocates stays within
-// `limit` bytes; an element past that, or at an index past 2^32, turns it
+// `limit` bytes, each step's whichever shards change (blocks a shard kept
+// and this diff has not filled go to one that needs them); an element
+// past that, or at an index past 2^32, turns it
 // overflowed(), and it keeps nothing more (what it kept stays until
 // Clear). An element a diff visits twice (a shard that two canonical
 // tensors read, a tied embedding) is kept twice: moving it is idempotent.
