@@ -203,6 +203,11 @@ class ShardProducer {
   Status DiffInMemory(const ShardBytes& target, uint64_t span_elems,
                       const PartSink& sink, Step* step);
   Status AdvanceInMemory(const ShardBytes& target);
+  // `shards` (checked, hashed to `digests`) become the host baseline; the
+  // last step's digests and log are dropped.
+  void KeepHostBaseline(
+      std::map<std::string, std::vector<std::byte>, std::less<>> shards,
+      std::vector<LinearDigest> digests);
   Layout layout_;
   uint32_t rank_;
   uint64_t span_elems_;

@@ -115,12 +115,7 @@ Status ShardProducer::SetBaseline(const ShardBytes& shards) {
     auto b = shards.at(name);
     copy[name].assign(b.begin(), b.end());
   }
-  baseline_ = std::move(copy);
-  has_baseline_ = true;
-  baseline_digests_ = std::move(digests);
-  last_target_digests_.reset();
-  step_log_.Free();
-  moved_ = false;
+  KeepHostBaseline(std::move(copy), std::move(digests));
   return Status::OK();
 }
 
@@ -145,13 +140,19 @@ Status ShardProducer::AdoptBaseline(
   // Only the rank's shards are kept.
   const auto held = layout_.ShardsOf(rank_);
   std::erase_if(shards, [&](const auto& kv) { return !held.count(kv.first); });
+  KeepHostBaseline(std::move(shards), std::move(digests));
+  return Status::OK();
+}
+
+void ShardProducer::KeepHostBaseline(
+    std::map<std::string, std::vector<std::byte>, std::less<>> shards,
+    std::vector<LinearDigest> digests) {
   baseline_ = std::move(shards);
   has_baseline_ = true;
   baseline_digests_ = std::move(digests);
   last_target_digests_.reset();
   step_log_.Free();
   moved_ = false;
-  return Status::OK();
 }
 
 void ShardProducer::DropBaseline() {
