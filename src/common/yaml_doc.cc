@@ -134,6 +134,17 @@ const char* TypeName(const YAML::Node& n) {
 // "[[[[..." would exhaust the stack, and aliases can make a small file
 // expand exponentially. Our documents nest a few levels and need no
 // aliases, so both are refused before yaml-cpp sees the text.
+//
+// The scan reads as much of YAML as it must to skip what cannot be syntax,
+// quoted strings and comments, and where it cannot tell it errs toward
+// refusing: a quote or a comment taken wrongly would hide text from the
+// check. So it takes a quote only where a node starts (after ": ", "- ",
+// a flow collection's "[", "{" or ",", or first on a line that does not
+// continue the last one's plain scalar; never right after '-' as in
+// "-'a'"), reads its escapes ('' and \"), and refuses one that runs past
+// its line; and it takes a comment only after a blank, or in a flow
+// collection right after "[", "{" or ",". A quote or a '#' it does not
+// take leaves the text after it to be checked as syntax.
 Status CheckSafe(std::string_view text, std::string_view source_name,
                  std::string_view kind) {
   // YAML is text: refuse NUL, other control characters and invalid UTF-8
@@ -151,20 +162,36 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
   }
   constexpr int kMaxFlowDepth = 32;
   constexpr size_t kMaxIndent = 256;
+  auto blank = [](char c) {
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+  };
   int depth = 0, line = 1;
-  size_t indent = 0;
+  size_t indent = 0;       // this line's leading spaces and dashes
+  size_t last_indent = 0;  // that of the last line with content
   bool at_line_start = true;
+  bool line_has_content = false;
+  bool node_start = true;  // a node may start here: a quote would open one
   char quote = 0;
   bool comment = false;
   char prev = '\n';
   int first_open_line = 0;  // of the outermost open collection
-  for (char c : text) {
-    char before = prev;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const char before = prev;
+    const char next = i + 1 < text.size() ? text[i + 1] : '\n';
     prev = c;
     if (c == '\n') {
+      if (quote) {
+        return Error(source_name, line, "",
+                     "a quoted string runs past the end of its line; a " +
+                         std::string(kind) +
+                         " keeps each on one line (write \\n in \"...\" for "
+                         "a line break)");
+      }
       ++line;
       indent = 0;
       at_line_start = true;
+      line_has_content = false;
       comment = false;
       continue;
     }
@@ -179,13 +206,33 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
     at_line_start = false;
     if (comment) continue;
     if (quote) {
-      if (c == quote) quote = 0;
+      if (quote == '"' && c == '\\' && next != '\n') {
+        prev = text[++i];  // an escape: \" does not end the string
+      } else if (c == quote && quote == '\'' && next == '\'') {
+        ++i;  // '' is a quote in a single-quoted string
+      } else if (c == quote) {
+        quote = 0;
+        node_start = false;
+      }
       continue;
     }
-    bool token_start = before == ' ' || before == '\t' || before == '\n' ||
-                       before == '[' || before == '{' || before == ',' ||
-                       before == '-' || before == ':';
-    if ((c == '&' || c == '*') && token_start) {
+    if (blank(c)) continue;
+    if (c == '#' &&
+        (blank(before) ||
+         (depth > 0 && (before == '[' || before == '{' || before == ',')))) {
+      comment = true;
+      continue;
+    }
+    if (!line_has_content) {
+      // Outside flow collections, a line indented no deeper than the last
+      // line with content does not continue that line's plain scalar.
+      line_has_content = true;
+      if (depth == 0 && indent <= last_indent) node_start = true;
+      last_indent = indent;
+    }
+    if ((c == '&' || c == '*') &&
+        (blank(before) || std::string_view("[]{},-:\"'").find(before) !=
+                              std::string_view::npos)) {
       // Aliases make the document a graph whose walk can be exponential
       // in its size ("billion laughs"); a topology never needs them.
       return Error(source_name, line, "",
@@ -194,23 +241,35 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
                        std::string(kind) +
                        "; quote a value that starts with & or *");
     }
-    if ((c == '"' || c == '\'') && token_start) {
+    if ((c == '"' || c == '\'') && node_start &&
+        (blank(before) || before == '[' || before == '{' || before == ',')) {
       quote = c;
-    } else if (c == '#' && token_start) {
-      comment = true;
     } else if (c == '[' || c == '{') {
       if (depth == 0) first_open_line = line;
       if (++depth > kMaxFlowDepth) {
         return Error(source_name, line, "",
                      "collections nested more than 32 deep");
       }
+      node_start = true;
     } else if (c == ']' || c == '}') {
       if (depth == 0) {
         return Error(source_name, line, "",
                      std::string("'") + c + "' closes nothing");
       }
       --depth;
+      node_start = false;
+    } else if (c == ',') {
+      node_start = depth > 0;
+    } else if (c == ':') {
+      node_start = blank(next);
+    } else if ((c == '-' || c == '?') && node_start && blank(next)) {
+      // a block sequence entry or a complex key: a node follows
+    } else {
+      node_start = false;
     }
+  }
+  if (quote) {
+    return Error(source_name, line, "", "a quoted string is never closed");
   }
   if (depth != 0) {
     // yaml-cpp 0.7 can loop forever on an unclosed flow collection.

@@ -49,8 +49,11 @@ const char* TypeName(const YAML::Node& n);
 // control characters and invalid UTF-8 (it can loop forever), collections
 // nested more than 32 deep or indented more than 256 columns (it recurses
 // on the stack), unclosed flow collections (it can loop forever) and
-// anchors or aliases (a small file can expand exponentially). `kind` names
-// the file's kind in messages ("topology", "layout").
+// anchors or aliases (a small file can expand exponentially). It skips
+// quoted strings and comments only where YAML has them, reading the
+// escapes ('' and \") of a string, and refuses a quoted string that runs
+// past its line; so nothing it skips can hide what it refuses. `kind`
+// names the file's kind in messages ("topology", "layout").
 Status CheckSafe(std::string_view text, std::string_view source,
                  std::string_view kind);
 

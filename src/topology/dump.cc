@@ -13,21 +13,18 @@ namespace {
 using topology_internal::EscapeEnv;
 
 // A free-form string (a path, a host, a region): ${...} escaped so that it
-// survives a reload as text, and quoted where it holds a character that
-// the loader's safety check (yaml_doc::CheckSafe) reads as syntax after
-// '-', ':' or ',' even inside a plain scalar: & or * (an anchor or an
-// alias), ' or " (a quoted string, which would hide the flow map's closing
-// '}'), # (a comment). The check does not read escapes, so a string with
-// '"' is single-quoted, where '"' needs none (yaml-cpp double-quotes it
-// anyway if it also holds a newline).
+// survives a reload as text, and double-quoted where it holds a character
+// that the loader's safety check (yaml_doc::CheckSafe) reads as syntax in a
+// plain scalar: & or * (an anchor or an alias after a blank, '-', ':' or
+// ','), a quote, # (a comment), or a bracket or brace (a flow collection,
+// which a plain scalar in a block mapping may hold unbalanced). yaml-cpp
+// escapes '"' and '\\' in it, which the check reads.
 struct Text {
   std::string s;
 };
 Text Esc(const std::string& s) { return Text{EscapeEnv(s)}; }
 YAML::Emitter& operator<<(YAML::Emitter& e, const Text& t) {
-  if (t.s.find('"') != std::string::npos) {
-    e << YAML::SingleQuoted;
-  } else if (t.s.find_first_of("&*'#") != std::string::npos) {
+  if (t.s.find_first_of("&*'\"#[]{}") != std::string::npos) {
     e << YAML::DoubleQuoted;
   }
   return e << t.s;

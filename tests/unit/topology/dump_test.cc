@@ -41,7 +41,13 @@ TEST(ParseTest, DumpKeepsAwkwardStrings) {
         // So are quotes and # there: in a flow map (a store path) they
         // hid the closing '}' from it (found by fuzz_topology).
         "dcr-'local", "a:'b", "-'a", "dcr-\"x", "a-\"b, {c", "a-#b", "a:#b",
-        "x,#y", "it's \"q\""}) {
+        "x,#y", "it's \"q\"",
+        // A string holding both quotes was single-quoted, and the check
+        // did not read its '' (found by fuzz_topology); nor did it read
+        // \" in a double-quoted one. An unbalanced bracket in a plain
+        // scalar of a block mapping (the root's paths) was written bare.
+        "a'b &c\"", "x \" &y", "\\\"", "\\", "a]b", "x}y", "{", "[[",
+        "new\nline \" &q"}) {
     Topology copy = *t;
     copy.clusters[1].region = s;
     copy.root.baseline = std::string("/p/") + s;
