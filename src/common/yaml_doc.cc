@@ -139,12 +139,16 @@ const char* TypeName(const YAML::Node& n) {
 // quoted strings and comments, and where it cannot tell it errs toward
 // refusing: a quote or a comment taken wrongly would hide text from the
 // check. So it takes a quote only where a node starts (after ": ", "- ",
-// a flow collection's "[", "{" or ",", or first on a line that does not
-// continue the last one's plain scalar; never right after '-' as in
-// "-'a'"), reads its escapes ('' and \"), and refuses one that runs past
-// its line; and it takes a comment only after a blank, or in a flow
-// collection right after "[", "{" or ",". A quote or a '#' it does not
-// take leaves the text after it to be checked as syntax.
+// a flow collection's "[", "{" or ",", a JSON-like key's ':', or first on
+// a line that does not continue the last one's plain scalar; never right
+// after '-' as in "-'a'"), reads its escapes ('' and \"), and refuses one
+// that runs past its line. Where yaml-cpp would take a quote it does not
+// (after a tag), it refuses the tag. It takes a comment only after a
+// blank or a token's end, and on a line with a quote it did not take, not
+// at all. Every bracket counts toward the nesting limit, but only one
+// where a token starts opens a flow collection. A quote, a '#' or a
+// bracket it does not take leaves the text after it to be checked.
+// tests/fuzz/yaml_check_fuzz.cc checks all this against yaml-cpp.
 Status CheckSafe(std::string_view text, std::string_view source_name,
                  std::string_view kind) {
   // YAML is text: refuse NUL, other control characters and invalid UTF-8
@@ -165,16 +169,27 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
   auto blank = [](char c) {
     return c == ' ' || c == '\t' || c == '\r' || c == '\n';
   };
-  int depth = 0, line = 1;
-  size_t indent = 0;       // this line's leading spaces and dashes
+  int depth = 0;  // brackets open (a bound on the nesting)
+  int flow = 0;   // flow collections open (yaml-cpp's flow context)
+  int line = 1;
+  size_t indent = 0;       // this line's leading spaces, dashes and '?'s
   size_t last_indent = 0;  // that of the last line with content
   bool at_line_start = true;
   bool line_has_content = false;
-  bool node_start = true;  // a node may start here: a quote would open one
+  // Where yaml-cpp may start a token: a node (node_start: a quote opens a
+  // string there), or anything after a token that ended (token_end: a
+  // closing quote or bracket, a flow collection's '[', '{' or ','; a '#'
+  // right after one starts a comment).
+  bool node_start = true;
+  bool token_end = false;
+  // A quote on this line not taken for a string's start: were it one to
+  // yaml-cpp, a '#' after it would be in the string, so none is a comment.
+  bool declined = false;
   char quote = 0;
   bool comment = false;
   char prev = '\n';
   int first_open_line = 0;  // of the outermost open collection
+  const std::string k(kind);
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     const char before = prev;
@@ -183,8 +198,7 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
     if (c == '\n') {
       if (quote) {
         return Error(source_name, line, "",
-                     "a quoted string runs past the end of its line; a " +
-                         std::string(kind) +
+                     "a quoted string runs past the end of its line; a " + k +
                          " keeps each on one line (write \\n in \"...\" for "
                          "a line break)");
       }
@@ -193,13 +207,14 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
       at_line_start = true;
       line_has_content = false;
       comment = false;
+      declined = false;
       continue;
     }
-    if (at_line_start && (c == ' ' || c == '-')) {
+    if (at_line_start && (c == ' ' || c == '-' || c == '?')) {
       if (++indent > kMaxIndent) {
-        return Error(source_name, line, "",
-                     "indented more than 256 columns; a " + std::string(kind) +
-                         " nests a few levels");
+        return Error(
+            source_name, line, "",
+            "indented more than 256 columns; a " + k + " nests a few levels");
       }
       continue;
     }
@@ -213,23 +228,26 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
       } else if (c == quote) {
         quote = 0;
         node_start = false;
+        token_end = true;
       }
       continue;
     }
     if (blank(c)) continue;
-    if (c == '#' &&
-        (blank(before) ||
-         (depth > 0 && (before == '[' || before == '{' || before == ',')))) {
+    if (c == '#' && !declined && (blank(before) || token_end)) {
       comment = true;
       continue;
     }
     if (!line_has_content) {
       // Outside flow collections, a line indented no deeper than the last
-      // line with content does not continue that line's plain scalar.
+      // line with content, or after one that ended a token, does not
+      // continue that line's plain scalar: a node or a key starts here.
       line_has_content = true;
-      if (depth == 0 && indent <= last_indent) node_start = true;
+      if (flow == 0 && (indent <= last_indent || token_end)) {
+        node_start = true;
+      }
       last_indent = indent;
     }
+    const bool at_token = node_start || token_end;
     if ((c == '&' || c == '*') &&
         (blank(before) || std::string_view("[]{},-:\"'").find(before) !=
                               std::string_view::npos)) {
@@ -238,35 +256,65 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
       return Error(source_name, line, "",
                    "YAML anchors and aliases (&name, *name) are not allowed "
                    "in a " +
-                       std::string(kind) +
-                       "; quote a value that starts with & or *");
+                       k + "; quote a value that starts with & or *");
     }
-    if ((c == '"' || c == '\'') && node_start &&
-        (blank(before) || before == '[' || before == '{' || before == ',')) {
-      quote = c;
+    if (c == '!' && at_token) {
+      // A tag, after which yaml-cpp takes a quote where no node starts.
+      return Error(source_name, line, "",
+                   "YAML tags (!name) are not allowed in a " + k +
+                       "; quote a value that starts with !");
+    }
+    const bool flow_token = flow > 0 && token_end;  // for a JSON-like ':'
+    token_end = false;
+    if (c == '"' || c == '\'') {
+      if (node_start && before != '-') {
+        quote = c;
+      } else {
+        declined = true;  // in a plain scalar ("-'a'", "h\"x")
+      }
     } else if (c == '[' || c == '{') {
+      // Every bracket counts toward the nesting and balance checks (an
+      // unclosed one can hang yaml-cpp), but outside flow collections one
+      // opens a collection only where a token starts: "x[y" is a plain
+      // scalar, and a ',' or '#' after it is text.
       if (depth == 0) first_open_line = line;
       if (++depth > kMaxFlowDepth) {
         return Error(source_name, line, "",
                      "collections nested more than 32 deep");
       }
-      node_start = true;
+      if (flow > 0 || at_token) {
+        ++flow;
+        node_start = true;
+        token_end = true;
+        continue;
+      }
     } else if (c == ']' || c == '}') {
-      if (depth == 0) {
+      if (flow == 0 && at_token) {
         return Error(source_name, line, "",
                      std::string("'") + c + "' closes nothing");
       }
       --depth;
-      node_start = false;
-    } else if (c == ',') {
-      node_start = depth > 0;
-    } else if (c == ':') {
-      node_start = blank(next);
+      if (flow > 0) {
+        --flow;
+        node_start = false;
+        token_end = true;
+        continue;
+      }
+      if (depth < 0) depth = 0;  // text in a plain scalar: "c]d"
+    } else if (c == ',' && flow > 0) {
+      node_start = true;
+      token_end = true;
+      continue;
+    } else if (c == ':' && (blank(next) || flow_token)) {
+      // A value follows (in a flow collection also right after a quoted
+      // key or a bracket, as in JSON: {"a":"b"}).
+      node_start = true;
+      token_end = flow_token;
+      continue;
     } else if ((c == '-' || c == '?') && node_start && blank(next)) {
-      // a block sequence entry or a complex key: a node follows
-    } else {
-      node_start = false;
+      continue;  // a block sequence entry or a complex key: a node follows
     }
+    node_start = false;
   }
   if (quote) {
     return Error(source_name, line, "", "a quoted string is never closed");

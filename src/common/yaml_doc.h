@@ -48,8 +48,9 @@ const char* TypeName(const YAML::Node& n);
 // Refuses, before yaml-cpp sees it, text that yaml-cpp 0.7 handles badly:
 // control characters and invalid UTF-8 (it can loop forever), collections
 // nested more than 32 deep or indented more than 256 columns (it recurses
-// on the stack), unclosed flow collections (it can loop forever) and
-// anchors or aliases (a small file can expand exponentially). It skips
+// on the stack), unclosed flow collections (it can loop forever),
+// anchors or aliases (a small file can expand exponentially) and tags
+// (after one, yaml-cpp starts a string where no node starts). It skips
 // quoted strings and comments only where YAML has them, reading the
 // escapes ('' and \") of a string, and refuses a quoted string that runs
 // past its line; so nothing it skips can hide what it refuses. `kind`

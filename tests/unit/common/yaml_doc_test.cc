@@ -45,7 +45,7 @@ TEST(CheckSafeTest, RefusesAnchorsAliasesAndDeepNesting) {
               HasSubstr("t.yaml:1: collections nested more than 32 deep"));
   EXPECT_TRUE(Check("a: " + Deep(32) + "\n").ok());
   EXPECT_THAT(Check("a: [x\n").ToString(), HasSubstr("never closed"));
-  EXPECT_THAT(Check("a: x]\n").ToString(), HasSubstr("']' closes nothing"));
+  EXPECT_THAT(Check("a: [x]]\n").ToString(), HasSubstr("']' closes nothing"));
 }
 
 // A quote that does not start a node is part of a plain scalar: taking it
@@ -70,6 +70,44 @@ TEST(CheckSafeTest, AHashInsideAPlainScalarHidesNothing) {
               HasSubstr("anchors and aliases"));
   EXPECT_THAT(Check("k:#: " + Deep(40) + "\n").ToString(),
               HasSubstr("nested more than 32 deep"));
+}
+
+// yaml-cpp starts a string where a token starts: after a tag, and in a
+// flow collection after a ':' right behind a quoted key (JSON). A quote
+// the check did not take there hid the rest of its line behind a '#'
+// (found by review).
+TEST(CheckSafeTest, AQuoteTheCheckDoesNotTakeHidesNothing) {
+  EXPECT_THAT(Check("root: {\"s\":\"/s #\", h: &h 1,\n  }\n").ToString(),
+              HasSubstr("t.yaml:1: YAML anchors and aliases"));
+  EXPECT_TRUE(Check("{\"a\":\"/a &b #c\",\"d\":[\"e\"]}\n").ok());
+  EXPECT_THAT(Check("a: ! \"k #\"\n").ToString(),
+              HasSubstr("t.yaml:1: YAML tags (!name) are not allowed"));
+  EXPECT_THAT(Check("! \"k #\": {p: &a 1, q: *a}\n").ToString(),
+              HasSubstr("tags"));
+  // Past a quote not taken, no '#' on its line is a comment.
+  EXPECT_THAT(Check("a: b\"c #d: &x 1\n").ToString(),
+              HasSubstr("anchors and aliases"));
+  EXPECT_TRUE(Check("a: hello! # x\n").ok());
+}
+
+// A bracket inside a plain scalar outside flow collections opens none:
+// counting it made a '#' after it a comment (found by review).
+TEST(CheckSafeTest, ABracketInsideAPlainScalarOpensNothing) {
+  EXPECT_THAT(Check("x[#y: {p: &a 1, q: *a}\nz: a]\n").ToString(),
+              HasSubstr("t.yaml:1: YAML anchors and aliases"));
+  EXPECT_TRUE(Check("a: x[y\nb: c]d}\n").ok());
+  EXPECT_THAT(Check("a: ]\n").ToString(), HasSubstr("closes nothing"));
+  // After a quoted value yaml-cpp takes '#' for a comment, and so does the
+  // check: the '}' is in it, and the map is never closed.
+  EXPECT_THAT(Check("{a: \"b\"#}\n").ToString(), HasSubstr("never closed"));
+}
+
+// "? " nests block maps as "- " nests sequences: both count as indentation.
+TEST(CheckSafeTest, ComplexKeysCountAsIndentation) {
+  std::string keys = "x:\n  ";
+  for (int i = 0; i < 200; ++i) keys += "? ";
+  EXPECT_THAT(Check(keys + "a\n").ToString(),
+              HasSubstr("indented more than 256 columns"));
 }
 
 TEST(CheckSafeTest, AQuotedStringEndsOnItsLine) {
