@@ -1,8 +1,11 @@
 // Checked YAML documents (common/yaml_doc.h).
 #include "common/yaml_doc.h"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <limits>
+#include <sstream>
 
 #include "common/printable.h"
 
@@ -130,25 +133,112 @@ const char* TypeName(const YAML::Node& n) {
   }
 }
 
+namespace {
+
+// yaml-cpp's own reading of a document, event by event (it builds no
+// node, so aliases cost nothing here): the exact check of what the text
+// scan in CheckSafe can only approximate. Keeps the first refusal.
+class EventCheck : public YAML::EventHandler {
+ public:
+  EventCheck(std::string_view source, std::string_view kind, int max_flow)
+      : source_(source), kind_(kind), max_flow_(max_flow) {}
+  const Status& status() const { return status_; }
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t anchor) override {
+    NoAnchor(m, anchor);
+  }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { Anchor(m); }
+  void OnAnchor(const YAML::Mark& m, const std::string&) override { Anchor(m); }
+  void OnScalar(const YAML::Mark& m, const std::string& tag,
+                YAML::anchor_t anchor, const std::string&) override {
+    Node(m, tag, anchor);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string& tag,
+                       YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value style) override {
+    Open(m, tag, anchor, style);
+  }
+  void OnSequenceEnd() override { Close(); }
+  void OnMapStart(const YAML::Mark& m, const std::string& tag,
+                  YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value style) override {
+    Open(m, tag, anchor, style);
+  }
+  void OnMapEnd() override { Close(); }
+
+ private:
+  void Refuse(const YAML::Mark& m, const std::string& msg) {
+    if (status_.ok()) status_ = Error(source_, m.line + 1, "", msg);
+  }
+  void Anchor(const YAML::Mark& m) {
+    // Aliases make the document a graph whose walk can be exponential in
+    // its size ("billion laughs"); a topology never needs them.
+    Refuse(m,
+           "YAML anchors and aliases (&name, *name) are not allowed in "
+           "a " +
+               kind_ + "; quote a value that starts with & or *");
+  }
+  void NoAnchor(const YAML::Mark& m, YAML::anchor_t anchor) {
+    if (anchor != YAML::NullAnchor) Anchor(m);
+  }
+  void Node(const YAML::Mark& m, const std::string& tag,
+            YAML::anchor_t anchor) {
+    NoAnchor(m, anchor);
+    // yaml-cpp reports "?" for a plain node and "!" for a quoted one.
+    if (!tag.empty() && tag != "?" && tag != "!") {
+      Refuse(m, "YAML tags (!name) are not allowed in a " + kind_ +
+                    "; quote a value that starts with !");
+    }
+  }
+  void Open(const YAML::Mark& m, const std::string& tag, YAML::anchor_t anchor,
+            YAML::EmitterStyle::value style) {
+    Node(m, tag, anchor);
+    flow_.push_back(style == YAML::EmitterStyle::Flow);
+    if (flow_.back() && ++depth_ > max_flow_) {
+      Refuse(m, "collections nested more than 32 deep");
+    }
+  }
+  void Close() {
+    if (flow_.empty()) return;
+    if (flow_.back()) --depth_;
+    flow_.pop_back();
+  }
+
+  const std::string source_;
+  const std::string kind_;
+  const int max_flow_;
+  Status status_;
+  std::vector<bool> flow_;  // per open collection: a flow one
+  int depth_ = 0;
+};
+
+}  // namespace
+
 // yaml-cpp parses nested collections recursively: a hostile file of
-// "[[[[..." would exhaust the stack, and aliases can make a small file
-// expand exponentially. Our documents nest a few levels and need no
-// aliases, so both are refused before yaml-cpp sees the text.
+// "[[[[..." would exhaust the stack, an unclosed one can hang it, and
+// aliases can make a small file expand exponentially. Our documents nest a
+// few levels and need no aliases, so all are refused before the document
+// is loaded, in two passes.
 //
-// The scan reads as much of YAML as it must to skip what cannot be syntax,
-// quoted strings and comments, and where it cannot tell it errs toward
-// refusing: a quote or a comment taken wrongly would hide text from the
-// check. So it takes a quote only where a node starts (after ": ", "- ",
-// a flow collection's "[", "{" or ",", a JSON-like key's ':', or first on
-// a line that does not continue the last one's plain scalar; never right
-// after '-' as in "-'a'"), reads its escapes ('' and \"), and refuses one
-// that runs past its line. Where yaml-cpp would take a quote it does not
-// (after a tag), it refuses the tag. It takes a comment only after a
-// blank or a token's end, and on a line with a quote it did not take, not
-// at all. Every bracket counts toward the nesting limit, but only one
-// where a token starts opens a flow collection. A quote, a '#' or a
-// bracket it does not take leaves the text after it to be checked.
-// tests/fuzz/yaml_check_fuzz.cc checks all this against yaml-cpp.
+// First a scan of the text, for what would hang yaml-cpp or exhaust its
+// stack: control characters, deep indentation, and brackets unbalanced or
+// nested past 32. It skips quoted strings and comments, and where it
+// cannot tell it errs toward counting: a string or a comment taken wrongly
+// would hide brackets from it. So it takes a quote only where a node
+// starts (after ": ", "- ", a flow collection's "[", "{" or ",", a
+// JSON-like key's ':', or first on a line that does not continue the last
+// one's plain scalar; never right after '-' as in "-'a'"), reads its
+// escapes ('' and \"), and refuses one that runs past its line; it takes
+// a comment only after a blank or a token's end, and on a line with a
+// quote it did not take, not at all. Every bracket counts toward the
+// limits, but only one where a token starts opens a flow collection.
+//
+// Then yaml-cpp's own parse of the document as events (EventCheck), which
+// builds no node: anchors, aliases and tags are refused exactly where
+// yaml-cpp sees them, and flow nesting past 32 too.
+// tests/fuzz/yaml_check_fuzz.cc checks both against yaml-cpp.
 Status CheckSafe(std::string_view text, std::string_view source_name,
                  std::string_view kind) {
   // YAML is text: refuse NUL, other control characters and invalid UTF-8
@@ -185,12 +275,15 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
   // A quote on this line not taken for a string's start: were it one to
   // yaml-cpp, a '#' after it would be in the string, so none is a comment.
   bool declined = false;
+  bool after_key = false;  // the last token was a quoted string or a ']'/'}'
   char quote = 0;
   bool comment = false;
   char prev = '\n';
   int first_open_line = 0;  // of the outermost open collection
   const std::string k(kind);
-  for (size_t i = 0; i < text.size(); ++i) {
+  // yaml-cpp skips a byte-order mark at the start.
+  const size_t bom = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;
+  for (size_t i = bom; i < text.size(); ++i) {
     const char c = text[i];
     const char before = prev;
     const char next = i + 1 < text.size() ? text[i + 1] : '\n';
@@ -210,7 +303,10 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
       declined = false;
       continue;
     }
-    if (at_line_start && (c == ' ' || c == '-' || c == '?')) {
+    // Indentation: spaces, and "- " and "? " (compact nested collections).
+    // "-x", "?'a'" and "---{" start a plain scalar.
+    if (at_line_start &&
+        (c == ' ' || ((c == '-' || c == '?') && blank(next)))) {
       if (++indent > kMaxIndent) {
         return Error(
             source_name, line, "",
@@ -229,6 +325,7 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
         quote = 0;
         node_start = false;
         token_end = true;
+        after_key = true;
       }
       continue;
     }
@@ -248,24 +345,11 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
       last_indent = indent;
     }
     const bool at_token = node_start || token_end;
-    if ((c == '&' || c == '*') &&
-        (blank(before) || std::string_view("[]{},-:\"'").find(before) !=
-                              std::string_view::npos)) {
-      // Aliases make the document a graph whose walk can be exponential
-      // in its size ("billion laughs"); a topology never needs them.
-      return Error(source_name, line, "",
-                   "YAML anchors and aliases (&name, *name) are not allowed "
-                   "in a " +
-                       k + "; quote a value that starts with & or *");
-    }
-    if (c == '!' && at_token) {
-      // A tag, after which yaml-cpp takes a quote where no node starts.
-      return Error(source_name, line, "",
-                   "YAML tags (!name) are not allowed in a " + k +
-                       "; quote a value that starts with !");
-    }
-    const bool flow_token = flow > 0 && token_end;  // for a JSON-like ':'
+    // A ':' right after a quoted key or a closing bracket, in a flow
+    // collection, is a value indicator even without a blank (JSON).
+    const bool json_value = flow > 0 && after_key;
     token_end = false;
+    after_key = false;
     if (c == '"' || c == '\'') {
       if (node_start && before != '-') {
         quote = c;
@@ -298,6 +382,7 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
         --flow;
         node_start = false;
         token_end = true;
+        after_key = true;
         continue;
       }
       if (depth < 0) depth = 0;  // text in a plain scalar: "c]d"
@@ -305,11 +390,9 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
       node_start = true;
       token_end = true;
       continue;
-    } else if (c == ':' && (blank(next) || flow_token)) {
-      // A value follows (in a flow collection also right after a quoted
-      // key or a bracket, as in JSON: {"a":"b"}).
-      node_start = true;
-      token_end = flow_token;
+    } else if (c == ':' && (blank(next) || json_value)) {
+      node_start = true;  // a value follows
+      token_end = json_value;
       continue;
     } else if ((c == '-' || c == '?') && node_start && blank(next)) {
       continue;  // a block sequence entry or a complex key: a node follows
@@ -324,7 +407,17 @@ Status CheckSafe(std::string_view text, std::string_view source_name,
     return Error(source_name, first_open_line, "",
                  "this line opens a '[' or '{' that is never closed");
   }
-  return Status::OK();
+  // Anchors, aliases, tags and the flow nesting, exactly: as yaml-cpp
+  // reads the (first) document.
+  std::istringstream in{std::string(text)};
+  EventCheck events(source_name, kind, kMaxFlowDepth);
+  try {
+    YAML::Parser parser(in);
+    parser.HandleNextDocument(events);
+  } catch (const YAML::Exception&) {
+    // A syntax error: the caller's load reports it, with its line.
+  }
+  return events.status();
 }
 
 int CountDocuments(std::string_view text) {

@@ -45,16 +45,15 @@ std::string JoinKeys(Keys known);
 // "a map", "a list", "a scalar", "nothing", ...
 const char* TypeName(const YAML::Node& n);
 
-// Refuses, before yaml-cpp sees it, text that yaml-cpp 0.7 handles badly:
-// control characters and invalid UTF-8 (it can loop forever), collections
-// nested more than 32 deep or indented more than 256 columns (it recurses
-// on the stack), unclosed flow collections (it can loop forever),
-// anchors or aliases (a small file can expand exponentially) and tags
-// (after one, yaml-cpp starts a string where no node starts). It skips
-// quoted strings and comments only where YAML has them, reading the
-// escapes ('' and \") of a string, and refuses a quoted string that runs
-// past its line; so nothing it skips can hide what it refuses. `kind`
-// names the file's kind in messages ("topology", "layout").
+// Refuses, before a document is loaded, text that yaml-cpp 0.7 handles
+// badly: control characters and invalid UTF-8 (it can loop forever),
+// collections nested more than 32 deep or indented more than 256 columns
+// (it recurses on the stack), unclosed flow collections (it can loop
+// forever), a quoted string that runs past its line (so that the scan for
+// those cannot be misled), and anchors, aliases and tags (a small file can
+// expand exponentially), the last found by yaml-cpp's own event parser,
+// which builds no node. `kind` names the file's kind in messages
+// ("topology", "layout").
 Status CheckSafe(std::string_view text, std::string_view source,
                  std::string_view kind);
 

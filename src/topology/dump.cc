@@ -14,11 +14,11 @@ using topology_internal::EscapeEnv;
 
 // A free-form string (a path, a host, a region): ${...} escaped so that it
 // survives a reload as text, and double-quoted where it holds a character
-// that the loader's safety check (yaml_doc::CheckSafe) reads as syntax in a
-// plain scalar: & or * (an anchor or an alias after a blank, '-', ':' or
-// ','), a quote, # (a comment), or a bracket or brace (a flow collection,
-// which a plain scalar in a block mapping may hold unbalanced). yaml-cpp
-// escapes '"' and '\\' in it, which the check reads.
+// that YAML or the loader's scan for brackets (yaml_doc::CheckSafe) may
+// read as syntax: & or * (an anchor or an alias), a quote, # (a comment),
+// or a bracket or brace (a flow collection, which a plain scalar in a
+// block mapping may hold unbalanced). yaml-cpp escapes '"' and '\\' in
+// it, which the scan reads.
 struct Text {
   std::string s;
 };
