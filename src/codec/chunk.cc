@@ -19,6 +19,7 @@
 #include "codec/diff.h"
 #include "codec/planes.h"
 #include "common/bytes.h"
+#include "common/scratch.h"
 #include "dcr/codec.h"
 #include "dcr/digest.h"
 
@@ -54,8 +55,8 @@ struct ChunkEncoder::Impl {
   EncodeOptions options;
   std::unique_ptr<PlaneCoder> plane_coder;
   ContextEncoder context;
-  std::vector<uint32_t> positions;
-  std::array<std::vector<uint8_t>, 8> planes;
+  ScratchVector<uint32_t> positions;
+  std::array<ScratchVector<uint8_t>, 8> planes;
   std::vector<std::byte> alt;  // the other candidate encoding
 
   // Writes a whole chunk: header, positions (sparse only), planes of

@@ -22,6 +22,7 @@
 #include "codec/diff.h"
 #include "codec/value_groups.h"
 #include "common/bytes.h"
+#include "common/scratch.h"
 
 namespace dcr {
 
@@ -103,7 +104,7 @@ struct ContextEncoder::Scratch {
   std::vector<uint8_t> rng;  // range of each changed element
   RangeLocals locals;
   std::vector<uint32_t> hist;  // [range][plane][256] changed values
-  std::array<std::vector<uint8_t>, kMaxContextGroups * 4> gplanes;
+  std::array<ScratchVector<uint8_t>, kMaxContextGroups * 4> gplanes;
   std::vector<std::byte> values;  // the changes' values, element-major
   std::vector<uint8_t> exps;      // each change's base exponent
 };

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/scratch.h"
 #include "dcr/status.h"
 
 namespace dcr {
@@ -65,9 +66,9 @@ class PlaneCoder {
   std::unique_ptr<ZSTD_CCtx, CCtxDeleter> cctx_;
   z_stream zs_{};
   bool zs_live_ = false;
-  std::vector<uint8_t> huffman_;
-  std::vector<uint8_t> compressed_;
-  std::vector<uint8_t> rans_;
+  ScratchVector<uint8_t> huffman_;
+  ScratchVector<uint8_t> compressed_;
+  ScratchVector<uint8_t> rans_;
 };
 
 class PlaneDecoder {
@@ -94,15 +95,8 @@ class PlaneDecoder {
   std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx_;
   z_stream zs_{};
   bool zs_live_ = false;
-  std::vector<std::vector<uint8_t>> scratch_;
+  std::vector<ScratchVector<uint8_t>> scratch_;
 };
-
-// Grows `v` to at least n elements without shrinking (scratch reuse).
-template <typename T>
-T* Reserve(std::vector<T>* v, size_t n) {
-  if (v->size() < n) v->resize(n);
-  return v->data();
-}
 
 }  // namespace dcr
 
