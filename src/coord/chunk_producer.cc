@@ -1,6 +1,7 @@
 #include "coord/chunk_producer.h"
 
 #include <algorithm>
+#include <cassert>
 
 namespace dcr {
 
@@ -52,7 +53,35 @@ ChunkProducer::~ChunkProducer() {
   if (thread_.joinable()) thread_.join();
 }
 
+void ChunkProducer::Hold() {
+  assert(!thread_.joinable());
+  held_ = true;
+}
+
+void ChunkProducer::Release() {
+  MutexLock lock(&gate_mu_);
+  released_ = true;
+  gate_.SignalAll();
+}
+
+void ChunkProducer::Cancel() {
+  {
+    MutexLock lock(&gate_mu_);
+    cancelled_ = true;
+    gate_.SignalAll();
+  }
+  queue_.Cancel();
+  if (job_.interrupt && !done()) job_.interrupt();
+}
+
+bool ChunkProducer::AwaitRelease() {
+  MutexLock lock(&gate_mu_);
+  while (!released_ && !cancelled_) gate_.Wait(&gate_mu_);
+  return !cancelled_;
+}
+
 void ChunkProducer::Start(ChunkJob job) {
+  assert(!held_ || !job.mark);
   job_ = std::move(job);
   thread_ = std::thread([this] { Run(); });
 }
@@ -111,6 +140,9 @@ void ChunkProducer::Run() {
       out[i].Clear();
       errors[i] = job_.encode(begin + i, worker, &out[i]);
     });
+    if (held_ && begin == 0 && !AwaitRelease()) {
+      return Stop(Status::Aborted("the stream was cancelled before it began"));
+    }
     for (size_t i = 0; i < n; ++i) {
       if (!errors[i].ok()) return Stop(std::move(errors[i]));
       if (out[i].bytes.empty()) continue;

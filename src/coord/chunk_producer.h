@@ -133,15 +133,20 @@ class ChunkProducer {
   ChunkProducer(const ChunkProducer&) = delete;
   ChunkProducer& operator=(const ChunkProducer&) = delete;
 
+  // Before Start: the producer runs the job's prepare and encodes its
+  // first batch, then waits, emitting nothing, until Release (or Cancel).
+  // The coordinator starts the refit's stream so before the PLAN's replies
+  // are in, whose round trip then hides that encode, and releases it once
+  // the tree took the plan. Not with a `mark` job (its first mark would be
+  // queued before the gate).
+  void Hold();
+  void Release() DCR_EXCLUDES(gate_mu_);
   void Start(ChunkJob job);
   std::optional<Outgoing> Pop() { return queue_.Pop(); }
   // The producer stopped: every item queued, a failure, or cancelled. What
   // it queued before stays to be popped.
   bool done() const { return done_.load(std::memory_order_acquire); }
-  void Cancel() {
-    queue_.Cancel();
-    if (job_.interrupt && !done()) job_.interrupt();
-  }
+  void Cancel() DCR_EXCLUDES(gate_mu_);
   // The producer waits for the consumer: the queue is full.
   bool blocked() const { return queue_.blocked() != 0; }
   // Waits for the producer thread; its failure, or OK.
@@ -152,6 +157,8 @@ class ChunkProducer {
   // Queues the job's mark, if it gives one.
   Status QueueMark();
   void Stop(Status why);  // the one exit of Run
+  // Hold's gate: true once released, false once cancelled.
+  bool AwaitRelease() DCR_EXCLUDES(gate_mu_);
 
   ThreadPool* pool_;
   ChunkQueue queue_;
@@ -160,6 +167,11 @@ class ChunkProducer {
   std::thread thread_;
   Status error_;  // written by the producer thread before done_
   std::atomic<bool> done_{false};
+  bool held_ = false;  // set before Start
+  Mutex gate_mu_;
+  CondVar gate_;  // released_ or cancelled_
+  bool released_ DCR_GUARDED_BY(gate_mu_) = false;
+  bool cancelled_ DCR_GUARDED_BY(gate_mu_) = false;
 };
 
 }  // namespace dcr

@@ -116,9 +116,13 @@ Result<RefitReport> RefitRun::RunPhases() {
     root_->SetProgress([this](RefitOptions::Progress* p) { FillProgress(p); });
   }
 
-  // 1. Plan.
+  // 1. Plan. The stream's first batch encodes meanwhile (a producers'
+  // refit has its ranks' streams, which start at GO).
   DCR_FAILPOINT("coord.before_plan");
   DCR_RETURN_IF_ERROR(phases_.Plan());
+  if (!producers_) {
+    DCR_ASSIGN_OR_RETURN(ahead_, StartPass(/*repair=*/false, {}));
+  }
   replies_.plan = root_->Plan();
   root_->BeginStream();
   for (const NodeResult& r : replies_.plan) {
@@ -155,6 +159,7 @@ Result<RefitReport> RefitRun::RunPhases() {
     report_.reason =
         fmt::format("{} of {} receivers took the plan; min_commit needs {}",
                     planned, receivers, required);
+    ahead_.reset();  // nothing of it was sent
   } else {
     // 2. Stream.
     DCR_RETURN_IF_ERROR(phases_.Stream());

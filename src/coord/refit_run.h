@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "coord/baseline_stream.h"
+#include "coord/chunk_producer.h"
 #include "coord/history.h"
 #include "coord/object_retention.h"
 #include "coord/producer_feed.h"
@@ -30,6 +31,8 @@
 #include "coord/root_phase.h"
 #include "coord/root_tree.h"
 #include "coord/sent_chunks.h"
+#include "coord/span_encoder.h"
+#include "coord/target_digests.h"
 #include "dcr/refit.h"
 #include "protocol/messages.h"
 
@@ -89,8 +92,26 @@ class RefitRun {
   void FillProgress(RefitOptions::Progress* p);
   // Streams chunks down the tree: the delta (or every span for --full, or
   // the composed history chain), or with `repair` dense overwrites of every
-  // span of `tensors`. The producer's failure, if any.
+  // span of `tensors`. The producer's failure, if any. The refit's first
+  // stream is the pass StartPass began before the PLAN (ahead_), if any.
   Status Stream(bool repair, std::vector<uint32_t> tensors = {});
+  // One pass of the encoder pipeline: what its producer's job refers to.
+  struct StreamPass {
+    bool repair = false;
+    SpanEncoder::Kind kind = SpanEncoder::Kind::kDiff;
+    std::unique_ptr<TargetDigests> digests;  // the first pass hashes
+    std::unique_ptr<SpanEncoder> encoder;
+    std::unique_ptr<ChunkProducer> producer;  // last: it uses the others
+  };
+  // Builds a pass and starts its producer, held (ChunkProducer::Hold): it
+  // encodes its first batch, then waits for RunPass. Run starts the
+  // refit's pass before the PLAN, so that the PLAN's round trip hides
+  // that encode.
+  Result<std::unique_ptr<StreamPass>> StartPass(bool repair,
+                                                std::vector<uint32_t> tensors);
+  // Releases the pass (root.baseline's writes set up first: its producer
+  // emits from then on) and sends what it queues down the tree.
+  Status RunPass(StreamPass& pass);
   // END, then the votes of every receiver (into replies_.votes); repair
   // rounds while some receivers name tensors that differ and the budget
   // lasts. Whether END went out.
@@ -156,6 +177,9 @@ class RefitRun {
   bool repair_stream_ = false;  // the last Stream was a repair round's
   // When the stream's chunks were applied everywhere (RootTree::applied_at).
   std::optional<std::chrono::steady_clock::time_point> stream_applied_at_;
+  // The refit's stream, started before the PLAN; taken by Stream. Last, so
+  // that it is destroyed first: its producer's job uses the members above.
+  std::unique_ptr<StreamPass> ahead_;
 };
 
 }  // namespace dcr

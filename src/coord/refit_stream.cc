@@ -14,6 +14,19 @@ namespace dcr {
 Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   repair_stream_ = repair;
   if (producers_ && !repair) return StreamProducers();
+  std::unique_ptr<StreamPass> pass;
+  if (!repair && ahead_) {
+    pass = std::move(ahead_);
+  } else {
+    DCR_ASSIGN_OR_RETURN(pass, StartPass(repair, std::move(tensors)));
+  }
+  return RunPass(*pass);
+}
+
+Result<std::unique_ptr<RefitRun::StreamPass>> RefitRun::StartPass(
+    bool repair, std::vector<uint32_t> tensors) {
+  auto pass = std::make_unique<StreamPass>();
+  pass->repair = repair;
   SpanEncoder::Options eo;
   eo.target = setup_.target.get();
   eo.baseline = setup_.baseline.get();
@@ -31,25 +44,56 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   eo.base_independent = (!repair && record_.active()) || setup_.mixed();
   eo.hash_base_independent = eo.hash && setup_.mixed();
   eo.scanned = repair ? nullptr : sent_.scanned();
-  SpanEncoder::Kind kind = repair            ? SpanEncoder::Kind::kFull
-                           : union_feed      ? SpanEncoder::Kind::kRepair
-                           : setup_.composed ? SpanEncoder::Kind::kCompose
-                           : options_.mode == RefitMode::kFull
-                               ? SpanEncoder::Kind::kFull
-                               : SpanEncoder::Kind::kDiff;
+  pass->kind = repair                              ? SpanEncoder::Kind::kFull
+               : union_feed                        ? SpanEncoder::Kind::kRepair
+               : setup_.composed                   ? SpanEncoder::Kind::kCompose
+               : options_.mode == RefitMode::kFull ? SpanEncoder::Kind::kFull
+                                                   : SpanEncoder::Kind::kDiff;
   // The first pass of a refit whose PLAN left the target's digests to END
   // hashes the target as it encodes it.
-  std::unique_ptr<TargetDigests> digests;
   if (!repair && setup_.plan.target_at_end() && setup_.target &&
-      (kind == SpanEncoder::Kind::kDiff || kind == SpanEncoder::Kind::kFull)) {
-    digests = std::make_unique<TargetDigests>(setup_.target.get(),
-                                              setup_.plan.span_elems);
-    eo.digests = digests.get();
+      (pass->kind == SpanEncoder::Kind::kDiff ||
+       pass->kind == SpanEncoder::Kind::kFull)) {
+    pass->digests = std::make_unique<TargetDigests>(setup_.target.get(),
+                                                    setup_.plan.span_elems);
+    eo.digests = pass->digests.get();
   }
-  SpanEncoder encoder(eo, kind, std::move(tensors));
+  pass->encoder =
+      std::make_unique<SpanEncoder>(eo, pass->kind, std::move(tensors));
+  StreamPass* p = pass.get();
+  ChunkJob job;
+  job.items = p->encoder->size();
+  job.prepare = [this, p] { return p->encoder->Prepare(setup_.pool->size()); };
+  job.encode = [p](size_t i, size_t worker, EncodedChunk* out) {
+    return p->encoder->Encode(i, worker, out);
+  };
+  // in_stream_ is set (or not) before the producer is released: it emits
+  // only after that.
+  job.emit = [this, p](size_t i,
+                       const EncodedChunk& chunk) -> Result<Outgoing> {
+    DCR_ASSIGN_OR_RETURN(Outgoing o, Emit(p->encoder->id(i), chunk, p->repair));
+    if (!p->repair && in_stream_) in_stream_->Changed(p->encoder->id(i));
+    return o;
+  };
+  if (!repair) {
+    // The last batch's writes go beside the vote (RunPass).
+    job.after_batch = [this](bool last) {
+      return last || !in_stream_ ? Status::OK() : in_stream_->AfterBatch(false);
+    };
+  }
+  p->producer = std::make_unique<ChunkProducer>(setup_.pool.get(),
+                                                setup_.plan.chunk_window_bytes,
+                                                [this] { root_->Wake(); });
+  p->producer->Hold();
+  p->producer->Start(std::move(job));
+  return pass;
+}
+
+Status RefitRun::RunPass(StreamPass& pass) {
+  const bool repair = pass.repair;
   // The baseline takes the target's bits as the delta streams, behind the
   // history record (its undo log): a whole-tree delta refit that records.
-  if (!repair && kind == SpanEncoder::Kind::kDiff && setup_.baseline &&
+  if (!repair && pass.kind == SpanEncoder::Kind::kDiff && setup_.baseline &&
       setup_.target && record_.active() && options_.only_nodes.empty()) {
     BaselineInStream::Options bo;
     bo.baseline = setup_.baseline.get();
@@ -62,25 +106,10 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
     bo.span_elems = setup_.plan.span_elems;
     in_stream_ = std::make_unique<BaselineInStream>(std::move(bo));
   }
-  ChunkJob job;
-  job.items = encoder.size();
-  job.prepare = [&] { return encoder.Prepare(setup_.pool->size()); };
-  job.encode = [&](size_t i, size_t worker, EncodedChunk* out) {
-    return encoder.Encode(i, worker, out);
-  };
-  job.emit = [&](size_t i, const EncodedChunk& chunk) -> Result<Outgoing> {
-    DCR_ASSIGN_OR_RETURN(Outgoing o, Emit(encoder.id(i), chunk, repair));
-    if (!repair && in_stream_) in_stream_->Changed(encoder.id(i));
-    return o;
-  };
-  if (!repair && in_stream_) {
-    // The last batch's writes go beside the vote (below).
-    job.after_batch = [&](bool last) {
-      return last ? Status::OK() : in_stream_->AfterBatch(false);
-    };
-  }
-  RootTree::Streamed streamed;
-  Status produced = SendJob(std::move(job), &streamed);
+  pass.producer->Release();
+  RootTree::Streamed streamed =
+      root_->StreamFrom(pass.producer.get(), setup_.plan.chunk_window_bytes);
+  Status produced = pass.producer->Join();
   if (!repair && in_stream_ && produced.ok()) {
     // END need not wait for them; the decision does (RunPhases).
     in_stream_->SettleLastInBackground(setup_.pool->size(),
@@ -98,10 +127,10 @@ Status RefitRun::Stream(bool repair, std::vector<uint32_t> tensors) {
   report_.payload_bytes = streamed.payload_bytes;
   if (setup_.mixed())
     report_.plain_payload_bytes = streamed.plain_payload_bytes;
-  if (digests && produced.ok()) {
+  if (pass.digests && produced.ok()) {
     // Whatever the pass did not reach (it hashed every span it encoded).
-    CheckpointDigests d = digests->Finish(setup_.pool.get());
-    report_.hashed_in_stream_seconds = digests->offered_seconds();
+    CheckpointDigests d = pass.digests->Finish(setup_.pool.get());
+    report_.hashed_in_stream_seconds = pass.digests->offered_seconds();
     report_.target.digest = d.version;
     setup_.plan.target = report_.target;
     setup_.plan.target_tensor_digests = std::move(d.tensors);

@@ -1,7 +1,8 @@
 // The root's encoder pipeline without a tree: the bounded queue blocks at
 // its capacity, chunks come out in item order whatever order the workers
-// finish in, and the first failure (prepare, encode or emit) stops the
-// producer once, with nothing queued after it.
+// finish in, the first failure (prepare, encode or emit) stops the
+// producer once, with nothing queued after it, and a held producer emits
+// nothing before its release.
 #include "coord/chunk_producer.h"
 
 #include <gtest/gtest.h>
@@ -309,6 +310,81 @@ TEST(ChunkProducerTest, CancelStopsABlockedProducerWithoutAnError) {
   size_t left = 0;
   while (p.Pop()) ++left;
   EXPECT_LE(left, 1u);
+}
+
+// Held (the refit's stream started before the PLAN's replies): the first
+// batch is encoded, nothing is emitted or encoded beyond it until Release,
+// then everything comes out in order.
+TEST(ChunkProducerTest, AHeldProducerEncodesItsFirstBatchThenWaitsForRelease) {
+  ThreadPool pool(2);
+  ChunkProducer p(&pool, 1 << 20, nullptr);
+  ChunkJob job = CountingJob(20);
+  std::atomic<bool> released{false};
+  std::atomic<int> encoded{0};
+  auto encode = job.encode;
+  job.encode = [&, encode](size_t i, size_t w, EncodedChunk* out) {
+    EXPECT_TRUE(i < 2 || released) << "item " << i << " encoded while held";
+    ++encoded;
+    return encode(i, w, out);
+  };
+  auto emit = job.emit;
+  job.emit = [&, emit](size_t i, const EncodedChunk& c) {
+    EXPECT_TRUE(released) << "item " << i << " emitted while held";
+    return emit(i, c);
+  };
+  p.Hold();
+  p.Start(std::move(job));
+  // The first batch: one item per worker.
+  ASSERT_TRUE(WaitFor([&] { return encoded == 2; }));
+  EXPECT_FALSE(p.Pop().has_value());
+  EXPECT_FALSE(p.done());
+  released = true;
+  p.Release();
+  std::vector<uint8_t> tags = Drain(p);
+  EXPECT_TRUE(p.Join().ok());
+  ASSERT_EQ(tags.size(), 20u);
+  for (size_t i = 0; i < tags.size(); ++i) EXPECT_EQ(tags[i], i);
+}
+
+// A refit whose PLAN the tree did not take drops its held stream: nothing
+// is emitted, and the producer ends (cancelled, or destroyed) at once.
+TEST(ChunkProducerTest, AHeldProducerCancelledOrDestroyedEmitsNothing) {
+  ThreadPool pool(2);
+  std::atomic<int> emitted{0};
+  std::atomic<int> encoded{0};
+  auto held_job = [&] {
+    ChunkJob job = CountingJob(20);
+    auto encode = job.encode;
+    job.encode = [&, encode](size_t i, size_t w, EncodedChunk* out) {
+      ++encoded;
+      return encode(i, w, out);
+    };
+    auto emit = job.emit;
+    job.emit = [&, emit](size_t i, const EncodedChunk& c) {
+      ++emitted;
+      return emit(i, c);
+    };
+    return job;
+  };
+  {
+    ChunkProducer p(&pool, 1 << 20, nullptr);
+    p.Hold();
+    p.Start(held_job());
+    ASSERT_TRUE(WaitFor([&] { return encoded == 2; }));
+    p.Cancel();
+    Status s = p.Join();
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
+    EXPECT_TRUE(p.done());
+    EXPECT_FALSE(p.Pop().has_value());
+  }
+  {
+    ChunkProducer p(&pool, 1 << 20, nullptr);
+    p.Hold();
+    p.Start(held_job());
+    ASSERT_TRUE(WaitFor([&] { return encoded == 4; }));
+  }  // the destructor cancels and joins
+  EXPECT_EQ(emitted, 0);
+  EXPECT_EQ(encoded, 4);
 }
 
 }  // namespace
