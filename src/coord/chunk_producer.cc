@@ -59,9 +59,14 @@ void ChunkProducer::Hold() {
 }
 
 void ChunkProducer::Release() {
-  MutexLock lock(&gate_mu_);
-  released_ = true;
-  gate_.SignalAll();
+  {
+    MutexLock lock(&gate_mu_);
+    released_ = true;
+    gate_.SignalAll();
+  }
+  // A producer that stopped while held (no items, a prepare failure) woke
+  // the consumer then, before it waited for this stream: again.
+  if (done() && wake_) wake_();
 }
 
 void ChunkProducer::Cancel() {
@@ -77,11 +82,12 @@ void ChunkProducer::Cancel() {
 bool ChunkProducer::AwaitRelease() {
   MutexLock lock(&gate_mu_);
   while (!released_ && !cancelled_) gate_.Wait(&gate_mu_);
-  return !cancelled_;
+  // Released, then cancelled (the consumer gave up the stream it began):
+  // the emit's Push finds the queue cancelled and stops as before.
+  return released_;
 }
 
 void ChunkProducer::Start(ChunkJob job) {
-  assert(!held_ || !job.mark);
   job_ = std::move(job);
   thread_ = std::thread([this] { Run(); });
 }
@@ -110,6 +116,10 @@ Status ChunkProducer::QueueMark() {
 }
 
 void ChunkProducer::Run() {
+  if (held_ && job_.mark) {
+    // Its first mark would be queued before the gate.
+    return Stop(Status::Internal("a held stream cannot have marks"));
+  }
   if (job_.prepare) {
     if (Status s = job_.prepare(); !s.ok()) return Stop(std::move(s));
   }

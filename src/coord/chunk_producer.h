@@ -10,10 +10,10 @@
 // job's prepare, encode or emit error) with one exit: the failure is kept
 // for Join, done() turns true, nothing more is queued, and `wake` runs.
 //
-// Thread safety: ChunkQueue is thread-safe. ChunkProducer: Pop, done,
-// Cancel and Join from one (the consumer's) thread; the job's encode runs
-// on the pool's workers (several at once, distinct items), prepare and emit
-// on the producer thread.
+// Thread safety: ChunkQueue is thread-safe. ChunkProducer: Hold, Release,
+// Pop, done, Cancel and Join from one (the consumer's) thread; the job's encode
+// runs on the pool's workers (several at once, distinct items), prepare and
+// emit on the producer thread.
 #ifndef DCR_COORD_CHUNK_PRODUCER_H_
 #define DCR_COORD_CHUNK_PRODUCER_H_
 
@@ -138,7 +138,8 @@ class ChunkProducer {
   // The coordinator starts the refit's stream so before the PLAN's replies
   // are in, whose round trip then hides that encode, and releases it once
   // the tree took the plan. Not with a `mark` job (its first mark would be
-  // queued before the gate).
+  // queued before the gate): that stops it with an error. A release wins
+  // over a later Cancel: the stream had begun.
   void Hold();
   void Release() DCR_EXCLUDES(gate_mu_);
   void Start(ChunkJob job);

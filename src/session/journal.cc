@@ -59,7 +59,8 @@ constexpr size_t kApplyFixed = 24;
 // kMaxSpanElems elements, with room to spare.
 constexpr uint64_t kMaxPayload = kMaxSpanElems * 16 + 64;
 // Appends between early write-back kicks (see AppendRecord). Small, so
-// that the yes vote's fdatasync finds at most this much unwritten: a
+// that the yes vote's fdatasync finds at most this much whose write-back
+// had not started (the kicks are asynchronous): a
 // journal is a few MB at a few percent change (0.045 bytes per canonical
 // byte at 3%), and at 32 MiB nothing was written back before the vote,
 // whose fdatasync then waited for all of it (57 ms per relay on the

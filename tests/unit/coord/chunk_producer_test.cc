@@ -387,5 +387,62 @@ TEST(ChunkProducerTest, AHeldProducerCancelledOrDestroyedEmitsNothing) {
   EXPECT_EQ(encoded, 4);
 }
 
+// A held producer that stopped before its release (nothing to encode, or
+// a failed prepare) woke its consumer while nobody waited for the stream:
+// the release wakes it again, or the stream would wait for a timer.
+TEST(ChunkProducerTest, ReleasingAStoppedHeldProducerWakesTheConsumer) {
+  ThreadPool pool(2);
+  for (bool fail : {false, true}) {
+    std::atomic<int> wakes{0};
+    ChunkProducer p(&pool, 1 << 20, [&] { ++wakes; });
+    ChunkJob job = CountingJob(fail ? 10 : 0);
+    if (fail) job.prepare = [] { return Status::IOError("no encoder"); };
+    p.Hold();
+    p.Start(std::move(job));
+    ASSERT_TRUE(WaitFor([&] { return p.done(); }));
+    EXPECT_EQ(wakes, 1);
+    p.Release();
+    EXPECT_EQ(wakes, 2);
+    EXPECT_EQ(p.Join().ok(), !fail);
+  }
+}
+
+// Released, then cancelled while its first batch still encodes (every
+// cluster head left): the stream had begun, and it ends as a cancelled
+// stream does, without an error.
+TEST(ChunkProducerTest, ACancelAfterTheReleaseIsNotAnError) {
+  ThreadPool pool(2);
+  ChunkProducer p(&pool, 1 << 20, nullptr);
+  ChunkJob job = CountingJob(20);
+  std::atomic<bool> go{false};
+  auto encode = job.encode;
+  job.encode = [&, encode](size_t i, size_t w, EncodedChunk* out) {
+    WaitFor([&] { return go.load(); });
+    return encode(i, w, out);
+  };
+  p.Hold();
+  p.Start(std::move(job));
+  p.Release();
+  p.Cancel();
+  go = true;
+  Status s = p.Join();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(p.Pop().has_value());
+}
+
+TEST(ChunkProducerTest, AHeldJobWithMarksIsRefused) {
+  ThreadPool pool(2);
+  ChunkProducer p(&pool, 1 << 20, nullptr);
+  ChunkJob job = CountingJob(4);
+  job.fetch = [](size_t) -> Result<size_t> { return size_t{0}; };
+  job.mark = []() -> Result<std::optional<Outgoing>> {
+    return std::optional<Outgoing>(TestOutgoing(16));
+  };
+  p.Hold();
+  p.Start(std::move(job));
+  EXPECT_EQ(p.Join().code(), StatusCode::kInternal);
+  EXPECT_FALSE(p.Pop().has_value());
+}
+
 }  // namespace
 }  // namespace dcr
