@@ -176,8 +176,10 @@ struct RefitOptions {
     //   "repair"  a repair round's overwrites going down and applied;
     //   "commit", "abort"  the decision going down (answered of receivers).
     std::string phase = "stream";
-    uint64_t scanned_bytes = 0;  // target bytes diffed so far
-    uint64_t total_bytes = 0;    // checkpoint bytes
+    // Target bytes diffed so far; the first batch's during "plan" too (it
+    // encodes while the PLAN's replies come back).
+    uint64_t scanned_bytes = 0;
+    uint64_t total_bytes = 0;  // checkpoint bytes
     // Chunk bytes sent so far in this stream (the refit's, or the repair
     // round's), and whether it sent its last chunk (then the total).
     uint64_t payload_bytes = 0;
